@@ -1,0 +1,51 @@
+// atlas: the thin command-line front end. Each verb lives in its own cmd_*.cpp.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "atlas/build_info.h"
+#include "cli/command.h"
+#include "core/error.h"
+
+namespace atlas::cli {
+
+std::vector<Command>& registry() {
+  static std::vector<Command> r;
+  return r;
+}
+
+bool progress_enabled() {
+  if (const char* v = std::getenv("ATLAS_PROGRESS")) return std::string(v) == "1";
+  return ::isatty(2);
+}
+
+}  // namespace atlas::cli
+
+int main(int argc, char** argv) {
+  using namespace atlas::cli;
+  CLI::App app{"atlas: an instrumented DeepSeek-V2 MoE engine and experiment harness"};
+  app.set_version_flag("--version", std::string("atlas ") + ATLAS_VERSION + " (" + ATLAS_GIT_COMMIT + ", " +
+                                        ATLAS_BUILD_TYPE + ")");
+  app.require_subcommand(1);
+  auto cmds = registry();
+  std::sort(cmds.begin(), cmds.end(), [](const Command& a, const Command& b) { return a.name < b.name; });
+  for (auto& c : cmds) c.setup(*app.add_subcommand(c.name, c.help));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const atlas::Error& e) {
+    std::fprintf(stderr, "atlas: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "atlas: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "atlas: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

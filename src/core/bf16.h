@@ -1,0 +1,26 @@
+// bfloat16 <-> float32, with the rounding PyTorch uses (round to nearest, ties to even;
+// NaN stays NaN). The bf16 compute mode keeps values in float32 storage and rounds them with
+// round_bf16() at exactly the points where the official model rounds.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace atlas {
+
+inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// IEEE half precision (F16 checkpoints).
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+}  // namespace atlas

@@ -1,0 +1,66 @@
+#include "core/file.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace atlas {
+
+std::string read_file(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail(path, {}, std::string("cannot open: ") + std::strerror(errno));
+  std::string out;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  bool err = std::ferror(f);
+  std::fclose(f);
+  if (err) fail(path, {}, "read error");
+  return out;
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  tmp_ = path_ + ".tmp-" + std::to_string(::getpid());
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  if (!f_) fail(path_, {}, std::string("cannot create: ") + std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (f_) std::fclose(f_);
+  if (!committed_) std::remove(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  if (n && std::fwrite(data, 1, n, f_) != n) fail(path_, {}, std::string("write failed: ") + std::strerror(errno));
+}
+
+void AtomicFile::flush() {
+  if (std::fflush(f_) != 0) fail(path_, {}, std::string("write failed: ") + std::strerror(errno));
+}
+
+void AtomicFile::commit() {
+  flush();
+  int rc = std::fclose(f_);
+  f_ = nullptr;
+  if (rc != 0) fail(path_, {}, std::string("write failed: ") + std::strerror(errno));
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+    fail(path_, {}, std::string("cannot rename into place: ") + std::strerror(errno));
+  committed_ = true;
+}
+
+void write_file_atomic(const std::string& path, std::string_view content) {
+  AtomicFile f(path);
+  f.write(content);
+  f.commit();
+}
+
+}  // namespace atlas

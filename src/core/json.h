@@ -1,0 +1,76 @@
+// JSON access with errors that name the file and the field (nlohmann::json underneath).
+//
+//   JsonReader r(j, "config.json");
+//   int h = r.get<int>("hidden_size");              // missing or wrong type -> atlas::Error
+//   auto q = r.get_optional<int>("q_lora_rank");    // absent or null -> nullopt
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+
+namespace atlas {
+
+using json = nlohmann::json;
+// Insertion-ordered object: artifacts keep their keys in the order the code writes them.
+using ojson = nlohmann::ordered_json;
+
+json parse_json(const std::string& text, const std::string& file);  // malformed -> atlas::Error
+json read_json_file(const std::string& path);
+
+class JsonReader {
+ public:
+  JsonReader(const json& j, std::string file, std::string prefix = {})
+      : j_(j), file_(std::move(file)), prefix_(std::move(prefix)) {}
+
+  bool has(const std::string& key) const { return j_.is_object() && j_.contains(key); }
+  bool has_value(const std::string& key) const { return has(key) && !j_.at(key).is_null(); }
+  std::string field(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
+  const json& raw(const std::string& key) const {
+    if (!has(key)) fail(file_, field(key), "missing field");
+    return j_.at(key);
+  }
+  JsonReader child(const std::string& key) const { return JsonReader(raw(key), file_, field(key)); }
+
+  template <class T>
+  T get(const std::string& key) const {
+    const json& v = raw(key);
+    return convert<T>(v, key);
+  }
+  template <class T>
+  T get_or(const std::string& key, T dflt) const {
+    return has_value(key) ? get<T>(key) : dflt;
+  }
+  template <class T>
+  std::optional<T> get_optional(const std::string& key) const {
+    if (!has_value(key)) return std::nullopt;
+    return get<T>(key);
+  }
+  const std::string& file() const { return file_; }
+
+ private:
+  template <class T>
+  T convert(const json& v, const std::string& key) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) fail(file_, field(key), "expected a boolean, got " + v.dump());
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!v.is_number_integer()) fail(file_, field(key), "expected an integer, got " + v.dump());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!v.is_number()) fail(file_, field(key), "expected a number, got " + v.dump());
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) fail(file_, field(key), "expected a string, got " + v.dump());
+    }
+    try {
+      return v.get<T>();
+    } catch (const std::exception& e) {
+      fail(file_, field(key), e.what());
+    }
+  }
+
+  const json& j_;
+  std::string file_, prefix_;
+};
+
+}  // namespace atlas

@@ -1,0 +1,79 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "core/bf16.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "core/json.h"
+#include "core/sha256.h"
+
+using namespace atlas;
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1.0078125: ties go to even (1.0).
+  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3f80);
+  // 1 + 3*2^-8 is halfway between 1.0078125 (odd) and 1.015625 (even).
+  EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(round_bf16(-2.5f), -2.5f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::infinity())),
+            std::numeric_limits<float>::infinity());
+}
+
+TEST(F16, RoundTripsRepresentableValues) {
+  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f})
+    EXPECT_EQ(f16_to_f32(f32_to_f16(v)), v) << v;
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(f32_to_f16(70000.0f), 0x7c00);
+}
+
+TEST(DType, ParsesSafetensorsNames) {
+  EXPECT_EQ(parse_dtype("BF16"), DType::BF16);
+  EXPECT_EQ(dtype_size(DType::F32), 4u);
+  EXPECT_FALSE(parse_dtype("F8_E4M3").has_value());
+}
+
+TEST(Sha256, KnownVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(Json, ErrorsNameFileAndField) {
+  json j = json::parse(R"({"a": 1, "b": "x", "c": {"d": true}})");
+  JsonReader r(j, "cfg.json");
+  EXPECT_EQ(r.get<int>("a"), 1);
+  try {
+    r.get<int>("b");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.json: b: expected an integer"), std::string::npos) << e.what();
+  }
+  try {
+    r.child("c").get<int>("e");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.json: c.e: missing field"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_json("{bad", "x.json"), Error);
+}
+
+TEST(AtomicFile, LeavesNothingWithoutCommit) {
+  auto dir = std::filesystem::temp_directory_path() / "atlas_atomic_test";
+  std::filesystem::create_directories(dir);
+  auto p = (dir / "out.txt").string();
+  std::filesystem::remove(p);
+  {
+    AtomicFile f(p);
+    f.write("partial");
+  }
+  EXPECT_FALSE(std::filesystem::exists(p));
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  write_file_atomic(p, "done");
+  EXPECT_EQ(read_file(p), "done");
+  std::filesystem::remove_all(dir);
+}
