@@ -48,7 +48,7 @@ struct SamplingParams {
   int64_t top_k = 0;         // >= 0; 0 = off
   uint64_t seed = 0;         // Seeded: the Philox seed; Crn: the tape seed
   uint32_t stream = 0;       // Seeded: the row's identity in the Philox counter (not its batch slot)
-  std::string crn_row_key;   // Crn: the row's identity in the tape pre-image (e.g. the source id)
+  std::string crn_row_key{}; // Crn: the row's identity in the tape pre-image (e.g. the source id)
 };
 
 // Throws atlas::Error naming the offending field ("temperature", "top_p", "top_k", "crn_row_key").
