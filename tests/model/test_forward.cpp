@@ -15,8 +15,8 @@ using namespace atlas;
 namespace {
 
 struct Fixture {
-  ModelConfig cfg = ModelConfig::from_json(testing::tiny_config_json(), "tiny");
-  testing::TinyWeights weights{cfg};
+  ModelConfig cfg = ModelConfig::from_json(test_support::tiny_config_json(), "tiny");
+  test_support::TinyWeights weights{cfg};
   DeepSeekV2 model(Compute c) const { return DeepSeekV2(cfg, LayerRange::all(cfg), weights.source(), c); }
 };
 

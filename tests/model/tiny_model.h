@@ -10,7 +10,7 @@
 #include "model/config.h"
 #include "model/deepseek_v2.h"
 
-namespace atlas::testing {
+namespace atlas::test_support {
 
 inline json tiny_config_json() {
   return json::parse(R"({
@@ -54,4 +54,4 @@ class TinyWeights {
   std::map<std::string, TensorView> views_;
 };
 
-}  // namespace atlas::testing
+}  // namespace atlas::test_support
