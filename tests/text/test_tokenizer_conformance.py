@@ -309,7 +309,8 @@ def main():
                         excused["js_whitespace"] = excused.get("js_whitespace", 0) + 1
                         if not special:
                             cases.append({"tokenizer": name, "text": texts[k], "add_special_tokens": False,
-                                          "atlas_ids": ids, "oracle_ids": want, "reason": "js_whitespace"})
+                                          "atlas_ids": ids, "atlas_offsets": got["offsets"], "oracle_ids": want,
+                                          "reason": "js_whitespace"})
                         continue
                     bad_ids += 1
                     if bad_ids <= 5:
