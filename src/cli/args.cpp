@@ -33,3 +33,12 @@ void set_threads(int n) {
 }
 
 }  // namespace atlas::cli
+
+#include "core/file.h"
+
+namespace atlas::cli {
+std::optional<Tokenizer> tokenizer_if_present(const std::string& model_dir) {
+  if (!file_exists(model_dir + "/tokenizer.json")) return std::nullopt;
+  return Tokenizer::load_dir(model_dir);
+}
+}  // namespace atlas::cli

@@ -14,3 +14,13 @@ std::vector<int32_t> parse_id_list(const std::string& flag, const std::string& t
 void set_threads(int n);
 
 }  // namespace atlas::cli
+
+#include <optional>
+
+#include "text/tokenizer.h"
+
+namespace atlas::cli {
+// The model directory's tokenizer, if it has tokenizer.json (commands that take token ids work
+// without one; text fields are then left out).
+std::optional<Tokenizer> tokenizer_if_present(const std::string& model_dir);
+}  // namespace atlas::cli

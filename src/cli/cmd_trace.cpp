@@ -28,7 +28,15 @@ void run_trace(const TraceArgs& a) {
   if (a.ids.empty() == a.text.empty()) fail("trace", {}, "give exactly one of --ids or --text");
   std::vector<int32_t> ids;
   if (!a.ids.empty()) ids = parse_id_list("--ids", a.ids);
-  if (!a.text.empty()) fail("--text", {}, "this build has no tokenizer yet; pass --ids");
+  std::optional<Tokenizer> tok;
+  if (!a.text.empty()) {
+    tok = tokenizer_if_present(a.model);
+    if (!tok) fail(a.model + "/tokenizer.json", {}, "--text needs a tokenizer in the model directory (or pass --ids)");
+    // As transformers' tokenizer(text) does: special tokens added per the tokenizer's config
+    // (DeepSeek: BOS first); special-token strings in the text are parsed as tokens.
+    ids = tok->encode_ids(a.text, {.add_special_tokens = true});
+    if (ids.empty()) fail("--text", {}, "the text encodes to no tokens");
+  }
   for (int32_t id : ids)
     if (id >= cfg0.vocab_size)
       fail("--ids", {}, "token id " + std::to_string(id) + " is outside the vocabulary (size " +
@@ -59,6 +67,7 @@ void run_trace(const TraceArgs& a) {
                   {"layers", std::to_string(range.first) + "-" + std::to_string(range.last)}};
   art["compute"] = compute_name(compute);
   art["input"] = {{"ids", ids}, {"tokens", T}, {"prompt_sha256", ids_sha256(ids)}};
+  if (!a.text.empty()) art["input"]["text"] = a.text;
   art["stages"] = summary["stages"];
   art["gates"] = summary["gates"];
   if (summary.contains("logits")) art["logits"] = summary["logits"];
