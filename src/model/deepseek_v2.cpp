@@ -268,7 +268,7 @@ void DeepSeekV2::attend_expanded(const Layer& L, int64_t li, const KVCache& cach
       std::memcpy(kr, kv.data() + j * nh * (dn + dv) + hh * (dn + dv), size_t(dn) * sizeof(float));
       std::memcpy(kr + dn, cache.slot(li, b, j) + dc, size_t(dr) * sizeof(float));
     }
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (nh * T * Tk * dq >= (1 << 16))
   for (int64_t hh = 0; hh < nh; ++hh)
     for (int64_t i = 0; i < T; ++i) {
       const int64_t qpos = past + i;
@@ -300,7 +300,7 @@ void DeepSeekV2::attend_absorbed(const Layer& L, int64_t li, const KVCache& cach
   const int64_t nh = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;
   const int64_t dv = cfg_.v_head_dim, dc = cfg_.kv_lora_rank, dq = dn + dr, W = dc + dr, Tk = past + T;
   const float* wkvb = L.kv_b_f32.data();  // [nh*(dn+dv), dc]
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (nh * T * (Tk + dn) * W >= (1 << 16))
   for (int64_t hh = 0; hh < nh; ++hh)
     for (int64_t i = 0; i < T; ++i) {
       const int64_t qpos = past + i;

@@ -64,7 +64,10 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, bool round_out
   // output element is one dot8 over K, so tiling and threads never change its value.
   constexpr int64_t kBlock = 16;
   const int64_t nblocks = (N + kBlock - 1) / kBlock;
-#pragma omp parallel
+  // Threads only pay off past a few hundred thousand multiply-adds; the result is the same
+  // either way.
+  const bool parallel = M * N * K >= (int64_t(1) << 18);
+#pragma omp parallel if (parallel)
   {
     std::vector<float> wbuf(size_t(kBlock * K));
 #pragma omp for schedule(static)
