@@ -43,25 +43,28 @@ inline float value_of(uint64_t key, uint64_t index, bool norm) {
   return norm ? float(1.0 + u * kNormStd) : float(u * kMatrixStd);
 }
 
+// Below this many elements a thread team costs more than it saves (tiny's tensors).
+constexpr int64_t kParallelMin = 1 << 16;
+
 // Elements [first, first + n) of one tensor, in the file's dtype, into out (n * size bytes).
 void fill_chunk(uint64_t key, bool norm, uint64_t first, DType dtype, uint8_t* out, size_t n) {
   const int64_t N = int64_t(n);
   switch (dtype) {
     case DType::F32: {
       float* o = reinterpret_cast<float*>(out);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > kParallelMin)
       for (int64_t i = 0; i < N; ++i) o[i] = value_of(key, first + uint64_t(i), norm);
       break;
     }
     case DType::BF16: {
       uint16_t* o = reinterpret_cast<uint16_t*>(out);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > kParallelMin)
       for (int64_t i = 0; i < N; ++i) o[i] = f32_to_bf16(value_of(key, first + uint64_t(i), norm));
       break;
     }
     case DType::F16: {
       uint16_t* o = reinterpret_cast<uint16_t*>(out);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > kParallelMin)
       for (int64_t i = 0; i < N; ++i) o[i] = f32_to_f16(value_of(key, first + uint64_t(i), norm));
       break;
     }
