@@ -154,7 +154,8 @@ void write_synthetic_weights(const std::string& dir, const ModelConfig& c, const
   // 16 Mi elements per chunk: big enough to keep every core busy, small enough to stream.
   constexpr size_t kChunk = size_t(1) << 24;
   std::vector<uint8_t> buf;
-  uint64_t total = 0;
+  uint64_t total = 0, all = 0, done = 0;
+  for (const auto& shard : plan) all += shard.bytes;
   for (const auto& shard : plan) {
     SafetensorsWriter out((fs::path(dir) / shard.file).string(), shard.tensors, {{"format", "pt"}});
     for (const auto& t : shard.tensors) {
@@ -166,6 +167,8 @@ void write_synthetic_weights(const std::string& dir, const ModelConfig& c, const
         buf.resize(m * esize);
         fill_chunk(key, norm, first, w.dtype, buf.data(), m);
         out.write(buf.data(), buf.size());
+        done += buf.size();
+        if (w.progress) w.progress(done, all);
       }
     }
     out.commit();
@@ -233,7 +236,8 @@ void write_model_files(const std::string& dir, const Preset& preset, const MakeM
   write_synthetic_weights(dir, cfg,
                           {.seed = opts.seed,
                            .dtype = opts.dtype,
-                           .max_shard_bytes = opts.max_shard_bytes.value_or(preset.max_shard_bytes)});
+                           .max_shard_bytes = opts.max_shard_bytes.value_or(preset.max_shard_bytes),
+                           .progress = opts.progress});
 }
 
 }  // namespace atlas

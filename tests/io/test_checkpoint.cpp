@@ -26,7 +26,7 @@ namespace {
 
 void make_tiny(const std::string& dir, uint64_t max_shard_bytes = 0, DType dtype = DType::BF16) {
   fs::create_directories(dir);
-  MakeModelOptions opts{.preset = "tiny", .seed = 0, .dtype = dtype, .max_shard_bytes = {}};
+  MakeModelOptions opts{.preset = "tiny", .seed = 0, .dtype = dtype, .max_shard_bytes = {}, .progress = {}};
   if (max_shard_bytes) opts.max_shard_bytes = max_shard_bytes;
   write_model_files(dir, make_preset("tiny", dtype), opts);
 }

@@ -22,7 +22,7 @@ namespace {
 
 void make(const std::string& dir, uint64_t seed, DType dtype = DType::BF16, uint64_t shard = 0) {
   fs::create_directories(dir);
-  MakeModelOptions o{.preset = "tiny", .seed = seed, .dtype = dtype, .max_shard_bytes = {}};
+  MakeModelOptions o{.preset = "tiny", .seed = seed, .dtype = dtype, .max_shard_bytes = {}, .progress = {}};
   if (shard) o.max_shard_bytes = shard;
   write_model_files(dir, make_preset("tiny", dtype), o);
 }

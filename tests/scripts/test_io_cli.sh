@@ -19,6 +19,10 @@ must_fail() {
   done
 }
 
+for verb in make-model inspect manifest; do
+  "$bin" $verb --help >/dev/null 2>&1 || bad "$verb --help"
+done
+
 # --- make-model: byte-identical reruns, seeds differ, output verifies -------------------
 ok "$bin" make-model --preset tiny --seed 0 "$tmp/a"
 ok "$bin" make-model --preset tiny --seed 0 "$tmp/b"
