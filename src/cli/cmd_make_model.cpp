@@ -43,7 +43,18 @@ atlas::cli::Registrar reg{{
           app.add_option("OUT_DIR", a.out, "Output directory")->required();
           app.callback([] {
             atlas::MakeModelOptions opts{
-                .preset = a.preset, .seed = a.seed, .dtype = parse_weight_dtype(a.dtype), .max_shard_bytes = {}};
+                .preset = a.preset, .seed = a.seed, .dtype = parse_weight_dtype(a.dtype), .max_shard_bytes = {},
+                .progress = {}};
+            if (atlas::cli::progress_enabled()) {
+              opts.progress = [last = -1](uint64_t done, uint64_t total) mutable {
+                if (total < 100'000'000) return;  // tiny: done before anyone could read it
+                int pct = int(100 * done / total);
+                if (pct == last) return;
+                last = pct;
+                std::fprintf(stderr, "\rmake-model: %3d%% of %.2f GB", pct, double(total) / 1e9);
+                if (done == total) std::fprintf(stderr, "\n");
+              };
+            }
             if (a.max_shard_size) opts.max_shard_bytes = a.max_shard_size;
             atlas::Preset preset = atlas::make_preset(a.preset, opts.dtype);
             atlas::StagedModelDir out(a.out, a.force);

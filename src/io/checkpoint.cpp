@@ -328,6 +328,8 @@ Checkpoint Checkpoint::open(const std::string& dir, const CheckpointOptions& opt
         ck.tensors_[t.name] = &t;
         if (!all_names.count(t.name)) rep.unexpected.push_back(t.name);
       }
+    } else {
+      for (const auto& t : needed) accounted.insert(t.name);  // the file's own error says it all
     }
   } else {
     Index ix = read_index(dir);

@@ -43,25 +43,28 @@ inline float value_of(uint64_t key, uint64_t index, bool norm) {
   return norm ? float(1.0 + u * kNormStd) : float(u * kMatrixStd);
 }
 
+// Below this many elements a thread team costs more than it saves (tiny's tensors).
+constexpr int64_t kParallelMin = 1 << 16;
+
 // Elements [first, first + n) of one tensor, in the file's dtype, into out (n * size bytes).
 void fill_chunk(uint64_t key, bool norm, uint64_t first, DType dtype, uint8_t* out, size_t n) {
   const int64_t N = int64_t(n);
   switch (dtype) {
     case DType::F32: {
       float* o = reinterpret_cast<float*>(out);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > kParallelMin)
       for (int64_t i = 0; i < N; ++i) o[i] = value_of(key, first + uint64_t(i), norm);
       break;
     }
     case DType::BF16: {
       uint16_t* o = reinterpret_cast<uint16_t*>(out);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > kParallelMin)
       for (int64_t i = 0; i < N; ++i) o[i] = f32_to_bf16(value_of(key, first + uint64_t(i), norm));
       break;
     }
     case DType::F16: {
       uint16_t* o = reinterpret_cast<uint16_t*>(out);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > kParallelMin)
       for (int64_t i = 0; i < N; ++i) o[i] = f32_to_f16(value_of(key, first + uint64_t(i), norm));
       break;
     }
@@ -151,7 +154,8 @@ void write_synthetic_weights(const std::string& dir, const ModelConfig& c, const
   // 16 Mi elements per chunk: big enough to keep every core busy, small enough to stream.
   constexpr size_t kChunk = size_t(1) << 24;
   std::vector<uint8_t> buf;
-  uint64_t total = 0;
+  uint64_t total = 0, all = 0, done = 0;
+  for (const auto& shard : plan) all += shard.bytes;
   for (const auto& shard : plan) {
     SafetensorsWriter out((fs::path(dir) / shard.file).string(), shard.tensors, {{"format", "pt"}});
     for (const auto& t : shard.tensors) {
@@ -163,6 +167,8 @@ void write_synthetic_weights(const std::string& dir, const ModelConfig& c, const
         buf.resize(m * esize);
         fill_chunk(key, norm, first, w.dtype, buf.data(), m);
         out.write(buf.data(), buf.size());
+        done += buf.size();
+        if (w.progress) w.progress(done, all);
       }
     }
     out.commit();
@@ -230,7 +236,8 @@ void write_model_files(const std::string& dir, const Preset& preset, const MakeM
   write_synthetic_weights(dir, cfg,
                           {.seed = opts.seed,
                            .dtype = opts.dtype,
-                           .max_shard_bytes = opts.max_shard_bytes.value_or(preset.max_shard_bytes)});
+                           .max_shard_bytes = opts.max_shard_bytes.value_or(preset.max_shard_bytes),
+                           .progress = opts.progress});
 }
 
 }  // namespace atlas

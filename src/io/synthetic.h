@@ -20,6 +20,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +54,8 @@ struct SyntheticWeights {
   uint64_t seed = 0;
   DType dtype = DType::BF16;
   uint64_t max_shard_bytes = 0;  // see plan_shards
+  // Called after each written chunk with (bytes written, total bytes); may be empty.
+  std::function<void(uint64_t, uint64_t)> progress;
 };
 
 // Writes the weight files (and model.safetensors.index.json when sharded) into dir.
@@ -84,6 +88,7 @@ struct MakeModelOptions {
   uint64_t seed = 0;
   DType dtype = DType::BF16;
   std::optional<uint64_t> max_shard_bytes;  // default: the preset's
+  std::function<void(uint64_t, uint64_t)> progress;  // see SyntheticWeights
 };
 
 // The model files of a preset: config.json, generation_config.json, weights (+ index), all
