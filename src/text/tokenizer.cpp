@@ -22,6 +22,9 @@
 #include "core/json.h"
 #include "text/unicode.h"
 
+// Component structs are built with designated initializers naming only the fields that matter.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
 namespace atlas {
 
 namespace {
@@ -364,6 +367,7 @@ class TokenizerImpl {
   void bpe_uncached(std::string_view word, std::vector<BpeToken>& out) const;
 
   std::string decode(std::span<const TokenId> ids, const DecodeOptions& opt) const;
+  std::vector<std::pair<std::string, Span>> pre_tokenize_strings(std::string_view text) const;
   std::optional<TokenId> lookup(std::string_view tok) const {
     auto it = vocab_text.find(std::string(tok));
     if (it != vocab_text.end()) return it->second;
@@ -1259,6 +1263,51 @@ Encoding TokenizerImpl::encode(std::string_view text, const EncodeOptions& opt) 
   return enc;
 }
 
+std::vector<std::pair<std::string, Span>> TokenizerImpl::pre_tokenize_strings(std::string_view text) const {
+  if (size_t bad = utf8::first_invalid(text); bad != std::string_view::npos)
+    fail("input", "", "text is not valid UTF-8 (byte " + std::to_string(bad) + ")");
+  // Code point index of the character holding each byte (and the count at the end).
+  std::vector<uint32_t> cp_at(text.size() + 1, 0);
+  uint32_t cp = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (i > 0 && !utf8::is_continuation(static_cast<unsigned char>(text[i]))) ++cp;
+    cp_at[i] = cp;
+  }
+  cp_at[text.size()] = text.empty() ? 0 : cp + 1;
+  std::vector<std::pair<std::string, Span>> out;
+  std::vector<NormStr> pool;
+  pool.push_back({.s = std::string(text)});
+  std::vector<Piece> top;
+  if (!raw_matcher.empty())
+    split_added(raw_matcher, pool[0], 0, 0, uint32_t(text.size()), top);
+  else if (!text.empty())
+    top.push_back({.buf = 0, .b = 0, .e = uint32_t(text.size())});
+  auto span_of = [&](uint32_t ob, uint32_t oe) -> Span {
+    if (oe <= ob) return {cp_at[ob], cp_at[ob]};
+    return {cp_at[ob], cp_at[oe - 1] + 1};
+  };
+  for (const Piece& tp : top) {
+    if (tp.added >= 0) {
+      out.push_back({std::string(text.substr(tp.b, tp.e - tp.b)), span_of(tp.b, tp.e)});
+      continue;
+    }
+    uint32_t buf = uint32_t(pool.size());
+    pool.push_back(normalize(text.substr(tp.b, tp.e - tp.b), tp.b));
+    if (pool[buf].s.empty()) continue;
+    std::vector<Piece> pieces;
+    if (!norm_matcher.empty())
+      split_added(norm_matcher, pool[buf], buf, 0, uint32_t(pool[buf].s.size()), pieces);
+    else
+      pieces.push_back({.buf = buf, .b = 0, .e = uint32_t(pool[buf].s.size())});
+    pre_tokenize(pool, pieces);
+    for (const Piece& p : pieces) {
+      const NormStr& ns = pool[p.buf];
+      out.push_back({ns.s.substr(p.b, p.e - p.b), span_of(range_o0(ns, p.b, p.e), range_o1(ns, p.b, p.e))});
+    }
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------- decode
 std::string TokenizerImpl::decode(std::span<const TokenId> ids, const DecodeOptions& opt) const {
   std::vector<std::string> toks;
@@ -1482,6 +1531,9 @@ Tokenizer Tokenizer::load_dir(const std::string& dir) {
 Encoding Tokenizer::encode(std::string_view text, const EncodeOptions& opt) const { return impl_->encode(text, opt); }
 std::string Tokenizer::decode(std::span<const TokenId> ids, const DecodeOptions& opt) const {
   return impl_->decode(ids, opt);
+}
+std::vector<std::pair<std::string, Span>> Tokenizer::pre_tokenize(std::string_view text) const {
+  return impl_->pre_tokenize_strings(text);
 }
 std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
   for (const auto& a : impl_->added)

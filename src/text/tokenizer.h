@@ -96,6 +96,11 @@ class Tokenizer {
   // Ids outside the vocabulary -> atlas::Error. Invalid UTF-8 produced by byte tokens becomes U+FFFD.
   std::string decode(std::span<const TokenId> ids, const DecodeOptions& opt = {}) const;
 
+  // The pre-tokens the model would see (HF's pre_tokenize_str, after normalization and added-token
+  // splitting), each with its span in code points. Byte-level pre-tokens are given as raw text,
+  // not in the byte-to-character alphabet. For inspection and tests.
+  std::vector<std::pair<std::string, Span>> pre_tokenize(std::string_view text) const;
+
   std::optional<TokenId> token_to_id(std::string_view token) const;  // vocab or added token
   std::optional<std::string> id_to_token(TokenId id) const;
   bool is_special(TokenId id) const;  // added token with special=true
