@@ -53,37 +53,102 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
   return cps_slice(c, a, b);
 }
 
-std::string map_case(const std::string& s, int mode) {  // 0 lower, 1 upper
-  std::string out;
-  for (char32_t c : utf8_decode(s)) {
-    auto m = mode == 0 ? utf8proc_tolower(static_cast<utf8proc_int32_t>(c)) : utf8proc_toupper(static_cast<utf8proc_int32_t>(c));
-    utf8_append(out, static_cast<char32_t>(m));
-  }
-  return out;
-}
+// Python's str.upper/lower/title use Unicode's full case mappings (SpecialCasing.txt), where
+// one character may become several (ß -> SS). utf8proc offers the simple mappings only, so the
+// unconditional multi-character ones for Latin/Armenian letters and ligatures are listed here,
+// plus the final-sigma rule of str.lower. (Greek letters with iota subscript keep the simple mapping.)
+struct SpecialCase {
+  char32_t c;
+  const char32_t* upper;
+  const char32_t* title;
+};
+const SpecialCase kSpecialCases[] = {
+    {0x00DF, U"SS", U"Ss"},
+    {0x0149, U"\u02BCN", U"\u02BCN"},
+    {0x01F0, U"J\u030C", U"J\u030C"},
+    {0x0587, U"\u0535\u0552", U"\u0535\u0582"},
+    {0x1E96, U"H\u0331", U"H\u0331"},
+    {0x1E97, U"T\u0308", U"T\u0308"},
+    {0x1E98, U"W\u030A", U"W\u030A"},
+    {0x1E99, U"Y\u030A", U"Y\u030A"},
+    {0x1E9A, U"A\u02BE", U"A\u02BE"},
+    {0xFB00, U"FF", U"Ff"},
+    {0xFB01, U"FI", U"Fi"},
+    {0xFB02, U"FL", U"Fl"},
+    {0xFB03, U"FFI", U"Ffi"},
+    {0xFB04, U"FFL", U"Ffl"},
+    {0xFB05, U"ST", U"St"},
+    {0xFB06, U"ST", U"St"},
+    {0xFB13, U"\u0544\u0546", U"\u0544\u0576"},
+    {0xFB14, U"\u0544\u0535", U"\u0544\u0565"},
+    {0xFB15, U"\u0544\u053B", U"\u0544\u056B"},
+    {0xFB16, U"\u054E\u0546", U"\u054E\u0576"},
+    {0xFB17, U"\u0544\u053D", U"\u0544\u056D"},
+};
 
 bool is_cased(char32_t c) {
   auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
   return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
 }
 
+// mode: 0 lower, 1 upper, 2 title (for the first letter of a word)
+void append_case(std::string& out, const std::vector<char32_t>& cps, size_t i, int mode) {
+  char32_t c = cps[i];
+  if (mode != 0) {
+    for (auto& sc : kSpecialCases)
+      if (sc.c == c) {
+        for (const char32_t* p = mode == 1 ? sc.upper : sc.title; *p; ++p) utf8_append(out, *p);
+        return;
+      }
+    auto m = mode == 1 ? utf8proc_toupper(static_cast<utf8proc_int32_t>(c)) : utf8proc_totitle(static_cast<utf8proc_int32_t>(c));
+    utf8_append(out, static_cast<char32_t>(m));
+    return;
+  }
+  if (c == 0x0130) {  // İ -> i + combining dot above
+    out += "i\xCC\x87";
+    return;
+  }
+  if (c == 0x03A3) {  // final sigma: after a cased letter and not before one
+    bool before = false, after = false;
+    for (size_t k = i; k-- > 0;)
+      if (utf8proc_category(static_cast<utf8proc_int32_t>(cps[k])) != UTF8PROC_CATEGORY_MN) {
+        before = is_cased(cps[k]);
+        break;
+      }
+    for (size_t k = i + 1; k < cps.size(); ++k)
+      if (utf8proc_category(static_cast<utf8proc_int32_t>(cps[k])) != UTF8PROC_CATEGORY_MN) {
+        after = is_cased(cps[k]);
+        break;
+      }
+    utf8_append(out, before && !after ? 0x03C2 : 0x03C3);
+    return;
+  }
+  utf8_append(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+}
+
+std::string map_case(const std::string& s, int mode) {  // 0 lower, 1 upper
+  auto c = utf8_decode(s);
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) append_case(out, c, i, mode);
+  return out;
+}
+
 std::string py_title(const std::string& s) {
+  auto c = utf8_decode(s);
   std::string out;
   bool prev_cased = false;
-  for (char32_t c : utf8_decode(s)) {
-    auto m = prev_cased ? utf8proc_tolower(static_cast<utf8proc_int32_t>(c)) : utf8proc_totitle(static_cast<utf8proc_int32_t>(c));
-    utf8_append(out, static_cast<char32_t>(m));
-    prev_cased = is_cased(c);
+  for (size_t i = 0; i < c.size(); ++i) {
+    append_case(out, c, i, prev_cased ? 0 : 2);
+    prev_cased = is_cased(c[i]);
   }
   return out;
 }
 
+// str.capitalize (Python >= 3.8): title-case the first character, lower-case the rest.
 std::string py_capitalize(const std::string& s) {
   auto c = utf8_decode(s);
   std::string out;
-  for (size_t i = 0; i < c.size(); ++i)
-    utf8_append(out, static_cast<char32_t>(i == 0 ? utf8proc_totitle(static_cast<utf8proc_int32_t>(c[i]))
-                                                   : utf8proc_tolower(static_cast<utf8proc_int32_t>(c[i]))));
+  for (size_t i = 0; i < c.size(); ++i) append_case(out, c, i, i == 0 ? 2 : 0);
   return out;
 }
 
@@ -1358,9 +1423,7 @@ class Interp {
   static std::string py_capitalize_upper_first(const std::string& s) {
     auto c = utf8_decode(s);
     std::string out;
-    for (size_t i = 0; i < c.size(); ++i)
-      utf8_append(out, static_cast<char32_t>(i == 0 ? utf8proc_toupper(static_cast<utf8proc_int32_t>(c[i]))
-                                                     : utf8proc_tolower(static_cast<utf8proc_int32_t>(c[i]))));
+    for (size_t i = 0; i < c.size(); ++i) append_case(out, c, i, i == 0 ? 1 : 0);
     return out;
   }
 
