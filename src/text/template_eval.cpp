@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 
 #include "core/error.h"
@@ -816,7 +818,13 @@ class Interp {
   Flow exec_inner(const Node& n, std::string& out) {
     switch (n.k) {
       case Node::K::Text: out += n.text; return Flow::Normal;
-      case Node::K::Output: out += eval(*n.expr).str(); return Flow::Normal;
+      case Node::K::Output: {
+        Value v = eval(*n.expr);
+        // Python would print "<built-in method ... at 0x...>": an address, never meaningful text.
+        if (v.is_function()) rt("cannot print the function '" + v.fn().name + "' (missing call parentheses?)");
+        out += v.str();
+        return Flow::Normal;
+      }
       case Node::K::If:
         for (size_t i = 0; i < n.bodies.size(); ++i)
           if (i >= n.conds.size() || eval(*n.conds[i]).truthy()) return exec_body(n.bodies[i], out);
@@ -1339,8 +1347,15 @@ class Interp {
       std::string m = method ? method->str() : "common";
       if (!v.is_number()) rt("round expects a number");
       double x = v.as_float(), s = std::pow(10.0, static_cast<double>(p));
-      double r = m == "floor" ? std::floor(x * s) / s : m == "ceil" ? std::ceil(x * s) / s : std::round(x * s) / s;
-      return Value(r);
+      if (m == "floor") return Value(std::floor(x * s) / s);
+      if (m == "ceil") return Value(std::ceil(x * s) / s);
+      if (m != "common") rt("round method must be 'common', 'ceil' or 'floor'");
+      if (p < 0 || !std::isfinite(x)) return Value(std::nearbyint(x * s) / s);
+      // Python's round(): the exact binary value rounded half-to-even, which is what glibc's
+      // printf does for %.*f.
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(std::min<int64_t>(p, 300)), x);
+      return Value(std::strtod(buf, nullptr));
     }
     if (name == "tojson") {
       JsonDumpOptions o;
@@ -1378,9 +1393,13 @@ class Interp {
     if (name == "reject") return select_like(name, v, a, false, false);
     if (name == "selectattr") return select_like(name, v, a, true, true);
     if (name == "rejectattr") return select_like(name, v, a, true, false);
-    if (name == "attr") {
+    if (name == "attr") {  // Python getattr only: a dict's keys are not attributes
       if (a.pos.empty()) rt("attr needs a name");
-      return get_attr(v, need_str(a.pos[0], "attribute name"));
+      const std::string& n = need_str(a.pos[0], "attribute name");
+      if (v.is_undefined()) undefined_error(v);
+      Value m = v.is_dict() ? dict_method(v, n) : v.is_string() ? str_method(v.str_ref(), n) : Value::undefined();
+      if (v.is_namespace()) m = get_attr(v, n);
+      return m.is_undefined() ? Value::undefined("'" + v.type_name() + " object' has no attribute '" + n + "'") : m;
     }
     if (name == "safe") return v;
     if (name == "e" || name == "escape") {
