@@ -433,6 +433,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     if ((b.is_string() || b.is_seq()) && a.is_int()) return repeat(b, a.as_int());
     bad_operands(op, a, b);
   }
+  if (op == "%" && a.is_string()) rt("printf-style string formatting ('...' % args) is not supported by atlas's template subset");
   if (!nums) bad_operands(op, a, b);
   if (op == "/") {
     if (b.as_float() == 0) rt("division by zero");
@@ -449,12 +450,28 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       }
       return op == "//" ? Value(q) : Value(r);
     }
+    // Python's float divmod, signed zeros included.
     double x = a.as_float(), y = b.as_float();
     if (y == 0) rt("float division or modulo by zero");
-    double r = std::fmod(x, y);
-    if (r != 0 && ((r < 0) != (y < 0))) r += y;
-    if (op == "%") return Value(r);
-    return Value(std::floor((x - r) / y + 0.0));
+    double mod = std::fmod(x, y);
+    double div = (x - mod) / y;
+    if (mod != 0) {
+      if ((y < 0) != (mod < 0)) {
+        mod += y;
+        div -= 1.0;
+      }
+    } else {
+      mod = std::copysign(0.0, y);
+    }
+    if (op == "%") return Value(mod);
+    double fl;
+    if (div != 0) {
+      fl = std::floor(div);
+      if (div - fl > 0.5) fl += 1.0;
+    } else {
+      fl = std::copysign(0.0, x / y);
+    }
+    return Value(fl);
   }
   if (op == "**") {
     if (ints && b.as_int() >= 0) {
@@ -480,7 +497,10 @@ bool contains(const Value& container, const Value& item) {
       for (auto& e : container.items())
         if (e == item) return true;
       return false;
-    case K::Dict: return container.dict_ref().find(item) != nullptr;
+    case K::Dict:
+      if (item.is_seq() && item.kind() == K::List) rt("unhashable type: 'list'");
+      if (item.is_dict()) rt("unhashable type: 'dict'");
+      return container.dict_ref().find(item) != nullptr;
     case K::Undefined: return false;
     default: rt("argument of type '" + container.type_name() + "' is not iterable");
   }
@@ -1308,7 +1328,11 @@ class Interp {
       const Value* dflt = arg(0, "default");
       Value fallback = dflt ? *dflt : Value(int64_t{0});
       if (v.is_int()) return Value(v.as_int());
-      if (v.kind() == K::Float) return std::isfinite(v.as_float()) ? Value(static_cast<int64_t>(std::trunc(v.as_float()))) : fallback;
+      auto from_double = [&](double d) {
+        if (!(std::fabs(d) < 9.2233720368547758e18)) rt("integer too large for atlas templates (64-bit)");
+        return Value(static_cast<int64_t>(std::trunc(d)));
+      };
+      if (v.kind() == K::Float) return std::isfinite(v.as_float()) ? from_double(v.as_float()) : fallback;
       if (v.is_string()) {
         std::string s = py_strip(v.str_ref(), nullptr, true, true);
         std::string t;
@@ -1319,7 +1343,7 @@ class Interp {
           long long x = std::stoll(t, &used, 10);
           if (used == t.size() && !t.empty()) return Value(static_cast<int64_t>(x));
           double d = std::stod(t, &used);
-          if (used == t.size() && std::isfinite(d)) return Value(static_cast<int64_t>(std::trunc(d)));
+          if (used == t.size() && std::isfinite(d)) return from_double(d);
         } catch (const std::exception&) {
         }
       }
@@ -1346,6 +1370,7 @@ class Interp {
       int64_t p = prec ? to_index(*prec, "precision") : 0;
       std::string m = method ? method->str() : "common";
       if (!v.is_number()) rt("round expects a number");
+      if (v.is_int() && m == "common" && p >= 0) return Value(v.as_int());  // Python: round(int, n) is an int
       double x = v.as_float(), s = std::pow(10.0, static_cast<double>(p));
       if (m == "floor") return Value(std::floor(x * s) / s);
       if (m == "ceil") return Value(std::ceil(x * s) / s);
