@@ -13,6 +13,15 @@
 
 namespace {
 
+// Messages keep their key order (tojson prints keys in file order, as Python does).
+atlas::ojson parse_ordered(const std::string& text, const std::string& file) {
+  try {
+    return atlas::ojson::parse(text);
+  } catch (const atlas::ojson::parse_error& e) {
+    atlas::fail(file, "", std::string("malformed JSON: ") + e.what());
+  }
+}
+
 struct RenderArgs {
   std::string model, messages, messages_jsonl, template_file, template_name = "default", vars;
   bool add_generation_prompt = false;
@@ -51,7 +60,7 @@ LoadedTemplate load(const RenderArgs& a) {
     if (auto t = atlas::special_token_text(cfg, k, cfg_path)) base.extra[k] = *t;
   base.add_generation_prompt = a.add_generation_prompt;
   if (!a.vars.empty()) {
-    atlas::json v = atlas::parse_json(a.vars, "--vars");
+    atlas::ojson v = parse_ordered(a.vars, "--vars");
     if (!v.is_object()) atlas::fail("--vars", "", "expected a JSON object");
     for (auto it = v.begin(); it != v.end(); ++it) base.extra[it.key()] = it.value();
   }
@@ -60,7 +69,7 @@ LoadedTemplate load(const RenderArgs& a) {
 
 // A messages file holds a list, or an object with "messages" (and optionally
 // "add_generation_prompt" and further template variables under "kwargs").
-void split_case(const atlas::json& j, const std::string& file, const atlas::ChatOptions& base, atlas::json& messages,
+void split_case(const atlas::ojson& j, const std::string& file, const atlas::ChatOptions& base, atlas::ojson& messages,
                 atlas::ChatOptions& opt) {
   opt = base;
   if (j.is_array()) {
@@ -95,9 +104,9 @@ void run(const RenderArgs& a) {
       ++line_no;
       if (line.empty()) continue;
       std::string where = a.messages_jsonl + ":" + std::to_string(line_no);
-      atlas::json messages;
+      atlas::ojson messages;
       atlas::ChatOptions opt;
-      split_case(atlas::parse_json(line, where), where, t.base, messages, opt);
+      split_case(parse_ordered(line, where), where, t.base, messages, opt);
       try {
         out += atlas::json(t.tmpl.apply(messages, opt)).dump() + "\n";
       } catch (const atlas::Error& err) {
@@ -107,9 +116,9 @@ void run(const RenderArgs& a) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     return;
   }
-  atlas::json messages;
+  atlas::ojson messages;
   atlas::ChatOptions opt;
-  split_case(atlas::read_json_file(a.messages), a.messages, t.base, messages, opt);
+  split_case(parse_ordered(atlas::read_file(a.messages), a.messages), a.messages, t.base, messages, opt);
   std::string s = t.tmpl.apply(messages, opt);
   std::fwrite(s.data(), 1, s.size(), stdout);  // exactly the rendered text, no newline added
 }

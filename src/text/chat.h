@@ -28,8 +28,9 @@ struct ChatOptions {
   std::optional<std::string> bos_token, eos_token;
   bool add_generation_prompt = false;
   // Further template variables: tools, documents, enable_thinking, pad_token, date_string...
-  // (an object; later keys override the ones above, except `messages`).
-  json extra = json::object();
+  // (an object; its keys override the ones above, except `messages`). Ordered, like messages:
+  // `tojson` writes keys in insertion order, as Python dicts do.
+  ojson extra = ojson::object();
 };
 
 class ChatTemplate {
@@ -39,6 +40,8 @@ class ChatTemplate {
 
   // `messages`: an array of objects (normally {"role", "content"}); anything else -> atlas::Error
   // naming the offending element. Template errors (raise_exception included) -> atlas::Error.
+  // Pass ojson when the template may print messages with tojson: nlohmann's json sorts keys,
+  // Python keeps them in file order.
   std::string apply(const json& messages, const ChatOptions& opt = {}) const;
   std::string apply(const ojson& messages, const ChatOptions& opt = {}) const;
 

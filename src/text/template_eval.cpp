@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 
 #include "core/error.h"
@@ -53,37 +55,102 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
   return cps_slice(c, a, b);
 }
 
-std::string map_case(const std::string& s, int mode) {  // 0 lower, 1 upper
-  std::string out;
-  for (char32_t c : utf8_decode(s)) {
-    auto m = mode == 0 ? utf8proc_tolower(static_cast<utf8proc_int32_t>(c)) : utf8proc_toupper(static_cast<utf8proc_int32_t>(c));
-    utf8_append(out, static_cast<char32_t>(m));
-  }
-  return out;
-}
+// Python's str.upper/lower/title use Unicode's full case mappings (SpecialCasing.txt), where
+// one character may become several (ß -> SS). utf8proc offers the simple mappings only, so the
+// unconditional multi-character ones for Latin/Armenian letters and ligatures are listed here,
+// plus the final-sigma rule of str.lower. (Greek letters with iota subscript keep the simple mapping.)
+struct SpecialCase {
+  char32_t c;
+  const char32_t* upper;
+  const char32_t* title;
+};
+const SpecialCase kSpecialCases[] = {
+    {0x00DF, U"SS", U"Ss"},
+    {0x0149, U"\u02BCN", U"\u02BCN"},
+    {0x01F0, U"J\u030C", U"J\u030C"},
+    {0x0587, U"\u0535\u0552", U"\u0535\u0582"},
+    {0x1E96, U"H\u0331", U"H\u0331"},
+    {0x1E97, U"T\u0308", U"T\u0308"},
+    {0x1E98, U"W\u030A", U"W\u030A"},
+    {0x1E99, U"Y\u030A", U"Y\u030A"},
+    {0x1E9A, U"A\u02BE", U"A\u02BE"},
+    {0xFB00, U"FF", U"Ff"},
+    {0xFB01, U"FI", U"Fi"},
+    {0xFB02, U"FL", U"Fl"},
+    {0xFB03, U"FFI", U"Ffi"},
+    {0xFB04, U"FFL", U"Ffl"},
+    {0xFB05, U"ST", U"St"},
+    {0xFB06, U"ST", U"St"},
+    {0xFB13, U"\u0544\u0546", U"\u0544\u0576"},
+    {0xFB14, U"\u0544\u0535", U"\u0544\u0565"},
+    {0xFB15, U"\u0544\u053B", U"\u0544\u056B"},
+    {0xFB16, U"\u054E\u0546", U"\u054E\u0576"},
+    {0xFB17, U"\u0544\u053D", U"\u0544\u056D"},
+};
 
 bool is_cased(char32_t c) {
   auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
   return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
 }
 
+// mode: 0 lower, 1 upper, 2 title (for the first letter of a word)
+void append_case(std::string& out, const std::vector<char32_t>& cps, size_t i, int mode) {
+  char32_t c = cps[i];
+  if (mode != 0) {
+    for (auto& sc : kSpecialCases)
+      if (sc.c == c) {
+        for (const char32_t* p = mode == 1 ? sc.upper : sc.title; *p; ++p) utf8_append(out, *p);
+        return;
+      }
+    auto m = mode == 1 ? utf8proc_toupper(static_cast<utf8proc_int32_t>(c)) : utf8proc_totitle(static_cast<utf8proc_int32_t>(c));
+    utf8_append(out, static_cast<char32_t>(m));
+    return;
+  }
+  if (c == 0x0130) {  // İ -> i + combining dot above
+    out += "i\xCC\x87";
+    return;
+  }
+  if (c == 0x03A3) {  // final sigma: after a cased letter and not before one
+    bool before = false, after = false;
+    for (size_t k = i; k-- > 0;)
+      if (utf8proc_category(static_cast<utf8proc_int32_t>(cps[k])) != UTF8PROC_CATEGORY_MN) {
+        before = is_cased(cps[k]);
+        break;
+      }
+    for (size_t k = i + 1; k < cps.size(); ++k)
+      if (utf8proc_category(static_cast<utf8proc_int32_t>(cps[k])) != UTF8PROC_CATEGORY_MN) {
+        after = is_cased(cps[k]);
+        break;
+      }
+    utf8_append(out, before && !after ? 0x03C2 : 0x03C3);
+    return;
+  }
+  utf8_append(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+}
+
+std::string map_case(const std::string& s, int mode) {  // 0 lower, 1 upper
+  auto c = utf8_decode(s);
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) append_case(out, c, i, mode);
+  return out;
+}
+
 std::string py_title(const std::string& s) {
+  auto c = utf8_decode(s);
   std::string out;
   bool prev_cased = false;
-  for (char32_t c : utf8_decode(s)) {
-    auto m = prev_cased ? utf8proc_tolower(static_cast<utf8proc_int32_t>(c)) : utf8proc_totitle(static_cast<utf8proc_int32_t>(c));
-    utf8_append(out, static_cast<char32_t>(m));
-    prev_cased = is_cased(c);
+  for (size_t i = 0; i < c.size(); ++i) {
+    append_case(out, c, i, prev_cased ? 0 : 2);
+    prev_cased = is_cased(c[i]);
   }
   return out;
 }
 
+// str.capitalize (Python >= 3.8): title-case the first character, lower-case the rest.
 std::string py_capitalize(const std::string& s) {
   auto c = utf8_decode(s);
   std::string out;
-  for (size_t i = 0; i < c.size(); ++i)
-    utf8_append(out, static_cast<char32_t>(i == 0 ? utf8proc_totitle(static_cast<utf8proc_int32_t>(c[i]))
-                                                   : utf8proc_tolower(static_cast<utf8proc_int32_t>(c[i]))));
+  for (size_t i = 0; i < c.size(); ++i) append_case(out, c, i, i == 0 ? 2 : 0);
   return out;
 }
 
@@ -366,6 +433,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     if ((b.is_string() || b.is_seq()) && a.is_int()) return repeat(b, a.as_int());
     bad_operands(op, a, b);
   }
+  if (op == "%" && a.is_string()) rt("printf-style string formatting ('...' % args) is not supported by atlas's template subset");
   if (!nums) bad_operands(op, a, b);
   if (op == "/") {
     if (b.as_float() == 0) rt("division by zero");
@@ -382,12 +450,28 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       }
       return op == "//" ? Value(q) : Value(r);
     }
+    // Python's float divmod, signed zeros included.
     double x = a.as_float(), y = b.as_float();
     if (y == 0) rt("float division or modulo by zero");
-    double r = std::fmod(x, y);
-    if (r != 0 && ((r < 0) != (y < 0))) r += y;
-    if (op == "%") return Value(r);
-    return Value(std::floor((x - r) / y + 0.0));
+    double mod = std::fmod(x, y);
+    double div = (x - mod) / y;
+    if (mod != 0) {
+      if ((y < 0) != (mod < 0)) {
+        mod += y;
+        div -= 1.0;
+      }
+    } else {
+      mod = std::copysign(0.0, y);
+    }
+    if (op == "%") return Value(mod);
+    double fl;
+    if (div != 0) {
+      fl = std::floor(div);
+      if (div - fl > 0.5) fl += 1.0;
+    } else {
+      fl = std::copysign(0.0, x / y);
+    }
+    return Value(fl);
   }
   if (op == "**") {
     if (ints && b.as_int() >= 0) {
@@ -413,7 +497,10 @@ bool contains(const Value& container, const Value& item) {
       for (auto& e : container.items())
         if (e == item) return true;
       return false;
-    case K::Dict: return container.dict_ref().find(item) != nullptr;
+    case K::Dict:
+      if (item.is_seq() && item.kind() == K::List) rt("unhashable type: 'list'");
+      if (item.is_dict()) rt("unhashable type: 'dict'");
+      return container.dict_ref().find(item) != nullptr;
     case K::Undefined: return false;
     default: rt("argument of type '" + container.type_name() + "' is not iterable");
   }
@@ -751,7 +838,13 @@ class Interp {
   Flow exec_inner(const Node& n, std::string& out) {
     switch (n.k) {
       case Node::K::Text: out += n.text; return Flow::Normal;
-      case Node::K::Output: out += eval(*n.expr).str(); return Flow::Normal;
+      case Node::K::Output: {
+        Value v = eval(*n.expr);
+        // Python would print "<built-in method ... at 0x...>": an address, never meaningful text.
+        if (v.is_function()) rt("cannot print the function '" + v.fn().name + "' (missing call parentheses?)");
+        out += v.str();
+        return Flow::Normal;
+      }
       case Node::K::If:
         for (size_t i = 0; i < n.bodies.size(); ++i)
           if (i >= n.conds.size() || eval(*n.conds[i]).truthy()) return exec_body(n.bodies[i], out);
@@ -1235,7 +1328,11 @@ class Interp {
       const Value* dflt = arg(0, "default");
       Value fallback = dflt ? *dflt : Value(int64_t{0});
       if (v.is_int()) return Value(v.as_int());
-      if (v.kind() == K::Float) return std::isfinite(v.as_float()) ? Value(static_cast<int64_t>(std::trunc(v.as_float()))) : fallback;
+      auto from_double = [&](double d) {
+        if (!(std::fabs(d) < 9.2233720368547758e18)) rt("integer too large for atlas templates (64-bit)");
+        return Value(static_cast<int64_t>(std::trunc(d)));
+      };
+      if (v.kind() == K::Float) return std::isfinite(v.as_float()) ? from_double(v.as_float()) : fallback;
       if (v.is_string()) {
         std::string s = py_strip(v.str_ref(), nullptr, true, true);
         std::string t;
@@ -1246,7 +1343,7 @@ class Interp {
           long long x = std::stoll(t, &used, 10);
           if (used == t.size() && !t.empty()) return Value(static_cast<int64_t>(x));
           double d = std::stod(t, &used);
-          if (used == t.size() && std::isfinite(d)) return Value(static_cast<int64_t>(std::trunc(d)));
+          if (used == t.size() && std::isfinite(d)) return from_double(d);
         } catch (const std::exception&) {
         }
       }
@@ -1273,9 +1370,17 @@ class Interp {
       int64_t p = prec ? to_index(*prec, "precision") : 0;
       std::string m = method ? method->str() : "common";
       if (!v.is_number()) rt("round expects a number");
+      if (v.is_int() && m == "common" && p >= 0) return Value(v.as_int());  // Python: round(int, n) is an int
       double x = v.as_float(), s = std::pow(10.0, static_cast<double>(p));
-      double r = m == "floor" ? std::floor(x * s) / s : m == "ceil" ? std::ceil(x * s) / s : std::round(x * s) / s;
-      return Value(r);
+      if (m == "floor") return Value(std::floor(x * s) / s);
+      if (m == "ceil") return Value(std::ceil(x * s) / s);
+      if (m != "common") rt("round method must be 'common', 'ceil' or 'floor'");
+      if (p < 0 || !std::isfinite(x)) return Value(std::nearbyint(x * s) / s);
+      // Python's round(): the exact binary value rounded half-to-even, which is what glibc's
+      // printf does for %.*f.
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(std::min<int64_t>(p, 300)), x);
+      return Value(std::strtod(buf, nullptr));
     }
     if (name == "tojson") {
       JsonDumpOptions o;
@@ -1313,9 +1418,13 @@ class Interp {
     if (name == "reject") return select_like(name, v, a, false, false);
     if (name == "selectattr") return select_like(name, v, a, true, true);
     if (name == "rejectattr") return select_like(name, v, a, true, false);
-    if (name == "attr") {
+    if (name == "attr") {  // Python getattr only: a dict's keys are not attributes
       if (a.pos.empty()) rt("attr needs a name");
-      return get_attr(v, need_str(a.pos[0], "attribute name"));
+      const std::string& n = need_str(a.pos[0], "attribute name");
+      if (v.is_undefined()) undefined_error(v);
+      Value m = v.is_dict() ? dict_method(v, n) : v.is_string() ? str_method(v.str_ref(), n) : Value::undefined();
+      if (v.is_namespace()) m = get_attr(v, n);
+      return m.is_undefined() ? Value::undefined("'" + v.type_name() + " object' has no attribute '" + n + "'") : m;
     }
     if (name == "safe") return v;
     if (name == "e" || name == "escape") {
@@ -1358,9 +1467,7 @@ class Interp {
   static std::string py_capitalize_upper_first(const std::string& s) {
     auto c = utf8_decode(s);
     std::string out;
-    for (size_t i = 0; i < c.size(); ++i)
-      utf8_append(out, static_cast<char32_t>(i == 0 ? utf8proc_toupper(static_cast<utf8proc_int32_t>(c[i]))
-                                                     : utf8proc_tolower(static_cast<utf8proc_int32_t>(c[i]))));
+    for (size_t i = 0; i < c.size(); ++i) append_case(out, c, i, i == 0 ? 1 : 0);
     return out;
   }
 

@@ -406,6 +406,11 @@ class Parser {
             ++i_;
             return body;
           }
+        if (kw.rfind("end", 0) == 0 || kw == "elif" || kw == "else") {
+          std::string want;
+          for (auto& e : ends) want += (want.empty() ? "" : " or ") + std::string("'") + e + "'";
+          error("unexpected '" + kw + "'" + (want.empty() ? std::string(" outside of any block") : ", expected " + want));
+        }
         body.push_back(parse_statement());
       } else {
         error("unexpected " + describe(t));
