@@ -90,6 +90,28 @@ std::string token_field(size_t i) { return "logits[" + std::to_string(i) + "]"; 
 
 }  // namespace
 
+// exp(x) rounded to float32 for x <= 0, with IEEE double additions and multiplications only
+// (no libm), so every IEEE-754 machine computes the same bits (the build disables FMA
+// contraction). Range reduction x = k ln2 + r, |r| <= ln2/2, with fdlibm's split ln2 (k * hi is
+// exact), then a degree-13 Taylor polynomial (truncation error < 1e-17 relative): the double
+// result is within a few double ulps of exp(x), so the float32 rounding is the correctly
+// rounded one except within ~1e-16 of a float32 rounding midpoint.
+float exp_f32(float x) {
+  if (x < -104.0f) return 0.0f;  // exp(-104) < 2^-150: rounds to zero
+  constexpr double kLog2e = 1.4426950408889634, kLn2Hi = 6.93147180369123816490e-01,
+                   kLn2Lo = 1.90821492927058770002e-10;
+  const double xd = x;
+  const double k = std::floor(xd * kLog2e + 0.5);
+  const double r = (xd - k * kLn2Hi) - k * kLn2Lo;
+  double p = 1.0 / 6227020800.0;  // 1/13!
+  constexpr double kInvFact[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                 1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,     1.0 / 120.0,
+                                 1.0 / 24.0,        1.0 / 6.0,        1.0 / 2.0,       1.0,
+                                 1.0};  // 1/12! .. 1/0!
+  for (double c : kInvFact) p = p * r + c;
+  return float(std::ldexp(p, int(k)));
+}
+
 std::string_view mode_name(SamplingMode m) {
   switch (m) {
     case SamplingMode::Greedy: return "greedy";
@@ -174,7 +196,7 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
 
   // exp(s - max) once; both softmaxes reuse it (the max token survives every warper).
   std::vector<float> e(alive.size());  // [n_alive]
-  for (size_t j = 0; j < alive.size(); ++j) e[j] = std::exp(s[size_t(alive[j])] - m);
+  for (size_t j = 0; j < alive.size(); ++j) e[j] = exp_f32(s[size_t(alive[j])] - m);
 
   // 3. top-p.
   std::vector<char> keep(alive.size(), 1);

@@ -116,6 +116,26 @@ TEST(Greedy, NaNAndEmptyAreErrors) {
   EXPECT_THROW(greedy_token(std::span<const float>{}), Error);
 }
 
+// ---- portable exp --------------------------------------------------------------------------
+
+TEST(ExpF32, MatchesCorrectlyRoundedExp) {
+  // Reference: glibc's double exp (< 1 ulp) rounded to float32, which is the correctly rounded
+  // float32 unless exp(x) lies within ~1e-16 of a rounding midpoint (odds ~1e-9 per value).
+  EXPECT_EQ(exp_f32(0.0f), 1.0f);
+  EXPECT_EQ(exp_f32(-0.0f), 1.0f);
+  EXPECT_EQ(exp_f32(-200.0f), 0.0f);
+  EXPECT_EQ(exp_f32(-104.0f), 0.0f);
+  EXPECT_EQ(exp_f32(-103.0f), float(std::exp(-103.0)));  // a subnormal result
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> wide(-104.0f, 0.0f), narrow(-1.0f, 0.0f);
+  int mismatches = 0;
+  for (int i = 0; i < 300000; ++i) {
+    const float x = (i % 2) ? wide(gen) : narrow(gen);
+    if (exp_f32(x) != float(std::exp(double(x)))) ++mismatches;
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 // ---- warpers ------------------------------------------------------------------------------
 
 SamplingParams sampled(double t, double p, int64_t k) {
