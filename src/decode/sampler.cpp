@@ -40,6 +40,23 @@ class ExactSum {
     }
     return *this;
   }
+  ExactSum& operator+=(const ExactSum& o) {
+    uint64_t carry = 0;
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t a = w_[i], sum = a + o.w_[i] + carry;
+      carry = (sum < a || (carry && sum == a)) ? 1 : 0;
+      w_[i] = sum;
+    }
+    return *this;
+  }
+  friend bool operator<(const ExactSum& a, const ExactSum& b) {
+    for (int i = 2; i >= 0; --i)
+      if (a.w_[i] != b.w_[i]) return a.w_[i] < b.w_[i];
+    return false;
+  }
+  friend bool operator==(const ExactSum& a, const ExactSum& b) {
+    return a.w_[0] == b.w_[0] && a.w_[1] == b.w_[1] && a.w_[2] == b.w_[2];
+  }
   // Correctly rounded (to nearest, ties to even) conversion to a `bits`-bit significand.
   double round_to(int bits) const {
     int top = -1;
@@ -53,7 +70,6 @@ class ExactSum {
     if (guard && (sticky || (m & 1))) ++m;  // m may become 2^bits: still exact in a double
     return std::ldexp(double(m), s - 149);
   }
-  float to_float() const { return float(round_to(24)); }  // exact: the value already has 24 bits
   double to_double() const { return round_to(53); }
 
  private:
@@ -78,12 +94,19 @@ class ExactSum {
     return false;
   }
   uint64_t extract(int lo, int n) const {  // n <= 64 bits starting at bit lo
-    uint64_t r = 0;
-    for (int k = 0; k < n; ++k)
-      if (bit(lo + k)) r |= uint64_t(1) << k;
-    return r;
+    const int limb = lo / 64, off = lo % 64;
+    uint64_t r = w_[limb] >> off;
+    if (off && limb + 1 < 3) r |= w_[limb + 1] << (64 - off);
+    return n == 64 ? r : r & ((uint64_t(1) << n) - 1);
   }
   uint64_t w_[3] = {0, 0, 0};
+};
+
+struct WarpScratch {
+  std::vector<float> s, tmp, e, prob;
+  std::vector<int32_t> alive;
+  std::vector<char> keep;
+  std::vector<std::pair<float, int32_t>> heap;
 };
 
 std::string token_field(size_t i) { return "logits[" + std::to_string(i) + "]"; }
@@ -109,7 +132,9 @@ float exp_f32(float x) {
                                  1.0 / 24.0,        1.0 / 6.0,        1.0 / 2.0,       1.0,
                                  1.0};  // 1/12! .. 1/0!
   for (double c : kInvFact) p = p * r + c;
-  return float(std::ldexp(p, int(k)));
+  // p * 2^k with 2^k built from its bits (k in [-151, 1], a normal double): exact, and
+  // cheaper than ldexp.
+  return float(p * std::bit_cast<double>(uint64_t(int64_t(k) + 1023) << 52));
 }
 
 std::string_view mode_name(SamplingMode m) {
@@ -164,7 +189,10 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
 
   // 1. temperature, in float32 like torch's `scores / temperature` on a float32 tensor.
   const float t = float(p.temperature);
-  std::vector<float> s(V);  // [V] scaled logits
+  // Per-thread scratch: a 100k-token row would otherwise allocate (and page-fault) ~2 MB per step.
+  thread_local WarpScratch w;
+  std::vector<float>& s = w.s;  // [V] scaled logits
+  s.resize(V);
   bool any_finite = false;
   for (size_t i = 0; i < V; ++i) {
     const float x = logits[i];
@@ -180,13 +208,14 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
   // 2. top-k: the k-th largest value, duplicates counted (torch.topk(...)[0][..., -1]).
   float kth = -std::numeric_limits<float>::infinity();
   if (p.top_k > 0 && size_t(p.top_k) < V) {
-    std::vector<float> tmp = s;
+    std::vector<float>& tmp = w.tmp;
+    tmp.assign(s.begin(), s.end());
     std::nth_element(tmp.begin(), tmp.begin() + (p.top_k - 1), tmp.end(), std::greater<float>());
     kth = tmp[size_t(p.top_k - 1)];
   }
   // Survivors so far: s >= kth and finite (a -inf token has probability exactly 0).
-  std::vector<int32_t> alive;  // ascending id
-  alive.reserve(V);
+  std::vector<int32_t>& alive = w.alive;  // ascending id
+  alive.clear();
   float m = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < V; ++i)
     if (s[i] >= kth && std::isfinite(s[i])) {
@@ -195,34 +224,50 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
     }
 
   // exp(s - max) once; both softmaxes reuse it (the max token survives every warper).
-  std::vector<float> e(alive.size());  // [n_alive]
+  std::vector<float>& e = w.e;  // [n_alive]
+  e.resize(alive.size());
   for (size_t j = 0; j < alive.size(); ++j) e[j] = exp_f32(s[size_t(alive[j])] - m);
 
   // 3. top-p.
-  std::vector<char> keep(alive.size(), 1);
+  std::vector<char>& keep = w.keep;  // [n_alive]
+  keep.assign(alive.size(), 1);
   if (p.top_p < 1.0) {
     ExactSum total_e;
     for (float v : e) total_e.add(v);
     const double S = total_e.to_double();
-    std::vector<float> prob(alive.size());  // [n_alive]
+    std::vector<float>& prob = w.prob;  // [n_alive]
+    prob.resize(alive.size());
     ExactSum total;
     for (size_t j = 0; j < alive.size(); ++j) {
       prob[j] = float(double(e[j]) / S);
       total.add(prob[j]);
     }
     const float threshold = float(1.0 - p.top_p);
+    // float32(x) <= threshold  <=>  2x < t + t' or (2x == t + t' and t's last mantissa bit is
+    // even, so the tie rounds down), with t' the next float32 above t: an integer comparison
+    // instead of a rounding per step of the walk below.
+    ExactSum bound2;  // t + t' in 2^-149 units = 2 * (their midpoint)
+    bound2.add(threshold);
+    bound2.add(std::nextafter(threshold, 2.0f));
+    const bool tie_down = (std::bit_cast<uint32_t>(threshold) & 1u) == 0;
+    auto removable = [&](const ExactSum& x) {
+      ExactSum x2 = x;
+      x2 += x;
+      return x2 < bound2 || (tie_down && x2 == bound2);
+    };
     // Walk down from the largest (s, id). With the tokens not yet kept forming the ascending
     // prefix, the cumulative sum at its last element is total - kept; if that rounds to
     // <= threshold the whole prefix is removed (prefix sums only grow), else its last element
     // is kept. The largest token is kept unconditionally (min_tokens_to_keep = 1).
-    std::vector<std::pair<float, int32_t>> heap(alive.size());  // (s, index into alive)
+    auto& heap = w.heap;  // (s, index into alive)
+    heap.resize(alive.size());
     for (size_t j = 0; j < alive.size(); ++j) heap[j] = {s[size_t(alive[j])], int32_t(j)};
     std::make_heap(heap.begin(), heap.end());  // max-heap on (s, id): ties pop the higher id first
     std::fill(keep.begin(), keep.end(), 0);
     ExactSum rest = total;
     bool first = true;
     while (!heap.empty()) {
-      if (!first && rest.to_float() <= threshold) break;
+      if (!first && removable(rest)) break;
       std::pop_heap(heap.begin(), heap.end());
       const int32_t j = heap.back().second;
       heap.pop_back();

@@ -320,6 +320,9 @@ def main():
     g = write_logits("greedy", [0.5, 3.0, -1.0, 3.0, 3.0])
     expect(atlas("--logits", g, "--mode", "greedy")["draws"][0]["token"] == 1, "greedy tie -> lower id")
 
+    r = subprocess.run([ATLAS, "sample-debug", "--help"], capture_output=True, text=True)
+    expect(r.returncode == 0 and "docs/decoding.md" in r.stdout, "sample-debug --help documents the tool")
+
     # Bad input: one clear error naming the file, non-zero exit, no output file.
     nan = os.path.join(tmp, "nan.json")
     with open(nan, "w") as f:
