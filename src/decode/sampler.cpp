@@ -16,7 +16,7 @@ namespace {
 // Exact sum of non-negative float32 values below 2 (probabilities and exp(s - max)), held as
 // an integer count of 2^-149 (the smallest float32 subnormal). A value below 2 is < 2^150
 // such units; 2^31 of them fit in 192 bits. Exact sums do not depend on the order of
-// accumulation, which is what lets top-p avoid sorting the whole vocabulary.
+// accumulation, which is what lets top-p find its cut without sorting the vocabulary.
 class ExactSum {
  public:
   void add(float v) {
@@ -29,16 +29,6 @@ class ExactSum {
     const int limb = shift / 64, off = shift % 64;
     add_at(limb, mant << off);
     if (off > 40) add_at(limb + 1, mant >> (64 - off));  // the part that spills into the next limb
-  }
-  ExactSum& operator-=(const ExactSum& o) {  // requires *this >= o
-    uint64_t borrow = 0;
-    for (int i = 0; i < 3; ++i) {
-      const uint64_t a = w_[i], b = o.w_[i];
-      const uint64_t d = a - b - borrow;
-      borrow = (a < b || (a == b && borrow)) ? 1 : 0;
-      w_[i] = d;
-    }
-    return *this;
   }
   ExactSum& operator+=(const ExactSum& o) {
     uint64_t carry = 0;
@@ -106,7 +96,7 @@ struct WarpScratch {
   std::vector<float> s, tmp, e, prob;
   std::vector<int32_t> alive;
   std::vector<char> keep;
-  std::vector<std::pair<float, int32_t>> heap;
+  std::vector<std::pair<float, int32_t>> order;  // top-p's (s, index) array
 };
 
 std::string token_field(size_t i) { return "logits[" + std::to_string(i) + "]"; }
@@ -237,15 +227,11 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
     const double S = total_e.to_double();
     std::vector<float>& prob = w.prob;  // [n_alive]
     prob.resize(alive.size());
-    ExactSum total;
-    for (size_t j = 0; j < alive.size(); ++j) {
-      prob[j] = float(double(e[j]) / S);
-      total.add(prob[j]);
-    }
+    for (size_t j = 0; j < alive.size(); ++j) prob[j] = float(double(e[j]) / S);
     const float threshold = float(1.0 - p.top_p);
     // float32(x) <= threshold  <=>  2x < t + t' or (2x == t + t' and t's last mantissa bit is
     // even, so the tie rounds down), with t' the next float32 above t: an integer comparison
-    // instead of a rounding per step of the walk below.
+    // instead of a rounding per probe of the bisection below.
     ExactSum bound2;  // t + t' in 2^-149 units = 2 * (their midpoint)
     bound2.add(threshold);
     bound2.add(std::nextafter(threshold, 2.0f));
@@ -255,28 +241,38 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
       x2 += x;
       return x2 < bound2 || (tie_down && x2 == bound2);
     };
-    // Walk down from the largest (s, id). With the tokens not yet kept forming the ascending
-    // prefix, the cumulative sum at its last element is total - kept; if that rounds to
-    // <= threshold the whole prefix is removed (prefix sums only grow), else its last element
-    // is kept. The largest token is kept unconditionally (min_tokens_to_keep = 1).
-    auto& heap = w.heap;  // (s, index into alive)
-    heap.resize(alive.size());
-    for (size_t j = 0; j < alive.size(); ++j) heap[j] = {s[size_t(alive[j])], int32_t(j)};
-    std::make_heap(heap.begin(), heap.end());  // max-heap on (s, id): ties pop the higher id first
-    std::fill(keep.begin(), keep.end(), 0);
-    ExactSum rest = total;
-    bool first = true;
-    while (!heap.empty()) {
-      if (!first && removable(rest)) break;
-      std::pop_heap(heap.begin(), heap.end());
-      const int32_t j = heap.back().second;
-      heap.pop_back();
-      keep[size_t(j)] = 1;
-      ExactSum one;
-      one.add(prob[size_t(j)]);
-      rest -= one;
-      first = false;
+    // Remove the r smallest tokens in (s, id) order, r the largest value in [0, n-1] whose
+    // prefix sum P(r) rounds to <= threshold (prefix sums only grow, so the predicate is
+    // monotone and P(0) = 0 qualifies). Exact sums make P(r) independent of the order inside
+    // the prefix, so a bisection with nth_element finds r in expected O(n) without sorting:
+    // a[0, lo) are the lo smallest with exact sum sum_lo, a[end, n) are larger than a[lo, end),
+    // and r lies in [lo, end].
+    auto& a = w.order;  // [n] (s, index into alive): a strict total order, ties by id
+    const size_t n = alive.size();
+    a.resize(n);
+    for (size_t j = 0; j < n; ++j) a[j] = {s[size_t(alive[j])], int32_t(j)};
+    size_t lo = 0, end = n;
+    ExactSum sum_lo;
+    while (end - lo > 1) {
+      const size_t mid = lo + (end - lo) / 2;  // lo < mid < end <= n, so mid <= n - 1
+      std::nth_element(a.begin() + lo, a.begin() + mid, a.begin() + end);
+      ExactSum sum_mid = sum_lo;
+      for (size_t i = lo; i < mid; ++i) sum_mid.add(prob[size_t(a[i].second)]);
+      if (removable(sum_mid)) {
+        lo = mid;
+        sum_lo = sum_mid;
+      } else {
+        end = mid;
+      }
     }
+    size_t r = lo;  // one candidate left: a[lo], the smallest of a[lo, n)
+    if (end - lo == 1 && lo + 1 <= n - 1) {
+      ExactSum with_it = sum_lo;
+      with_it.add(prob[size_t(a[lo].second)]);
+      if (removable(with_it)) r = lo + 1;
+    }
+    std::fill(keep.begin(), keep.end(), 0);
+    for (size_t i = r; i < n; ++i) keep[size_t(a[i].second)] = 1;
   }
 
   // 4. softmax over the survivors, in ascending id order.
