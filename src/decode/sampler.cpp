@@ -16,7 +16,7 @@ namespace {
 // Exact sum of non-negative float32 values below 2 (probabilities and exp(s - max)), held as
 // an integer count of 2^-149 (the smallest float32 subnormal). A value below 2 is < 2^150
 // such units; 2^31 of them fit in 192 bits. Exact sums do not depend on the order of
-// accumulation, which is what lets top-p avoid sorting the whole vocabulary.
+// accumulation, which is what lets top-p find its cut without sorting the vocabulary.
 class ExactSum {
  public:
   void add(float v) {
@@ -30,15 +30,22 @@ class ExactSum {
     add_at(limb, mant << off);
     if (off > 40) add_at(limb + 1, mant >> (64 - off));  // the part that spills into the next limb
   }
-  ExactSum& operator-=(const ExactSum& o) {  // requires *this >= o
-    uint64_t borrow = 0;
+  ExactSum& operator+=(const ExactSum& o) {
+    uint64_t carry = 0;
     for (int i = 0; i < 3; ++i) {
-      const uint64_t a = w_[i], b = o.w_[i];
-      const uint64_t d = a - b - borrow;
-      borrow = (a < b || (a == b && borrow)) ? 1 : 0;
-      w_[i] = d;
+      const uint64_t a = w_[i], sum = a + o.w_[i] + carry;
+      carry = (sum < a || (carry && sum == a)) ? 1 : 0;
+      w_[i] = sum;
     }
     return *this;
+  }
+  friend bool operator<(const ExactSum& a, const ExactSum& b) {
+    for (int i = 2; i >= 0; --i)
+      if (a.w_[i] != b.w_[i]) return a.w_[i] < b.w_[i];
+    return false;
+  }
+  friend bool operator==(const ExactSum& a, const ExactSum& b) {
+    return a.w_[0] == b.w_[0] && a.w_[1] == b.w_[1] && a.w_[2] == b.w_[2];
   }
   // Correctly rounded (to nearest, ties to even) conversion to a `bits`-bit significand.
   double round_to(int bits) const {
@@ -53,7 +60,6 @@ class ExactSum {
     if (guard && (sticky || (m & 1))) ++m;  // m may become 2^bits: still exact in a double
     return std::ldexp(double(m), s - 149);
   }
-  float to_float() const { return float(round_to(24)); }  // exact: the value already has 24 bits
   double to_double() const { return round_to(53); }
 
  private:
@@ -78,17 +84,48 @@ class ExactSum {
     return false;
   }
   uint64_t extract(int lo, int n) const {  // n <= 64 bits starting at bit lo
-    uint64_t r = 0;
-    for (int k = 0; k < n; ++k)
-      if (bit(lo + k)) r |= uint64_t(1) << k;
-    return r;
+    const int limb = lo / 64, off = lo % 64;
+    uint64_t r = w_[limb] >> off;
+    if (off && limb + 1 < 3) r |= w_[limb + 1] << (64 - off);
+    return n == 64 ? r : r & ((uint64_t(1) << n) - 1);
   }
   uint64_t w_[3] = {0, 0, 0};
+};
+
+struct WarpScratch {
+  std::vector<float> s, tmp, e, prob;
+  std::vector<int32_t> alive;
+  std::vector<char> keep;
+  std::vector<std::pair<float, int32_t>> order;  // top-p's (s, index) array
 };
 
 std::string token_field(size_t i) { return "logits[" + std::to_string(i) + "]"; }
 
 }  // namespace
+
+// exp(x) rounded to float32 for x <= 0, with IEEE double additions and multiplications only
+// (no libm), so every IEEE-754 machine computes the same bits (the build disables FMA
+// contraction). Range reduction x = k ln2 + r, |r| <= ln2/2, with fdlibm's split ln2 (k * hi is
+// exact), then a degree-13 Taylor polynomial (truncation error < 1e-17 relative): the double
+// result is within a few double ulps of exp(x), so the float32 rounding is the correctly
+// rounded one except within ~1e-16 of a float32 rounding midpoint.
+float exp_f32(float x) {
+  if (x < -104.0f) return 0.0f;  // exp(-104) < 2^-150: rounds to zero
+  constexpr double kLog2e = 1.4426950408889634, kLn2Hi = 6.93147180369123816490e-01,
+                   kLn2Lo = 1.90821492927058770002e-10;
+  const double xd = x;
+  const double k = std::floor(xd * kLog2e + 0.5);
+  const double r = (xd - k * kLn2Hi) - k * kLn2Lo;
+  double p = 1.0 / 6227020800.0;  // 1/13!
+  constexpr double kInvFact[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                 1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,     1.0 / 120.0,
+                                 1.0 / 24.0,        1.0 / 6.0,        1.0 / 2.0,       1.0,
+                                 1.0};  // 1/12! .. 1/0!
+  for (double c : kInvFact) p = p * r + c;
+  // p * 2^k with 2^k built from its bits (k in [-151, 1], a normal double): exact, and
+  // cheaper than ldexp.
+  return float(p * std::bit_cast<double>(uint64_t(int64_t(k) + 1023) << 52));
+}
 
 std::string_view mode_name(SamplingMode m) {
   switch (m) {
@@ -142,7 +179,10 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
 
   // 1. temperature, in float32 like torch's `scores / temperature` on a float32 tensor.
   const float t = float(p.temperature);
-  std::vector<float> s(V);  // [V] scaled logits
+  // Per-thread scratch: a 100k-token row would otherwise allocate (and page-fault) ~2 MB per step.
+  thread_local WarpScratch w;
+  std::vector<float>& s = w.s;  // [V] scaled logits
+  s.resize(V);
   bool any_finite = false;
   for (size_t i = 0; i < V; ++i) {
     const float x = logits[i];
@@ -158,13 +198,14 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
   // 2. top-k: the k-th largest value, duplicates counted (torch.topk(...)[0][..., -1]).
   float kth = -std::numeric_limits<float>::infinity();
   if (p.top_k > 0 && size_t(p.top_k) < V) {
-    std::vector<float> tmp = s;
+    std::vector<float>& tmp = w.tmp;
+    tmp.assign(s.begin(), s.end());
     std::nth_element(tmp.begin(), tmp.begin() + (p.top_k - 1), tmp.end(), std::greater<float>());
     kth = tmp[size_t(p.top_k - 1)];
   }
   // Survivors so far: s >= kth and finite (a -inf token has probability exactly 0).
-  std::vector<int32_t> alive;  // ascending id
-  alive.reserve(V);
+  std::vector<int32_t>& alive = w.alive;  // ascending id
+  alive.clear();
   float m = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < V; ++i)
     if (s[i] >= kth && std::isfinite(s[i])) {
@@ -173,43 +214,65 @@ Distribution warp(std::span<const float> logits, const SamplingParams& p) {
     }
 
   // exp(s - max) once; both softmaxes reuse it (the max token survives every warper).
-  std::vector<float> e(alive.size());  // [n_alive]
-  for (size_t j = 0; j < alive.size(); ++j) e[j] = std::exp(s[size_t(alive[j])] - m);
+  std::vector<float>& e = w.e;  // [n_alive]
+  e.resize(alive.size());
+  for (size_t j = 0; j < alive.size(); ++j) e[j] = exp_f32(s[size_t(alive[j])] - m);
 
   // 3. top-p.
-  std::vector<char> keep(alive.size(), 1);
+  std::vector<char>& keep = w.keep;  // [n_alive]
+  keep.assign(alive.size(), 1);
   if (p.top_p < 1.0) {
     ExactSum total_e;
     for (float v : e) total_e.add(v);
     const double S = total_e.to_double();
-    std::vector<float> prob(alive.size());  // [n_alive]
-    ExactSum total;
-    for (size_t j = 0; j < alive.size(); ++j) {
-      prob[j] = float(double(e[j]) / S);
-      total.add(prob[j]);
-    }
+    std::vector<float>& prob = w.prob;  // [n_alive]
+    prob.resize(alive.size());
+    for (size_t j = 0; j < alive.size(); ++j) prob[j] = float(double(e[j]) / S);
     const float threshold = float(1.0 - p.top_p);
-    // Walk down from the largest (s, id). With the tokens not yet kept forming the ascending
-    // prefix, the cumulative sum at its last element is total - kept; if that rounds to
-    // <= threshold the whole prefix is removed (prefix sums only grow), else its last element
-    // is kept. The largest token is kept unconditionally (min_tokens_to_keep = 1).
-    std::vector<std::pair<float, int32_t>> heap(alive.size());  // (s, index into alive)
-    for (size_t j = 0; j < alive.size(); ++j) heap[j] = {s[size_t(alive[j])], int32_t(j)};
-    std::make_heap(heap.begin(), heap.end());  // max-heap on (s, id): ties pop the higher id first
-    std::fill(keep.begin(), keep.end(), 0);
-    ExactSum rest = total;
-    bool first = true;
-    while (!heap.empty()) {
-      if (!first && rest.to_float() <= threshold) break;
-      std::pop_heap(heap.begin(), heap.end());
-      const int32_t j = heap.back().second;
-      heap.pop_back();
-      keep[size_t(j)] = 1;
-      ExactSum one;
-      one.add(prob[size_t(j)]);
-      rest -= one;
-      first = false;
+    // float32(x) <= threshold  <=>  2x < t + t' or (2x == t + t' and t's last mantissa bit is
+    // even, so the tie rounds down), with t' the next float32 above t: an integer comparison
+    // instead of a rounding per probe of the bisection below.
+    ExactSum bound2;  // t + t' in 2^-149 units = 2 * (their midpoint)
+    bound2.add(threshold);
+    bound2.add(std::nextafter(threshold, 2.0f));
+    const bool tie_down = (std::bit_cast<uint32_t>(threshold) & 1u) == 0;
+    auto removable = [&](const ExactSum& x) {
+      ExactSum x2 = x;
+      x2 += x;
+      return x2 < bound2 || (tie_down && x2 == bound2);
+    };
+    // Remove the r smallest tokens in (s, id) order, r the largest value in [0, n-1] whose
+    // prefix sum P(r) rounds to <= threshold (prefix sums only grow, so the predicate is
+    // monotone and P(0) = 0 qualifies). Exact sums make P(r) independent of the order inside
+    // the prefix, so a bisection with nth_element finds r in expected O(n) without sorting:
+    // a[0, lo) are the lo smallest with exact sum sum_lo, a[end, n) are larger than a[lo, end),
+    // and r lies in [lo, end].
+    auto& a = w.order;  // [n] (s, index into alive): a strict total order, ties by id
+    const size_t n = alive.size();
+    a.resize(n);
+    for (size_t j = 0; j < n; ++j) a[j] = {s[size_t(alive[j])], int32_t(j)};
+    size_t lo = 0, end = n;
+    ExactSum sum_lo;
+    while (end - lo > 1) {
+      const size_t mid = lo + (end - lo) / 2;  // lo < mid < end <= n, so mid <= n - 1
+      std::nth_element(a.begin() + lo, a.begin() + mid, a.begin() + end);
+      ExactSum sum_mid = sum_lo;
+      for (size_t i = lo; i < mid; ++i) sum_mid.add(prob[size_t(a[i].second)]);
+      if (removable(sum_mid)) {
+        lo = mid;
+        sum_lo = sum_mid;
+      } else {
+        end = mid;
+      }
     }
+    size_t r = lo;  // one candidate left: a[lo], the smallest of a[lo, n)
+    if (end - lo == 1 && lo + 1 <= n - 1) {
+      ExactSum with_it = sum_lo;
+      with_it.add(prob[size_t(a[lo].second)]);
+      if (removable(with_it)) r = lo + 1;
+    }
+    std::fill(keep.begin(), keep.end(), 0);
+    for (size_t i = r; i < n; ++i) keep[size_t(a[i].second)] = 1;
   }
 
   // 4. softmax over the survivors, in ascending id order.

@@ -11,7 +11,7 @@
 //                              cumulative probability; remove c_j <= float32(1 - p) (1 - p in
 //                              double); the largest (last) token is always kept
 //              4. softmax in float32 over the survivors; tokens whose probability is 0 are dropped
-//   softmax  m = max s; e_i = expf(s_i - m) (float32); S = exact sum of the e_i rounded once to
+//   softmax  m = max s; e_i = exp_f32(s_i - m) (below); S = exact sum of the e_i rounded once to
 //            double; p_i = float32(double(e_i) / S)
 //   draw     inverse CDF over the survivors in ascending token id: the first token whose float32
 //            running sum C (float32 additions in id order) satisfies u < C, compared in double;
@@ -63,6 +63,11 @@ struct Distribution {
   std::vector<int64_t> ids;  // [n] survivors with probability > 0, ascending token id
   std::vector<float> probs;  // [n] their float32 probabilities (softmax over the survivors)
 };
+
+// exp(x) rounded to float32, for x <= 0, computed with IEEE double additions and multiplications
+// only (no libm), so it gives the same bits on every IEEE-754 machine; it is the correctly
+// rounded value except within ~1e-16 (relative) of a float32 rounding midpoint.
+float exp_f32(float x);
 
 // Temperature, top-k, top-p and softmax as above (mode, seed and row key are ignored).
 // Throws on an empty row, a NaN or +inf logit, an overflow to +inf after temperature, or a row

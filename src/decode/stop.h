@@ -29,9 +29,9 @@ enum class StopReason { None, Eos, Length, StopString };
 std::string_view stop_reason_name(StopReason r);  // "" | "eos" | "length" | "stop_string"
 
 struct StopCriteria {
-  std::vector<int64_t> eos_ids{};         // any of these ends the row (may be empty)
-  int64_t max_new_tokens = 0;             // > 0
-  std::vector<std::string> stop_strings{};// non-empty strings, matched on the decoded text
+  std::vector<int64_t> eos_ids{};           // any of these ends the row (may be empty)
+  int64_t max_new_tokens = 0;               // > 0
+  std::vector<std::string> stop_strings{};  // non-empty strings, matched on the decoded text
 };
 
 // Throws atlas::Error naming the field (max_new_tokens <= 0, an empty stop string).

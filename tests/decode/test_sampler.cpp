@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 #include "core/sha256.h"
@@ -114,6 +115,26 @@ TEST(Greedy, NaNAndEmptyAreErrors) {
   const std::vector<float> l = {0.5f, std::nanf(""), 3.0f};
   EXPECT_THROW(greedy_token(l), Error);
   EXPECT_THROW(greedy_token(std::span<const float>{}), Error);
+}
+
+// ---- portable exp --------------------------------------------------------------------------
+
+TEST(ExpF32, MatchesCorrectlyRoundedExp) {
+  // Reference: glibc's double exp (< 1 ulp) rounded to float32, which is the correctly rounded
+  // float32 unless exp(x) lies within ~1e-16 of a rounding midpoint (odds ~1e-9 per value).
+  EXPECT_EQ(exp_f32(0.0f), 1.0f);
+  EXPECT_EQ(exp_f32(-0.0f), 1.0f);
+  EXPECT_EQ(exp_f32(-200.0f), 0.0f);
+  EXPECT_EQ(exp_f32(-104.0f), 0.0f);
+  EXPECT_EQ(exp_f32(-103.0f), float(std::exp(-103.0)));  // a subnormal result
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> wide(-104.0f, 0.0f), narrow(-1.0f, 0.0f);
+  int mismatches = 0;
+  for (int i = 0; i < 300000; ++i) {
+    const float x = (i % 2) ? wide(gen) : narrow(gen);
+    if (exp_f32(x) != float(std::exp(double(x)))) ++mismatches;
+  }
+  EXPECT_EQ(mismatches, 0);
 }
 
 // ---- warpers ------------------------------------------------------------------------------
@@ -327,6 +348,23 @@ TEST(RowSampler, GreedyIgnoresWarpersAndHasNoState) {
   EXPECT_EQ(r.step(), 1u);
   EXPECT_TRUE(r.rng_state_sha256().empty());
   EXPECT_THROW(r.uniform_at(0), Error);
+}
+
+TEST(RowSampler, ThreadsGiveTheSameTokensAsOneThread) {
+  // Rows sampled concurrently (each thread has its own warp scratch) match a sequential run.
+  const auto l = wide_row(4000);
+  auto params = [](int r) {
+    return SamplingParams{.mode = r % 2 ? SamplingMode::Seeded : SamplingMode::Crn, .temperature = 0.3 + 0.1 * r,
+                          .top_p = 0.9, .top_k = r % 3 == 0 ? 0 : 200, .seed = uint64_t(100 + r),
+                          .stream = uint32_t(r), .crn_row_key = "row" + std::to_string(r)};
+  };
+  std::vector<std::vector<int64_t>> seq(8), par(8);
+  for (int r = 0; r < 8; ++r) seq[size_t(r)] = run(RowSampler(params(r)), l, 40);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 8; ++r)
+    threads.emplace_back([&, r] { par[size_t(r)] = run(RowSampler(params(r)), l, 40); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(seq, par);
 }
 
 TEST(SamplingMode, NamesRoundTrip) {
