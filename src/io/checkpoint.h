@@ -4,7 +4,11 @@
 // Opening verifies before anything runs: the index and the shards agree, every tensor the
 // config implies is present with the right shape and a float dtype (BF16/F16/F32), extra
 // tensors are reported, and bytes are totalled per dtype. With a layer range only the
-// shards holding those layers are mapped.
+// shards holding those layers are mapped (a full load maps every shard the index names,
+// so the index can be checked against all of them). Every problem is one line naming the
+// file and the tensor or field; open() throws the first (telling how many more there are)
+// unless verify_only, which returns them all in report(). A directory holding only
+// config.json and the index (no shards) is verified with verify_index_only().
 #pragma once
 
 #include <map>
