@@ -8,6 +8,7 @@
 #include "io/checkpoint.h"
 #include "io/synthetic.h"
 #include "model/presets.h"
+#include "text/tiny_tokenizer.h"
 
 namespace {
 
@@ -59,7 +60,11 @@ atlas::cli::Registrar reg{{
             atlas::Preset preset = atlas::make_preset(a.preset, opts.dtype);
             atlas::StagedModelDir out(a.out, a.force);
             atlas::write_model_files(out.staging(), preset, opts);
-            // Extension point: tokenizer files for the preset are written into out.staging() here.
+            // The tiny preset ships a small byte-level BPE tokenizer with the DeepSeek special
+            // tokens (BOS 1000, EOS 1001) and the DeepSeek-V2 chat template, so the embedded
+            // default has real text in and out. lite has no tokenizer: its vocabulary is the
+            // real one, which cannot be made here.
+            if (a.preset == "tiny") atlas::write_tiny_tokenizer(out.staging());
             std::string summary;
             {
               // What make-model writes must pass the same verification as any checkpoint.
