@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 
 #include "core/error.h"
@@ -1134,6 +1135,16 @@ class Interp {
         }
         for (auto& [k, v] : a.kw) d.set(Value(k), v);
         return Value::dict(std::move(d));
+      });
+    if (name == "strftime_now")  // HF's global: the current local time (pass date_string for reproducible prompts)
+      return Value::function("strftime_now", [](const CallArgs& a) {
+        if (a.pos.size() != 1 || !a.pos[0].is_string()) rt("strftime_now(format) takes one string");
+        std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        localtime_r(&now, &tm);
+        char buf[512];
+        size_t n = std::strftime(buf, sizeof buf, a.pos[0].str_ref().c_str(), &tm);
+        return Value(std::string(buf, n));
       });
     if (name == "range")
       return Value::function("range", [](const CallArgs& a) {

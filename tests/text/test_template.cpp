@@ -4,6 +4,7 @@
 // python3-jinja2 itself.
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <filesystem>
 
 #include "core/error.h"
@@ -160,6 +161,18 @@ TEST(Template, StringAndDictMethods) {
   EXPECT_EQ(render("{{ {'a': 1}.get('a') }} {{ {'a': 1}.get('z', 'dv') }} {{ {'a': 1}.keys() | list }} {{ {'a': 1}.values() | list }}"),
             "1 dv ['a'] [1]");
   EXPECT_EQ(render("{{ 'x</think>y'.split('</think>')[-1] }}"), "y");
+}
+
+TEST(Template, HfGlobals) {
+  // strftime_now formats the current time like Python's datetime.now().strftime.
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  std::string year = std::to_string(tm.tm_year + 1900);
+  std::string got = render("{{ strftime_now('%Y') }}");
+  if (got != year) EXPECT_EQ(got, std::to_string(tm.tm_year + 1901));  // the year may just have turned
+  EXPECT_EQ(render("{{ strftime_now is defined }} {{ raise_exception is defined }} {{ namespace is defined }}"),
+            "True True True");
 }
 
 TEST(TemplateErrors, SyntaxErrorNamesLine) {

@@ -4,7 +4,7 @@ the way Hugging Face transformers renders chat templates (apply_chat_template):
 
     ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     + filters["tojson"] = json.dumps(x, ensure_ascii=False, indent, separators, sort_keys)
-    + globals["raise_exception"] raising TemplateError
+    + globals["raise_exception"] raising TemplateError, globals["strftime_now"]
     render(messages=..., tools=None, documents=None, add_generation_prompt=..., **special tokens, **kwargs)
 
 Templates: DeepSeek-V2-Lite-Chat (../shared/data), DeepSeek-V3, Qwen3 and Llama-3 (npm packages in
@@ -16,6 +16,7 @@ tool calls where the template supports them. Where Jinja raises (raise_exception
 attribute), atlas must fail on the same case, carrying raise_exception's message.
 Missing sources are reported as SKIP; exit 77 only if nothing could be checked.
 """
+import datetime
 import json
 import os
 import random
@@ -71,6 +72,7 @@ def hf_env():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env
 
 
