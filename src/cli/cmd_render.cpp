@@ -81,12 +81,20 @@ LoadedTemplate load(const RenderArgs& a) {
 void split_case(const atlas::ojson& j, const std::string& file, const atlas::ChatOptions& base, atlas::ojson& messages,
                 atlas::ChatOptions& opt) {
   opt = base;
+  auto check_list = [&](const atlas::ojson& m) {
+    if (!m.is_array()) atlas::fail(file, "messages", "expected a JSON list of messages");
+    for (size_t i = 0; i < m.size(); ++i)
+      if (!m[i].is_object())
+        atlas::fail(file, "messages[" + std::to_string(i) + "]", "expected an object like {\"role\": ..., \"content\": ...}");
+  };
   if (j.is_array()) {
+    check_list(j);
     messages = j;
     return;
   }
   if (!j.is_object() || !j.contains("messages"))
     atlas::fail(file, "messages", "expected a JSON list of messages or an object with \"messages\"");
+  check_list(j["messages"]);
   messages = j["messages"];
   if (j.contains("add_generation_prompt")) {
     if (!j["add_generation_prompt"].is_boolean()) atlas::fail(file, "add_generation_prompt", "expected a boolean");
