@@ -904,6 +904,13 @@ class Interp {
 
   Value call_macro(const Node& m, const CallArgs& a) {
     if (a.pos.size() > m.targets.size()) rt("macro '" + m.name + "' takes " + std::to_string(m.targets.size()) + " arguments");
+    // Python stops runaway recursion with RecursionError; so does this, before the C++ stack ends.
+    if (macro_depth_ >= 200) rt("maximum macro recursion depth (200) exceeded in '" + m.name + "'");
+    struct DepthGuard {
+      int& d;
+      explicit DepthGuard(int& x) : d(x) { ++d; }
+      ~DepthGuard() { --d; }
+    } guard(macro_depth_);
     Frame local;
     size_t first_default = m.targets.size() - m.values.size();
     std::vector<Frame*> saved = frames_;
@@ -1486,6 +1493,7 @@ class Interp {
   Frame root_;
   std::vector<Frame*> frames_;
   int loop_depth_ = 0;
+  int macro_depth_ = 0;
 };
 
 }  // namespace

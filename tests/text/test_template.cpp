@@ -206,6 +206,18 @@ TEST(TemplateErrors, RaiseExceptionMessageSurfaces) {
   EXPECT_NE(e.find("line 2"), std::string::npos) << e;
 }
 
+TEST(TemplateErrors, RunawayNestingIsAnErrorNotACrash) {
+  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("recursion depth"), std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(5000, '[') + std::string(5000, ']') + " }}").find("nested too deeply"),
+            std::string::npos);
+  std::string nots;
+  for (int i = 0; i < 5000; ++i) nots += "not ";
+  EXPECT_NE(error_of("{{ " + nots + "1 }}").find("nested too deeply"), std::string::npos);
+  EXPECT_EQ(render("{{ not not not 1 }} {{ - - 1 }} {{ ((((((((((1)))))))))) }}"), "False 1 1");
+}
+
 TEST(TemplateErrors, RuntimeTypeErrors) {
   EXPECT_NE(error_of("{{ nope.attr }}").find("'nope' is undefined"), std::string::npos);
   EXPECT_NE(error_of("{{ 'a' + 1 }}").find("concatenate"), std::string::npos);
