@@ -77,8 +77,8 @@ TEST_F(Router, MatchesReferenceAndTrueTopK) {
     check_device_errors();
     EXPECT_EQ(di.download(), want_ids) << "E=" << E;
     const auto gw = dw.download(), gs = ds.download();
-    for (size_t i = 0; i < gw.size(); ++i) EXPECT_NEAR(gw[i], want_w[i], 1e-6f * std::abs(want_w[i]) + 1e-12f);
-    for (size_t i = 0; i < gs.size(); ++i) EXPECT_NEAR(gs[i], want_scores[i], 1e-6f * want_scores[i] + 1e-12f);
+    for (size_t i = 0; i < gw.size(); ++i) EXPECT_NEAR(gw[i], want_w[i], 2e-6f * std::abs(want_w[i]) + 1e-12f);
+    for (size_t i = 0; i < gs.size(); ++i) EXPECT_NEAR(gs[i], want_scores[i], 2e-6f * want_scores[i] + 1e-12f);
     // Independent: in double, the chosen set is the k best among the kept groups.
     const auto gi = di.download();
     for (int t = 0; t < T; ++t) {

@@ -42,6 +42,21 @@ void synchronize();
 // atlas::Error naming the op and field. Call it wherever a host sync happens anyway.
 void check_device_errors();
 
+// Device-side timing for benchmarks: two CUDA events around work issued on `stream`.
+class EventTimer {
+ public:
+  EventTimer();
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start(Stream stream = nullptr);
+  float stop_ms(Stream stream = nullptr);  // records the end event, waits for it, milliseconds
+
+ private:
+  void* begin_ = nullptr;
+  void* end_ = nullptr;
+};
+
 // ---- RMSNorm (spec section 5) ------------------------------------------------------------
 // out[t] = bf16(w * bf16(x[t] * 1/sqrt(mean(x[t]^2) + eps))), fp32 mean of squares in the fixed
 // reduction order of docs/cuda.md (independent of rows, so batch invariant).

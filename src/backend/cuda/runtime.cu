@@ -84,6 +84,32 @@ void device_memset(void* dst, int byte, size_t bytes) {
 
 void synchronize() { check_cuda(cudaDeviceSynchronize(), "synchronize", "cudaDeviceSynchronize"); }
 
+EventTimer::EventTimer() {
+  cudaEvent_t a = nullptr, b = nullptr;
+  check_cuda(cudaEventCreate(&a), "EventTimer", "cudaEventCreate");
+  check_cuda(cudaEventCreate(&b), "EventTimer", "cudaEventCreate");
+  begin_ = a;
+  end_ = b;
+}
+
+EventTimer::~EventTimer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(begin_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(end_));
+}
+
+void EventTimer::start(Stream stream) {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(begin_), stream_of(stream)), "EventTimer", "record");
+}
+
+float EventTimer::stop_ms(Stream stream) {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(end_), stream_of(stream)), "EventTimer", "record");
+  check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(end_)), "EventTimer", "synchronize");
+  float ms = 0.0f;
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin_), static_cast<cudaEvent_t>(end_)),
+             "EventTimer", "elapsed");
+  return ms;
+}
+
 void check_device_errors() {
   synchronize();
   int v = 0;

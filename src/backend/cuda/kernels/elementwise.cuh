@@ -22,7 +22,7 @@ __global__ void rope_kernel(uint16_t* x, int tokens, int heads, int64_t token_st
   const int t = int(idx / (int64_t(half) * heads));
   const int p = positions[t];
   if (p < 0 || p >= max_positions) {  // reported to the host; the row is left untouched
-    atomicExch(bad_position, 1);
+    atomicOr(bad_position, 1);
     return;
   }
   const float c = bf2f(cos_t[int64_t(p) * half + k]);
