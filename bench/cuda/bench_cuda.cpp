@@ -39,7 +39,9 @@ bool have_gpu(benchmark::State& state) {
 void BM_Gemm(benchmark::State& state) {
   if (!have_gpu(state)) return;
   const int M = int(state.range(0)), N = 21888, K = 2048;
-  const GemmMode mode = state.range(1) ? GemmMode::fast : GemmMode::batch_invariant;
+  const GemmMode mode = state.range(1) == 0   ? GemmMode::batch_invariant
+                        : state.range(1) == 1 ? GemmMode::fast
+                                              : GemmMode::cublaslt_pinned;
   Dev<uint16_t> x(size_t(M) * K), w(size_t(N) * K), out(size_t(M) * N);
   fill_bf16(x.p, size_t(M) * K, 1, 1.0f);
   fill_bf16(w.p, size_t(N) * K, 2, 0.02f);
@@ -55,9 +57,9 @@ void BM_Gemm(benchmark::State& state) {
   const double bytes = 2.0 * (double(N) * K + double(M) * K + double(M) * N);
   state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["TFLOP/s"] = benchmark::Counter(2.0 * M * N * K / 1e12, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(state.range(1) ? "fast (cuBLASLt)" : "batch-invariant");
+  state.SetLabel(state.range(1) == 0 ? "batch-invariant" : state.range(1) == 1 ? "fast (cuBLASLt)" : "cuBLASLt pinned");
 }
-BENCHMARK(BM_Gemm)->ArgsProduct({{1, 128}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Gemm)->ArgsProduct({{1, 128}, {0, 1, 2}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // Decode attention: rows x 16 heads over caches of `len` tokens (all rows full length).
 void BM_MlaDecode(benchmark::State& state) {

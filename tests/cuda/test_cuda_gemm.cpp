@@ -1,6 +1,8 @@
 // GEMM: the batch-invariant kernel against its bit-exact reference and across M; cuBLASLt.
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "backend/cuda/reference.h"
 #include "cuda_test_util.h"
@@ -65,12 +67,10 @@ TEST_F(Gemm, InvariantModeRowsDoNotDependOnM) {
   }
 }
 
-// cuBLASLt: a different summation order, so a tolerance: fp32 output within 1e-5 of the
-// largest |x|.|w| term sum; bf16 output within 1 bf16 ulp of the reference. Also reports (does
-// not require) whether its rows happen to be M-invariant for this shape.
-TEST_F(Gemm, FastModeMatchesReferenceWithinTolerance) {
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+// cuBLASLt: a different summation order, so a tolerance. fp32 output: within 1e-5 of the sum
+// of |x_k * w_k| (fp32 accumulation error, whatever the order). bf16 output: the same plus half
+// a bf16 ulp of rounding (2^-9 relative, taken as 2^-8 for the two roundings compared).
+void expect_cublaslt_close(GemmMode mode, std::mt19937& rng) {
   const int N = 2048, K = 2048;
   for (int M : {1, 37, 128}) {
     auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
@@ -83,27 +83,51 @@ TEST_F(Gemm, FastModeMatchesReferenceWithinTolerance) {
         for (int k = 0; k < K; ++k) s += std::abs(double(bf(x[size_t(m) * K + k])) * bf(w[size_t(n) * K + k]));
         absdot[size_t(m) * N + n] = float(s);
       }
-    const auto got_f = run_gemm<float>(dx, dw, M, N, K, GemmMode::fast);
+    const auto got_f = run_gemm<float>(dx, dw, M, N, K, mode);
     for (size_t i = 0; i < got_f.size(); ++i)
       ASSERT_NEAR(got_f[i], want[i], 1e-5f * absdot[i]) << "M=" << M << " i=" << i;
-    const auto got_b = run_gemm<uint16_t>(dx, dw, M, N, K, GemmMode::fast);
-    size_t differ = 0;
-    for (size_t i = 0; i < got_b.size(); ++i) {
-      const uint16_t wb = f32_to_bf16(want[i]);
-      const int d = bf16_ulp_diff(got_b[i], wb);
-      ASSERT_LE(d, 1) << "M=" << M << " i=" << i;
-      differ += d != 0;
-    }
-    EXPECT_LE(differ, got_b.size() / 50) << "M=" << M;
+    const auto got_b = run_gemm<uint16_t>(dx, dw, M, N, K, mode);
+    for (size_t i = 0; i < got_b.size(); ++i)
+      ASSERT_NEAR(bf(got_b[i]), want[i], std::ldexp(std::abs(want[i]), -8) + 1e-5f * absdot[i])
+          << "M=" << M << " i=" << i;
   }
-  // Informational: is cuBLASLt's heuristic choice row-invariant between M=1 and M=128 here?
-  auto x = random_bf16(size_t(128) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
-  DevBuf<uint16_t> dx(x), dw(w), dx1(std::vector<uint16_t>(x.begin(), x.begin() + K));
-  const auto f128 = run_gemm<float>(dx, dw, 128, N, K, GemmMode::fast);
-  const auto f1 = run_gemm<float>(dx1, dw, 1, N, K, GemmMode::fast);
-  const bool same = std::equal(f1.begin(), f1.end(), f128.begin());
-  std::printf("[ info ] cuBLASLt heuristic, N=K=2048: row 0 at M=1 %s row 0 at M=128\n",
-              same ? "==" : "!=");
+}
+
+// Informational (the assertions above are the test): are cuBLASLt rows M-invariant here?
+void report_cublaslt_invariance(GemmMode mode, const char* name, std::mt19937& rng) {
+  for (auto [N, K] : {std::pair{2048, 2048}, std::pair{576, 2048}, std::pair{21888, 2048}, std::pair{2048, 1408}}) {
+    auto x = random_bf16(size_t(128) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
+    DevBuf<uint16_t> dx(x), dw(w);
+    const auto f128 = run_gemm<float>(dx, dw, 128, N, K, mode);
+    std::string verdict;
+    for (int M : {1, 8, 37}) {
+      DevBuf<uint16_t> dxm(std::vector<uint16_t>(x.begin(), x.begin() + size_t(M) * K));
+      const auto fm = run_gemm<float>(dxm, dw, M, N, K, mode);
+      const bool same = std::equal(fm.begin(), fm.end(), f128.begin());
+      verdict += " M=" + std::to_string(M) + (same ? ":same" : ":DIFFERENT");
+    }
+    std::printf("[ info ] %s N=%d K=%d, rows vs M=128:%s\n", name, N, K, verdict.c_str());
+  }
+}
+
+TEST_F(Gemm, FastModeMatchesReferenceWithinTolerance) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  expect_cublaslt_close(GemmMode::fast, rng);
+  report_cublaslt_invariance(GemmMode::fast, "cuBLASLt heuristic", rng);
+}
+
+TEST_F(Gemm, PinnedCublasLtMatchesReferenceWithinTolerance) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  try {
+    expect_cublaslt_close(GemmMode::cublaslt_pinned, rng);
+    report_cublaslt_invariance(GemmMode::cublaslt_pinned, "cuBLASLt pinned (M=128 algo, split-K 1)", rng);
+  } catch (const Error& e) {
+    // An algorithm cuBLASLt will not run at another M is a finding about cuBLASLt, not a bug here.
+    if (std::string(e.what()).find("AlgoCheck") == std::string::npos) throw;
+    GTEST_SKIP() << "cuBLASLt refuses the pinned algorithm: " << e.what();
+  }
 }
 
 TEST_F(Gemm, BadShapeThrowsNamingTheField) {

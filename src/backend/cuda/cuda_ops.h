@@ -240,7 +240,10 @@ void mla_decode(const MlaDecodeArgs& a);
 //     result is bit-identical for M = 1 or M = 128 (tests/cuda checks it).
 //   fast: cuBLASLt (its heuristic's first algorithm); deterministic for a fixed shape, but the
 //     algorithm may change with M, so rows are NOT guaranteed batch invariant.
-enum class GemmMode { batch_invariant, fast };
+//   cublaslt_pinned (experimental): the algorithm cuBLASLt's heuristic picks for M = 128 with
+//     split-K forced to 1, reused for every M of that (N, K, out type). cuBLAS documents no
+//     row invariance for this; tests/cuda measures whether it holds (docs/cuda.md).
+enum class GemmMode { batch_invariant, fast, cublaslt_pinned };
 enum class OutType { bf16, f32 };
 struct GemmArgs {
   const uint16_t* x = nullptr;  // [M, K] bf16, row-major, dense
