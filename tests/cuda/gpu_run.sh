@@ -39,6 +39,13 @@ echo "== tests: $tests"
 "$tests" 2>&1 | tee "$out/tests.log" | grep -E "^\[  (FAILED|SKIPPED|PASSED) |^\[ info|^\[==========|Failure|error" | head -60
 rc=${PIPESTATUS[0]}
 echo "== tests rc=$rc"
+# Two more runs with fresh random inputs (each run draws its own seed).
+for rep in 2 3; do
+  "$tests" >"$out/tests-$rep.log" 2>&1
+  r=$?
+  echo "== tests run $rep rc=$r: $(grep -E '^\[  PASSED' "$out/tests-$rep.log") $(grep -E '^\[  FAILED  \] [A-Z]' "$out/tests-$rep.log" | tr '\n' ' ')"
+  [[ $r -ne 0 ]] && rc=$r
+done
 
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
