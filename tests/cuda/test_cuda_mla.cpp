@@ -31,15 +31,17 @@ std::vector<uint16_t> run_gpu(const std::vector<uint16_t>& q, const std::vector<
   return dout.download();
 }
 
-// Tolerance against the fp32 mirror: only expf differs (last fp32 bit), so outputs agree to
-// 1 bf16 ulp, and at most 1% of elements differ at all.
+// Tolerance against the fp32 mirror: only expf differs (last fp32 bit), which moves an output
+// by about 1e-7 of the cache values' scale (~1 here). So: at most one bf16 ulp (2^-7 relative)
+// plus 1e-6 absolute, for outputs that cancel to near zero (seen on the H200: -3.35e-7 vs
+// -3.41e-7, three bf16 ulps apart at that tiny magnitude); at most 1% of elements differ at all.
 void expect_close_to_ref(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
   ASSERT_EQ(got.size(), want.size());
   size_t differ = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const int d = bf16_ulp_diff(got[i], want[i]);
-    EXPECT_LE(d, 1) << i << ": " << bf(got[i]) << " vs " << bf(want[i]);
-    differ += d != 0;
+    const float g = bf(got[i]), w = bf(want[i]);
+    EXPECT_LE(std::abs(g - w), std::ldexp(std::abs(w), -7) + 1e-6f) << i << ": " << g << " vs " << w;
+    differ += got[i] != want[i];
   }
   EXPECT_LE(differ, got.size() / 100);
 }
