@@ -13,10 +13,6 @@ class Mla : public CudaTest {};
 constexpr int H = 16, W = kMlaWidth, D = kMlaLatent;
 constexpr float kScale = 0.11472139f;  // spec section 3: 192^-1/2 * m^2 for Lite
 
-struct MlaRun {
-  std::vector<uint16_t> out;
-};
-
 // Runs the GPU kernel on rows with the given lengths; q and cache rows given per row.
 std::vector<uint16_t> run_gpu(const std::vector<uint16_t>& q, const std::vector<uint16_t>& cache,
                               const std::vector<int32_t>& lengths, int max_length, int split) {
