@@ -343,7 +343,11 @@ class TokenizerImpl {
   // BPE cache: pre-token bytes -> tokens. Bounded; cleared when full (cheap and keeps the
   // common words hot again within a few sentences).
   mutable std::mutex cache_mu;
-  mutable std::unordered_map<std::string, std::vector<BpeToken>> cache;
+  struct StrHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  mutable std::unordered_map<std::string, std::vector<BpeToken>, StrHash, std::equal_to<>> cache;
   static constexpr size_t kCacheMax = 1 << 16;
 
   // ------------------------------------------------------------ loading
@@ -1000,7 +1004,7 @@ void TokenizerImpl::pre_tokenize(std::vector<NormStr>& pool, std::vector<Piece>&
 void TokenizerImpl::bpe(std::string_view word, std::vector<BpeToken>& out) const {
   {
     std::lock_guard<std::mutex> lock(cache_mu);
-    auto it = cache.find(std::string(word));
+    auto it = cache.find(word);
     if (it != cache.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
