@@ -291,7 +291,8 @@ struct Piece {
 
 struct BpeToken {
   TokenId id;
-  uint32_t len;  // bytes of the piece it covers
+  uint32_t len;       // bytes of the piece it covers
+  uint32_t skip = 0;  // bytes before it that no token covers (characters dropped for lack of unk)
 };
 
 bool is_word_char(char32_t c) {
@@ -1029,22 +1030,26 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
   // Symbols: doubly linked list over the initial units (bytes, or characters).
   struct Sym {
     TokenId id;
-    uint32_t len;
+    uint32_t len, skip;
     int prev, next;
   };
   std::vector<Sym> sym;
   sym.reserve(word.size());
-  std::vector<BpeToken> unk_run;  // not used: unknowns are emitted as encountered
+  bool last_unk = false;
+  uint32_t pending_skip = 0;
   auto push = [&](TokenId id, uint32_t len) {
     int k = int(sym.size());
-    sym.push_back({id, len, k - 1, -1});
+    sym.push_back({id, len, pending_skip, k - 1, -1});
+    pending_skip = 0;
     if (k > 0) sym[size_t(k - 1)].next = k;
   };
-  // Units that have no token are emitted as unk (or bytes), outside the merge list, so they
-  // split the word as HF does (they never merge).
-  std::vector<std::pair<size_t, std::vector<BpeToken>>> breaks;  // (symbol index before which, tokens)
+  // A character without token or unk_token is left out, as in HF: its neighbours become
+  // adjacent and may merge. Its bytes are remembered so that offsets stay right.
+  auto drop = [&](uint32_t len) {
+    pending_skip += len;
+    last_unk = false;
+  };
   size_t i = 0;
-  bool last_unk = false;
   while (i < word.size()) {
     size_t len = 1;
     TokenId id = -1;
@@ -1080,7 +1085,7 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
       } else if (unk_id) {
         push(*unk_id, uint32_t(len));
       } else {
-        fail(file, "model", "no token for a character and no unk_token");
+        drop(uint32_t(len));
       }
       last_unk = false;
     } else if (unk_id) {
@@ -1090,7 +1095,8 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
         push(*unk_id, uint32_t(len));
       last_unk = true;
     } else {
-      fail(file, "model", "no token for a character and no unk_token");
+      // No token and no unk_token: Hugging Face leaves the character out, and so does atlas.
+      drop(uint32_t(len));
     }
     i += len;
   }
@@ -1119,7 +1125,7 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
     if (!m || m->first != c.rank || m->second != c.merged) continue;  // stale
     int nx = s.next;
     s.id = c.merged;
-    s.len += sym[size_t(nx)].len;
+    s.len += sym[size_t(nx)].skip + sym[size_t(nx)].len;
     sym[size_t(nx)].len = 0;
     s.next = sym[size_t(nx)].next;
     if (s.next >= 0) sym[size_t(s.next)].prev = c.pos;
@@ -1127,7 +1133,8 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
       if (auto pm = find_merge(s.prev)) heap.push({pm->first, s.prev, pm->second});
     if (auto nm = find_merge(c.pos)) heap.push({nm->first, c.pos, nm->second});
   }
-  for (int k = sym.empty() ? -1 : 0; k >= 0; k = sym[size_t(k)].next) out.push_back({sym[size_t(k)].id, sym[size_t(k)].len});
+  for (int k = sym.empty() ? -1 : 0; k >= 0; k = sym[size_t(k)].next)
+    out.push_back({sym[size_t(k)].id, sym[size_t(k)].len, sym[size_t(k)].skip});
 }
 
 // ---------------------------------------------------------------- encode
@@ -1179,6 +1186,7 @@ Encoding TokenizerImpl::encode(std::string_view text, const EncodeOptions& opt) 
       bpe(std::string_view(ns.s).substr(p.b, p.e - p.b), bt);
       uint32_t at = p.b;
       for (const BpeToken& t : bt) {
+        at += t.skip;  // characters left out (no token, no unk_token)
         toks.push_back({t.id, range_o0(ns, at, at + t.len), range_o1(ns, at, at + t.len), false, {}});
         at += t.len;
       }

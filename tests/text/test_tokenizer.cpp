@@ -186,6 +186,17 @@ TEST(TokenizerBpe, UnknownCharactersUseUnkOrByteFallback) {
   EXPECT_EQ(bf.decode(std::vector<TokenId>{2, 1}), "\uFFFDa");  // a lone lead byte is invalid UTF-8
 }
 
+TEST(TokenizerBpe, WithoutUnkTokenUnknownCharactersAreLeftOut) {
+  // Hugging Face's BPE skips a character it has no token for when there is no unk_token; its
+  // neighbours then merge as if adjacent. atlas's offsets still cover the skipped character.
+  json v = {{"a", 0}, {"b", 1}, {"ab", 2}};
+  auto t = Tokenizer::from_json(tok_json(v, json::array({"a b"})).dump());
+  Encoding e = t.encode("a\u00E9b  b");
+  EXPECT_EQ(e.ids, (std::vector<TokenId>{2, 1}));
+  EXPECT_EQ(e.offsets[0], (Span{0, 3}));
+  EXPECT_EQ(e.offsets[1], (Span{5, 6}));
+}
+
 TEST(TokenizerBpe, ByteLevelModelSeesBytesAndDecodesBack) {
   // Byte-level vocab: the 256 byte characters, plus merges for "Ġt" and "Ġthe"... written in
   // the GPT-2 alphabet ("Ġ" = space).
