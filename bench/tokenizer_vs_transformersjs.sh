@@ -25,13 +25,16 @@ text="$data/wikitext2/wiki.valid.raw"
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); node $(node --version)"
 echo "text: $text ($(wc -c <"$text") bytes, non-empty lines encoded one by one, no special tokens)"
-printf '%-12s %12s %16s %8s\n' tokenizer "atlas MB/s" "transformers.js" ratio
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "MB/s of input text per wall-clock second, and per CPU second (in parentheses)"
+printf '%-12s %20s %20s %16s\n' tokenizer "atlas" "transformers.js" "ratio wall (cpu)"
 for name in deepseek_v3 qwen3 llama3; do
-  ours=$(ATLAS_DATA_DIR="$data" "$build/atlas_bench" --benchmark_filter="BM_TokenizerEncode/$name/" \
+  read -r ours ours_cpu < <(ATLAS_DATA_DIR="$data" "$build/atlas_bench" --benchmark_filter="BM_TokenizerEncode/$name/" \
            --benchmark_min_time="$secs" --benchmark_format=json 2>/dev/null |
-         python3 -c 'import json,sys; b=json.load(sys.stdin)["benchmarks"][0]; print("%.2f" % (b["bytes_per_second"]/1e6))')
-  js=$(cd "$root/tools/oracle-js" && node oracle.mjs bench "$name" "$text" "$secs" |
-       python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["mb_per_s"])')
-  ratio=$(python3 -c "print('%.1fx' % ($ours / $js))")
-  printf '%-12s %12s %16s %8s\n' "$name" "$ours" "$js" "$ratio"
+         python3 -c 'import json,sys; b=json.load(sys.stdin)["benchmarks"][0]; r=b["bytes_per_second"]/1e6; print("%.2f %.2f" % (r, r*b["real_time"]/b["cpu_time"]))')
+  read -r js js_cpu < <(cd "$root/tools/oracle-js" && node oracle.mjs bench "$name" "$text" "$secs" |
+       python3 -c 'import json,sys; j=json.load(sys.stdin); print("%.2f %.2f" % (j["mb_per_s"], j["mb_per_cpu_s"]))')
+  ratio=$(python3 -c "print('%.1fx (%.1fx)' % ($ours / $js, $ours_cpu / $js_cpu))")
+  printf '%-12s %20s %20s %16s\n' "$name" "$ours ($ours_cpu)" "$js ($js_cpu)" "$ratio"
 done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
