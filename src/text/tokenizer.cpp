@@ -349,7 +349,8 @@ class TokenizerImpl {
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   mutable std::unordered_map<std::string, std::vector<BpeToken>, StrHash, std::equal_to<>> cache;
-  static constexpr size_t kCacheMax = 1 << 16;
+  static constexpr size_t kCacheMax = 1 << 16;   // entries
+  static constexpr size_t kCacheMaxWord = 256;    // bytes; longer pre-tokens are not cached
 
   // ------------------------------------------------------------ loading
   void load(const json& j);
@@ -1003,6 +1004,10 @@ void TokenizerImpl::pre_tokenize(std::vector<NormStr>& pool, std::vector<Piece>&
 
 // ---------------------------------------------------------------- BPE
 void TokenizerImpl::bpe(std::string_view word, std::vector<BpeToken>& out) const {
+  if (word.size() > kCacheMaxWord) {  // long runs are rare: do not let them fill the cache
+    bpe_uncached(word, out);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(cache_mu);
     auto it = cache.find(word);
