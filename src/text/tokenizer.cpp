@@ -228,6 +228,7 @@ struct TemplatePiece {
 struct PostProcessor {
   bool byte_level = false;
   bool trim_offsets = false;
+  bool add_prefix_space = false;
   bool has_template = false;
   std::vector<TemplatePiece> single;
 };
@@ -546,6 +547,7 @@ void TokenizerImpl::parse_post(const json& j, const std::string& field) {
   if (type == "ByteLevel") {
     post.byte_level = true;
     post.trim_offsets = r.get_or<bool>("trim_offsets", true);
+    post.add_prefix_space = r.get_or<bool>("add_prefix_space", true);
     return;
   }
   if (type == "TemplateProcessing") {
@@ -1200,24 +1202,21 @@ Encoding TokenizerImpl::encode(std::string_view text, const EncodeOptions& opt) 
 
   // Post-processing (only with add_special_tokens; offsets trimming always, as HF does).
   if (post.byte_level && post.trim_offsets) {
-    for (Tok& t : toks) {
-      if (t.special || size_t(t.id) >= id_text.size()) continue;
+    // Offsets leave out the spaces a token starts or ends with ("Ġ" = U+0120 is a space byte),
+    // except the single space ByteLevel(add_prefix_space) put before the first word.
+    auto is_space = [](char32_t c) { return c == 0x120 || is_unicode_whitespace(c); };
+    for (size_t i = 0; i < toks.size(); ++i) {
+      Tok& t = toks[i];
+      if (size_t(t.id) >= id_text.size()) continue;
       const std::string& s = id_text[size_t(t.id)];
-      // Leading/trailing byte-level spaces ("Ġ" = U+0120) and whitespace.
-      auto is_space = [](char32_t c) { return c == 0x120 || is_unicode_whitespace(c); };
-      size_t lead = 0, trail = 0, k = 0, len;
-      while (k < s.size() && is_space(utf8::decode_at(s, k, &len))) ++lead, k += len;
-      std::vector<size_t> starts;
-      for (size_t q = 0; q < s.size(); q += len) {
-        utf8::decode_at(s, q, &len);
-        starts.push_back(q);
-      }
-      for (size_t q = starts.size(); q-- > 0 && lead < starts.size() - trail;) {
-        if (!is_space(utf8::decode_at(s, starts[q], &len))) break;
-        ++trail;
-      }
+      std::vector<char32_t> cs;
+      for (size_t q = 0, len; q < s.size(); q += len) cs.push_back(utf8::decode_at(s, q, &len));
+      size_t lead = 0, trail = 0;
+      while (lead < cs.size() && is_space(cs[lead])) ++lead;
+      while (trail < cs.size() && is_space(cs[cs.size() - 1 - trail])) ++trail;
+      if (lead == 1 && post.add_prefix_space && (i == 0 || t.ob == 0)) lead = 0;
       if (lead) t.ob = std::min(t.ob + uint32_t(lead), t.oe);
-      if (trail) t.oe = std::max(t.oe - uint32_t(std::min<size_t>(trail, t.oe)), t.ob);
+      if (trail && t.oe >= trail) t.oe = std::max(t.oe - uint32_t(trail), t.ob);
     }
   }
   std::vector<Tok> final_toks;
