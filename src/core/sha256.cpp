@@ -60,3 +60,15 @@ std::string sha256_file(const std::string& path) {
 }
 
 }  // namespace atlas
+
+namespace atlas {
+std::string ids_sha256(std::span<const int32_t> ids) {
+  Sha256 h;
+  for (int32_t id : ids) {
+    uint32_t u = uint32_t(id);
+    uint8_t b[4] = {uint8_t(u), uint8_t(u >> 8), uint8_t(u >> 16), uint8_t(u >> 24)};
+    h.update(b, 4);
+  }
+  return h.hex();
+}
+}  // namespace atlas

@@ -32,3 +32,9 @@ inline std::string sha256_hex(std::string_view s) { return sha256_hex(s.data(), 
 std::string sha256_file(const std::string& path);  // streams the file; throws atlas::Error
 
 }  // namespace atlas
+
+namespace atlas {
+// The hash of a token-id sequence used everywhere a prompt is identified (prompt_sha256):
+// SHA-256 over the ids as consecutive 4-byte little-endian unsigned integers.
+std::string ids_sha256(std::span<const int32_t> ids);
+}  // namespace atlas

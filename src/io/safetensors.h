@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/file.h"
 
 namespace atlas {
 
@@ -60,6 +61,44 @@ struct TensorToWrite {
   std::vector<int64_t> shape;
   const void* data = nullptr;
 };
+
+// Streaming writer: the header (names, dtypes, shapes, offsets) is fixed up front, then each
+// tensor's bytes are appended in header order, in as many pieces as the caller likes, so a
+// multi-gigabyte shard never has to sit in memory. Atomic like AtomicFile: nothing appears at
+// PATH unless commit() succeeds after every byte was written.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+  uint64_t nbytes() const;
+};
+
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, std::vector<TensorSpec> specs,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Appends bytes of the current tensor (in header order); pieces may not straddle tensors.
+  void write(const void* data, size_t n);
+  // Index of the tensor the next write() belongs to (== specs.size() when all are written).
+  size_t current() const { return cur_; }
+  void commit();
+
+ private:
+  std::unique_ptr<AtomicFile> out_;
+  std::vector<TensorSpec> specs_;
+  size_t cur_ = 0;
+  uint64_t written_in_cur_ = 0;
+  void skip_empty();
+};
+
+// Serialised header (u64 length + padded JSON) for these tensors, as the writer emits it.
+std::string safetensors_header(const std::vector<TensorSpec>& specs,
+                               const std::map<std::string, std::string>& metadata);
 
 // Writes tensors in the order given (atomically: temp file + rename). The header is
 // serialised deterministically (keys in the given order, no whitespace) and padded with

@@ -1,0 +1,154 @@
+// atlas render: a chat (JSON messages) through the model's chat template, exactly as
+// transformers' apply_chat_template(tokenize=False) renders it.
+//
+//   atlas render --model DIR --messages chat.json [--add-generation-prompt]
+//   atlas render --model DIR --messages-jsonl cases.jsonl     (batch: one JSON result per line)
+#include <cstdio>
+#include <iostream>
+
+#include "cli/command.h"
+#include "core/file.h"
+#include "core/json.h"
+#include "text/chat.h"
+
+namespace {
+
+// Messages keep their key order (tojson prints keys in file order, as Python does).
+atlas::ojson parse_ordered(const std::string& text, const std::string& file) {
+  try {
+    return atlas::ojson::parse(text);
+  } catch (const atlas::ojson::parse_error& e) {
+    atlas::fail(file, "", std::string("malformed JSON: ") + e.what());
+  }
+}
+
+struct RenderArgs {
+  std::string model, messages, messages_jsonl, template_file, template_name = "default", vars;
+  bool add_generation_prompt = false;
+};
+
+struct LoadedTemplate {
+  atlas::ChatTemplate tmpl;
+  atlas::ChatOptions base;
+};
+
+LoadedTemplate load(const RenderArgs& a) {
+  atlas::json cfg = atlas::json::object();
+  std::string cfg_path = a.model + "/tokenizer_config.json";
+  if (!a.model.empty()) {
+    if (!atlas::file_exists(cfg_path)) atlas::fail(cfg_path, "", "file not found (--model must hold tokenizer_config.json)");
+    cfg = atlas::read_json_file(cfg_path);
+  }
+  std::string source, origin;
+  if (!a.template_file.empty()) {
+    source = atlas::read_file(a.template_file);
+    origin = a.template_file;
+  } else if (cfg.contains("chat_template") && !cfg["chat_template"].is_null()) {
+    source = atlas::select_chat_template(cfg["chat_template"], cfg_path, a.template_name);
+    origin = cfg_path + ": chat_template";
+  } else if (atlas::file_exists(a.model + "/chat_template.jinja")) {  // newer transformers layout
+    origin = a.model + "/chat_template.jinja";
+    source = atlas::read_file(origin);
+  } else {
+    atlas::fail(cfg_path, "chat_template", "missing (and no chat_template.jinja next to it; use --template FILE)");
+  }
+  atlas::ChatOptions base;
+  base.bos_token = atlas::special_token_text(cfg, "bos_token", cfg_path);
+  base.eos_token = atlas::special_token_text(cfg, "eos_token", cfg_path);
+  // The rest of HF's special_tokens_map is visible to templates too.
+  for (const char* k : {"unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})
+    if (auto t = atlas::special_token_text(cfg, k, cfg_path)) base.extra[k] = *t;
+  base.add_generation_prompt = a.add_generation_prompt;
+  if (!a.vars.empty()) {
+    atlas::ojson v = parse_ordered(a.vars, "--vars");
+    if (!v.is_object()) atlas::fail("--vars", "", "expected a JSON object");
+    for (auto it = v.begin(); it != v.end(); ++it) base.extra[it.key()] = it.value();
+  }
+  return {atlas::ChatTemplate(source, origin), base};
+}
+
+// A messages file holds a list, or an object with "messages" (and optionally
+// "add_generation_prompt" and further template variables under "kwargs").
+void split_case(const atlas::ojson& j, const std::string& file, const atlas::ChatOptions& base, atlas::ojson& messages,
+                atlas::ChatOptions& opt) {
+  opt = base;
+  if (j.is_array()) {
+    messages = j;
+    return;
+  }
+  if (!j.is_object() || !j.contains("messages"))
+    atlas::fail(file, "messages", "expected a JSON list of messages or an object with \"messages\"");
+  messages = j["messages"];
+  if (j.contains("add_generation_prompt")) {
+    if (!j["add_generation_prompt"].is_boolean()) atlas::fail(file, "add_generation_prompt", "expected a boolean");
+    opt.add_generation_prompt = j["add_generation_prompt"].get<bool>();
+  }
+  if (j.contains("kwargs")) {
+    if (!j["kwargs"].is_object()) atlas::fail(file, "kwargs", "expected an object");
+    for (auto it = j["kwargs"].begin(); it != j["kwargs"].end(); ++it) opt.extra[it.key()] = it.value();
+  }
+}
+
+void run(const RenderArgs& a) {
+  LoadedTemplate t = load(a);
+  if (!a.messages_jsonl.empty()) {
+    // Batch mode for conformance tests: each line renders independently; a template error
+    // becomes {"error": "..."} on that line so error paths can be compared too.
+    std::string text = atlas::read_file(a.messages_jsonl), out;
+    size_t pos = 0;
+    int line_no = 0;
+    while (pos < text.size()) {
+      size_t e = text.find('\n', pos);
+      std::string line = text.substr(pos, e == std::string::npos ? std::string::npos : e - pos);
+      pos = e == std::string::npos ? text.size() : e + 1;
+      ++line_no;
+      if (line.empty()) continue;
+      std::string where = a.messages_jsonl + ":" + std::to_string(line_no);
+      atlas::ojson messages;
+      atlas::ChatOptions opt;
+      split_case(parse_ordered(line, where), where, t.base, messages, opt);
+      try {
+        out += atlas::json(t.tmpl.apply(messages, opt)).dump() + "\n";
+      } catch (const atlas::Error& err) {
+        out += atlas::json{{"error", err.what()}}.dump() + "\n";
+      }
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return;
+  }
+  atlas::ojson messages;
+  atlas::ChatOptions opt;
+  split_case(parse_ordered(atlas::read_file(a.messages), a.messages), a.messages, t.base, messages, opt);
+  std::string s = t.tmpl.apply(messages, opt);
+  std::fwrite(s.data(), 1, s.size(), stdout);  // exactly the rendered text, no newline added
+}
+
+atlas::cli::Registrar reg{{
+    .name = "render",
+    .help = "Render chat messages through a model's chat template (as HF apply_chat_template)",
+    .setup =
+        [](CLI::App& app) {
+          static RenderArgs a;
+          app.add_option("--model", a.model, "Directory holding tokenizer_config.json");
+          auto* m = app.add_option("--messages", a.messages,
+                                   "JSON file: a list of {role, content} or {\"messages\": [...]}");
+          auto* b = app.add_option("--messages-jsonl", a.messages_jsonl,
+                                   "Batch: one case per line (list, or {messages, add_generation_prompt, kwargs}); "
+                                   "prints one JSON string (or {\"error\"}) per line");
+          m->excludes(b);
+          app.add_flag("--add-generation-prompt", a.add_generation_prompt, "Append the assistant prompt");
+          app.add_option("--template", a.template_file, "Template file to use instead of the model's");
+          app.add_option("--template-name", a.template_name, "Named template when the config holds several")
+              ->capture_default_str();
+          app.add_option("--vars", a.vars, "Extra template variables as a JSON object (tools, enable_thinking, ...)");
+          app.callback([] {
+            if (a.messages.empty() && a.messages_jsonl.empty())
+              atlas::fail("render", "--messages", "required (or --messages-jsonl)");
+            if (a.model.empty() && a.template_file.empty())
+              atlas::fail("render", "--model", "required (or --template FILE)");
+            run(a);
+          });
+        },
+}};
+
+}  // namespace

@@ -1,0 +1,119 @@
+#include "decode/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace atlas::decode {
+
+std::vector<GeneratedRow> generate(const DeepSeekV2& model, std::span<const PromptRow> rows,
+                                   const GenerateOptions& opts) {
+  const ModelConfig& cfg = model.config();
+  const int64_t V = cfg.vocab_size;
+  if (!model.has_head()) fail("generate: the model was loaded without its final layers (use all layers)");
+  if (opts.max_new_tokens <= 0) fail("--max-new-tokens", {}, "must be positive");
+  if (opts.batch <= 0) fail("--batch", {}, "must be positive");
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const auto& row = rows[r];
+    if (row.ids.empty()) fail("prompt " + row.id, "ids", "empty prompt");
+    for (int32_t id : row.ids)
+      if (id < 0 || id >= V)
+        fail("prompt " + row.id, "ids", "token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                            std::to_string(V) + ")");
+    if (int64_t(row.ids.size()) + opts.max_new_tokens > cfg.max_position_embeddings)
+      fail("prompt " + row.id, "ids",
+           std::to_string(row.ids.size()) + " prompt tokens + " + std::to_string(opts.max_new_tokens) +
+               " new tokens exceed the model's context (max_position_embeddings " +
+               std::to_string(cfg.max_position_embeddings) + ")");
+    validate(row.sampling);
+  }
+  StopCriteria criteria{.eos_ids = opts.eos_ids, .max_new_tokens = opts.max_new_tokens,
+                        .stop_strings = opts.stop_strings};
+  validate(criteria);
+
+  std::vector<GeneratedRow> results(rows.size());
+  const auto t_start = std::chrono::steady_clock::now();
+  int64_t tokens_done = 0;
+  for (size_t start = 0; start < rows.size(); start += size_t(opts.batch)) {
+    const size_t nb = std::min(rows.size() - start, size_t(opts.batch));
+    const int64_t B = int64_t(nb);
+    int64_t Tp = 0;
+    for (size_t r = 0; r < nb; ++r) Tp = std::max<int64_t>(Tp, int64_t(rows[start + r].ids.size()));
+
+    // Prefill: left-padded prompts.
+    std::vector<int32_t> ids, pos, next_pos(nb);
+    std::vector<uint8_t> mask;
+    for (size_t r = 0; r < nb; ++r) {
+      const auto& p = rows[start + r].ids;
+      const int64_t npad = Tp - int64_t(p.size());
+      for (int64_t t = 0; t < Tp; ++t) {
+        const bool real = t >= npad;
+        ids.push_back(real ? p[size_t(t - npad)] : opts.pad_id);
+        pos.push_back(real ? int32_t(t - npad) : 0);
+        mask.push_back(real ? 1 : 0);
+      }
+      next_pos[r] = int32_t(p.size());
+    }
+    KVCache cache = model.make_cache(B, Tp + opts.max_new_tokens);
+    ForwardOutput out = model.forward({.batch = B, .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
+                                       .logits_last_only = true, .attention = opts.prefill_attention},
+                                      cache);
+
+    std::vector<RowSampler> samplers;
+    std::vector<StopChecker> stops;
+    for (size_t r = 0; r < nb; ++r) {
+      const PromptRow& row = rows[start + r];
+      samplers.emplace_back(row.sampling);
+      stops.emplace_back(criteria);
+      GeneratedRow& g = results[start + r];
+      g.id = row.id;
+      g.prompt_sha256 = ids_sha256(row.ids);
+      g.rng_state_sha256 = samplers.back().rng_state_sha256();
+    }
+    std::vector<uint8_t> done(nb, 0);
+    size_t n_done = 0;
+    for (int64_t step = 0; n_done < nb; ++step) {
+      std::vector<int32_t> step_ids(nb, opts.pad_id), step_pos(nb, 0);
+      std::vector<uint8_t> step_mask(nb, 1);
+      for (size_t r = 0; r < nb; ++r) {
+        if (done[r]) continue;
+        std::span<const float> logits(out.logits.data() + r * size_t(V), size_t(V));
+        if (opts.on_logits) opts.on_logits(start + r, step, logits);
+        GeneratedRow& g = results[start + r];
+        const int32_t tok = int32_t(samplers[r].next(logits));
+        g.ids.push_back(tok);
+        ++tokens_done;
+        std::string text;
+        if (!opts.stop_strings.empty() && opts.detokenize) text = opts.detokenize(g.ids);
+        const StopReason why = stops[r].update(tok, text);
+        if (why != StopReason::None) {
+          g.stop = why;
+          g.n_new = int64_t(g.ids.size());
+          if (opts.detokenize) g.text = opts.detokenize(g.ids);
+          done[r] = 1;
+          ++n_done;
+          if (opts.on_row) opts.on_row(start + r, g);
+          continue;
+        }
+        step_ids[r] = tok;
+        step_pos[r] = next_pos[r]++;
+      }
+      if (opts.progress) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        std::fprintf(stderr, "\rgenerate: rows %zu-%zu of %zu, step %lld, %.1f tok/s   ", start + 1, start + nb,
+                     rows.size(), (long long)step + 1, s > 0 ? double(tokens_done) / s : 0.0);
+      }
+      if (n_done == nb) break;
+      out = model.forward({.batch = B, .tokens = 1, .ids = step_ids, .positions = step_pos, .mask = step_mask,
+                           .logits_last_only = true, .attention = opts.decode_attention},
+                          cache);
+    }
+  }
+  if (opts.progress) std::fprintf(stderr, "\n");
+  return results;
+}
+
+}  // namespace atlas::decode

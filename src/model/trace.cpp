@@ -1,0 +1,146 @@
+#include "model/trace.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/sha256.h"
+
+namespace atlas {
+
+TraceRecorder::TraceRecorder(const DeepSeekV2& model, TraceOptions opts) : model_(model), opts_(opts) {}
+
+void TraceRecorder::keep(const std::string& name, const HookTensor& t) {
+  if (t.shape.empty() || t.shape[0] != 1) fail("trace: expects a batch of one row");
+  Stored s{.name = name, .dtype = t.dtype, .shape = {t.shape.begin() + 1, t.shape.end()}, .f32 = {}, .i32 = {}};
+  if (t.dtype == DType::I32)
+    s.i32.assign(t.i32(), t.i32() + t.numel());
+  else
+    s.f32.assign(t.f32(), t.f32() + t.numel());
+  if (!stored_.count(name)) order_.push_back(name);
+  stored_[name] = std::move(s);
+}
+
+void TraceRecorder::attach(Hooks& hooks) {
+  const auto& L = model_.layers();
+  const int64_t n_layers = model_.config().num_hidden_layers;
+  hooks.add("embed", [this](HookTensor& t) { keep("hidden.0", t); });
+  for (int64_t l = L.first; l <= L.last; ++l) {
+    LayerHookNames n(l);
+    const std::string ls = std::to_string(l);
+    hooks.add(n.resid_post, [this, l](HookTensor& t) { keep("hidden." + std::to_string(l + 1), t); });
+    if (opts_.keep_latents) hooks.add(n.latent, [this, ls](HookTensor& t) { keep("mla." + ls + ".latent", t); });
+    if (model_.config().is_moe_layer(l)) {
+      hooks.add(n.router_logits, [this, ls](HookTensor& t) { keep("router." + ls + ".logits", t); });
+      hooks.add(n.topk_ids, [this, ls](HookTensor& t) { keep("router." + ls + ".topk_ids", t); });
+      hooks.add(n.topk_weights, [this, ls](HookTensor& t) { keep("router." + ls + ".topk_weights", t); });
+    }
+  }
+  if (model_.has_head()) {
+    hooks.add("final_norm", [this, n_layers](HookTensor& t) { keep("hidden." + std::to_string(n_layers + 1), t); });
+    if (opts_.keep_logits) hooks.add("logits", [this](HookTensor& t) { keep("logits", t); });
+  }
+}
+
+const TraceRecorder::Stored* TraceRecorder::find(const std::string& name) const {
+  auto it = stored_.find(name);
+  return it == stored_.end() ? nullptr : &it->second;
+}
+
+std::vector<TensorToWrite> TraceRecorder::tensors() const {
+  // Stable order regardless of hook firing order: hidden stages by index, then per layer
+  // router tensors and latents, then logits.
+  std::vector<TensorToWrite> out;
+  auto add = [&](const std::string& name) {
+    const Stored* s = find(name);
+    if (!s) return;
+    out.push_back({.name = s->name,
+                   .dtype = s->dtype,
+                   .shape = s->shape,
+                   .data = s->dtype == DType::I32 ? static_cast<const void*>(s->i32.data())
+                                                  : static_cast<const void*>(s->f32.data())});
+  };
+  const auto& L = model_.layers();
+  for (int64_t s = 0; s <= model_.config().num_hidden_layers + 1; ++s) add("hidden." + std::to_string(s));
+  for (int64_t l = L.first; l <= L.last; ++l) {
+    const std::string p = "router." + std::to_string(l) + ".";
+    add(p + "logits");
+    add(p + "topk_ids");
+    add(p + "topk_weights");
+  }
+  for (int64_t l = L.first; l <= L.last; ++l) add("mla." + std::to_string(l) + ".latent");
+  add("logits");
+  return out;
+}
+
+ojson tensor_stats(const std::vector<float>& v, const std::vector<int64_t>& shape) {
+  double sum = 0, sq = 0;
+  float mn = v.empty() ? 0 : v[0], mx = mn;
+  for (float x : v) {
+    sum += x;
+    sq += double(x) * double(x);
+    mn = std::min(mn, x);
+    mx = std::max(mx, x);
+  }
+  const double n = double(v.size());
+  const double mean = n ? sum / n : 0;
+  double var = 0;
+  for (float x : v) var += (double(x) - mean) * (double(x) - mean);
+  ojson j;
+  j["shape"] = shape;
+  j["dtype"] = "F32";
+  j["mean"] = mean;
+  j["std"] = n ? std::sqrt(var / n) : 0.0;  // population standard deviation
+  j["min"] = mn;
+  j["max"] = mx;
+  j["l2"] = std::sqrt(sq);
+  j["sha256"] = sha256_hex(v.data(), v.size() * sizeof(float));
+  return j;
+}
+
+ojson TraceRecorder::summary() const {
+  ojson stages = ojson::array();
+  const int64_t n_layers = model_.config().num_hidden_layers;
+  for (int64_t s = 0; s <= n_layers + 1; ++s) {
+    const Stored* st = find("hidden." + std::to_string(s));
+    if (!st) continue;
+    ojson j;
+    j["stage"] = s;
+    j["name"] = st->name;
+    j["hook"] = s == 0 ? "embed" : s == n_layers + 1 ? "final_norm" : "blocks." + std::to_string(s - 1) + ".hook_resid_post";
+    j.update(tensor_stats(st->f32, st->shape));
+    stages.push_back(std::move(j));
+  }
+  ojson gates = ojson::array();
+  const auto& L = model_.layers();
+  const int64_t E = model_.config().n_routed_experts;
+  for (int64_t l = L.first; l <= L.last; ++l) {
+    const std::string p = "router." + std::to_string(l) + ".";
+    const Stored* ids = find(p + "topk_ids");
+    const Stored* w = find(p + "topk_weights");
+    if (!ids || !w) continue;
+    std::vector<int64_t> load(static_cast<size_t>(E), 0);
+    std::vector<double> wload(static_cast<size_t>(E), 0.0);
+    for (size_t i = 0; i < ids->i32.size(); ++i) {
+      load[size_t(ids->i32[i])] += 1;
+      wload[size_t(ids->i32[i])] += double(w->f32[i]);
+    }
+    ojson g;
+    g["layer"] = l;
+    g["tokens"] = ids->shape[0];
+    g["k"] = ids->shape[1];
+    g["topk_ids_sha256"] = ids_sha256(ids->i32);
+    g["topk_weights_sha256"] = sha256_hex(w->f32.data(), w->f32.size() * sizeof(float));
+    const Stored* lg = find(p + "logits");
+    if (lg) g["logits_sha256"] = sha256_hex(lg->f32.data(), lg->f32.size() * sizeof(float));
+    g["load"] = load;
+    g["weighted_load"] = wload;
+    gates.push_back(std::move(g));
+  }
+  ojson out;
+  out["stages"] = std::move(stages);
+  out["gates"] = std::move(gates);
+  if (const Stored* lg = find("logits")) out["logits"] = tensor_stats(lg->f32, lg->shape);
+  return out;
+}
+
+}  // namespace atlas

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# atlas trace on the embedded tiny checkpoint and on a reference fixture: outputs, determinism
+# (byte-identical artifacts outside "runtime" across runs and thread counts), partial layers,
+# and bad input (clear error, non-zero exit, no output file).
+source "$(dirname "$0")/lib.sh"
+model="$work/tiny"
+"$bin" make-model --preset tiny --seed 0 "$model" >/dev/null || { bad "make-model"; finish; }
+
+ids="1000,5,17,42,300,7,7,9,11,600,2,3"
+"$bin" trace --model "$model" --ids "$ids" --dump "$work/a.safetensors" --json "$work/a.json" --threads 1 >/dev/null \
+  && ok "trace runs" || bad "trace runs"
+"$bin" trace --model "$model" --ids "$ids" --dump "$work/b.safetensors" --json "$work/b.json" --threads 2 >/dev/null
+cmp -s "$work/a.safetensors" "$work/b.safetensors" && ok "dump byte-identical across runs/threads" || bad "dump differs"
+strip() { /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("runtime"); print(json.dumps(d, sort_keys=True))' "$1"; }
+[[ "$(strip "$work/a.json")" == "$(strip "$work/b.json")" ]] && ok "json identical outside runtime" || bad "json differs"
+
+# Structure: 4 layers -> hidden.0..5 (6 stages), 3 MoE gates, tensors named as documented.
+/usr/bin/python3 - "$work/a.json" "$work/a.safetensors" <<'PY' && ok "trace structure" || bad "trace structure"
+import json, struct, sys
+d = json.load(open(sys.argv[1]))
+assert [s["name"] for s in d["stages"]] == [f"hidden.{i}" for i in range(6)], d["stages"]
+assert [g["layer"] for g in d["gates"]] == [1, 2, 3]
+for g in d["gates"]:
+    assert sum(g["load"]) == 12 * 3 and len(g["load"]) == 8
+raw = open(sys.argv[2], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+names = set(h) - {"__metadata__"}
+want = {f"hidden.{i}" for i in range(6)} | {"logits"} | {f"mla.{l}.latent" for l in range(4)}
+want |= {f"router.{l}.{k}" for l in (1, 2, 3) for k in ("logits", "topk_ids", "topk_weights")}
+assert names == want, names ^ want
+assert h["hidden.0"]["shape"] == [12, 64] and h["hidden.0"]["dtype"] == "F32"
+assert h["router.1.topk_ids"]["dtype"] == "I32" and h["router.1.topk_ids"]["shape"] == [12, 3]
+assert h["mla.0.latent"]["shape"] == [12, 40] and h["logits"]["shape"] == [12, 1024]
+PY
+
+# --layers 0-1: three hidden stages equal to the full run's, no logits.
+"$bin" trace --model "$model" --ids "$ids" --layers 0-1 --json "$work/p.json" >/dev/null
+/usr/bin/python3 - "$work/a.json" "$work/p.json" <<'PY' && ok "partial layers" || bad "partial layers"
+import json, sys
+a, p = (json.load(open(f)) for f in sys.argv[1:])
+assert [s["sha256"] for s in p["stages"]] == [s["sha256"] for s in a["stages"][:3]]
+assert len(p["gates"]) == 1 and "logits" not in p
+PY
+
+# bf16 mode differs from f32 but is itself reproducible.
+"$bin" trace --model "$model" --ids "$ids" --compute bf16 --json "$work/c.json" >/dev/null
+"$bin" trace --model "$model" --ids "$ids" --compute bf16 --json "$work/d.json" >/dev/null
+[[ "$(strip "$work/c.json")" == "$(strip "$work/d.json")" ]] && ok "bf16 reproducible" || bad "bf16 not reproducible"
+[[ "$(strip "$work/a.json")" != "$(strip "$work/c.json")" ]] && ok "bf16 differs from f32" || bad "bf16 == f32"
+
+# Bad input.
+expect_error "out-of-vocabulary id" "--ids.*1024 is outside the vocabulary" \
+  "$bin" trace --model "$model" --ids 1,1024 --json "$work/x.json"
+no_file "out-of-vocabulary id" "$work/x.json"
+expect_error "malformed id list" "--ids.*abc" "$bin" trace --model "$model" --ids 1,abc --dump "$work/y.safetensors"
+no_file "malformed id list" "$work/y.safetensors"
+expect_error "unknown compute" "--compute.*fp8" "$bin" trace --model "$model" --ids 1 --compute fp8
+expect_error "bad layer range" "--layers" "$bin" trace --model "$model" --ids 1 --layers 2-3
+expect_error "missing model" "config.json" "$bin" trace --model "$work/none" --ids 1
+cp -r "$model" "$work/trunc"
+sz=$(stat -c %s "$work/trunc/model.safetensors"); truncate -s $((sz - 100)) "$work/trunc/model.safetensors"
+expect_error "truncated shard" "model.safetensors" "$bin" trace --model "$work/trunc" --ids 1 --json "$work/z.json"
+no_file "truncated shard" "$work/z.json"
+/usr/bin/python3 - "$work/trunc/config.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); d["scoring_func"] = "sigmoid"; json.dump(d, open(sys.argv[1], "w"))
+PY
+expect_error "unsupported config value" "config.json: scoring_func" "$bin" trace --model "$work/trunc" --ids 1
+finish
