@@ -140,7 +140,9 @@ void run_generate(const GenerateArgs& a) {
                                .progress = progress_enabled()};
   if (tok)
     opts.detokenize = [&](std::span<const int32_t> ids) {
-      return tok->decode(ids, {.skip_special_tokens = true});
+      // Generated ids the tokenizer lacks (the model's vocabulary may be larger) are left out
+      // of the text, as transformers' decode does; the ids themselves are recorded exactly.
+      return tok->decode(ids, {.skip_special_tokens = true, .skip_unknown_ids = true});
     };
   auto results = decode::generate(model, rows, opts);
 

@@ -1337,8 +1337,10 @@ std::string TokenizerImpl::decode(std::span<const TokenId> ids, const DecodeOpti
       toks.push_back(t.content);
       continue;
     }
-    if (id < 0 || size_t(id) >= id_text.size() || !id_present[size_t(id)])
+    if (id < 0 || size_t(id) >= id_text.size() || !id_present[size_t(id)]) {
+      if (opt.skip_unknown_ids) continue;
       fail("ids", "[" + std::to_string(i) + "]", "token id " + std::to_string(id) + " is not in the vocabulary");
+    }
     toks.push_back(id_text[size_t(id)]);
   }
   if (!has_decoder) {

@@ -66,6 +66,9 @@ struct EncodeOptions {
 
 struct DecodeOptions {
   bool skip_special_tokens = false;
+  // Ids with no token (a model's vocabulary can be larger than its tokenizer's) are an error by
+  // default; with this set they are left out, as HF tokenizers' decode does.
+  bool skip_unknown_ids = false;
   // transformers' clean_up_tokenization (" ." -> "." ...); off by default so decode stays the
   // exact inverse that `tokenizers` gives.
   bool clean_up_tokenization_spaces = false;

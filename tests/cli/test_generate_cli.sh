@@ -46,4 +46,22 @@ no_file "id out of vocabulary" "$work/o3.jsonl"
 expect_error "max-new-tokens <= 0" "max-new-tokens" "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/o4.jsonl" --max-new-tokens 0
 expect_error "prompt longer than context" "context" "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/o5.jsonl" --max-new-tokens 100000
 expect_error "conflicting flags" "greedy" ge --prompts "$work/p.jsonl" --out "$work/o6.jsonl" --greedy --temperature 0.5 --seed 1
+
+# Chat messages on the tiny checkpoint (it has a tokenizer and the DeepSeek-V2 template): the
+# prompt is the rendered template's ids, and rows carry decoded text.
+tiny="$work/tiny"
+"$bin" make-model --preset tiny --seed 0 "$tiny" >/dev/null
+printf '%s\n' '[{"role": "user", "content": "Hello there, how are you?"}]' > "$work/chat.json"
+printf '%s\n' '{"id": "m1", "messages": [{"role": "user", "content": "Hello there, how are you?"}]}' > "$work/chat.jsonl"
+"$bin" generate --model "$tiny" --prompts "$work/chat.jsonl" --out "$work/m.jsonl" --max-new-tokens 6 \
+  --crn-tape 3 --temperature 0.7 --top-p 0.9 2>/dev/null && ok "messages input" || bad "messages input"
+"$bin" render --model "$tiny" --messages "$work/chat.json" --add-generation-prompt --ids > "$work/r.json"
+/usr/bin/python3 - "$work/m.jsonl" "$work/r.json" <<'PY' && ok "messages prompt = rendered template ids; text present" || bad "messages prompt"
+import hashlib, json, struct, sys
+row = json.loads(open(sys.argv[1]).readline())
+ids = json.load(open(sys.argv[2]))["ids"]
+assert ids[0] == 1000 and ids.count(1000) == 1, ids            # one BOS, from the template
+assert row["prompt_sha256"] == hashlib.sha256(struct.pack(f"<{len(ids)}I", *ids)).hexdigest()
+assert isinstance(row["text"], str) and row["rng_state_sha256"]
+PY
 finish
