@@ -24,6 +24,7 @@ struct HumanEvalArgs {
   std::vector<std::string> ro_paths;
   int workers = 0;
   double timeout = 5.0;
+  uint32_t host_uid_base = 2000000000;
   uint64_t memory_mib = 256, processes = 64, cpu_seconds = 10, file_size_mib = 16, tmpfs_mib = 16;
 };
 
@@ -47,6 +48,7 @@ void run_humaneval(const HumanEvalArgs& a) {
   EvalOptions opt;
   opt.sandbox.python = a.python;
   opt.sandbox.bwrap = a.bwrap;
+  opt.sandbox.host_uid_base = a.host_uid_base;
   if (!a.ro_paths.empty()) opt.sandbox.ro_paths = a.ro_paths;
   opt.sandbox.limits = {.address_space_bytes = a.memory_mib << 20,
                         .processes = a.processes,
@@ -108,6 +110,10 @@ Registrar reg{{
           app.add_option("--python", a.python, "Python interpreter used inside the sandbox")->capture_default_str();
           app.add_option("--ro-path", a.ro_paths, "Host path visible read-only inside (repeatable; default /usr)");
           app.add_option("--bwrap", a.bwrap, "bubblewrap executable")->capture_default_str();
+          app.add_option("--host-uid-base", a.host_uid_base,
+                         "When root: run each sandbox as host uid BASE+k (0: as root; RLIMIT_NPROC is then "
+                         "not enforced)")
+              ->capture_default_str();
           app.footer(
               "Each candidate runs in a fresh sandbox: new user/pid/net/ipc/uts namespaces, uid 65534,\n"
               "no capabilities, read-only /usr, a private tmpfs, rlimits, a wall-clock kill. Without a\n"

@@ -108,7 +108,7 @@ def _main():
         cls = "assertion_failed" if isinstance(e, AssertionError) and name == "test" else "runtime_error"
         where = " (%s line %d)" % (name, line) if name else ""
         rec = {"event": "result", "class": cls, "exception": type(e).__name__,
-               "detail": "%s: %s%s" % (type(e).__name__, _message(e), where)}
+               "detail": type(e).__name__ + (": " + _message(e) if _message(e) else "") + where}
         del e
     ns.clear()  # frees the candidate's memory before we format the report
     report(rec)
