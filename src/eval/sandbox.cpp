@@ -376,10 +376,9 @@ SandboxResult run_sandboxed(const SandboxConfig& config, const SandboxRequest& r
   if (init_pid == 0) {
     static const std::regex child_re("\"child-pid\"\\s*:\\s*([0-9]+)");
     std::smatch m;
-    if (std::regex_search(status, m, child_re)) {
-      init_pid = pid_t(std::stol(m[1]));
-      init_pidfd = Fd(pidfd_open(init_pid));
-    }
+    // Seen only now: the pid may already be gone (and, in theory, reused), so no pidfd and no
+    // signal; waitpid below only ever touches our own (reparented) child.
+    if (std::regex_search(status, m, child_re)) init_pid = pid_t(std::stol(m[1]));
   }
   if (init_pid > 0) {
     // The sandbox's pid 1 is now ours (subreaper). It exits only after the kernel has killed
