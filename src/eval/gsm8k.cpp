@@ -226,7 +226,18 @@ Extraction extract_answer(std::string_view text) {
   const std::string low = lower(text);
   std::vector<size_t> ends;  // where the text after a phrase begins
   for (std::string_view ph : kPhrases)
-    for (size_t p = low.find(ph); p != std::string::npos; p = low.find(ph, p + 1)) ends.push_back(p + ph.size());
+    for (size_t p = low.find(ph); p != std::string::npos; p = low.find(ph, p + 1)) {
+      const size_t e = p + ph.size();
+      if (ph == "####") {
+        // GSM8K's own mark is directly followed by the number; a Markdown heading
+        // ("#### Step 1") is not an answer.
+        const size_t q = text.find_first_not_of(" \t", e);
+        if (q == std::string_view::npos) continue;
+        const char c = text[q];
+        if (!(is_digit(c) || c == '-' || c == '$' || text.substr(q, 3) == kUnicodeMinus)) continue;
+      }
+      ends.push_back(e);
+    }
   std::sort(ends.rbegin(), ends.rend());
   for (size_t e : ends) {
     std::string_view rest = text.substr(e);

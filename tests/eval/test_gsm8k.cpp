@@ -80,6 +80,9 @@ TEST(Gsm8kExtract, Table) {
       {"The final answer is\n\n  24\n", "phrase", "24"},
       // A phrase followed by no number is skipped; an earlier one still counts.
       {"The answer is 8. My answer: unsure", "phrase", "8"},
+      // A Markdown heading is not GSM8K's mark.
+      {"#### Step 1\nAdd them: 2 + 3 = 5", "last_number", "5"},
+      {"#### Step 1\nThe answer is 5.", "phrase", "5"},
       // Fallback: the last number, tagged.
       {"16 - 3 - 4 = 9 and 9 * 2 = 18 dollars.", "last_number", "18"},
       {"It costs $2,125.", "last_number", "2125"},
