@@ -1,0 +1,81 @@
+// Metric primitives of the seed system (seed-system.md section 4), in double precision.
+//
+// Every sum runs sequentially in index order (expert 0..E-1, element 0..n-1): no pairwise or
+// parallel reduction, so the same inputs give the same bits on every machine and thread count.
+// Logarithms go through det_log (below), which uses only IEEE-754 +, -, *, / and bit
+// manipulation, so results do not depend on the C library's log either. Definitions are in
+// docs/stats.md; tests/stats/test_stats_vs_numpy.py checks them against numpy/scipy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace atlas::stats {
+
+// Natural logarithm of a positive finite double with an error below 1 ulp in practice (checked
+// against std::log in the unit tests): x = 2^e * m with m in [sqrt(1/2), sqrt(2)),
+// log m = 2 atanh(s), s = (m - 1) / (m + 1), as its odd series through s^23. Returns NaN for
+// x <= 0 or non-finite x (callers never pass those).
+double det_log(double x);
+
+// ---- expert distributions (seed 4.1-4.4) ---------------------------------------------------
+// Coefficient of variation of a load vector: population standard deviation / mean over its
+// E entries (OPEN in the seed; population std chosen). Scale-free, so counts and the
+// normalised distribution give the same value. NaN when the mean is 0.
+double coefficient_of_variation(std::span<const double> load);
+
+// Total variation distance 1/2 sum |p_i - q_i|. p and q are probability vectors.
+double total_variation(std::span<const double> p, std::span<const double> q);
+
+// Jensen-Shannon divergence in bits (log base 2, so it lies in [0, 1]):
+//   1/2 sum_i p_i log2(p_i / m_i) + 1/2 sum_i q_i log2(q_i / m_i),  m = (p + q) / 2,
+// with 0 log 0 = 0. Identical p and q give exactly 0 (m_i == p_i, log 1 == 0).
+double jensen_shannon_bits(std::span<const double> p, std::span<const double> q);
+
+// ---- top-k agreement of one aligned token (seed 4.5) ---------------------------------------
+struct TopkAgreement {
+  bool ordered = false;  // same expert ids in the same order
+  bool set = false;      // same set of expert ids
+  double jaccard = 0;    // |A n B| / |A u B| of the two id sets (1 when both are empty)
+};
+TopkAgreement topk_agreement(std::span<const int32_t> a, std::span<const int32_t> b);
+
+// ---- hidden rows (seed 4.7) ----------------------------------------------------------------
+// Sufficient statistics of one pair of rows a (condition) and b (reference): enough for both
+// the per-row metrics and the pooled ones (see docs/stats.md).
+struct RowPair {
+  double dot = 0, aa = 0, bb = 0, dd = 0;  // sum a*b, sum a^2, sum b^2, sum (a-b)^2
+  bool exact = false;                      // every element bitwise equal
+};
+RowPair compare_rows(std::span<const float> a, std::span<const float> b);
+double cosine(const RowPair& r);           // dot / sqrt(aa * bb); NaN if either norm is 0
+double relative_l2(const RowPair& r);      // sqrt(dd) / sqrt(bb); NaN if bb == 0
+
+// ---- generated token ids (seed 4.8, 4.12) --------------------------------------------------
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
+// Levenshtein distance with unit insert/delete/substitute costs; O(n*m) time, two rows.
+size_t levenshtein(std::span<const int32_t> a, std::span<const int32_t> b);
+// 1 - levenshtein / max(len a, len b); 1 when both are empty (two identical empty outputs).
+double token_similarity(std::span<const int32_t> a, std::span<const int32_t> b);
+// Number of distinct complete sequences.
+size_t distinct_sequences(const std::vector<std::span<const int32_t>>& seqs);
+
+// ---- 2x2 factorials (seed 4.6) -------------------------------------------------------------
+// m_ab is the metric at A level a and B level b.
+struct FactorialEffects {
+  double main_a = 0;  // 1/2 [(m10 - m00) + (m11 - m01)]
+  double main_b = 0;  // 1/2 [(m01 - m00) + (m11 - m10)]
+  double did = 0;     // (m11 - m01) - (m10 - m00)
+};
+FactorialEffects factorial_effects(double m00, double m10, double m01, double m11);
+
+// ---- percentiles ---------------------------------------------------------------------------
+// Percentile of type 7 (Hyndman and Fan 1996; numpy's default "linear"): with the n values
+// sorted ascending as x_0..x_{n-1}, h = (n - 1) q, the result is x_floor(h) + (h - floor(h)) *
+// (x_floor(h)+1 - x_floor(h)). q in [0, 1]. `values` is reordered (partially sorted). NaN
+// values must have been removed by the caller; an empty input gives NaN.
+double percentile_type7(std::vector<double>& values, double q);
+
+}  // namespace atlas::stats
