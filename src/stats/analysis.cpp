@@ -126,48 +126,80 @@ struct RouteCtx {
   const AnalysisOptions& opt;
 };
 
-void eval_routing(const RouteCtx& x, size_t l, const Group& g, std::span<const double> mult, Sink& sink, bool point) {
+// One layer, every group at once: mult covers all sources, domain by domain (the order of
+// the "all" group). Per domain the multiplicity-weighted sums are accumulated once; the "all"
+// group adds the domains' sums instead of revisiting its sources.
+void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups, std::span<const double> mult,
+                  Sink& sink, bool point) {
   const RouteSuff& r = x.r;
-  const size_t C = r.C, E = r.E, n = g.sources.size();
   const auto& in = x.in;
-  std::vector<double> tok(C * E), pb(C * E);
-  double msum = 0;
-  for (size_t i = 0; i < n; ++i) msum += mult[i];
-  for (size_t sc = 0; sc < 2; ++sc)
-    for (size_t kind = 0; kind < 2; ++kind) {
-      const bool selected =
-          point || ((sc == 1 || x.opt.bootstrap_full_scope) && (kind == 0 || x.opt.bootstrap_weighted));
-      if (selected) {
-        for (size_t c = 0; c < C; ++c) {
-          double* pt = &tok[c * E];
-          double* pp = &pb[c * E];
-          std::fill(pt, pt + E, 0.0);
-          std::fill(pp, pp + E, 0.0);
-          double tot = 0;
-          for (size_t i = 0; i < n; ++i) {
-            const double m = mult[i];
-            if (m == 0) continue;
-            const size_t a = r.at(l, g.sources[i], c, sc, kind);
-            const double* raw = &r.raw[a * E];
-            const double* fr = &r.frac[a * E];
-            for (size_t e = 0; e < E; ++e) pt[e] += m * raw[e];
-            for (size_t e = 0; e < E; ++e) pp[e] += m * fr[e];
-            tot += m * r.total[a];
-          }
-          for (size_t e = 0; e < E; ++e) pt[e] /= tot;
-          for (size_t e = 0; e < E; ++e) pp[e] /= msum;
+  const size_t C = r.C, E = r.E, D = in.domains.size(), G = groups.size();
+  // Position of each domain's sources in mult.
+  std::vector<size_t> off(D + 1, 0);
+  for (size_t d = 0; d < D; ++d) off[d + 1] = off[d] + groups[d].sources.size();
+  // Unnormalised sums per (scope, kind) x group x condition: token-pooled loads and their
+  // total, prompt-balanced sums of per-source distributions and the multiplicity total.
+  const size_t V = 4 * G * C;
+  std::vector<double> tok(V * E, 0.0), pb(V * E, 0.0), tot(V, 0.0), msum(G, 0.0);
+  auto slot = [&](size_t combo, size_t g, size_t c) { return (combo * G + g) * C + c; };
+  for (size_t d = 0; d < D; ++d)
+    for (size_t i = off[d]; i < off[d + 1]; ++i) msum[d] += mult[i];
+  if (G > D)
+    for (size_t d = 0; d < D; ++d) msum[D] += msum[d];
+  bool selected[4];
+  for (size_t combo = 0; combo < 4; ++combo) {
+    const size_t sc = combo / 2, kind = combo % 2;
+    selected[combo] = point || ((sc == 1 || x.opt.bootstrap_full_scope) && (kind == 0 || x.opt.bootstrap_weighted));
+    if (!selected[combo]) continue;
+    for (size_t d = 0; d < D; ++d)
+      for (size_t c = 0; c < C; ++c) {
+        const size_t v = slot(combo, d, c);
+        double* pt = &tok[v * E];
+        double* pp = &pb[v * E];
+        for (size_t i = off[d]; i < off[d + 1]; ++i) {
+          const double m = mult[i];
+          if (m == 0) continue;
+          const size_t a = r.at(l, groups[d].sources[i - off[d]], c, sc, kind);
+          const double* raw = &r.raw[a * E];
+          const double* fr = &r.frac[a * E];
+          for (size_t e = 0; e < E; ++e) pt[e] += m * raw[e];
+          for (size_t e = 0; e < E; ++e) pp[e] += m * fr[e];
+          tot[v] += m * r.total[a];
         }
       }
+    if (G > D)
+      for (size_t c = 0; c < C; ++c) {
+        const size_t va = slot(combo, D, c);
+        for (size_t d = 0; d < D; ++d) {
+          const size_t v = slot(combo, d, c);
+          for (size_t e = 0; e < E; ++e) tok[va * E + e] += tok[v * E + e];
+          for (size_t e = 0; e < E; ++e) pb[va * E + e] += pb[v * E + e];
+          tot[va] += tot[v];
+        }
+      }
+    // Normalise: token-weighted by the pooled total, prompt-balanced by the number of sources.
+    for (size_t g = 0; g < G; ++g)
+      for (size_t c = 0; c < C; ++c) {
+        const size_t v = slot(combo, g, c);
+        for (size_t e = 0; e < E; ++e) tok[v * E + e] /= tot[v];
+        for (size_t e = 0; e < E; ++e) pb[v * E + e] /= msum[g];
+      }
+  }
+
+  std::vector<double> cv(C);
+  for (size_t g = 0; g < G; ++g) {
+    for (size_t combo = 0; combo < 4; ++combo) {
+      const size_t sc = combo / 2, kind = combo % 2;
+      const bool sel = selected[combo];
       for (size_t agg = 0; agg < 2; ++agg) {
         const std::vector<double>& P = agg == 0 ? tok : pb;
-        auto dist = [&](uint32_t c) { return std::span<const double>(&P[c * E], E); };
+        auto dist = [&](uint32_t c) { return std::span<const double>(&P[slot(combo, g, c) * E], E); };
         auto key = [&](const char* metric) {
-          return ojson{{"metric", metric}, {"layer", in.layers[l]}, {"domain", g.name}, {"scope", kScopes[sc]},
+          return ojson{{"metric", metric}, {"layer", in.layers[l]}, {"domain", groups[g].name}, {"scope", kScopes[sc]},
                        {"kind", kKinds[kind]}, {"aggregation", kAggs[agg]}};
         };
-        std::vector<double> cv(C, kNaN);
         for (size_t c = 0; c < C; ++c) {
-          if (selected) cv[c] = coefficient_of_variation(dist(uint32_t(c)));
+          cv[c] = sel ? coefficient_of_variation(dist(uint32_t(c))) : kNaN;
           sink.put(cv[c], [&] {
             ojson k = key("cv");
             k["condition"] = in.conditions[c];
@@ -175,8 +207,8 @@ void eval_routing(const RouteCtx& x, size_t l, const Group& g, std::span<const d
           });
         }
         for (const Edge& e : in.edges) {
-          const double tv = selected ? total_variation(dist(e.condition), dist(e.reference)) : kNaN;
-          const double js = selected ? jensen_shannon_bits(dist(e.condition), dist(e.reference)) : kNaN;
+          const double tv = sel ? total_variation(dist(e.condition), dist(e.reference)) : kNaN;
+          const double js = sel ? jensen_shannon_bits(dist(e.condition), dist(e.reference)) : kNaN;
           sink.put(tv, [&] {
             ojson k = key("tv");
             k["edge"] = e.name;
@@ -191,7 +223,7 @@ void eval_routing(const RouteCtx& x, size_t l, const Group& g, std::span<const d
         for (const Factorial& f : in.factorials) {
           const auto eff = factorial_effects(cv[f.cell[0][0]], cv[f.cell[1][0]], cv[f.cell[0][1]], cv[f.cell[1][1]]);
           double mod_a = kNaN, mod_b = kNaN;
-          if (selected) {
+          if (sel) {
             // TV of the A edge at B=1 minus at B=0, and of the B edge at A=1 minus at A=0.
             mod_a = total_variation(dist(f.cell[1][1]), dist(f.cell[0][1])) -
                     total_variation(dist(f.cell[1][0]), dist(f.cell[0][0]));
@@ -212,23 +244,27 @@ void eval_routing(const RouteCtx& x, size_t l, const Group& g, std::span<const d
         }
       }
     }
-  // Top-k agreement over aligned target tokens: a token-weighted rate.
-  for (size_t ei = 0; ei < in.edges.size(); ++ei) {
-    double num[3] = {0, 0, 0}, den = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const double* a = &r.agree[((l * r.S + g.sources[i]) * r.n_edges + ei) * 4];
-      for (int q = 0; q < 3; ++q) num[q] += mult[i] * a[q];
-      den += mult[i] * a[3];
+    // Top-k agreement over aligned target tokens: a token-weighted rate.
+    const Group& gr = groups[g];
+    const size_t base = g < D ? off[g] : 0;
+    for (size_t ei = 0; ei < in.edges.size(); ++ei) {
+      double num[3] = {0, 0, 0}, den = 0;
+      for (size_t i = 0; i < gr.sources.size(); ++i) {
+        const double m = mult[base + i];
+        const double* a = &r.agree[((l * r.S + gr.sources[i]) * r.n_edges + ei) * 4];
+        for (int q = 0; q < 3; ++q) num[q] += m * a[q];
+        den += m * a[3];
+      }
+      const char* names[3] = {"ordered_exact_rate", "set_exact_rate", "jaccard"};
+      for (int q = 0; q < 3; ++q)
+        sink.put(ratio(num[q], den), [&] {
+          ojson k{{"metric", names[q]}, {"layer", in.layers[l]}, {"domain", gr.name}, {"scope", "target"},
+                  {"edge", in.edges[ei].name}};
+          if (q < 2) k["count"] = int64_t(num[q]);
+          if (q < 2) k["tokens"] = int64_t(den);
+          return k;
+        });
     }
-    const char* names[3] = {"ordered_exact_rate", "set_exact_rate", "jaccard"};
-    for (int q = 0; q < 3; ++q)
-      sink.put(ratio(num[q], den), [&] {
-        ojson k{{"metric", names[q]}, {"layer", in.layers[l]}, {"domain", g.name}, {"scope", "target"},
-                {"edge", in.edges[ei].name}};
-        if (q < 2) k["count"] = int64_t(num[q]);
-        if (q < 2) k["tokens"] = int64_t(den);
-        return k;
-      });
   }
 }
 
@@ -484,6 +520,12 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
     }
     groups.push_back(all);
   }
+  // Every source, domain by domain: the block that evaluates all groups of a layer at once.
+  Group everything{.name = "", .strata = {}, .sources = {}};
+  for (size_t d = 0; d < in.domains.size(); ++d) {
+    everything.strata.push_back(uint32_t(d));
+    everything.sources.insert(everything.sources.end(), groups[d].sources.begin(), groups[d].sources.end());
+  }
   std::vector<uint32_t> units;
   for (size_t d = 0; d < in.domains.size(); ++d) units.push_back(uint32_t(groups[d].sources.size()));
 
@@ -548,10 +590,9 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
     const RouteCtx ctx{.in = in, .r = r, .opt = opt};
     ojson rows = ojson::array();
     for (size_t l = 0; l < r.L; ++l)
-      for (const Group& g : groups)
-        run_block(g, &draws, opt.bootstrap, [&](std::span<const double> m, Sink& s, bool point) {
-          eval_routing(ctx, l, g, m, s, point);
-        }, rows);
+      run_block(everything, &draws, opt.bootstrap, [&](std::span<const double> m, Sink& s, bool point) {
+        eval_routing(ctx, l, groups, m, s, point);
+      }, rows);
     // Expert loads (token-weighted, not normalised) for bar charts: [layer][group][cond][scope].
     ojson loads = ojson::array();
     for (size_t l = 0; l < r.L; ++l)

@@ -19,38 +19,8 @@ constexpr double kLn2 = 0x1.62e42fefa39efp-1;  // ln 2 rounded to nearest
 
 double det_log(double x) {
   if (!(x > 0) || !std::isfinite(x)) return kNaN;
-  int e = 0;
-  if (x < 0x1p-1022) {  // subnormal: scale into the normal range first
-    x *= 0x1p54;
-    e = -54;
-  }
-  const uint64_t bits = std::bit_cast<uint64_t>(x);
-  e += int((bits >> 52) & 0x7ff) - 1023;
-  double m = std::bit_cast<double>((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  // [1, 2)
-  if (m > 0x1.6a09e667f3bcdp+0) {  // m > sqrt(2): use m/2 in [sqrt(1/2), 1) instead
-    m *= 0.5;
-    e += 1;
-  }
-  // log m = 2 atanh(s) = 2s (1 + z/3 + z^2/5 + ...), s = f / (2 + f), z = s^2, f = m - 1 (exact).
-  // Since 2s = f - s f, log m = f - s (f - 2 z P(z)) with P = 1/3 + z/5 + ... + z^10/23: the
-  // leading term f is exact and the correction is O(f^2), which keeps the error near 1/2 ulp.
-  const double f = m - 1.0;
-  const double s = f / (2.0 + f);
-  const double z = s * s;
-  double p = 1.0 / 23;
-  p = p * z + 1.0 / 21;
-  p = p * z + 1.0 / 19;
-  p = p * z + 1.0 / 17;
-  p = p * z + 1.0 / 15;
-  p = p * z + 1.0 / 13;
-  p = p * z + 1.0 / 11;
-  p = p * z + 1.0 / 9;
-  p = p * z + 1.0 / 7;
-  p = p * z + 1.0 / 5;
-  p = p * z + 1.0 / 3;
-  const double log_m = f - s * (f - 2.0 * z * p);
-  const double de = double(e);
-  return de * kLn2Hi + (de * kLn2Lo + log_m);
+  if (x < 0x1p-1022) return det_log_normal(x * 0x1p54) - 54.0 * kLn2Hi - 54.0 * kLn2Lo;  // subnormal
+  return det_log_normal(x);
 }
 
 double coefficient_of_variation(std::span<const double> load) {
@@ -72,11 +42,34 @@ double total_variation(std::span<const double> p, std::span<const double> q) {
 }
 
 double jensen_shannon_bits(std::span<const double> p, std::span<const double> q) {
+  // Two passes: the element-wise terms (a loop without a reduction, so it vectorises and each
+  // term is the same whatever the vector width), then the sums in index order.
+  constexpr size_t kChunk = 256;
   double kp = 0, kq = 0;  // KL(P||M), KL(Q||M) in nats
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double m = 0.5 * (p[i] + q[i]);
-    if (p[i] > 0) kp += p[i] * det_log(p[i] / m);
-    if (q[i] > 0) kq += q[i] * det_log(q[i] / m);
+  double tp[kChunk], tq[kChunk];
+  for (size_t base = 0; base < p.size(); base += kChunk) {
+    const size_t n = std::min(kChunk, p.size() - base);
+    const double* pp = p.data() + base;
+    const double* qq = q.data() + base;
+    for (size_t i = 0; i < n; ++i) {
+      const double m = 0.5 * (pp[i] + qq[i]);
+      // 0 log 0 = 0: a zero probability takes the ratio 1 (log 1 = 0). Written as arithmetic on
+      // 0/1 flags instead of selects or branches so the loop vectorises; every value it keeps
+      // is exact (x + 0, x / 1). A zero m (both zero) divides by 1 instead.
+      const double mm = m + double(m == 0.0);
+      const double rp = pp[i] / mm + double(pp[i] == 0.0);
+      const double rq = qq[i] / mm + double(qq[i] == 0.0);
+      tp[i] = pp[i] * det_log_normal(rp);
+      tq[i] = qq[i] * det_log_normal(rq);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const double m = 0.5 * (pp[i] + qq[i]);
+      // Subnormal ratios (a probability below 2^-1022 of the other) take the checked path.
+      if (pp[i] > 0 && pp[i] / m < 0x1p-1022) tp[i] = pp[i] * det_log(pp[i] / m);
+      if (qq[i] > 0 && qq[i] / m < 0x1p-1022) tq[i] = qq[i] * det_log(qq[i] / m);
+      kp += tp[i];
+      kq += tq[i];
+    }
   }
   return (0.5 * kp + 0.5 * kq) / kLn2;
 }
@@ -84,13 +77,24 @@ double jensen_shannon_bits(std::span<const double> p, std::span<const double> q)
 TopkAgreement topk_agreement(std::span<const int32_t> a, std::span<const int32_t> b) {
   TopkAgreement r;
   r.ordered = a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
-  std::vector<int32_t> sa(a.begin(), a.end()), sb(b.begin(), b.end());
-  std::sort(sa.begin(), sa.end());
-  sa.erase(std::unique(sa.begin(), sa.end()), sa.end());
-  std::sort(sb.begin(), sb.end());
-  sb.erase(std::unique(sb.begin(), sb.end()), sb.end());
-  r.set = sa == sb;
+  // Sorted, de-duplicated copies (on the stack for the usual small k).
+  constexpr size_t kSmall = 32;
+  int32_t abuf[kSmall], bbuf[kSmall];
+  std::vector<int32_t> aheap, bheap;
+  int32_t* pa = abuf;
+  int32_t* pb = bbuf;
+  if (a.size() > kSmall || b.size() > kSmall) {
+    aheap.resize(a.size()), bheap.resize(b.size());
+    pa = aheap.data(), pb = bheap.data();
+  }
+  std::copy(a.begin(), a.end(), pa);
+  std::copy(b.begin(), b.end(), pb);
+  std::sort(pa, pa + a.size());
+  std::sort(pb, pb + b.size());
+  const size_t na = size_t(std::unique(pa, pa + a.size()) - pa), nb = size_t(std::unique(pb, pb + b.size()) - pb);
+  r.set = na == nb && std::equal(pa, pa + na, pb);
   size_t inter = 0, i = 0, j = 0;
+  const std::span<const int32_t> sa(pa, na), sb(pb, nb);
   while (i < sa.size() && j < sb.size()) {
     if (sa[i] == sb[j]) {
       ++inter, ++i, ++j;

@@ -7,6 +7,7 @@
 // docs/stats.md; tests/stats/test_stats_vs_numpy.py checks them against numpy/scipy.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -19,6 +20,41 @@ namespace atlas::stats {
 // log m = 2 atanh(s), s = (m - 1) / (m + 1), as its odd series through s^23. Returns NaN for
 // x <= 0 or non-finite x (callers never pass those).
 double det_log(double x);
+
+// The same function for a positive *normal* finite x, without checks or branches, inline so
+// that loops over experts vectorise; det_log is this plus the checks and the subnormal
+// scaling, so the two agree bit for bit on normal inputs.
+inline double det_log_normal(double x) {
+  const uint64_t bits = std::bit_cast<uint64_t>(x);
+  const uint64_t mant = bits & 0x000fffffffffffffull;
+  // big = 1 when the mantissa 1.f exceeds sqrt(2) (f > 0x6a09e667f3bcd), by integer carry
+  // instead of a comparison: GCC turns comparisons here into branches, which stop the loops
+  // that call this from vectorising. A big mantissa is halved into [sqrt(1/2), 1).
+  const uint64_t big = (mant + ((1ull << 52) - 0x6a09e667f3bcdull - 1)) >> 52;
+  const double m = std::bit_cast<double>(mant | (0x3ff0000000000000ull - (big << 52)));
+  // The exponent as a double without an int64 -> double conversion: (2^52 + k) - 2^52.
+  const double e = std::bit_cast<double>(0x4330000000000000ull | ((bits >> 52) + big)) - (0x1p52 + 1023.0);
+  // log m = 2 atanh(s) = 2s (1 + z/3 + z^2/5 + ...), s = f / (2 + f), z = s^2, f = m - 1 (exact).
+  // Since 2s = f - s f, log m = f - s (f - 2 z P(z)) with P = 1/3 + z/5 + ... + z^10/23: the
+  // leading term f is exact and the correction is O(f^2), which keeps the error near 1/2 ulp.
+  const double f = m - 1.0;
+  const double s = f / (2.0 + f);
+  const double z = s * s;
+  double p = 1.0 / 23;
+  p = p * z + 1.0 / 21;
+  p = p * z + 1.0 / 19;
+  p = p * z + 1.0 / 17;
+  p = p * z + 1.0 / 15;
+  p = p * z + 1.0 / 13;
+  p = p * z + 1.0 / 11;
+  p = p * z + 1.0 / 9;
+  p = p * z + 1.0 / 7;
+  p = p * z + 1.0 / 5;
+  p = p * z + 1.0 / 3;
+  const double log_m = f - s * (f - 2.0 * z * p);
+  // ln 2 split so that e * hi is exact for every exponent (hi has 32 trailing zero bits).
+  return e * 0x1.62e42feep-1 + (e * 0x1.a39ef35793c76p-33 + log_m);
+}
 
 // ---- expert distributions (seed 4.1-4.4) ---------------------------------------------------
 // Coefficient of variation of a load vector: population standard deviation / mean over its

@@ -280,11 +280,13 @@ TEST(StatsAnalysis, ThreadCountDoesNotChangeTheAnalysis) {
   const std::string b = analyze(in, opt).dump();
   omp_set_num_threads(saved);
   EXPECT_EQ(a, b);
-  // Another seed gives other intervals (same point values).
+  // Another seed gives other intervals (same point values). With two sources per domain the
+  // 95% bounds sit on the extremes, so compare interquartile intervals.
+  opt.bootstrap.level = 0.5;
   const ojson x = analyze(in, opt);
   opt.bootstrap.seed += 1;
   const ojson y = analyze(in, opt);
-  EXPECT_NE(x["routing"]["stats"].dump(), y["routing"]["stats"].dump());
+  EXPECT_TRUE(x["routing"]["stats"] != y["routing"]["stats"]);
   for (size_t i = 0; i < x["routing"]["stats"].size(); ++i)
     EXPECT_EQ(x["routing"]["stats"][i]["value"], y["routing"]["stats"][i]["value"]);
 }
