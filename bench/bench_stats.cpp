@@ -95,7 +95,7 @@ void BM_AnalyzeFullDepthTrace(benchmark::State& state) {
 }
 // Args: source replicates, and 1 = resample both scopes and both load kinds (the default),
 // 0 = target scope, count loads only (--bootstrap-target-only --bootstrap-count-only).
-BENCHMARK(BM_AnalyzeFullDepthTrace)->Args({10000, 1})->Args({10000, 0})->Args({0, 1})
+BENCHMARK(BM_AnalyzeFullDepthTrace)->Args({1000, 1})->Args({10000, 1})->Args({10000, 0})->Args({0, 1})
     ->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 
 }  // namespace

@@ -186,7 +186,7 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
       }
   }
 
-  std::vector<double> cv(C);
+  std::vector<double> cv(C), logs(C * E);
   for (size_t g = 0; g < G; ++g) {
     for (size_t combo = 0; combo < 4; ++combo) {
       const size_t sc = combo / 2, kind = combo % 2;
@@ -194,6 +194,10 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
       for (size_t agg = 0; agg < 2; ++agg) {
         const std::vector<double>& P = agg == 0 ? tok : pb;
         auto dist = [&](uint32_t c) { return std::span<const double>(&P[slot(combo, g, c) * E], E); };
+        // log p of every condition once, shared by the JSD of every edge.
+        if (sel)
+          for (size_t c = 0; c < C; ++c) log_or_zero(dist(uint32_t(c)), std::span<double>(&logs[c * E], E));
+        auto logd = [&](uint32_t c) { return std::span<const double>(&logs[c * E], E); };
         auto key = [&](const char* metric) {
           return ojson{{"metric", metric}, {"layer", in.layers[l]}, {"domain", groups[g].name}, {"scope", kScopes[sc]},
                        {"kind", kKinds[kind]}, {"aggregation", kAggs[agg]}};
@@ -208,7 +212,8 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
         }
         for (const Edge& e : in.edges) {
           const double tv = sel ? total_variation(dist(e.condition), dist(e.reference)) : kNaN;
-          const double js = sel ? jensen_shannon_bits(dist(e.condition), dist(e.reference)) : kNaN;
+          const double js =
+              sel ? jensen_shannon_bits(dist(e.condition), logd(e.condition), dist(e.reference), logd(e.reference)) : kNaN;
           sink.put(tv, [&] {
             ojson k = key("tv");
             k["edge"] = e.name;

@@ -23,55 +23,82 @@ double det_log(double x) {
   return det_log_normal(x);
 }
 
+double lane_sum(const double* x, size_t n) {
+  double l[4] = {0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) l[j] += x[i + j];
+  for (int j = 0; i < n; ++i, ++j) l[j] += x[i];
+  return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
+namespace {
+constexpr size_t kChunk = 256;  // element-wise passes work on stack chunks of this size
+}
+
 double coefficient_of_variation(std::span<const double> load) {
   if (load.empty()) return kNaN;
   const double n = double(load.size());
-  double sum = 0;
-  for (double v : load) sum += v;
-  const double mean = sum / n;
+  const double mean = lane_sum(load.data(), load.size()) / n;
   if (mean == 0) return kNaN;
-  double ss = 0;
-  for (double v : load) ss += (v - mean) * (v - mean);
+  double ss = 0, t[kChunk];
+  for (size_t base = 0; base < load.size(); base += kChunk) {
+    const size_t m = std::min(kChunk, load.size() - base);
+    for (size_t i = 0; i < m; ++i) t[i] = (load[base + i] - mean) * (load[base + i] - mean);
+    ss += lane_sum(t, m);
+  }
   return std::sqrt(ss / n) / mean;
 }
 
 double total_variation(std::span<const double> p, std::span<const double> q) {
-  double s = 0;
-  for (size_t i = 0; i < p.size(); ++i) s += std::fabs(p[i] - q[i]);
+  double s = 0, t[kChunk];
+  for (size_t base = 0; base < p.size(); base += kChunk) {
+    const size_t m = std::min(kChunk, p.size() - base);
+    for (size_t i = 0; i < m; ++i) t[i] = std::fabs(p[base + i] - q[base + i]);
+    s += lane_sum(t, m);
+  }
   return 0.5 * s;
 }
 
-double jensen_shannon_bits(std::span<const double> p, std::span<const double> q) {
-  // Two passes: the element-wise terms (a loop without a reduction, so it vectorises and each
-  // term is the same whatever the vector width), then the sums in index order.
-  constexpr size_t kChunk = 256;
-  double kp = 0, kq = 0;  // KL(P||M), KL(Q||M) in nats
-  double tp[kChunk], tq[kChunk];
+void log_or_zero(std::span<const double> x, std::span<double> out) {
+  // Vectorised pass with det_log_normal on every normal positive value (others take log 1 = 0),
+  // then a fix-up pass for the rare positive subnormals.
+  // The select is done on bits (a floating-point comparison would become a branch): a zero
+  // exponent field (0 or subnormal) gives the mask 0, which substitutes 1.0.
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint64_t bits = std::bit_cast<uint64_t>(x[i]);
+    const uint64_t normal = ((((bits >> 52) & 0x7ff) + 0x7ff) >> 11);  // 1 if the exponent field is not 0
+    const uint64_t mask = 0 - normal;
+    out[i] = det_log_normal(std::bit_cast<double>((bits & mask) | (0x3ff0000000000000ull & ~mask)));
+  }
+  for (size_t i = 0; i < x.size(); ++i)
+    if (x[i] > 0 && x[i] < 0x1p-1022) out[i] = det_log(x[i]);
+}
+
+double jensen_shannon_bits(std::span<const double> p, std::span<const double> logp, std::span<const double> q,
+                           std::span<const double> logq) {
+  // KL(P||M) + KL(Q||M) = sum p (log p - log m) + q (log q - log m), element-wise terms in
+  // stack chunks, then lane sums. A zero p contributes p * (...) = 0 (its log is taken as 0).
+  double kp = 0, kq = 0, m[kChunk], lm[kChunk], tp[kChunk], tq[kChunk];
   for (size_t base = 0; base < p.size(); base += kChunk) {
     const size_t n = std::min(kChunk, p.size() - base);
-    const double* pp = p.data() + base;
-    const double* qq = q.data() + base;
+    for (size_t i = 0; i < n; ++i) m[i] = 0.5 * (p[base + i] + q[base + i]);
+    log_or_zero({m, n}, {lm, n});
     for (size_t i = 0; i < n; ++i) {
-      const double m = 0.5 * (pp[i] + qq[i]);
-      // 0 log 0 = 0: a zero probability takes the ratio 1 (log 1 = 0). Written as arithmetic on
-      // 0/1 flags instead of selects or branches so the loop vectorises; every value it keeps
-      // is exact (x + 0, x / 1). A zero m (both zero) divides by 1 instead.
-      const double mm = m + double(m == 0.0);
-      const double rp = pp[i] / mm + double(pp[i] == 0.0);
-      const double rq = qq[i] / mm + double(qq[i] == 0.0);
-      tp[i] = pp[i] * det_log_normal(rp);
-      tq[i] = qq[i] * det_log_normal(rq);
+      tp[i] = p[base + i] * (logp[base + i] - lm[i]);
+      tq[i] = q[base + i] * (logq[base + i] - lm[i]);
     }
-    for (size_t i = 0; i < n; ++i) {
-      const double m = 0.5 * (pp[i] + qq[i]);
-      // Subnormal ratios (a probability below 2^-1022 of the other) take the checked path.
-      if (pp[i] > 0 && pp[i] / m < 0x1p-1022) tp[i] = pp[i] * det_log(pp[i] / m);
-      if (qq[i] > 0 && qq[i] / m < 0x1p-1022) tq[i] = qq[i] * det_log(qq[i] / m);
-      kp += tp[i];
-      kq += tq[i];
-    }
+    kp += lane_sum(tp, n);
+    kq += lane_sum(tq, n);
   }
   return (0.5 * kp + 0.5 * kq) / kLn2;
+}
+
+double jensen_shannon_bits(std::span<const double> p, std::span<const double> q) {
+  std::vector<double> lp(p.size()), lq(q.size());
+  log_or_zero(p, lp);
+  log_or_zero(q, lq);
+  return jensen_shannon_bits(p, lp, q, lq);
 }
 
 TopkAgreement topk_agreement(std::span<const int32_t> a, std::span<const int32_t> b) {

@@ -1,7 +1,7 @@
 // Metric primitives of the seed system (seed-system.md section 4), in double precision.
 //
-// Every sum runs sequentially in index order (expert 0..E-1, element 0..n-1): no pairwise or
-// parallel reduction, so the same inputs give the same bits on every machine and thread count.
+// Every sum has a fixed order (lane_sum below; sequential in index order elsewhere), so the
+// same inputs give the same bits on every machine and thread count.
 // Logarithms go through det_log (below), which uses only IEEE-754 +, -, *, / and bit
 // manipulation, so results do not depend on the C library's log either. Definitions are in
 // docs/stats.md; tests/stats/test_stats_vs_numpy.py checks them against numpy/scipy.
@@ -40,21 +40,26 @@ inline double det_log_normal(double x) {
   const double f = m - 1.0;
   const double s = f / (2.0 + f);
   const double z = s * s;
-  double p = 1.0 / 23;
-  p = p * z + 1.0 / 21;
-  p = p * z + 1.0 / 19;
-  p = p * z + 1.0 / 17;
-  p = p * z + 1.0 / 15;
-  p = p * z + 1.0 / 13;
-  p = p * z + 1.0 / 11;
-  p = p * z + 1.0 / 9;
-  p = p * z + 1.0 / 7;
-  p = p * z + 1.0 / 5;
-  p = p * z + 1.0 / 3;
+  // P by Estrin's scheme (independent sub-products instead of one long Horner chain, so the
+  // evaluation is not latency-bound): c_j = 1 / (2j + 3) for z^j.
+  const double z2 = z * z, z4 = z2 * z2, z8 = z4 * z4;
+  const double a01 = 1.0 / 3 + (1.0 / 5) * z, a23 = 1.0 / 7 + (1.0 / 9) * z;
+  const double a45 = 1.0 / 11 + (1.0 / 13) * z, a67 = 1.0 / 15 + (1.0 / 17) * z;
+  const double a89 = 1.0 / 19 + (1.0 / 21) * z;
+  const double p = (a01 + z2 * a23) + z4 * (a45 + z2 * a67) + z8 * (a89 + z2 * (1.0 / 23));
   const double log_m = f - s * (f - 2.0 * z * p);
   // ln 2 split so that e * hi is exact for every exponent (hi has 32 trailing zero bits).
   return e * 0x1.62e42feep-1 + (e * 0x1.a39ef35793c76p-33 + log_m);
 }
+
+// ---- summation ----------------------------------------------------------------------------
+// The fixed summation order of every reduction over experts or elements: four interleaved
+// partial sums (element i goes to lane i mod 4, each lane in index order), combined as
+// (l0 + l1) + (l2 + l3). Deterministic and vectorisable (one 4-wide accumulator).
+double lane_sum(const double* x, size_t n);
+
+// out[i] = log x[i] for x[i] > 0, and 0 for x[i] == 0 (0 log 0 = 0 in every use).
+void log_or_zero(std::span<const double> x, std::span<double> out);
 
 // ---- expert distributions (seed 4.1-4.4) ---------------------------------------------------
 // Coefficient of variation of a load vector: population standard deviation / mean over its
@@ -69,6 +74,10 @@ double total_variation(std::span<const double> p, std::span<const double> q);
 //   1/2 sum_i p_i log2(p_i / m_i) + 1/2 sum_i q_i log2(q_i / m_i),  m = (p + q) / 2,
 // with 0 log 0 = 0. Identical p and q give exactly 0 (m_i == p_i, log 1 == 0).
 double jensen_shannon_bits(std::span<const double> p, std::span<const double> q);
+// The same with log_or_zero(p) and log_or_zero(q) precomputed (shared across the edges of a
+// condition): KL terms p_i (log p_i - log m_i), so identical p and q still give exactly 0.
+double jensen_shannon_bits(std::span<const double> p, std::span<const double> logp, std::span<const double> q,
+                           std::span<const double> logq);
 
 // ---- top-k agreement of one aligned token (seed 4.5) ---------------------------------------
 struct TopkAgreement {
