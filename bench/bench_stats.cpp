@@ -93,9 +93,9 @@ void BM_AnalyzeFullDepthTrace(benchmark::State& state) {
   state.counters["target_route_decisions"] = 1537.0 * 8 * 26 * 6;
   state.counters["routing_stats"] = double(rows);
 }
-// Args: source replicates, and 1 = resample both scopes and both load kinds (the default),
-// 0 = target scope, count loads only (--bootstrap-target-only --bootstrap-count-only).
-BENCHMARK(BM_AnalyzeFullDepthTrace)->Args({1000, 1})->Args({10000, 1})->Args({10000, 0})->Args({0, 1})
+// Args: source replicates, and 0 = resample target-scope count distributions (the default),
+// 1 = also the full scope and weighted loads (--bootstrap-full-scope --bootstrap-weighted).
+BENCHMARK(BM_AnalyzeFullDepthTrace)->Args({2000, 0})->Args({10000, 0})->Args({10000, 1})->Args({0, 1})
     ->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 
 }  // namespace

@@ -26,7 +26,7 @@ struct Options {
   uint32_t replicates = 2000, task_replicates = 10000;
   uint64_t seed = 20260729, task_seed = 20260729;
   double level = 0.95;
-  bool allow_mixed = false, target_only = false, count_only = false, no_plots = false;
+  bool allow_mixed = false, full_scope = false, weighted = false, no_plots = false;
   int threads = 0;
 };
 
@@ -39,8 +39,8 @@ void run(const Options& o) {
   stats::AnalysisOptions opt;
   opt.bootstrap = {.replicates = o.replicates, .seed = o.seed, .level = o.level};
   opt.task_bootstrap = {.replicates = o.task_replicates, .seed = o.task_seed, .level = o.level};
-  opt.bootstrap_full_scope = !o.target_only;
-  opt.bootstrap_weighted = !o.count_only;
+  opt.bootstrap_full_scope = o.full_scope;
+  opt.bootstrap_weighted = o.weighted;
   ojson a = stats::analyze(in, opt);
   const auto t2 = std::chrono::steady_clock::now();
   const std::string report = stats::report_markdown(a);
@@ -75,10 +75,10 @@ cli::Registrar reg{{
           app.add_option("--task-seed", o.task_seed, "Task bootstrap seed")->capture_default_str();
           app.add_option("--level", o.level, "Interval level")->capture_default_str();
           app.add_flag("--allow-mixed", o.allow_mixed, "Analyse inputs from different manifests together");
-          app.add_flag("--bootstrap-target-only", o.target_only,
-                       "Resample expert distributions of the target scope only (full scope: point estimates)");
-          app.add_flag("--bootstrap-count-only", o.count_only,
-                       "Resample count loads only (weighted loads: point estimates)");
+          app.add_flag("--bootstrap-full-scope", o.full_scope,
+                       "Also resample expert distributions of the full input (default: target scope only)");
+          app.add_flag("--bootstrap-weighted", o.weighted,
+                       "Also resample weighted-load distributions (default: count loads only)");
           app.add_flag("--no-plots", o.no_plots, "Do not write SVG plots");
           app.add_option("--threads", o.threads, "OpenMP threads (results do not depend on it)");
           app.footer(

@@ -34,7 +34,8 @@ struct Sink {
   std::vector<double>* grow = nullptr;  // point pass: values appended here
   std::vector<ojson>* meta = nullptr;   // point pass: descriptions appended here
   size_t n = 0;
-  void put(double v, const std::function<ojson()>& describe) {
+  template <class Describe>  // a callable returning the statistic's ojson description
+  void put(double v, const Describe& describe) {
     if (grow)
       grow->push_back(v);
     else
@@ -124,7 +125,31 @@ struct RouteCtx {
   const AnalysisInput& in;
   const RouteSuff& r;
   const AnalysisOptions& opt;
+  // log k for k = 0..K (log 0 taken as 0): the token-weighted count distributions are integer
+  // counts over a common total, so their JSD needs no logarithm per replicate (see jsd_counts).
+  // Empty when K would be too large; the general path is used then.
+  std::vector<double> log_int{};
 };
+
+// JSD in bits of p = a / T and q = b / T for integer counts a, b with the same total T:
+// p_i log(p_i / m_i) = (a_i / T) (log a_i - log(a_i + b_i) + log 2), and zero when a_i == b_i
+// (then p_i == m_i) or a_i == 0. Same definition as jensen_shannon_bits, other rounding.
+double jsd_counts(const double* a, const double* b, double T, size_t E, const std::vector<double>& L) {
+  constexpr double kLn2 = 0x1.62e42fefa39efp-1;
+  double tp[256], tq[256], kp = 0, kq = 0;
+  for (size_t base = 0; base < E; base += 256) {
+    const size_t n = std::min<size_t>(256, E - base);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t x = size_t(a[base + i]), y = size_t(b[base + i]);
+      const double shared = L[x + y] - kLn2;
+      tp[i] = x == 0 || x == y ? 0.0 : double(x) * (L[x] - shared);
+      tq[i] = y == 0 || x == y ? 0.0 : double(y) * (L[y] - shared);
+    }
+    kp += lane_sum(tp, n);
+    kq += lane_sum(tq, n);
+  }
+  return (0.5 * (kp / T) + 0.5 * (kq / T)) / kLn2;  // 1/T factored out of every term
+}
 
 // One layer, every group at once: mult covers all sources, domain by domain (the order of
 // the "all" group). Per domain the multiplicity-weighted sums are accumulated once; the "all"
@@ -140,7 +165,9 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
   // Unnormalised sums per (scope, kind) x group x condition: token-pooled loads and their
   // total, prompt-balanced sums of per-source distributions and the multiplicity total.
   const size_t V = 4 * G * C;
-  std::vector<double> tok(V * E, 0.0), pb(V * E, 0.0), tot(V, 0.0), msum(G, 0.0);
+  // Per-thread scratch, reused across replicates (the sizes are the same for every call).
+  thread_local std::vector<double> tok, pb, tot, msum, tok_raw;
+  tok.assign(V * E, 0.0), pb.assign(V * E, 0.0), tot.assign(V, 0.0), msum.assign(G, 0.0), tok_raw.clear();
   auto slot = [&](size_t combo, size_t g, size_t c) { return (combo * G + g) * C + c; };
   for (size_t d = 0; d < D; ++d)
     for (size_t i = off[d]; i < off[d + 1]; ++i) msum[d] += mult[i];
@@ -177,6 +204,11 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
           tot[va] += tot[v];
         }
       }
+    if (kind == 0 && !x.log_int.empty()) {  // keep the integer counts for jsd_counts
+      if (tok_raw.empty()) tok_raw.assign(V * E, 0.0);
+      std::copy(tok.begin() + slot(combo, 0, 0) * E, tok.begin() + slot(combo + 1, 0, 0) * E,
+                tok_raw.begin() + slot(combo, 0, 0) * E);
+    }
     // Normalise: token-weighted by the pooled total, prompt-balanced by the number of sources.
     for (size_t g = 0; g < G; ++g)
       for (size_t c = 0; c < C; ++c) {
@@ -186,7 +218,8 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
       }
   }
 
-  std::vector<double> cv(C), logs(C * E);
+  thread_local std::vector<double> cv, logs;
+  cv.assign(C, 0.0), logs.assign(C * E, 0.0);
   for (size_t g = 0; g < G; ++g) {
     for (size_t combo = 0; combo < 4; ++combo) {
       const size_t sc = combo / 2, kind = combo % 2;
@@ -194,8 +227,9 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
       for (size_t agg = 0; agg < 2; ++agg) {
         const std::vector<double>& P = agg == 0 ? tok : pb;
         auto dist = [&](uint32_t c) { return std::span<const double>(&P[slot(combo, g, c) * E], E); };
+        const bool counts = agg == 0 && kind == 0 && !x.log_int.empty();
         // log p of every condition once, shared by the JSD of every edge.
-        if (sel)
+        if (sel && !counts)
           for (size_t c = 0; c < C; ++c) log_or_zero(dist(uint32_t(c)), std::span<double>(&logs[c * E], E));
         auto logd = [&](uint32_t c) { return std::span<const double>(&logs[c * E], E); };
         auto key = [&](const char* metric) {
@@ -212,8 +246,20 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
         }
         for (const Edge& e : in.edges) {
           const double tv = sel ? total_variation(dist(e.condition), dist(e.reference)) : kNaN;
-          const double js =
-              sel ? jensen_shannon_bits(dist(e.condition), logd(e.condition), dist(e.reference), logd(e.reference)) : kNaN;
+          double js = kNaN;
+          if (sel && counts) {
+            const size_t va = slot(combo, g, e.condition), vb = slot(combo, g, e.reference);
+            if (tot[va] == tot[vb]) {
+              js = jsd_counts(&tok_raw[va * E], &tok_raw[vb * E], tot[va], E, x.log_int);
+            } else {  // different totals (full scope of conditions of different lengths)
+              std::vector<double> la(E), lb(E);
+              log_or_zero(dist(e.condition), la);
+              log_or_zero(dist(e.reference), lb);
+              js = jensen_shannon_bits(dist(e.condition), la, dist(e.reference), lb);
+            }
+          } else if (sel) {
+            js = jensen_shannon_bits(dist(e.condition), logd(e.condition), dist(e.reference), logd(e.reference));
+          }
           sink.put(tv, [&] {
             ojson k = key("tv");
             k["edge"] = e.name;
@@ -592,7 +638,21 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
       }
     const RouteSuff r = route_sufficient(in, grid);
     const BootstrapDraws draws(opt.bootstrap, units);
-    const RouteCtx ctx{.in = in, .r = r, .opt = opt};
+    RouteCtx ctx{.in = in, .r = r, .opt = opt};
+    // Largest possible pooled count: every domain's draws all landing on its largest source.
+    double max_count = 0;
+    for (size_t d = 0; d < in.domains.size(); ++d) {
+      double biggest = 0;
+      for (uint32_t s : groups[d].sources)
+        for (size_t l = 0; l < r.L; ++l)
+          for (size_t c = 0; c < C; ++c) biggest = std::max(biggest, r.total[r.at(l, s, c, 0, 0)]);
+      max_count += double(groups[d].sources.size()) * biggest;
+    }
+    if (2 * max_count + 1 <= double(1 << 24)) {
+      ctx.log_int.resize(size_t(2 * max_count) + 1);
+      ctx.log_int[0] = 0;
+      for (size_t k = 1; k < ctx.log_int.size(); ++k) ctx.log_int[k] = det_log(double(k));
+    }
     ojson rows = ojson::array();
     for (size_t l = 0; l < r.L; ++l)
       run_block(everything, &draws, opt.bootstrap, [&](std::span<const double> m, Sink& s, bool point) {

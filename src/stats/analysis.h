@@ -77,9 +77,11 @@ void validate_analysis_input(const AnalysisInput& in);
 struct AnalysisOptions {
   BootstrapConfig bootstrap{.replicates = 2000, .seed = 20260729, .level = 0.95};
   BootstrapConfig task_bootstrap{.replicates = 10000, .seed = 20260729, .level = 0.95};
-  // Expert loads are resampled for both scopes and both load kinds unless narrowed here.
-  bool bootstrap_full_scope = true;
-  bool bootstrap_weighted = true;
+  // Expert distributions are resampled for the target scope and count loads (the seed's
+  // headline scope and load); these add the full scope and the weighted loads (4x the work).
+  // Without them those statistics keep their point values and get no interval.
+  bool bootstrap_full_scope = false;
+  bool bootstrap_weighted = false;
 };
 
 // Every number, with definitions and settings; deterministic (no timings, no host).

@@ -1,5 +1,6 @@
 #include "stats/bootstrap.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -36,10 +37,9 @@ void BootstrapDraws::multiplicity(size_t d, uint32_t r, std::span<double> out) c
 }
 
 Interval percentile_interval(std::vector<double>& values, double level) {
-  std::vector<double> v;
-  v.reserve(values.size());
-  for (double x : values)
-    if (!std::isnan(x)) v.push_back(x);
+  // Drop NaN in place (values is scratch for the caller).
+  std::vector<double>& v = values;
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
   Interval iv{.lo = std::numeric_limits<double>::quiet_NaN(), .hi = std::numeric_limits<double>::quiet_NaN(),
               .valid = uint32_t(v.size())};
   if (v.empty()) return iv;
@@ -72,13 +72,21 @@ std::vector<Interval> bootstrap_strata(const BootstrapDraws& draws, std::span<co
       eval(mult, std::span<double>(reps.data() + size_t(r) * n_values, n_values));
     }
   }
+  // Columns are gathered 8 at a time (one cache line of each row) before their percentiles.
+  constexpr size_t kCols = 8;
+  const int64_t n_chunks = int64_t((n_values + kCols - 1) / kCols);
 #pragma omp parallel
   {
-    std::vector<double> col(R);
-#pragma omp for schedule(static)
-    for (int64_t v = 0; v < int64_t(n_values); ++v) {
-      for (uint32_t r = 0; r < R; ++r) col[r] = reps[size_t(r) * n_values + size_t(v)];
-      out[size_t(v)] = percentile_interval(col, config.level);
+    std::vector<std::vector<double>> cols(kCols, std::vector<double>(R));
+#pragma omp for schedule(dynamic)
+    for (int64_t chunk = 0; chunk < n_chunks; ++chunk) {
+      const size_t v0 = size_t(chunk) * kCols, nc = std::min(kCols, n_values - v0);
+      for (auto& c : cols) c.resize(R);  // percentile_interval drops NaN from them
+      for (uint32_t r = 0; r < R; ++r) {
+        const double* row = &reps[size_t(r) * n_values + v0];
+        for (size_t j = 0; j < nc; ++j) cols[j][r] = row[j];
+      }
+      for (size_t j = 0; j < nc; ++j) out[v0 + j] = percentile_interval(cols[j], config.level);
     }
   }
   return out;

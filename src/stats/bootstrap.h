@@ -46,7 +46,7 @@ struct Interval {
 };
 
 // Percentile interval (type 7 quantiles, see metrics.h) over the non-NaN values; NaN bounds
-// when no replicate is defined. `values` is reordered.
+// when no replicate is defined. `values` is scratch: NaN are removed and the rest reordered.
 Interval percentile_interval(std::vector<double>& values, double level);
 
 // Evaluates a statistic vector for each replicate over the units of the given strata and

@@ -23,15 +23,6 @@ double det_log(double x) {
   return det_log_normal(x);
 }
 
-double lane_sum(const double* x, size_t n) {
-  double l[4] = {0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int j = 0; j < 4; ++j) l[j] += x[i + j];
-  for (int j = 0; i < n; ++i, ++j) l[j] += x[i];
-  return (l[0] + l[1]) + (l[2] + l[3]);
-}
-
 namespace {
 constexpr size_t kChunk = 256;  // element-wise passes work on stack chunks of this size
 }

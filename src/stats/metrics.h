@@ -56,7 +56,14 @@ inline double det_log_normal(double x) {
 // The fixed summation order of every reduction over experts or elements: four interleaved
 // partial sums (element i goes to lane i mod 4, each lane in index order), combined as
 // (l0 + l1) + (l2 + l3). Deterministic and vectorisable (one 4-wide accumulator).
-double lane_sum(const double* x, size_t n);
+inline double lane_sum(const double* x, size_t n) {
+  double l[4] = {0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) l[j] += x[i + j];
+  for (int j = 0; i < n; ++i, ++j) l[j] += x[i];
+  return (l[0] + l[1]) + (l[2] + l[3]);
+}
 
 // out[i] = log x[i] for x[i] > 0, and 0 for x[i] == 0 (0 log 0 = 0 in every use).
 void log_or_zero(std::span<const double> x, std::span<double> out);

@@ -172,7 +172,8 @@ with open(inp, "w") as f:
     json.dump(doc, f)
 out = os.path.join(tmp, "out")
 subprocess.run([ATLAS, "analyze", inp, "--out", out, "--replicates", str(R_REPS), "--seed", str(R_SEED),
-                "--task-replicates", str(T_REPS), "--task-seed", str(T_SEED), "--level", str(LEVEL)],
+                "--task-replicates", str(T_REPS), "--task-seed", str(T_SEED), "--level", str(LEVEL),
+                "--bootstrap-full-scope", "--bootstrap-weighted"],
                check=True, stdout=subprocess.DEVNULL)
 A = json.load(open(os.path.join(out, "analysis.json")))
 
@@ -456,7 +457,8 @@ for b in A["tasks"]["source_blocked"]:
 # ---- determinism: same input, other thread count -> identical analysis (runtime aside) -----
 out2 = os.path.join(tmp, "out2")
 subprocess.run([ATLAS, "analyze", inp, "--out", out2, "--replicates", str(R_REPS), "--seed", str(R_SEED),
-                "--task-replicates", str(T_REPS), "--task-seed", str(T_SEED), "--level", str(LEVEL), "--threads", "1"],
+                "--task-replicates", str(T_REPS), "--task-seed", str(T_SEED), "--level", str(LEVEL), "--threads", "1",
+                "--bootstrap-full-scope", "--bootstrap-weighted"],
                check=True, stdout=subprocess.DEVNULL)
 B = json.load(open(os.path.join(out2, "analysis.json")))
 A.pop("runtime"), B.pop("runtime")
