@@ -107,7 +107,7 @@ std::string svg_line_plot(const LinePlot& p) {
 }
 
 std::string svg_heat_map(const HeatMap& h) {
-  const int cw = 90, ch = 22, L = 90, T = 60, R = 120, B = 40;
+  const int cw = 90, ch = 22, L = 90, T = 72, R = 120, B = 40;
   const int W = L + cw * int(h.cols.size()) + R, H = T + ch * int(h.rows.size()) + B;
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (double v : h.values)
