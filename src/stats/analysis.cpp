@@ -33,6 +33,8 @@ struct Sink {
   double* out = nullptr;               // replicate pass: a row of n values
   std::vector<double>* grow = nullptr;  // point pass: values appended here
   std::vector<ojson>* meta = nullptr;   // point pass: descriptions appended here
+  std::vector<uint8_t>* resampled = nullptr;  // point pass: 0 for statistics without an interval
+  bool resampling = true;                     // what put() records there
   size_t n = 0;
   template <class Describe>  // a callable returning the statistic's ojson description
   void put(double v, const Describe& describe) {
@@ -42,6 +44,7 @@ struct Sink {
       out[n] = v;
     ++n;
     if (meta) meta->push_back(describe());
+    if (resampled) resampled->push_back(resampling);
   }
 };
 
@@ -224,6 +227,8 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
     for (size_t combo = 0; combo < 4; ++combo) {
       const size_t sc = combo / 2, kind = combo % 2;
       const bool sel = selected[combo];
+      // Expert distributions outside the resampled scope/kind keep their point value only.
+      sink.resampling = (sc == 1 || x.opt.bootstrap_full_scope) && (kind == 0 || x.opt.bootstrap_weighted);
       for (size_t agg = 0; agg < 2; ++agg) {
         const std::vector<double>& P = agg == 0 ? tok : pb;
         auto dist = [&](uint32_t c) { return std::span<const double>(&P[slot(combo, g, c) * E], E); };
@@ -296,6 +301,7 @@ void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups,
       }
     }
     // Top-k agreement over aligned target tokens: a token-weighted rate.
+    sink.resampling = true;
     const Group& gr = groups[g];
     const size_t base = g < D ? off[g] : 0;
     for (size_t ei = 0; ei < in.edges.size(); ++ei) {
@@ -518,16 +524,20 @@ void run_block(const Group& g, const BootstrapDraws* draws, const BootstrapConfi
                ojson& rows) {
   std::vector<ojson> meta;
   std::vector<double> point_values;
+  std::vector<uint8_t> resampled;
   const std::vector<double> ones(g.sources.size(), 1.0);
-  Sink ps{.grow = &point_values, .meta = &meta};
+  Sink ps{.grow = &point_values, .meta = &meta, .resampled = &resampled};
   eval(ones, ps, true);
   const size_t nv = ps.n;
   std::vector<Interval> ivs;
   if (draws && draws->replicates() > 0)
-    ivs = bootstrap_strata(*draws, g.strata, nv, cfg, [&](std::span<const double> mult, std::span<double> out) {
-      Sink s{.out = out.data()};
-      eval(mult, s, false);
-    });
+    ivs = bootstrap_strata(
+        *draws, g.strata, nv, cfg,
+        [&](std::span<const double> mult, std::span<double> out) {
+          Sink s{.out = out.data()};
+          eval(mult, s, false);
+        },
+        &resampled);
   for (size_t i = 0; i < nv; ++i) {
     ojson row = std::move(meta[i]);
     row["value"] = null_if_nan(point_values[i]);

@@ -49,7 +49,8 @@ Interval percentile_interval(std::vector<double>& values, double level) {
 }
 
 std::vector<Interval> bootstrap_strata(const BootstrapDraws& draws, std::span<const uint32_t> strata, size_t n_values,
-                                        const BootstrapConfig& config, const StatEval& eval) {
+                                        const BootstrapConfig& config, const StatEval& eval,
+                                        const std::vector<uint8_t>* only) {
   const uint32_t R = draws.replicates();
   std::vector<Interval> out(n_values);
   if (R == 0 || n_values == 0) {
@@ -82,11 +83,22 @@ std::vector<Interval> bootstrap_strata(const BootstrapDraws& draws, std::span<co
     for (int64_t chunk = 0; chunk < n_chunks; ++chunk) {
       const size_t v0 = size_t(chunk) * kCols, nc = std::min(kCols, n_values - v0);
       for (auto& c : cols) c.resize(R);  // percentile_interval drops NaN from them
+      bool any = false;
+      for (size_t j = 0; j < nc; ++j) any |= !only || (*only)[v0 + j];
+      if (!any) {  // nothing to resample in this chunk
+        for (size_t j = 0; j < nc; ++j)
+          out[v0 + j] = {.lo = std::numeric_limits<double>::quiet_NaN(), .hi = std::numeric_limits<double>::quiet_NaN()};
+        continue;
+      }
       for (uint32_t r = 0; r < R; ++r) {
         const double* row = &reps[size_t(r) * n_values + v0];
         for (size_t j = 0; j < nc; ++j) cols[j][r] = row[j];
       }
-      for (size_t j = 0; j < nc; ++j) out[v0 + j] = percentile_interval(cols[j], config.level);
+      for (size_t j = 0; j < nc; ++j)
+        out[v0 + j] = (!only || (*only)[v0 + j])
+                          ? percentile_interval(cols[j], config.level)
+                          : Interval{.lo = std::numeric_limits<double>::quiet_NaN(),
+                                     .hi = std::numeric_limits<double>::quiet_NaN()};
     }
   }
   return out;

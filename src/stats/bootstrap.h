@@ -57,7 +57,10 @@ Interval percentile_interval(std::vector<double>& values, double level);
 // own out). Replicates run in parallel; each writes its own row, so the result does not
 // depend on the thread count.
 using StatEval = std::function<void(std::span<const double> mult, std::span<double> out)>;
+// Values whose entry in `only` is 0 get no interval (NaN bounds, valid 0) and their
+// percentiles are not computed (eval may leave them NaN); nullptr = every value.
 std::vector<Interval> bootstrap_strata(const BootstrapDraws& draws, std::span<const uint32_t> strata, size_t n_values,
-                                        const BootstrapConfig& config, const StatEval& eval);
+                                       const BootstrapConfig& config, const StatEval& eval,
+                                       const std::vector<uint8_t>* only = nullptr);
 
 }  // namespace atlas::stats

@@ -468,5 +468,19 @@ for name in os.listdir(out):
         expect(open(os.path.join(out, name), "rb").read() == open(os.path.join(out2, name), "rb").read(),
                f"{name} differs between runs")
 
+# ---- default resampling: only target-scope count distributions get intervals ----------------
+out3 = os.path.join(tmp, "out3")
+subprocess.run([ATLAS, "analyze", inp, "--out", out3, "--replicates", str(R_REPS), "--seed", str(R_SEED),
+                "--task-replicates", str(T_REPS), "--task-seed", str(T_SEED), "--level", str(LEVEL)],
+               check=True, stdout=subprocess.DEVNULL)
+C3 = json.load(open(os.path.join(out3, "analysis.json")))
+for full_row, row in zip(A["routing"]["stats"], C3["routing"]["stats"]):
+    expect(full_row["value"] == row["value"], f"default run changed a value: {row}")
+    narrowed = "kind" in row and (row["scope"] == "full" or row["kind"] == "weight")
+    if narrowed:
+        expect(row.get("ci") is None, f"default run resampled {row}")
+    else:
+        expect(row.get("ci") == full_row.get("ci"), f"default run changed an interval: {row}")
+
 print(f"{checks} checks, {len(failures)} failures")
 sys.exit(1 if failures else 0)
