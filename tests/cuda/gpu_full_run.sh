@@ -48,10 +48,11 @@ need() {  # need HEADER DEV_PKG RUNTIME_PKG [SONAME]
 
 export PKG_CONFIG_PATH=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+B=${BUILD_DIR:-build-gpu-full}  # outside the carried tree, a warm machine keeps it between runs
 start=$(date +%s)
 {
-  cmake -S . -B build-gpu-full -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" &&
-    cmake --build build-gpu-full -j"$(nproc)" --target atlas atlas_cuda_tests atlas_cuda_model_tests \
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" &&
+    cmake --build "$B" -j"$(nproc)" --target atlas atlas_cuda_tests atlas_cuda_model_tests \
       $([[ $mode == bench ]] && echo atlas_cuda_model_bench)
 } >"$out/build.log" 2>&1
 brc=$?
@@ -59,7 +60,7 @@ echo "== build rc=$brc in $(( $(date +%s) - start )) s"
 grep -E "error|CMake Error|not found" "$out/build.log" | head -30
 [[ $brc -ne 0 ]] && { tail -40 "$out/build.log"; exit 1; }
 
-B=build-gpu-full
+
 rc=0
 echo "== atlas_cuda_tests"
 $B/tests/cuda/atlas_cuda_tests >"$out/cuda_tests.log" 2>&1 || rc=1
@@ -85,6 +86,8 @@ $B/atlas generate --backend cuda --compute bf16 --model $tiny --prompts /tmp/pro
 $B/atlas generate --backend cpu --compute bf16 --model $tiny --prompts /tmp/prompts.jsonl --out "$out/gen_cpu.jsonl" \
   --max-new-tokens 8 2>&1 | tail -2
 head -c 600 "$out/gen_cuda.jsonl"; echo; head -c 600 "$out/gen_cpu.jsonl"; echo
+echo "== tests/cuda/test_cuda_cli.sh"
+ATLAS_BIN=$B/atlas ATLAS_SOURCE_DIR=$PWD bash tests/cuda/test_cuda_cli.sh 2>&1 | tail -8 || rc=1
 
 if [[ $mode == bench && $rc -eq 0 ]]; then
   echo "== full-size random DeepSeek-V2-Lite"
