@@ -27,17 +27,18 @@ mkdir -p "$prefix"
 unpack() {  # unpack PKG_GLOB
   for f in "$debs"/$1_*.deb; do echo "   unpack $(basename "$f")"; dpkg -x "$f" "$prefix"; done
 }
-need() {  # need HEADER DEV_PKG RUNTIME_PKG [SONAME]
+need() {  # need HEADER DEV_PKG [RUNTIME_PKG]
   if [[ -e /usr/include/$1 ]]; then echo "   system has $1"; return; fi
   unpack "$2"
-  if [[ -n "${3:-}" && ! -e /usr/lib/x86_64-linux-gnu/$4 ]]; then unpack "$3"; fi
+  # Always with its runtime package: the -dev .so symlink is relative and must not dangle.
+  if [[ -n "${3:-}" ]]; then unpack "$3"; fi
 }
 {
   echo "== dependencies"
-  need oniguruma.h libonig-dev libonig5 libonig.so.5
-  need utf8proc.h libutf8proc-dev libutf8proc2 libutf8proc.so.2
-  need zip.h libzip-dev libzip4 libzip.so.4
-  need openssl/ssl.h libssl-dev libssl3 libssl.so.3
+  need oniguruma.h libonig-dev libonig5
+  need utf8proc.h libutf8proc-dev libutf8proc2
+  need zip.h libzip-dev libzip4
+  need openssl/ssl.h libssl-dev libssl3
   need zlib.h zlib1g-dev
   need CLI/CLI.hpp libcli11-dev
   need nlohmann/json.hpp nlohmann-json3-dev
