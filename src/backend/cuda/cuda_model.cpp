@@ -36,7 +36,12 @@ class DeviceBlock {
   DeviceBlock() = default;
   explicit DeviceBlock(size_t bytes) : bytes_(bytes), p_(device_alloc(std::max<size_t>(bytes, 1))) {}
   ~DeviceBlock() {
-    if (p_) device_free(p_);
+    // Never throw from a destructor: at process exit the CUDA runtime may already be unloading
+    // (a model held in a static), and then cudaFree reports an error that is of no consequence.
+    try {
+      if (p_) device_free(p_);
+    } catch (const Error&) {
+    }
   }
   DeviceBlock(const DeviceBlock&) = delete;
   DeviceBlock& operator=(const DeviceBlock&) = delete;
@@ -121,7 +126,12 @@ class Uploader {
       stream_synchronize();
     } catch (...) {
     }
-    for (auto* b : buf_) host_free_pinned(b);
+    for (auto* b : buf_) {
+      try {
+        host_free_pinned(b);
+      } catch (const Error&) {
+      }
+    }
   }
   void upload(const TensorView& t, uint16_t* dst) {
     const int64_t n = t.numel();
