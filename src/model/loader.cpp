@@ -2,6 +2,9 @@
 
 #include "core/error.h"
 #include "model/deepseek_v2.h"
+#ifdef ATLAS_HAVE_CUDA
+#include "backend/cuda/cuda_model.h"
+#endif
 
 namespace atlas {
 
@@ -10,7 +13,13 @@ std::unique_ptr<Model> load_model(const Checkpoint& ck, const ModelOptions& opts
     return std::make_unique<DeepSeekV2>(ck.config(), ck.layers(),
                                         [&ck](const std::string& n) -> const TensorView& { return ck.tensor(n); },
                                         opts.compute);
-  if (opts.backend == "cuda") fail("--backend", {}, "this build has no CUDA forward pass yet (use --backend cpu)");
+  if (opts.backend == "cuda") {
+#ifdef ATLAS_HAVE_CUDA
+    return cuda::make_cuda_model(ck, {.compute = opts.compute, .device = opts.device});
+#else
+    fail("--backend", {}, "this atlas was built without CUDA (nvcc was not found at configure time); use --backend cpu");
+#endif
+  }
   fail("--backend", {}, "unknown value \"" + opts.backend + "\" (expected cpu or cuda)");
 }
 

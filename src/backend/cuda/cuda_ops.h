@@ -30,6 +30,7 @@ struct DeviceInfo {
   size_t total_memory = 0;  // bytes
 };
 DeviceInfo device_info(int device = 0);
+void set_device(int device);  // cudaSetDevice: later allocations and launches of this thread use it
 
 void* device_alloc(size_t bytes);  // cudaMalloc; throws with the size asked and free memory found
 void device_free(void* p);
@@ -37,6 +38,21 @@ void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void device_memset(void* dst, int byte, size_t bytes);
 void synchronize();
+// Free and total bytes of the current device (cudaMemGetInfo).
+struct MemoryInfo {
+  size_t free = 0, total = 0;
+};
+MemoryInfo memory_info();
+// Page-locked host memory for fast uploads (cudaMallocHost), and an asynchronous host->device
+// copy from it on `stream`; stream_synchronize waits for everything issued on the stream.
+void* host_alloc_pinned(size_t bytes);
+void host_free_pinned(void* p);
+void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+void stream_synchronize(Stream stream = nullptr);
+// Device-to-device copy of `rows` rows of `row_bytes` bytes between strided layouts
+// (cudaMemcpy2DAsync); pitches in bytes.
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
+             Stream stream = nullptr);
 // Kernels that meet bad data only on the device (positions, expert ids, cache lengths) raise a
 // device flag instead of trapping; this synchronises, reads and clears it, and throws
 // atlas::Error naming the op and field. Call it wherever a host sync happens anyway.
@@ -162,6 +178,23 @@ struct RouterArgs {
 };
 void router(const RouterArgs& a);
 
+// ---- row gather / scatter (embedding lookup, KV-cache append, last-token selection) -------
+// dst[dst_rows ? dst_rows[i] : i] = src[src_rows ? src_rows[i] : i] for i < rows, `width`
+// bf16 values per row; a negative index on either side skips row i (padding not stored).
+// Indices are checked against src_limit / dst_limit on the device (error flag, "copy_rows").
+struct CopyRowsArgs {
+  const uint16_t* src = nullptr;
+  uint16_t* dst = nullptr;
+  const int32_t* src_rows = nullptr;  // [rows] device, optional
+  const int32_t* dst_rows = nullptr;  // [rows] device, optional
+  int64_t rows = 0;
+  int width = 0;
+  int64_t src_stride = 0, dst_stride = 0;  // elements, 0 = width
+  int64_t src_limit = 0, dst_limit = 0;    // rows available on each side (index bound)
+  Stream stream = nullptr;
+};
+void copy_rows(const CopyRowsArgs& a);
+
 // ---- MoE token permutation ----------------------------------------------------------------
 // Stable counting sort of the T*k (token, slot) pairs by expert: inside one expert the pairs
 // are in ascending token order, so the layout depends only on the routes (never on timing).
@@ -207,6 +240,9 @@ struct MoeCombineArgs {
 };
 void moe_combine(const MoeCombineArgs& a);
 
+constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaWidth = 576;
+constexpr int kMlaLatentMax = 512, kMlaWidthMax = 576;
+
 // ---- MLA decode attention, absorbed form (spec section 3) -----------------------------------
 // One query token per row b: q[b] = [16 heads, 576] = [q~ (512) || q_pe (64)] bf16; the row's
 // cache = latent_cache + b*cache_row_stride, [lengths[b], 576] = [c^ (512) || k_pe (64)] bf16.
@@ -214,13 +250,22 @@ void moe_combine(const MoeCombineArgs& a);
 // out[b,h] = bf16(sum_j p_j * c^_j) [512]. The cache is cut into splits of a FIXED size
 // (split_tokens, independent of batch size and of other rows), partials are merged in split
 // order: a row's result depends only on its own q, cache and length (batch invariant).
+// Generalised for the forward pass (any DeepSeek-V2-family shape, prefill as well as decode):
+//   latent/rope: the cache width is latent + rope (512 + 64 for Lite; latent <= 512, width <= 576).
+//   cache_rows:  query b reads cache row cache_rows[b] (null: row b). Prefill passes one query
+//                per token, all of a batch row's tokens pointing at that row's cache, each with
+//                its own causal length.
+//   lengths[b] = 0 is allowed: the query sees no key (a padding token) and its output is 0.
 struct MlaDecodeArgs {
-  const uint16_t* q = nullptr;             // [rows, heads, 576] bf16
-  const uint16_t* latent_cache = nullptr;  // row b at + b*cache_row_stride: [len_b, 576] bf16
+  const uint16_t* q = nullptr;             // [rows, heads, latent+rope] bf16
+  const uint16_t* latent_cache = nullptr;  // cache row r at + r*cache_row_stride: [len, latent+rope] bf16
   int64_t cache_row_stride = 0;            // elements
-  const int32_t* lengths = nullptr;        // [rows] device, each in [1, max_length]
+  const int32_t* lengths = nullptr;        // [rows] device, each in [0, max_length]
+  const int32_t* cache_rows = nullptr;     // [rows] device, optional (see above)
   int max_length = 0;                      // host bound used to size the grid and workspace
-  uint16_t* out = nullptr;                 // [rows, heads, 512] bf16
+  uint16_t* out = nullptr;                 // [rows, heads, latent] bf16
+  int latent = kMlaLatentMax;
+  int rope = kMlaWidthMax - kMlaLatentMax;
   int rows = 0;
   int heads = 16;
   float scale = 0.0f;
@@ -228,7 +273,6 @@ struct MlaDecodeArgs {
   float* workspace = nullptr;  // mla_decode_workspace_floats(...) fp32
   Stream stream = nullptr;
 };
-constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaWidth = 576;
 size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int split_tokens);
 void mla_decode(const MlaDecodeArgs& a);
 
@@ -246,11 +290,14 @@ void mla_decode(const MlaDecodeArgs& a);
 enum class GemmMode { batch_invariant, fast, cublaslt_pinned };
 enum class OutType { bf16, f32 };
 struct GemmArgs {
-  const uint16_t* x = nullptr;  // [M, K] bf16, row-major, dense
-  const uint16_t* w = nullptr;  // [N, K] bf16, row-major, dense
-  void* out = nullptr;          // [M, N] bf16 or fp32
+  const uint16_t* x = nullptr;  // [M, K] bf16, row-major, row stride x_stride
+  const uint16_t* w = nullptr;  // [N, K] bf16, row-major, row stride w_stride
+  void* out = nullptr;          // [M, N] bf16 or fp32, row stride out_stride
   OutType out_type = OutType::bf16;
   int M = 0, N = 0, K = 0;
+  // Row strides in elements, 0 = dense (K, K, N). Strided operands let one head's slice of a
+  // [M, heads, d] activation or one head's block of a weight be used in place (MLA absorption).
+  int64_t x_stride = 0, w_stride = 0, out_stride = 0;
   GemmMode mode = GemmMode::batch_invariant;
   Stream stream = nullptr;
 };

@@ -65,9 +65,11 @@ void gemm_cublaslt(const GemmArgs& a, bool pinned) {
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "TRANSA");
     check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "TRANSB");
-    check_lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, a.K, a.N, a.K), "layout A");
-    check_lt(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, a.K, a.M, a.K), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&lc, out_t, a.N, a.M, a.N), "layout C");
+    const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+    const int64_t os = a.out_stride ? a.out_stride : a.N;
+    check_lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, a.K, a.N, ws), "layout A");
+    check_lt(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, a.K, a.M, xs), "layout B");
+    check_lt(cublasLtMatrixLayoutCreate(&lc, out_t, a.N, a.M, os), "layout C");
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &s.workspace_bytes, sizeof(s.workspace_bytes)),
@@ -131,7 +133,13 @@ void gemm(const GemmArgs& a) {
           "need M >= 0, N > 0, K > 0; got M=" + std::to_string(a.M) + " N=" + std::to_string(a.N) +
               " K=" + std::to_string(a.K));
   require(a.x && a.w && a.out, op, "pointers", "x, w and out must be set");
+  require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
+              (a.out_stride == 0 || a.out_stride >= a.N),
+          op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
+  require(a.M <= 65535 * kern::kGemmBM, op, "M", "too many rows for one launch");
   if (a.M == 0) return;
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+  const int64_t os = a.out_stride ? a.out_stride : a.N;
   if (a.mode != GemmMode::batch_invariant) {
     gemm_cublaslt(a, a.mode == GemmMode::cublaslt_pinned);
     return;
@@ -139,10 +147,10 @@ void gemm(const GemmArgs& a) {
   const dim3 grid((a.N + kern::kGemmBN - 1) / kern::kGemmBN, (a.M + kern::kGemmBM - 1) / kern::kGemmBM);
   if (a.out_type == OutType::f32)
     kern::gemm_invariant_kernel<true><<<grid, kern::kGemmThreads, 0, stream_of(a.stream)>>>(a.x, a.w, a.out,
-                                                                                        a.M, a.N, a.K);
+                                                                                        a.M, a.N, a.K, xs, ws, os);
   else
     kern::gemm_invariant_kernel<false><<<grid, kern::kGemmThreads, 0, stream_of(a.stream)>>>(a.x, a.w, a.out,
-                                                                                         a.M, a.N, a.K);
+                                                                                         a.M, a.N, a.K, xs, ws, os);
   check_launch(op);
 }
 

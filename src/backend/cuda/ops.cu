@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/kernels/copy_rows.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/kernels/moe.cuh"
 #include "backend/cuda/kernels/rmsnorm.cuh"
@@ -51,6 +52,20 @@ void silu_gate(const SiluGateArgs& a) {
   if (n == 0) return;
   kern::silu_gate_kernel<<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.gate, a.up, a.out,
                                                                                a.rows, a.width, st);
+  check_launch(op);
+}
+
+void copy_rows(const CopyRowsArgs& a) {
+  const char* op = "copy_rows";
+  require(a.rows >= 0 && a.rows <= 0x7fffffff, op, "rows", "must be in [0, 2^31)");
+  require(a.width > 0, op, "width", "must be > 0");
+  const int64_t ss = a.src_stride ? a.src_stride : a.width, ds = a.dst_stride ? a.dst_stride : a.width;
+  require(ss >= a.width && ds >= a.width, op, "stride", "row stride smaller than width");
+  require(a.src_limit > 0 && a.dst_limit > 0, op, "limits", "src_limit and dst_limit must be > 0");
+  require(a.src && a.dst, op, "pointers", "src and dst must be set");
+  if (a.rows == 0) return;
+  kern::copy_rows_kernel<<<unsigned(a.rows), 128, 0, stream_of(a.stream)>>>(
+      a.src, a.dst, a.src_rows, a.dst_rows, a.width, ss, ds, a.src_limit, a.dst_limit, error_flag());
   check_launch(op);
 }
 

@@ -172,12 +172,17 @@ void moe_combine(const MoeCombineArgs& a) {
 }
 
 void mla_decode(const MlaDecodeArgs& a) {
-  const int H = a.heads, S = a.split_tokens, W = kMlaWidth, D = kMlaLatent;
+  const int H = a.heads, S = a.split_tokens, W = a.latent + a.rope, D = a.latent;
   for (int b = 0; b < a.rows; ++b) {
     const int len = a.lengths[b];
-    if (len < 1 || len > a.max_length) throw Error("cuda::ref: mla_decode: lengths: out of range");
+    if (len < 0 || len > a.max_length) throw Error("cuda::ref: mla_decode: lengths: out of range");
+    if (len == 0) {  // no visible key: zeros
+      std::fill(a.out + int64_t(b) * H * D, a.out + int64_t(b + 1) * H * D, uint16_t(0));
+      continue;
+    }
     const uint16_t* q = a.q + int64_t(b) * H * W;
-    const uint16_t* cache = a.latent_cache + b * a.cache_row_stride;
+    const int64_t crow = a.cache_rows ? a.cache_rows[b] : b;
+    const uint16_t* cache = a.latent_cache + crow * a.cache_row_stride;
     const int n_splits = (len + S - 1) / S;
     // partials [split][head]: acc[512], m, l
     std::vector<float> acc(size_t(n_splits) * H * D), ms(size_t(n_splits) * H), ls(size_t(n_splits) * H);
@@ -229,17 +234,29 @@ void mla_decode(const MlaDecodeArgs& a) {
 }
 
 void gemm(const GemmArgs& a) {
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+  const int64_t os = a.out_stride ? a.out_stride : a.N;
   for (int m = 0; m < a.M; ++m)
     for (int n = 0; n < a.N; ++n) {
       float acc = 0.0f;
-      const uint16_t* x = a.x + int64_t(m) * a.K;
-      const uint16_t* w = a.w + int64_t(n) * a.K;
+      const uint16_t* x = a.x + int64_t(m) * xs;
+      const uint16_t* w = a.w + int64_t(n) * ws;
       for (int k = 0; k < a.K; ++k) acc = std::fma(bf(x[k]), bf(w[k]), acc);
       if (a.out_type == OutType::f32)
-        static_cast<float*>(a.out)[int64_t(m) * a.N + n] = acc;
+        static_cast<float*>(a.out)[int64_t(m) * os + n] = acc;
       else
-        static_cast<uint16_t*>(a.out)[int64_t(m) * a.N + n] = f32_to_bf16(acc);
+        static_cast<uint16_t*>(a.out)[int64_t(m) * os + n] = f32_to_bf16(acc);
     }
+}
+
+void copy_rows(const CopyRowsArgs& a) {
+  const int64_t ss = a.src_stride ? a.src_stride : a.width, ds = a.dst_stride ? a.dst_stride : a.width;
+  for (int64_t i = 0; i < a.rows; ++i) {
+    const int64_t s = a.src_rows ? a.src_rows[i] : i, d = a.dst_rows ? a.dst_rows[i] : i;
+    if (s < 0 || d < 0) continue;
+    if (s >= a.src_limit || d >= a.dst_limit) throw Error("cuda::ref: copy_rows: index out of range");
+    std::copy(a.src + s * ss, a.src + s * ss + a.width, a.dst + d * ds);
+  }
 }
 
 }  // namespace atlas::cuda::ref

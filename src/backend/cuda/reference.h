@@ -24,5 +24,6 @@ void moe_gather(const MoeGatherArgs& a);
 void moe_combine(const MoeCombineArgs& a);
 void mla_decode(const MlaDecodeArgs& a);  // workspace unused
 void gemm(const GemmArgs& a);             // the batch-invariant contract (both modes)
+void copy_rows(const CopyRowsArgs& a);
 
 }  // namespace atlas::cuda::ref

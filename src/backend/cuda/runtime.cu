@@ -52,6 +52,8 @@ DeviceInfo device_info(int device) {
                     .sm_count = p.multiProcessorCount, .total_memory = p.totalGlobalMem};
 }
 
+void set_device(int device) { check_cuda(cudaSetDevice(device), "set_device", "cudaSetDevice"); }
+
 void* device_alloc(size_t bytes) {
   void* p = nullptr;
   cudaError_t e = cudaMalloc(&p, bytes);
@@ -80,6 +82,39 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 
 void device_memset(void* dst, int byte, size_t bytes) {
   check_cuda(cudaMemset(dst, byte, bytes), "device_memset", "cudaMemset");
+}
+
+MemoryInfo memory_info() {
+  MemoryInfo m;
+  check_cuda(cudaMemGetInfo(&m.free, &m.total), "memory_info", "cudaMemGetInfo");
+  return m;
+}
+
+void* host_alloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  check_cuda(cudaMallocHost(&p, bytes), "host_alloc_pinned", "cudaMallocHost");
+  return p;
+}
+
+void host_free_pinned(void* p) {
+  if (p) check_cuda(cudaFreeHost(p), "host_free_pinned", "cudaFreeHost");
+}
+
+void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream stream) {
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(stream)), "copy_to_device_async",
+             "cudaMemcpyAsync");
+}
+
+void stream_synchronize(Stream stream) {
+  check_cuda(cudaStreamSynchronize(stream_of(stream)), "stream_synchronize", "cudaStreamSynchronize");
+}
+
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
+             Stream stream) {
+  if (rows == 0 || row_bytes == 0) return;
+  check_cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice,
+                               stream_of(stream)),
+             "copy_2d", "cudaMemcpy2DAsync");
 }
 
 void synchronize() { check_cuda(cudaDeviceSynchronize(), "synchronize", "cudaDeviceSynchronize"); }
@@ -120,7 +155,8 @@ void check_device_errors() {
   std::string what;
   if (v & 1) what += " rope: positions: a value outside [0, max_positions);";
   if (v & 2) what += " moe_permute: topk_ids: an expert id outside [0, experts);";
-  if (v & 4) what += " mla_decode: lengths: a length outside [1, max_length];";
+  if (v & 4) what += " mla_decode: lengths: a length outside [0, max_length];";
+  if (v & 8) what += " copy_rows: src_rows/dst_rows: a row index past the limit;";
   throw Error("cuda: bad device data:" + what);
 }
 

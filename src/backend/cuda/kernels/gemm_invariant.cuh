@@ -22,7 +22,7 @@ constexpr int kGemmBM = 64, kGemmBN = 64, kGemmBK = 16, kGemmThreads = 256;
 template <bool kOutF32>
 __global__ void __launch_bounds__(kGemmThreads)
 gemm_invariant_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, void* out,
-                      int M, int N, int K) {
+                      int M, int N, int K, int64_t xs, int64_t ws, int64_t os) {
   __shared__ float As[kGemmBK][kGemmBM + 4];
   __shared__ float Bs[kGemmBK][kGemmBN + 4];
   const int tid = threadIdx.x;
@@ -41,8 +41,8 @@ gemm_invariant_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict
     for (int i = tid; i < kGemmBM * kGemmBK; i += kGemmThreads) {
       const int r = i / kGemmBK, kk = i % kGemmBK;
       const int gm = m0 + r, gn = n0 + r, gk = k0 + kk;
-      As[kk][r] = (gm < M && gk < K) ? bf2f(x[int64_t(gm) * K + gk]) : 0.0f;
-      Bs[kk][r] = (gn < N && gk < K) ? bf2f(w[int64_t(gn) * K + gk]) : 0.0f;
+      As[kk][r] = (gm < M && gk < K) ? bf2f(x[int64_t(gm) * xs + gk]) : 0.0f;
+      Bs[kk][r] = (gn < N && gk < K) ? bf2f(w[int64_t(gn) * ws + gk]) : 0.0f;
     }
     __syncthreads();
     for (int kk = 0; kk < kn; ++kk) {
@@ -67,9 +67,9 @@ gemm_invariant_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict
       const int gn = n0 + tn + j;
       if (gn >= N) continue;
       if constexpr (kOutF32)
-        static_cast<float*>(out)[int64_t(gm) * N + gn] = acc[i][j];
+        static_cast<float*>(out)[int64_t(gm) * os + gn] = acc[i][j];
       else
-        static_cast<uint16_t*>(out)[int64_t(gm) * N + gn] = f2bf(acc[i][j]);
+        static_cast<uint16_t*>(out)[int64_t(gm) * os + gn] = f2bf(acc[i][j]);
     }
   }
 }

@@ -1,4 +1,6 @@
 // MLA decode attention in the absorbed form over the 576-wide latent cache (spec section 3).
+// Runtime shape: latent <= 512 and width = latent + rope <= 576 (the tiny test models use
+// smaller ones); query b reads cache row cache_rows[b] (or b); a length of 0 gives zeros.
 //
 // Split phase, grid (max_splits, rows), 256 threads, one block per (row, split of S <= 256
 // cached tokens), all heads (<= 16) at once since they share the cache (MQA):
@@ -30,37 +32,39 @@ constexpr int kMlaPartial = kMlaLatentDim + 2;  // acc[512], m, l
 
 __global__ void __launch_bounds__(kMlaThreads)
 mla_split_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ cache,
-                 int64_t cache_row_stride, const int32_t* __restrict__ lengths, int max_length,
-                 int heads, float scale, int S, int max_splits, float* __restrict__ ws,
+                 int64_t cache_row_stride, const int32_t* __restrict__ lengths,
+                 const int32_t* __restrict__ cache_rows, int max_length, int heads, int latent,
+                 int width, float scale, int S, int max_splits, float* __restrict__ ws,
                  int* error_flag) {
   __shared__ uint16_t qs[kMlaMaxHeads * kMlaWidthDim];
   __shared__ float ps[kMlaMaxHeads][kMlaThreads];
   __shared__ float ms[kMlaMaxHeads], ls[kMlaMaxHeads];
   const int row = blockIdx.y, split = blockIdx.x, tid = threadIdx.x;
   const int len = lengths[row];
-  if (len < 1 || len > max_length) {
+  if (len < 0 || len > max_length) {
     if (split == 0 && tid == 0) atomicOr(error_flag, 4);
     return;
   }
   const int j0 = split * S;
-  if (j0 >= len) return;
+  if (j0 >= len) return;  // len == 0: the merge writes zeros
   const int n = min(S, len - j0);
-  const uint16_t* qr = q + int64_t(row) * heads * kMlaWidthDim;
-  for (int i = tid; i < heads * kMlaWidthDim; i += kMlaThreads) qs[i] = qr[i];
+  const uint16_t* qr = q + int64_t(row) * heads * width;
+  for (int i = tid; i < heads * width; i += kMlaThreads) qs[i] = qr[i];
   __syncthreads();
-  const uint16_t* cr = cache + int64_t(row) * cache_row_stride + int64_t(j0) * kMlaWidthDim;
+  const int64_t crow = cache_rows ? cache_rows[row] : row;
+  const uint16_t* cr = cache + crow * cache_row_stride + int64_t(j0) * width;
 
   // Scores.
   if (tid < n) {
     float acc[kMlaMaxHeads];
 #pragma unroll
     for (int h = 0; h < kMlaMaxHeads; ++h) acc[h] = 0.0f;
-    const uint16_t* c = cr + int64_t(tid) * kMlaWidthDim;
-    for (int d = 0; d < kMlaWidthDim; ++d) {
+    const uint16_t* c = cr + int64_t(tid) * width;
+    for (int d = 0; d < width; ++d) {
       const float cv = bf2f(c[d]);
 #pragma unroll
       for (int h = 0; h < kMlaMaxHeads; ++h)
-        if (h < heads) acc[h] = __fmaf_rn(bf2f(qs[h * kMlaWidthDim + d]), cv, acc[h]);
+        if (h < heads) acc[h] = __fmaf_rn(bf2f(qs[h * width + d]), cv, acc[h]);
     }
 #pragma unroll
     for (int h = 0; h < kMlaMaxHeads; ++h)
@@ -92,9 +96,10 @@ mla_split_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ ca
   float acc0[kMlaMaxHeads], acc1[kMlaMaxHeads];
 #pragma unroll
   for (int h = 0; h < kMlaMaxHeads; ++h) acc0[h] = acc1[h] = 0.0f;
+  const bool has0 = tid < latent, has1 = tid + 256 < latent;
   for (int j = 0; j < n; ++j) {
-    const float c0 = bf2f(cr[int64_t(j) * kMlaWidthDim + tid]);
-    const float c1 = bf2f(cr[int64_t(j) * kMlaWidthDim + tid + 256]);
+    const float c0 = has0 ? bf2f(cr[int64_t(j) * width + tid]) : 0.0f;
+    const float c1 = has1 ? bf2f(cr[int64_t(j) * width + tid + 256]) : 0.0f;
 #pragma unroll
     for (int h = 0; h < kMlaMaxHeads; ++h) {
       if (h < heads) {
@@ -119,10 +124,19 @@ mla_split_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ ca
 
 __global__ void __launch_bounds__(kMlaThreads)
 mla_merge_kernel(const float* __restrict__ ws, const int32_t* __restrict__ lengths, int max_length,
-                 int heads, int S, int max_splits, uint16_t* __restrict__ out) {
+                 int heads, int latent, int S, int max_splits, uint16_t* __restrict__ out) {
   const int row = blockIdx.x, tid = threadIdx.x;
   const int len = lengths[row];
-  if (len < 1 || len > max_length) return;  // reported by the split kernel
+  if (len < 0 || len > max_length) return;  // reported by the split kernel
+  const bool has0 = tid < latent, has1 = tid + 256 < latent;
+  if (len == 0) {  // a query that sees no key (padding): output 0, as the CPU backend
+    for (int h = 0; h < heads; ++h) {
+      uint16_t* o = out + (int64_t(row) * heads + h) * latent;
+      if (has0) o[tid] = 0;
+      if (has1) o[tid + 256] = 0;
+    }
+    return;
+  }
   const int n_splits = (len + S - 1) / S;
   const float* base = ws + int64_t(row) * max_splits * heads * kMlaPartial;
   for (int h = 0; h < heads; ++h) {
@@ -136,9 +150,9 @@ mla_merge_kernel(const float* __restrict__ ws, const int32_t* __restrict__ lengt
       o0 = __fmaf_rn(p[tid], f, o0);
       o1 = __fmaf_rn(p[tid + 256], f, o1);
     }
-    uint16_t* o = out + (int64_t(row) * heads + h) * kMlaLatentDim;
-    o[tid] = f2bf(o0 / L);
-    o[tid + 256] = f2bf(o1 / L);
+    uint16_t* o = out + (int64_t(row) * heads + h) * latent;
+    if (has0) o[tid] = f2bf(o0 / L);
+    if (has1) o[tid + 256] = f2bf(o1 / L);
   }
 }
 

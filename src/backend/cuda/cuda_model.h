@@ -1,0 +1,38 @@
+// The CUDA implementation of Model (issue 5): DeepSeek-V2 on one GPU, bf16 weights and
+// activations on the device, the rounding points of the CPU backend's bf16 mode.
+//
+// Host C++ only (includes cuda_ops.h, no CUDA header); compiled into atlas_lib when the build
+// has CUDA. What it does and does not do yet:
+//   - compute bf16 only (f32 on the GPU is rejected with a clear error);
+//   - attention is always the absorbed form (q~ = W_UK^T q_nope, attention over the 576-wide
+//     latent cache, W_UV after), for prefill and decode alike; ForwardInput::attention is a
+//     CPU choice and is ignored here (both forms are the same math, different rounding);
+//   - the cache stores only real tokens, packed per row, so padding costs nothing and a row's
+//     cache is bit-identical whatever batch it is in;
+//   - every GEMM is the batch-invariant kernel (the routed experts: one launch per non-empty
+//     expert over its contiguous row range): a row's logits are bit-identical alone or in a
+//     batch (tests/cuda/model);
+//   - hooks: every catalog name but attn.hook_pattern (an error if observed); a wanted hook
+//     copies the device tensor to the host as f32, fires, and copies it back, so interventions
+//     work; untraced runs copy nothing;
+//   - logits are bf16 on the device (lm_head output, as the official bf16 model and the CPU
+//     bf16 mode), returned as f32; sampling stays on the host.
+#pragma once
+
+#include <memory>
+
+#include "io/checkpoint.h"
+#include "model/model.h"
+
+namespace atlas::cuda {
+
+struct CudaModelOptions {
+  Compute compute = Compute::BF16;
+  int device = 0;
+};
+
+// Uploads the checkpoint's weights (converted to bf16) to the device. Throws atlas::Error when
+// there is no GPU, when the device lacks memory (naming needed and free bytes), or for f32.
+std::unique_ptr<Model> make_cuda_model(const Checkpoint& ck, const CudaModelOptions& opts);
+
+}  // namespace atlas::cuda

@@ -1,0 +1,27 @@
+// Row gather/scatter of bf16 rows through optional index arrays: the embedding lookup (src rows
+// = token ids), the KV-cache append (dst rows = each token's packed cache slot, -1 for padding)
+// and the last-token selection before lm_head. A pure copy: no arithmetic, so trivially batch
+// invariant. One block per row, threads over the row's elements.
+#pragma once
+
+#include "common.cuh"
+
+namespace atlas::cuda::kern {
+
+__global__ void copy_rows_kernel(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst,
+                                 const int32_t* __restrict__ src_rows, const int32_t* __restrict__ dst_rows,
+                                 int width, int64_t src_stride, int64_t dst_stride, int64_t src_limit,
+                                 int64_t dst_limit, int* error_flag) {
+  const int64_t i = blockIdx.x;
+  const int64_t s = src_rows ? src_rows[i] : i, d = dst_rows ? dst_rows[i] : i;
+  if (s < 0 || d < 0) return;  // skipped row
+  if (s >= src_limit || d >= dst_limit) {
+    if (threadIdx.x == 0) atomicOr(error_flag, 8);
+    return;
+  }
+  const uint16_t* sr = src + s * src_stride;
+  uint16_t* dr = dst + d * dst_stride;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) dr[c] = sr[c];
+}
+
+}  // namespace atlas::cuda::kern
