@@ -57,7 +57,7 @@ struct Ctx {
   std::optional<ChatTemplate> tmpl;
   std::optional<std::string> bos_text, eos_text;
   int32_t bos = -1, eos = -1;
-  std::string filler_user;
+  std::string filler_user, filler_assistant;
   std::map<std::string, int32_t> edit_ids;
 };
 
@@ -66,7 +66,7 @@ ojson messages_for(const Ctx& c, const ConditionSpec& cond, const std::string& c
   if (cond.system) m.push_back({{"role", "system"}, {"content", c.p.system_text}});
   if (cond.history == "filler") {
     m.push_back({{"role", "user"}, {"content", c.filler_user}});
-    m.push_back({{"role", "assistant"}, {"content", c.p.filler_token}});
+    m.push_back({{"role", "assistant"}, {"content", c.filler_assistant}});
   } else if (cond.history == "one_shot") {
     m.push_back({{"role", "user"}, {"content", c.p.one_shot_user}});
     m.push_back({{"role", "assistant"}, {"content", c.p.one_shot_assistant}});
@@ -256,7 +256,7 @@ ojson freeze(const FreezeOptions& o) {
   if (!file_exists(tok_json)) fail(tok_json, {}, "the model directory has no tokenizer.json (freezing needs the tokenizer)");
   const Tokenizer tok = Tokenizer::load_dir(p.model_dir);
   Ctx c{.p = p, .tok = tok, .tmpl = {}, .bos_text = tok.config().bos_token, .eos_text = tok.config().eos_token,
-        .bos = -1, .eos = -1, .filler_user = {}, .edit_ids = {}};
+        .bos = -1, .eos = -1, .filler_user = {}, .filler_assistant = {}, .edit_ids = {}};
   const std::string cfg_file = p.model_dir + "/tokenizer_config.json";
   if (!tok.bos_id() || !tok.eos_id()) fail(cfg_file, "bos_token/eos_token", "the tokenizer needs BOS and EOS tokens");
   c.bos = *tok.bos_id();
@@ -279,14 +279,16 @@ ojson freeze(const FreezeOptions& o) {
                                                   "condition " + cond.name + ".edits[" + std::to_string(k) + "].to");
   }
 
-  // Filler: filler_token repeated; with match_one_shot, the count that makes the filler history
-  // exactly as long (in tokens) as the one-shot history.
+  // Filler: the user turn is filler_token repeated filler_repeat times (space separated), the
+  // reply is filler_token. With match_one_shot, the user count (and, only if no count fits,
+  // a reply of 2..4 filler tokens) is chosen so the filler history has exactly the one-shot
+  // history's token length: the smallest reply count first, then the smallest user count.
   auto filler_text = [&](int64_t n) {
     std::string s;
     for (int64_t i = 0; i < n; ++i) s += (i ? " " : "") + p.filler_token;
     return s;
   };
-  int64_t filler_repeat = p.filler_repeat;
+  int64_t filler_repeat = p.filler_repeat, reply_repeat = 1;
   if (p.filler_match_one_shot) {
     if (!c.tmpl) fail(p.path, "blocks.filler_repeat", "match_one_shot needs a chat template");
     auto hist_len = [&](const std::string& hist) {
@@ -295,14 +297,18 @@ ojson freeze(const FreezeOptions& o) {
     };
     const int64_t want = hist_len("one_shot");
     filler_repeat = 0;
-    for (int64_t n = 1; n <= 256 && !filler_repeat; ++n) {
-      c.filler_user = filler_text(n);
-      if (hist_len("filler") == want) filler_repeat = n;
+    for (int64_t a = 1; a <= 4 && !filler_repeat; ++a) {
+      c.filler_assistant = filler_text(a);
+      for (int64_t n = 1; n <= 256 && !filler_repeat; ++n) {
+        c.filler_user = filler_text(n);
+        if (hist_len("filler") == want) filler_repeat = n, reply_repeat = a;
+      }
     }
     if (!filler_repeat)
       fail(p.path, "blocks.filler_repeat", "no repeat count makes the filler history as long as the one-shot history");
   }
   c.filler_user = filler_text(filler_repeat);
+  c.filler_assistant = filler_text(reply_repeat);
 
   // Corpora and selection.
   ojson corpora = ojson::array(), selection = ojson::array(), sources_j = ojson::array();
@@ -522,7 +528,8 @@ ojson freeze(const FreezeOptions& o) {
                     {"eos_id", c.eos}};
   m["blocks"] = {{"system", p.system_text}, {"system_sha256", sha256_hex(p.system_text)},
                  {"one_shot_user", p.one_shot_user}, {"one_shot_assistant", p.one_shot_assistant},
-                 {"filler_user", c.filler_user}, {"filler_assistant", p.filler_token}, {"filler_repeat", filler_repeat},
+                 {"filler_user", c.filler_user}, {"filler_assistant", c.filler_assistant}, {"filler_repeat", filler_repeat},
+                 {"filler_reply_repeat", reply_repeat},
                  {"user_prefix", p.user_prefix}, {"generation_prompt", p.generation_prompt}};
   ojson eids = ojson::object();
   for (const auto& [k, v] : c.edit_ids) eids[k] = v;

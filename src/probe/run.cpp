@@ -297,8 +297,15 @@ std::map<int64_t, ojson> run_generate_batch(const DeepSeekV2& model, const Token
                              .eos_ids = {eos},
                              .stop_strings = {},
                              .pad_id = eos};
-  if (tok) go.detokenize = [tok](std::span<const int32_t> ids) { return tok->decode(ids, {.skip_special_tokens = true}); };
   auto gen = decode::generate(model, rows, go);
+  // Text only when every generated id is in the tokenizer (a random model can emit ids of the
+  // model's vocabulary that the tokenizer lacks); null otherwise.
+  auto text_of = [tok](const std::vector<int32_t>& ids) -> ojson {
+    if (!tok) return nullptr;
+    for (int32_t id : ids)
+      if (!tok->id_to_token(id)) return nullptr;
+    return tok->decode(ids, {.skip_special_tokens = true});
+  };
   std::map<int64_t, ojson> results;
   for (size_t i = 0; i < gen.size(); ++i) {
     const ojson& c = cells[size_t(members[i])];
@@ -312,7 +319,7 @@ std::map<int64_t, ojson> run_generate_batch(const DeepSeekV2& model, const Token
                      {"crn_row_key", rows[i].sampling.mode == decode::SamplingMode::Crn ? ojson(rows[i].sampling.crn_row_key) : ojson(nullptr)}};
     r["generated_ids"] = gen[i].ids;
     r["generated_ids_sha256"] = ids_sha256(gen[i].ids);
-    r["text"] = gen[i].text ? ojson(*gen[i].text) : ojson(nullptr);
+    r["text"] = text_of(gen[i].ids);
     r["stop"] = std::string(decode::stop_reason_name(gen[i].stop));
     r["n_new"] = gen[i].n_new;
     r["rng_state_sha256"] = gen[i].rng_state_sha256.empty() ? ojson(nullptr) : ojson(gen[i].rng_state_sha256);

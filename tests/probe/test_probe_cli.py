@@ -14,6 +14,9 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import warnings
+
+warnings.simplefilter("ignore", ResourceWarning)
 
 ATLAS = os.environ.get("ATLAS_BIN", "build/atlas")
 SRC = os.environ.get("ATLAS_SOURCE_DIR", ".")
@@ -179,33 +182,38 @@ class Freeze(unittest.TestCase):
                 self.assertEqual(c["edits"][0]["new_id"], x)
 
     def test_official_rendering_matches_the_template_and_edits_differ_exactly(self):
-        # The official cell's ids are the tokenization of the chat template's output.
+        # The official cell's ids are the tokenization of `atlas render`'s chat-template output.
         by = {(c["source_key"], c["condition"]): c for c in self.m["cells"]}
-        src = self.m["sources"][0]
-        text = src["contents"][0]["text"]
-        msgs = [{"role": "user", "content": "x x x"}, {"role": "assistant", "content": "x"},
-                {"role": "user", "content": text}]
-        ids = atlas("render", "--model", MODEL, "--messages", json.dumps(msgs), "--generation-prompt", "--ids", rc=None)
-        official = by[(src["key"], "s0_eos")]
-        if ids.returncode == 0:
-            got = json.loads(ids.stdout.strip().splitlines()[-1])
-            if isinstance(got, dict) and "ids" in got:
-                self.assertEqual(got["ids"], official["input_ids"])
-        for cond in ("s0_bos", "s0_period", "s0_post"):
-            c = by[(src["key"], cond)]
-            diff = [i for i, (a, b) in enumerate(zip(c["input_ids"], official["input_ids"])) if a != b]
-            self.assertEqual(diff, [e["position"] for e in c["edits"]])
-            self.assertEqual(len(c["input_ids"]), len(official["input_ids"]))
-            self.assertEqual(c["interior_token_range"], official["interior_token_range"])
+        for src in self.m["sources"]:
+            text = src["contents"][0]["text"]
+            msgs = [{"role": "user", "content": "x x x"}, {"role": "assistant", "content": "x"},
+                    {"role": "user", "content": text}]
+            case = os.path.join(TMP, "case.jsonl")
+            with open(case, "w") as f:
+                f.write(json.dumps({"messages": msgs, "add_generation_prompt": True}) + "\n")
+            rendered = json.loads(atlas("render", "--model", MODEL, "--messages-jsonl", case).stdout)
+            official = by[(src["key"], "s0_eos")]
+            self.assertEqual(token_ids(rendered), official["input_ids"])
+            self.assertEqual(hashlib.sha256(rendered.encode()).hexdigest(), official["rendered_text_sha256"])
+            for cond in ("s0_bos", "s0_period", "s0_post"):
+                c = by[(src["key"], cond)]
+                diff = [i for i, (a, b) in enumerate(zip(c["input_ids"], official["input_ids"])) if a != b]
+                self.assertEqual(diff, [e["position"] for e in c["edits"]])
+                self.assertEqual(len(c["input_ids"]), len(official["input_ids"]))
+                self.assertEqual(c["interior_token_range"], official["interior_token_range"])
 
-    def test_interior_tokens_are_the_target_content(self):
+    def test_interior_tokens_lie_inside_the_target_content(self):
+        srcs = {s["key"]: s for s in self.m["sources"]}
         for c in self.m["cells"]:
             a, b = c["interior_token_range"]
             self.assertLess(a, b)
-            text = atlas("detokenize", "--model", MODEL, "--ids", ",".join(map(str, c["input_ids"][a:b])), rc=None).stdout
-            src = next(s for s in self.m["sources"] if s["key"] == c["source_key"])
-            if text:
-                self.assertIn(text.strip().splitlines()[-1].strip()[:8], src["contents"][0]["text"])
+            inner = atlas("detokenize", "--model", MODEL, "--ids", ",".join(map(str, c["input_ids"][a:b]))).stdout[:-1]
+            target = srcs[c["source_key"]]["contents"][0]["text"]
+            self.assertIn(inner, target, c["cell_id"])
+            # The tokens just outside the interior are not wholly inside the content.
+            outer = atlas("detokenize", "--model", MODEL, "--ids", ",".join(map(str, c["input_ids"][a - 1:b + 1]))).stdout[:-1]
+            self.assertNotIn(outer, target, c["cell_id"])
+            self.assertEqual(c["target_span"][1] - c["target_span"][0], len(target))
 
     def test_ranking_is_sha256_of_salt_domain_id(self):
         texts = {"english": 4, "code": 3}

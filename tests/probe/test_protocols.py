@@ -98,7 +98,9 @@ try:
             failures.append(f"{f}: max_new_tokens {ex['max_new_tokens']}")
         # Full-size cell counts follow from the protocol's own per_domain.
         if f in FULL:
-            full_per = m["protocol"]["selection"]["per_domain"]
+            import tomllib
+            with open(os.path.join(pdir, f), "rb") as fh:
+                full_per = tomllib.load(fh)["selection"]["per_domain"]
             full_rows = (sum(min(k, full_per) if k else full_per for k in e["seeds"]) if e["seeds"] else full_per) * e["domains"]
             if full_rows * e["lengths"] * len(e["cond"]) != FULL[f]:
                 failures.append(f"{f}: at full size {full_rows * len(e['cond'])} cells, the seed has {FULL[f]}")
