@@ -4,7 +4,6 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <regex>
 #include <string_view>
 
 #include "core/error.h"
@@ -115,8 +114,13 @@ bool is_corpus_format(const std::string& f) {
 }
 
 bool is_wikitext_heading(const std::string& line) {
-  static const std::regex heading(R"(^\s*(=\s*)+[^=].*?(\s*=)+\s*$)");
-  return std::regex_match(line, heading);
+  // " = Title = ", " = = Section = = ": after trimming, starts with "= " and ends with " =".
+  // (No std::regex: libstdc++'s is recursive and WikiText lines run to thousands of characters.)
+  const size_t a = line.find_first_not_of(" \t\r");
+  if (a == std::string::npos) return false;
+  const size_t b = line.find_last_not_of(" \t\r");
+  const std::string_view t(line.data() + a, b - a + 1);
+  return t.size() >= 3 && t.substr(0, 2) == "= " && t.substr(t.size() - 2) == " =";
 }
 
 Corpus read_corpus(const CorpusSpec& spec) {

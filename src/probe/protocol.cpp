@@ -269,6 +269,7 @@ Protocol load_protocol(const std::string& path) {
   one_of(ex, "compute", p.compute, {"f32", "bf16"});
   ex.get("record_routes", p.record_routes);
   ex.get("record_hidden", p.record_hidden);
+  ex.get("record_hidden_vectors", p.record_hidden_vectors);
   ex.get("max_new_tokens", p.max_new_tokens);
   ex.get("sampling", p.sampling);
   one_of(ex, "sampling", p.sampling, {"greedy", "seeded", "crn"});
@@ -294,6 +295,7 @@ Protocol load_protocol(const std::string& path) {
   } else if (!p.seeds.empty()) {
     ex.bad("seed", "trace mode takes no seeds");
   }
+  if (p.record_hidden_vectors && p.mode != "trace") ex.bad("record_hidden_vectors", "trace mode only");
   ex.finish();
 
   Table bt = top.sub("batching");
@@ -342,6 +344,7 @@ ojson Protocol::to_json() const {
   if (mode == "trace") {
     ex["record_routes"] = record_routes;
     ex["record_hidden"] = record_hidden;
+    ex["record_hidden_vectors"] = record_hidden_vectors;
   } else {
     ex["max_new_tokens"] = max_new_tokens;
     ex["sampling"] = sampling;

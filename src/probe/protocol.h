@@ -9,7 +9,8 @@
 //               user_prefix, generation_prompt
 //   [[condition]] name, layout, system, history, group, edits = [{anchor, to | to_anchor}]
 //   [contracts] same_content_ids, nested_prefixes, equal_delta
-//   [execution] mode, layers, compute, record_routes, record_hidden, max_new_tokens, sampling,
+//   [execution] mode, layers, compute, record_routes, record_hidden, record_hidden_vectors,
+//               max_new_tokens, sampling,
 //               temperature, top_p, top_k, [[execution.seed]] value, sources_per_domain
 //   [batching]  sources_per_batch, split_seeds
 //
@@ -72,6 +73,7 @@ struct Protocol {
   // execution
   std::string mode = "trace", layers, compute = "bf16";
   bool record_routes = true, record_hidden = true;
+  bool record_hidden_vectors = false;  // trace: target rows of every stage into DIR/hidden/*.safetensors
   int64_t max_new_tokens = 0;
   std::string sampling = "greedy";
   double temperature = 1.0, top_p = 1.0;

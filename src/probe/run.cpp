@@ -151,8 +151,11 @@ void write_journal(const std::string& path, const std::string& manifest_sha, con
 std::vector<int32_t> ids_of(const ojson& c) { return c.at("input_ids").get<std::vector<int32_t>>(); }
 
 // One trace batch: left-padded rows, hooks collect per row routes and stage hashes.
+// Target rows of every stage for one cell: (tensor name suffix, [rows, H] values).
+using CellVectors = std::vector<std::pair<std::string, std::vector<float>>>;
+
 std::map<int64_t, ojson> run_trace_batch(const DeepSeekV2& model, const ojson& manifest, const std::vector<int64_t>& members,
-                                         bool routes, bool hidden) {
+                                         bool routes, bool hidden, bool vectors, std::map<int64_t, CellVectors>& vec_out) {
   const ojson& cells = manifest["cells"];
   const int32_t pad = manifest["tokenizer"]["eos_id"].get<int32_t>();
   const int64_t B = int64_t(members.size());
@@ -176,6 +179,7 @@ std::map<int64_t, ojson> run_trace_batch(const DeepSeekV2& model, const ojson& m
     std::map<int64_t, std::vector<int32_t>> topk_ids;     // layer -> [len, k]
     std::map<int64_t, std::vector<float>> topk_weights;   // layer -> [len, k]
     std::map<int64_t, std::pair<std::string, std::string>> stages;  // stage -> (full, target) sha
+    std::map<int64_t, std::vector<float>> target_rows;              // stage -> [interior, H] (vectors)
   };
   std::vector<RowOut> out(static_cast<size_t>(B));
   auto interior = [&](int64_t b) {
@@ -194,10 +198,11 @@ std::map<int64_t, ojson> run_trace_batch(const DeepSeekV2& model, const ojson& m
         auto [a, e] = interior(b);
         out[size_t(b)].stages[stage] = {sha256_hex(row, size_t(len * H) * sizeof(float)),
                                         sha256_hex(row + a * H, size_t((e - a) * H) * sizeof(float))};
+        if (vectors) out[size_t(b)].target_rows[stage].assign(row + a * H, row + e * H);
       }
     };
   };
-  if (hidden) {
+  if (hidden || vectors) {
     hooks.add("embed", stage_hook(0));
     for (int64_t l = model.layers().first; l <= model.layers().last; ++l)
       hooks.add(LayerHookNames(l).resid_post, stage_hook(l + 1));
@@ -254,6 +259,13 @@ std::map<int64_t, ojson> run_trace_batch(const DeepSeekV2& model, const ojson& m
     }
     res["gates"] = gates;
     if (routes) res["routes"] = rt;
+    if (vectors) {
+      CellVectors cv;
+      for (const auto& [st, rowsv] : r.target_rows) cv.push_back({stage_name(st, n_layers), rowsv});
+      vec_out[members[size_t(b)]] = std::move(cv);
+      res["hidden_vectors"] = {{"tensor_prefix", "cell" + std::to_string(members[size_t(b)]) + "."},
+                               {"hidden_size", cfg.hidden_size}};
+    }
     if (hidden) {
       ojson st = ojson::array();
       for (const auto& [s, h] : r.stages)
@@ -422,13 +434,31 @@ RunSummary run_manifest(const RunOptions& o) {
   std::optional<DeepSeekV2> model;
   std::optional<Tokenizer> tok;
   const ModelConfig cfg0 = ModelConfig::load(model_dir + "/config.json");
-  const LayerRange range = ex["mode"] == "trace" ? LayerRange::parse(ex["layers"].get<std::string>(), cfg0) : LayerRange::all(cfg0);
+  LayerRange range = LayerRange::all(cfg0);
+  if (ex["mode"] == "trace") {
+    try {
+      range = LayerRange::parse(ex["layers"].get<std::string>(), cfg0);
+    } catch (const Error& e) {
+      fail(o.manifest, "protocol.execution.layers", std::string(e.what()) + " (model " + model_dir + ")");
+    }
+  }
   if (!m["model"]["config_sha256"].is_null() &&
       sha256_file(model_dir + "/config.json") != m["model"]["config_sha256"].get<std::string>())
     fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");
   ojson model_info = {{"config_sha256", sha256_file(model_dir + "/config.json")},
                       {"layers", std::to_string(range.first) + "-" + std::to_string(range.last)},
                       {"compute", ex["compute"]}};
+  const bool vectors = ex.value("record_hidden_vectors", false);
+  std::map<int64_t, CellVectors> pending_vectors;
+  auto hidden_path = [&](const std::string& key) {
+    std::string n = journal_name(key);
+    return o.out_dir + "/hidden/" + n.substr(0, n.size() - 6) + ".safetensors";
+  };
+  if (vectors) {
+    fs::create_directories(o.out_dir + "/hidden");
+    for (const auto& key : done)
+      if (!file_exists(hidden_path(key))) fail(hidden_path(key), {}, "journaled source without its hidden-vector file");
+  }
   int64_t tokens = 0, cells_run = 0;
   const char* abort_env = std::getenv("ATLAS_PROBE_ABORT_AFTER_SOURCES");  // test hook: simulates a kill
   int64_t journaled_now = 0;
@@ -448,7 +478,8 @@ RunSummary run_manifest(const RunOptions& o) {
       if (file_exists(model_dir + "/tokenizer.json")) tok.emplace(Tokenizer::load_dir(model_dir));
     }
     std::map<int64_t, ojson> br =
-        ex["mode"] == "trace" ? run_trace_batch(*model, m, members, ex["record_routes"].get<bool>(), ex["record_hidden"].get<bool>())
+        ex["mode"] == "trace" ? run_trace_batch(*model, m, members, ex["record_routes"].get<bool>(), ex["record_hidden"].get<bool>(),
+                                                vectors, pending_vectors)
                               : run_generate_batch(*model, tok ? &*tok : nullptr, m, members);
     for (auto& [ci, r] : br) {
       // A batch re-run for a source that was already journaled must reproduce it exactly.
@@ -466,6 +497,16 @@ RunSummary run_manifest(const RunOptions& o) {
       if (done.count(key)) continue;
       const auto& sc = source_cells[key];
       if (!std::all_of(sc.begin(), sc.end(), [&](int64_t ci) { return results.count(ci) > 0; })) continue;
+      if (vectors) {
+        // The side file first: the journal is what marks the source done.
+        std::vector<TensorToWrite> tensors;
+        for (int64_t ci : sc)
+          for (const auto& [name, v] : pending_vectors.at(ci))
+            tensors.push_back({.name = "cell" + std::to_string(ci) + "." + name, .dtype = DType::F32,
+                               .shape = {int64_t(v.size()) / cfg0.hidden_size, cfg0.hidden_size}, .data = v.data()});
+        write_safetensors(hidden_path(key), tensors, {{"manifest_sha256", msha}, {"source_key", key}});
+        for (int64_t ci : sc) pending_vectors.erase(ci);
+      }
       write_journal(jdir + "/" + journal_name(key), msha, key, sc, cells, results);
       done.insert(key);
       ++journaled_now;
