@@ -77,7 +77,7 @@ uint32_t stream_of(const std::string& key) {
 ojson cell_header(const ojson& c) {
   ojson h;
   for (const char* k : {"index", "cell_id", "source_key", "source_id", "domain", "rank", "content_tokens", "condition",
-                        "group", "seed", "batch", "n_tokens", "input_ids", "prompt_sha256", "target_span",
+                        "layout", "system", "history", "group", "seed", "batch", "n_tokens", "input_ids", "prompt_sha256", "target_span",
                         "interior_token_range", "boundary_crossing", "target_ids_sha256", "edits"})
     h[k] = c.at(k);
   return h;

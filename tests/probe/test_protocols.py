@@ -52,6 +52,7 @@ EXPECT = {
 FULL = {"09_special_token_family.toml": 1024, "10_role_marker_block.toml": 1024, "11_chat_generation.toml": 128,
         "14_multi_seed_sampling.toml": 256, "15_cross_source_sampling.toml": 256, "16_task_bootstrap_crn.toml": 352}
 
+os.environ["OMP_NUM_THREADS"] = "1"
 tmp = tempfile.mkdtemp(prefix="atlas-protocols-")
 failures = []
 try:
