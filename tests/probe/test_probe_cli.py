@@ -326,6 +326,39 @@ class Run(unittest.TestCase):
         atlas("run", self.manifest, "--out", d, "--resume")
         self.assertEqual(content(load(os.path.join(d, "run.json"))), content(self.a))
 
+    def test_sigkill_then_resume_equals_uninterrupted(self):
+        import signal
+        import time
+        texts = ", ".join(f'"Sentence number {i} about routing and experts."' for i in range(24))
+        proto = write_proto("kill.toml", spb=1, **{'texts = ["The quick brown fox jumps over the lazy dog.", "Routing probes change one token.",\n         "Experts receive tokens.", "A fourth text for ranking."]': f"texts = [{texts}]",
+                                                   "per_domain = 2": "per_domain = 3"})
+        text = open(proto).read().replace("per_domain = 3", "per_domain = 24")
+        # Only the english domain: drop the code corpus.
+        a, b = text.index('[[corpus]]\ndomain = "code"'), text.index("[selection]")
+        open(proto, "w").write(text[:a] + text[b:])
+        man = os.path.join(TMP, "kill.json")
+        atlas("freeze", proto, "--out", man)
+        ref = os.path.join(TMP, "kill-ref")
+        atlas("run", man, "--out", ref)
+        d = os.path.join(TMP, "kill-run")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        p = subprocess.Popen([ATLAS, "run", man, "--out", d], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        jdir = os.path.join(d, "journal")
+        deadline = time.time() + 30
+        while time.time() < deadline and p.poll() is None:
+            if os.path.isdir(jdir) and any(f.endswith(".jsonl") for f in os.listdir(jdir)):
+                p.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.001)
+        p.wait()
+        if p.returncode != -signal.SIGKILL:
+            self.skipTest("the run finished before it could be killed")
+        self.assertFalse(os.path.exists(os.path.join(d, "run.json")))
+        done = [f for f in os.listdir(jdir) if f.endswith(".jsonl")]
+        self.assertLess(len(done), 24)
+        atlas("run", man, "--out", d, "--resume")
+        self.assertEqual(content(load(os.path.join(d, "run.json"))), content(load(os.path.join(ref, "run.json"))))
+
     def test_tampered_journal_and_other_manifest_are_refused(self):
         d = os.path.join(TMP, "run-tamper")
         shutil.copytree(self.full, d)
