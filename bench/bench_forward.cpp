@@ -9,6 +9,7 @@
 #include "decode/generate.h"
 #include "io/checkpoint.h"
 #include "io/synthetic.h"
+#include "model/loader.h"
 #include "model/presets.h"
 
 using namespace atlas;
@@ -18,15 +19,14 @@ namespace {
 struct TinyModel {
   std::string dir;
   std::unique_ptr<Checkpoint> ck;
-  std::unique_ptr<DeepSeekV2> model;
+  std::unique_ptr<Model> model;
   explicit TinyModel(Compute c) {
     dir = (std::filesystem::temp_directory_path() / "atlas_bench_tiny").string();
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     write_model_files(dir, make_preset("tiny"), {.preset = "tiny", .seed = 0, .dtype = DType::BF16, .max_shard_bytes = {}});
     ck = std::make_unique<Checkpoint>(Checkpoint::open(dir));
-    model = std::make_unique<DeepSeekV2>(
-        ck->config(), ck->layers(), [this](const std::string& n) -> const TensorView& { return ck->tensor(n); }, c);
+    model = load_model(*ck, {.backend = "cpu", .compute = c});
   }
 };
 

@@ -16,13 +16,14 @@
 #include "core/sha256.h"
 #include "decode/generate.h"
 #include "io/checkpoint.h"
+#include "model/loader.h"
 #include "text/chat.h"
 
 namespace atlas::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompts, out, compute = "f32", decode_attention = "absorbed";
+  std::string backend = "cpu", model, prompts, out, compute = "f32", decode_attention = "absorbed";
   int64_t max_new_tokens = 0, batch = 8, top_k = 0;
   bool greedy = false;
   std::optional<double> temperature, top_p;
@@ -126,8 +127,8 @@ void run_generate(const GenerateArgs& a) {
   }
   if (rows.empty()) fail(a.prompts, {}, "no prompts");
 
-  DeepSeekV2 model(cfg, ck.layers(), [&](const std::string& n) -> const TensorView& { return ck.tensor(n); },
-                   compute);
+  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute});
+  const Model& model = *model_ptr;
   std::vector<int64_t> eos;
   if (cfg.eos_token_id) eos.push_back(*cfg.eos_token_id);
   decode::GenerateOptions opts{.max_new_tokens = a.max_new_tokens,
@@ -206,6 +207,7 @@ Registrar reg{{
           app.add_option("--crn-tape", a.crn_tape, "Common-random-number tape seed (rows keyed by crn_key or id)");
           app.add_option("--stop", a.stop, "Stop string (repeatable; needs a tokenizer)");
           app.add_option("--batch", a.batch, "Rows per batch (results do not depend on it)")->capture_default_str();
+          app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 or bf16")->capture_default_str();
           app.add_option("--decode-attention", a.decode_attention, "absorbed or expanded")->capture_default_str();
           app.add_option("--threads", a.threads, "CPU threads (0 = all)");

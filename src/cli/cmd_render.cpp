@@ -2,6 +2,9 @@
 // transformers' apply_chat_template(tokenize=False) renders it.
 //
 //   atlas render --model DIR --messages chat.json [--add-generation-prompt]
+//   atlas render --model DIR --messages chat.json --ids       ({"ids": [...]}: the rendered text
+//                                                             tokenized with special tokens parsed
+//                                                             and no BOS added: the template wrote it)
 //   atlas render --model DIR --messages-jsonl cases.jsonl     (batch: one JSON result per line)
 #include <cstdio>
 #include <iostream>
@@ -10,6 +13,12 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "text/chat.h"
+
+// The tokenizer lives in its own part of src/text; --ids needs it and reports its absence otherwise.
+#if __has_include("text/tokenizer.h")
+#include "text/tokenizer.h"
+#define ATLAS_RENDER_HAS_TOKENIZER 1
+#endif
 
 namespace {
 
@@ -24,7 +33,7 @@ atlas::ojson parse_ordered(const std::string& text, const std::string& file) {
 
 struct RenderArgs {
   std::string model, messages, messages_jsonl, template_file, template_name = "default", vars;
-  bool add_generation_prompt = false;
+  bool add_generation_prompt = false, ids = false;
 };
 
 struct LoadedTemplate {
@@ -72,12 +81,20 @@ LoadedTemplate load(const RenderArgs& a) {
 void split_case(const atlas::ojson& j, const std::string& file, const atlas::ChatOptions& base, atlas::ojson& messages,
                 atlas::ChatOptions& opt) {
   opt = base;
+  auto check_list = [&](const atlas::ojson& m) {
+    if (!m.is_array()) atlas::fail(file, "messages", "expected a JSON list of messages");
+    for (size_t i = 0; i < m.size(); ++i)
+      if (!m[i].is_object())
+        atlas::fail(file, "messages[" + std::to_string(i) + "]", "expected an object like {\"role\": ..., \"content\": ...}");
+  };
   if (j.is_array()) {
+    check_list(j);
     messages = j;
     return;
   }
   if (!j.is_object() || !j.contains("messages"))
     atlas::fail(file, "messages", "expected a JSON list of messages or an object with \"messages\"");
+  check_list(j["messages"]);
   messages = j["messages"];
   if (j.contains("add_generation_prompt")) {
     if (!j["add_generation_prompt"].is_boolean()) atlas::fail(file, "add_generation_prompt", "expected a boolean");
@@ -120,6 +137,22 @@ void run(const RenderArgs& a) {
   atlas::ChatOptions opt;
   split_case(parse_ordered(atlas::read_file(a.messages), a.messages), a.messages, t.base, messages, opt);
   std::string s = t.tmpl.apply(messages, opt);
+  if (a.ids) {
+#ifdef ATLAS_RENDER_HAS_TOKENIZER
+    if (a.model.empty()) atlas::fail("render", "--ids", "needs --model DIR with tokenizer.json");
+    atlas::Tokenizer tok = atlas::Tokenizer::load_dir(a.model);
+    // add_special_tokens = false: the template already wrote BOS; special-token strings in the
+    // text are still matched as single tokens.
+    std::vector<atlas::TokenId> ids = tok.encode_ids(s, {.add_special_tokens = false});
+    std::string out = "{\"ids\": [";
+    for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+    out += "]}\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return;
+#else
+    atlas::fail("render", "--ids", "this build has no tokenizer (src/text/tokenizer.h)");
+#endif
+  }
   std::fwrite(s.data(), 1, s.size(), stdout);  // exactly the rendered text, no newline added
 }
 
@@ -137,6 +170,8 @@ atlas::cli::Registrar reg{{
                                    "prints one JSON string (or {\"error\"}) per line");
           m->excludes(b);
           app.add_flag("--add-generation-prompt", a.add_generation_prompt, "Append the assistant prompt");
+          app.add_flag("--ids", a.ids, "Print the token ids of the rendered text as {\"ids\": [...]} (no BOS added)")
+              ->excludes(b);
           app.add_option("--template", a.template_file, "Template file to use instead of the model's");
           app.add_option("--template-name", a.template_name, "Named template when the config holds several")
               ->capture_default_str();

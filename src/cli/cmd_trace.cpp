@@ -8,14 +8,14 @@
 #include "core/provenance.h"
 #include "core/sha256.h"
 #include "io/checkpoint.h"
-#include "model/deepseek_v2.h"
+#include "model/loader.h"
 #include "model/trace.h"
 
 namespace atlas::cli {
 namespace {
 
 struct TraceArgs {
-  std::string model, ids, text, compute = "f32", layers, dump, json_out, manifest;
+  std::string backend = "cpu", model, ids, text, compute = "f32", layers, dump, json_out, manifest;
   int threads = 0;
 };
 
@@ -46,8 +46,8 @@ void run_trace(const TraceArgs& a) {
                           std::to_string(cfg0.max_position_embeddings));
 
   Checkpoint ck = Checkpoint::open(a.model, {.layers = range, .manifest_path = a.manifest});
-  DeepSeekV2 model(ck.config(), ck.layers(), [&](const std::string& n) -> const TensorView& { return ck.tensor(n); },
-                   compute);
+  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute});
+  const Model& model = *model_ptr;
   TraceRecorder rec(model);
   Hooks hooks;
   rec.attach(hooks);
@@ -96,6 +96,7 @@ Registrar reg{{
           app.add_option("--model", a.model, "Model directory (config.json + safetensors)")->required();
           app.add_option("--ids", a.ids, "Comma-separated token ids");
           app.add_option("--text", a.text, "Text to tokenize (needs tokenizer.json in the model directory)");
+          app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 (reference) or bf16 (official rounding points)")
               ->capture_default_str();
           app.add_option("--layers", a.layers, "Run layers A-B only (A must be 0), e.g. 0-6");

@@ -9,7 +9,7 @@
 
 namespace atlas::decode {
 
-std::vector<GeneratedRow> generate(const DeepSeekV2& model, std::span<const PromptRow> rows,
+std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow> rows,
                                    const GenerateOptions& opts) {
   const ModelConfig& cfg = model.config();
   const int64_t V = cfg.vocab_size;
@@ -57,10 +57,10 @@ std::vector<GeneratedRow> generate(const DeepSeekV2& model, std::span<const Prom
       }
       next_pos[r] = int32_t(p.size());
     }
-    KVCache cache = model.make_cache(B, Tp + opts.max_new_tokens);
+    auto cache = model.make_cache(B, Tp + opts.max_new_tokens);
     ForwardOutput out = model.forward({.batch = B, .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
                                        .logits_last_only = true, .attention = opts.prefill_attention},
-                                      cache);
+                                      *cache);
 
     std::vector<RowSampler> samplers;
     std::vector<StopChecker> stops;
@@ -109,7 +109,7 @@ std::vector<GeneratedRow> generate(const DeepSeekV2& model, std::span<const Prom
       if (n_done == nb) break;
       out = model.forward({.batch = B, .tokens = 1, .ids = step_ids, .positions = step_pos, .mask = step_mask,
                            .logits_last_only = true, .attention = opts.decode_attention},
-                          cache);
+                          *cache);
     }
   }
   if (opts.progress) std::fprintf(stderr, "\n");

@@ -17,7 +17,7 @@
 
 #include "decode/sampler.h"
 #include "decode/stop.h"
-#include "model/deepseek_v2.h"
+#include "model/model.h"
 
 namespace atlas::decode {
 
@@ -54,7 +54,7 @@ struct GeneratedRow {
   std::string rng_state_sha256;     // before the row's first draw; empty for greedy
 };
 
-std::vector<GeneratedRow> generate(const DeepSeekV2& model, std::span<const PromptRow> rows,
+std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow> rows,
                                    const GenerateOptions& opts);
 
 }  // namespace atlas::decode

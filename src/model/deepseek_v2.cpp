@@ -32,14 +32,6 @@ void add_residual(std::vector<float>& x, const std::vector<float>& y, bool bf16)
 
 }  // namespace
 
-std::string compute_name(Compute c) { return c == Compute::F32 ? "f32" : "bf16"; }
-
-Compute parse_compute(const std::string& s) {
-  if (s == "f32") return Compute::F32;
-  if (s == "bf16") return Compute::BF16;
-  fail("--compute", {}, "unknown value \"" + s + "\" (expected f32 or bf16)");
-}
-
 DeepSeekV2::DeepSeekV2(const ModelConfig& config, const LayerRange& layers, const WeightSource& w, Compute compute)
     : cfg_(config), layers_(layers), compute_(compute), bf16_(compute == Compute::BF16) {
   embed_ = as_weight(w("model.embed_tokens.weight"));
@@ -88,13 +80,18 @@ DeepSeekV2::DeepSeekV2(const ModelConfig& config, const LayerRange& layers, cons
   scale_ = float(cfg_.softmax_scale());
 }
 
-KVCache DeepSeekV2::make_cache(int64_t batch, int64_t capacity) const {
+KVCache DeepSeekV2::make_kv_cache(int64_t batch, int64_t capacity) const {
   return KVCache(cfg_, layers_.count(), batch, capacity);
 }
 
-ForwardOutput DeepSeekV2::forward(const ForwardInput& in, const Hooks* hooks) const {
-  KVCache cache = make_cache(in.batch, in.tokens);
-  return forward(in, cache, hooks);
+std::unique_ptr<Cache> DeepSeekV2::make_cache(int64_t batch, int64_t capacity) const {
+  return std::make_unique<KVCache>(cfg_, layers_.count(), batch, capacity);
+}
+
+ForwardOutput DeepSeekV2::forward(const ForwardInput& in, Cache& cache, const Hooks* hooks) const {
+  auto* kv = dynamic_cast<KVCache*>(&cache);
+  if (!kv) fail("forward: the cache was not made by the CPU backend");
+  return forward(in, *kv, hooks);
 }
 
 ForwardOutput DeepSeekV2::forward(const ForwardInput& in, KVCache& cache, const Hooks* hooks) const {

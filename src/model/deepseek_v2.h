@@ -20,54 +20,28 @@
 #include "model/config.h"
 #include "model/hooks.h"
 #include "model/kv_cache.h"
+#include "model/model.h"
 
 namespace atlas {
-
-enum class Compute { F32, BF16 };
-std::string compute_name(Compute c);
-Compute parse_compute(const std::string& s);  // "f32" | "bf16", else atlas::Error naming --compute
 
 // Where weights come from: a name -> tensor lookup (a Checkpoint, or tensors built in memory).
 using WeightSource = std::function<const TensorView&(const std::string& name)>;
 
-// How attention reads the latent cache. Both are exact rewrites of the same math; they
-// differ in rounding (reduction order), not in meaning.
-//   Expanded  k_nope, v = kv_b(c) for every cached token, then per-head attention
-//             (the official code's form; the reference for prefill and traces).
-//   Absorbed  W_UK folded into the query, attention over the 576-wide latent itself
-//             (MQA with one KV head), W_UV applied after: cheap per decode step.
-enum class AttentionForm { Expanded, Absorbed };
-
-// One forward call: B rows of T new tokens each, appended after whatever the cache holds.
-struct ForwardInput {
-  int64_t batch = 1;                 // B
-  int64_t tokens = 0;                // T
-  std::span<const int32_t> ids;      // [B, T]; padding slots may hold any valid id
-  std::span<const int32_t> positions;  // [B, T]: RoPE position of each token
-  std::span<const uint8_t> mask;     // [B, T]: 1 = real token, 0 = padding (never attended to)
-  bool logits_last_only = false;     // compute logits for the last token of each row only
-  AttentionForm attention = AttentionForm::Expanded;
-};
-
-struct ForwardOutput {
-  std::vector<float> logits;  // [B, T, V], or [B, V] with logits_last_only; empty if lm_head not loaded
-};
-
-class DeepSeekV2 {
+class DeepSeekV2 final : public Model {
  public:
   DeepSeekV2(const ModelConfig& config, const LayerRange& layers, const WeightSource& weights, Compute compute);
 
-  const ModelConfig& config() const { return cfg_; }
-  const LayerRange& layers() const { return layers_; }
-  Compute compute() const { return compute_; }
-  bool has_head() const { return has_head_; }  // final norm + lm_head loaded (full layer range)
+  const ModelConfig& config() const override { return cfg_; }
+  const LayerRange& layers() const override { return layers_; }
+  Compute compute() const override { return compute_; }
+  bool has_head() const override { return has_head_; }
+  std::string backend() const override { return "cpu"; }
 
-  // Runs the batch through the loaded layers, appending its latents to the cache.
+  std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const override;
+  ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const override;
+  using Model::forward;
+  KVCache make_kv_cache(int64_t batch, int64_t capacity) const;
   ForwardOutput forward(const ForwardInput& in, KVCache& cache, const Hooks* hooks = nullptr) const;
-  // Convenience: a fresh cache sized for this call alone.
-  ForwardOutput forward(const ForwardInput& in, const Hooks* hooks = nullptr) const;
-
-  KVCache make_cache(int64_t batch, int64_t capacity) const;
 
  private:
   struct Mlp {  // SwiGLU: down(silu(gate x) * up x)

@@ -10,16 +10,17 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/model.h"
 
 namespace atlas {
 
-class KVCache {
+class KVCache final : public Cache {
  public:
   KVCache(const ModelConfig& c, int64_t n_layers, int64_t batch, int64_t capacity);
 
-  int64_t batch() const { return batch_; }
-  int64_t capacity() const { return capacity_; }
-  int64_t length() const { return length_; }  // tokens stored so far
+  int64_t batch() const override { return batch_; }
+  int64_t capacity() const override { return capacity_; }
+  int64_t length() const override { return length_; }  // tokens stored so far
   int64_t width() const { return width_; }    // kv_lora_rank + qk_rope_head_dim
 
   // Slot of (layer index within the loaded range, row, position).

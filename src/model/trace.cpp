@@ -7,7 +7,7 @@
 
 namespace atlas {
 
-TraceRecorder::TraceRecorder(const DeepSeekV2& model, TraceOptions opts) : model_(model), opts_(opts) {}
+TraceRecorder::TraceRecorder(const Model& model, TraceOptions opts) : model_(model), opts_(opts) {}
 
 void TraceRecorder::keep(const std::string& name, const HookTensor& t) {
   if (t.shape.empty() || t.shape[0] != 1) fail("trace: expects a batch of one row");

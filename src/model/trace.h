@@ -15,7 +15,7 @@
 
 #include "core/json.h"
 #include "io/safetensors.h"
-#include "model/deepseek_v2.h"
+#include "model/model.h"
 #include "model/hooks.h"
 
 namespace atlas {
@@ -27,7 +27,7 @@ struct TraceOptions {
 
 class TraceRecorder {
  public:
-  TraceRecorder(const DeepSeekV2& model, TraceOptions opts = {});
+  TraceRecorder(const Model& model, TraceOptions opts = {});
   // Subscribes to the hooks it needs. Expects a batch of one row.
   void attach(Hooks& hooks);
 
@@ -45,7 +45,7 @@ class TraceRecorder {
 
  private:
   void keep(const std::string& dump_name, const HookTensor& t);
-  const DeepSeekV2& model_;
+  const Model& model_;
   TraceOptions opts_;
   std::map<std::string, Stored> stored_;
   std::vector<std::string> order_;

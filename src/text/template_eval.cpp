@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 
 #include "core/error.h"
@@ -903,6 +904,13 @@ class Interp {
 
   Value call_macro(const Node& m, const CallArgs& a) {
     if (a.pos.size() > m.targets.size()) rt("macro '" + m.name + "' takes " + std::to_string(m.targets.size()) + " arguments");
+    // Python stops runaway recursion with RecursionError; so does this, before the C++ stack ends.
+    if (macro_depth_ >= 200) rt("maximum macro recursion depth (200) exceeded in '" + m.name + "'");
+    struct DepthGuard {
+      int& d;
+      explicit DepthGuard(int& x) : d(x) { ++d; }
+      ~DepthGuard() { --d; }
+    } guard(macro_depth_);
     Frame local;
     size_t first_default = m.targets.size() - m.values.size();
     std::vector<Frame*> saved = frames_;
@@ -1134,6 +1142,16 @@ class Interp {
         }
         for (auto& [k, v] : a.kw) d.set(Value(k), v);
         return Value::dict(std::move(d));
+      });
+    if (name == "strftime_now")  // HF's global: the current local time (pass date_string for reproducible prompts)
+      return Value::function("strftime_now", [](const CallArgs& a) {
+        if (a.pos.size() != 1 || !a.pos[0].is_string()) rt("strftime_now(format) takes one string");
+        std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        localtime_r(&now, &tm);
+        char buf[512];
+        size_t n = std::strftime(buf, sizeof buf, a.pos[0].str_ref().c_str(), &tm);
+        return Value(std::string(buf, n));
       });
     if (name == "range")
       return Value::function("range", [](const CallArgs& a) {
@@ -1475,6 +1493,7 @@ class Interp {
   Frame root_;
   std::vector<Frame*> frames_;
   int loop_depth_ = 0;
+  int macro_depth_ = 0;
 };
 
 }  // namespace

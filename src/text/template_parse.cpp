@@ -612,7 +612,17 @@ class Parser {
     return e;
   }
 
+  // Nesting is bounded so a hostile template cannot overflow the parser's (or evaluator's) stack.
+  struct DepthGuard {
+    Parser& p;
+    explicit DepthGuard(Parser& x) : p(x) {
+      if (++p.depth_ > 600) p.error("expression nested too deeply");
+    }
+    ~DepthGuard() { --p.depth_; }
+  };
+
   ExprPtr parse_expression(bool with_condexpr) {
+    DepthGuard guard(*this);
     ExprPtr e = parse_or();
     if (!with_condexpr) return e;
     while (is_name("if")) {
@@ -658,6 +668,7 @@ class Parser {
     return l;
   }
   ExprPtr parse_not() {
+    DepthGuard guard(*this);
     if (is_name("not")) {
       auto e = make<Expr>(Expr::K::Not, cur());
       ++i_;
@@ -731,6 +742,7 @@ class Parser {
     return l;
   }
   ExprPtr parse_unary(bool with_filter) {
+    DepthGuard guard(*this);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       auto u = make<Expr>(is_op("-") ? Expr::K::Neg : Expr::K::Pos, cur());
@@ -941,6 +953,7 @@ class Parser {
   const Lexer& lx_;
   std::vector<Tok> t_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 std::string normalise_newlines(const std::string& s, bool keep_trailing) {

@@ -1,5 +1,7 @@
 #include "text/template_value.h"
 
+#include "text/unicode.h"
+
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -11,23 +13,7 @@ namespace atlas::tmpl {
 
 // ---- UTF-8 ------------------------------------------------------------------------------
 
-void utf8_append(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
+void utf8_append(std::string& out, char32_t cp) { utf8::append(out, cp); }
 
 // Lenient decoder: inputs come from nlohmann (validated UTF-8) or the template source; a stray
 // byte decodes as itself so nothing is silently dropped.

@@ -228,6 +228,7 @@ struct TemplatePiece {
 struct PostProcessor {
   bool byte_level = false;
   bool trim_offsets = false;
+  bool add_prefix_space = false;
   bool has_template = false;
   std::vector<TemplatePiece> single;
 };
@@ -291,7 +292,8 @@ struct Piece {
 
 struct BpeToken {
   TokenId id;
-  uint32_t len;  // bytes of the piece it covers
+  uint32_t len;       // bytes of the piece it covers
+  uint32_t skip = 0;  // bytes before it that no token covers (characters dropped for lack of unk)
 };
 
 bool is_word_char(char32_t c) {
@@ -343,8 +345,13 @@ class TokenizerImpl {
   // BPE cache: pre-token bytes -> tokens. Bounded; cleared when full (cheap and keeps the
   // common words hot again within a few sentences).
   mutable std::mutex cache_mu;
-  mutable std::unordered_map<std::string, std::vector<BpeToken>> cache;
-  static constexpr size_t kCacheMax = 1 << 16;
+  struct StrHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  mutable std::unordered_map<std::string, std::vector<BpeToken>, StrHash, std::equal_to<>> cache;
+  static constexpr size_t kCacheMax = 1 << 16;   // entries
+  static constexpr size_t kCacheMaxWord = 256;    // bytes; longer pre-tokens are not cached
 
   // ------------------------------------------------------------ loading
   void load(const json& j);
@@ -540,6 +547,7 @@ void TokenizerImpl::parse_post(const json& j, const std::string& field) {
   if (type == "ByteLevel") {
     post.byte_level = true;
     post.trim_offsets = r.get_or<bool>("trim_offsets", true);
+    post.add_prefix_space = r.get_or<bool>("add_prefix_space", true);
     return;
   }
   if (type == "TemplateProcessing") {
@@ -998,9 +1006,13 @@ void TokenizerImpl::pre_tokenize(std::vector<NormStr>& pool, std::vector<Piece>&
 
 // ---------------------------------------------------------------- BPE
 void TokenizerImpl::bpe(std::string_view word, std::vector<BpeToken>& out) const {
+  if (word.size() > kCacheMaxWord) {  // long runs are rare: do not let them fill the cache
+    bpe_uncached(word, out);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(cache_mu);
-    auto it = cache.find(std::string(word));
+    auto it = cache.find(word);
     if (it != cache.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
@@ -1025,22 +1037,26 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
   // Symbols: doubly linked list over the initial units (bytes, or characters).
   struct Sym {
     TokenId id;
-    uint32_t len;
+    uint32_t len, skip;
     int prev, next;
   };
   std::vector<Sym> sym;
   sym.reserve(word.size());
-  std::vector<BpeToken> unk_run;  // not used: unknowns are emitted as encountered
+  bool last_unk = false;
+  uint32_t pending_skip = 0;
   auto push = [&](TokenId id, uint32_t len) {
     int k = int(sym.size());
-    sym.push_back({id, len, k - 1, -1});
+    sym.push_back({id, len, pending_skip, k - 1, -1});
+    pending_skip = 0;
     if (k > 0) sym[size_t(k - 1)].next = k;
   };
-  // Units that have no token are emitted as unk (or bytes), outside the merge list, so they
-  // split the word as HF does (they never merge).
-  std::vector<std::pair<size_t, std::vector<BpeToken>>> breaks;  // (symbol index before which, tokens)
+  // A character without token or unk_token is left out, as in HF: its neighbours become
+  // adjacent and may merge. Its bytes are remembered so that offsets stay right.
+  auto drop = [&](uint32_t len) {
+    pending_skip += len;
+    last_unk = false;
+  };
   size_t i = 0;
-  bool last_unk = false;
   while (i < word.size()) {
     size_t len = 1;
     TokenId id = -1;
@@ -1076,7 +1092,7 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
       } else if (unk_id) {
         push(*unk_id, uint32_t(len));
       } else {
-        fail(file, "model", "no token for a character and no unk_token");
+        drop(uint32_t(len));
       }
       last_unk = false;
     } else if (unk_id) {
@@ -1086,7 +1102,8 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
         push(*unk_id, uint32_t(len));
       last_unk = true;
     } else {
-      fail(file, "model", "no token for a character and no unk_token");
+      // No token and no unk_token: Hugging Face leaves the character out, and so does atlas.
+      drop(uint32_t(len));
     }
     i += len;
   }
@@ -1115,7 +1132,7 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
     if (!m || m->first != c.rank || m->second != c.merged) continue;  // stale
     int nx = s.next;
     s.id = c.merged;
-    s.len += sym[size_t(nx)].len;
+    s.len += sym[size_t(nx)].skip + sym[size_t(nx)].len;
     sym[size_t(nx)].len = 0;
     s.next = sym[size_t(nx)].next;
     if (s.next >= 0) sym[size_t(s.next)].prev = c.pos;
@@ -1123,7 +1140,8 @@ void TokenizerImpl::bpe_uncached(std::string_view word, std::vector<BpeToken>& o
       if (auto pm = find_merge(s.prev)) heap.push({pm->first, s.prev, pm->second});
     if (auto nm = find_merge(c.pos)) heap.push({nm->first, c.pos, nm->second});
   }
-  for (int k = sym.empty() ? -1 : 0; k >= 0; k = sym[size_t(k)].next) out.push_back({sym[size_t(k)].id, sym[size_t(k)].len});
+  for (int k = sym.empty() ? -1 : 0; k >= 0; k = sym[size_t(k)].next)
+    out.push_back({sym[size_t(k)].id, sym[size_t(k)].len, sym[size_t(k)].skip});
 }
 
 // ---------------------------------------------------------------- encode
@@ -1175,6 +1193,7 @@ Encoding TokenizerImpl::encode(std::string_view text, const EncodeOptions& opt) 
       bpe(std::string_view(ns.s).substr(p.b, p.e - p.b), bt);
       uint32_t at = p.b;
       for (const BpeToken& t : bt) {
+        at += t.skip;  // characters left out (no token, no unk_token)
         toks.push_back({t.id, range_o0(ns, at, at + t.len), range_o1(ns, at, at + t.len), false, {}});
         at += t.len;
       }
@@ -1183,24 +1202,21 @@ Encoding TokenizerImpl::encode(std::string_view text, const EncodeOptions& opt) 
 
   // Post-processing (only with add_special_tokens; offsets trimming always, as HF does).
   if (post.byte_level && post.trim_offsets) {
-    for (Tok& t : toks) {
-      if (t.special || size_t(t.id) >= id_text.size()) continue;
+    // Offsets leave out the spaces a token starts or ends with ("Ġ" = U+0120 is a space byte),
+    // except the single space ByteLevel(add_prefix_space) put before the first word.
+    auto is_space = [](char32_t c) { return c == 0x120 || is_unicode_whitespace(c); };
+    for (size_t i = 0; i < toks.size(); ++i) {
+      Tok& t = toks[i];
+      if (size_t(t.id) >= id_text.size()) continue;
       const std::string& s = id_text[size_t(t.id)];
-      // Leading/trailing byte-level spaces ("Ġ" = U+0120) and whitespace.
-      auto is_space = [](char32_t c) { return c == 0x120 || is_unicode_whitespace(c); };
-      size_t lead = 0, trail = 0, k = 0, len;
-      while (k < s.size() && is_space(utf8::decode_at(s, k, &len))) ++lead, k += len;
-      std::vector<size_t> starts;
-      for (size_t q = 0; q < s.size(); q += len) {
-        utf8::decode_at(s, q, &len);
-        starts.push_back(q);
-      }
-      for (size_t q = starts.size(); q-- > 0 && lead < starts.size() - trail;) {
-        if (!is_space(utf8::decode_at(s, starts[q], &len))) break;
-        ++trail;
-      }
+      std::vector<char32_t> cs;
+      for (size_t q = 0, len; q < s.size(); q += len) cs.push_back(utf8::decode_at(s, q, &len));
+      size_t lead = 0, trail = 0;
+      while (lead < cs.size() && is_space(cs[lead])) ++lead;
+      while (trail < cs.size() && is_space(cs[cs.size() - 1 - trail])) ++trail;
+      if (lead == 1 && post.add_prefix_space && (i == 0 || t.ob == 0)) lead = 0;
       if (lead) t.ob = std::min(t.ob + uint32_t(lead), t.oe);
-      if (trail) t.oe = std::max(t.oe - uint32_t(std::min<size_t>(trail, t.oe)), t.ob);
+      if (trail && t.oe >= trail) t.oe = std::max(t.oe - uint32_t(trail), t.ob);
     }
   }
   std::vector<Tok> final_toks;

@@ -11,6 +11,7 @@
 #include "core/json.h"
 #include "decode/generate.h"
 #include "io/checkpoint.h"
+#include "model/loader.h"
 
 using namespace atlas;
 namespace fs = std::filesystem;
@@ -27,10 +28,10 @@ std::vector<std::string> fixtures_with_generate() {
 
 struct Loaded {
   Checkpoint ck;
-  DeepSeekV2 model;
+  std::unique_ptr<Model> owned;
+  const Model& model;
   Loaded(const std::string& dir, Compute c)
-      : ck(Checkpoint::open(dir)),
-        model(ck.config(), ck.layers(), [this](const std::string& n) -> const TensorView& { return ck.tensor(n); }, c) {}
+      : ck(Checkpoint::open(dir)), owned(load_model(ck, {.backend = "cpu", .compute = c})), model(*owned) {}
 };
 
 decode::GenerateOptions greedy_opts(const ModelConfig& cfg, int64_t max_new, int64_t batch) {

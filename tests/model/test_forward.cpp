@@ -92,7 +92,7 @@ TEST_P(ForwardModes, CachedDecodeEqualsUncachedForward) {
   Batch all = left_pad(kRows);
   auto full = model.forward(all.input());
   // Prefill the first 5 positions, then one position at a time.
-  KVCache cache = model.make_cache(all.B, all.T);
+  KVCache cache = model.make_kv_cache(all.B, all.T);
   const int64_t prefill = 5;
   for (int64_t t0 = 0; t0 < all.T;) {
     const int64_t n = t0 == 0 ? prefill : 1;
@@ -220,7 +220,7 @@ TEST(Forward, AbsorbedDecodeAgreesWithExpandedForward) {
     const int64_t V = f.cfg.vocab_size;
     Batch all = left_pad(kRows);
     auto full = model.forward(all.input());
-    KVCache cache = model.make_cache(all.B, all.T);
+    KVCache cache = model.make_kv_cache(all.B, all.T);
     double worst = 0;
     for (int64_t t0 = 0; t0 < all.T; ++t0) {
       Batch step;

@@ -4,6 +4,7 @@
 // python3-jinja2 itself.
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <filesystem>
 
 #include "core/error.h"
@@ -162,6 +163,18 @@ TEST(Template, StringAndDictMethods) {
   EXPECT_EQ(render("{{ 'x</think>y'.split('</think>')[-1] }}"), "y");
 }
 
+TEST(Template, HfGlobals) {
+  // strftime_now formats the current time like Python's datetime.now().strftime.
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  std::string year = std::to_string(tm.tm_year + 1900);
+  std::string got = render("{{ strftime_now('%Y') }}");
+  if (got != year) EXPECT_EQ(got, std::to_string(tm.tm_year + 1901));  // the year may just have turned
+  EXPECT_EQ(render("{{ strftime_now is defined }} {{ raise_exception is defined }} {{ namespace is defined }}"),
+            "True True True");
+}
+
 TEST(TemplateErrors, SyntaxErrorNamesLine) {
   std::string e = error_of("line one\nline two {% if true %}\nunclosed");
   EXPECT_NE(e.find("t: line 3"), std::string::npos) << e;
@@ -191,6 +204,18 @@ TEST(TemplateErrors, RaiseExceptionMessageSurfaces) {
   std::string e = error_of("a\n{% if n > 1 %}{{ raise_exception('Roles must alternate: ' ~ n) }}{% endif %}", {{"n", Value(2)}});
   EXPECT_NE(e.find("Roles must alternate: 2"), std::string::npos) << e;
   EXPECT_NE(e.find("line 2"), std::string::npos) << e;
+}
+
+TEST(TemplateErrors, RunawayNestingIsAnErrorNotACrash) {
+  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("recursion depth"), std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(5000, '[') + std::string(5000, ']') + " }}").find("nested too deeply"),
+            std::string::npos);
+  std::string nots;
+  for (int i = 0; i < 5000; ++i) nots += "not ";
+  EXPECT_NE(error_of("{{ " + nots + "1 }}").find("nested too deeply"), std::string::npos);
+  EXPECT_EQ(render("{{ not not not 1 }} {{ - - 1 }} {{ ((((((((((1)))))))))) }}"), "False 1 1");
 }
 
 TEST(TemplateErrors, RuntimeTypeErrors) {

@@ -4,11 +4,11 @@ the way Hugging Face transformers renders chat templates (apply_chat_template):
 
     ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     + filters["tojson"] = json.dumps(x, ensure_ascii=False, indent, separators, sort_keys)
-    + globals["raise_exception"] raising TemplateError
+    + globals["raise_exception"] raising TemplateError, globals["strftime_now"]
     render(messages=..., tools=None, documents=None, add_generation_prompt=..., **special tokens, **kwargs)
 
 Templates: DeepSeek-V2-Lite-Chat (../shared/data), DeepSeek-V3, Qwen3 and Llama-3 (npm packages in
-tools/oracle-js/node_modules, installed by tools/dev), and atlas's own test templates in
+tools/oracle-js/node_modules, installed by tools/dev; Llama-3.1 and Gemma-3 too when installed), and atlas's own test templates in
 tests/text/templates (a Mistral-style template, a whitespace-control template without '-'
 markers, and a many-constructs template). Each is rendered on generated chats: system on/off,
 0-6 turns, empty contents, unicode, literal tag/special-token text, add_generation_prompt on/off,
@@ -16,6 +16,7 @@ tool calls where the template supports them. Where Jinja raises (raise_exception
 attribute), atlas must fail on the same case, carrying raise_exception's message.
 Missing sources are reported as SKIP; exit 77 only if nothing could be checked.
 """
+import datetime
 import json
 import os
 import random
@@ -71,6 +72,7 @@ def hf_env():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env
 
 
@@ -158,6 +160,20 @@ def tool_chats(rng, n, dict_arguments):
     return cases
 
 
+def parts_chats(rng, n):
+    """Multimodal-style contents: lists of {"type": "text"|"image", ...} parts."""
+    cases = []
+    for i in range(n):
+        msgs = [{"role": "system", "content": [{"type": "text", "text": "  Be kind.  "}]}] if i % 2 else []
+        for t in range(1 + i % 4):
+            parts = [{"type": "text", "text": rng.choice(CONTENTS)}]
+            if t % 2 == 0 and i % 3:
+                parts.insert(i % 2, {"type": "image"})
+            msgs.append({"role": "user" if t % 2 == 0 else "assistant", "content": parts})
+        cases.append({"messages": msgs, "add_generation_prompt": i % 2 == 0})
+    return cases
+
+
 # ---- comparison -----------------------------------------------------------------------------------
 def run_atlas(model_dir, template_file, cases, tmpdir):
     path = os.path.join(tmpdir, "cases.jsonl")
@@ -214,8 +230,9 @@ def main():
             targets.append(("deepseek-v2-lite", v2, None, []))
         else:
             print("SKIP deepseek-v2-lite: shared/data/deepseek-v2-lite not found (set ATLAS_DATA_DIR)")
+        # Llama-3.1 and Gemma-3 are checked too where installed (not pinned in tools/oracle-js).
         for pkg, tool_style in (("tokenizer-deepseek_v3", "string"), ("tokenizer-qwen3", "dict"),
-                                ("tokenizer-llama3", None)):
+                                ("tokenizer-llama3", None), ("tokenizer-llama3_1", None), ("tokenizer-gemma3", "parts")):
             d = find_npm_model(pkg)
             if d:
                 targets.append((pkg, d, None, tool_style))
@@ -247,6 +264,10 @@ def main():
                 cases += tool_chats(rng, 12, dict_arguments=False)
             elif tool_style == "dict":
                 cases += tool_chats(rng, 12, dict_arguments=True)
+            elif tool_style == "own":
+                cases += tool_chats(rng, 12, dict_arguments=True)
+            elif tool_style == "parts":
+                cases += parts_chats(rng, 12)
             if template_file and not model_dir:
                 # No tokenizer_config.json: give atlas the same special tokens through a config file.
                 d = os.path.join(tmpdir, "cfg_" + name)

@@ -6,6 +6,7 @@ Each snippet is a small template written for this test; it is rendered by python
 `atlas render --template` with the same variables, and the outputs must be byte-identical. Snippets
 that Jinja rejects (syntax or runtime error) must make atlas fail too, with a message naming the
 template line."""
+import datetime
 import json
 import os
 import subprocess
@@ -97,6 +98,7 @@ SNIPPETS = [
     "{% filter upper %}shout {{ 'this' }}{% endfilter %}",
     "{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}{{ a }}|",
     "{% generation %}gen body{% endgeneration %}",
+    "{{ strftime_now('%Y-%m') }} {{ strftime_now is defined }}",
     # tests
     "{{ num is defined }} {{ nope is undefined }} {{ none_v is none }} {{ 'a' is string }} {{ d is mapping }} {{ lst is sequence }} {{ 'a' is sequence }}",
     "{{ num is number }} {{ f is float }} {{ num is integer }} {{ true is boolean }} {{ true is true }} {{ 0 is false }} {{ lst is iterable }} {{ num is iterable }}",
@@ -184,6 +186,7 @@ def hf_env():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env
 
 

@@ -186,6 +186,17 @@ TEST(TokenizerBpe, UnknownCharactersUseUnkOrByteFallback) {
   EXPECT_EQ(bf.decode(std::vector<TokenId>{2, 1}), "\uFFFDa");  // a lone lead byte is invalid UTF-8
 }
 
+TEST(TokenizerBpe, WithoutUnkTokenUnknownCharactersAreLeftOut) {
+  // Hugging Face's BPE skips a character it has no token for when there is no unk_token; its
+  // neighbours then merge as if adjacent. atlas's offsets still cover the skipped character.
+  json v = {{"a", 0}, {"b", 1}, {"ab", 2}};
+  auto t = Tokenizer::from_json(tok_json(v, json::array({"a b"})).dump());
+  Encoding e = t.encode("a\u00E9b  b");
+  EXPECT_EQ(e.ids, (std::vector<TokenId>{2, 1}));
+  EXPECT_EQ(e.offsets[0], (Span{0, 3}));
+  EXPECT_EQ(e.offsets[1], (Span{5, 6}));
+}
+
 TEST(TokenizerBpe, ByteLevelModelSeesBytesAndDecodesBack) {
   // Byte-level vocab: the 256 byte characters, plus merges for "Ġt" and "Ġthe"... written in
   // the GPT-2 alphabet ("Ġ" = space).
@@ -214,6 +225,31 @@ TEST(TokenizerBpe, ByteLevelModelSeesBytesAndDecodesBack) {
   EXPECT_EQ(e.offsets[4], (Span{6, 7}));
   EXPECT_EQ(e.byte_offsets[4], (Span{6, 8}));
   EXPECT_EQ(t.decode(e.ids), "a the \u00E9");
+}
+
+TEST(TokenizerPost, ByteLevelTrimOffsetsDropsSpaces) {
+  // Byte-level vocab of single bytes plus "Ġb"; trim_offsets removes the space from its span.
+  json v = json::object();
+  int id = 0, shifted = 0;
+  for (int b = 0; b < 256; ++b) {
+    bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    std::string s;
+    utf8::append(s, printable ? char32_t(b) : char32_t(256 + shifted++));
+    v[s] = id++;
+  }
+  v["\u0120b"] = id++;  // 256
+  json pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  auto make = [&](bool trim) {
+    json post = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", trim}};
+    return Tokenizer::from_json(tok_json(v, json::array({"\u0120 b"}), pre, nullptr, post).dump());
+  };
+  Encoding plain = make(false).encode("a  b");
+  ASSERT_EQ(plain.ids, (std::vector<TokenId>{'a', ' ', 256}));
+  EXPECT_EQ(plain.offsets[2], (Span{2, 4}));
+  Encoding trimmed = make(true).encode("a  b");
+  EXPECT_EQ(trimmed.offsets[0], (Span{0, 1}));
+  EXPECT_EQ(trimmed.offsets[1], (Span{2, 2}));  // a lone space token: empty span at its end
+  EXPECT_EQ(trimmed.offsets[2], (Span{3, 4}));
 }
 
 // ---------------------------------------------------------------------------------- added tokens

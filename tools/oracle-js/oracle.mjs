@@ -47,6 +47,7 @@ if (cmd === "encode") {
   const bytes = lines.reduce((n, l) => n + Buffer.byteLength(l, "utf8"), 0);
   for (const l of lines.slice(0, 200)) tok.encode(l, { add_special_tokens: false });  // warm-up
   let reps = 0;
+  const c0 = process.cpuUsage();
   const t0 = process.hrtime.bigint();
   let elapsed = 0;
   do {
@@ -54,8 +55,12 @@ if (cmd === "encode") {
     reps++;
     elapsed = Number(process.hrtime.bigint() - t0) / 1e9;
   } while (elapsed < seconds);
+  const cu = process.cpuUsage(c0);
+  const cpu = (cu.user + cu.system) / 1e6;  // includes V8's helper threads (GC, JIT)
   const mbps = (bytes * reps) / elapsed / 1e6;
-  process.stdout.write(JSON.stringify({ tokenizer: name, bytes, reps, seconds: elapsed, mb_per_s: mbps }) + "\n");
+  const mbps_cpu = (bytes * reps) / cpu / 1e6;
+  process.stdout.write(JSON.stringify({ tokenizer: name, bytes, reps, seconds: elapsed, cpu_seconds: cpu,
+                                        mb_per_s: mbps, mb_per_cpu_s: mbps_cpu }) + "\n");
 } else {
   usage();
 }

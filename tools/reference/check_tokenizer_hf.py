@@ -29,9 +29,9 @@ def main():
     from tokenizers import Tokenizer  # Hugging Face tokenizers (Rust, Oniguruma regexes)
 
     try:
-        from transformers import AutoTokenizer  # for add_special_tokens (LlamaTokenizerFast adds BOS)
+        from transformers import PreTrainedTokenizerFast  # for add_special_tokens (BOS per the config)
     except ImportError:
-        AutoTokenizer = None
+        PreTrainedTokenizerFast = None
 
     with open(args.cases, encoding="utf-8") as f:
         cases = json.load(f)
@@ -41,12 +41,26 @@ def main():
         name = c["tokenizer"]
         d = os.path.join(args.models, "tokenizer-" + name, "models")
         if c["add_special_tokens"]:
-            if AutoTokenizer is None:
+            if PreTrainedTokenizerFast is None:
                 print("SKIP (needs transformers) %s %r" % (name, c["text"][:60]))
                 skipped += 1
                 continue
             if name not in auto:
-                auto[name] = AutoTokenizer.from_pretrained(d)
+                # Not AutoTokenizer: transformers 5's LlamaTokenizerFast rebuilds the pipeline from
+                # Llama defaults and returns an unrelated tokenization for DeepSeek's byte-level
+                # BPE. The fast tokenizer over the file itself, with the config's add_bos_token /
+                # add_eos_token, is what the model's LlamaTokenizerFast does in transformers 4.x.
+                with open(os.path.join(d, "tokenizer_config.json"), encoding="utf-8") as f:
+                    cfg = json.load(f)
+
+                def tok_text(v):
+                    return v.get("content") if isinstance(v, dict) else v
+
+                auto[name] = PreTrainedTokenizerFast(
+                    tokenizer_file=os.path.join(d, "tokenizer.json"),
+                    bos_token=tok_text(cfg.get("bos_token")), eos_token=tok_text(cfg.get("eos_token")),
+                    add_bos_token=bool(cfg.get("add_bos_token", False)),
+                    add_eos_token=bool(cfg.get("add_eos_token", False)))
             hf_ids = auto[name](c["text"], add_special_tokens=True)["input_ids"]
             hf_offsets = None
         else:

@@ -1,0 +1,80 @@
+// Shared device helpers: bf16 bit conversions and the fixed-order block reduction.
+//
+// bf16 values travel as uint16_t bit patterns. The conversions are the same integer code as
+// core/bf16.h (round to nearest even, NaN kept quiet), so device and host round identically.
+// All atlas_cuda code is compiled with --fmad=false: a*b+c is two roundings unless a kernel
+// writes fmaf() on purpose, exactly as the host side builds with -ffp-contract=off.
+#pragma once
+
+#include <cstdint>
+
+namespace atlas::cuda::kern {
+
+__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+__device__ __forceinline__ uint16_t f2bf(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+__device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
+
+// Fixed-order sum over a block of kReduceThreads threads (8 warps):
+//   1. inside each warp, a butterfly over lane offsets 16, 8, 4, 2, 1;
+//   2. the 8 warp sums, as a tree with offsets 4, 2, 1.
+// Float addition is commutative, so after step 1 every lane of a warp holds the same bits.
+// reference.cpp's block_sum_ref() reproduces this order on the host. Every thread gets the sum.
+constexpr int kReduceThreads = 256;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// `scratch` holds at least 8 floats; the block must have exactly kReduceThreads threads.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < 8 ? scratch[lane] : 0.0f;
+    // Tree over the 8 warp sums: offsets 4, 2, 1 (lanes >= 8 carry zeros that never mix in:
+    // lane i < 8 only reads lanes i^4, i^2, i^1 < 8).
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if (lane == 0) scratch[8] = s;
+  }
+  __syncthreads();
+  return scratch[8];
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  v = warp_max(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < 8 ? scratch[lane] : scratch[0];
+    s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 4));
+    s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 2));
+    s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 1));
+    if (lane == 0) scratch[8] = s;
+  }
+  __syncthreads();
+  return scratch[8];
+}
+
+}  // namespace atlas::cuda::kern

@@ -1,0 +1,140 @@
+// Launchers for the row-wise and elementwise kernels: RMSNorm, RoPE, SiLU gate, add, router,
+// MoE permutation / gather / combine.
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/kernels/elementwise.cuh"
+#include "backend/cuda/kernels/moe.cuh"
+#include "backend/cuda/kernels/rmsnorm.cuh"
+#include "backend/cuda/kernels/router.cuh"
+
+namespace atlas::cuda {
+
+using namespace detail;
+
+void rmsnorm(const RmsNormArgs& a) {
+  const char* op = "rmsnorm";
+  require(a.rows >= 0, op, "rows", "must be >= 0");
+  require(a.dim > 0, op, "dim", "must be > 0");
+  const int64_t xs = a.x_stride ? a.x_stride : a.dim, os = a.out_stride ? a.out_stride : a.dim;
+  require(xs >= a.dim && os >= a.dim, op, "stride", "row stride smaller than dim");
+  require(a.x && a.weight && a.out, op, "pointers", "x, weight and out must be set");
+  if (a.rows == 0) return;
+  kern::rmsnorm_kernel<<<a.rows, kern::kReduceThreads, 0, stream_of(a.stream)>>>(
+      a.x, a.weight, a.out, a.dim, xs, os, a.eps);
+  check_launch(op);
+}
+
+void rope_inplace(const RopeArgs& a) {
+  const char* op = "rope";
+  require(a.rope_dim > 0 && a.rope_dim % 2 == 0, op, "rope_dim", "must be even and > 0");
+  require(a.tokens >= 0 && a.heads > 0, op, "tokens/heads", "tokens >= 0, heads > 0");
+  require(a.max_positions > 0, op, "max_positions", "must be > 0");
+  require(a.x && a.positions && a.cos && a.sin, op, "pointers", "x, positions, cos, sin must be set");
+  const int half = a.rope_dim / 2;
+  const int64_t total = int64_t(a.tokens) * a.heads * half;
+  if (total == 0) return;
+  kern::rope_kernel<<<blocks_for(total, 256), 256, 0, stream_of(a.stream)>>>(
+      a.x, a.tokens, a.heads, a.token_stride, a.head_stride, half, a.positions, a.cos, a.sin,
+      a.max_positions, error_flag());
+  check_launch(op);
+}
+
+void silu_gate(const SiluGateArgs& a) {
+  const char* op = "silu_gate";
+  require(a.rows >= 0 && a.width > 0, op, "rows/width", "rows >= 0, width > 0");
+  const int64_t st = a.in_stride ? a.in_stride : a.width;
+  require(st >= a.width, op, "in_stride", "smaller than width");
+  require(a.gate && a.up && a.out, op, "pointers", "gate, up and out must be set");
+  const int64_t n = int64_t(a.rows) * a.width;
+  if (n == 0) return;
+  kern::silu_gate_kernel<<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.gate, a.up, a.out,
+                                                                               a.rows, a.width, st);
+  check_launch(op);
+}
+
+void add_bf16(const AddArgs& a) {
+  const char* op = "add_bf16";
+  require(a.n >= 0, op, "n", "must be >= 0");
+  require(a.a && a.b && a.out, op, "pointers", "a, b and out must be set");
+  if (a.n == 0) return;
+  kern::add_kernel<<<blocks_for(a.n, 256), 256, 0, stream_of(a.stream)>>>(a.a, a.b, a.out, a.n);
+  check_launch(op);
+}
+
+void router(const RouterArgs& a) {
+  const char* op = "router";
+  require(a.experts > 0 && a.experts <= kern::kRouterMaxExperts, op, "experts",
+          "must be in [1, " + std::to_string(kern::kRouterMaxExperts) + "], got " + std::to_string(a.experts));
+  require(a.k > 0 && a.k <= kern::kRouterMaxK && a.k <= a.experts, op, "k",
+          "must be in [1, min(experts, " + std::to_string(kern::kRouterMaxK) + ")], got " + std::to_string(a.k));
+  const bool grouped = a.method == TopkMethod::group_limited_greedy;
+  if (grouped) {
+    require(a.n_group > 0 && a.n_group <= kern::kRouterMaxGroups && a.experts % a.n_group == 0, op,
+            "n_group", "must divide experts and be <= " + std::to_string(kern::kRouterMaxGroups));
+    require(a.topk_group > 0 && a.topk_group <= a.n_group, op, "topk_group", "must be in [1, n_group]");
+    require(a.k <= a.topk_group * (a.experts / a.n_group), op, "k", "more than the kept groups hold");
+  }
+  require(a.tokens >= 0, op, "tokens", "must be >= 0");
+  require(a.logits && a.topk_ids && a.topk_weights, op, "pointers", "logits, topk_ids, topk_weights must be set");
+  if (a.tokens == 0) return;
+  kern::router_kernel<<<blocks_for(a.tokens, 64), 64, 0, stream_of(a.stream)>>>(
+      a.logits, a.topk_ids, a.topk_weights, a.scores, a.tokens, a.experts, a.k, grouped ? 1 : 0,
+      a.n_group, a.topk_group, a.norm_topk_prob ? 1 : 0, a.routed_scaling_factor);
+  check_launch(op);
+}
+
+size_t moe_permute_workspace_ints(int tokens, int experts) {
+  const int64_t chunks = (int64_t(std::max(tokens, 0)) + kern::kMoeChunk - 1) / kern::kMoeChunk;
+  return size_t(std::max<int64_t>(chunks, 1) * std::max(experts, 1));
+}
+
+void moe_permute(const MoePermuteArgs& a) {
+  const char* op = "moe_permute";
+  require(a.experts > 0 && a.experts <= 1024, op, "experts", "must be in [1, 1024]");
+  require(a.k > 0 && a.k <= kern::kMoeMaxK, op, "k", "must be in [1, 16]");
+  require(a.tokens >= 0, op, "tokens", "must be >= 0");
+  require(a.topk_ids && a.counts && a.offsets && a.sorted_token && a.pair_slot && a.workspace, op,
+          "pointers", "topk_ids, counts, offsets, sorted_token, pair_slot, workspace must be set");
+  cudaStream_t s = stream_of(a.stream);
+  const int chunks = int((int64_t(a.tokens) + kern::kMoeChunk - 1) / kern::kMoeChunk);
+  if (chunks > 0) {
+    kern::moe_count_kernel<<<chunks, kern::kMoeChunk, a.experts * sizeof(int32_t), s>>>(
+        a.topk_ids, a.tokens, a.k, a.experts, a.workspace, error_flag());
+    check_launch(op);
+  }
+  const int scan_threads = ((a.experts + 31) / 32) * 32;
+  kern::moe_scan_kernel<<<1, scan_threads, 0, s>>>(a.workspace, chunks, a.experts, a.counts, a.offsets);
+  check_launch(op);
+  if (chunks > 0) {
+    kern::moe_scatter_kernel<<<chunks, 256, 0, s>>>(a.topk_ids, a.tokens, a.k, a.experts,
+                                                      a.workspace, a.sorted_token, a.pair_slot);
+    check_launch(op);
+  }
+}
+
+void moe_gather(const MoeGatherArgs& a) {
+  const char* op = "moe_gather";
+  require(a.rows >= 0 && a.dim > 0, op, "rows/dim", "rows >= 0, dim > 0");
+  require(a.x && a.sorted_token && a.x_sorted, op, "pointers", "x, sorted_token, x_sorted must be set");
+  const int64_t n = int64_t(a.rows) * a.dim;
+  if (n == 0) return;
+  kern::moe_gather_kernel<<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.x, a.sorted_token,
+                                                                                a.x_sorted, a.rows, a.dim);
+  check_launch(op);
+}
+
+void moe_combine(const MoeCombineArgs& a) {
+  const char* op = "moe_combine";
+  require(a.tokens >= 0 && a.k > 0 && a.dim > 0, op, "tokens/k/dim", "tokens >= 0, k > 0, dim > 0");
+  require(a.y_sorted && a.pair_slot && a.topk_weights && a.out, op, "pointers",
+          "y_sorted, pair_slot, topk_weights, out must be set");
+  const int64_t n = int64_t(a.tokens) * a.dim;
+  if (n == 0) return;
+  kern::moe_combine_kernel<<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(
+      a.y_sorted, a.pair_slot, a.topk_weights, a.out, a.tokens, a.k, a.dim);
+  check_launch(op);
+}
+
+}  // namespace atlas::cuda

@@ -1,0 +1,245 @@
+// CPU references for the CUDA kernels; see reference.h. Built with -ffp-contract=off, so
+// a * b + c is two roundings here exactly as in the kernels (built with --fmad=false);
+// std::fma stands where a kernel writes __fmaf_rn.
+#include "backend/cuda/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/error.h"
+
+namespace atlas::cuda::ref {
+
+namespace {
+
+float bf(uint16_t h) { return bf16_to_f32(h); }
+
+// Halving tree over n (a power of two) values: v[i] += v[i + o] for o = n/2 .. 1.
+float tree(float* v, int n) {
+  for (int o = n / 2; o > 0; o >>= 1)
+    for (int i = 0; i < o; ++i) v[i] = v[i] + v[i + o];
+  return v[0];
+}
+
+}  // namespace
+
+float block_sum_ref(const float* partials) {
+  float warp[8];
+  for (int w = 0; w < 8; ++w) {
+    float v[32];
+    std::copy(partials + 32 * w, partials + 32 * w + 32, v);
+    warp[w] = tree(v, 32);
+  }
+  return tree(warp, 8);
+}
+
+void rmsnorm(const RmsNormArgs& a) {
+  const int64_t xs = a.x_stride ? a.x_stride : a.dim, os = a.out_stride ? a.out_stride : a.dim;
+  std::vector<float> part(256);
+  for (int r = 0; r < a.rows; ++r) {
+    const uint16_t* x = a.x + r * xs;
+    std::fill(part.begin(), part.end(), 0.0f);
+    for (int i = 0; i < a.dim; ++i) {
+      const float v = bf(x[i]);
+      part[i % 256] += v * v;
+    }
+    const float ss = block_sum_ref(part.data());
+    const float rs = 1.0f / std::sqrt(ss / float(a.dim) + a.eps);
+    for (int i = 0; i < a.dim; ++i) {
+      const float y = round_bf16(bf(x[i]) * rs);
+      a.out[r * os + i] = f32_to_bf16(bf(a.weight[i]) * y);
+    }
+  }
+}
+
+void rope_inplace(const RopeArgs& a) {
+  const int half = a.rope_dim / 2;
+  for (int t = 0; t < a.tokens; ++t) {
+    const int p = a.positions[t];
+    if (p < 0 || p >= a.max_positions) throw Error("cuda::ref: rope: positions: out of range");
+    for (int h = 0; h < a.heads; ++h)
+      for (int k = 0; k < half; ++k) {
+        uint16_t* r = a.x + t * a.token_stride + h * a.head_stride + 2 * k;
+        const float c = bf(a.cos[int64_t(p) * half + k]), s = bf(a.sin[int64_t(p) * half + k]);
+        const float x0 = bf(r[0]), x1 = bf(r[1]);
+        const float even = round_bf16(round_bf16(x0 * c) - round_bf16(x1 * s));
+        const float odd = round_bf16(round_bf16(x1 * c) + round_bf16(x0 * s));
+        r[0] = f32_to_bf16(even);
+        r[1] = f32_to_bf16(odd);
+      }
+  }
+}
+
+void silu_gate(const SiluGateArgs& a) {
+  const int64_t st = a.in_stride ? a.in_stride : a.width;
+  for (int r = 0; r < a.rows; ++r)
+    for (int c = 0; c < a.width; ++c) {
+      const float g = bf(a.gate[r * st + c]), u = bf(a.up[r * st + c]);
+      const float s = g / (1.0f + std::exp(-g));
+      a.out[int64_t(r) * a.width + c] = f32_to_bf16(round_bf16(s) * u);
+    }
+}
+
+void add_bf16(const AddArgs& a) {
+  for (int64_t i = 0; i < a.n; ++i) a.out[i] = f32_to_bf16(bf(a.a[i]) + bf(a.b[i]));
+}
+
+void router(const RouterArgs& a) {
+  const int E = a.experts, k = a.k;
+  std::vector<float> p(E), cand(E);
+  std::vector<char> taken(E);
+  for (int t = 0; t < a.tokens; ++t) {
+    const float* l = a.logits + int64_t(t) * E;
+    float m = l[0];
+    for (int e = 1; e < E; ++e) m = std::fmax(m, l[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      p[e] = std::exp(l[e] - m);
+      sum += p[e];
+    }
+    for (int e = 0; e < E; ++e) p[e] = p[e] / sum;
+    if (a.scores) std::copy(p.begin(), p.end(), a.scores + int64_t(t) * E);
+    cand = p;
+    if (a.method == TopkMethod::group_limited_greedy) {
+      const int gs = E / a.n_group;
+      std::vector<float> gscore(a.n_group);
+      std::vector<char> keep(a.n_group, 0);
+      for (int g = 0; g < a.n_group; ++g) gscore[g] = *std::max_element(&p[g * gs], &p[g * gs] + gs);
+      for (int r = 0; r < a.topk_group; ++r) {
+        int best = -1;
+        for (int g = 0; g < a.n_group; ++g)
+          if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        keep[best] = 1;
+      }
+      for (int e = 0; e < E; ++e)
+        if (!keep[e / gs]) cand[e] = 0.0f;
+    }
+    std::fill(taken.begin(), taken.end(), 0);
+    std::vector<float> w(k);
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < E; ++e)
+        if (!taken[e] && (best < 0 || cand[e] > cand[best])) best = e;
+      taken[best] = 1;
+      a.topk_ids[int64_t(t) * k + j] = best;
+      w[j] = cand[best];
+    }
+    if (a.norm_topk_prob && k > 1) {
+      float s = 0.0f;
+      for (int j = 0; j < k; ++j) s += w[j];
+      s += 1e-20f;
+      for (int j = 0; j < k; ++j) w[j] = w[j] / s;
+    } else {
+      for (int j = 0; j < k; ++j) w[j] = w[j] * a.routed_scaling_factor;
+    }
+    std::copy(w.begin(), w.end(), a.topk_weights + int64_t(t) * k);
+  }
+}
+
+void moe_permute(const MoePermuteArgs& a) {
+  const int64_t pairs = int64_t(a.tokens) * a.k;
+  int32_t pos = 0;
+  for (int e = 0; e < a.experts; ++e) {
+    a.offsets[e] = pos;
+    for (int64_t i = 0; i < pairs; ++i) {
+      if (a.topk_ids[i] != e) continue;
+      a.sorted_token[pos] = int32_t(i / a.k);
+      a.pair_slot[i] = pos;
+      ++pos;
+    }
+    a.counts[e] = pos - a.offsets[e];
+  }
+  a.offsets[a.experts] = pos;
+}
+
+void moe_gather(const MoeGatherArgs& a) {
+  for (int r = 0; r < a.rows; ++r)
+    std::copy(a.x + int64_t(a.sorted_token[r]) * a.dim, a.x + int64_t(a.sorted_token[r] + 1) * a.dim,
+              a.x_sorted + int64_t(r) * a.dim);
+}
+
+void moe_combine(const MoeCombineArgs& a) {
+  for (int t = 0; t < a.tokens; ++t)
+    for (int c = 0; c < a.dim; ++c) {
+      float acc = 0.0f;
+      for (int j = 0; j < a.k; ++j)
+        acc += a.topk_weights[t * a.k + j] * bf(a.y_sorted[int64_t(a.pair_slot[t * a.k + j]) * a.dim + c]);
+      a.out[int64_t(t) * a.dim + c] = f32_to_bf16(acc);
+    }
+}
+
+void mla_decode(const MlaDecodeArgs& a) {
+  const int H = a.heads, S = a.split_tokens, W = kMlaWidth, D = kMlaLatent;
+  for (int b = 0; b < a.rows; ++b) {
+    const int len = a.lengths[b];
+    if (len < 1 || len > a.max_length) throw Error("cuda::ref: mla_decode: lengths: out of range");
+    const uint16_t* q = a.q + int64_t(b) * H * W;
+    const uint16_t* cache = a.latent_cache + b * a.cache_row_stride;
+    const int n_splits = (len + S - 1) / S;
+    // partials [split][head]: acc[512], m, l
+    std::vector<float> acc(size_t(n_splits) * H * D), ms(size_t(n_splits) * H), ls(size_t(n_splits) * H);
+    for (int s = 0; s < n_splits; ++s) {
+      const int j0 = s * S, n = std::min(S, len - j0);
+      std::vector<float> sc(size_t(H) * n);
+      for (int j = 0; j < n; ++j)
+        for (int h = 0; h < H; ++h) {
+          float d_acc = 0.0f;
+          for (int d = 0; d < W; ++d)
+            d_acc = std::fma(bf(q[h * W + d]), bf(cache[int64_t(j0 + j) * W + d]), d_acc);
+          sc[size_t(h) * n + j] = d_acc * a.scale;
+        }
+      for (int h = 0; h < H; ++h) {
+        float* row = &sc[size_t(h) * n];
+        float m = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j < n; ++j) m = std::fmax(m, row[j]);
+        float lane[32] = {};
+        for (int j = 0; j < n; ++j) {
+          row[j] = std::exp(row[j] - m);
+          lane[j % 32] += row[j];
+        }
+        ms[size_t(s) * H + h] = m;
+        ls[size_t(s) * H + h] = tree(lane, 32);
+        float* o = &acc[(size_t(s) * H + h) * D];
+        for (int d = 0; d < D; ++d) {
+          float v = 0.0f;
+          for (int j = 0; j < n; ++j) v = std::fma(row[j], bf(cache[int64_t(j0 + j) * W + d]), v);
+          o[d] = v;
+        }
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      float M = -std::numeric_limits<float>::infinity();
+      for (int s = 0; s < n_splits; ++s) M = std::fmax(M, ms[size_t(s) * H + h]);
+      std::vector<float> f(n_splits);
+      float L = 0.0f;
+      for (int s = 0; s < n_splits; ++s) {
+        f[s] = std::exp(ms[size_t(s) * H + h] - M);
+        L = std::fma(ls[size_t(s) * H + h], f[s], L);
+      }
+      for (int d = 0; d < D; ++d) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; ++s) o = std::fma(acc[(size_t(s) * H + h) * D + d], f[s], o);
+        a.out[(int64_t(b) * H + h) * D + d] = f32_to_bf16(o / L);
+      }
+    }
+  }
+}
+
+void gemm(const GemmArgs& a) {
+  for (int m = 0; m < a.M; ++m)
+    for (int n = 0; n < a.N; ++n) {
+      float acc = 0.0f;
+      const uint16_t* x = a.x + int64_t(m) * a.K;
+      const uint16_t* w = a.w + int64_t(n) * a.K;
+      for (int k = 0; k < a.K; ++k) acc = std::fma(bf(x[k]), bf(w[k]), acc);
+      if (a.out_type == OutType::f32)
+        static_cast<float*>(a.out)[int64_t(m) * a.N + n] = acc;
+      else
+        static_cast<uint16_t*>(a.out)[int64_t(m) * a.N + n] = f32_to_bf16(acc);
+    }
+}
+
+}  // namespace atlas::cuda::ref

@@ -1,0 +1,28 @@
+// CPU references for the CUDA kernels (llm.c style: one per kernel, same argument structs,
+// host pointers). They reproduce each kernel's order of fp32 operations, so tests/cuda can
+// compare bit for bit wherever no transcendental function is involved (RMSNorm, RoPE, MoE
+// combine, the invariant GEMM); where expf enters (SiLU, softmax) the CUDA and libm results
+// may differ in the last fp32 bit and the tests state a tolerance.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace atlas::cuda::ref {
+
+// The kernels' fixed reduction order over 256 per-thread partials (kernels/common.cuh).
+float block_sum_ref(const float* partials /* [256] */);
+
+void rmsnorm(const RmsNormArgs& a);
+void rope_inplace(const RopeArgs& a);  // cos/sin/positions on the host
+void silu_gate(const SiluGateArgs& a);
+void add_bf16(const AddArgs& a);
+void router(const RouterArgs& a);
+void moe_permute(const MoePermuteArgs& a);  // workspace unused
+void moe_gather(const MoeGatherArgs& a);
+void moe_combine(const MoeCombineArgs& a);
+void mla_decode(const MlaDecodeArgs& a);  // workspace unused
+void gemm(const GemmArgs& a);             // the batch-invariant contract (both modes)
+
+}  // namespace atlas::cuda::ref

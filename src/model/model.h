@@ -1,0 +1,72 @@
+// The backend-neutral model interface: what generation, traces and probes call. The CPU
+// implementation is DeepSeekV2 (model/deepseek_v2.h); the CUDA one lives in backend/cuda.
+// Both expose the same hook points and the same ForwardInput contract.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/hooks.h"
+
+namespace atlas {
+
+enum class Compute { F32, BF16 };
+std::string compute_name(Compute c);
+Compute parse_compute(const std::string& s);  // "f32" | "bf16", else atlas::Error naming --compute
+
+// How attention reads the latent cache. Both are exact rewrites of the same math; they
+// differ in rounding (reduction order), not in meaning.
+//   Expanded  k_nope, v = kv_b(c) for every cached token, then per-head attention
+//             (the official code's form; the reference for prefill and traces).
+//   Absorbed  W_UK folded into the query, attention over the 576-wide latent itself
+//             (MQA with one KV head), W_UV applied after: cheap per decode step.
+enum class AttentionForm { Expanded, Absorbed };
+
+// One forward call: B rows of T new tokens each, appended after whatever the cache holds.
+struct ForwardInput {
+  int64_t batch = 1;                   // B
+  int64_t tokens = 0;                  // T
+  std::span<const int32_t> ids;        // [B, T]; padding slots may hold any valid id
+  std::span<const int32_t> positions;  // [B, T]: RoPE position of each token
+  std::span<const uint8_t> mask;       // [B, T]: 1 = real token, 0 = padding (never attended to)
+  bool logits_last_only = false;       // compute logits for the last token of each row only
+  AttentionForm attention = AttentionForm::Expanded;
+};
+
+struct ForwardOutput {
+  std::vector<float> logits;  // [B, T, V], or [B, V] with logits_last_only; empty if lm_head not loaded
+};
+
+// A backend's KV cache (opaque to callers; created by Model::make_cache).
+class Cache {
+ public:
+  virtual ~Cache() = default;
+  virtual int64_t batch() const = 0;
+  virtual int64_t capacity() const = 0;
+  virtual int64_t length() const = 0;  // tokens stored so far
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual const LayerRange& layers() const = 0;
+  virtual Compute compute() const = 0;
+  virtual bool has_head() const = 0;  // final norm + lm_head loaded (full layer range)
+  virtual std::string backend() const = 0;  // "cpu" | "cuda"
+
+  virtual std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const = 0;
+  // Runs the batch through the loaded layers, appending its latents to the cache.
+  virtual ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const = 0;
+  // Convenience: a fresh cache sized for this call alone.
+  ForwardOutput forward(const ForwardInput& in, const Hooks* hooks = nullptr) const {
+    auto cache = make_cache(in.batch, in.tokens);
+    return forward(in, *cache, hooks);
+  }
+};
+
+}  // namespace atlas

@@ -1,0 +1,80 @@
+// Helpers for tests/cuda: device buffers, random bf16 data, the skip-without-GPU fixture.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_ops.h"
+#include "core/bf16.h"
+#include "core/error.h"
+
+namespace atlas::cuda::test {
+
+// Every GPU test derives from this: without a device it skips with a visible reason.
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// RAII device buffer of T.
+template <class T>
+class DevBuf {
+ public:
+  explicit DevBuf(size_t n) : n_(n), p_(static_cast<T*>(device_alloc(std::max<size_t>(n, 1) * sizeof(T)))) {
+    // Poison: every test reads back only what the kernel must have written.
+    device_memset(p_, 0xff, std::max<size_t>(n, 1) * sizeof(T));
+  }
+  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) { upload(h); }
+  ~DevBuf() { device_free(p_); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  T* get() const { return p_; }
+  void upload(const std::vector<T>& h) { copy_to_device(p_, h.data(), h.size() * sizeof(T)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    copy_to_host(h.data(), p_, n_ * sizeof(T));
+    return h;
+  }
+
+ private:
+  size_t n_;
+  T* p_;
+};
+
+// Fresh random inputs for every test, from a seed printed on failure.
+inline std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sigma = 1.0f) {
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+
+inline std::vector<float> random_f32(size_t n, std::mt19937& rng, float sigma = 1.0f) {
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+inline uint32_t test_seed() {
+  static const uint32_t s = std::random_device{}();
+  return s;
+}
+
+// Distance in bf16 units in the last place between two finite bf16 values of the same sign
+// (ordered integer view), used by the stated tolerances.
+inline int bf16_ulp_diff(uint16_t a, uint16_t b) {
+  auto ord = [](uint16_t h) { return (h & 0x8000) ? -int(h & 0x7fff) : int(h); };
+  return std::abs(ord(a) - ord(b));
+}
+
+inline float bf(uint16_t h) { return bf16_to_f32(h); }
+
+}  // namespace atlas::cuda::test

@@ -1,0 +1,192 @@
+// RMSNorm, RoPE (+ YaRN tables), SiLU gate and bf16 add on the GPU against the CPU references.
+#include <cmath>
+#include <numbers>
+
+#include "backend/cuda/reference.h"
+#include "cuda_test_util.h"
+
+namespace atlas::cuda::test {
+namespace {
+
+// ---- host-only checks (run in CI too) -------------------------------------------------------
+
+// The spec's worked numbers (section 3) for Lite: low = 10, high = 23; k <= 10 keeps the
+// original frequency, k >= 23 is divided by 40, linear blend in between. Computed here in
+// double from the spec's formula, independently of rope_table.cpp.
+TEST(YarnTable, InvFreqMatchesSpecFormula) {
+  const YarnParams p{};
+  const std::vector<float> inv = yarn_inv_freq(p);
+  ASSERT_EQ(inv.size(), 32u);
+  for (int k = 0; k < 32; ++k) {
+    const double ext = 1.0 / std::pow(10000.0, 2.0 * k / 64.0), inter = ext / 40.0;
+    const double ramp = std::clamp((k - 10.0) / (23.0 - 10.0), 0.0, 1.0);
+    const double want = inter * ramp + ext * (1.0 - ramp);
+    EXPECT_NEAR(inv[k], want, 2e-6 * want) << "k=" << k;
+  }
+}
+
+TEST(YarnTable, CosSinAreBf16OfTheAngle) {
+  const YarnParams p{};
+  const RopeTable t = build_rope_table(p, 5000);
+  const std::vector<float> inv = yarn_inv_freq(p);
+  for (int pos : {0, 1, 7, 4095, 4999})
+    for (int k = 0; k < 32; ++k) {
+      const double ang = double(float(pos) * inv[k]);
+      // bf16 keeps 8 bits: half an ulp is 2^-9 relative, plus fp32 angle error at large pos.
+      EXPECT_NEAR(bf(t.cos[pos * 32 + k]), std::cos(ang), 4e-3) << pos << "," << k;
+      EXPECT_NEAR(bf(t.sin[pos * 32 + k]), std::sin(ang), 4e-3) << pos << "," << k;
+    }
+  EXPECT_EQ(bf(t.cos[0]), 1.0f);  // amplitude mscale ratio is exactly 1 for Lite
+  EXPECT_EQ(bf(t.sin[0]), 0.0f);
+}
+
+TEST(Reference, BlockSumOrderIsATree) {
+  // 256 partials: 1 at index 0 and tiny values elsewhere show the tree order matters only in
+  // rounding; compare with a double sum within fp32 precision.
+  std::mt19937 rng(test_seed());
+  std::vector<float> v = random_f32(256, rng);
+  double want = 0;
+  for (float x : v) want += x;
+  EXPECT_NEAR(ref::block_sum_ref(v.data()), want, 1e-4);
+}
+
+// ---- GPU ------------------------------------------------------------------------------------
+
+class Elementwise : public CudaTest {};
+
+TEST_F(Elementwise, RmsNormBitExactAndInPlace) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  for (int dim : {2048, 512, 100}) {
+    const int rows = 37;
+    const int64_t stride = dim == 512 ? 576 : dim;  // kv_a output: 512 latent of a 576 row
+    auto x = random_bf16(rows * stride, rng, 3.0f);
+    auto w = random_bf16(dim, rng, 0.5f);
+    std::vector<uint16_t> want(size_t(rows) * dim);
+    ref::rmsnorm({.x = x.data(), .weight = w.data(), .out = want.data(), .rows = rows, .dim = dim,
+                  .x_stride = stride});
+    DevBuf<uint16_t> dx(x), dw(w), dout(want.size());
+    rmsnorm({.x = dx.get(), .weight = dw.get(), .out = dout.get(), .rows = rows, .dim = dim,
+             .x_stride = stride});
+    check_device_errors();
+    EXPECT_EQ(dout.download(), want) << "dim " << dim;
+    // Independent check of the formula in double (bf16 output: 2 roundings, <= 2^-7 relative).
+    for (int r = 0; r < rows; r += 9) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += double(bf(x[r * stride + i])) * bf(x[r * stride + i]);
+      const double rs = 1.0 / std::sqrt(ss / dim + 1e-6);
+      for (int i = 0; i < dim; i += 17) {
+        const double y = bf(x[r * stride + i]) * rs * bf(w[i]);
+        EXPECT_NEAR(bf(want[r * dim + i]), y, std::abs(y) * 0.0079 + 1e-30);
+      }
+    }
+    if (stride == dim) {  // in place: out aliases x
+      rmsnorm({.x = dx.get(), .weight = dw.get(), .out = dx.get(), .rows = rows, .dim = dim});
+      EXPECT_EQ(dx.download(), want) << "in place, dim " << dim;
+    }
+  }
+}
+
+TEST_F(Elementwise, RopeBitExactOnQAndKpeLayouts) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int max_pos = 6000, T = 29;
+  const RopeTable tab = build_rope_table(YarnParams{}, max_pos);
+  DevBuf<uint16_t> dcos(tab.cos), dsin(tab.sin);
+  std::vector<int32_t> pos(T);
+  std::uniform_int_distribution<int> pd(0, max_pos - 1);
+  for (auto& p : pos) p = pd(rng);
+  pos[0] = 0;
+  pos[1] = max_pos - 1;
+  DevBuf<int32_t> dpos(pos);
+  struct Layout { int heads; int64_t token_stride, head_stride, offset; };
+  // q: [T, 16, 192], rope = last 64 of each head. kv_a output: [T, 576], k_pe = 512..575.
+  for (Layout l : {Layout{16, 16 * 192, 192, 128}, Layout{1, 576, 0, 512}}) {
+    auto x = random_bf16(size_t(T) * l.token_stride, rng, 2.0f);
+    auto want = x;
+    ref::rope_inplace({.x = want.data() + l.offset, .tokens = T, .heads = l.heads,
+                       .token_stride = l.token_stride, .head_stride = l.head_stride, .rope_dim = 64,
+                       .positions = pos.data(), .cos = tab.cos.data(), .sin = tab.sin.data(),
+                       .max_positions = max_pos});
+    DevBuf<uint16_t> dx(x);
+    rope_inplace({.x = dx.get() + l.offset, .tokens = T, .heads = l.heads, .token_stride = l.token_stride,
+                  .head_stride = l.head_stride, .rope_dim = 64, .positions = dpos.get(),
+                  .cos = dcos.get(), .sin = dsin.get(), .max_positions = max_pos});
+    check_device_errors();
+    const auto got = dx.download();
+    EXPECT_EQ(got, want) << "heads " << l.heads;
+    // Independent: adjacent pairs rotated by pos*inv_freq (double), nope parts untouched.
+    const std::vector<float> inv = yarn_inv_freq(YarnParams{});
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < l.heads; ++h) {
+        const int64_t base = t * l.token_stride + h * l.head_stride;
+        for (int64_t i = base; i < base + l.offset; ++i) ASSERT_EQ(got[i], x[i]) << "non-rope element changed";
+        for (int k = 0; k < 32; ++k) {
+          const double ang = double(float(pos[t]) * inv[k]);
+          const double a = bf(x[base + l.offset + 2 * k]), b = bf(x[base + l.offset + 2 * k + 1]);
+          const double e = a * std::cos(ang) - b * std::sin(ang), o = b * std::cos(ang) + a * std::sin(ang);
+          const double tol = 0.03 * (std::abs(a) + std::abs(b)) + 1e-6;
+          EXPECT_NEAR(bf(got[base + l.offset + 2 * k]), e, tol);
+          EXPECT_NEAR(bf(got[base + l.offset + 2 * k + 1]), o, tol);
+        }
+      }
+  }
+}
+
+TEST_F(Elementwise, RopeRejectsBadPositions) {
+  const RopeTable tab = build_rope_table(YarnParams{}, 16);
+  DevBuf<uint16_t> dcos(tab.cos), dsin(tab.sin), dx(std::vector<uint16_t>(64, 0x3f80));
+  DevBuf<int32_t> dpos(std::vector<int32_t>{16});
+  rope_inplace({.x = dx.get(), .tokens = 1, .heads = 1, .token_stride = 64, .head_stride = 0,
+                .rope_dim = 64, .positions = dpos.get(), .cos = dcos.get(), .sin = dsin.get(),
+                .max_positions = 16});
+  EXPECT_THROW(check_device_errors(), Error);
+  check_device_errors();  // the flag was cleared
+}
+
+// SiLU uses expf: CUDA's expf and libm's may differ in the last fp32 bit, which can move the
+// bf16 rounding of silu(g) by one unit. Tolerance: <= 2 bf16 ulp per element (one from silu,
+// one from the product's rounding) and at most 1% of elements differing at all.
+TEST_F(Elementwise, SiluGateMatchesReference) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int rows = 33, width = 1408;
+  // Fused gate|up GEMM output [rows, 2*width]: gate = first half, up = second half.
+  auto gu = random_bf16(size_t(rows) * 2 * width, rng, 3.0f);
+  std::vector<uint16_t> want(size_t(rows) * width);
+  ref::silu_gate({.gate = gu.data(), .up = gu.data() + width, .out = want.data(), .rows = rows,
+                  .width = width, .in_stride = 2 * width});
+  DevBuf<uint16_t> dgu(gu), dout(want.size());
+  silu_gate({.gate = dgu.get(), .up = dgu.get() + width, .out = dout.get(), .rows = rows, .width = width,
+             .in_stride = 2 * width});
+  check_device_errors();
+  const auto got = dout.download();
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const int d = bf16_ulp_diff(got[i], want[i]);
+    EXPECT_LE(d, 2) << i;
+    differ += d != 0;
+  }
+  EXPECT_LE(differ, got.size() / 100);
+  // Independent formula check in double.
+  for (int r = 0; r < rows; r += 8)
+    for (int c = 0; c < width; c += 13) {
+      const double g = bf(gu[size_t(r) * 2 * width + c]), u = bf(gu[size_t(r) * 2 * width + width + c]);
+      const double y = g / (1 + std::exp(-g)) * u;
+      EXPECT_NEAR(bf(got[size_t(r) * width + c]), y, std::abs(y) * 0.016 + 1e-6);
+    }
+}
+
+TEST_F(Elementwise, AddBitExact) {
+  std::mt19937 rng(test_seed());
+  const int64_t n = 100003;
+  auto a = random_bf16(n, rng), b = random_bf16(n, rng, 0.01f);
+  std::vector<uint16_t> want(n);
+  ref::add_bf16({.a = a.data(), .b = b.data(), .out = want.data(), .n = n});
+  DevBuf<uint16_t> da(a), db(b);
+  add_bf16({.a = da.get(), .b = db.get(), .out = da.get(), .n = n});  // in place, residual style
+  EXPECT_EQ(da.download(), want);
+}
+
+}  // namespace
+}  // namespace atlas::cuda::test

@@ -1,0 +1,101 @@
+// Host-only checks of the CPU references against exact (double) math. The GPU tests trust
+// these references bit for bit, so they are checked here independently; these run in CI too.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cuda/reference.h"
+#include "cuda_test_util.h"
+
+namespace atlas::cuda::test {
+namespace {
+
+TEST(Reference, GemmIsTheDotProduct) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int M = 5, N = 7, K = 300;
+  auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng);
+  std::vector<float> out(size_t(M) * N);
+  std::vector<uint16_t> outb(size_t(M) * N);
+  ref::gemm({.x = x.data(), .w = w.data(), .out = out.data(), .out_type = OutType::f32, .M = M, .N = N, .K = K});
+  ref::gemm({.x = x.data(), .w = w.data(), .out = outb.data(), .M = M, .N = N, .K = K});
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double s = 0, a = 0;
+      for (int k = 0; k < K; ++k) {
+        const double p = double(bf(x[m * K + k])) * bf(w[n * K + k]);
+        s += p;
+        a += std::abs(p);
+      }
+      EXPECT_NEAR(out[m * N + n], s, 1e-6 * a);
+      EXPECT_EQ(outb[m * N + n], f32_to_bf16(out[m * N + n]));
+    }
+}
+
+TEST(Reference, MoePermuteSortsPairsByExpertThenToken) {
+  // 3 tokens, k = 2, 4 experts: (t0: 2, 0), (t1: 0, 3), (t2: 2, 1).
+  const std::vector<int32_t> ids = {2, 0, 0, 3, 2, 1};
+  std::vector<int32_t> counts(4), offsets(5), sorted(6), slot(6);
+  ref::moe_permute({.topk_ids = ids.data(), .tokens = 3, .k = 2, .experts = 4, .counts = counts.data(),
+                    .offsets = offsets.data(), .sorted_token = sorted.data(), .pair_slot = slot.data()});
+  EXPECT_EQ(counts, (std::vector<int32_t>{2, 1, 2, 1}));
+  EXPECT_EQ(offsets, (std::vector<int32_t>{0, 2, 3, 5, 6}));
+  EXPECT_EQ(sorted, (std::vector<int32_t>{0, 1, 2, 0, 2, 1}));  // e0: t0 t1 | e1: t2 | e2: t0 t2 | e3: t1
+  EXPECT_EQ(slot, (std::vector<int32_t>{3, 0, 1, 5, 4, 2}));
+}
+
+TEST(Reference, MoeCombineIsTheWeightedSum) {
+  // Two tokens, k = 2, dim 1, with values whose weighted sums are exact in bf16.
+  const std::vector<uint16_t> y = {f32_to_bf16(1.0f), f32_to_bf16(2.0f), f32_to_bf16(-4.0f), f32_to_bf16(8.0f)};
+  const std::vector<int32_t> slot = {3, 0, 1, 2};  // t0 <- y3, y0; t1 <- y1, y2
+  const std::vector<float> w = {0.5f, 0.25f, 1.5f, 0.125f};
+  std::vector<uint16_t> out(2);
+  ref::moe_combine({.y_sorted = y.data(), .pair_slot = slot.data(), .topk_weights = w.data(), .out = out.data(),
+                    .tokens = 2, .k = 2, .dim = 1});
+  EXPECT_EQ(bf(out[0]), 0.5f * 8.0f + 0.25f * 1.0f);
+  EXPECT_EQ(bf(out[1]), 1.5f * 2.0f + 0.125f * -4.0f);
+}
+
+TEST(Reference, MlaDecodeIsSoftmaxAttentionOverTheLatent) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int H = 2, len = 300, W = kMlaWidth, D = kMlaLatent;  // 2 splits of 256
+  auto q = random_bf16(size_t(H) * W, rng, 0.5f), cache = random_bf16(size_t(len) * W, rng);
+  const std::vector<int32_t> lengths = {len};
+  std::vector<uint16_t> out(size_t(H) * D);
+  ref::mla_decode({.q = q.data(), .latent_cache = cache.data(), .cache_row_stride = int64_t(len) * W,
+                   .lengths = lengths.data(), .max_length = len, .out = out.data(), .rows = 1, .heads = H,
+                   .scale = 0.1f, .split_tokens = 256});
+  for (int h = 0; h < H; ++h) {
+    std::vector<double> p(len);
+    for (int j = 0; j < len; ++j) {
+      double s = 0;
+      for (int d = 0; d < W; ++d) s += double(bf(q[h * W + d])) * bf(cache[size_t(j) * W + d]);
+      p[j] = 0.1 * s;
+    }
+    const double m = *std::max_element(p.begin(), p.end());
+    double l = 0;
+    for (auto& v : p) l += v = std::exp(v - m);
+    for (int d = 0; d < D; ++d) {
+      double o = 0;
+      for (int j = 0; j < len; ++j) o += p[j] * bf(cache[size_t(j) * W + d]);
+      o /= l;
+      EXPECT_NEAR(bf(out[h * D + d]), o, std::abs(o) / 128 + 1e-6) << h << "," << d;
+    }
+  }
+}
+
+TEST(Reference, RopeRotatesAdjacentPairs) {
+  // Position 1, frequency table with one pair: rotation by inv_freq[0] = 1 rad.
+  const std::vector<uint16_t> cos = {f32_to_bf16(1.0f), f32_to_bf16(std::cos(1.0f))};
+  const std::vector<uint16_t> sin = {f32_to_bf16(0.0f), f32_to_bf16(std::sin(1.0f))};
+  std::vector<uint16_t> x = {f32_to_bf16(1.0f), f32_to_bf16(0.0f)};
+  const std::vector<int32_t> pos = {1};
+  ref::rope_inplace({.x = x.data(), .tokens = 1, .heads = 1, .token_stride = 2, .head_stride = 0, .rope_dim = 2,
+                     .positions = pos.data(), .cos = cos.data(), .sin = sin.data(), .max_positions = 2});
+  EXPECT_EQ(x[0], cos[1]);  // (1, 0) -> (cos, sin)
+  EXPECT_EQ(x[1], sin[1]);
+}
+
+}  // namespace
+}  // namespace atlas::cuda::test

@@ -1,0 +1,215 @@
+// Router (softmax, top-k, weights) and MoE permutation / gather / combine.
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "backend/cuda/reference.h"
+#include "cuda_test_util.h"
+
+namespace atlas::cuda::test {
+namespace {
+
+// ---- host-only: the selection rules of the reference, from hand-built cases ----------------
+
+TEST(RouterReference, TiesGoToTheLowerExpertAndOrderIsDescending) {
+  // Experts 5 and 2 share the highest logit, 7 is next, 1 and 3 tie after it.
+  std::vector<float> logits(8, -3.0f);
+  logits[5] = logits[2] = 2.0f;
+  logits[7] = 1.5f;
+  logits[1] = logits[3] = 1.0f;
+  std::vector<int32_t> ids(4);
+  std::vector<float> w(4);
+  ref::router({.logits = logits.data(), .topk_ids = ids.data(), .topk_weights = w.data(), .tokens = 1,
+               .experts = 8, .k = 4});
+  EXPECT_EQ(ids, (std::vector<int32_t>{2, 5, 7, 1}));
+  EXPECT_EQ(w[0], w[1]);
+  EXPECT_GT(w[1], w[2]);
+  EXPECT_GT(w[2], w[3]);
+}
+
+TEST(RouterReference, GroupLimitedKeepsOnlyTheBestGroups) {
+  // 8 experts in 4 groups of 2; group maxima: g0 0.0, g1 3.0, g2 2.0, g3 2.5 -> keep g1, g3.
+  std::vector<float> logits = {0.0f, -1.0f, 3.0f, -2.0f, 2.0f, 1.9f, -0.5f, 2.5f};
+  std::vector<int32_t> ids(3);
+  std::vector<float> w(3);
+  ref::router({.logits = logits.data(), .topk_ids = ids.data(), .topk_weights = w.data(), .tokens = 1,
+               .experts = 8, .k = 3, .method = TopkMethod::group_limited_greedy, .n_group = 4,
+               .topk_group = 2, .norm_topk_prob = true});
+  EXPECT_EQ(ids, (std::vector<int32_t>{2, 7, 6}));
+  EXPECT_NEAR(w[0] + w[1] + w[2], 1.0f, 1e-6f);
+}
+
+// ---- GPU ------------------------------------------------------------------------------------
+
+class Router : public CudaTest {};
+
+struct RouterCase {
+  int experts, k;
+  TopkMethod method;
+  int n_group, topk_group;
+  bool norm;
+  float scale;
+};
+
+TEST_F(Router, MatchesReferenceAndTrueTopK) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int T = 300;
+  for (const RouterCase c : {RouterCase{64, 6, TopkMethod::greedy, 1, 1, false, 1.0f},  // Lite
+                             RouterCase{160, 6, TopkMethod::group_limited_greedy, 8, 3, false, 16.0f},  // V2
+                             RouterCase{64, 8, TopkMethod::group_limited_greedy, 8, 4, true, 1.0f}}) {
+    const int E = c.experts, k = c.k;
+    auto logits = random_f32(size_t(T) * E, rng, 2.0f);
+    std::vector<int32_t> want_ids(size_t(T) * k);
+    std::vector<float> want_w(size_t(T) * k), want_scores(size_t(T) * E);
+    RouterArgs a{.logits = logits.data(), .topk_ids = want_ids.data(), .topk_weights = want_w.data(),
+                 .scores = want_scores.data(), .tokens = T, .experts = E, .k = k, .method = c.method,
+                 .n_group = c.n_group, .topk_group = c.topk_group, .norm_topk_prob = c.norm,
+                 .routed_scaling_factor = c.scale};
+    ref::router(a);
+    DevBuf<float> dl(logits), dw(want_w.size()), ds(want_scores.size());
+    DevBuf<int32_t> di(want_ids.size());
+    a.logits = dl.get();
+    a.topk_ids = di.get();
+    a.topk_weights = dw.get();
+    a.scores = ds.get();
+    router(a);
+    check_device_errors();
+    EXPECT_EQ(di.download(), want_ids) << "E=" << E;
+    const auto gw = dw.download(), gs = ds.download();
+    for (size_t i = 0; i < gw.size(); ++i) EXPECT_NEAR(gw[i], want_w[i], 2e-6f * std::abs(want_w[i]) + 1e-12f);
+    for (size_t i = 0; i < gs.size(); ++i) EXPECT_NEAR(gs[i], want_scores[i], 2e-6f * want_scores[i] + 1e-12f);
+    // Independent: in double, the chosen set is the k best among the kept groups.
+    const auto gi = di.download();
+    for (int t = 0; t < T; ++t) {
+      std::vector<double> p(E);
+      double m = *std::max_element(&logits[size_t(t) * E], &logits[size_t(t) * E] + E), s = 0;
+      for (int e = 0; e < E; ++e) s += p[e] = std::exp(double(logits[size_t(t) * E + e]) - m);
+      for (auto& v : p) v /= s;
+      if (c.method == TopkMethod::group_limited_greedy) {
+        const int gs_ = E / c.n_group;
+        std::vector<std::pair<double, int>> g;
+        for (int q = 0; q < c.n_group; ++q)
+          g.push_back({-*std::max_element(&p[q * gs_], &p[q * gs_] + gs_), q});
+        std::sort(g.begin(), g.end());
+        std::set<int> keep;
+        for (int q = 0; q < c.topk_group; ++q) keep.insert(g[q].second);
+        for (int e = 0; e < E; ++e)
+          if (!keep.count(e / gs_)) p[e] = 0;
+      }
+      std::vector<int> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return p[x] > p[y]; });
+      double wsum = 0;
+      for (int j = 0; j < k; ++j) wsum += p[order[j]];
+      for (int j = 0; j < k; ++j) {
+        ASSERT_EQ(gi[size_t(t) * k + j], order[j]) << "token " << t << " slot " << j;
+        const double want = c.norm ? p[order[j]] / wsum : p[order[j]] * c.scale;
+        EXPECT_NEAR(gw[size_t(t) * k + j], want, 1e-5 * want);
+      }
+    }
+  }
+}
+
+class Moe : public CudaTest {};
+
+// Routes with k distinct experts per token, skewed so some experts get many pairs and some none.
+std::vector<int32_t> random_routes(int T, int k, int E, std::mt19937& rng) {
+  std::vector<int32_t> ids(size_t(T) * k);
+  std::vector<int> all(E);
+  std::iota(all.begin(), all.end(), 0);
+  for (int t = 0; t < T; ++t) {
+    std::shuffle(all.begin(), all.end() - E / 4, rng);  // the last quarter is never routed
+    for (int j = 0; j < k; ++j) ids[size_t(t) * k + j] = all[j];
+  }
+  return ids;
+}
+
+TEST_F(Moe, PermuteGatherCombineMatchReference) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int E = 64, k = 6, dim = 192;
+  for (int T : {1, 7, 1000}) {  // 1000 tokens: several chunks of 256
+    const auto ids = random_routes(T, k, E, rng);
+    const size_t P = size_t(T) * k;
+    std::vector<int32_t> counts(E), offsets(E + 1), sorted(P), slot(P);
+    ref::moe_permute({.topk_ids = ids.data(), .tokens = T, .k = k, .experts = E, .counts = counts.data(),
+                      .offsets = offsets.data(), .sorted_token = sorted.data(), .pair_slot = slot.data()});
+    DevBuf<int32_t> di(ids), dc(E), doff(E + 1), ds(P), dslot(P), ws(moe_permute_workspace_ints(T, E));
+    MoePermuteArgs a{.topk_ids = di.get(), .tokens = T, .k = k, .experts = E, .counts = dc.get(),
+                     .offsets = doff.get(), .sorted_token = ds.get(), .pair_slot = dslot.get(),
+                     .workspace = ws.get()};
+    moe_permute(a);
+    check_device_errors();
+    EXPECT_EQ(dc.download(), counts) << T;
+    EXPECT_EQ(doff.download(), offsets) << T;
+    EXPECT_EQ(ds.download(), sorted) << T;
+    EXPECT_EQ(dslot.download(), slot) << T;
+    // Independent properties: slot is a permutation, each slot holds its own token and expert.
+    std::vector<int> seen(P, 0);
+    for (size_t i = 0; i < P; ++i) {
+      ASSERT_GE(slot[i], 0);
+      ASSERT_LT(size_t(slot[i]), P);
+      ++seen[slot[i]];
+      EXPECT_EQ(sorted[slot[i]], int32_t(i / k));
+      const int e = ids[i];
+      EXPECT_GE(slot[i], offsets[e]);
+      EXPECT_LT(slot[i], offsets[e + 1]);
+    }
+    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
+
+    // Gather, then fake expert outputs, then the weighted combine.
+    auto x = random_bf16(size_t(T) * dim, rng);
+    DevBuf<uint16_t> dx(x), dxs(P * dim);
+    moe_gather({.x = dx.get(), .sorted_token = ds.get(), .x_sorted = dxs.get(), .rows = int(P), .dim = dim});
+    const auto xs = dxs.download();
+    for (size_t r = 0; r < P; ++r)
+      ASSERT_TRUE(std::equal(xs.begin() + r * dim, xs.begin() + (r + 1) * dim, x.begin() + sorted[r] * dim));
+    auto y = random_bf16(P * dim, rng);
+    auto w = random_f32(P, rng, 0.2f);
+    std::vector<uint16_t> want(size_t(T) * dim);
+    ref::moe_combine({.y_sorted = y.data(), .pair_slot = slot.data(), .topk_weights = w.data(),
+                      .out = want.data(), .tokens = T, .k = k, .dim = dim});
+    DevBuf<uint16_t> dy(y), dout(want.size());
+    DevBuf<float> dw(w);
+    moe_combine({.y_sorted = dy.get(), .pair_slot = dslot.get(), .topk_weights = dw.get(), .out = dout.get(),
+                 .tokens = T, .k = k, .dim = dim});
+    check_device_errors();
+    EXPECT_EQ(dout.download(), want) << T;
+  }
+}
+
+TEST_F(Moe, PermutationIsRepeatable) {
+  std::mt19937 rng(test_seed());
+  const int T = 4096, k = 6, E = 64;
+  const auto ids = random_routes(T, k, E, rng);
+  DevBuf<int32_t> di(ids), dc(E), doff(E + 1), ds(T * k), dslot(T * k), ws(moe_permute_workspace_ints(T, E));
+  MoePermuteArgs a{.topk_ids = di.get(), .tokens = T, .k = k, .experts = E, .counts = dc.get(),
+                   .offsets = doff.get(), .sorted_token = ds.get(), .pair_slot = dslot.get(),
+                   .workspace = ws.get()};
+  moe_permute(a);
+  const auto first = dslot.download();
+  for (int rep = 0; rep < 5; ++rep) {
+    moe_permute(a);
+    ASSERT_EQ(dslot.download(), first) << "rep " << rep;
+  }
+}
+
+TEST_F(Moe, BadExpertIdIsReported) {
+  DevBuf<int32_t> di(std::vector<int32_t>{0, 64}), dc(64), doff(65), ds(2), dslot(2), ws(moe_permute_workspace_ints(1, 64));
+  moe_permute({.topk_ids = di.get(), .tokens = 1, .k = 2, .experts = 64, .counts = dc.get(), .offsets = doff.get(),
+               .sorted_token = ds.get(), .pair_slot = dslot.get(), .workspace = ws.get()});
+  EXPECT_THROW(check_device_errors(), Error);
+}
+
+TEST_F(Router, BadArgumentsThrowNamingTheField) {
+  try {
+    router({.logits = nullptr, .topk_ids = nullptr, .topk_weights = nullptr, .tokens = 1, .experts = 300, .k = 6});
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("router: experts"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace atlas::cuda::test
