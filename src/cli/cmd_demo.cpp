@@ -142,7 +142,7 @@ void run_demo(const std::string& dir) {
               (long long)m["contracts"]["conditions"].get<int64_t>(), manifest.c_str());
   fs::remove_all(run_dir);  // the demo always runs from scratch
   auto s = probe::run_manifest({.manifest = manifest, .out_dir = run_dir, .model_dir = {}, .resume = false, .shard = {},
-                                .sharded = false, .progress = progress_enabled()});
+                                .sharded = false, .progress = progress_enabled(), .backend = "cpu"});
   // Summary: per condition, how many target-token routes (ordered top-k lists over all MoE
   // layers) equal those of the official EOS cell of the same source and system level.
   ojson a = ojson::parse(read_file(s.artifact));

@@ -10,7 +10,7 @@ namespace atlas::cli {
 namespace {
 
 struct RunArgs {
-  std::string manifest, out, model, shard;
+  std::string manifest, out, model, shard, backend = "cpu";
   bool resume = false;
   int threads = 0;
 };
@@ -26,10 +26,12 @@ Registrar reg{{
           app.add_flag("--resume", a.resume, "Verify existing journals and run only what is missing");
           app.add_option("--shard", a.shard, "Run shard i of n (0 <= i < n): sources split by batch group");
           app.add_option("--model", a.model, "Model directory (overrides the manifest's)");
+          app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--threads", a.threads, "CPU threads (0 = all); results do not depend on it");
           app.callback([] {
             probe::RunOptions o{.manifest = a.manifest, .out_dir = a.out, .model_dir = a.model, .resume = a.resume,
-                                .shard = {}, .sharded = !a.shard.empty(), .progress = progress_enabled()};
+                                .shard = {}, .sharded = !a.shard.empty(), .progress = progress_enabled(),
+                                .backend = a.backend};
             if (o.sharded) o.shard = probe::parse_shard(a.shard);  // before anything is written
             set_threads(a.threads);
             auto s = probe::run_manifest(o);

@@ -15,7 +15,7 @@
 #include "core/sha256.h"
 #include "decode/generate.h"
 #include "io/checkpoint.h"
-#include "model/deepseek_v2.h"
+#include "model/loader.h"
 #include "probe/freeze.h"
 #include "text/tokenizer.h"
 
@@ -154,7 +154,7 @@ std::vector<int32_t> ids_of(const ojson& c) { return c.at("input_ids").get<std::
 // Target rows of every stage for one cell: (tensor name suffix, [rows, H] values).
 using CellVectors = std::vector<std::pair<std::string, std::vector<float>>>;
 
-std::map<int64_t, ojson> run_trace_batch(const DeepSeekV2& model, const ojson& manifest, const std::vector<int64_t>& members,
+std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manifest, const std::vector<int64_t>& members,
                                          bool routes, bool hidden, bool vectors, std::map<int64_t, CellVectors>& vec_out) {
   const ojson& cells = manifest["cells"];
   const int32_t pad = manifest["tokenizer"]["eos_id"].get<int32_t>();
@@ -277,7 +277,7 @@ std::map<int64_t, ojson> run_trace_batch(const DeepSeekV2& model, const ojson& m
   return results;
 }
 
-std::map<int64_t, ojson> run_generate_batch(const DeepSeekV2& model, const Tokenizer* tok, const ojson& manifest,
+std::map<int64_t, ojson> run_generate_batch(const Model& model, const Tokenizer* tok, const ojson& manifest,
                                             const std::vector<int64_t>& members) {
   const ojson& cells = manifest["cells"];
   const ojson& ex = manifest["protocol"]["execution"];
@@ -431,7 +431,7 @@ RunSummary run_manifest(const RunOptions& o) {
 
   // The model: only when something is left to run.
   std::optional<Checkpoint> ck;
-  std::optional<DeepSeekV2> model;
+  std::unique_ptr<Model> model;
   std::optional<Tokenizer> tok;
   const ModelConfig cfg0 = ModelConfig::load(model_dir + "/config.json");
   LayerRange range = LayerRange::all(cfg0);
@@ -447,7 +447,8 @@ RunSummary run_manifest(const RunOptions& o) {
     fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");
   ojson model_info = {{"config_sha256", sha256_file(model_dir + "/config.json")},
                       {"layers", std::to_string(range.first) + "-" + std::to_string(range.last)},
-                      {"compute", ex["compute"]}};
+                      {"compute", ex["compute"]},
+                      {"backend", o.backend}};
   const bool vectors = ex.value("record_hidden_vectors", false);
   std::map<int64_t, CellVectors> pending_vectors;
   auto hidden_path = [&](const std::string& key) {
@@ -473,8 +474,7 @@ RunSummary run_manifest(const RunOptions& o) {
     if (!pending) continue;
     if (!model) {
       ck.emplace(Checkpoint::open(model_dir, {.layers = range, .manifest_path = m["model"]["manifest"].get<std::string>()}));
-      model.emplace(ck->config(), ck->layers(), [&](const std::string& n) -> const TensorView& { return ck->tensor(n); },
-                    parse_compute(ex["compute"].get<std::string>()));
+      model = load_model(*ck, {.backend = o.backend, .compute = parse_compute(ex["compute"].get<std::string>())});
       if (file_exists(model_dir + "/tokenizer.json")) tok.emplace(Tokenizer::load_dir(model_dir));
     }
     std::map<int64_t, ojson> br =

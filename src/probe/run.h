@@ -25,6 +25,7 @@ struct RunOptions {
   ShardSpec shard;
   bool sharded = false;   // --shard given (the artifact records it)
   bool progress = false;  // stderr progress lines
+  std::string backend = "cpu";  // cpu | cuda (recorded in the artifact's model section)
 };
 
 struct RunSummary {
