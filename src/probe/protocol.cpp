@@ -1,0 +1,364 @@
+#include "probe/protocol.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "core/file.h"
+#include "core/sha256.h"
+
+namespace atlas::probe {
+namespace fs = std::filesystem;
+
+const std::vector<std::string>& anchor_names() {
+  static const std::vector<std::string> names = {"bos", "history_eos", "target_role_head", "target_role_delim",
+                                                 "gen_role_head", "gen_role_delim"};
+  return names;
+}
+
+namespace {
+
+// Typed access to one TOML table; every read marks the key as known, and finish() rejects the rest.
+class Table {
+ public:
+  Table(const toml::table* t, std::string file, std::string prefix) : t_(t), file_(std::move(file)), prefix_(std::move(prefix)) {}
+
+  std::string field(const std::string& k) const { return prefix_.empty() ? k : prefix_ + "." + k; }
+  bool has(const std::string& k) {
+    known_.insert(k);
+    return t_ && t_->contains(k);
+  }
+  const toml::node* node(const std::string& k) {
+    known_.insert(k);
+    return t_ ? t_->get(k) : nullptr;
+  }
+  template <class T>
+  void get(const std::string& k, T& out) {
+    const toml::node* n = node(k);
+    if (!n) return;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!n->is_boolean()) bad(k, "expected a boolean");
+      out = n->as_boolean()->get();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!n->is_string()) bad(k, "expected a string");
+      out = n->as_string()->get();
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (n->is_integer()) out = double(n->as_integer()->get());
+      else if (n->is_floating_point()) out = n->as_floating_point()->get();
+      else bad(k, "expected a number");
+    } else {
+      if (!n->is_integer()) bad(k, "expected an integer");
+      out = T(n->as_integer()->get());
+    }
+  }
+  std::string req_string(const std::string& k) {
+    if (!has(k)) fail(file_, field(k), "missing");
+    std::string s;
+    get(k, s);
+    return s;
+  }
+  std::vector<std::string> strings(const std::string& k) {
+    std::vector<std::string> out;
+    const toml::node* n = node(k);
+    if (!n) return out;
+    if (!n->is_array()) bad(k, "expected an array of strings");
+    for (const auto& e : *n->as_array()) {
+      if (!e.is_string()) bad(k, "expected an array of strings");
+      out.push_back(e.as_string()->get());
+    }
+    return out;
+  }
+  const toml::array* array(const std::string& k) {
+    const toml::node* n = node(k);
+    if (!n) return nullptr;
+    if (!n->is_array()) bad(k, "expected an array");
+    return n->as_array();
+  }
+  Table sub(const std::string& k) {
+    const toml::node* n = node(k);
+    if (n && !n->is_table()) bad(k, "expected a table");
+    return Table(n ? n->as_table() : nullptr, file_, field(k));
+  }
+  void finish() const {
+    if (!t_) return;
+    for (const auto& [k, v] : *t_)
+      if (!known_.count(std::string(k.str()))) fail(file_, field(std::string(k.str())), "unknown key");
+  }
+  [[noreturn]] void bad(const std::string& k, const std::string& what) const { fail(file_, field(k), what); }
+  const std::string& file() const { return file_; }
+
+ private:
+  const toml::table* t_;
+  std::string file_, prefix_;
+  std::set<std::string> known_;
+};
+
+std::string resolve(const std::string& base_dir, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  return (fs::path(base_dir) / p).lexically_normal().string();
+}
+
+void one_of(const Table& t, const std::string& key, const std::string& v, std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (v == a) return;
+    list += (list.empty() ? "" : ", ") + std::string(a);
+  }
+  t.bad(key, "unknown value '" + v + "' (expected one of: " + list + ")");
+}
+
+}  // namespace
+
+Protocol load_protocol(const std::string& path) {
+  if (!file_exists(path)) fail(path, {}, "protocol file not found");
+  const std::string text = read_file(path);
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    fail(path, "line " + std::to_string(e.source().begin.line), std::string(e.description()));
+  }
+  Protocol p;
+  p.path = path;
+  p.sha256 = sha256_hex(text);
+  const std::string base = fs::path(path).parent_path().string();
+  Table top(&root, path, "");
+
+  Table meta = top.sub("protocol");
+  p.name = meta.req_string("name");
+  meta.get("description", p.description);
+  meta.get("seed_section", p.seed_section);
+  meta.finish();
+
+  Table model = top.sub("model");
+  model.get("dir", p.model_dir);
+  model.get("manifest", p.model_manifest);
+  p.model_dir = resolve(base, p.model_dir);
+  p.model_manifest = resolve(base, p.model_manifest);
+  model.finish();
+
+  Table data = top.sub("data");
+  data.get("root", p.data_root);
+  p.data_root = resolve(base, p.data_root);
+  data.finish();
+
+  if (const toml::array* arr = top.array("corpus")) {
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const toml::node& n = (*arr)[i];
+      if (!n.is_table()) fail(path, "corpus[" + std::to_string(i) + "]", "expected a table");
+      Table c(n.as_table(), path, "corpus[" + std::to_string(i) + "]");
+      CorpusSpec s;
+      s.domain = c.req_string("domain");
+      s.format = s.domain;
+      c.get("format", s.format);
+      if (!is_corpus_format(s.format)) c.bad("format", "unknown corpus format '" + s.format + "'");
+      c.get("path", s.path);  // relative to the data root; resolved at freeze time
+      c.get("member", s.member);
+      s.texts = c.strings("texts");
+      if (s.format == "inline" && s.texts.empty()) c.bad("texts", "an inline corpus needs texts");
+      if (s.format != "inline" && s.path.empty()) c.bad("path", "missing");
+      for (const auto& o : p.corpora)
+        if (o.domain == s.domain) c.bad("domain", "domain '" + s.domain + "' declared twice");
+      c.finish();
+      p.corpora.push_back(std::move(s));
+    }
+  }
+  if (p.corpora.empty()) fail(path, "corpus", "no corpus declared");
+
+  Table sel = top.sub("selection");
+  sel.get("salt", p.salt);
+  sel.get("per_domain", p.per_domain);
+  sel.get("min_tokens", p.min_tokens);
+  sel.get("skip_blank", p.skip_blank);
+  sel.get("skip_headings", p.skip_headings);
+  if (const toml::array* ct = sel.array("content_tokens")) {
+    p.content_tokens.clear();
+    for (const auto& e : *ct) {
+      if (!e.is_integer() || e.as_integer()->get() < 0) sel.bad("content_tokens", "expected non-negative integers");
+      p.content_tokens.push_back(e.as_integer()->get());
+    }
+    if (p.content_tokens.empty()) sel.bad("content_tokens", "empty");
+    if (!std::is_sorted(p.content_tokens.begin(), p.content_tokens.end()) ||
+        std::adjacent_find(p.content_tokens.begin(), p.content_tokens.end()) != p.content_tokens.end())
+      sel.bad("content_tokens", "must be strictly increasing");
+  }
+  if (p.per_domain <= 0) sel.bad("per_domain", "must be positive");
+  sel.finish();
+
+  Table blocks = top.sub("blocks");
+  blocks.get("system", p.system_text);
+  blocks.get("one_shot_user", p.one_shot_user);
+  blocks.get("one_shot_assistant", p.one_shot_assistant);
+  blocks.get("filler_token", p.filler_token);
+  if (const toml::node* fr = blocks.node("filler_repeat")) {
+    if (fr->is_string() && fr->as_string()->get() == "match_one_shot") p.filler_match_one_shot = true;
+    else if (fr->is_integer() && fr->as_integer()->get() > 0) p.filler_repeat = fr->as_integer()->get();
+    else blocks.bad("filler_repeat", "expected a positive integer or \"match_one_shot\"");
+  }
+  blocks.get("user_prefix", p.user_prefix);
+  blocks.get("generation_prompt", p.generation_prompt);
+  blocks.finish();
+
+  const toml::array* conds = top.array("condition");
+  if (!conds || conds->empty()) fail(path, "condition", "no condition declared");
+  for (size_t i = 0; i < conds->size(); ++i) {
+    const std::string where = "condition[" + std::to_string(i) + "]";
+    if (!(*conds)[i].is_table()) fail(path, where, "expected a table");
+    Table c((*conds)[i].as_table(), path, where);
+    ConditionSpec cs;
+    cs.name = c.req_string("name");
+    c.get("layout", cs.layout);
+    one_of(c, "layout", cs.layout, {"raw", "user", "chat"});
+    c.get("system", cs.system);
+    c.get("history", cs.history);
+    one_of(c, "history", cs.history, {"none", "filler", "one_shot"});
+    if (cs.layout == "raw" && (cs.system || cs.history != "none"))
+      c.bad("layout", "a raw condition has no system message or history");
+    c.get("group", cs.group);
+    if (const toml::array* ed = c.array("edits")) {
+      for (size_t k = 0; k < ed->size(); ++k) {
+        const std::string ew = "edits[" + std::to_string(k) + "]";
+        if (!(*ed)[k].is_table()) c.bad(ew, "expected a table {anchor, to}");
+        Table e((*ed)[k].as_table(), path, where + "." + ew);
+        EditSpec es;
+        es.anchor = e.req_string("anchor");
+        e.get("to", es.to);
+        e.get("to_anchor", es.to_anchor);
+        const auto& an = anchor_names();
+        if (std::find(an.begin(), an.end(), es.anchor) == an.end()) e.bad("anchor", "unknown anchor '" + es.anchor + "'");
+        if (es.to.empty() == es.to_anchor.empty()) e.bad("to", "give exactly one of to / to_anchor");
+        if (!es.to_anchor.empty() && std::find(an.begin(), an.end(), es.to_anchor) == an.end())
+          e.bad("to_anchor", "unknown anchor '" + es.to_anchor + "'");
+        e.finish();
+        cs.edits.push_back(std::move(es));
+      }
+    }
+    for (const auto& o : p.conditions)
+      if (o.name == cs.name) c.bad("name", "condition '" + cs.name + "' declared twice");
+    if (cs.name.find('/') != std::string::npos) c.bad("name", "must not contain '/'");
+    c.finish();
+    p.conditions.push_back(std::move(cs));
+  }
+
+  Table con = top.sub("contracts");
+  con.get("same_content_ids", p.same_content_ids);
+  con.get("nested_prefixes", p.nested_prefixes);
+  if (const toml::array* ed = con.array("equal_delta")) {
+    for (const auto& e : *ed) {
+      std::vector<std::string> q;
+      if (e.is_array())
+        for (const auto& s : *e.as_array())
+          if (s.is_string()) q.push_back(s.as_string()->get());
+      if (q.size() != 4) con.bad("equal_delta", "each entry is [a, b, c, d] (condition names)");
+      for (const auto& n : q)
+        if (std::none_of(p.conditions.begin(), p.conditions.end(), [&](const ConditionSpec& c) { return c.name == n; }))
+          con.bad("equal_delta", "unknown condition '" + n + "'");
+      p.equal_delta.push_back(q);
+    }
+  }
+  con.finish();
+
+  Table ex = top.sub("execution");
+  ex.get("mode", p.mode);
+  one_of(ex, "mode", p.mode, {"trace", "generate"});
+  ex.get("layers", p.layers);
+  ex.get("compute", p.compute);
+  one_of(ex, "compute", p.compute, {"f32", "bf16"});
+  ex.get("record_routes", p.record_routes);
+  ex.get("record_hidden", p.record_hidden);
+  ex.get("record_hidden_vectors", p.record_hidden_vectors);
+  ex.get("max_new_tokens", p.max_new_tokens);
+  ex.get("sampling", p.sampling);
+  one_of(ex, "sampling", p.sampling, {"greedy", "seeded", "crn"});
+  ex.get("temperature", p.temperature);
+  ex.get("top_p", p.top_p);
+  ex.get("top_k", p.top_k);
+  if (const toml::array* sd = ex.array("seed")) {
+    for (size_t i = 0; i < sd->size(); ++i) {
+      if (!(*sd)[i].is_table()) ex.bad("seed", "expected [[execution.seed]] tables");
+      Table s((*sd)[i].as_table(), path, "execution.seed[" + std::to_string(i) + "]");
+      SeedSpec ss;
+      s.get("value", ss.value);
+      if (!s.has("value")) s.bad("value", "missing");
+      s.get("sources_per_domain", ss.sources_per_domain);
+      s.finish();
+      p.seeds.push_back(ss);
+    }
+  }
+  if (p.mode == "generate") {
+    if (p.max_new_tokens <= 0) ex.bad("max_new_tokens", "generate mode needs a positive max_new_tokens");
+    if (p.sampling != "greedy" && p.seeds.empty()) ex.bad("seed", "sampling needs at least one [[execution.seed]]");
+    if (p.sampling == "greedy" && !p.seeds.empty()) ex.bad("seed", "greedy decoding takes no seeds");
+  } else if (!p.seeds.empty()) {
+    ex.bad("seed", "trace mode takes no seeds");
+  }
+  if (p.record_hidden_vectors && p.mode != "trace") ex.bad("record_hidden_vectors", "trace mode only");
+  ex.finish();
+
+  Table bt = top.sub("batching");
+  bt.get("sources_per_batch", p.sources_per_batch);
+  bt.get("split_seeds", p.split_seeds);
+  if (p.sources_per_batch <= 0) bt.bad("sources_per_batch", "must be positive");
+  bt.finish();
+  top.finish();
+  return p;
+}
+
+ojson Protocol::to_json() const {
+  ojson j;
+  j["name"] = name;
+  j["description"] = description;
+  j["seed_section"] = seed_section;
+  j["sha256"] = sha256;
+  ojson sel;
+  sel["salt"] = salt;
+  sel["per_domain"] = per_domain;
+  sel["min_tokens"] = min_tokens;
+  sel["content_tokens"] = content_tokens;
+  sel["skip_blank"] = skip_blank;
+  sel["skip_headings"] = skip_headings;
+  j["selection"] = sel;
+  ojson conds = ojson::array();
+  for (const auto& c : conditions) {
+    ojson e = ojson::array();
+    for (const auto& ed : c.edits) {
+      ojson x;
+      x["anchor"] = ed.anchor;
+      if (!ed.to.empty()) x["to"] = ed.to;
+      else x["to_anchor"] = ed.to_anchor;
+      e.push_back(x);
+    }
+    conds.push_back({{"name", c.name}, {"layout", c.layout}, {"system", c.system}, {"history", c.history},
+                     {"group", c.group}, {"edits", e}});
+  }
+  j["conditions"] = conds;
+  j["contracts"] = {{"same_content_ids", same_content_ids}, {"nested_prefixes", nested_prefixes},
+                    {"equal_delta", equal_delta}};
+  ojson ex;
+  ex["mode"] = mode;
+  ex["layers"] = layers;
+  ex["compute"] = compute;
+  if (mode == "trace") {
+    ex["record_routes"] = record_routes;
+    ex["record_hidden"] = record_hidden;
+    ex["record_hidden_vectors"] = record_hidden_vectors;
+  } else {
+    ex["max_new_tokens"] = max_new_tokens;
+    ex["sampling"] = sampling;
+    // Greedy leaves the sampling parameters unset, so nothing is "recorded but unused".
+    ex["temperature"] = sampling == "greedy" ? ojson(nullptr) : ojson(temperature);
+    ex["top_p"] = sampling == "greedy" ? ojson(nullptr) : ojson(top_p);
+    ex["top_k"] = sampling == "greedy" ? ojson(nullptr) : ojson(top_k);
+    ojson sd = ojson::array();
+    for (const auto& s : seeds) sd.push_back({{"value", s.value}, {"sources_per_domain", s.sources_per_domain}});
+    ex["seeds"] = sd;
+  }
+  j["execution"] = ex;
+  j["batching"] = {{"sources_per_batch", sources_per_batch}, {"split_seeds", split_seeds}};
+  return j;
+}
+
+}  // namespace atlas::probe
