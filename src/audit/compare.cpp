@@ -27,7 +27,13 @@ void flatten(const json& v, const std::string& path, std::vector<std::pair<std::
   out.emplace_back(path, &v);
 }
 
-std::string shorten(const std::string& s, size_t n = 96) { return s.size() <= n ? s : s.substr(0, n - 3) + "..."; }
+// Cut at a UTF-8 character boundary: the pieces go into JSON, which must stay valid UTF-8.
+std::string shorten(const std::string& s, size_t n = 96) {
+  if (s.size() <= n) return s;
+  size_t cut = n - 3;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "...";
+}
 
 // Where two equal-length arrays of scalars first differ, and in how many elements.
 std::string array_detail(const json& a, const json& b) {
@@ -203,8 +209,12 @@ std::string format_comparison(const Comparison& c, const Artifact& a, const Arti
   for (const auto& f : c.families) width = std::max(width, f.family.size());
   for (const auto& f : c.families) {
     char line[256];
-    std::snprintf(line, sizeof line, "  %-*s %8lld / %-8lld%s\n", int(width), f.family.c_str(), (long long)f.exact,
-                  (long long)f.total, f.counted ? "" : "  (reported, not counted; --strict counts it)");
+    if (f.counted)
+      std::snprintf(line, sizeof line, "  %-*s %8lld / %lld\n", int(width), f.family.c_str(), (long long)f.exact,
+                    (long long)f.total);
+    else
+      std::snprintf(line, sizeof line, "  %-*s %8lld / %-8lld  (reported, not counted; --strict counts it)\n",
+                    int(width), f.family.c_str(), (long long)f.exact, (long long)f.total);
     s += line;
   }
   if (!c.not_compared.empty())

@@ -298,4 +298,19 @@ TEST_F(AuditTest, ComparisonJsonNamesInputsByHash) {
   EXPECT_EQ(j["differences"][0]["family"], "stop states");
 }
 
+TEST_F(AuditTest, LongMultibyteValuesAreShortenedToValidUtf8) {
+  std::string long_text = "x";  // shifts the characters so the cut lands inside one
+  for (int i = 0; i < 100; ++i) long_text += "\xc3\xa9";  // U+00E9, two bytes each
+  auto rows = rows3(), other = rows3();
+  rows[0]["text"] = long_text + "a";
+  other[0]["text"] = long_text + "b";
+  const Artifact a = load_artifact(generation("a.jsonl", rows)), b = load_artifact(generation("b.jsonl", other));
+  const Comparison c = compare(a, b);
+  ASSERT_EQ(c.counted_differences(), 1);
+  EXPECT_LT(c.differences[0].a.size(), long_text.size());
+  EXPECT_EQ(c.differences[0].a.substr(c.differences[0].a.size() - 3), "...");
+  // Serialising would throw on a split character.
+  EXPECT_NO_THROW(comparison_json(c, a, b, {}).dump());
+}
+
 }  // namespace

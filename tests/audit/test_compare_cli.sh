@@ -25,8 +25,8 @@ ids="1000,5,17,42,300,7,7,9,11,600,2,3"
 [[ -s "$work/t1.json" && "$(strip "$work/t1.json")" == "$(strip "$work/t2.json")" ]] && ok "traces byte-identical outside runtime" \
   || bad "traces differ outside runtime"
 cmp_rc "trace rerun compares identical" 0 "$work/t1.json" "$work/t2.json"
-has "trace summary counts hidden hashes" "hidden hashes +7 / 7 "   # 6 hidden stages + logits
-has "trace summary counts route hashes" "route hashes +9 / 9 "     # 3 gates x ids, weights, logits
+has "trace summary counts hidden hashes" "hidden hashes +7 / 7$"   # 6 hidden stages + logits
+has "trace summary counts route hashes" "route hashes +9 / 9$"     # 3 gates x ids, weights, logits
 has "trace verdict" "^IDENTICAL$"
 
 # A changed stage hash.
@@ -38,7 +38,7 @@ open(sys.argv[2], "w").write(json.dumps(d, indent=2) + "\n")
 PY
 cmp_rc "changed stage hash found" 3 "$work/t1.json" "$work/t3.json"
 has "changed hash: cell and family" '^  cell "hidden.2" sha256 \[hidden hashes\]'
-has "changed hash: summary" "hidden hashes +6 / 7 "
+has "changed hash: summary" "hidden hashes +6 / 7$"
 # A trace of fewer layers: the missing cells are named.
 "$bin" trace --model "$model" --ids "$ids" --layers 0-1 --json "$work/t4.json" >/dev/null
 cmp_rc "partial trace differs" 3 "$work/t4.json" "$work/t1.json"
@@ -60,7 +60,7 @@ gen --prompts "$work/p.jsonl" --out "$work/g2.jsonl" --batch 1 --threads 2 || ba
   && ok "generation sidecars identical outside runtime" || bad "sidecars differ outside runtime"
 cmp_rc "generation rerun compares identical" 0 "$work/g1.jsonl" "$work/g2.jsonl" --json "$work/cmp.json"
 has "generation coverage" "^4 of 4 rows shared$"
-for f in "prompt hashes" "token ids" "texts" "RNG hashes"; do has "generation family $f" "$f +4 / 4 "; done
+for f in "prompt hashes" "token ids" "texts" "RNG hashes"; do has "generation family $f" "$f +4 / 4$"; done
 $py - "$work/cmp.json" "$work/g1.jsonl" "$work/g2.jsonl.meta.json" <<'PY' && ok "compare --json names inputs by sha256" || bad "compare --json"
 import hashlib, json, sys
 j = json.load(open(sys.argv[1]))
@@ -81,7 +81,7 @@ shutil.copy(sys.argv[1] + ".meta.json", sys.argv[2] + ".meta.json")
 PY
 cmp_rc "planted token change found" 3 "$work/g1.jsonl" "$work/g3.jsonl"
 has "token change: row, field, element" '^  row "b" ids \[token ids\]: element \[1\] of [0-9]+: .* \(1 element differs\)'
-has "token change: summary" "token ids +3 / 4 "
+has "token change: summary" "token ids +3 / 4$"
 cmp_rc "--ignore ids hides it" 0 "$work/g1.jsonl" "$work/g3.jsonl" --ignore ids
 
 # A missing row (file and sidecar consistent).
