@@ -16,13 +16,25 @@ cmp_rc() {
 has() {  # has NAME PATTERN: the last compare output matches PATTERN
   grep -qE -- "$2" "$work/out" && ok "$1" || bad "$1: /$2/ not in: $(cat "$work/out")"
 }
-strip() { $py -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("runtime"); print(json.dumps(d, sort_keys=True))' "$1" || echo "unreadable $1"; }
+# same_bytes_outside_runtime A B: the files are byte-identical up to their "runtime" section,
+# which is the last top-level key (so this is a byte check, not a re-serialised one).
+same_bytes_outside_runtime() {
+  $py - "$1" "$2" <<'PY'
+import json, sys
+texts = [open(p, "rb").read() for p in sys.argv[1:]]
+for t in texts:
+    assert list(json.loads(t))[-1] == "runtime", "runtime is not the last key"
+    assert t.count(b'\n  "runtime": ') == 1
+heads = [t[: t.index(b'\n  "runtime": ')] for t in texts]
+assert heads[0] == heads[1], "bytes differ outside runtime"
+PY
+}
 
 # ---- traces: two fresh processes (different thread counts) --------------------------------
 ids="1000,5,17,42,300,7,7,9,11,600,2,3"
 "$bin" trace --model "$model" --ids "$ids" --json "$work/t1.json" --threads 1 >/dev/null || bad "trace 1"
 "$bin" trace --model "$model" --ids "$ids" --json "$work/t2.json" --threads 2 >/dev/null || bad "trace 2"
-[[ -s "$work/t1.json" && "$(strip "$work/t1.json")" == "$(strip "$work/t2.json")" ]] && ok "traces byte-identical outside runtime" \
+same_bytes_outside_runtime "$work/t1.json" "$work/t2.json" && ok "traces byte-identical outside runtime" \
   || bad "traces differ outside runtime"
 cmp_rc "trace rerun compares identical" 0 "$work/t1.json" "$work/t2.json"
 has "trace summary counts hidden hashes" "hidden hashes +7 / 7$"   # 6 hidden stages + logits
@@ -56,7 +68,7 @@ gen() { "$bin" generate --model "$model" --max-new-tokens 6 --temperature 0.9 --
 gen --prompts "$work/p.jsonl" --out "$work/g1.jsonl" --batch 4 --threads 1 || bad "generate 1"
 gen --prompts "$work/p.jsonl" --out "$work/g2.jsonl" --batch 1 --threads 2 || bad "generate 2"
 [[ -s "$work/g1.jsonl" ]] && cmp -s "$work/g1.jsonl" "$work/g2.jsonl" && ok "generation rows byte-identical" || bad "generation rows differ"
-[[ -s "$work/g1.jsonl.meta.json" && "$(strip "$work/g1.jsonl.meta.json")" == "$(strip "$work/g2.jsonl.meta.json")" ]] \
+same_bytes_outside_runtime "$work/g1.jsonl.meta.json" "$work/g2.jsonl.meta.json" \
   && ok "generation sidecars identical outside runtime" || bad "sidecars differ outside runtime"
 cmp_rc "generation rerun compares identical" 0 "$work/g1.jsonl" "$work/g2.jsonl" --json "$work/cmp.json"
 has "generation coverage" "^4 of 4 rows shared$"
