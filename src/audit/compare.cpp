@@ -246,25 +246,26 @@ std::string format_comparison(const Comparison& c, const Artifact& a, const Arti
 namespace {
 
 // Hash-chain records (audit/hash_chain.h) of every file an artifact consists of.
-void add_inputs(ojson& inputs, const std::string& role, const Artifact& a) {
+void add_inputs(ojson& inputs, const std::string& role, const Artifact& a, const std::string& relative_to) {
   for (const auto& f : a.files) {
     ojson r{{"role", role}};
-    r.update(input_record_json(input_record(f)));
+    r.update(input_record_json(input_record(f, relative_to)));
     inputs.push_back(std::move(r));
   }
 }
 
 }  // namespace
 
-ojson comparison_json(const Comparison& c, const Artifact& a, const Artifact& b, const CompareOptions& opts) {
+ojson comparison_json(const Comparison& c, const Artifact& a, const Artifact& b, const CompareOptions& opts,
+                      const std::string& inputs_relative_to) {
   ojson j;
   j["kind"] = "atlas.compare";
   j["format_version"] = 1;
   j["provenance"] = build_provenance();
   j["compared"] = {{"a", {{"path", a.path}, {"kind", a.kind}}}, {"b", {{"path", b.path}, {"kind", b.kind}}}};
   j["inputs"] = ojson::array();
-  add_inputs(j["inputs"], "a", a);
-  add_inputs(j["inputs"], "b", b);
+  add_inputs(j["inputs"], "a", a, inputs_relative_to);
+  add_inputs(j["inputs"], "b", b, inputs_relative_to);
   j["options"] = {{"ignore", opts.ignore}, {"strict", opts.strict}, {"subset", opts.subset}};
   j["coverage"] = {{"cell_noun", c.cell_noun}, {"a", c.cells_a},           {"b", c.cells_b},
                    {"shared", c.shared},       {"only_a", c.only_a},       {"only_b", c.only_b},

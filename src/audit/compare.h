@@ -58,7 +58,9 @@ Comparison compare(const Artifact& a, const Artifact& b, const CompareOptions& o
 // Human summary (what `atlas compare` prints); max_diffs bounds the listed differences.
 std::string format_comparison(const Comparison& c, const Artifact& a, const Artifact& b, int64_t max_diffs);
 
-// The comparison as an artifact ("kind": "atlas.compare"), naming its inputs by SHA-256.
-ojson comparison_json(const Comparison& c, const Artifact& a, const Artifact& b, const CompareOptions& opts);
+// The comparison as an artifact ("kind": "atlas.compare"), naming its inputs by SHA-256 (hash-chain
+// records, paths relative to inputs_relative_to when given: the directory the JSON goes to).
+ojson comparison_json(const Comparison& c, const Artifact& a, const Artifact& b, const CompareOptions& opts,
+                      const std::string& inputs_relative_to = {});
 
 }  // namespace atlas::audit

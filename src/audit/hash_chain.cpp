@@ -2,16 +2,22 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <set>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "core/sha256.h"
 
 namespace atlas::audit {
 namespace fs = std::filesystem;
 
-InputRecord input_record(const std::string& path) {
+InputRecord input_record(const std::string& path, const std::string& relative_to) {
   if (!fs::is_regular_file(path)) fail(path, {}, "cannot open (not a regular file)");
-  return {.path = path, .sha256 = sha256_file(path), .bytes = int64_t(fs::file_size(path))};
+  std::string recorded = path;
+  if (!relative_to.empty())
+    recorded = fs::absolute(path).lexically_normal().lexically_relative(fs::absolute(relative_to).lexically_normal()).string();
+  return {.path = recorded, .sha256 = sha256_file(path), .bytes = int64_t(fs::file_size(path))};
 }
 
 ojson input_record_json(const InputRecord& r) {
@@ -50,7 +56,7 @@ std::vector<LinkCheck> verify_inputs(const std::vector<InputRecord>& records, co
     LinkCheck c;
     c.record = rec;
     c.resolved = rec.path;
-    if (!base_dir.empty() && fs::path(rec.path).is_relative()) c.resolved = (fs::path(base_dir) / rec.path).string();
+    if (!base_dir.empty() && fs::path(rec.path).is_relative()) c.resolved = (fs::path(base_dir) / rec.path).lexically_normal().string();
     std::error_code ec;
     if (!fs::is_regular_file(c.resolved, ec)) {
       c.status = LinkStatus::Missing;
@@ -69,6 +75,43 @@ std::vector<LinkCheck> verify_inputs(const std::vector<InputRecord>& records, co
 
 bool all_ok(const std::vector<LinkCheck>& checks) {
   return std::all_of(checks.begin(), checks.end(), [](const LinkCheck& c) { return c.status == LinkStatus::Ok; });
+}
+
+namespace {
+
+// The "inputs" records of a JSON artifact, or nothing when the file is not one.
+std::optional<std::vector<InputRecord>> inputs_of(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  json doc;
+  try {
+    doc = json::parse(read_file(path));
+  } catch (const json::parse_error&) {
+    return std::nullopt;  // not JSON (a JSONL file, a tensor dump): a leaf
+  }
+  if (!doc.is_object() || !doc.contains("inputs")) return std::nullopt;
+  return parse_input_records(doc["inputs"], path, "inputs");
+}
+
+}  // namespace
+
+std::vector<ChainLink> walk_chain(const std::string& artifact_path) {
+  std::vector<ChainLink> out;
+  std::set<std::string> seen;
+  std::vector<std::string> todo = {artifact_path};
+  if (!fs::is_regular_file(artifact_path)) fail(artifact_path, {}, "cannot open");
+  while (!todo.empty()) {
+    const std::string path = todo.front();
+    todo.erase(todo.begin());
+    if (!seen.insert(fs::absolute(path).lexically_normal().string()).second) continue;
+    const auto recs = inputs_of(path);
+    if (!recs) continue;
+    for (auto& c : verify_inputs(*recs, fs::path(path).parent_path().string())) {
+      if (c.status != LinkStatus::Missing) todo.push_back(c.resolved);
+      out.push_back({.from = path, .check = std::move(c)});
+    }
+  }
+  return out;
 }
 
 std::string describe(const LinkCheck& c) {

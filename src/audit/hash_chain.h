@@ -34,8 +34,10 @@ struct LinkCheck {
   LinkStatus status = LinkStatus::Ok;
 };
 
-// The record for a file as it is now.
-InputRecord input_record(const std::string& path);
+// The record for a file as it is now. With relative_to, the recorded path is relative to that
+// directory (an artifact records its inputs relative to its own directory, so a directory of
+// artifacts can move as a whole).
+InputRecord input_record(const std::string& path, const std::string& relative_to = {});
 ojson input_record_json(const InputRecord& r);
 
 // Reads an array of records; a malformed entry is an error naming FILE and FIELD[i].field.
@@ -46,6 +48,16 @@ std::vector<InputRecord> parse_input_records(const json& array, const std::strin
 std::vector<LinkCheck> verify_inputs(const std::vector<InputRecord>& records, const std::string& base_dir = {});
 
 bool all_ok(const std::vector<LinkCheck>& checks);
+
+// Follows the links from an artifact: its "inputs" records (resolved against its directory) are
+// verified, and every input that is itself a JSON artifact with "inputs" is followed in turn
+// (each file once, so a cycle ends). A changed input is still followed when it parses, to
+// report what lies behind it; one that does not parse is a leaf.
+struct ChainLink {
+  std::string from;  // the artifact that records the link
+  LinkCheck check;
+};
+std::vector<ChainLink> walk_chain(const std::string& artifact_path);
 std::string describe(const LinkCheck& c);  // one line: "ok PATH" or what is wrong
 
 }  // namespace atlas::audit

@@ -1,6 +1,7 @@
 // atlas compare A B: field-by-field comparison of two artifacts of one kind (trace, generation),
 // outside their runtime sections. Exit 0: identical; 3: they differ; 1: bad input.
 #include <cstdio>
+#include <filesystem>
 
 #include "audit/compare.h"
 #include "cli/command.h"
@@ -30,7 +31,9 @@ void run_compare(const CompareArgs& args) {
   const audit::CompareOptions opts{.ignore = args.ignore, .strict = args.strict, .subset = args.subset};
   const audit::Comparison c = audit::compare(a, b, opts);
   if (!args.json_out.empty()) {
-    ojson j = audit::comparison_json(c, a, b, opts);
+    // Inputs are recorded relative to the output's directory, so the set can move as a whole.
+    const std::string out_dir = std::filesystem::path(args.json_out).parent_path().string();
+    ojson j = audit::comparison_json(c, a, b, opts, out_dir.empty() ? "." : out_dir);
     j["runtime"] = runtime_section(clock);
     write_file_atomic(args.json_out, j.dump(2) + "\n");
   }

@@ -70,14 +70,18 @@ gen --prompts "$work/p.jsonl" --out "$work/g2.jsonl" --batch 1 --threads 2 || ba
 [[ -s "$work/g1.jsonl" ]] && cmp -s "$work/g1.jsonl" "$work/g2.jsonl" && ok "generation rows byte-identical" || bad "generation rows differ"
 same_bytes_outside_runtime "$work/g1.jsonl.meta.json" "$work/g2.jsonl.meta.json" \
   && ok "generation sidecars identical outside runtime" || bad "sidecars differ outside runtime"
-cmp_rc "generation rerun compares identical" 0 "$work/g1.jsonl" "$work/g2.jsonl" --json "$work/cmp.json"
+mkdir -p "$work/reports"
+cmp_rc "generation rerun compares identical" 0 "$work/g1.jsonl" "$work/g2.jsonl" --json "$work/reports/cmp.json"
 has "generation coverage" "^4 of 4 rows shared$"
 for f in "prompt hashes" "token ids" "texts" "RNG hashes"; do has "generation family $f" "$f +4 / 4$"; done
-$py - "$work/cmp.json" "$work/g1.jsonl" "$work/g2.jsonl.meta.json" <<'PY' && ok "compare --json names inputs by sha256" || bad "compare --json"
-import hashlib, json, sys
+$py - "$work/reports/cmp.json" "$work/g1.jsonl" "$work/g2.jsonl.meta.json" <<'PY' && ok "compare --json names inputs by sha256" || bad "compare --json"
+import hashlib, json, os, sys
 j = json.load(open(sys.argv[1]))
 assert j["kind"] == "atlas.compare" and j["identical"] is True and j["counted_differences"] == 0
-files = {f["path"]: f["sha256"] for f in j["inputs"]}
+# Input paths are relative to the report's directory.
+assert all(f["path"].startswith("../") for f in j["inputs"]), j["inputs"]
+base = os.path.dirname(sys.argv[1])
+files = {os.path.normpath(os.path.join(base, f["path"])): f["sha256"] for f in j["inputs"]}
 assert len(files) == 4
 for p in sys.argv[2:]:
     assert files[p] == hashlib.sha256(open(p, "rb").read()).hexdigest(), p

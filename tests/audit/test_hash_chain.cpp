@@ -7,6 +7,7 @@
 
 #include "audit/hash_chain.h"
 #include "core/error.h"
+#include "core/file.h"
 
 using namespace atlas;
 using namespace atlas::audit;
@@ -91,6 +92,56 @@ TEST_F(HashChainTest, RecordsRoundTripThroughJsonAndMalformedOnesAreErrors) {
   EXPECT_NE(error_of(json::array({json::parse(input_record_json(r).dump()), {{"sha256", kAbc}}})).find("inputs[1].path: missing"),
             std::string::npos);
   EXPECT_THROW(input_record((dir_ / "absent").string()), Error);
+}
+
+// An artifact that records its inputs relative to its own directory.
+std::string artifact_with_inputs(const fs::path& path, const std::vector<std::string>& inputs) {
+  ojson recs = ojson::array();
+  for (const auto& in : inputs) recs.push_back(input_record_json(input_record(in, path.parent_path().string())));
+  ojson j{{"kind", "test.artifact"}, {"inputs", recs}};
+  std::ofstream(path, std::ios::binary) << j.dump(2) << "\n";
+  return path.string();
+}
+
+TEST_F(HashChainTest, WalkFollowsLinksThroughArtifactsAndFindsAChangeTwoStepsBack) {
+  fs::create_directories(dir_ / "eval");
+  fs::create_directories(dir_ / "analysis");
+  const std::string data = put("data.txt", "abc");
+  const std::string run = artifact_with_inputs(dir_ / "run.json", {data});
+  const std::string eval = artifact_with_inputs(dir_ / "eval" / "eval.json", {run});
+  const std::string analysis = artifact_with_inputs(dir_ / "analysis" / "an.json", {eval, run});
+  // Recorded paths are relative to the recording artifact's directory.
+  EXPECT_EQ(json::parse(read_file(eval))["inputs"][0]["path"], "../run.json");
+  // an->eval, an->run, eval->run, run->data (run.json is reached twice but walked once).
+  auto links = walk_chain(analysis);
+  ASSERT_EQ(links.size(), 4u);
+  EXPECT_EQ(links[0].from, analysis);
+  EXPECT_EQ(links[3].from, run);
+  for (const auto& l : links) EXPECT_EQ(l.check.status, LinkStatus::Ok) << describe(l.check);
+
+  put("data.txt", "abd");  // the raw data changes after the run
+  links = walk_chain(analysis);
+  int changed = 0;
+  for (const auto& l : links)
+    if (l.check.status != LinkStatus::Ok) {
+      ++changed;
+      EXPECT_EQ(l.from, run);
+      EXPECT_EQ(fs::path(l.check.resolved).filename(), "data.txt");
+    }
+  EXPECT_EQ(changed, 1);
+}
+
+TEST_F(HashChainTest, WalkEndsOnACycleAndReportsTheBrokenLink) {
+  // a records b; b is rewritten afterwards to record a: the a->b link no longer verifies, and
+  // the walk still terminates.
+  const std::string b = put("b.json", "{\"kind\": \"x\"}");
+  const std::string a = artifact_with_inputs(dir_ / "a.json", {b});
+  artifact_with_inputs(dir_ / "b.json", {a});
+  const auto links = walk_chain(a);
+  ASSERT_EQ(links.size(), 2u);
+  EXPECT_EQ(links[0].check.status, LinkStatus::SizeMismatch);
+  EXPECT_EQ(links[1].check.status, LinkStatus::Ok);  // b->a: a is unchanged
+  EXPECT_THROW(walk_chain((dir_ / "absent.json").string()), Error);
 }
 
 }  // namespace
