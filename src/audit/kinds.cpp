@@ -135,6 +135,57 @@ FieldClass classify_generate(const std::string& group, const std::string& f) {
   return {kIdentity};
 }
 
+// ---- atlas.probe.run (issue 6): cells keyed by cell_id (source x condition) -------------------
+// Written from src/probe/run.cpp's format (format_version 1): top-level manifest/protocol/model
+// fields, "cells" of manifest header fields plus a "result" (trace: stages and gates hashes;
+// generate: generated ids, text, stop, RNG hash).
+
+Artifact load_probe_run(const std::string& file, json doc, const std::string& rows_path) {
+  if (!rows_path.empty()) fail(file, "kind", "atlas.probe.run is a single JSON file, not a JSONL sidecar");
+  Artifact a;
+  a.files = {file};
+  doc.erase("runtime");
+  if (!doc.contains("cells") || !doc["cells"].is_array()) fail(file, "cells", "missing or not an array");
+  const json& cells = doc["cells"];
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const std::string field = "cells[" + std::to_string(i) + "]";
+    const json& c = cells[i];
+    if (!c.is_object() || !c.contains("cell_id") || !c["cell_id"].is_string())
+      fail(file, field + ".cell_id", "expected a cell object with a string cell_id");
+    add_cell(a, {.id = c["cell_id"].get<std::string>(), .group = "cell", .where = file + ": " + field, .value = c});
+  }
+  doc.erase("cells");
+  a.top = std::move(doc);
+  return a;
+}
+
+FieldClass classify_probe_run(const std::string& group, const std::string& f) {
+  if (group == kTopGroup) {
+    if (auto c = common_top(f)) return *c;
+    // The manifest (hence its hash), the shard and the content hash describe the whole cell
+    // set: a pre-registered subset rerun has its own.
+    if (one_of(f, {"manifest_sha256", "content_sha256", "shard"})) return {kAggregates, Role::Aggregate};
+    return {kSettings};
+  }
+  // Positions in the whole run (manifest index, batch number) change with the cell set.
+  if (one_of(f, {"index", "batch"})) return {kAggregates, Role::Aggregate};
+  if (one_of(f, {"prompt_sha256", "target_ids_sha256"})) return {kPromptHashes};
+  if (one_of(f, {"input_ids", "result.generated_ids", "result.generated_ids_sha256"})) return {kTokenIds};
+  if (field_is(f, "result.text")) return {kTexts};
+  if (one_of(f, {"result.stop", "result.n_new"})) return {kStopStates};
+  if (field_is(f, "result.rng_state_sha256")) return {kRngHashes};
+  if (field_is(f, "result.stages")) {
+    if (f.ends_with("_sha256")) return {kHiddenHashes};
+    return {kIdentity};
+  }
+  if (field_is(f, "result.gates")) {
+    if (f.ends_with("_sha256")) return {kRouteHashes};
+    return {kIdentity};
+  }
+  if (field_is(f, "result.routes")) return {kRouteHashes};  // raw top-k ids and weights per token
+  return {kIdentity};
+}
+
 }  // namespace
 
 const std::vector<KindAdapter>& all_adapters() {
@@ -151,6 +202,12 @@ const std::vector<KindAdapter>& all_adapters() {
                     kProvenance},
        .load = load_generate,
        .classify = classify_generate},
+      {.kind = "atlas.probe.run",
+       .cell_noun = "cell",
+       .families = {kPromptHashes, kTokenIds, kTexts, kStopStates, kRngHashes, kHiddenHashes, kRouteHashes,
+                    kIdentity, kSettings, kAggregates, kProvenance},
+       .load = load_probe_run,
+       .classify = classify_probe_run},
   };
   return adapters;
 }

@@ -298,6 +298,43 @@ TEST_F(AuditTest, ComparisonJsonNamesInputsByHash) {
   EXPECT_EQ(j["differences"][0]["family"], "stop states");
 }
 
+// Shaped as src/probe/run.cpp writes a trace-mode run (format_version 1).
+json probe_run(const std::vector<std::string>& ids, const std::string& manifest) {
+  json cells = json::array();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    json gates = json::array({{{"layer", 1}, {"k", 2}, {"full_ids_sha256", "fi" + ids[i]},
+                               {"full_weights_sha256", "fw" + ids[i]}, {"target_ids_sha256", "ti" + ids[i]},
+                               {"target_weights_sha256", "tw" + ids[i]}}});
+    json stages = json::array({{{"stage", 0}, {"name", "hidden.0"}, {"full_sha256", "hf" + ids[i]},
+                                {"target_sha256", "ht" + ids[i]}}});
+    cells.push_back({{"index", int64_t(i)}, {"cell_id", ids[i]}, {"condition", "user"}, {"batch", int64_t(i / 2)},
+                     {"input_ids", {1000, 5, 6}}, {"prompt_sha256", "p" + ids[i]},
+                     {"result", {{"mode", "trace"}, {"gates", gates}, {"stages", stages}}}});
+  }
+  return {{"kind", "atlas.probe.run"}, {"format_version", 1}, {"manifest_sha256", manifest},
+          {"protocol", {{"name", "x"}}}, {"shard", nullptr}, {"cells", cells},
+          {"content_sha256", "c" + manifest}, {"runtime", {{"seconds", 1}}}};
+}
+
+TEST_F(AuditTest, ProbeRunCellsAlignByCellIdAndSubsetsIgnorePositions) {
+  const std::string full = put_json("full.json", probe_run({"s0|user", "s1|user", "s2|user"}, "m-full"));
+  json changed = probe_run({"s0|user", "s1|user", "s2|user"}, "m-full");
+  changed["cells"][1]["result"]["gates"][0]["target_weights_sha256"] = "changed";
+  Comparison c = compare(load_artifact(full), load_artifact(put_json("changed.json", changed)));
+  ASSERT_EQ(counted(c).size(), 1u);
+  EXPECT_EQ(counted(c)[0]->cell, "s1|user");
+  EXPECT_EQ(counted(c)[0]->field, "result.gates[0].target_weights_sha256");
+  EXPECT_EQ(counted(c)[0]->family, "route hashes");
+  EXPECT_EQ(family(c, "hidden hashes")->total, 6);  // 3 cells x (full, target)
+  // A subset rerun from its own manifest: other cell indices, batches and manifest hash.
+  const std::string sub = put_json("sub.json", probe_run({"s2|user"}, "m-sub"));
+  c = compare(load_artifact(sub), load_artifact(full), {.subset = true});
+  EXPECT_TRUE(c.identical()) << format_comparison(c, load_artifact(sub), load_artifact(full), 10);
+  EXPECT_EQ(c.shared, 1);
+  EXPECT_EQ(c.only_b.size(), 2u);
+  EXPECT_NE(std::find(c.not_compared.begin(), c.not_compared.end(), "index"), c.not_compared.end());
+}
+
 TEST_F(AuditTest, LongMultibyteValuesAreShortenedToValidUtf8) {
   std::string long_text = "x";  // shifts the characters so the cut lands inside one
   for (int i = 0; i < 100; ++i) long_text += "\xc3\xa9";  // U+00E9, two bytes each
