@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <ctime>
+#include <fstream>
 
 #include "atlas/build_info.h"
+#ifdef ATLAS_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
 
 namespace atlas {
 
@@ -17,6 +21,103 @@ ojson build_provenance() {
   j["git_commit"] = ATLAS_GIT_COMMIT;
   j["build_type"] = ATLAS_BUILD_TYPE;
   j["compiler"] = ATLAS_CXX_COMPILER;
+  j["build_flags"] = build_flags();
+  return j;
+}
+
+namespace {
+// Compile-time facts of this translation unit, which is built with the library's flags.
+#if defined(__AVX2__)
+constexpr bool kAvx2 = true;
+#else
+constexpr bool kAvx2 = false;
+#endif
+#if defined(__FMA__)
+constexpr bool kFma = true;
+#else
+constexpr bool kFma = false;
+#endif
+#if defined(__FAST_MATH__)
+constexpr bool kFastMath = true;
+#else
+constexpr bool kFastMath = false;
+#endif
+#if defined(__OPTIMIZE__)
+constexpr bool kOptimize = true;
+#else
+constexpr bool kOptimize = false;
+#endif
+#if defined(NDEBUG)
+constexpr bool kNdebug = true;
+#else
+constexpr bool kNdebug = false;
+#endif
+#if defined(_OPENMP)
+constexpr int64_t kOpenmp = _OPENMP;
+#else
+constexpr int64_t kOpenmp = 0;
+#endif
+#if defined(ATLAS_HAVE_CUDA)
+constexpr bool kCuda = true;
+#else
+constexpr bool kCuda = false;
+#endif
+}  // namespace
+
+ojson build_flags() {
+  ojson j;
+#if defined(__x86_64__)
+  j["x86_avx2"] = kAvx2;
+  j["x86_fma"] = kFma;
+  // GCC exposes no macro for -ffp-contract; the top-level CMakeLists.txt sets it off together
+  // with -mavx2/-mfma on x86 (see the comment there).
+  j["fp_contract"] = "off";
+#else
+  (void)kAvx2;
+  (void)kFma;
+#endif
+  j["fast_math"] = kFastMath;
+  j["optimize"] = kOptimize;
+  j["ndebug"] = kNdebug;
+  j["openmp"] = kOpenmp;  // the _OPENMP version date; 0 without OpenMP
+  ojson san = ojson::array();
+#if defined(__SANITIZE_ADDRESS__)
+  san.push_back("address");
+#endif
+#if defined(__SANITIZE_THREAD__)
+  san.push_back("thread");
+#endif
+  j["sanitizers"] = san;
+  j["cuda"] = kCuda;
+  return j;
+}
+
+ojson device_provenance(const std::string& backend) {
+  ojson j;
+  j["backend"] = backend;
+  if (backend == "cuda") {
+#ifdef ATLAS_HAVE_CUDA
+    const cuda::DeviceInfo d = cuda::device_info(0);
+    j["device"] = d.name;
+    j["compute_capability"] = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+    j["sm_count"] = d.sm_count;
+    j["total_memory_bytes"] = int64_t(d.total_memory);
+#else
+    j["device"] = "unavailable (built without CUDA)";
+#endif
+    return j;
+  }
+  std::string model = "unknown";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      if (auto colon = line.find(':'); colon != std::string::npos) {
+        model = line.substr(colon + 1);
+        model.erase(0, model.find_first_not_of(" \t"));
+      }
+      break;
+    }
+  j["device"] = model;
   return j;
 }
 

@@ -10,7 +10,18 @@
 
 namespace atlas {
 
-ojson build_provenance();  // tool version, git commit, build type, compiler
+ojson build_provenance();  // tool version, git commit, build type, compiler, build_flags
+
+// Compile-time facts that can change numerics or checking, as this library was built:
+// {"x86_avx2", "x86_fma", "fast_math", "fp_contract", "optimize", "ndebug", "openmp",
+// "sanitizers", "cuda"}. Part of build_provenance().
+ojson build_flags();
+
+// Backend and device facts for an artifact's provenance: {"backend", "device"} and, for cuda,
+// {"compute_capability", "sm_count", "total_memory_bytes"}. The CPU's device is the first
+// "model name" of /proc/cpuinfo ("unknown" where there is none). Machine-specific: compare
+// reports these with the rest of provenance but does not count them.
+ojson device_provenance(const std::string& backend);
 
 class RuntimeClock {
  public:

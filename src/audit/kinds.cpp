@@ -1,0 +1,215 @@
+// The per-kind adapters: how each artifact kind splits into top-level fields and cells, and
+// which family each field belongs to. Adding a kind (probe run, evaluation, analysis) means
+// adding one adapter to all_adapters() below; the engine needs nothing else.
+#include <optional>
+
+#include "audit/artifact.h"
+
+namespace atlas::audit {
+namespace {
+
+// Families shared by every kind, in summary order.
+const char* const kPromptHashes = "prompt hashes";
+const char* const kTokenIds = "token ids";
+const char* const kTexts = "texts";
+const char* const kStopStates = "stop states";
+const char* const kRngHashes = "RNG hashes";
+const char* const kHiddenHashes = "hidden hashes";
+const char* const kRouteHashes = "route hashes";
+const char* const kStatistics = "derived statistics";
+const char* const kIdentity = "identity fields";
+const char* const kSettings = "settings";
+const char* const kAggregates = "aggregates";
+const char* const kProvenance = "provenance";
+
+bool one_of(const std::string& field, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (field_is(field, n)) return true;
+  return false;
+}
+
+// Top-level rules every kind shares: provenance is reported, runtime never reaches here.
+std::optional<FieldClass> common_top(const std::string& field) {
+  if (field_is(field, "provenance")) return FieldClass{kProvenance, Role::Informational};
+  return std::nullopt;
+}
+
+// ---- atlas.trace: cells are the hidden stages, the gates and the logits summary ------------
+
+Artifact load_trace(const std::string& file, json doc, const std::string& rows_path) {
+  if (!rows_path.empty()) fail(file, "kind", "atlas.trace is a single JSON file, not a JSONL sidecar");
+  Artifact a;
+  a.files = {file};
+  doc.erase("runtime");
+  for (const char* key : {"stages", "gates"}) {
+    if (!doc.contains(key)) fail(file, key, "missing");
+    if (!doc[key].is_array()) fail(file, key, "expected an array");
+  }
+  const json& stages = doc["stages"];
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const std::string field = "stages[" + std::to_string(i) + "]";
+    const json& s = stages[i];
+    if (!s.is_object() || !s.contains("name") || !s["name"].is_string())
+      fail(file, field + ".name", "expected a stage object with a string name");
+    add_cell(a, {.id = s["name"].get<std::string>(), .group = "stage", .where = file + ": " + field, .value = s});
+  }
+  const json& gates = doc["gates"];
+  for (size_t i = 0; i < gates.size(); ++i) {
+    const std::string field = "gates[" + std::to_string(i) + "]";
+    const json& g = gates[i];
+    if (!g.is_object() || !g.contains("layer") || !g["layer"].is_number_integer())
+      fail(file, field + ".layer", "expected a gate object with an integer layer");
+    // Named as the --dump tensors are: router.{layer}.
+    add_cell(a, {.id = "router." + std::to_string(g["layer"].get<int64_t>()), .group = "gate",
+                 .where = file + ": " + field, .value = g});
+  }
+  if (doc.contains("logits")) {
+    if (!doc["logits"].is_object()) fail(file, "logits", "expected an object");
+    add_cell(a, {.id = "logits", .group = "logits", .where = file + ": logits", .value = doc["logits"]});
+  }
+  doc.erase("stages");
+  doc.erase("gates");
+  doc.erase("logits");
+  a.top = std::move(doc);
+  return a;
+}
+
+FieldClass classify_trace(const std::string& group, const std::string& f) {
+  if (group == kTopGroup) {
+    if (auto c = common_top(f)) return *c;
+    if (field_is(f, "input.prompt_sha256")) return {kPromptHashes};
+    if (field_is(f, "input.ids")) return {kTokenIds};
+    if (field_is(f, "input.text")) return {kTexts};
+    return {kSettings};
+  }
+  if (one_of(f, {"mean", "std", "min", "max", "l2", "load", "weighted_load"})) return {kStatistics};
+  if (group == "gate" && one_of(f, {"topk_ids_sha256", "topk_weights_sha256", "logits_sha256"}))
+    return {kRouteHashes};
+  if (f == "sha256") return {kHiddenHashes};  // hidden stages and the final logits
+  return {kIdentity};                         // name, hook, stage, layer, shape, dtype, tokens, k
+}
+
+// ---- atlas.generate: JSONL rows keyed by id, kind and settings in the .meta.json sidecar ----
+
+Artifact load_generate(const std::string& file, json meta, const std::string& rows_path) {
+  if (rows_path.empty()) fail(file, {}, "generation metadata without its rows file (expected next to it, without .meta.json)");
+  Artifact a;
+  a.files = {rows_path, file};
+  meta.erase("runtime");
+  for (auto& [row, where] : read_jsonl(rows_path)) {
+    if (!row.contains("id")) fail(where, "id", "missing");
+    std::string id;
+    if (row["id"].is_string())
+      id = row["id"].get<std::string>();
+    else if (row["id"].is_number_integer())
+      id = std::to_string(row["id"].get<int64_t>());
+    else
+      fail(where, "id", "expected a string or integer");
+    add_cell(a, {.id = id, .group = "row", .where = where, .value = std::move(row)});
+  }
+  // The sidecar is written after the rows: a row count that disagrees means a cut-off or
+  // mismatched file.
+  if (meta.contains("rows")) {
+    if (!meta["rows"].is_number_integer()) fail(file, "rows", "expected an integer");
+    const int64_t want = meta["rows"].get<int64_t>();
+    if (want != int64_t(a.cells.size()))
+      fail(rows_path, {}, std::to_string(a.cells.size()) + " rows, but " + file + " says " + std::to_string(want) +
+                              " (truncated or mismatched files)");
+  }
+  a.top = std::move(meta);
+  return a;
+}
+
+FieldClass classify_generate(const std::string& group, const std::string& f) {
+  if (group == kTopGroup) {
+    if (auto c = common_top(f)) return *c;
+    // Summaries of the whole row set: a subset rerun differs in them by construction.
+    if (one_of(f, {"rows", "stops", "prompts_sha256"})) return {kAggregates, Role::Aggregate};
+    return {kSettings};
+  }
+  if (f == "prompt_sha256") return {kPromptHashes};
+  if (field_is(f, "ids")) return {kTokenIds};
+  if (field_is(f, "text")) return {kTexts};
+  if (one_of(f, {"stop", "n_new"})) return {kStopStates};
+  if (f == "rng_state_sha256") return {kRngHashes};
+  return {kIdentity};
+}
+
+// ---- atlas.probe.run (issue 6): cells keyed by cell_id (source x condition) -------------------
+// Written from src/probe/run.cpp's format (format_version 1): top-level manifest/protocol/model
+// fields, "cells" of manifest header fields plus a "result" (trace: stages and gates hashes;
+// generate: generated ids, text, stop, RNG hash).
+
+Artifact load_probe_run(const std::string& file, json doc, const std::string& rows_path) {
+  if (!rows_path.empty()) fail(file, "kind", "atlas.probe.run is a single JSON file, not a JSONL sidecar");
+  Artifact a;
+  a.files = {file};
+  doc.erase("runtime");
+  if (!doc.contains("cells") || !doc["cells"].is_array()) fail(file, "cells", "missing or not an array");
+  const json& cells = doc["cells"];
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const std::string field = "cells[" + std::to_string(i) + "]";
+    const json& c = cells[i];
+    if (!c.is_object() || !c.contains("cell_id") || !c["cell_id"].is_string())
+      fail(file, field + ".cell_id", "expected a cell object with a string cell_id");
+    add_cell(a, {.id = c["cell_id"].get<std::string>(), .group = "cell", .where = file + ": " + field, .value = c});
+  }
+  doc.erase("cells");
+  a.top = std::move(doc);
+  return a;
+}
+
+FieldClass classify_probe_run(const std::string& group, const std::string& f) {
+  if (group == kTopGroup) {
+    if (auto c = common_top(f)) return *c;
+    // The manifest (hence its hash), the shard and the content hash describe the whole cell
+    // set: a pre-registered subset rerun has its own.
+    if (one_of(f, {"manifest_sha256", "content_sha256", "shard"})) return {kAggregates, Role::Aggregate};
+    return {kSettings};
+  }
+  // Positions in the whole run (manifest index, batch number) change with the cell set.
+  if (one_of(f, {"index", "batch"})) return {kAggregates, Role::Aggregate};
+  if (one_of(f, {"prompt_sha256", "target_ids_sha256"})) return {kPromptHashes};
+  if (one_of(f, {"input_ids", "result.generated_ids", "result.generated_ids_sha256"})) return {kTokenIds};
+  if (field_is(f, "result.text")) return {kTexts};
+  if (one_of(f, {"result.stop", "result.n_new"})) return {kStopStates};
+  if (field_is(f, "result.rng_state_sha256")) return {kRngHashes};
+  if (field_is(f, "result.stages")) {
+    if (f.ends_with("_sha256")) return {kHiddenHashes};
+    return {kIdentity};
+  }
+  if (field_is(f, "result.gates")) {
+    if (f.ends_with("_sha256")) return {kRouteHashes};
+    return {kIdentity};
+  }
+  if (field_is(f, "result.routes")) return {kRouteHashes};  // raw top-k ids and weights per token
+  return {kIdentity};
+}
+
+}  // namespace
+
+const std::vector<KindAdapter>& all_adapters() {
+  static const std::vector<KindAdapter> adapters = {
+      {.kind = "atlas.trace",
+       .cell_noun = "cell",
+       .families = {kPromptHashes, kTokenIds, kTexts, kHiddenHashes, kRouteHashes, kStatistics, kIdentity, kSettings,
+                    kProvenance},
+       .load = load_trace,
+       .classify = classify_trace},
+      {.kind = "atlas.generate",
+       .cell_noun = "row",
+       .families = {kPromptHashes, kTokenIds, kTexts, kStopStates, kRngHashes, kIdentity, kSettings, kAggregates,
+                    kProvenance},
+       .load = load_generate,
+       .classify = classify_generate},
+      {.kind = "atlas.probe.run",
+       .cell_noun = "cell",
+       .families = {kPromptHashes, kTokenIds, kTexts, kStopStates, kRngHashes, kHiddenHashes, kRouteHashes,
+                    kIdentity, kSettings, kAggregates, kProvenance},
+       .load = load_probe_run,
+       .classify = classify_probe_run},
+  };
+  return adapters;
+}
+
+}  // namespace atlas::audit
