@@ -4,7 +4,7 @@
 #   tests/cuda/gpu_full_run.sh DEBS_DIR [bench]
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
-# libssl-dev libssl3 zlib1g-dev libtomlplusplus-dev). Each -dev package whose header the system lacks is unpacked
+# libssl-dev libssl3 zlib1g-dev libtomlplusplus-dev libtomlplusplus3). Each -dev package whose header the system lacks is unpacked
 # with `dpkg -x` (with its runtime library) into a private prefix, never into /, and its .pc
 # files are rewritten to that prefix; CMake finds it through CMAKE_PREFIX_PATH/PKG_CONFIG_PATH.
 # With "bench": also makes a full-size random DeepSeek-V2-Lite and runs atlas_cuda_model_bench.
@@ -42,7 +42,7 @@ need() {  # need HEADER DEV_PKG [RUNTIME_PKG]
   need zlib.h zlib1g-dev
   need CLI/CLI.hpp libcli11-dev
   need nlohmann/json.hpp nlohmann-json3-dev
-  need toml++/toml.h libtomlplusplus-dev
+  need toml++/toml.h libtomlplusplus-dev libtomlplusplus3
   # Debian's .pc files name /usr: point them at the prefix.
   find "$prefix" -name '*.pc' -exec sed -i -E "s#(=|-I|-L)/usr#\1$prefix/usr#g" {} +
   find "$prefix" -name '*.pc' | head -20
