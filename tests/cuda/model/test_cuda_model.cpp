@@ -26,6 +26,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/loader.h"
+#include "../../support/reference_capture.h"
 
 using namespace atlas;
 namespace fs = std::filesystem;
@@ -39,86 +40,11 @@ class CudaModelTest : public ::testing::Test {
   }
 };
 
-std::vector<std::string> fixture_dirs() {
-  std::vector<std::string> out;
-  fs::path root = fs::path(ATLAS_SOURCE_DIR) / "tests" / "fixtures";
-  for (auto& e : fs::directory_iterator(root))
-    if (fs::exists(e.path() / "reference.safetensors")) out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test_support::Captured;
+using test_support::fixture_dirs;
+using test_support::Reference;
+using test_support::rel_error;
 
-struct Captured {
-  std::map<std::string, std::vector<float>> f32;
-  std::map<std::string, std::vector<int32_t>> i32;
-};
-
-Captured run(const Model& model, const std::vector<int32_t>& ids, const std::vector<int32_t>& mask_i, int64_t B,
-             int64_t T) {
-  std::vector<int32_t> pos(ids.size());
-  std::vector<uint8_t> mask(ids.size());
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t c = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      mask[size_t(b * T + t)] = uint8_t(mask_i[size_t(b * T + t)]);
-      pos[size_t(b * T + t)] = mask_i[size_t(b * T + t)] ? c++ : 0;
-    }
-  }
-  Captured cap;
-  Hooks hooks;
-  auto keep = [&](const std::string& name) {
-    return [&cap, name](HookTensor& t) {
-      if (t.dtype == DType::I32)
-        cap.i32[name].assign(t.i32(), t.i32() + t.numel());
-      else
-        cap.f32[name].assign(t.f32(), t.f32() + t.numel());
-    };
-  };
-  const int64_t L = model.config().num_hidden_layers;
-  hooks.add("embed", keep("hidden.0"));
-  for (int64_t l = 0; l < L; ++l) {
-    LayerHookNames n(l);
-    hooks.add(n.resid_post, keep("hidden." + std::to_string(l + 1)));
-    hooks.add(n.latent, keep("mla." + std::to_string(l) + ".latent"));
-    hooks.add(n.router_logits, keep("router." + std::to_string(l) + ".logits"));
-    hooks.add(n.topk_ids, keep("router." + std::to_string(l) + ".topk_ids"));
-    hooks.add(n.topk_weights, keep("router." + std::to_string(l) + ".topk_weights"));
-  }
-  hooks.add("final_norm", keep("hidden." + std::to_string(L + 1)));
-  hooks.add("logits", keep("logits"));
-  model.forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask}, &hooks);
-  return cap;
-}
-
-double rel_error(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
-                 int64_t width) {
-  double maxerr = 0, maxref = 0;
-  for (size_t m = 0; m < mask.size(); ++m) {
-    if (!mask[m]) continue;
-    for (int64_t i = 0; i < width; ++i) {
-      maxerr = std::max(maxerr, std::abs(double(a[m * width + i]) - double(b[m * width + i])));
-      maxref = std::max(maxref, std::abs(double(b[m * width + i])));
-    }
-  }
-  return maxref > 0 ? maxerr / maxref : maxerr;
-}
-
-struct Reference {
-  std::shared_ptr<SafetensorsFile> file;
-  std::vector<int32_t> ids, mask;
-  int64_t B = 0, T = 0;
-  explicit Reference(const std::string& dir) {
-    file = SafetensorsFile::open(dir + "/reference.safetensors");
-    const TensorView* in = file->find("input_ids");
-    const TensorView* am = file->find("attention_mask");
-    B = in->shape[0];
-    T = in->shape[1];
-    ids.assign(reinterpret_cast<const int32_t*>(in->data), reinterpret_cast<const int32_t*>(in->data) + B * T);
-    mask.assign(reinterpret_cast<const int32_t*>(am->data), reinterpret_cast<const int32_t*>(am->data) + B * T);
-  }
-};
-
-// Compares captured stages of `ours` with `theirs` (same names); returns top-k agreement.
 void compare(const std::string& label, const Captured& ours, const Captured& theirs, const Reference& ref,
              double tol) {
   int64_t sel = 0, same = 0, stages = 0;
@@ -173,8 +99,8 @@ TEST_F(CudaModelTest, FixturesMatchCpuBf16AndTransformersReference) {
     auto gpu = load_model(ck, {.backend = "cuda", .compute = Compute::BF16});
     auto cpu = load_model(ck, {.backend = "cpu", .compute = Compute::BF16});
     ASSERT_EQ(gpu->backend(), "cuda");
-    const Captured g = run(*gpu, ref.ids, ref.mask, ref.B, ref.T);
-    const Captured c = run(*cpu, ref.ids, ref.mask, ref.B, ref.T);
+    const Captured g = test_support::run_captured(*gpu, ref);
+    const Captured c = test_support::run_captured(*cpu, ref);
     compare(tag + " cuda-vs-cpu-bf16", g, c, ref, 0.12);
     compare(tag + " cuda-vs-f32-ref", g, from_reference(ref), ref, 0.12);
   }
