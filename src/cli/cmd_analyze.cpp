@@ -15,6 +15,7 @@
 #include "core/json.h"
 #include "stats/analysis.h"
 #include "stats/plots.h"
+#include "stats/run_adapter.h"
 
 namespace {
 
@@ -22,7 +23,7 @@ using namespace atlas;
 
 struct Options {
   std::vector<std::string> inputs;
-  std::string out;
+  std::string out, manifest, model_dir;
   uint32_t replicates = 2000, task_replicates = 10000;
   uint64_t seed = 20260729, task_seed = 20260729;
   double level = 0.95;
@@ -34,7 +35,17 @@ void run(const Options& o) {
   if (!(o.level > 0 && o.level < 1)) fail({}, "--level", "expected a value in (0, 1)");
   cli::set_threads(o.threads);
   const auto t0 = std::chrono::steady_clock::now();
-  const stats::AnalysisInput in = stats::read_analysis_input(o.inputs, o.allow_mixed);
+  // Probe run artifacts (a run directory or run.json, "kind": "atlas.probe.run") go through the
+  // adapter; everything else is the analysis-input JSON. The two are not mixed in one call.
+  size_t n_runs = 0;
+  for (const auto& p : o.inputs) n_runs += stats::is_run_artifact(p);
+  if (n_runs != 0 && n_runs != o.inputs.size())
+    fail({}, "inputs", "run artifacts and analysis-input files cannot be mixed in one call");
+  if (n_runs == 0 && (!o.manifest.empty() || !o.model_dir.empty()))
+    fail({}, "--manifest", "--manifest and --model apply to probe run artifacts only");
+  const stats::AnalysisInput in =
+      n_runs ? stats::read_run_artifacts({.runs = o.inputs, .manifest = o.manifest, .model_dir = o.model_dir})
+             : stats::read_analysis_input(o.inputs, o.allow_mixed);
   const auto t1 = std::chrono::steady_clock::now();
   stats::AnalysisOptions opt;
   opt.bootstrap = {.replicates = o.replicates, .seed = o.seed, .level = o.level};
@@ -64,9 +75,12 @@ cli::Registrar reg{{
     .setup =
         [](CLI::App& app) {
           static Options o;
-          app.add_option("inputs", o.inputs, "Analysis-input JSON files (format atlas-analysis-input-v1)")
+          app.add_option("inputs", o.inputs, "Analysis-input JSON files (atlas-analysis-input-v1), or probe run directories / run.json")
               ->required()
+              ->check(CLI::ExistingPath);
+          app.add_option("--manifest", o.manifest, "Run artifacts: the frozen manifest (checked; gives the condition order)")
               ->check(CLI::ExistingFile);
+          app.add_option("--model", o.model_dir, "Run artifacts: model directory for the expert count (default: the run's)");
           app.add_option("--out", o.out, "Output directory")->required();
           app.add_option("--replicates", o.replicates, "Source bootstrap replicates (0: no intervals)")
               ->capture_default_str();
@@ -84,7 +98,8 @@ cli::Registrar reg{{
           app.footer(
               "Writes OUT/analysis.json (every statistic with its point value and percentile interval,\n"
               "definitions, settings, input hashes; timings only under \"runtime\"), OUT/report.md and\n"
-              "SVG plots. Input format and definitions: docs/stats.md.");
+              "SVG plots. Input format and definitions: docs/stats.md. Probe run artifacts (`atlas run`\n"
+              "output) are read directly; their edges compare every condition with the first one.");
           app.callback([] { run(o); });
         },
 }};
