@@ -310,13 +310,12 @@ std::map<int64_t, ojson> run_generate_batch(const Model& model, const Tokenizer*
                              .stop_strings = {},
                              .pad_id = eos};
   auto gen = decode::generate(model, rows, go);
-  // Text only when every generated id is in the tokenizer (a random model can emit ids of the
-  // model's vocabulary that the tokenizer lacks); null otherwise.
+  // Text as transformers decodes it: special tokens skipped, and ids the tokenizer lacks (a
+  // model's vocabulary can be larger than its tokenizer's) left out; the ids are recorded
+  // exactly. Same rule as `atlas generate`.
   auto text_of = [tok](const std::vector<int32_t>& ids) -> ojson {
     if (!tok) return nullptr;
-    for (int32_t id : ids)
-      if (!tok->id_to_token(id)) return nullptr;
-    return tok->decode(ids, {.skip_special_tokens = true});
+    return tok->decode(ids, {.skip_special_tokens = true, .skip_unknown_ids = true});
   };
   std::map<int64_t, ojson> results;
   for (size_t i = 0; i < gen.size(); ++i) {
