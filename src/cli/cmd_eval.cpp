@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/sandbox_flags.h"
 #include "core/error.h"
 #include "eval/run_eval.h"
 
@@ -10,25 +11,14 @@ namespace atlas::cli {
 namespace {
 
 struct EvalArgs {
-  std::string run, manifest, out, cache, python = "/usr/bin/python3", bwrap = "bwrap";
-  std::vector<std::string> ro_paths;
-  int workers = 0;
-  double timeout = 5.0;
-  uint32_t host_uid_base = 2000000000;
+  std::string run, manifest, out;
+  SandboxFlags sandbox;
 };
 
 void run_eval_cmd(const EvalArgs& a) {
   using namespace atlas::eval;
-  if (!(a.timeout > 0)) fail({}, "--timeout", "must be > 0");
-  RunEvalOptions o{.run = a.run, .manifest = a.manifest, .out = a.out, .humaneval = {}};
-  o.humaneval.sandbox.python = a.python;
-  o.humaneval.sandbox.bwrap = a.bwrap;
-  o.humaneval.sandbox.host_uid_base = a.host_uid_base;
-  if (!a.ro_paths.empty()) o.humaneval.sandbox.ro_paths = a.ro_paths;
-  o.humaneval.sandbox.limits.wall_seconds = a.timeout;
-  o.humaneval.workers = a.workers;
-  o.humaneval.progress = progress_enabled();
-  ResultCache cache(a.cache);
+  RunEvalOptions o{.run = a.run, .manifest = a.manifest, .out = a.out, .humaneval = sandbox_options(a.sandbox)};
+  ResultCache cache(a.sandbox.cache);
   o.humaneval.cache = &cache;
   const RunEvalSummary s = eval_run(o);
   std::printf("eval: %lld cells, %lld evaluated, %lld correct -> %s\n", (long long)s.cells, (long long)s.evaluated,
@@ -50,15 +40,7 @@ Registrar reg{{
           app.add_option("--manifest", a.manifest, "The manifest the run was made from (gold answers, corpora)")
               ->required();
           app.add_option("--out", a.out, "Output EVAL.json (written atomically)")->required();
-          app.add_option("--workers", a.workers, "Parallel sandboxes (0: the machine's cores)")->capture_default_str();
-          app.add_option("--cache", a.cache, "Directory of cached HumanEval results");
-          app.add_option("--timeout", a.timeout, "Wall-clock limit per HumanEval candidate, seconds")
-              ->capture_default_str();
-          app.add_option("--python", a.python, "Python interpreter used inside the sandbox")->capture_default_str();
-          app.add_option("--ro-path", a.ro_paths, "Host path visible read-only inside (repeatable; default /usr)");
-          app.add_option("--bwrap", a.bwrap, "bubblewrap executable")->capture_default_str();
-          app.add_option("--host-uid-base", a.host_uid_base, "When root: sandboxes run as host uid BASE+k")
-              ->capture_default_str();
+          add_sandbox_flags(app, a.sandbox);  // HumanEval cells: same flags as `atlas humaneval`
           app.footer(
               "Domains are dispatched by their corpus format in the manifest: gsm8k -> strict GSM8K scoring\n"
               "(gold from manifest sources[].gold), humaneval -> sandboxed tests (tasks from the corpus file,\n"

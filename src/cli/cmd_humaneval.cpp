@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/sandbox_flags.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "core/provenance.h"
@@ -20,12 +21,8 @@ namespace atlas::cli {
 namespace {
 
 struct HumanEvalArgs {
-  std::string problems, samples, out, cache, python = "/usr/bin/python3", bwrap = "bwrap";
-  std::vector<std::string> ro_paths;
-  int workers = 0;
-  double timeout = 5.0;
-  uint32_t host_uid_base = 2000000000;
-  uint64_t memory_mib = 256, processes = 64, cpu_seconds = 10, file_size_mib = 16, tmpfs_mib = 16;
+  std::string problems, samples, out;
+  SandboxFlags sandbox;
 };
 
 void run_humaneval(const HumanEvalArgs& a) {
@@ -45,23 +42,9 @@ void run_humaneval(const HumanEvalArgs& a) {
     cands.push_back({.problem = it->second, .completion = r.get<std::string>("completion")});
   }
 
-  EvalOptions opt;
-  opt.sandbox.python = a.python;
-  opt.sandbox.bwrap = a.bwrap;
-  opt.sandbox.host_uid_base = a.host_uid_base;
-  if (!a.ro_paths.empty()) opt.sandbox.ro_paths = a.ro_paths;
-  opt.sandbox.limits = {.address_space_bytes = a.memory_mib << 20,
-                        .processes = a.processes,
-                        .cpu_seconds = a.cpu_seconds,
-                        .file_size_bytes = a.file_size_mib << 20,
-                        .open_files = 256,
-                        .tmpfs_bytes = a.tmpfs_mib << 20,
-                        .wall_seconds = a.timeout};
-  if (!(a.timeout > 0)) fail({}, "--timeout", "must be > 0");
-  opt.workers = a.workers;
-  opt.progress = progress_enabled();
+  EvalOptions opt = sandbox_options(a.sandbox);
   probe_sandbox(opt.sandbox);  // fails clearly (bwrap missing, no namespaces) before any candidate runs
-  ResultCache cache(a.cache);
+  ResultCache cache(a.sandbox.cache);
   opt.cache = &cache;
   EvalStats stats;
   const auto outcomes = evaluate_humaneval(cands, opt, &stats);
@@ -99,21 +82,7 @@ Registrar reg{{
           app.add_option("--samples", a.samples, "JSONL: {\"task_id\", \"completion\"} per line")->required();
           app.add_option("--out", a.out, "Output JSONL (input lines plus extraction, result, exception, detail)")
               ->required();
-          app.add_option("--workers", a.workers, "Parallel sandboxes (0: the machine's cores)")->capture_default_str();
-          app.add_option("--cache", a.cache, "Directory of cached results (kept across runs; timeouts are not cached)");
-          app.add_option("--timeout", a.timeout, "Wall-clock limit per candidate, seconds")->capture_default_str();
-          app.add_option("--memory-mib", a.memory_mib, "Address-space limit (RLIMIT_AS), MiB")->capture_default_str();
-          app.add_option("--processes", a.processes, "Process limit per sandbox (RLIMIT_NPROC)")->capture_default_str();
-          app.add_option("--cpu-seconds", a.cpu_seconds, "CPU-time limit per process (RLIMIT_CPU)")->capture_default_str();
-          app.add_option("--file-size-mib", a.file_size_mib, "File-size limit (RLIMIT_FSIZE), MiB")->capture_default_str();
-          app.add_option("--tmpfs-mib", a.tmpfs_mib, "Size of the private /work tmpfs, MiB")->capture_default_str();
-          app.add_option("--python", a.python, "Python interpreter used inside the sandbox")->capture_default_str();
-          app.add_option("--ro-path", a.ro_paths, "Host path visible read-only inside (repeatable; default /usr)");
-          app.add_option("--bwrap", a.bwrap, "bubblewrap executable")->capture_default_str();
-          app.add_option("--host-uid-base", a.host_uid_base,
-                         "When root: run each sandbox as host uid BASE+k (0: as root; RLIMIT_NPROC is then "
-                         "not enforced)")
-              ->capture_default_str();
+          add_sandbox_flags(app, a.sandbox);
           app.footer(
               "Each candidate runs in a fresh sandbox: new user/pid/net/ipc/uts namespaces, uid 65534,\n"
               "no capabilities, read-only /usr, a private tmpfs, rlimits, a wall-clock kill. Without a\n"
