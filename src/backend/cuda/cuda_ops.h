@@ -287,7 +287,9 @@ void mla_decode(const MlaDecodeArgs& a);
 //   cublaslt_pinned (experimental): the algorithm cuBLASLt's heuristic picks for M = 128 with
 //     split-K forced to 1, reused for every M of that (N, K, out type). cuBLAS documents no
 //     row invariance for this; tests/cuda measures whether it holds (docs/cuda.md).
-enum class GemmMode { batch_invariant, fast, cublaslt_pinned };
+//   fma_chain: the original scalar kernel (one fp32 FMA chain per output over k ascending); slow,
+//     kept as an on-device cross-check of the reference.
+enum class GemmMode { batch_invariant, fast, cublaslt_pinned, fma_chain };
 enum class OutType { bf16, f32 };
 struct GemmArgs {
   const uint16_t* x = nullptr;  // [M, K] bf16, row-major, row stride x_stride
@@ -299,8 +301,36 @@ struct GemmArgs {
   // [M, heads, d] activation or one head's block of a weight be used in place (MLA absorption).
   int64_t x_stride = 0, w_stride = 0, out_stride = 0;
   GemmMode mode = GemmMode::batch_invariant;
+  // Strided batch: `batch` independent products of the same shape; product i reads
+  // x + i*x_batch_stride and w + i*w_batch_stride and writes out + i*out_batch_stride
+  // (elements). One launch for e.g. the 16 per-head MLA absorptions.
+  int batch = 1;
+  int64_t x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
   Stream stream = nullptr;
 };
 void gemm(const GemmArgs& a);
+
+// ---- grouped GEMM (MoE experts), routing stays on the device ------------------------------
+// Rows are sorted by group (expert); group g owns rows [offsets[g], offsets[g+1]) and
+// multiplies them by its own weight w[g]:  out[r, :] = A[r, :] . w[g]^T  for r in group g,
+// where A[r] = x[x_rows ? x_rows[r] : r] (the optional gather fuses the MoE permutation into the
+// A loads). offsets live on the device and are never read by the host, so a MoE layer needs no
+// host round trip; `max_rows` (host) bounds offsets[groups] and sizes the grid. Each row's result
+// is bit-identical to the batch_invariant `gemm` of that row alone with w[g] (same kernel
+// contract), so expert outputs do not depend on which other rows share the expert.
+struct GroupedGemmArgs {
+  const uint16_t* x = nullptr;              // [*, K] bf16, row stride x_stride
+  const int32_t* x_rows = nullptr;          // [max_rows] device, optional: A row r = x row x_rows[r]
+  const uint16_t* const* w = nullptr;       // [groups] device array of device pointers, each [N, K]
+  const int32_t* offsets = nullptr;         // [groups + 1] device, non-decreasing, offsets[0] = 0
+  void* out = nullptr;                      // [max_rows, N], row stride out_stride
+  OutType out_type = OutType::bf16;
+  int groups = 0;
+  int max_rows = 0;  // host bound: offsets[groups] <= max_rows (checked on the device)
+  int N = 0, K = 0;
+  int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // elements, 0 = dense
+  Stream stream = nullptr;
+};
+void grouped_gemm(const GroupedGemmArgs& a);
 
 }  // namespace atlas::cuda
