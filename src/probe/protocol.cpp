@@ -110,6 +110,71 @@ void one_of(const Table& t, const std::string& key, const std::string& v, std::i
   t.bad(key, "unknown value '" + v + "' (expected one of: " + list + ")");
 }
 
+// [[edge]] and [[factorial]]: the analysis design. Every name must be a declared condition;
+// an edge needs two different conditions and may not repeat another edge (same pair, or
+// same name); a factorial needs four different conditions and two factor names.
+void read_design(Table& top, const std::string& path, Protocol& p) {
+  auto known = [&](Table& t, const std::string& key, const std::string& name) {
+    if (std::none_of(p.conditions.begin(), p.conditions.end(), [&](const ConditionSpec& c) { return c.name == name; })) {
+      std::string list;
+      for (const auto& c : p.conditions) list += (list.empty() ? "" : ", ") + c.name;
+      t.bad(key, "unknown condition '" + name + "' (declared: " + list + ")");
+    }
+  };
+  if (const toml::array* arr = top.array("edge")) {
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const std::string where = "edge[" + std::to_string(i) + "]";
+      if (!(*arr)[i].is_table()) fail(path, where, "expected a table {name, condition, reference}");
+      Table t((*arr)[i].as_table(), path, where);
+      EdgeSpec e;
+      e.condition = t.req_string("condition");
+      e.reference = t.req_string("reference");
+      known(t, "condition", e.condition);
+      known(t, "reference", e.reference);
+      if (e.condition == e.reference) t.bad("reference", "an edge needs two different conditions");
+      e.name = e.condition + " vs " + e.reference;
+      t.get("name", e.name);
+      if (e.name.empty()) t.bad("name", "must not be empty");
+      for (size_t k = 0; k < p.edges.size(); ++k) {
+        const EdgeSpec& o = p.edges[k];
+        if (o.name == e.name) t.bad("name", "edge name '" + e.name + "' already used by edge[" + std::to_string(k) + "]");
+        if (o.condition == e.condition && o.reference == e.reference)
+          t.bad("condition", "duplicates edge[" + std::to_string(k) + "] ('" + o.name + "': " + e.condition + " vs " +
+                                 e.reference + ")");
+      }
+      t.finish();
+      p.edges.push_back(std::move(e));
+    }
+  }
+  if (const toml::array* arr = top.array("factorial")) {
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const std::string where = "factorial[" + std::to_string(i) + "]";
+      if (!(*arr)[i].is_table()) fail(path, where, "expected a table {name, a, b, a0b0, a1b0, a0b1, a1b1}");
+      Table t((*arr)[i].as_table(), path, where);
+      FactorialSpec f;
+      f.name = t.req_string("name");
+      f.factor_a = t.req_string("a");
+      f.factor_b = t.req_string("b");
+      if (f.name.empty() || f.factor_a.empty() || f.factor_b.empty()) t.bad("name", "name, a and b must not be empty");
+      if (f.factor_a == f.factor_b) t.bad("b", "the two factors need different names");
+      std::string* cells[4] = {&f.a0b0, &f.a1b0, &f.a0b1, &f.a1b1};
+      const char* keys[4] = {"a0b0", "a1b0", "a0b1", "a1b1"};
+      for (int c = 0; c < 4; ++c) {
+        *cells[c] = t.req_string(keys[c]);
+        known(t, keys[c], *cells[c]);
+        for (int o = 0; o < c; ++o)
+          if (*cells[o] == *cells[c])
+            t.bad(keys[c], "condition '" + *cells[c] + "' is also " + keys[o] + " (a 2x2 needs four different conditions)");
+      }
+      for (size_t k = 0; k < p.factorials.size(); ++k)
+        if (p.factorials[k].name == f.name)
+          t.bad("name", "factorial name '" + f.name + "' already used by factorial[" + std::to_string(k) + "]");
+      t.finish();
+      p.factorials.push_back(std::move(f));
+    }
+  }
+}
+
 }  // namespace
 
 Protocol load_protocol(const std::string& path) {
@@ -243,6 +308,8 @@ Protocol load_protocol(const std::string& path) {
     p.conditions.push_back(std::move(cs));
   }
 
+  read_design(top, path, p);
+
   Table con = top.sub("contracts");
   con.get("same_content_ids", p.same_content_ids);
   con.get("nested_prefixes", p.nested_prefixes);
@@ -335,6 +402,20 @@ ojson Protocol::to_json() const {
                      {"group", c.group}, {"edits", e}});
   }
   j["conditions"] = conds;
+  // The analysis design, only when declared: a protocol without it freezes to the same
+  // manifest (and manifest_sha256) as before edges and factorials existed.
+  if (!edges.empty()) {
+    ojson ea = ojson::array();
+    for (const auto& e : edges) ea.push_back({{"name", e.name}, {"condition", e.condition}, {"reference", e.reference}});
+    j["edges"] = ea;
+  }
+  if (!factorials.empty()) {
+    ojson fa = ojson::array();
+    for (const auto& f : factorials)
+      fa.push_back({{"name", f.name}, {"a", f.factor_a}, {"b", f.factor_b}, {"a0b0", f.a0b0}, {"a1b0", f.a1b0},
+                    {"a0b1", f.a0b1}, {"a1b1", f.a1b1}});
+    j["factorials"] = fa;
+  }
   j["contracts"] = {{"same_content_ids", same_content_ids}, {"nested_prefixes", nested_prefixes},
                     {"equal_delta", equal_delta}};
   ojson ex;

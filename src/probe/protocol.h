@@ -8,6 +8,8 @@
 //   [blocks]    system, one_shot_user, one_shot_assistant, filler_token, filler_repeat,
 //               user_prefix, generation_prompt
 //   [[condition]] name, layout, system, history, group, edits = [{anchor, to | to_anchor}]
+//   [[edge]]    name, condition, reference          (analysis: condition vs reference)
+//   [[factorial]] name, a, b, a0b0, a1b0, a0b1, a1b1  (analysis: a 2x2 of conditions)
 //   [contracts] same_content_ids, nested_prefixes, equal_delta
 //   [execution] mode, layers, compute, record_routes, record_hidden, record_hidden_vectors,
 //               max_new_tokens, sampling,
@@ -43,6 +45,19 @@ struct ConditionSpec {
   std::vector<EditSpec> edits;
 };
 
+// An edge of the analysis: metric(condition) against metric(reference) within each source
+// (seed-system.md 4.6). The default name is "<condition> vs <reference>".
+struct EdgeSpec {
+  std::string name, condition, reference;
+};
+
+// A 2x2 factorial of conditions: factor A (levels 0/1) x factor B; a<i>b<j> names the
+// condition at A = i, B = j (seed-system.md 4.6: main effects, DiD, edge modulations).
+struct FactorialSpec {
+  std::string name, factor_a, factor_b;
+  std::string a0b0, a1b0, a0b1, a1b1;
+};
+
 struct SeedSpec {
   uint64_t value = 0;
   int64_t sources_per_domain = 0;  // 0: every selected source; k: the first k per domain
@@ -67,6 +82,10 @@ struct Protocol {
   bool filler_match_one_shot = false;  // choose filler_repeat so the filler history has the one-shot's length
   std::string user_prefix = "User: ", generation_prompt = "Assistant:";
   std::vector<ConditionSpec> conditions;
+  // analysis design: empty = not declared (the analysis then compares every condition with
+  // the first); recorded in the manifest only when declared, so older manifests keep their hash
+  std::vector<EdgeSpec> edges;
+  std::vector<FactorialSpec> factorials;
   // contracts
   bool same_content_ids = true, nested_prefixes = false;
   std::vector<std::vector<std::string>> equal_delta;  // [a, b, c, d]: len(a)-len(b) == len(c)-len(d)
