@@ -24,10 +24,11 @@ using namespace atlas;
 struct Options {
   std::vector<std::string> inputs;
   std::string out, manifest, model_dir;
+  std::vector<std::string> evals;
   uint32_t replicates = 2000, task_replicates = 10000;
   uint64_t seed = 20260729, task_seed = 20260729;
   double level = 0.95;
-  bool allow_mixed = false, full_scope = false, weighted = false, no_plots = false;
+  bool allow_mixed = false, full_scope = true, weighted = false, no_plots = false;
   int threads = 0;
 };
 
@@ -41,10 +42,14 @@ void run(const Options& o) {
   for (const auto& p : o.inputs) n_runs += stats::is_run_artifact(p);
   if (n_runs != 0 && n_runs != o.inputs.size())
     fail({}, "inputs", "run artifacts and analysis-input files cannot be mixed in one call");
-  if (n_runs == 0 && (!o.manifest.empty() || !o.model_dir.empty()))
-    fail({}, "--manifest", "--manifest and --model apply to probe run artifacts only");
+  if (n_runs == 0 && (!o.manifest.empty() || !o.model_dir.empty() || !o.evals.empty()))
+    fail({}, !o.evals.empty() ? "--eval" : "--manifest", "--manifest, --model and --eval apply to probe run artifacts only");
   const stats::AnalysisInput in =
-      n_runs ? stats::read_run_artifacts({.runs = o.inputs, .manifest = o.manifest, .model_dir = o.model_dir})
+      n_runs ? stats::read_run_artifacts({.runs = o.inputs,
+                                          .manifest = o.manifest,
+                                          .model_dir = o.model_dir,
+                                          .evals = o.evals,
+                                          .allow_mismatch = o.allow_mixed})
              : stats::read_analysis_input(o.inputs, o.allow_mixed);
   const auto t1 = std::chrono::steady_clock::now();
   stats::AnalysisOptions opt;
@@ -81,6 +86,10 @@ cli::Registrar reg{{
           app.add_option("--manifest", o.manifest, "Run artifacts: the frozen manifest (checked; gives the condition order)")
               ->check(CLI::ExistingFile);
           app.add_option("--model", o.model_dir, "Run artifacts: model directory for the expert count (default: the run's)");
+          app.add_option("--eval", o.evals,
+                         "Run artifacts: EVAL.json of `atlas eval` over the run (repeatable, e.g. one per shard): "
+                         "fills the correctness ledger and per-edge correctness contrasts")
+              ->check(CLI::ExistingFile);
           app.add_option("--out", o.out, "Output directory")->required();
           app.add_option("--replicates", o.replicates, "Source bootstrap replicates (0: no intervals)")
               ->capture_default_str();
@@ -88,18 +97,22 @@ cli::Registrar reg{{
           app.add_option("--task-replicates", o.task_replicates, "Task bootstrap replicates")->capture_default_str();
           app.add_option("--task-seed", o.task_seed, "Task bootstrap seed")->capture_default_str();
           app.add_option("--level", o.level, "Interval level")->capture_default_str();
-          app.add_flag("--allow-mixed", o.allow_mixed, "Analyse inputs from different manifests together");
-          app.add_flag("--bootstrap-full-scope", o.full_scope,
-                       "Also resample expert distributions of the full input (default: target scope only)");
+          app.add_flag("--allow-mixed", o.allow_mixed,
+                       "Analyse inputs from different manifests together; join an EVAL.json of another run or "
+                       "manifest (mismatches are counted in analysis.json \"eval\")");
+          app.add_flag("--bootstrap-full-scope,!--no-bootstrap-full-scope", o.full_scope,
+                       "Resample expert distributions of the full input too (default: on; both scopes, as the seeds)");
           app.add_flag("--bootstrap-weighted", o.weighted,
-                       "Also resample weighted-load distributions (default: count loads only)");
+                       "Also resample weighted-load distributions (default: count loads only; the seeds report "
+                       "weighted loads as point values)");
           app.add_flag("--no-plots", o.no_plots, "Do not write SVG plots");
           app.add_option("--threads", o.threads, "OpenMP threads (results do not depend on it)");
           app.footer(
               "Writes OUT/analysis.json (every statistic with its point value and percentile interval,\n"
               "definitions, settings, input hashes; timings only under \"runtime\"), OUT/report.md and\n"
               "SVG plots. Input format and definitions: docs/stats.md. Probe run artifacts (`atlas run`\n"
-              "output) are read directly; their edges compare every condition with the first one.");
+              "output) are read directly; edges and factorials come from the protocol in --manifest\n"
+              "([[edge]], [[factorial]]), else every condition is compared with the first one.");
           app.callback([] { run(o); });
         },
 }};

@@ -48,6 +48,8 @@ struct Sink {
   }
 };
 
+ojson null_if_nan(double v) { return std::isnan(v) ? ojson(nullptr) : ojson(v); }
+
 // Weighted mean sum_s m_s x_s / sum_s m_s over sources with defined values.
 double ratio(double num, double den) { return den > 0 ? num / den : kNaN; }
 
@@ -154,174 +156,312 @@ double jsd_counts(const double* a, const double* b, double T, size_t E, const st
   return (0.5 * (kp / T) + 0.5 * (kq / T)) / kLn2;  // 1/T factored out of every term
 }
 
-// One layer, every group at once: mult covers all sources, domain by domain (the order of
-// the "all" group). Per domain the multiplicity-weighted sums are accumulated once; the "all"
-// group adds the domains' sums instead of revisiting its sources.
-void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups, std::span<const double> mult,
-                  Sink& sink, bool point) {
+// Whether an expert distribution of this scope and kind is resampled (otherwise it keeps its
+// point value and gets no interval): the seeds report intervals for both scopes of the count
+// loads; weighted-load intervals are opt-in (docs/stats.md, "What is resampled").
+bool resampled_dist(const AnalysisOptions& opt, size_t sc, size_t kind) {
+  return (sc == 1 || opt.bootstrap_full_scope) && (kind == 0 || opt.bootstrap_weighted);
+}
+
+// Multiplicity-weighted, unnormalised sums of one group's sources for one layer:
+// token-pooled loads tok and their total tot, prompt-balanced sums pb of the per-source
+// distributions, and the multiplicity total msum. Index [combo][condition][expert] with combo
+// = scope * 2 + kind. A domain's sums depend on that domain's multiplicities only, so they are
+// computed once per distinct multiplicity vector (see eval_routing_layer); the pooled group
+// "all" adds the domains' sums in domain order.
+struct RouteSums {
+  std::vector<double> tok, pb, tot;
+  double msum = 0;
+  void zero(size_t C, size_t E) {
+    tok.assign(4 * C * E, 0.0), pb.assign(4 * C * E, 0.0), tot.assign(4 * C, 0.0), msum = 0;
+  }
+};
+
+// sums of the sources `src` (one domain, in input order) with multiplicities mult.
+void domain_sums(const RouteCtx& x, size_t l, std::span<const uint32_t> src, std::span<const double> mult,
+                 const bool selected[4], RouteSums& out) {
+  const RouteSuff& r = x.r;
+  const size_t C = r.C, E = r.E;
+  out.zero(C, E);
+  for (size_t i = 0; i < src.size(); ++i) out.msum += mult[i];
+  for (size_t combo = 0; combo < 4; ++combo) {
+    if (!selected[combo]) continue;
+    const size_t sc = combo / 2, kind = combo % 2;
+    for (size_t c = 0; c < C; ++c) {
+      double* pt = &out.tok[(combo * C + c) * E];
+      double* pp = &out.pb[(combo * C + c) * E];
+      double& tt = out.tot[combo * C + c];
+      for (size_t i = 0; i < src.size(); ++i) {
+        const double m = mult[i];
+        if (m == 0) continue;
+        const size_t a = r.at(l, src[i], c, sc, kind);
+        const double* raw = &r.raw[a * E];
+        const double* fr = &r.frac[a * E];
+        for (size_t e = 0; e < E; ++e) pt[e] += m * raw[e];
+        for (size_t e = 0; e < E; ++e) pp[e] += m * fr[e];
+        tt += m * r.total[a];
+      }
+    }
+  }
+}
+
+// out += s, element by element, for the selected combos (the pooled group's sums, domain
+// after domain).
+void add_sums(const RouteSums& s, const bool selected[4], RouteSums& out) {
+  const size_t CE = out.tok.size() / 4, C = out.tot.size() / 4;
+  for (size_t combo = 0; combo < 4; ++combo) {
+    if (!selected[combo]) continue;
+    for (size_t i = combo * CE; i < (combo + 1) * CE; ++i) out.tok[i] += s.tok[i];
+    for (size_t i = combo * CE; i < (combo + 1) * CE; ++i) out.pb[i] += s.pb[i];
+    for (size_t i = combo * C; i < (combo + 1) * C; ++i) out.tot[i] += s.tot[i];
+  }
+  out.msum += s.msum;
+}
+
+// Every routing statistic of one group and layer from its sums; mult (aligned with
+// group.sources) weights the per-source top-k agreement counts.
+void group_routing_stats(const RouteCtx& x, size_t l, const Group& group, const RouteSums& sums,
+                         std::span<const double> mult, const bool selected[4], Sink& sink) {
   const RouteSuff& r = x.r;
   const auto& in = x.in;
-  const size_t C = r.C, E = r.E, D = in.domains.size(), G = groups.size();
-  // Position of each domain's sources in mult.
-  std::vector<size_t> off(D + 1, 0);
-  for (size_t d = 0; d < D; ++d) off[d + 1] = off[d] + groups[d].sources.size();
-  // Unnormalised sums per (scope, kind) x group x condition: token-pooled loads and their
-  // total, prompt-balanced sums of per-source distributions and the multiplicity total.
-  const size_t V = 4 * G * C;
-  // Per-thread scratch, reused across replicates (the sizes are the same for every call).
-  thread_local std::vector<double> tok, pb, tot, msum, tok_raw;
-  tok.assign(V * E, 0.0), pb.assign(V * E, 0.0), tot.assign(V, 0.0), msum.assign(G, 0.0), tok_raw.clear();
-  auto slot = [&](size_t combo, size_t g, size_t c) { return (combo * G + g) * C + c; };
-  for (size_t d = 0; d < D; ++d)
-    for (size_t i = off[d]; i < off[d + 1]; ++i) msum[d] += mult[i];
-  if (G > D)
-    for (size_t d = 0; d < D; ++d) msum[D] += msum[d];
-  bool selected[4];
+  const size_t C = r.C, E = r.E;
+  // Normalised distributions: token-weighted by the pooled total, prompt-balanced by the
+  // multiplicity total (the number of drawn sources).
+  thread_local std::vector<double> tok, pb, cv, logs;
+  tok.resize(4 * C * E), pb.resize(4 * C * E), cv.assign(C, 0.0), logs.assign(C * E, 0.0);
+  for (size_t combo = 0; combo < 4; ++combo) {
+    if (!selected[combo]) continue;
+    for (size_t c = 0; c < C; ++c) {
+      const size_t v = combo * C + c;
+      for (size_t e = 0; e < E; ++e) tok[v * E + e] = sums.tok[v * E + e] / sums.tot[v];
+      for (size_t e = 0; e < E; ++e) pb[v * E + e] = sums.pb[v * E + e] / sums.msum;
+    }
+  }
   for (size_t combo = 0; combo < 4; ++combo) {
     const size_t sc = combo / 2, kind = combo % 2;
-    selected[combo] = point || ((sc == 1 || x.opt.bootstrap_full_scope) && (kind == 0 || x.opt.bootstrap_weighted));
-    if (!selected[combo]) continue;
-    for (size_t d = 0; d < D; ++d)
+    const bool sel = selected[combo];
+    sink.resampling = resampled_dist(x.opt, sc, kind);
+    for (size_t agg = 0; agg < 2; ++agg) {
+      const std::vector<double>& P = agg == 0 ? tok : pb;
+      auto dist = [&](uint32_t c) { return std::span<const double>(&P[(combo * C + c) * E], E); };
+      const bool counts = agg == 0 && kind == 0 && !x.log_int.empty();
+      // log p of every condition once, shared by the JSD of every edge.
+      if (sel && !counts)
+        for (size_t c = 0; c < C; ++c) log_or_zero(dist(uint32_t(c)), std::span<double>(&logs[c * E], E));
+      auto logd = [&](uint32_t c) { return std::span<const double>(&logs[c * E], E); };
+      auto key = [&](const char* metric) {
+        return ojson{{"metric", metric}, {"layer", in.layers[l]}, {"domain", group.name}, {"scope", kScopes[sc]},
+                     {"kind", kKinds[kind]}, {"aggregation", kAggs[agg]}};
+      };
       for (size_t c = 0; c < C; ++c) {
-        const size_t v = slot(combo, d, c);
-        double* pt = &tok[v * E];
-        double* pp = &pb[v * E];
-        for (size_t i = off[d]; i < off[d + 1]; ++i) {
-          const double m = mult[i];
-          if (m == 0) continue;
-          const size_t a = r.at(l, groups[d].sources[i - off[d]], c, sc, kind);
-          const double* raw = &r.raw[a * E];
-          const double* fr = &r.frac[a * E];
-          for (size_t e = 0; e < E; ++e) pt[e] += m * raw[e];
-          for (size_t e = 0; e < E; ++e) pp[e] += m * fr[e];
-          tot[v] += m * r.total[a];
-        }
-      }
-    if (G > D)
-      for (size_t c = 0; c < C; ++c) {
-        const size_t va = slot(combo, D, c);
-        for (size_t d = 0; d < D; ++d) {
-          const size_t v = slot(combo, d, c);
-          for (size_t e = 0; e < E; ++e) tok[va * E + e] += tok[v * E + e];
-          for (size_t e = 0; e < E; ++e) pb[va * E + e] += pb[v * E + e];
-          tot[va] += tot[v];
-        }
-      }
-    if (kind == 0 && !x.log_int.empty()) {  // keep the integer counts for jsd_counts
-      if (tok_raw.empty()) tok_raw.assign(V * E, 0.0);
-      std::copy(tok.begin() + slot(combo, 0, 0) * E, tok.begin() + slot(combo + 1, 0, 0) * E,
-                tok_raw.begin() + slot(combo, 0, 0) * E);
-    }
-    // Normalise: token-weighted by the pooled total, prompt-balanced by the number of sources.
-    for (size_t g = 0; g < G; ++g)
-      for (size_t c = 0; c < C; ++c) {
-        const size_t v = slot(combo, g, c);
-        for (size_t e = 0; e < E; ++e) tok[v * E + e] /= tot[v];
-        for (size_t e = 0; e < E; ++e) pb[v * E + e] /= msum[g];
-      }
-  }
-
-  thread_local std::vector<double> cv, logs;
-  cv.assign(C, 0.0), logs.assign(C * E, 0.0);
-  for (size_t g = 0; g < G; ++g) {
-    for (size_t combo = 0; combo < 4; ++combo) {
-      const size_t sc = combo / 2, kind = combo % 2;
-      const bool sel = selected[combo];
-      // Expert distributions outside the resampled scope/kind keep their point value only.
-      sink.resampling = (sc == 1 || x.opt.bootstrap_full_scope) && (kind == 0 || x.opt.bootstrap_weighted);
-      for (size_t agg = 0; agg < 2; ++agg) {
-        const std::vector<double>& P = agg == 0 ? tok : pb;
-        auto dist = [&](uint32_t c) { return std::span<const double>(&P[slot(combo, g, c) * E], E); };
-        const bool counts = agg == 0 && kind == 0 && !x.log_int.empty();
-        // log p of every condition once, shared by the JSD of every edge.
-        if (sel && !counts)
-          for (size_t c = 0; c < C; ++c) log_or_zero(dist(uint32_t(c)), std::span<double>(&logs[c * E], E));
-        auto logd = [&](uint32_t c) { return std::span<const double>(&logs[c * E], E); };
-        auto key = [&](const char* metric) {
-          return ojson{{"metric", metric}, {"layer", in.layers[l]}, {"domain", groups[g].name}, {"scope", kScopes[sc]},
-                       {"kind", kKinds[kind]}, {"aggregation", kAggs[agg]}};
-        };
-        for (size_t c = 0; c < C; ++c) {
-          cv[c] = sel ? coefficient_of_variation(dist(uint32_t(c))) : kNaN;
-          sink.put(cv[c], [&] {
-            ojson k = key("cv");
-            k["condition"] = in.conditions[c];
-            return k;
-          });
-        }
-        for (const Edge& e : in.edges) {
-          const double tv = sel ? total_variation(dist(e.condition), dist(e.reference)) : kNaN;
-          double js = kNaN;
-          if (sel && counts) {
-            const size_t va = slot(combo, g, e.condition), vb = slot(combo, g, e.reference);
-            if (tot[va] == tot[vb]) {
-              js = jsd_counts(&tok_raw[va * E], &tok_raw[vb * E], tot[va], E, x.log_int);
-            } else {  // different totals (full scope of conditions of different lengths)
-              std::vector<double> la(E), lb(E);
-              log_or_zero(dist(e.condition), la);
-              log_or_zero(dist(e.reference), lb);
-              js = jensen_shannon_bits(dist(e.condition), la, dist(e.reference), lb);
-            }
-          } else if (sel) {
-            js = jensen_shannon_bits(dist(e.condition), logd(e.condition), dist(e.reference), logd(e.reference));
-          }
-          sink.put(tv, [&] {
-            ojson k = key("tv");
-            k["edge"] = e.name;
-            return k;
-          });
-          sink.put(js, [&] {
-            ojson k = key("jsd_bits");
-            k["edge"] = e.name;
-            return k;
-          });
-        }
-        for (const Factorial& f : in.factorials) {
-          const auto eff = factorial_effects(cv[f.cell[0][0]], cv[f.cell[1][0]], cv[f.cell[0][1]], cv[f.cell[1][1]]);
-          double mod_a = kNaN, mod_b = kNaN;
-          if (sel) {
-            // TV of the A edge at B=1 minus at B=0, and of the B edge at A=1 minus at A=0.
-            mod_a = total_variation(dist(f.cell[1][1]), dist(f.cell[0][1])) -
-                    total_variation(dist(f.cell[1][0]), dist(f.cell[0][0]));
-            mod_b = total_variation(dist(f.cell[1][1]), dist(f.cell[1][0])) -
-                    total_variation(dist(f.cell[0][1]), dist(f.cell[0][0]));
-          }
-          const std::pair<const char*, double> vals[] = {{"cv_main_a", eff.main_a},
-                                                         {"cv_main_b", eff.main_b},
-                                                         {"cv_did", eff.did},
-                                                         {"tv_a_edge_modulation", mod_a},
-                                                         {"tv_b_edge_modulation", mod_b}};
-          for (const auto& [name, v] : vals)
-            sink.put(v, [&] {
-              ojson k = key(name);
-              k["factorial"] = f.name;
-              return k;
-            });
-        }
-      }
-    }
-    // Top-k agreement over aligned target tokens: a token-weighted rate.
-    sink.resampling = true;
-    const Group& gr = groups[g];
-    const size_t base = g < D ? off[g] : 0;
-    for (size_t ei = 0; ei < in.edges.size(); ++ei) {
-      double num[3] = {0, 0, 0}, den = 0;
-      for (size_t i = 0; i < gr.sources.size(); ++i) {
-        const double m = mult[base + i];
-        const double* a = &r.agree[((l * r.S + gr.sources[i]) * r.n_edges + ei) * 4];
-        for (int q = 0; q < 3; ++q) num[q] += m * a[q];
-        den += m * a[3];
-      }
-      const char* names[3] = {"ordered_exact_rate", "set_exact_rate", "jaccard"};
-      for (int q = 0; q < 3; ++q)
-        sink.put(ratio(num[q], den), [&] {
-          ojson k{{"metric", names[q]}, {"layer", in.layers[l]}, {"domain", gr.name}, {"scope", "target"},
-                  {"edge", in.edges[ei].name}};
-          if (q < 2) k["count"] = int64_t(num[q]);
-          if (q < 2) k["tokens"] = int64_t(den);
+        cv[c] = sel ? coefficient_of_variation(dist(uint32_t(c))) : kNaN;
+        sink.put(cv[c], [&] {
+          ojson k = key("cv");
+          k["condition"] = in.conditions[c];
           return k;
         });
+      }
+      for (const Edge& e : in.edges) {
+        const double tv = sel ? total_variation(dist(e.condition), dist(e.reference)) : kNaN;
+        double js = kNaN;
+        if (sel && counts) {
+          const size_t va = combo * C + e.condition, vb = combo * C + e.reference;
+          if (sums.tot[va] == sums.tot[vb]) {
+            js = jsd_counts(&sums.tok[va * E], &sums.tok[vb * E], sums.tot[va], E, x.log_int);
+          } else {  // different totals (full scope of conditions of different lengths)
+            std::vector<double> la(E), lb(E);
+            log_or_zero(dist(e.condition), la);
+            log_or_zero(dist(e.reference), lb);
+            js = jensen_shannon_bits(dist(e.condition), la, dist(e.reference), lb);
+          }
+        } else if (sel) {
+          js = jensen_shannon_bits(dist(e.condition), logd(e.condition), dist(e.reference), logd(e.reference));
+        }
+        sink.put(tv, [&] {
+          ojson k = key("tv");
+          k["edge"] = e.name;
+          return k;
+        });
+        sink.put(js, [&] {
+          ojson k = key("jsd_bits");
+          k["edge"] = e.name;
+          return k;
+        });
+      }
+      for (const Factorial& f : in.factorials) {
+        const auto eff = factorial_effects(cv[f.cell[0][0]], cv[f.cell[1][0]], cv[f.cell[0][1]], cv[f.cell[1][1]]);
+        double mod_a = kNaN, mod_b = kNaN;
+        if (sel) {
+          // TV of the A edge at B=1 minus at B=0, and of the B edge at A=1 minus at A=0.
+          mod_a = total_variation(dist(f.cell[1][1]), dist(f.cell[0][1])) -
+                  total_variation(dist(f.cell[1][0]), dist(f.cell[0][0]));
+          mod_b = total_variation(dist(f.cell[1][1]), dist(f.cell[1][0])) -
+                  total_variation(dist(f.cell[0][1]), dist(f.cell[0][0]));
+        }
+        const std::pair<const char*, double> vals[] = {{"cv_main_a", eff.main_a},
+                                                       {"cv_main_b", eff.main_b},
+                                                       {"cv_did", eff.did},
+                                                       {"tv_a_edge_modulation", mod_a},
+                                                       {"tv_b_edge_modulation", mod_b}};
+        for (const auto& [name, v] : vals)
+          sink.put(v, [&] {
+            ojson k = key(name);
+            k["factorial"] = f.name;
+            return k;
+          });
+      }
     }
+  }
+  // Top-k agreement over aligned target tokens: a token-weighted rate, summed over the
+  // group's sources in order.
+  sink.resampling = true;
+  for (size_t ei = 0; ei < in.edges.size(); ++ei) {
+    double num[3] = {0, 0, 0}, den = 0;
+    for (size_t i = 0; i < group.sources.size(); ++i) {
+      const double m = mult[i];
+      const double* a = &r.agree[((l * r.S + group.sources[i]) * r.n_edges + ei) * 4];
+      for (int q = 0; q < 3; ++q) num[q] += m * a[q];
+      den += m * a[3];
+    }
+    const char* names[3] = {"ordered_exact_rate", "set_exact_rate", "jaccard"};
+    for (int q = 0; q < 3; ++q)
+      sink.put(ratio(num[q], den), [&] {
+        ojson k{{"metric", names[q]}, {"layer", in.layers[l]}, {"domain", group.name}, {"scope", "target"},
+                {"edge", in.edges[ei].name}};
+        if (q < 2) k["count"] = int64_t(num[q]);
+        if (q < 2) k["tokens"] = int64_t(den);
+        return k;
+      });
+  }
+}
+
+// Every group of one layer for the multiplicities mult of every source, domain by domain (the
+// order of the pooled group): each domain's sums and statistics, then the pooled group's.
+void eval_routing(const RouteCtx& x, size_t l, const std::vector<Group>& groups, std::span<const double> mult,
+                  const bool selected[4], Sink& sink) {
+  const size_t D = x.in.domains.size(), C = x.r.C, E = x.r.E;
+  thread_local RouteSums dom, all;
+  all.zero(C, E);
+  size_t off = 0;
+  for (size_t d = 0; d < D; ++d) {
+    const size_t n = groups[d].sources.size();
+    domain_sums(x, l, groups[d].sources, mult.subspan(off, n), selected, dom);
+    group_routing_stats(x, l, groups[d], dom, mult.subspan(off, n), selected, sink);
+    if (groups.size() > D) add_sums(dom, selected, all);
+    off += n;
+  }
+  if (groups.size() > D) group_routing_stats(x, l, groups[D], all, mult, selected, sink);
+}
+
+// The routing block of one layer: the point values (every statistic, described) and, with
+// draws, the percentile intervals. A replicate's statistics of domain d depend only on d's
+// multiplicity vector, which takes few distinct values when the domain has few sources (4
+// sources: at most 35 multisets), so they are evaluated once per distinct vector and their
+// percentiles taken from (value, number of replicates) pairs; the pooled group "all" adds the
+// cached domain sums and is evaluated per replicate. Same bits as evaluating every replicate
+// from scratch (same code, same order of operations, and a percentile depends only on the
+// sorted values): tests/stats compares the two paths.
+void eval_routing_layer(const RouteCtx& x, size_t l, const std::vector<Group>& groups, const BootstrapDraws* draws,
+                        const BootstrapConfig& cfg, ojson& rows) {
+  const size_t D = x.in.domains.size(), C = x.r.C, E = x.r.E;
+  const bool pooled = groups.size() > D;
+  // Point pass: every scope and kind.
+  const bool all_sel[4] = {true, true, true, true};
+  size_t n_all = 0;
+  for (size_t d = 0; d < D; ++d) n_all += groups[d].sources.size();
+  const std::vector<double> ones(n_all, 1.0);
+  std::vector<ojson> meta;
+  std::vector<double> point_values;
+  std::vector<uint8_t> resampled;
+  Sink ps{.grow = &point_values, .meta = &meta, .resampled = &resampled};
+  eval_routing(x, l, groups, ones, all_sel, ps);
+  const size_t nv = ps.n;
+  const size_t per_group = nv / groups.size();  // every group has the same statistics
+
+  std::vector<Interval> ivs;
+  const uint32_t R = draws ? draws->replicates() : 0;
+  if (R > 0) {
+    ivs.resize(nv);
+    bool sel[4];
+    for (size_t combo = 0; combo < 4; ++combo) sel[combo] = resampled_dist(x.opt, combo / 2, combo % 2);
+    // Distinct multiplicity vectors per domain (in order of first draw), the sums and
+    // statistics of each, and how many replicates drew it.
+    struct DomainCache {
+      std::vector<uint32_t> pattern_of;  // [R]
+      std::vector<std::vector<double>> mult;
+      std::vector<uint32_t> count;
+      std::vector<RouteSums> sums;
+      std::vector<double> stats;  // [pattern][per_group]
+    };
+    std::vector<DomainCache> cache(D);
+    for (size_t d = 0; d < D; ++d) {
+      DomainCache& dc = cache[d];
+      std::map<std::vector<double>, uint32_t> index;
+      std::vector<double> m(draws->units(d));
+      dc.pattern_of.resize(R);
+      for (uint32_t r = 0; r < R; ++r) {
+        draws->multiplicity(d, r, m);
+        auto [it, fresh] = index.emplace(m, uint32_t(dc.mult.size()));
+        if (fresh) dc.mult.push_back(m), dc.count.push_back(0);
+        dc.pattern_of[r] = it->second;
+        ++dc.count[it->second];
+      }
+      const size_t P = dc.mult.size();
+      dc.sums.resize(P);
+      dc.stats.assign(P * per_group, kNaN);
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t p = 0; p < int64_t(P); ++p) {
+        domain_sums(x, l, groups[d].sources, dc.mult[p], sel, dc.sums[p]);
+        Sink s{.out = &dc.stats[size_t(p) * per_group]};
+        group_routing_stats(x, l, groups[d], dc.sums[p], dc.mult[p], sel, s);
+      }
+      // Domain intervals from (value, replicates) pairs.
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < int64_t(per_group); ++j) {
+        const size_t v = d * per_group + size_t(j);
+        if (!resampled[v]) {
+          ivs[v] = {.lo = kNaN, .hi = kNaN};
+          continue;
+        }
+        std::vector<std::pair<double, uint32_t>> vc(P);
+        for (size_t p = 0; p < P; ++p) vc[p] = {dc.stats[p * per_group + size_t(j)], dc.count[p]};
+        ivs[v] = percentile_interval_counted(vc, cfg.level);
+      }
+    }
+    if (pooled) {
+      std::vector<double> reps(size_t(R) * per_group);  // [R][per_group] of the pooled group
+#pragma omp parallel
+      {
+        RouteSums all;
+        std::vector<double> mult(n_all);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < int64_t(R); ++r) {
+          all.zero(C, E);
+          size_t off = 0;
+          for (size_t d = 0; d < D; ++d) {
+            const DomainCache& dc = cache[d];
+            const uint32_t p = dc.pattern_of[size_t(r)];
+            add_sums(dc.sums[p], sel, all);
+            std::copy(dc.mult[p].begin(), dc.mult[p].end(), mult.begin() + off);
+            off += dc.mult[p].size();
+          }
+          Sink s{.out = &reps[size_t(r) * per_group]};
+          group_routing_stats(x, l, groups[D], all, mult, sel, s);
+        }
+      }
+      const std::vector<uint8_t> only(resampled.begin() + D * per_group, resampled.end());
+      const std::vector<Interval> pooled_ivs = percentile_intervals(reps, R, per_group, cfg, &only);
+      std::copy(pooled_ivs.begin(), pooled_ivs.end(), ivs.begin() + D * per_group);
+    }
+  }
+  for (size_t i = 0; i < nv; ++i) {
+    ojson row = std::move(meta[i]);
+    row["value"] = null_if_nan(point_values[i]);
+    if (!ivs.empty() && ivs[i].valid > 0)
+      row["ci"] = ojson::array({null_if_nan(ivs[i].lo), null_if_nan(ivs[i].hi)});
+    else if (!ivs.empty())
+      row["ci"] = nullptr;
+    rows.push_back(std::move(row));
   }
 }
 
@@ -398,14 +538,19 @@ void eval_hidden(const AnalysisInput& in, const HiddenSuff& h, const Group& g, s
 using OutKey = std::tuple<uint32_t, uint32_t, std::string>;
 
 struct OutputSuff {
-  // [source][edge][5]: pairs, exact, prefix sum, distance sum, similarity sum
+  // [source][edge][kOutVals]: pairs, exact, prefix sum, distance sum, similarity sum; then over
+  // the pairs where both cells have a correctness verdict: pairs, both correct, condition only,
+  // reference only.
   size_t S = 0, n_edges = 0;
+  bool correctness = false;  // some cell has a verdict: the correctness contrasts are reported
   std::vector<double> v{};
 };
+constexpr size_t kOutVals = 9;
 
 OutputSuff output_sufficient(const AnalysisInput& in, const std::map<OutKey, const Cell*>& cells) {
   OutputSuff o{.S = in.sources.size(), .n_edges = in.edges.size()};
-  o.v.assign(o.S * o.n_edges * 5, 0.0);
+  o.v.assign(o.S * o.n_edges * kOutVals, 0.0);
+  for (const auto& kv : cells) o.correctness |= kv.second->correct.has_value();
   for (const auto& [key, ca] : cells) {
     const auto [s, c, rep] = key;
     for (size_t e = 0; e < in.edges.size(); ++e) {
@@ -414,13 +559,20 @@ OutputSuff output_sufficient(const AnalysisInput& in, const std::map<OutKey, con
       if (it == cells.end()) continue;
       const std::vector<int32_t>& a = *ca->generated;
       const std::vector<int32_t>& b = *it->second->generated;
-      double* p = &o.v[(s * o.n_edges + e) * 5];
+      double* p = &o.v[(s * o.n_edges + e) * kOutVals];
       const size_t d = levenshtein(a, b), n = std::max(a.size(), b.size());
       p[0] += 1;
       p[1] += a == b;
       p[2] += double(common_prefix(a, b));
       p[3] += double(d);
       p[4] += n == 0 ? 1.0 : 1.0 - double(d) / double(n);
+      const std::optional<bool>&ka = ca->correct, &kb = it->second->correct;
+      if (ka && kb) {
+        p[5] += 1;
+        p[6] += *ka && *kb;
+        p[7] += *ka && !*kb;
+        p[8] += !*ka && *kb;
+      }
     }
   }
   return o;
@@ -429,9 +581,9 @@ OutputSuff output_sufficient(const AnalysisInput& in, const std::map<OutKey, con
 void eval_outputs(const AnalysisInput& in, const OutputSuff& o, const Group& g, std::span<const double> mult,
                   Sink& sink) {
   for (size_t e = 0; e < in.edges.size(); ++e) {
-    double acc[5] = {0, 0, 0, 0, 0};
+    double acc[kOutVals] = {};
     for (size_t i = 0; i < g.sources.size(); ++i)
-      for (int q = 0; q < 5; ++q) acc[q] += mult[i] * o.v[(g.sources[i] * o.n_edges + e) * 5 + q];
+      for (size_t q = 0; q < kOutVals; ++q) acc[q] += mult[i] * o.v[(g.sources[i] * o.n_edges + e) * kOutVals + q];
     auto key = [&](const char* metric) {
       return ojson{{"metric", metric}, {"domain", g.name}, {"edge", in.edges[e].name}};
     };
@@ -444,6 +596,21 @@ void eval_outputs(const AnalysisInput& in, const OutputSuff& o, const Group& g, 
     sink.put(ratio(acc[2], acc[0]), [&] { return key("mean_common_prefix"); });
     sink.put(ratio(acc[3], acc[0]), [&] { return key("mean_levenshtein"); });
     sink.put(ratio(acc[4], acc[0]), [&] { return key("mean_token_similarity"); });
+    if (!o.correctness) continue;
+    // Paired correctness (seed 4.8 edges with the evaluator's verdicts): over (source, repeat)
+    // pairs where both cells have a verdict, condition correct rate minus reference's.
+    const double pairs = acc[5], both = acc[6], a_only = acc[7], b_only = acc[8];
+    sink.put(ratio(a_only - b_only, pairs), [&] {
+      ojson k = key("correct_rate_difference");
+      k["pairs"] = int64_t(pairs);
+      k["both_correct"] = int64_t(both);
+      k["condition_only"] = int64_t(a_only);
+      k["reference_only"] = int64_t(b_only);
+      k["neither"] = int64_t(pairs - both - a_only - b_only);
+      return k;
+    });
+    sink.put(ratio(both + a_only, pairs), [&] { return key("correct_rate_condition"); });
+    sink.put(ratio(both + b_only, pairs), [&] { return key("correct_rate_reference"); });
   }
 }
 
@@ -515,8 +682,6 @@ void eval_tasks(const AnalysisInput& in, const TaskSuff& t, const Group& g, std:
 // ---- driving blocks ---------------------------------------------------------------------------
 
 using BlockEval = std::function<void(std::span<const double> mult, Sink& sink, bool point)>;
-
-ojson null_if_nan(double v) { return std::isnan(v) ? ojson(nullptr) : ojson(v); }
 
 // Runs one block: the point pass (describing every statistic) and, when draws are given,
 // the replicates; appends one record per statistic to rows.
@@ -599,7 +764,11 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
   out["settings"] = {{"bootstrap", bootstrap_settings(opt.bootstrap, "source")},
                      {"task_bootstrap", bootstrap_settings(opt.task_bootstrap, "source (task)")},
                      {"bootstrap_full_scope", opt.bootstrap_full_scope},
-                     {"bootstrap_weighted", opt.bootstrap_weighted}};
+                     {"bootstrap_weighted", opt.bootstrap_weighted},
+                     {"resampled_expert_distributions",
+                      std::string("scope target") + (opt.bootstrap_full_scope ? " and full" : "") + ", kind count" +
+                          (opt.bootstrap_weighted ? " and weight" : "") +
+                          "; the others keep their point value with \"ci\": null. Every other statistic is resampled"}};
   out["definitions"] = {
       {"load", "per expert, the number of top-k selections (kind count) or the sum of gate weights (kind weight) "
                "over the tokens in scope, normalised to sum to 1"},
@@ -633,6 +802,16 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
   for (size_t d = 0; d < in.domains.size(); ++d) per_domain[in.domains[d]] = groups[d].sources.size();
   counts["sources_per_domain"] = per_domain;
   out["counts"] = counts;
+  // The comparisons analysed, and where they come from (declared, or the default).
+  ojson edges = ojson::array(), facs = ojson::array();
+  for (const Edge& e : in.edges)
+    edges.push_back({{"name", e.name}, {"condition", in.conditions[e.condition]}, {"reference", in.conditions[e.reference]}});
+  for (const Factorial& f : in.factorials)
+    facs.push_back({{"name", f.name}, {"a", f.factor_a}, {"b", f.factor_b}, {"a0b0", in.conditions[f.cell[0][0]]},
+                    {"a1b0", in.conditions[f.cell[1][0]]}, {"a0b1", in.conditions[f.cell[0][1]]},
+                    {"a1b1", in.conditions[f.cell[1][1]]}});
+  out["design"] = {{"origin", in.design_origin}, {"edges", edges}, {"factorials", facs}};
+  if (!in.eval_join.is_null()) out["eval"] = in.eval_join;
 
   // ---- routing
   if (in.has_routes()) {
@@ -664,10 +843,18 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
       for (size_t k = 1; k < ctx.log_int.size(); ++k) ctx.log_int[k] = det_log(double(k));
     }
     ojson rows = ojson::array();
-    for (size_t l = 0; l < r.L; ++l)
+    for (size_t l = 0; l < r.L; ++l) {
+      if (opt.share_domain_replicates) {
+        eval_routing_layer(ctx, l, groups, &draws, opt.bootstrap, rows);
+        continue;
+      }
+      // The straightforward path: every replicate evaluated from its multiplicities.
       run_block(everything, &draws, opt.bootstrap, [&](std::span<const double> m, Sink& s, bool point) {
-        eval_routing(ctx, l, groups, m, s, point);
+        bool sel[4];
+        for (size_t combo = 0; combo < 4; ++combo) sel[combo] = point || resampled_dist(opt, combo / 2, combo % 2);
+        eval_routing(ctx, l, groups, m, sel, s);
       }, rows);
+    }
     // Expert loads (token-weighted, not normalised) for bar charts: [layer][group][cond][scope].
     ojson loads = ojson::array();
     for (size_t l = 0; l < r.L; ++l)
@@ -733,14 +920,18 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
       run_block(g, &draws, opt.bootstrap, [&](std::span<const double> m, Sink& s, bool) {
         eval_outputs(in, o, g, m, s);
       }, rows);
-    // Uniqueness and ledgers (counts; no intervals).
+    // Uniqueness and ledgers (counts; no intervals). The terminal-state ledger appears when an
+    // evaluator's verdicts were joined.
     ojson uniq = ojson::array(), ledgers = ojson::array();
+    bool any_terminal = false;
+    for (const auto& kv : gen) any_terminal |= kv.second->terminal.has_value();
     for (const Group& g : groups) {
       std::vector<bool> in_group(S, false);
       for (uint32_t s : g.sources) in_group[s] = true;
       for (size_t c = 0; c <= C; ++c) {  // c == C: every condition together
         std::vector<std::span<const int32_t>> seqs;
         int64_t eos = 0, length = 0, stop_missing = 0, ev_t = 0, ev_f = 0, ev_m = 0, co_t = 0, co_f = 0, co_m = 0;
+        std::map<std::string, int64_t> terminal;  // sorted states: deterministic order
         double len_sum = 0;
         for (const auto& [key, cell] : gen) {
           if (!in_group[std::get<0>(key)] || (c < C && std::get<1>(key) != c)) continue;
@@ -749,6 +940,7 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
           (!cell->stop ? stop_missing : *cell->stop == "eos" ? eos : length) += 1;
           (!cell->evaluable ? ev_m : *cell->evaluable ? ev_t : ev_f) += 1;
           (!cell->correct ? co_m : *cell->correct ? co_t : co_f) += 1;
+          if (any_terminal) terminal[cell->terminal.value_or("unknown")] += 1;
         }
         const std::string cname = c < C ? in.conditions[c] : "all";
         uniq.push_back({{"domain", g.name}, {"condition", cname}, {"outputs", seqs.size()},
@@ -760,6 +952,11 @@ ojson analyze(const AnalysisInput& in, const AnalysisOptions& opt) {
                            {"stopping", {{"eos", eos}, {"length", length}, {"unknown", stop_missing}}},
                            {"evaluability", {{"evaluable", ev_t}, {"not_evaluable", ev_f}, {"unknown", ev_m}}},
                            {"correctness", {{"correct", co_t}, {"incorrect", co_f}, {"unknown", co_m}}}});
+        if (any_terminal) {
+          ojson tj = ojson::object();
+          for (const auto& [k, n] : terminal) tj[k] = n;
+          ledgers.back()["terminal"] = tj;
+        }
       }
     }
     // Tasks: source-balanced means and source-blocked contrasts, with the task bootstrap.

@@ -34,6 +34,7 @@ struct Cell {
   std::optional<std::vector<int32_t>> generated{};
   std::optional<std::string> stop{};  // "eos" | "length"
   std::optional<bool> evaluable{}, correct{};
+  std::optional<std::string> terminal{};  // the evaluator's terminal state (final_marker, parses, ...)
 };
 
 struct Edge {
@@ -60,6 +61,12 @@ struct AnalysisInput {
   std::vector<Cell> cells;
   std::vector<Edge> edges;
   std::vector<Factorial> factorials;
+  // Where edges and factorials come from, written to analysis.json "design" (e.g. declared in
+  // the input, the manifest's protocol, or the default: every condition vs the first).
+  std::string design_origin = "declared in the analysis input";
+  // Evaluation verdicts joined from EVAL.json files (run artifacts): what was checked and
+  // joined, written to analysis.json "eval"; null when none was given.
+  ojson eval_join = nullptr;
 
   bool has_routes() const { return !layers.empty(); }
   bool has_hidden() const { return !stages.empty(); }
@@ -77,11 +84,17 @@ void validate_analysis_input(const AnalysisInput& in);
 struct AnalysisOptions {
   BootstrapConfig bootstrap{.replicates = 2000, .seed = 20260729, .level = 0.95};
   BootstrapConfig task_bootstrap{.replicates = 10000, .seed = 20260729, .level = 0.95};
-  // Expert distributions are resampled for the target scope and count loads (the seed's
-  // headline scope and load); these add the full scope and the weighted loads (4x the work).
-  // Without them those statistics keep their point values and get no interval.
-  bool bootstrap_full_scope = false;
+  // Expert distributions (CV, TV, JSD, factorial effects) are resampled for the count loads of
+  // both scopes, full input and target, as the seeds report them (seed-system.md 3: two scopes,
+  // two aggregations, source-bootstrap intervals). bootstrap_full_scope = false keeps the full
+  // scope at point values; bootstrap_weighted adds the weighted loads, which the seeds report
+  // as point values only. Statistics not resampled keep their point value and get no interval.
+  bool bootstrap_full_scope = true;
   bool bootstrap_weighted = false;
+  // Routing replicates: each domain's statistics are evaluated once per distinct multiplicity
+  // vector and shared by the replicates that draw it (the same bits). false evaluates every
+  // replicate from scratch: the straightforward reference that the tests compare against.
+  bool share_domain_replicates = true;
 };
 
 // Every number, with definitions and settings; deterministic (no timings, no host).

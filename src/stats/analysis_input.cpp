@@ -197,6 +197,7 @@ Cell read_cell(const JsonReader& cr, AnalysisInput& in, const std::map<std::stri
   }
   if (cr.has_value("evaluable")) c.evaluable = cr.get<bool>("evaluable");
   if (cr.has_value("correct")) c.correct = cr.get<bool>("correct");
+  if (cr.has_value("terminal")) c.terminal = cr.get<std::string>("terminal");
   return c;
 }
 
@@ -355,6 +356,32 @@ void validate_analysis_input(const AnalysisInput& in) {
   for (const Source& s : in.sources) ++per_domain.at(s.domain);
   for (size_t d = 0; d < in.domains.size(); ++d)
     if (per_domain[d] == 0) fail(f, "domains", "domain \"" + in.domains[d] + "\" has no sources");
+  // Edges and factorials: in range, distinct names, no repeated (condition, reference) pair.
+  for (size_t i = 0; i < in.edges.size(); ++i) {
+    const Edge& e = in.edges[i];
+    const std::string where = "edges[" + std::to_string(i) + "]";
+    if (e.condition >= C || e.reference >= C) fail(f, where, "condition out of range");
+    if (e.condition == e.reference) fail(f, where + ".reference", "an edge needs two different conditions");
+    for (size_t k = 0; k < i; ++k) {
+      if (in.edges[k].name == e.name) fail(f, where + ".name", "edge name \"" + e.name + "\" used twice");
+      if (in.edges[k].condition == e.condition && in.edges[k].reference == e.reference)
+        fail(f, where, "duplicates edge \"" + in.edges[k].name + "\" (" + in.conditions[e.condition] + " vs " +
+                           in.conditions[e.reference] + ")");
+    }
+  }
+  for (size_t i = 0; i < in.factorials.size(); ++i) {
+    const Factorial& x = in.factorials[i];
+    const std::string where = "factorials[" + std::to_string(i) + "]";
+    std::set<uint32_t> cells;
+    for (int a = 0; a < 2; ++a)
+      for (int b = 0; b < 2; ++b) {
+        if (x.cell[a][b] >= C) fail(f, where, "condition out of range");
+        cells.insert(x.cell[a][b]);
+      }
+    if (cells.size() != 4) fail(f, where, "a factorial needs four different conditions");
+    for (size_t k = 0; k < i; ++k)
+      if (in.factorials[k].name == x.name) fail(f, where + ".name", "factorial name \"" + x.name + "\" used twice");
+  }
   // Unique (source, condition, repeat).
   std::set<std::tuple<uint32_t, uint32_t, std::string>> seen;
   for (const Cell& c : in.cells) {

@@ -48,6 +48,36 @@ Interval percentile_interval(std::vector<double>& values, double level) {
   return iv;
 }
 
+Interval percentile_interval_counted(std::vector<std::pair<double, uint32_t>>& v, double level) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](const auto& x) { return std::isnan(x.first) || x.second == 0; }), v.end());
+  size_t n = 0;
+  for (const auto& x : v) n += x.second;
+  Interval iv{.lo = std::numeric_limits<double>::quiet_NaN(), .hi = std::numeric_limits<double>::quiet_NaN(),
+              .valid = uint32_t(n)};
+  if (n == 0) return iv;
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  // The k-th smallest (0-based) of the expanded list.
+  auto order_stat = [&](size_t k) {
+    size_t cum = 0;
+    for (const auto& x : v) {
+      cum += x.second;
+      if (k < cum) return x.first;
+    }
+    return v.back().first;
+  };
+  // Type 7, as percentile_type7: x_lo + (h - lo) (x_lo+1 - x_lo), h = (n - 1) q.
+  auto quantile = [&](double q) {
+    const double h = double(n - 1) * q;
+    const size_t lo = std::min(size_t(std::floor(h)), n - 1);
+    const double xlo = order_stat(lo);
+    if (lo + 1 >= n) return xlo;
+    return xlo + (h - double(lo)) * (order_stat(lo + 1) - xlo);
+  };
+  iv.lo = quantile((1.0 - level) / 2.0);
+  iv.hi = quantile((1.0 + level) / 2.0);
+  return iv;
+}
+
 std::vector<Interval> bootstrap_strata(const BootstrapDraws& draws, std::span<const uint32_t> strata, size_t n_values,
                                         const BootstrapConfig& config, const StatEval& eval,
                                         const std::vector<uint8_t>* only) {
@@ -73,6 +103,12 @@ std::vector<Interval> bootstrap_strata(const BootstrapDraws& draws, std::span<co
       eval(mult, std::span<double>(reps.data() + size_t(r) * n_values, n_values));
     }
   }
+  return percentile_intervals(reps, R, n_values, config, only);
+}
+
+std::vector<Interval> percentile_intervals(const std::vector<double>& reps, uint32_t R, size_t n_values,
+                                           const BootstrapConfig& config, const std::vector<uint8_t>* only) {
+  std::vector<Interval> out(n_values);
   // Columns are gathered 8 at a time (one cache line of each row) before their percentiles.
   constexpr size_t kCols = 8;
   const int64_t n_chunks = int64_t((n_values + kCols - 1) / kCols);

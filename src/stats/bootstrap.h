@@ -59,6 +59,16 @@ Interval percentile_interval(std::vector<double>& values, double level);
 using StatEval = std::function<void(std::span<const double> mult, std::span<double> out)>;
 // Values whose entry in `only` is 0 get no interval (NaN bounds, valid 0) and their
 // percentiles are not computed (eval may leave them NaN); nullptr = every value.
+// The same interval from distinct values with their multiplicities (value, count): equal to
+// percentile_interval over the list with each value repeated count times. NaN values are
+// left out; `values` is reordered.
+Interval percentile_interval_counted(std::vector<std::pair<double, uint32_t>>& values, double level);
+
+// Percentile intervals of the columns of reps ([R][n_values] replicate values, row-major);
+// columns whose entry in `only` is 0 get NaN bounds (nullptr = every column).
+std::vector<Interval> percentile_intervals(const std::vector<double>& reps, uint32_t R, size_t n_values,
+                                           const BootstrapConfig& config, const std::vector<uint8_t>* only = nullptr);
+
 std::vector<Interval> bootstrap_strata(const BootstrapDraws& draws, std::span<const uint32_t> strata, size_t n_values,
                                        const BootstrapConfig& config, const StatEval& eval,
                                        const std::vector<uint8_t>* only = nullptr);

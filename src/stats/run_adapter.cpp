@@ -76,6 +76,120 @@ struct Loaded {
   json j;
 };
 
+// A generate-mode cell of the runs, for the EVAL.json join.
+struct GenCell {
+  size_t cell = 0;          // index into AnalysisInput::cells
+  std::string text_sha256;  // "" when the run's text is null
+  std::string stop;
+};
+
+uint32_t condition_index(const AnalysisInput& in, const JsonReader& r, const std::string& key) {
+  const std::string name = r.get<std::string>(key);
+  for (uint32_t i = 0; i < in.conditions.size(); ++i)
+    if (in.conditions[i] == name) return i;
+  fail(r.file(), r.field(key), "unknown condition \"" + name + "\" (not in protocol.conditions)");
+}
+
+// protocol.edges / protocol.factorials of a frozen manifest (docs/probe.md), when declared.
+void read_design(const json& manifest, const std::string& file, AnalysisInput& in) {
+  const JsonReader p = JsonReader(manifest, file).child("protocol");
+  if (p.has_value("edges")) {
+    const json& ea = p.raw("edges");
+    if (!ea.is_array()) fail(file, p.field("edges"), "expected an array");
+    for (size_t i = 0; i < ea.size(); ++i) {
+      const JsonReader e(ea[i], file, at(p.field("edges"), i));
+      in.edges.push_back({.name = e.get<std::string>("name"),
+                          .condition = condition_index(in, e, "condition"),
+                          .reference = condition_index(in, e, "reference")});
+    }
+  }
+  if (p.has_value("factorials")) {
+    const json& fa = p.raw("factorials");
+    if (!fa.is_array()) fail(file, p.field("factorials"), "expected an array");
+    for (size_t i = 0; i < fa.size(); ++i) {
+      const JsonReader e(fa[i], file, at(p.field("factorials"), i));
+      Factorial f{.name = e.get<std::string>("name"), .factor_a = e.get<std::string>("a"), .factor_b = e.get<std::string>("b")};
+      f.cell[0][0] = condition_index(in, e, "a0b0");
+      f.cell[1][0] = condition_index(in, e, "a1b0");
+      f.cell[0][1] = condition_index(in, e, "a0b1");
+      f.cell[1][1] = condition_index(in, e, "a1b1");
+      in.factorials.push_back(f);
+    }
+  }
+}
+
+// Joins the verdicts of EVAL.json files (`atlas eval RUN --manifest M`, docs/eval.md) into the
+// cells: coverage.evaluated -> evaluable, correctness -> correct (not_evaluated: no verdict),
+// terminal.state -> terminal. Checks that each file belongs to these runs (manifest and run
+// content hashes) and judged the same text and stop as the run holds; with allow_mismatch the
+// mismatches are counted in in.eval_join instead of refused.
+void join_evals(const RunAdapterOptions& opt, AnalysisInput& in, const std::map<std::string, GenCell>& gen,
+                const std::set<std::string>& run_contents) {
+  const std::string hint = " (pass --allow-mixed to join it anyway)";
+  std::set<std::string> judged;
+  ojson files = ojson::array();
+  int64_t mismatched_cells = 0;
+  for (const std::string& path : opt.evals) {
+    const std::string text = read_file(path);
+    const json j = parse_json(text, path);
+    const JsonReader r(j, path);
+    if (r.get_or<std::string>("kind", "") != "atlas.eval") fail(path, "kind", "expected \"atlas.eval\" (an EVAL.json of atlas eval)");
+    if (r.get<int64_t>("format_version") != 1) fail(path, "format_version", "expected 1");
+    const JsonReader run = r.child("run");
+    const std::string msha = run.get<std::string>("manifest_sha256");
+    const std::string csha = run.has_value("content_sha256") ? run.get<std::string>("content_sha256") : "";
+    const bool manifest_ok = msha == in.manifest_sha256, run_ok = run_contents.count(csha) > 0;
+    if (!manifest_ok && !opt.allow_mismatch)
+      fail(path, "run.manifest_sha256", "is " + msha + ", the runs' manifest is " + in.manifest_sha256 + hint);
+    if (!run_ok && !opt.allow_mismatch)
+      fail(path, "run.content_sha256",
+           "\"" + csha + "\" is the content_sha256 of none of the run artifacts given (evaluated another run?)" + hint);
+    const json& cells = r.raw("cells");
+    if (!cells.is_array()) fail(path, "cells", "expected an array");
+    int64_t joined = 0, mismatched = 0;
+    for (size_t i = 0; i < cells.size(); ++i) {
+      const JsonReader c(cells[i], path, at("cells", i));
+      const std::string id = c.get<std::string>("cell_id");
+      const auto g = gen.find(id);
+      if (g == gen.end()) {
+        if (!opt.allow_mismatch) fail(path, c.field("cell_id"), "\"" + id + "\" is not a generate-mode cell of the runs" + hint);
+        ++mismatched;
+        continue;
+      }
+      if (!judged.insert(id).second) fail(path, c.field("cell_id"), "\"" + id + "\" is judged by two EVAL.json entries");
+      const json& ts = c.raw("text_sha256");
+      const std::string tsha = ts.is_null() ? "" : c.get<std::string>("text_sha256");
+      const std::string stop = c.get<std::string>("stop");
+      if (tsha != g->second.text_sha256 || stop != g->second.stop) {
+        if (!opt.allow_mismatch)
+          fail(path, c.field(tsha != g->second.text_sha256 ? "text_sha256" : "stop"),
+               "cell \"" + id + "\": the evaluated output is not the run's" + hint);
+        ++mismatched;
+      }
+      Cell& cell = in.cells[g->second.cell];
+      cell.evaluable = c.child("coverage").get<bool>("evaluated");
+      const std::string verdict = c.get<std::string>("correctness");
+      if (verdict == "correct" || verdict == "incorrect") cell.correct = verdict == "correct";
+      else if (verdict != "not_evaluated")
+        fail(path, c.field("correctness"), "expected correct, incorrect or not_evaluated, got \"" + verdict + "\"");
+      cell.terminal = c.child("terminal").get<std::string>("state");
+      ++joined;
+    }
+    mismatched_cells += mismatched;
+    in.files.push_back({.path = path, .sha256 = sha256_hex(text)});
+    files.push_back({{"path", path}, {"manifest_sha256_matches", manifest_ok}, {"run_content_sha256_matches", run_ok},
+                     {"cells", cells.size()}, {"joined", joined}, {"mismatched", mismatched}});
+  }
+  in.eval_join = {{"files", files},
+                  {"generated_cells", gen.size()},
+                  {"cells_with_verdict_record", judged.size()},
+                  {"cells_without_verdict_record", int64_t(gen.size()) - int64_t(judged.size())},
+                  {"mismatched_cells", mismatched_cells},
+                  {"allow_mismatch", opt.allow_mismatch},
+                  {"mapping", "coverage.evaluated -> evaluable; correctness correct/incorrect -> correct, not_evaluated "
+                              "-> no verdict; terminal.state -> terminal"}};
+}
+
 }  // namespace
 
 bool is_run_artifact(const std::string& path) {
@@ -130,6 +244,7 @@ AnalysisInput read_run_artifacts(const RunAdapterOptions& opt) {
     if (!conds.is_array() || conds.empty()) fail(opt.manifest, "protocol.conditions", "expected a non-empty array");
     for (size_t i = 0; i < conds.size(); ++i)
       in.conditions.push_back(JsonReader(conds[i], opt.manifest, at("protocol.conditions", i)).get<std::string>("name"));
+    read_design(manifest, opt.manifest, in);
     in.files.push_back({.path = opt.manifest, .sha256 = sha256_hex(text)});
   }
   const bool declared = !in.conditions.empty();
@@ -138,6 +253,11 @@ AnalysisInput read_run_artifacts(const RunAdapterOptions& opt) {
 
   std::set<std::string> layer_set;
   bool stages_set = false;
+  std::map<std::string, GenCell> gen_cells;  // by cell_id, for the EVAL.json join
+  std::set<std::string> run_contents;        // content_sha256 of every run artifact
+  for (const auto& l : runs)
+    if (l.j.contains("content_sha256") && l.j["content_sha256"].is_string())
+      run_contents.insert(l.j["content_sha256"].get<std::string>());
   for (const auto& l : runs) {
     const std::string& f = l.path;
     const JsonReader r(l.j, f);
@@ -275,6 +395,12 @@ AnalysisInput read_run_artifacts(const RunAdapterOptions& opt) {
         const std::string s = res.get<std::string>("stop");
         if (s != "eos" && s != "length") fail(f, res.field("stop"), "expected \"eos\" or \"length\", got \"" + s + "\"");
         c.stop = s;
+        if (!opt.evals.empty()) {  // what an EVAL.json verdict must have judged: this text and stop
+          const json& tx = res.raw("text");
+          if (!tx.is_null() && !tx.is_string()) fail(f, res.field("text"), "expected a string or null");
+          gen_cells[c.id] = {.cell = in.cells.size(), .text_sha256 = tx.is_null() ? "" : sha256_hex(tx.get<std::string>()),
+                             .stop = s};
+        }
       }
       if (c.topk_ids.empty() && c.hidden.empty() && !c.generated)
         fail(f, cr.field("result"),
@@ -295,10 +421,21 @@ AnalysisInput read_run_artifacts(const RunAdapterOptions& opt) {
           fail(runs[0].path, c.id, "expert id " + std::to_string(id) + " outside [0, " + std::to_string(in.experts) + ")");
   }
 
-  // Edges: the protocol format has no edge list, so every condition is compared with the first
-  // (the official rendering, which protocols declare first); no factorials are derived.
-  for (uint32_t k = 1; k < in.conditions.size(); ++k)
-    in.edges.push_back({.name = in.conditions[k] + " vs " + in.conditions[0], .condition = k, .reference = 0});
+  // Edges: the protocol's [[edge]] list (from --manifest); without one, every condition is
+  // compared with the first (the official rendering, which protocols declare first).
+  if (in.edges.empty()) {
+    for (uint32_t k = 1; k < in.conditions.size(); ++k)
+      in.edges.push_back({.name = in.conditions[k] + " vs " + in.conditions[0], .condition = k, .reference = 0});
+    const std::string why = opt.manifest.empty() ? "no --manifest given (the run records no edge list)"
+                                                 : "the manifest's protocol declares no [[edge]]";
+    in.design_origin = "default: every condition vs the first condition (" + why + ")" +
+                       (in.factorials.empty() ? "; no factorials" : "; factorials from the manifest's protocol");
+  } else {
+    in.design_origin = std::string("declared in the protocol ([[edge]]") +
+                       (in.factorials.empty() ? ", no [[factorial]]" : ", [[factorial]]") + "), from the manifest " +
+                       opt.manifest;
+  }
+  if (!opt.evals.empty()) join_evals(opt, in, gen_cells, run_contents);
   validate_analysis_input(in);
   return in;
 }

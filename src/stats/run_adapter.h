@@ -20,6 +20,12 @@ struct RunAdapterOptions {
   std::vector<std::string> runs;  // run directories or their run.json (shards of one manifest)
   std::string manifest;           // optional MANIFEST.json: checked against the runs' manifest_sha256
   std::string model_dir;          // optional: where config.json (expert count) is; default: the run's
+  // EVAL.json files of `atlas eval` over these runs: their verdicts fill each cell's
+  // evaluable / correct / terminal. Each must name the runs' manifest and one run's
+  // content_sha256, and every judged cell's text and stop must be the run's; allow_mismatch
+  // turns those checks into counts recorded in analysis.json instead of errors.
+  std::vector<std::string> evals;
+  bool allow_mismatch = false;
 };
 
 // Errors name the file and field (missing routes, mismatched manifest, absent hidden tensors, ...).

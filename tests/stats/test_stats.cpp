@@ -363,3 +363,188 @@ TEST(StatsAnalysis, MixedManifestsNeedAllow) {
   EXPECT_EQ(read_analysis_input({pa, pb}, false).cells.size(), 6u);
   std::filesystem::remove_all(dir);
 }
+
+TEST(StatsBootstrap, CountedPercentileEqualsExpanded) {
+  // Distinct values with multiplicities (ties, NaN, a single value) against the expanded list.
+  uint64_t state = 12345;
+  auto next = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::pair<double, uint32_t>> vc;
+    std::vector<double> expanded;
+    const size_t distinct = 1 + next() % 40;
+    for (size_t i = 0; i < distinct; ++i) {
+      double v = double(next() % 17) / 7.0 - 1.0;  // ties across entries too
+      if (next() % 13 == 0) v = std::numeric_limits<double>::quiet_NaN();
+      const uint32_t c = uint32_t(next() % 50);
+      vc.push_back({v, c});
+      for (uint32_t k = 0; k < c; ++k) expanded.push_back(v);
+    }
+    const double level = trial % 2 ? 0.95 : 0.5;
+    const Interval a = percentile_interval(expanded, level);
+    const Interval b = percentile_interval_counted(vc, level);
+    ASSERT_EQ(a.valid, b.valid);
+    if (a.valid == 0) continue;
+    EXPECT_EQ(a.lo, b.lo) << trial;
+    EXPECT_EQ(a.hi, b.hi) << trial;
+  }
+}
+
+namespace {
+
+// A random routing grid: domains with the given source counts, 4 conditions (a 2x2), edges,
+// a factorial, target scopes inside longer inputs, and generations with verdicts.
+AnalysisInput random_grid(const std::vector<uint32_t>& per_domain, uint64_t seed) {
+  uint64_t state = seed;
+  auto next = [&] { return uint32_t((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33); };
+  AnalysisInput in;
+  in.experts = 8;
+  in.top_k = 3;
+  in.layers = {"1", "2"};
+  in.conditions = {"s0f0", "s1f0", "s0f1", "s1f1"};
+  for (size_t d = 0; d < per_domain.size(); ++d) {
+    in.domains.push_back("d" + std::to_string(d));
+    for (uint32_t i = 0; i < per_domain[d]; ++i)
+      in.sources.push_back({.id = "d" + std::to_string(d) + "s" + std::to_string(i), .domain = uint32_t(d)});
+  }
+  in.edges = {{.name = "system@f0", .condition = 1, .reference = 0},
+              {.name = "system@f1", .condition = 3, .reference = 2},
+              {.name = "oneshot@s0", .condition = 2, .reference = 0}};
+  in.factorials = {{.name = "system x oneshot", .factor_a = "system", .factor_b = "oneshot", .cell = {{0, 2}, {1, 3}}}};
+  for (uint32_t s = 0; s < in.sources.size(); ++s) {
+    const uint32_t target = 2 + next() % 5;
+    for (uint32_t c = 0; c < 4; ++c) {
+      const uint32_t prefix = 1 + next() % 3 + (c % 2) * 2, T = prefix + target + next() % 2;
+      Cell cell{.id = in.sources[s].id + "/" + in.conditions[c], .source = s, .condition = c};
+      cell.tokens = T;
+      cell.target.assign(T, 0);
+      for (uint32_t t = prefix; t < prefix + target; ++t) cell.target[t] = 1;
+      for (size_t i = 0; i < in.layers.size() * T; ++i) {
+        uint32_t used = 0;
+        for (int j = 0; j < 3; ++j) {
+          uint32_t e;
+          do e = next() % 8; while (used >> e & 1);
+          used |= 1u << e;
+          cell.topk_ids.push_back(int32_t(e));
+          cell.topk_weights.push_back(float(1 + next() % 100) / 100.0f);
+        }
+      }
+      std::vector<int32_t> gen(next() % 6);
+      for (auto& g : gen) g = int32_t(next() % 3);
+      cell.generated = gen;
+      cell.stop = next() % 3 ? "eos" : "length";
+      if (next() % 4) cell.correct = next() % 2 == 0;
+      in.cells.push_back(std::move(cell));
+    }
+  }
+  validate_analysis_input(in);
+  return in;
+}
+
+}  // namespace
+
+TEST(StatsAnalysis, SharedDomainReplicatesEqualTheStraightforwardPath) {
+  // The default routing bootstrap evaluates each domain once per distinct multiset of draws
+  // and pools cached sums; it must give the same bits as evaluating every replicate from
+  // its multiplicities (run_block), for every resampling option, with and without a pooled
+  // group, and with domains of 1 to 6 sources (few or many distinct multisets).
+  for (const auto& shape : std::vector<std::vector<uint32_t>>{{2, 3, 4, 1}, {6}, {3, 5}}) {
+    const AnalysisInput in = random_grid(shape, 99 + shape.size());
+    for (int mode = 0; mode < 3; ++mode) {
+      AnalysisOptions opt;
+      opt.bootstrap = {.replicates = 150, .seed = 7, .level = mode == 2 ? 0.5 : 0.95};
+      opt.task_bootstrap.replicates = 20;
+      opt.bootstrap_full_scope = mode != 1;
+      opt.bootstrap_weighted = mode == 2;
+      const ojson fast = analyze(in, opt);
+      opt.share_domain_replicates = false;
+      const ojson slow = analyze(in, opt);
+      ASSERT_EQ(fast["routing"]["stats"].size(), slow["routing"]["stats"].size());
+      size_t with_ci = 0;
+      for (size_t i = 0; i < fast["routing"]["stats"].size(); ++i) {
+        EXPECT_EQ(fast["routing"]["stats"][i].dump(), slow["routing"]["stats"][i].dump());
+        with_ci += fast["routing"]["stats"][i]["ci"].is_array();
+      }
+      EXPECT_GT(with_ci, 0u);
+      EXPECT_EQ(fast.dump(), slow.dump());
+    }
+  }
+}
+
+TEST(StatsAnalysis, DefaultResamplesBothScopesOfCountLoads) {
+  const AnalysisInput in = random_grid({3, 3}, 5);
+  AnalysisOptions opt;
+  opt.bootstrap.replicates = 100;
+  opt.task_bootstrap.replicates = 10;
+  const ojson a = analyze(in, opt);
+  size_t checked = 0;
+  for (const auto& r : a["routing"]["stats"]) {
+    if (!r.contains("kind")) continue;
+    const bool want = r["kind"] == "count";  // both scopes; weighted loads keep point values
+    EXPECT_EQ(r["ci"].is_array(), want) << r.dump();
+    ++checked;
+  }
+  EXPECT_GT(checked, 0u);
+  EXPECT_NE(a["settings"]["resampled_expert_distributions"].get<std::string>().find("scope target and full, kind count;"),
+            std::string::npos);
+}
+
+TEST(StatsAnalysis, CorrectnessContrastsAndDesign) {
+  // Hand-built pairs: edge on-off over (source, repeat) pairs with both verdicts.
+  json j = tiny_input();
+  j["cells"] = json::array();
+  j["edges"] = json::array({{{"name", "on-off"}, {"condition", "on"}, {"reference", "off"}}});
+  j.erase("layers");
+  // source a: repeats r0 (on correct, off incorrect), r1 (both correct), r2 (on has no verdict);
+  // source c: r0 (on incorrect, off correct).
+  auto cell = [](const char* s, const char* c, const char* r, std::optional<bool> ok) {
+    json x = {{"source", s}, {"condition", c}, {"repeat", r}, {"generated_ids", {1}}, {"stop", "eos"}};
+    if (ok) x["correct"] = *ok, x["terminal"] = *ok ? "final_marker" : "no_marker";
+    return x;
+  };
+  for (const auto& x : {cell("a", "on", "r0", true), cell("a", "off", "r0", false), cell("a", "on", "r1", true),
+                        cell("a", "off", "r1", true), cell("a", "on", "r2", std::nullopt), cell("a", "off", "r2", false),
+                        cell("c", "on", "r0", false), cell("c", "off", "r0", true)})
+    j["cells"].push_back(x);
+  j["sources"].erase(1);  // b has no cells
+  const AnalysisInput in = parse_ok(j);
+  AnalysisOptions opt;
+  opt.bootstrap.replicates = 0;
+  opt.task_bootstrap.replicates = 0;
+  const ojson a = analyze(in, opt);
+  const ojson* r = find_row(a["outputs"]["stats"], {{"metric", "correct_rate_difference"}, {"domain", "all"}});
+  ASSERT_NE(r, nullptr);
+  // 3 pairs with both verdicts: (on, off) = (1,0), (1,1), (0,1): difference (1 - 1) / 3 = 0.
+  EXPECT_EQ((*r)["pairs"], 3);
+  EXPECT_EQ((*r)["both_correct"], 1);
+  EXPECT_EQ((*r)["condition_only"], 1);
+  EXPECT_EQ((*r)["reference_only"], 1);
+  EXPECT_EQ((*r)["neither"], 0);
+  EXPECT_EQ((*r)["value"].get<double>(), 0.0);
+  r = find_row(a["outputs"]["stats"], {{"metric", "correct_rate_difference"}, {"domain", "d0"}});
+  EXPECT_DOUBLE_EQ((*r)["value"].get<double>(), 0.5);  // source a: (1,0), (1,1)
+  r = find_row(a["outputs"]["stats"], {{"metric", "correct_rate_condition"}, {"domain", "d0"}});
+  EXPECT_DOUBLE_EQ((*r)["value"].get<double>(), 1.0);
+  r = find_row(a["outputs"]["stats"], {{"metric", "correct_rate_reference"}, {"domain", "d1"}});
+  EXPECT_DOUBLE_EQ((*r)["value"].get<double>(), 1.0);
+  // Terminal ledger: d0 "on": final_marker x2, unknown x1.
+  bool seen = false;
+  for (const auto& l : a["outputs"]["ledgers"])
+    if (l["domain"] == "d0" && l["condition"] == "on") {
+      EXPECT_EQ(l["terminal"]["final_marker"], 2);
+      EXPECT_EQ(l["terminal"]["unknown"], 1);
+      seen = true;
+    }
+  EXPECT_TRUE(seen);
+  EXPECT_EQ(a["design"]["edges"][0]["condition"], "on");
+  EXPECT_EQ(a["design"]["origin"], "declared in the analysis input");
+}
+
+TEST(StatsAnalysis, DuplicateEdgesAndBadFactorialsAreRefused) {
+  json j = tiny_input();
+  j["edges"].push_back({{"name", "again"}, {"condition", "on"}, {"reference", "off"}});
+  EXPECT_NE(error_of([&] { parse_ok(j); }).find("in.json: edges[1]: duplicates edge \"on-off\" (on vs off)"), std::string::npos)
+      << error_of([&] { parse_ok(j); });
+  j = tiny_input();
+  j["edges"].push_back({{"name", "on-off"}, {"condition", "off"}, {"reference", "on"}});
+  EXPECT_NE(error_of([&] { parse_ok(j); }).find("in.json: edges[1].name: edge name \"on-off\" used twice"), std::string::npos);
+}

@@ -9,6 +9,7 @@ statistic is then recomputed here from its definition with numpy/scipy:
     scipy.spatial.distance.jensenshannon(base=2) squared; top-k agreement from Python sets;
   - hidden cosine / relative L2 per row and pooled with numpy norms; exact rows by bytes;
   - Levenshtein by a full-matrix dynamic programme; prefixes, similarity, uniqueness, ledgers;
+  - paired correctness per edge (pairs where both cells have a verdict) and its counts;
   - the bootstrap by redrawing every replicate's source indices with an independent Philox4x32-10
     (from the SC11 round function) and recomputing each statistic on the literally resampled
     source list (sources repeated as drawn), then np.percentile(method="linear").
@@ -379,7 +380,14 @@ def pair_values(srcs, a, b, m):
     for s in srcs:
         for r in REPEATS:
             x, y = gen[(s, a, r)]["generated_ids"], gen[(s, b, r)]["generated_ids"]
-            if m == "exact_rate":
+            if m.startswith("correct_rate_"):
+                # Paired correctness: only pairs where both cells have a verdict.
+                ka, kb = gen[(s, a, r)].get("correct"), gen[(s, b, r)].get("correct")
+                if ka is None or kb is None:
+                    continue
+                vals.append({"correct_rate_difference": float(ka) - float(kb), "correct_rate_condition": float(ka),
+                             "correct_rate_reference": float(kb)}[m])
+            elif m == "exact_rate":
                 vals.append(float(x == y))
             elif m == "mean_common_prefix":
                 vals.append(prefix(x, y))
@@ -388,10 +396,17 @@ def pair_values(srcs, a, b, m):
             else:
                 n = max(len(x), len(y))
                 vals.append(1.0 if n == 0 else 1 - lev_full(x, y) / n)
-    return float(np.mean(vals))
+    return float(np.mean(vals)) if vals else float("nan")
 
 
 for row in A["outputs"]["stats"]:
+    if row["metric"] == "correct_rate_difference":
+        a, b = edge_of[row["edge"]]
+        pairs = [(gen[(s, a, r)].get("correct"), gen[(s, b, r)].get("correct")) for s in groups[row["domain"]] for r in REPEATS]
+        pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
+        expect((row["pairs"], row["both_correct"], row["condition_only"], row["reference_only"], row["neither"]) ==
+               (len(pairs), sum(x and y for x, y in pairs), sum(x and not y for x, y in pairs),
+                sum(y and not x for x, y in pairs), sum(not x and not y for x, y in pairs)), f"correct counts {row}")
     a, b = edge_of[row["edge"]]
     check_row(row, lambda srcs, a=a, b=b, m=row["metric"]: pair_values(srcs, a, b, m), R_SEED, R_REPS,
               f"outputs {row}")
@@ -468,7 +483,7 @@ for name in os.listdir(out):
         expect(open(os.path.join(out, name), "rb").read() == open(os.path.join(out2, name), "rb").read(),
                f"{name} differs between runs")
 
-# ---- default resampling: only target-scope count distributions get intervals ----------------
+# ---- default resampling: count-load distributions of both scopes get intervals -------------
 out3 = os.path.join(tmp, "out3")
 subprocess.run([ATLAS, "analyze", inp, "--out", out3, "--replicates", str(R_REPS), "--seed", str(R_SEED),
                 "--task-replicates", str(T_REPS), "--task-seed", str(T_SEED), "--level", str(LEVEL)],
@@ -476,11 +491,21 @@ subprocess.run([ATLAS, "analyze", inp, "--out", out3, "--replicates", str(R_REPS
 C3 = json.load(open(os.path.join(out3, "analysis.json")))
 for full_row, row in zip(A["routing"]["stats"], C3["routing"]["stats"]):
     expect(full_row["value"] == row["value"], f"default run changed a value: {row}")
-    narrowed = "kind" in row and (row["scope"] == "full" or row["kind"] == "weight")
+    narrowed = "kind" in row and row["kind"] == "weight"
     if narrowed:
         expect(row.get("ci") is None, f"default run resampled {row}")
     else:
         expect(row.get("ci") == full_row.get("ci"), f"default run changed an interval: {row}")
+
+# --no-bootstrap-full-scope: the full scope keeps point values too.
+out4 = os.path.join(tmp, "out4")
+subprocess.run([ATLAS, "analyze", inp, "--out", out4, "--replicates", str(R_REPS), "--seed", str(R_SEED),
+                "--task-replicates", str(T_REPS), "--task-seed", str(T_SEED), "--level", str(LEVEL),
+                "--no-bootstrap-full-scope"], check=True, stdout=subprocess.DEVNULL)
+C4 = json.load(open(os.path.join(out4, "analysis.json")))
+for full_row, row in zip(A["routing"]["stats"], C4["routing"]["stats"]):
+    narrowed = "kind" in row and (row["scope"] == "full" or row["kind"] == "weight")
+    expect(row.get("ci") is None if narrowed else row.get("ci") == full_row.get("ci"), f"--no-bootstrap-full-scope: {row}")
 
 print(f"{checks} checks, {len(failures)} failures")
 sys.exit(1 if failures else 0)
