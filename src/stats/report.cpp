@@ -57,6 +57,20 @@ std::string report_markdown(const ojson& a) {
   md += "Inputs:\n";
   for (const auto& f : a["inputs"]) md += "- `" + f["path"].get<std::string>() + "` sha256 `" + f["sha256"].get<std::string>() + "`\n";
   md += "\n";
+  if (a.contains("design")) {
+    const ojson& d = a["design"];
+    md += "Edges (" + d["origin"].get<std::string>() + "):";
+    for (const auto& e : d["edges"])
+      md += " `" + e["name"].get<std::string>() + "` = " + e["condition"].get<std::string>() + " vs " +
+            e["reference"].get<std::string>() + ";";
+    md += "\n";
+    for (const auto& f : d["factorials"])
+      md += "Factorial `" + f["name"].get<std::string>() + "`: A = " + f["a"].get<std::string>() + ", B = " +
+            f["b"].get<std::string>() + "; a0b0 " + f["a0b0"].get<std::string>() + ", a1b0 " +
+            f["a1b0"].get<std::string>() + ", a0b1 " + f["a0b1"].get<std::string>() + ", a1b1 " +
+            f["a1b1"].get<std::string>() + "\n";
+    md += "\n";
+  }
 
   if (a.contains("routing")) {
     const ojson& st = a["routing"]["stats"];
@@ -138,6 +152,22 @@ std::string report_markdown(const ojson& a) {
         }
         md += "| " + edge + " | " + d + " | " + c[0] + " | " + c[1] + " | " + c[2] + " | " + c[3] + " |\n";
       }
+    if (!ordered_values(st, "metric").empty()) {
+      bool any = false;
+      for (const auto& r : st) any |= r["metric"] == "correct_rate_difference";
+      if (any) {
+        md += "\n### Paired correctness\n\nOver (source, repeat) pairs where both cells have a verdict.\n\n"
+              "| edge | domain | pairs | both / condition only / reference only / neither | condition - reference |\n"
+              "|---|---|---|---|---|\n";
+        for (const auto& r : st)
+          if (r["metric"] == "correct_rate_difference")
+            md += "| " + r["edge"].get<std::string>() + " | " + r["domain"].get<std::string>() + " | " +
+                  std::to_string(r["pairs"].get<int64_t>()) + " | " + std::to_string(r["both_correct"].get<int64_t>()) +
+                  " / " + std::to_string(r["condition_only"].get<int64_t>()) + " / " +
+                  std::to_string(r["reference_only"].get<int64_t>()) + " / " + std::to_string(r["neither"].get<int64_t>()) +
+                  " | " + with_ci(r, 4) + " |\n";
+      }
+    }
     md += "\n### Ledgers (kept apart)\n\n| domain | condition | outputs | distinct | EOS / cap / ? | evaluable / not / ? | "
           "correct / incorrect / ? | mean length |\n|---|---|---|---|---|---|---|---|\n";
     const ojson& u = a["outputs"]["uniqueness"];

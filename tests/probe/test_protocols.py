@@ -52,6 +52,14 @@ EXPECT = {
 FULL = {"09_special_token_family.toml": 1024, "10_role_marker_block.toml": 1024, "11_chat_generation.toml": 128,
         "14_multi_seed_sampling.toml": 256, "15_cross_source_sampling.toml": 256, "16_task_bootstrap_crn.toml": 352}
 
+# Declared analysis designs (docs/probe.md): edges and factorials per protocol, as the seeds
+# describe them (3.5: four factor edges and the 2x2; 3.11/3.13: ten edges; ...); absent = none.
+DESIGN = {"04_chat_template.toml": (3, 0), "05_system_oneshot_factorial.toml": (4, 1), "06_filler_history.toml": (7, 2),
+          "07_history_boundary.toml": (10, 3), "08_role_marker_head.toml": (10, 3), "09_special_token_family.toml": (10, 3),
+          "10_role_marker_block.toml": (12, 2), "11_chat_generation.toml": (10, 0), "12_completion_512.toml": (10, 0),
+          "13_full_depth_trace.toml": (10, 3), "14_multi_seed_sampling.toml": (10, 0), "15_cross_source_sampling.toml": (4, 0),
+          "16_task_bootstrap_crn.toml": (4, 0)}
+
 os.environ["OMP_NUM_THREADS"] = "1"
 tmp = tempfile.mkdtemp(prefix="atlas-protocols-")
 failures = []
@@ -105,6 +113,19 @@ try:
             full_rows = (sum(min(k, full_per) if k else full_per for k in e["seeds"]) if e["seeds"] else full_per) * e["domains"]
             if full_rows * e["lengths"] * len(e["cond"]) != FULL[f]:
                 failures.append(f"{f}: at full size {full_rows * len(e['cond'])} cells, the seed has {FULL[f]}")
+        # The declared design is carried into the manifest (only when declared).
+        n_e, n_f = DESIGN.get(f, (0, 0))
+        pj = m["protocol"]
+        if len(pj.get("edges", [])) != n_e or len(pj.get("factorials", [])) != n_f or ("edges" in pj) != (n_e > 0):
+            failures.append(f"{f}: design {len(pj.get('edges', []))} edges, {len(pj.get('factorials', []))} factorials")
+        conds = set(e["cond"])
+        for ed in pj.get("edges", []):
+            if ed["condition"] not in conds or ed["reference"] not in conds or ed["condition"] == ed["reference"]:
+                failures.append(f"{f}: edge {ed}")
+        for fc in pj.get("factorials", []):
+            four = [fc[k] for k in ("a0b0", "a1b0", "a0b1", "a1b1")]
+            if len(set(four)) != 4 or not set(four) <= conds:
+                failures.append(f"{f}: factorial {fc}")
         # Edits at the history boundary replace the assistant EOS.
         eos = m["tokenizer"]["eos_id"]
         for c in cells:
