@@ -245,6 +245,7 @@ AnalysisInput parse_analysis_input(const json& j, const std::string& file) {
   for (size_t i = 0; i < ca.size(); ++i)
     in.cells.push_back(read_cell(JsonReader(ca[i], file, idx("cells", i)), in, src, cond, i));
 
+  if (!r.has_value("edges")) in.design_origin = "the analysis input declares no edges";
   if (r.has_value("edges")) {
     const json& ea = array_at(r.raw("edges"), file, "edges", size_t(-1));
     for (size_t i = 0; i < ea.size(); ++i) {
