@@ -53,6 +53,33 @@ void stream_synchronize(Stream stream = nullptr);
 // (cudaMemcpy2DAsync); pitches in bytes.
 void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
              Stream stream = nullptr);
+// A non-blocking stream of its own (a model's work is issued on one, so that it can be captured
+// into a CUDA graph; the legacy default stream cannot be captured).
+Stream stream_create();
+void stream_destroy(Stream s);
+void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+
+// A CUDA graph captured from the work issued on one stream between begin() and end(), then
+// replayed with launch(). Kernel arguments (pointers, sizes) are frozen at capture: whatever
+// changes between replays must live in device (or pinned host) memory the kernels read.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void begin(Stream stream);    // cudaStreamBeginCapture (thread-local mode)
+  void end(Stream stream);      // cudaStreamEndCapture + instantiate
+  void abort(Stream stream);    // ends a capture that failed half-way; the graph stays empty
+  void launch(Stream stream);   // cudaGraphLaunch
+  void reset();                 // destroys the graph (ready() becomes false)
+  bool ready() const { return exec_ != nullptr; }
+
+ private:
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
+};
+
 // Kernels that meet bad data only on the device (positions, expert ids, cache lengths) raise a
 // device flag instead of trapping; this synchronises, reads and clears it, and throws
 // atlas::Error naming the op and field. Call it wherever a host sync happens anyway.
@@ -239,6 +266,20 @@ struct MoeCombineArgs {
   Stream stream = nullptr;
 };
 void moe_combine(const MoeCombineArgs& a);
+
+// ---- greedy token on the device: argmax of each bf16 logits row, ties to the lower id --------
+// The same contract as decode::greedy_token on the host (the logits are the same bf16 values),
+// so a greedy row needs only its token id copied back, not its V logits. A NaN logit raises the
+// device error flag ("argmax: logits: NaN"); out[b] is then unspecified.
+struct ArgmaxArgs {
+  const uint16_t* logits = nullptr;  // [rows, vocab] bf16, row stride `stride` (0 = vocab)
+  int32_t* out = nullptr;            // [rows]
+  int rows = 0;
+  int vocab = 0;
+  int64_t stride = 0;
+  Stream stream = nullptr;
+};
+void argmax_bf16(const ArgmaxArgs& a);
 
 constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaWidth = 576;
 constexpr int kMlaLatentMax = 512, kMlaWidthMax = 576;
