@@ -245,12 +245,18 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
     const int k0 = kt * T::BK;
     uint16_t* sa = sA + slot * (T::BM * T::BK);
     uint16_t* sb = sB + slot * (T::BN * T::BK);
+    // Rows past M (or N) are zero in every slice: each slot zero-fills them on its first use
+    // (slot s first holds slice s) and nothing overwrites them later, so later fills skip them
+    // (a 1-row decode tile then copies 1 A row instead of 16).
+    const bool first_fill = kt < T::STAGES;
 #pragma unroll
     for (int i0 = 0; i0 < T::BM * T::CH; i0 += T::THREADS) {
       const int i = i0 + tid;
       if (T::BM * T::CH % T::THREADS == 0 || i < T::BM * T::CH) {
         const int r = i / T::CH, c = i % T::CH;
-        load_chunk<kAsync>(sa + r * T::BK + swz<T::CH>(r, c) * 8, x, a_off[r], k0 + c * 8, K);
+        const int64_t off = a_off[r];
+        if (off >= 0 || first_fill)
+          load_chunk<kAsync>(sa + r * T::BK + swz<T::CH>(r, c) * 8, x, off, k0 + c * 8, K);
       }
     }
 #pragma unroll
@@ -258,7 +264,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
       const int i = i0 + tid;
       if (T::BN * T::CH % T::THREADS == 0 || i < T::BN * T::CH) {
         const int r = i / T::CH, c = i % T::CH;
-        load_chunk<kAsync>(sb + r * T::BK + swz<T::CH>(r, c) * 8, w, b_off[r], k0 + c * 8, K);
+        const int64_t off = b_off[r];
+        if (off >= 0 || first_fill)
+          load_chunk<kAsync>(sb + r * T::BK + swz<T::CH>(r, c) * 8, w, off, k0 + c * 8, K);
       }
     }
   };
