@@ -97,6 +97,7 @@ class CudaCache final : public Cache {
   std::vector<int32_t> real_;  // real tokens stored per row
   Graph decode_graph;          // T = 1 step, captured on first use (see CudaModel::forward)
   uint64_t graph_epoch = 0;    // the scratch layout it was captured against
+  int64_t eager_steps = 0;     // decode steps seen (the first runs without the graph)
 
  private:
   int64_t batch_, capacity_, width_;
@@ -617,7 +618,7 @@ void CudaModel::moe(const Layer& L, const LayerHookNames& names, int64_t l, int6
                .offsets = b.offsets, .sorted_token = b.sorted, .pair_slot = b.slot, .workspace = b.perm_ws,
                .stream = s_});
   grouped_gemm({.x = b.h, .x_rows = b.sorted, .w = L.gate_up_ptrs, .offsets = b.offsets, .out = b.gu,
-                .groups = int(E), .max_rows = int(M * k), .N = int(2 * I), .K = int(H), .stream = s_});
+                .groups = int(E), .max_rows = int(M * k), .N = int(2 * I), .K = int(H), .x_rows_limit = M, .stream = s_});
   silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M * k), .width = int(I), .in_stride = 2 * I,
              .stream = s_});
   grouped_gemm({.x = b.act, .w = L.down_ptrs, .offsets = b.offsets, .out = b.ys, .groups = int(E),
@@ -762,7 +763,11 @@ ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, cons
            "the attention pattern is not available on the cuda backend yet (use --backend cpu)");
 
   // A decode step without hooks replays the cache's captured graph (inputs through pinned memory).
-  const bool use_graph = graphs_ && T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());
+  // The cache's first decode step runs eagerly: one-time setup inside the launchers (cuBLASLt
+  // plans for the step's shapes, kernel attributes) must not happen during a capture.
+  const bool decode_step = T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());
+  const bool use_graph = graphs_ && decode_step && cache->eager_steps > 0;
+  if (decode_step) ++cache->eager_steps;
 
   // Host-side bookkeeping: each token's packed cache slot and each query's causal length.
   // Layout [ids | pos | dst | qlen | qrow] (M each), as on the device, then last [B].

@@ -204,7 +204,11 @@ void check_device_errors() {
   if (v & 2) what += " moe_permute: topk_ids: an expert id outside [0, experts);";
   if (v & 4) what += " mla_decode: lengths: a length outside [0, max_length];";
   if (v & 8) what += " copy_rows: src_rows/dst_rows: a row index past the limit;";
-  if (v & 32) what += " argmax: logits: NaN;";
+  // Bits 16/32/64: kernels/gemm_mma.cuh (kErrGroupedOffsets, kErrGatherRows, kErrGroupWeight).
+  if (v & 16) what += " grouped_gemm: offsets: not 0 = offsets[0] <= ... <= offsets[groups] <= max_rows;";
+  if (v & 32) what += " grouped_gemm: x_rows: a row index negative or past x_rows_limit;";
+  if (v & 64) what += " grouped_gemm: w: a group weight pointer null or not 16-byte aligned;";
+  if (v & 128) what += " argmax: logits: NaN;";  // kernels/argmax.cuh
   throw Error("cuda: bad device data:" + what);
 }
 

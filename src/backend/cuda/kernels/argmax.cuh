@@ -61,7 +61,7 @@ __global__ void argmax_bf16_kernel(const uint16_t* __restrict__ logits, int32_t*
     // Every value -inf: best_i may still be the sentinel when vocab < threads; the smallest
     // index of a -inf value is then 0 (all are -inf).
     out[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
-    if (snan) atomicOr(error_flag, 32);
+    if (snan) atomicOr(error_flag, 128);
   }
 }
 
