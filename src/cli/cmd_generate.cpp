@@ -85,6 +85,7 @@ void run_generate(const GenerateArgs& a) {
   std::ifstream in(a.prompts);
   if (!in) fail(a.prompts, {}, "cannot open");
   std::vector<decode::PromptRow> rows;
+  std::optional<std::pair<ChatTemplate, ChatOptions>> chat;  // for "messages" rows
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -103,14 +104,15 @@ void run_generate(const GenerateArgs& a) {
       }
     } else if (r.has("messages")) {
       if (!tok) fail(where, "messages", "rendering messages needs tokenizer files in the model directory");
-      const std::string* tmpl = tok->config().chat_template();
-      if (!tmpl) fail(a.model + "/tokenizer_config.json", "chat_template", "missing (needed for \"messages\")");
+      // Loaded once, the way atlas render and probe freeze load it (text/chat.h).
+      if (!chat) {
+        ChatTemplateSource src = load_chat_template(a.model);
+        chat.emplace(ChatTemplate(src.text, src.origin), src.vars);
+        chat->second.add_generation_prompt = true;
+      }
       // ojson keeps the keys in file order, as Python dicts do (templates may print tojson).
       const ojson messages = ojson::parse(line)["messages"];
-      std::string text = ChatTemplate(*tmpl, a.model + "/tokenizer_config.json: chat_template")
-                             .apply(messages, {.bos_token = tok->config().bos_token,
-                                               .eos_token = tok->config().eos_token,
-                                               .add_generation_prompt = true});
+      std::string text = chat->first.apply(messages, chat->second);
       // The template writes BOS itself: encode without adding special tokens again.
       row.ids = tok->encode_ids(text, {.add_special_tokens = false});
     } else {
