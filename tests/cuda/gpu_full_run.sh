@@ -124,7 +124,7 @@ if has tok; then
 fi
 if has kernels; then
   echo "== atlas_cuda_bench"
-  timeout 240 $B/bench/cuda/atlas_cuda_bench --benchmark_min_time=0.05s 2>&1 | tee "$out/bench_kernels.log" | grep -vE "^\*\*\*|^-+$" | tail -60
+  timeout ${KERNEL_TIMEOUT:-150} $B/bench/cuda/atlas_cuda_bench --benchmark_min_time=0.02s 2>&1 | tee "$out/bench_kernels.log" | grep -vE "^\*\*\*|^-+$" | tail -60
 fi
 lite=/tmp/lite
 if has bench || has reference || has compare; then
