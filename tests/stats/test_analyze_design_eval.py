@@ -12,6 +12,7 @@ on the tiny model (no shared data needed: inline texts and a small GSM8K file wr
 3. Bad input: an EVAL.json of another run or with another text, --eval on analysis-input files,
    a protocol edge naming an unknown condition: non-zero exit, file and field named, no output.
 """
+import hashlib
 import json
 import math
 import os
@@ -266,7 +267,11 @@ def generate_part(trace_manifest):
     a = load(os.path.join(out, "analysis.json"))
     check(a["eval"]["cells_with_verdict_record"] == len(ev["cells"]) and a["eval"]["mismatched_cells"] == 0,
           f"eval join: {a['eval']}")
-    check(any(i["path"] == ev_path for i in a["inputs"]), "EVAL.json listed in inputs with its hash")
+    with open(ev_path, "rb") as f:
+        ev_sha = hashlib.sha256(f.read()).hexdigest()
+    check(any(i.get("role") == "evaluation" and i["sha256"] == ev_sha and
+              os.path.normpath(os.path.join(out, i["path"])) == os.path.normpath(ev_path) for i in a["inputs"]),
+          "EVAL.json listed in inputs (role evaluation) with its hash")
     for lg in a["outputs"]["ledgers"]:
         if lg["domain"] != "math":
             continue
