@@ -276,6 +276,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcPar
 #pragma unroll
           for (int e = 0; e < 4; ++e) sacc[n][e] = 0.0f;
         const uint16_t* qa = Qs + (p1_g * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldq + (lane >> 4) * 8;
+#pragma unroll 4
         for (int k0 = 0; k0 < p.wp; k0 += 16) {
           uint32_t a[4];
           ldsm_x4(a, qa + k0);
