@@ -5,6 +5,9 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -63,21 +66,237 @@ void BM_Gemm(benchmark::State& state) {
 }
 BENCHMARK(BM_Gemm)->ArgsProduct({{1, 128}, {0, 1, 2}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-// ---- MLA attention (absorbed form) ----------------------------------------------------------
-// bf16 values of a fast generator (uniform in [-2, 2)): the timing does not depend on their
-// distribution, and filling hundreds of MB this way takes milliseconds.
-void fill_bf16_fast(uint16_t* d, size_t n, uint32_t seed) {
-  std::vector<uint16_t> h(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& v : h) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    v = atlas::f32_to_bf16(float(int32_t(x >> 8) - (1 << 23)) * (2.0f / (1 << 23)));
+// ---- the model's GEMM shapes: batch-invariant (auto and every forced tile config) vs cuBLASLt ----
+// One pool of random bf16 values serves every case (filled once, never freed: it lives until
+// the process ends). Decode GEMMs of a real forward pass read weights that are not in L2, so
+// each timed call uses the next of several weight copies (together > 60 MB L2) when they fit.
+constexpr size_t kPoolWeights = size_t(64) * 2816 * 2048;  // the 64 gate|up experts, 738 MB
+constexpr size_t kPoolX = size_t(32768) * 2048;             // 32768 tokens x hidden
+constexpr size_t kPoolRows = size_t(32768) * 6;             // routed rows at 32768 tokens, top-6
+constexpr size_t kPoolOut = kPoolRows * 2816;
+
+struct Pool {
+  uint16_t* w = nullptr;
+  uint16_t* x = nullptr;
+  uint16_t* out = nullptr;
+  uint16_t* x_sorted = nullptr;  // gathered rows for the per-expert baselines
+};
+
+void fill_fast(uint16_t* d, size_t n, uint32_t seed, float scale) {
+  // Uniform values from an LCG: timing does not care about the distribution, and 369M normal
+  // draws from <random> would take longer than the whole benchmark.
+  const size_t chunk = size_t(1) << 24;
+  std::vector<uint16_t> h(std::min(n, chunk));
+  uint32_t s = seed * 2654435761u + 1;
+  for (size_t i0 = 0; i0 < n; i0 += chunk) {
+    const size_t m = std::min(chunk, n - i0);
+    for (size_t i = 0; i < m; ++i) {
+      s = s * 1664525u + 1013904223u;
+      h[i] = atlas::f32_to_bf16(scale * (float(s >> 8) * (1.0f / 8388608.0f) - 1.0f));
+    }
+    copy_to_device(d + i0, h.data(), m * 2);
   }
-  copy_to_device(d, h.data(), n * 2);
 }
 
+Pool& pool() {
+  static Pool p = [] {
+    Pool q;
+    q.w = static_cast<uint16_t*>(device_alloc(kPoolWeights * 2));
+    q.x = static_cast<uint16_t*>(device_alloc(kPoolX * 2));
+    q.out = static_cast<uint16_t*>(device_alloc(kPoolOut * 2));
+    q.x_sorted = static_cast<uint16_t*>(device_alloc(kPoolRows * 2048 * 2));
+    fill_fast(q.w, kPoolWeights, 11, 0.03f);
+    fill_fast(q.x, kPoolX, 12, 1.0f);
+    return q;
+  }();
+  return p;
+}
+
+struct Shape {
+  int N, K;
+  const char* what;
+};
+constexpr std::array<Shape, 7> kShapes = {{{2048, 2048, "q/o proj"},
+                                           {2816, 2048, "expert gate|up"},
+                                           {2048, 1408, "expert down"},
+                                           {576, 2048, "kv_a"},
+                                           {3072, 2048, "q proj (16 x 192)"},
+                                           {21888, 2048, "dense gate|up"},
+                                           {102400, 2048, "lm_head"}}};
+
+std::string mode_label(int mode, const std::string& chosen) {
+  if (mode == 0) return "invariant auto [" + chosen + "]";
+  if (mode == 1) return "fast (cuBLASLt)";
+  return "invariant forced [" + gemm_config_name(mode - 2) + "]";
+}
+
+// Args: shape index, M, mode (0 invariant auto, 1 cuBLASLt, 2 + c invariant with config c).
+void BM_GemmShapes(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const Shape sh = kShapes[size_t(state.range(0))];
+  const int M = int(state.range(1)), mode = int(state.range(2));
+  if (mode >= 2 + gemm_config_count()) {
+    state.SkipWithError("no such config");
+    return;
+  }
+  Pool& p = pool();
+  const size_t wsz = size_t(sh.N) * sh.K;
+  const int copies = int(std::clamp<size_t>(kPoolWeights / wsz, 1, 16));
+  gemm_force_config(mode >= 2 ? mode - 2 : -1);
+  GemmArgs a{.x = p.x, .w = p.w, .out = p.out, .M = M, .N = sh.N, .K = sh.K,
+             .mode = mode == 1 ? GemmMode::fast : GemmMode::batch_invariant};
+  const std::string chosen = gemm_config_name(gemm_chosen_config(a));
+  for (int c = 0; c < copies; ++c) {  // warm-up: one-time setup, cuBLASLt plans
+    a.w = p.w + size_t(c) * wsz;
+    gemm(a);
+  }
+  synchronize();
+  constexpr int kReps = 16;
+  EventTimer t;
+  int next = 0;
+  for (auto _ : state) {
+    t.start();
+    for (int r = 0; r < kReps; ++r) {
+      a.w = p.w + size_t(next) * wsz;
+      next = (next + 1) % copies;
+      gemm(a);
+    }
+    state.SetIterationTime(t.stop_ms() / 1e3 / kReps);
+  }
+  gemm_force_config(-1);
+  const double bytes = 2.0 * (double(sh.N) * sh.K + double(M) * sh.K + double(M) * sh.N);
+  state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(2.0 * M * sh.N * sh.K / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(sh.what) + " N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + ", " +
+                 mode_label(mode, chosen));
+}
+BENCHMARK(BM_GemmShapes)
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 128}, {0, 1, 2, 3, 4, 5, 6, 7, 8}})
+    ->UseManualTime()
+    ->MinTime(0.05)
+    ->Unit(benchmark::kMicrosecond);
+
+// ---- grouped MoE GEMM: 64 experts, top-6 routing, one launch with device offsets ----------------
+// Baselines: the same rows as one cuBLASLt GEMM per non-empty expert (host offsets, rows
+// gathered beforehand: what a host-synchronised MoE layer does), and the same per-expert loop
+// with the invariant dense kernel.
+struct Routing {
+  int rows = 0;
+  std::vector<int32_t> offsets;  // [65]
+  int32_t* d_offsets = nullptr;
+  int32_t* d_x_rows = nullptr;
+  std::vector<const uint16_t**> d_wptr;  // per rotation: [64] device pointers
+};
+
+constexpr int kExperts = 64, kTopK = 6, kRotations = 4;
+
+Routing& routing(int shape, int tokens) {
+  static std::map<std::pair<int, int>, Routing> cache;
+  auto it = cache.find({shape, tokens});
+  if (it != cache.end()) return it->second;
+  Routing r;
+  std::mt19937 rng(uint32_t(tokens) * 7 + uint32_t(shape));
+  std::vector<int> perm(kExperts);
+  std::vector<std::vector<int32_t>> by_expert(kExperts);
+  for (int t = 0; t < tokens; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int j = 0; j < kTopK; ++j) {
+      std::uniform_int_distribution<int> d(j, kExperts - 1);
+      std::swap(perm[size_t(j)], perm[size_t(d(rng))]);
+      by_expert[size_t(perm[size_t(j)])].push_back(t);
+    }
+  }
+  std::vector<int32_t> x_rows;
+  r.offsets.push_back(0);
+  for (auto& e : by_expert) {
+    x_rows.insert(x_rows.end(), e.begin(), e.end());
+    r.offsets.push_back(int32_t(x_rows.size()));
+  }
+  r.rows = int(x_rows.size());
+  r.d_offsets = static_cast<int32_t*>(device_alloc(r.offsets.size() * 4));
+  copy_to_device(r.d_offsets, r.offsets.data(), r.offsets.size() * 4);
+  r.d_x_rows = static_cast<int32_t*>(device_alloc(x_rows.size() * 4));
+  copy_to_device(r.d_x_rows, x_rows.data(), x_rows.size() * 4);
+  const Shape sh = kShapes[size_t(shape)];
+  for (int rot = 0; rot < kRotations; ++rot) {
+    std::vector<const uint16_t*> wp(kExperts);
+    for (int e = 0; e < kExperts; ++e)
+      wp[size_t(e)] = pool().w + size_t((e + rot * kExperts / kRotations) % kExperts) * sh.N * sh.K;
+    auto* d = static_cast<const uint16_t**>(device_alloc(kExperts * sizeof(void*)));
+    copy_to_device(d, wp.data(), kExperts * sizeof(void*));
+    r.d_wptr.push_back(d);
+  }
+  return cache.emplace(std::pair{shape, tokens}, std::move(r)).first->second;
+}
+
+// Args: shape index (1: gate|up N=2816 K=2048, 2: down N=2048 K=1408), tokens, mode
+// (0 grouped auto, 1 per-expert cuBLASLt, 2 per-expert invariant, 3 + c grouped config c).
+void BM_GroupedGemm(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const int shape = int(state.range(0)), tokens = int(state.range(1)), mode = int(state.range(2));
+  if (mode >= 3 + gemm_config_count()) {
+    state.SkipWithError("no such config");
+    return;
+  }
+  const Shape sh = kShapes[size_t(shape)];
+  Pool& p = pool();
+  Routing& r = routing(shape, tokens);
+  const size_t wsz = size_t(sh.N) * sh.K;
+  if (mode == 1 || mode == 2)  // the baselines read pre-gathered rows
+    moe_gather({.x = p.x, .sorted_token = r.d_x_rows, .x_sorted = p.x_sorted, .rows = r.rows, .dim = sh.K});
+  gemm_force_config(mode >= 3 ? mode - 3 : -1);
+  GroupedGemmArgs g{.x = p.x, .x_rows = r.d_x_rows, .w = r.d_wptr[0], .offsets = r.d_offsets, .out = p.out,
+                    .groups = kExperts, .max_rows = r.rows, .N = sh.N, .K = sh.K, .x_rows_limit = tokens};
+  const int chosen = grouped_gemm_chosen_config(g);
+  auto run_once = [&](int rot) {
+    if (mode == 0 || mode >= 3) {
+      g.w = r.d_wptr[size_t(rot)];
+      grouped_gemm(g);
+      return;
+    }
+    for (int e = 0; e < kExperts; ++e) {
+      const int lo = r.offsets[size_t(e)], n = r.offsets[size_t(e) + 1] - lo;
+      if (n == 0) continue;
+      gemm({.x = p.x_sorted + size_t(lo) * sh.K,
+            .w = p.w + size_t((e + rot * kExperts / kRotations) % kExperts) * wsz,
+            .out = p.out + size_t(lo) * sh.N, .M = n, .N = sh.N, .K = sh.K,
+            .mode = mode == 1 ? GemmMode::fast : GemmMode::batch_invariant});
+    }
+  };
+  for (int rot = 0; rot < kRotations; ++rot) run_once(rot);  // warm-up, cuBLASLt plans
+  check_device_errors();
+  EventTimer t;
+  int rot = 0;
+  for (auto _ : state) {
+    t.start();
+    for (int i = 0; i < kRotations; ++i) {
+      run_once(rot);
+      rot = (rot + 1) % kRotations;
+    }
+    state.SetIterationTime(t.stop_ms() / 1e3 / kRotations);
+  }
+  gemm_force_config(-1);
+  int busy = 0;
+  for (int e = 0; e < kExperts; ++e) busy += r.offsets[size_t(e) + 1] > r.offsets[size_t(e)];
+  const double bytes = 2.0 * (double(busy) * wsz + double(r.rows) * sh.K + double(r.rows) * sh.N);
+  state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(2.0 * r.rows * sh.N * sh.K / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  const std::string m = mode == 0   ? "grouped auto [" + (chosen >= 0 ? gemm_config_name(chosen) : "-") + "]"
+                        : mode == 1 ? "per-expert cuBLASLt loop"
+                        : mode == 2 ? "per-expert invariant loop"
+                                    : "grouped forced [" + gemm_config_name(mode - 3) + "]";
+  state.SetLabel("64 experts top-6, " + std::to_string(tokens) + " tokens (" + std::to_string(r.rows) +
+                 " rows), N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + ", " + m);
+}
+BENCHMARK(BM_GroupedGemm)
+    ->ArgsProduct({{1, 2}, {1, 128, 32768}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}})
+    ->UseManualTime()
+    ->MinTime(0.05)
+    ->Unit(benchmark::kMicrosecond);
+
+// ---- MLA attention (absorbed form) ----------------------------------------------------------
 constexpr int kMlaHeads = 16;
 constexpr float kMlaScale = 0.11472139f;
 
@@ -99,7 +318,7 @@ void BM_MlaDecode(benchmark::State& state) {
   Dev<int32_t> lengths(rows);
   Dev<float> ws(mla_decode_workspace_floats(rows, kMlaHeads, len, split));
   fill_bf16(q.p, size_t(rows) * kMlaHeads * kMlaWidth, 3, 0.5f);
-  fill_bf16_fast(cache.p, cache_elems * copies, 4);
+  fill_fast(cache.p, cache_elems * copies, 4, 2.0f);  // uniform: timing ignores the distribution
   std::vector<int32_t> hl(rows, len);
   copy_to_device(lengths.p, hl.data(), rows * 4);
   MlaDecodeArgs a{.q = q.p, .latent_cache = cache.p, .cache_row_stride = int64_t(len) * kMlaWidth,
@@ -148,8 +367,8 @@ void BM_MlaPrefill(benchmark::State& state) {
       out(size_t(Q) * kMlaHeads * kMlaLatent);
   Dev<int32_t> lengths(Q), crow(Q);
   Dev<float> ws(mla_decode_workspace_floats(Q, kMlaHeads, T, 256));
-  fill_bf16_fast(q.p, size_t(Q) * kMlaHeads * kMlaWidth, 5);
-  fill_bf16_fast(cache.p, size_t(rows) * T * kMlaWidth, 6);
+  fill_fast(q.p, size_t(Q) * kMlaHeads * kMlaWidth, 5, 1.0f);
+  fill_fast(cache.p, size_t(rows) * T * kMlaWidth, 6, 2.0f);
   std::vector<int32_t> hl(Q), hr(Q);
   double sum_len = 0;
   for (int b = 0; b < Q; ++b) {

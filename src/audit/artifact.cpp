@@ -30,8 +30,9 @@ bool field_is(const std::string& field, const std::string& name) {
 }
 
 void add_cell(Artifact& a, Cell c) {
-  for (const auto& prev : a.cells)
-    if (prev.id == c.id) fail(c.where, "id", "duplicate id \"" + c.id + "\" (first at " + prev.where + ")");
+  if (auto it = a.cell_index.find(c.id); it != a.cell_index.end())
+    fail(c.where, "id", "duplicate id \"" + c.id + "\" (first at " + a.cells[it->second].where + ")");
+  a.cell_index.emplace(c.id, a.cells.size());
   a.cells.push_back(std::move(c));
 }
 
@@ -61,6 +62,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string kind_of(const json& doc, const std::string& file) {
   if (!doc.is_object()) fail(file, {}, "expected a JSON object (an atlas artifact)");
+  // analysis.json written before it carried "kind" names its format only.
+  if (!doc.contains("kind") && doc.contains("format") && doc["format"] == "atlas-analysis-v1") return "atlas.analysis";
   if (!doc.contains("kind")) fail(file, "kind", "missing: not an atlas artifact");
   if (!doc["kind"].is_string()) fail(file, "kind", "expected a string, got " + doc["kind"].dump());
   return doc["kind"].get<std::string>();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct Artifact {
   std::string kind;                // "atlas.trace", "atlas.generate", ...
   json top;                        // fields outside the cells, without "runtime"
   std::vector<Cell> cells;         // in artifact order, ids unique
+  std::map<std::string, size_t> cell_index;  // id -> position in cells (kept by add_cell)
 };
 
 // How a field takes part in a comparison.

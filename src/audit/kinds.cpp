@@ -1,6 +1,7 @@
 // The per-kind adapters: how each artifact kind splits into top-level fields and cells, and
 // which family each field belongs to. Adding a kind (probe run, evaluation, analysis) means
 // adding one adapter to all_adapters() below; the engine needs nothing else.
+#include <map>
 #include <optional>
 
 #include "audit/artifact.h"
@@ -21,6 +22,10 @@ const char* const kIdentity = "identity fields";
 const char* const kSettings = "settings";
 const char* const kAggregates = "aggregates";
 const char* const kProvenance = "provenance";
+const char* const kInputs = "input files";
+const char* const kVerdicts = "verdicts";
+const char* const kLedgers = "ledgers";
+const char* const kIntervals = "intervals";
 
 bool one_of(const std::string& field, std::initializer_list<const char*> names) {
   for (const char* n : names)
@@ -31,6 +36,10 @@ bool one_of(const std::string& field, std::initializer_list<const char*> names) 
 // Top-level rules every kind shares: provenance is reported, runtime never reaches here.
 std::optional<FieldClass> common_top(const std::string& field) {
   if (field_is(field, "provenance")) return FieldClass{kProvenance, Role::Informational};
+  // Input records pin other files by path and SHA-256; a rerun's inputs differ in their runtime
+  // sections (hence file hashes) and locations, so they are reported like provenance. The
+  // inputs' identities that matter are compared elsewhere (manifest_sha256, run.content_sha256).
+  if (field_is(field, "inputs")) return FieldClass{kInputs, Role::Informational};
   return std::nullopt;
 }
 
@@ -186,6 +195,107 @@ FieldClass classify_probe_run(const std::string& group, const std::string& f) {
   return {kIdentity};
 }
 
+
+// ---- atlas.eval (`atlas eval`, EVAL.json): cells keyed by cell_id ----------------------------
+
+Artifact load_eval(const std::string& file, json doc, const std::string& rows_path) {
+  if (!rows_path.empty()) fail(file, "kind", "atlas.eval is a single JSON file, not a JSONL sidecar");
+  Artifact a;
+  a.files = {file};
+  doc.erase("runtime");
+  if (!doc.contains("cells") || !doc["cells"].is_array()) fail(file, "cells", "missing or not an array");
+  if (!doc.contains("ledgers") || !doc["ledgers"].is_object()) fail(file, "ledgers", "missing or not an object");
+  const json& cells = doc["cells"];
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const std::string field = "cells[" + std::to_string(i) + "]";
+    const json& c = cells[i];
+    if (!c.is_object() || !c.contains("cell_id") || !c["cell_id"].is_string())
+      fail(file, field + ".cell_id", "expected a cell object with a string cell_id");
+    add_cell(a, {.id = c["cell_id"].get<std::string>(), .group = "cell", .where = file + ": " + field, .value = c});
+  }
+  doc.erase("cells");
+  a.top = std::move(doc);
+  return a;
+}
+
+FieldClass classify_eval(const std::string& group, const std::string& f) {
+  if (group == kTopGroup) {
+    if (auto c = common_top(f)) return *c;
+    // Ledgers count the whole cell set; "run" names the run's manifest and content hashes.
+    if (field_is(f, "ledgers")) return {kLedgers, Role::Aggregate};
+    if (one_of(f, {"run", "content_sha256"})) return {kAggregates, Role::Aggregate};
+    return {kSettings};
+  }
+  if (f == "index") return {kAggregates, Role::Aggregate};
+  if (f == "text_sha256") return {kTexts};
+  if (f == "stop") return {kStopStates};
+  if (one_of(f, {"evaluator", "terminal", "coverage", "correctness", "gsm8k", "humaneval"})) return {kVerdicts};
+  return {kIdentity};  // cell_id, source_key, source_id, domain, condition, seed
+}
+
+// ---- atlas.analysis (`atlas analyze`, analysis.json): one cell per reported statistic ---------
+// Every array of objects inside a top-level section (routing.stats, routing.loads, hidden.stats,
+// outputs.ledgers, tasks.source_blocked, ...) holds records; a record's id is the array's path
+// and its coordinates (metric, layer, stage, domain, scope, kind, aggregation, condition, edge,
+// factorial, variable), so the same statistic is found in the other analysis whatever the order.
+
+const char* const kCoordinates[] = {"metric", "layer", "stage", "domain", "scope", "kind", "aggregation",
+                                    "condition", "edge", "factorial", "variable"};
+
+bool is_coordinate(const std::string& group, const std::string& key) {
+  if (group == "hidden.min_cosine_stage" && key == "stage") return false;  // the result there
+  for (const char* c : kCoordinates)
+    if (key == c) return true;
+  return false;
+}
+
+Artifact load_analysis(const std::string& file, json doc, const std::string& rows_path) {
+  if (!rows_path.empty()) fail(file, "kind", "atlas.analysis is a single JSON file, not a JSONL sidecar");
+  Artifact a;
+  a.files = {file};
+  doc.erase("runtime");
+  if (!doc.contains("counts") || !doc["counts"].is_object()) fail(file, "counts", "missing or not an object");
+  for (auto& [section, v] : doc.items()) {
+    if (!v.is_object() || section == "settings" || section == "definitions" || section == "provenance" || section == "counts") continue;
+    std::vector<std::string> moved;
+    for (auto& [member, arr] : v.items()) {
+      if (!arr.is_array() || arr.empty() || !arr[0].is_object()) continue;
+      const std::string group = section + "." + member;
+      std::map<std::string, int> seen;
+      for (size_t i = 0; i < arr.size(); ++i) {
+        const std::string field = group + "[" + std::to_string(i) + "]";
+        if (!arr[i].is_object()) fail(file, field, "expected an object (a record)");
+        std::string id = group;
+        if (arr[i].contains("metric") && arr[i]["metric"].is_string()) id += " " + arr[i]["metric"].get<std::string>();
+        for (const auto& [k, x] : arr[i].items())
+          if (k != "metric" && is_coordinate(group, k)) id += " " + k + "=" + (x.is_string() ? x.get<std::string>() : x.dump());
+        // Records without distinguishing coordinates keep their order as the last resort.
+        if (const int n = seen[id]++; n > 0) id += " #" + std::to_string(n + 1);
+        add_cell(a, {.id = id, .group = group, .where = file + ": " + field, .value = arr[i]});
+      }
+      moved.push_back(member);
+    }
+    for (const auto& m : moved) v.erase(m);
+  }
+  a.top = std::move(doc);
+  return a;
+}
+
+FieldClass classify_analysis(const std::string& group, const std::string& f) {
+  if (group == kTopGroup) {
+    if (auto c = common_top(f)) return *c;
+    if (one_of(f, {"manifest_sha256", "content_sha256", "counts", "routing.route_decisions",
+                   "routing.target_route_decisions"}))
+      return {kAggregates};
+    return {kSettings};  // kind, format, settings, definitions, layers, stages, experts, top_k
+  }
+  const std::string key = f.substr(0, f.find_first_of(".["));
+  if (is_coordinate(group, key)) return {kIdentity};
+  if (key == "ci") return {kIntervals};
+  if (group == "outputs.ledgers" && key == "stopping") return {kStopStates};
+  return {kStatistics};  // value, loads, counts behind a rate, ledgers, per-source contrasts
+}
+
 }  // namespace
 
 const std::vector<KindAdapter>& all_adapters() {
@@ -205,9 +315,19 @@ const std::vector<KindAdapter>& all_adapters() {
       {.kind = "atlas.probe.run",
        .cell_noun = "cell",
        .families = {kPromptHashes, kTokenIds, kTexts, kStopStates, kRngHashes, kHiddenHashes, kRouteHashes,
-                    kIdentity, kSettings, kAggregates, kProvenance},
+                    kIdentity, kSettings, kAggregates, kInputs, kProvenance},
        .load = load_probe_run,
        .classify = classify_probe_run},
+      {.kind = "atlas.eval",
+       .cell_noun = "cell",
+       .families = {kTexts, kStopStates, kVerdicts, kIdentity, kSettings, kLedgers, kAggregates, kInputs, kProvenance},
+       .load = load_eval,
+       .classify = classify_eval},
+      {.kind = "atlas.analysis",
+       .cell_noun = "record",
+       .families = {kStatistics, kIntervals, kStopStates, kIdentity, kSettings, kAggregates, kInputs, kProvenance},
+       .load = load_analysis,
+       .classify = classify_analysis},
   };
   return adapters;
 }

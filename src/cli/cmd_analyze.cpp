@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "core/provenance.h"
 #include "stats/analysis.h"
 #include "stats/plots.h"
 #include "stats/run_adapter.h"
@@ -20,6 +21,7 @@
 namespace {
 
 using namespace atlas;
+namespace fs = std::filesystem;
 
 struct Options {
   std::vector<std::string> inputs;
@@ -30,6 +32,32 @@ struct Options {
   bool allow_mixed = false, full_scope = false, weighted = false, no_plots = false;
   int threads = 0;
 };
+
+// The analysis as a link of the audit chain (docs/audit.md): "kind" first (compare and audit
+// find it there), its inputs as hash-chain records relative to OUT (so the directories can move
+// together; the SHA-256 is of the bytes the analysis read), provenance, and content_sha256.
+ojson with_chain_fields(const ojson& analysis, const Options& o, bool runs) {
+  ojson a = {{"kind", "atlas.analysis"}};
+  for (const auto& [k, v] : analysis.items()) {
+    if (k != "inputs") {
+      a[k] = v;
+      continue;
+    }
+    ojson recs = ojson::array();
+    for (const auto& f : v) {
+      const std::string path = f["path"].get<std::string>();
+      const std::string role = !runs ? "analysis-input" : path == o.manifest ? "manifest" : "run";
+      std::string rel = fs::absolute(path).lexically_normal().lexically_relative(fs::absolute(o.out).lexically_normal()).string();
+      recs.push_back({{"role", role}, {"path", rel}, {"sha256", f["sha256"]}, {"bytes", int64_t(fs::file_size(path))}});
+    }
+    a["inputs"] = recs;
+  }
+  ojson prov = build_provenance();
+  prov["manifest_sha256"] = a.contains("manifest_sha256") ? a["manifest_sha256"] : ojson(nullptr);
+  a["provenance"] = prov;
+  a["content_sha256"] = artifact_content_sha256(a);
+  return a;
+}
 
 void run(const Options& o) {
   if (!(o.level > 0 && o.level < 1)) fail({}, "--level", "expected a value in (0, 1)");
@@ -52,7 +80,7 @@ void run(const Options& o) {
   opt.task_bootstrap = {.replicates = o.task_replicates, .seed = o.task_seed, .level = o.level};
   opt.bootstrap_full_scope = o.full_scope;
   opt.bootstrap_weighted = o.weighted;
-  ojson a = stats::analyze(in, opt);
+  ojson a = with_chain_fields(stats::analyze(in, opt), o, n_runs != 0);
   const auto t2 = std::chrono::steady_clock::now();
   const std::string report = stats::report_markdown(a);
   const std::vector<stats::Plot> plots = o.no_plots ? std::vector<stats::Plot>{} : stats::make_plots(a);

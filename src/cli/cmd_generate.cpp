@@ -25,7 +25,7 @@ namespace {
 struct GenerateArgs {
   std::string backend = "cpu", model, prompts, out, compute = "f32", decode_attention = "absorbed";
   int64_t max_new_tokens = 0, batch = 8, top_k = 0;
-  bool greedy = false;
+  bool greedy = false, fast = false;
   std::optional<double> temperature, top_p;
   std::optional<uint64_t> seed, crn_tape;
   std::vector<std::string> stop;
@@ -85,6 +85,7 @@ void run_generate(const GenerateArgs& a) {
   std::ifstream in(a.prompts);
   if (!in) fail(a.prompts, {}, "cannot open");
   std::vector<decode::PromptRow> rows;
+  std::optional<std::pair<ChatTemplate, ChatOptions>> chat;  // for "messages" rows
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -103,14 +104,15 @@ void run_generate(const GenerateArgs& a) {
       }
     } else if (r.has("messages")) {
       if (!tok) fail(where, "messages", "rendering messages needs tokenizer files in the model directory");
-      const std::string* tmpl = tok->config().chat_template();
-      if (!tmpl) fail(a.model + "/tokenizer_config.json", "chat_template", "missing (needed for \"messages\")");
+      // Loaded once, the way atlas render and probe freeze load it (text/chat.h).
+      if (!chat) {
+        ChatTemplateSource src = load_chat_template(a.model);
+        chat.emplace(ChatTemplate(src.text, src.origin), src.vars);
+        chat->second.add_generation_prompt = true;
+      }
       // ojson keeps the keys in file order, as Python dicts do (templates may print tojson).
       const ojson messages = ojson::parse(line)["messages"];
-      std::string text = ChatTemplate(*tmpl, a.model + "/tokenizer_config.json: chat_template")
-                             .apply(messages, {.bos_token = tok->config().bos_token,
-                                               .eos_token = tok->config().eos_token,
-                                               .add_generation_prompt = true});
+      std::string text = chat->first.apply(messages, chat->second);
       // The template writes BOS itself: encode without adding special tokens again.
       row.ids = tok->encode_ids(text, {.add_special_tokens = false});
     } else {
@@ -127,7 +129,8 @@ void run_generate(const GenerateArgs& a) {
   }
   if (rows.empty()) fail(a.prompts, {}, "no prompts");
 
-  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute});
+  if (a.fast && a.backend != "cuda") fail("--fast", {}, "exists on the cuda backend only");
+  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute, .batch_invariant = !a.fast});
   const Model& model = *model_ptr;
   std::vector<int64_t> eos;
   if (cfg.eos_token_id) eos.push_back(*cfg.eos_token_id);
@@ -169,6 +172,7 @@ void run_generate(const GenerateArgs& a) {
   meta["model"] = {{"config_sha256", sha256_file(a.model + "/config.json")}, {"config", cfg.to_json()}};
   meta["prompts_sha256"] = sha256_file(a.prompts);
   meta["compute"] = compute_name(compute);
+  meta["batch_invariant"] = !a.fast;
   meta["decoding"] = {{"mode", std::string(decode::mode_name(base.mode))},
                       {"temperature", base.mode == decode::SamplingMode::Greedy ? ojson(nullptr) : ojson(base.temperature)},
                       {"top_p", base.mode == decode::SamplingMode::Greedy ? ojson(nullptr) : ojson(base.top_p)},
@@ -211,6 +215,8 @@ Registrar reg{{
           app.add_option("--batch", a.batch, "Rows per batch (results do not depend on it)")->capture_default_str();
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 or bf16")->capture_default_str();
+          app.add_flag("--fast", a.fast,
+                       "cuda: cuBLASLt dense GEMMs (faster; a row's bits may then depend on its batch)");
           app.add_option("--decode-attention", a.decode_attention, "absorbed or expanded")->capture_default_str();
           app.add_option("--threads", a.threads, "CPU threads (0 = all)");
           app.callback([] { run_generate(a); });

@@ -42,38 +42,24 @@ struct LoadedTemplate {
 };
 
 LoadedTemplate load(const RenderArgs& a) {
-  atlas::json cfg = atlas::json::object();
-  std::string cfg_path = a.model + "/tokenizer_config.json";
-  if (!a.model.empty()) {
-    if (!atlas::file_exists(cfg_path)) atlas::fail(cfg_path, "", "file not found (--model must hold tokenizer_config.json)");
-    cfg = atlas::read_json_file(cfg_path);
-  }
-  std::string source, origin;
+  // The model's template and variables come from the one loader that generate and probe freeze
+  // use too (text/chat.h); --template only swaps the template text.
+  atlas::ChatTemplateSource src;
   if (!a.template_file.empty()) {
-    source = atlas::read_file(a.template_file);
-    origin = a.template_file;
-  } else if (cfg.contains("chat_template") && !cfg["chat_template"].is_null()) {
-    source = atlas::select_chat_template(cfg["chat_template"], cfg_path, a.template_name);
-    origin = cfg_path + ": chat_template";
-  } else if (atlas::file_exists(a.model + "/chat_template.jinja")) {  // newer transformers layout
-    origin = a.model + "/chat_template.jinja";
-    source = atlas::read_file(origin);
+    src.text = atlas::read_file(a.template_file);
+    src.origin = a.template_file;
+    if (!a.model.empty()) src.vars = atlas::chat_template_variables(a.model);
   } else {
-    atlas::fail(cfg_path, "chat_template", "missing (and no chat_template.jinja next to it; use --template FILE)");
+    src = atlas::load_chat_template(a.model, a.template_name);
   }
-  atlas::ChatOptions base;
-  base.bos_token = atlas::special_token_text(cfg, "bos_token", cfg_path);
-  base.eos_token = atlas::special_token_text(cfg, "eos_token", cfg_path);
-  // The rest of HF's special_tokens_map is visible to templates too.
-  for (const char* k : {"unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})
-    if (auto t = atlas::special_token_text(cfg, k, cfg_path)) base.extra[k] = *t;
+  atlas::ChatOptions base = src.vars;
   base.add_generation_prompt = a.add_generation_prompt;
   if (!a.vars.empty()) {
     atlas::ojson v = parse_ordered(a.vars, "--vars");
     if (!v.is_object()) atlas::fail("--vars", "", "expected a JSON object");
     for (auto it = v.begin(); it != v.end(); ++it) base.extra[it.key()] = it.value();
   }
-  return {atlas::ChatTemplate(source, origin), base};
+  return {atlas::ChatTemplate(src.text, src.origin), base};
 }
 
 // A messages file holds a list, or an object with "messages" (and optionally

@@ -1,10 +1,14 @@
 // atlas trace: one instrumented forward pass of one sequence; dumps hidden stages, router
 // decisions, MLA latents and logits (safetensors) and/or a JSON summary with hashes.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "cli/args.h"
 #include "cli/command.h"
 #include "core/file.h"
+#include "core/json.h"
 #include "core/provenance.h"
 #include "core/sha256.h"
 #include "io/checkpoint.h"
@@ -15,39 +19,33 @@ namespace atlas::cli {
 namespace {
 
 struct TraceArgs {
-  std::string backend = "cpu", model, ids, text, compute = "f32", layers, dump, json_out, manifest;
+  std::string backend = "cpu", model, ids, text, input, out_dir, compute = "f32", layers, dump, json_out, manifest;
   int threads = 0;
 };
 
-void run_trace(const TraceArgs& a) {
-  RuntimeClock clock;
-  set_threads(a.threads);
-  const Compute compute = parse_compute(a.compute);
-  const ModelConfig cfg0 = ModelConfig::load(a.model + "/config.json");
-  const LayerRange range = LayerRange::parse(a.layers, cfg0);
-  if (a.ids.empty() == a.text.empty()) fail("trace", {}, "give exactly one of --ids or --text");
-  std::vector<int32_t> ids;
-  if (!a.ids.empty()) ids = parse_id_list("--ids", a.ids);
-  std::optional<Tokenizer> tok;
-  if (!a.text.empty()) {
-    tok = tokenizer_if_present(a.model);
-    if (!tok) fail(a.model + "/tokenizer.json", {}, "--text needs a tokenizer in the model directory (or pass --ids)");
-    // As transformers' tokenizer(text) does: special tokens added per the tokenizer's config
-    // (DeepSeek: BOS first); special-token strings in the text are parsed as tokens.
-    ids = tok->encode_ids(a.text, {.add_special_tokens = true});
-    if (ids.empty()) fail("--text", {}, "the text encodes to no tokens");
-  }
+// Checks one sequence against the model's vocabulary and context.
+void check_ids(const std::vector<int32_t>& ids, const ModelConfig& cfg, const std::string& where) {
+  if (ids.empty()) fail(where, {}, "no token ids");
   for (int32_t id : ids)
-    if (id >= cfg0.vocab_size)
-      fail("--ids", {}, "token id " + std::to_string(id) + " is outside the vocabulary (size " +
-                            std::to_string(cfg0.vocab_size) + ")");
-  if (int64_t(ids.size()) > cfg0.max_position_embeddings)
-    fail("--ids", {}, std::to_string(ids.size()) + " tokens exceed max_position_embeddings " +
-                          std::to_string(cfg0.max_position_embeddings));
+    if (id < 0 || id >= cfg.vocab_size)
+      fail(where, {}, "token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                          std::to_string(cfg.vocab_size) + ")");
+  if (int64_t(ids.size()) > cfg.max_position_embeddings)
+    fail(where, {}, std::to_string(ids.size()) + " tokens exceed max_position_embeddings " +
+                        std::to_string(cfg.max_position_embeddings));
+}
 
-  Checkpoint ck = Checkpoint::open(a.model, {.layers = range, .manifest_path = a.manifest});
-  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute});
-  const Model& model = *model_ptr;
+struct Sequence {
+  std::string id;  // --input only
+  std::vector<int32_t> ids;
+  std::string text;
+};
+
+// One forward of one sequence; writes its dump and/or JSON summary.
+void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Compute compute, const LayerRange& range,
+               const Sequence& seq, const std::string& dump, const std::string& json_out, bool print) {
+  RuntimeClock clock;
+  const std::vector<int32_t>& ids = seq.ids;
   TraceRecorder rec(model);
   Hooks hooks;
   rec.attach(hooks);
@@ -67,17 +65,19 @@ void run_trace(const TraceArgs& a) {
                   {"layers", std::to_string(range.first) + "-" + std::to_string(range.last)}};
   art["compute"] = compute_name(compute);
   art["input"] = {{"ids", ids}, {"tokens", T}, {"prompt_sha256", ids_sha256(ids)}};
-  if (!a.text.empty()) art["input"]["text"] = a.text;
+  if (!seq.id.empty()) art["input"]["id"] = seq.id;
+  if (!seq.text.empty()) art["input"]["text"] = seq.text;
   art["stages"] = summary["stages"];
   art["gates"] = summary["gates"];
   if (summary.contains("logits")) art["logits"] = summary["logits"];
   art["runtime"] = runtime_section(clock);
 
-  if (!a.dump.empty()) {
-    write_safetensors(a.dump, rec.tensors(),
+  if (!dump.empty()) {
+    write_safetensors(dump, rec.tensors(),
                       {{"format", "atlas.trace"}, {"compute", compute_name(compute)}, {"prompt_sha256", ids_sha256(ids)}});
   }
-  if (!a.json_out.empty()) write_file_atomic(a.json_out, art.dump(2) + "\n");
+  if (!json_out.empty()) write_file_atomic(json_out, art.dump(2) + "\n");
+  if (!print) return;
   std::printf("trace: %lld tokens, %zu hidden stages, %zu gates, compute %s\n", (long long)T,
               summary["stages"].size(), summary["gates"].size(), compute_name(compute).c_str());
   if (!summary["stages"].empty()) {
@@ -85,6 +85,66 @@ void run_trace(const TraceArgs& a) {
     std::printf("last stage %s: l2 %.6g  sha256 %s\n", last["name"].get<std::string>().c_str(),
                 last["l2"].get<double>(), last["sha256"].get<std::string>().c_str());
   }
+}
+
+void run_trace(const TraceArgs& a) {
+  set_threads(a.threads);
+  const Compute compute = parse_compute(a.compute);
+  const ModelConfig cfg0 = ModelConfig::load(a.model + "/config.json");
+  const LayerRange range = LayerRange::parse(a.layers, cfg0);
+  const int given = int(!a.ids.empty()) + int(!a.text.empty()) + int(!a.input.empty());
+  if (given != 1) fail("trace", {}, "give exactly one of --ids, --text or --input");
+  std::vector<Sequence> seqs;
+  if (!a.input.empty()) {
+    if (a.out_dir.empty()) fail("--out-dir", {}, "--input needs --out-dir (one dump and summary per line)");
+    if (!a.dump.empty() || !a.json_out.empty()) fail("--dump", {}, "with --input, outputs go to --out-dir");
+    std::ifstream f(a.input);
+    if (!f) fail(a.input, {}, "cannot open");
+    std::string line;
+    std::set<std::string> seen;
+    for (int n = 1; std::getline(f, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = a.input + ":" + std::to_string(n);
+      const json j = parse_json(line, where);
+      JsonReader r(j, where);
+      Sequence s{.id = r.get<std::string>("id"), .ids = r.get<std::vector<int32_t>>("ids"), .text = {}};
+      if (s.id.empty() || s.id.find_first_of("/\\") != std::string::npos || s.id[0] == '.')
+        fail(where, "id", "must be a non-empty file name (no '/', not starting with '.')");
+      if (!seen.insert(s.id).second) fail(where, "id", "duplicate id \"" + s.id + "\"");
+      check_ids(s.ids, cfg0, where);
+      seqs.push_back(std::move(s));
+    }
+    if (seqs.empty()) fail(a.input, {}, "no sequences");
+  } else {
+    Sequence s;
+    if (!a.ids.empty()) s.ids = parse_id_list("--ids", a.ids);
+    if (!a.text.empty()) {
+      auto tok = tokenizer_if_present(a.model);
+      if (!tok) fail(a.model + "/tokenizer.json", {}, "--text needs a tokenizer in the model directory (or pass --ids)");
+      // As transformers' tokenizer(text) does: special tokens added per the tokenizer's config
+      // (DeepSeek: BOS first); special-token strings in the text are parsed as tokens.
+      s.ids = tok->encode_ids(a.text, {.add_special_tokens = true});
+      if (s.ids.empty()) fail("--text", {}, "the text encodes to no tokens");
+      s.text = a.text;
+    }
+    check_ids(s.ids, cfg0, "--ids");
+    seqs.push_back(std::move(s));
+  }
+
+  Checkpoint ck = Checkpoint::open(a.model, {.layers = range, .manifest_path = a.manifest});
+  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute});
+  if (a.input.empty()) {
+    trace_one(*model_ptr, ck, a, compute, range, seqs[0], a.dump, a.json_out, true);
+    return;
+  }
+  std::filesystem::create_directories(a.out_dir);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::string base = a.out_dir + "/" + seqs[i].id;
+    trace_one(*model_ptr, ck, a, compute, range, seqs[i], base + ".safetensors", base + ".json", false);
+    if (progress_enabled()) std::fprintf(stderr, "\rtrace: %zu/%zu sequences", i + 1, seqs.size());
+  }
+  if (progress_enabled()) std::fprintf(stderr, "\n");
+  std::printf("trace: %zu sequences -> %s\n", seqs.size(), a.out_dir.c_str());
 }
 
 Registrar reg{{
@@ -96,6 +156,8 @@ Registrar reg{{
           app.add_option("--model", a.model, "Model directory (config.json + safetensors)")->required();
           app.add_option("--ids", a.ids, "Comma-separated token ids");
           app.add_option("--text", a.text, "Text to tokenize (needs tokenizer.json in the model directory)");
+          app.add_option("--input", a.input, "JSONL of {\"id\", \"ids\"}: one trace per line, model loaded once");
+          app.add_option("--out-dir", a.out_dir, "With --input: writes ID.safetensors and ID.json per line");
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 (reference) or bf16 (official rounding points)")
               ->capture_default_str();

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "atlas/build_info.h"
+#include "core/sha256.h"
 #ifdef ATLAS_HAVE_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
@@ -119,6 +120,12 @@ ojson device_provenance(const std::string& backend) {
     }
   j["device"] = model;
   return j;
+}
+
+std::string artifact_content_sha256(const ojson& artifact) {
+  ojson c = artifact;
+  for (const char* k : {"runtime", "provenance", "inputs", "content_sha256"}) c.erase(k);
+  return sha256_hex(c.dump());
 }
 
 ojson runtime_section(const RuntimeClock& clock) {

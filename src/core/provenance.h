@@ -23,6 +23,14 @@ ojson build_flags();
 // reports these with the rest of provenance but does not count them.
 ojson device_provenance(const std::string& backend);
 
+// SHA-256 of an artifact's deterministic result content: its compact dump (keys in written
+// order) without "runtime", "provenance", "inputs" and "content_sha256". Provenance (build,
+// device) and input records (file paths and file hashes, which pin other files' runtime
+// sections too) describe how and from what the artifact was made, not what it holds, so a
+// rerun on another machine or into another directory has the same content_sha256. The probe
+// run (run.json), the evaluation (EVAL.json) and the analysis (analysis.json) all use it.
+std::string artifact_content_sha256(const ojson& artifact);
+
 class RuntimeClock {
  public:
   RuntimeClock() : start_(std::chrono::steady_clock::now()) {}

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 
 #include "core/error.h"
 #include "core/sha256.h"
@@ -57,9 +58,15 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
       }
       next_pos[r] = int32_t(p.size());
     }
+    // Rows that need their logits on the host: sampled rows and, when observed, every row.
+    // Greedy rows need only their token (ForwardOutput::greedy, computed where the logits are).
+    std::vector<uint8_t> want(nb, 0);
+    for (size_t r = 0; r < nb; ++r)
+      want[r] = (opts.on_logits || rows[start + r].sampling.mode != SamplingMode::Greedy) ? 1 : 0;
     auto cache = model.make_cache(B, Tp + opts.max_new_tokens);
     ForwardOutput out = model.forward({.batch = B, .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
-                                       .logits_last_only = true, .attention = opts.prefill_attention},
+                                       .logits_last_only = true, .logits_rows = want,
+                                       .attention = opts.prefill_attention},
                                       *cache);
 
     std::vector<RowSampler> samplers;
@@ -78,12 +85,37 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
     for (int64_t step = 0; n_done < nb; ++step) {
       std::vector<int32_t> step_ids(nb, opts.pad_id), step_pos(nb, 0);
       std::vector<uint8_t> step_mask(nb, 1);
+      // Sampled rows draw in parallel (each RowSampler is a pure function of its own row, so
+      // the threads change nothing); an observer of the logits keeps the loop sequential.
+      std::vector<int32_t> drawn(nb, 0);
+      if (!opts.on_logits) {
+        std::vector<std::exception_ptr> errors(nb);
+#pragma omp parallel for schedule(dynamic)
+        for (int64_t r = 0; r < int64_t(nb); ++r) {
+          if (done[size_t(r)] || !want[size_t(r)]) continue;
+          try {
+            drawn[size_t(r)] = int32_t(samplers[size_t(r)].next(
+                std::span<const float>(out.logits.data() + size_t(r) * size_t(V), size_t(V))));
+          } catch (...) {
+            errors[size_t(r)] = std::current_exception();
+          }
+        }
+        for (const auto& e : errors)
+          if (e) std::rethrow_exception(e);
+      }
       for (size_t r = 0; r < nb; ++r) {
         if (done[r]) continue;
-        std::span<const float> logits(out.logits.data() + r * size_t(V), size_t(V));
-        if (opts.on_logits) opts.on_logits(start + r, step, logits);
         GeneratedRow& g = results[start + r];
-        const int32_t tok = int32_t(samplers[r].next(logits));
+        int32_t tok = 0;
+        if (want[r] && opts.on_logits) {
+          std::span<const float> logits(out.logits.data() + r * size_t(V), size_t(V));
+          opts.on_logits(start + r, step, logits);
+          tok = int32_t(samplers[r].next(logits));
+        } else if (want[r]) {
+          tok = drawn[r];
+        } else {
+          tok = out.greedy.at(r);  // the same argmax contract as RowSampler's greedy mode
+        }
         g.ids.push_back(tok);
         ++tokens_done;
         std::string text;
@@ -101,6 +133,8 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
         step_ids[r] = tok;
         step_pos[r] = next_pos[r]++;
       }
+      for (size_t r = 0; r < nb; ++r)
+        if (done[r]) want[r] = 0;  // a finished row's logits are never read
       if (opts.progress) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         std::fprintf(stderr, "\rgenerate: rows %zu-%zu of %zu, step %lld, %.1f tok/s   ", start + 1, start + nb,
@@ -108,7 +142,7 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
       }
       if (n_done == nb) break;
       out = model.forward({.batch = B, .tokens = 1, .ids = step_ids, .positions = step_pos, .mask = step_mask,
-                           .logits_last_only = true, .attention = opts.decode_attention},
+                           .logits_last_only = true, .logits_rows = want, .attention = opts.decode_attention},
                           *cache);
     }
   }

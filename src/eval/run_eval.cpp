@@ -210,9 +210,14 @@ RunEvalSummary eval_run(const RunEvalOptions& o) {
 
   const std::string base = rel_dir(o.out);
   ojson inputs = ojson::array();
-  inputs.push_back(audit::input_record_json(audit::input_record(o.run, base)));
-  inputs.push_back(audit::input_record_json(audit::input_record(o.manifest, base)));
-  for (const auto& p : corpus_inputs) inputs.push_back(audit::input_record_json(audit::input_record(p, base)));
+  auto input = [&](const char* role, const std::string& path) {
+    ojson r = {{"role", role}};
+    r.update(audit::input_record_json(audit::input_record(path, base)));
+    inputs.push_back(std::move(r));
+  };
+  input("run", o.run);
+  input("manifest", o.manifest);
+  for (const auto& p : corpus_inputs) input("corpus", p);
 
   ojson a;
   a["kind"] = "atlas.eval";
@@ -229,7 +234,12 @@ RunEvalSummary eval_run(const RunEvalOptions& o) {
   ld["by_domain"] = per;
   a["ledgers"] = ld;
   a["cells"] = out_cells;
-  a["content_sha256"] = sha256_hex(a.dump());
+  ojson prov = build_provenance();
+  prov["manifest_sha256"] = m["manifest_sha256"];
+  prov["protocol_sha256"] = m["protocol"]["sha256"];
+  prov["run_content_sha256"] = a["run"]["content_sha256"];
+  a["provenance"] = prov;
+  a["content_sha256"] = artifact_content_sha256(a);
   ojson rt = runtime_section(clock);
   rt["humaneval"] = {{"candidates", stats.candidates},
                      {"unique_programs", stats.unique_programs},

@@ -147,6 +147,7 @@ ForwardOutput DeepSeekV2::forward(const ForwardInput& in, KVCache& cache, const 
     out.logits.resize(size_t(B * V));
     cpu::linear(last.data(), B, lm_head_, out.logits.data(), bf16_);
     fire(hooks, "logits", -1, {B, 1, V}, out.logits.data());
+    out.greedy = greedy_rows(out.logits, B, V);
   } else {
     out.logits.resize(size_t(M * V));
     cpu::linear(h.data(), M, lm_head_, out.logits.data(), bf16_);

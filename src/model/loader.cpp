@@ -15,7 +15,7 @@ std::unique_ptr<Model> load_model(const Checkpoint& ck, const ModelOptions& opts
                                         opts.compute);
   if (opts.backend == "cuda") {
 #ifdef ATLAS_HAVE_CUDA
-    return cuda::make_cuda_model(ck, {.compute = opts.compute, .device = opts.device});
+    return cuda::make_cuda_model(ck, {.compute = opts.compute, .device = opts.device, .batch_invariant = opts.batch_invariant});
 #else
     fail("--backend", {}, "this atlas was built without CUDA (nvcc was not found at configure time); use --backend cpu");
 #endif

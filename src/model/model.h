@@ -34,12 +34,24 @@ struct ForwardInput {
   std::span<const int32_t> positions;  // [B, T]: RoPE position of each token
   std::span<const uint8_t> mask;       // [B, T]: 1 = real token, 0 = padding (never attended to)
   bool logits_last_only = false;       // compute logits for the last token of each row only
+  // With logits_last_only: the rows whose logits the caller will read ([B], 1 = read); empty =
+  // every row. A backend may leave the other rows of ForwardOutput::logits zero (the CUDA
+  // backend then copies only these rows off the device; greedy rows need just their token,
+  // ForwardOutput::greedy). A wanted "logits" hook always gets every row.
+  std::span<const uint8_t> logits_rows;
   AttentionForm attention = AttentionForm::Expanded;
 };
 
 struct ForwardOutput {
   std::vector<float> logits;  // [B, T, V], or [B, V] with logits_last_only; empty if lm_head not loaded
+  // With logits_last_only and lm_head loaded: each row's argmax over its logits (ties to the
+  // lower id, after any "logits" hook wrote them), the greedy token. Same contract as
+  // decode::greedy_token; a NaN logit is an error.
+  std::vector<int32_t> greedy;  // [B]
 };
+
+// argmax of each of `rows` rows of `vocab` logits, ties to the lower id; throws on a NaN.
+std::vector<int32_t> greedy_rows(std::span<const float> logits, int64_t rows, int64_t vocab);
 
 // A backend's KV cache (opaque to callers; created by Model::make_cache).
 class Cache {

@@ -55,6 +55,7 @@ struct Ctx {
   const Protocol& p;
   const Tokenizer& tok;
   std::optional<ChatTemplate> tmpl;
+  ChatOptions vars;  // the template's variables (special tokens), from load_chat_template
   std::optional<std::string> bos_text, eos_text;
   int32_t bos = -1, eos = -1;
   std::string filler_user, filler_assistant;
@@ -76,8 +77,9 @@ ojson messages_for(const Ctx& c, const ConditionSpec& cond, const std::string& c
 }
 
 std::string apply_template(const Ctx& c, const ConditionSpec& cond, const std::string& content) {
-  return c.tmpl->apply(messages_for(c, cond, content),
-                       {.bos_token = c.bos_text, .eos_token = c.eos_text, .add_generation_prompt = cond.layout == "chat"});
+  ChatOptions opt = c.vars;
+  opt.add_generation_prompt = cond.layout == "chat";
+  return c.tmpl->apply(messages_for(c, cond, content), opt);
 }
 
 int64_t token_starting_at(const Encoding& e, int64_t cp) {
@@ -255,8 +257,9 @@ ojson freeze(const FreezeOptions& o) {
   const std::string tok_json = p.model_dir + "/tokenizer.json";
   if (!file_exists(tok_json)) fail(tok_json, {}, "the model directory has no tokenizer.json (freezing needs the tokenizer)");
   const Tokenizer tok = Tokenizer::load_dir(p.model_dir);
-  Ctx c{.p = p, .tok = tok, .tmpl = {}, .bos_text = tok.config().bos_token, .eos_text = tok.config().eos_token,
-        .bos = -1, .eos = -1, .filler_user = {}, .filler_assistant = {}, .edit_ids = {}};
+  Ctx c{.p = p, .tok = tok, .tmpl = {}, .vars = {}, .bos_text = tok.config().bos_token,
+        .eos_text = tok.config().eos_token, .bos = -1, .eos = -1, .filler_user = {}, .filler_assistant = {},
+        .edit_ids = {}};
   const std::string cfg_file = p.model_dir + "/tokenizer_config.json";
   if (!tok.bos_id() || !tok.eos_id()) fail(cfg_file, "bos_token/eos_token", "the tokenizer needs BOS and EOS tokens");
   c.bos = *tok.bos_id();
@@ -264,10 +267,11 @@ ojson freeze(const FreezeOptions& o) {
   const bool need_template = std::any_of(p.conditions.begin(), p.conditions.end(), [](auto& x) { return x.layout != "raw"; });
   std::string template_sha;
   if (need_template) {
-    const std::string* t = tok.config().chat_template();
-    if (!t) fail(cfg_file, "chat_template", "missing (the protocol renders chat layouts)");
-    c.tmpl.emplace(*t, cfg_file + ": chat_template");
-    template_sha = sha256_hex(*t);
+    // The loader atlas render and atlas generate use too (text/chat.h): same template, same variables.
+    ChatTemplateSource src = load_chat_template(p.model_dir);
+    c.tmpl.emplace(src.text, src.origin);
+    c.vars = src.vars;
+    template_sha = sha256_hex(src.text);
   }
   for (const auto& cond : p.conditions) {
     if (cond.system && p.system_text.empty()) fail(p.path, "blocks.system", "condition " + cond.name + " needs a system text");

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "audit/hash_chain.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "core/provenance.h"
@@ -39,12 +40,7 @@ ShardSpec parse_shard(const std::string& spec) {
   return s;
 }
 
-std::string artifact_content_hash(const ojson& a) {
-  ojson c = a;
-  c.erase("runtime");
-  c.erase("content_sha256");
-  return sha256_hex(c.dump());
-}
+std::string artifact_content_hash(const ojson& a) { return artifact_content_sha256(a); }
 
 namespace {
 
@@ -353,6 +349,35 @@ ojson artifact_head(const ojson& m, const ojson& model_info, const ojson& shard)
   return a;
 }
 
+// What produced the run (docs/audit.md, "Provenance fields"): the build, the backend and its
+// device, the compute mode, the model's pinned files, the protocol, the manifest and the seeds.
+// Outside the content hash: a rerun with another build or on another device that gives the
+// same results has the same content_sha256.
+ojson run_provenance(const ojson& m, const std::string& backend, const std::string& model_dir) {
+  ojson p = build_provenance();
+  p["device"] = device_provenance(backend);
+  const ojson& ex = m["protocol"]["execution"];
+  p["compute"] = ex["compute"];
+  const std::string pin = m["model"]["manifest"].is_string() ? m["model"]["manifest"].get<std::string>() : "";
+  p["model"] = {{"config_sha256", file_exists(model_dir + "/config.json") ? ojson(sha256_file(model_dir + "/config.json")) : ojson(nullptr)},
+                {"manifest", pin},
+                {"manifest_sha256", !pin.empty() && file_exists(pin) ? ojson(sha256_file(pin)) : ojson(nullptr)}};
+  p["protocol_sha256"] = m["protocol"]["sha256"];
+  p["manifest_sha256"] = m["manifest_sha256"];
+  ojson seeds = ojson::array();
+  if (ex.contains("seeds"))
+    for (const auto& sd : ex["seeds"]) seeds.push_back(sd.is_object() ? sd.value("value", ojson(nullptr)) : sd);
+  p["seeds"] = seeds;
+  return p;
+}
+
+// The run's input record: the manifest file, relative to the run directory (hash-chain link).
+ojson manifest_input(const std::string& manifest, const std::string& out_dir) {
+  ojson r = {{"role", "manifest"}};
+  r.update(audit::input_record_json(audit::input_record(manifest, out_dir)));
+  return ojson::array({r});
+}
+
 std::string fmt_eta(double s) {
   char b[32];
   const long v = long(s + 0.5);
@@ -525,6 +550,8 @@ RunSummary run_manifest(const RunOptions& o) {
 
   ojson shard = o.sharded ? ojson({{"index", o.shard.index}, {"count", o.shard.count}}) : ojson(nullptr);
   ojson a = artifact_head(m, model_info, shard);
+  a["inputs"] = manifest_input(o.manifest, o.out_dir);
+  a["provenance"] = run_provenance(m, o.backend, model_dir);
   ojson out_cells = ojson::array();
   std::vector<int64_t> order;
   for (const auto& [k, v] : source_cells) order.insert(order.end(), v.begin(), v.end());
@@ -582,8 +609,20 @@ RunSummary merge_runs(const MergeOptions& o) {
     h.erase("runtime");
     h.erase("content_sha256");
     h["shard"] = nullptr;
-    if (head && *head != h) fail(path, {}, "shard header differs from the first shard's (model, execution or tokenizer)");
-    head = h;
+    // Provenance (machine, build) and input paths (relative to each shard's directory) may
+    // differ between shards; the merged artifact keeps the first shard's provenance and lists
+    // every shard's under runtime.merged_from.
+    ojson hc = h;
+    hc.erase("provenance");
+    hc.erase("inputs");
+    if (head) {
+      ojson hh = *head;
+      hh.erase("provenance");
+      hh.erase("inputs");
+      if (hh != hc) fail(path, {}, "shard header differs from the first shard's (model, execution or tokenizer)");
+    } else {
+      head = h;
+    }
     for (auto& c : a["cells"]) {
       const int64_t idx = c["index"].get<int64_t>();
       if (idx < 0 || size_t(idx) >= n || m["cells"][size_t(idx)]["cell_id"] != c["cell_id"])
@@ -592,7 +631,10 @@ RunSummary merge_runs(const MergeOptions& o) {
       seen[size_t(idx)] = true;
       by_index[size_t(idx)] = c;
     }
-    runtimes.push_back({{"shard", a["shard"]}, {"runtime", a["runtime"]}});
+    ojson rec = audit::input_record_json(audit::input_record(path, o.out_dir));
+    runtimes.push_back({{"shard", a["shard"]}, {"artifact", rec},
+                        {"provenance", a.contains("provenance") ? a["provenance"] : ojson(nullptr)},
+                        {"runtime", a["runtime"]}});
   }
   int64_t missing = 0;
   std::string first_missing;
@@ -603,6 +645,7 @@ RunSummary merge_runs(const MergeOptions& o) {
     }
   if (missing) fail(o.out_dir, "cells", std::to_string(missing) + " cells missing from the shards, first " + first_missing);
   ojson a = *head;
+  a["inputs"] = manifest_input(o.manifest, o.out_dir);  // as an unsharded run's; the shards are in runtime
   a["cells"] = by_index;
   a["content_sha256"] = artifact_content_hash(a);
   a["runtime"] = runtime_section(clock);

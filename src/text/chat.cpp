@@ -1,5 +1,7 @@
 #include "text/chat.h"
 
+#include "core/file.h"
+
 namespace atlas {
 
 ChatTemplate::ChatTemplate(const std::string& source, const std::string& origin)
@@ -70,6 +72,41 @@ std::optional<std::string> special_token_text(const json& config, const std::str
   if (v.is_string()) return v.get<std::string>();
   if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
   fail(file, key, "expected a string or an object with a string \"content\"");
+}
+
+ChatOptions chat_template_variables(const std::string& model_dir) {
+  ChatOptions vars;
+  const std::string cfg_path = model_dir + "/tokenizer_config.json";
+  if (!file_exists(cfg_path)) return vars;
+  const json cfg = read_json_file(cfg_path);
+  if (!cfg.is_object()) fail(cfg_path, "", "expected a JSON object");
+  vars.bos_token = special_token_text(cfg, "bos_token", cfg_path);
+  vars.eos_token = special_token_text(cfg, "eos_token", cfg_path);
+  // transformers passes the whole special_tokens_map to the template.
+  for (const char* k : {"unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})
+    if (auto t = special_token_text(cfg, k, cfg_path)) vars.extra[k] = *t;
+  return vars;
+}
+
+ChatTemplateSource load_chat_template(const std::string& model_dir, std::string_view name) {
+  ChatTemplateSource src{.text = {}, .origin = {}, .vars = chat_template_variables(model_dir)};
+  const std::string cfg_path = model_dir + "/tokenizer_config.json";
+  const std::string jinja_path = model_dir + "/chat_template.jinja";
+  if (name == "default" && file_exists(jinja_path)) {
+    src.text = read_file(jinja_path);
+    src.origin = jinja_path;
+    return src;
+  }
+  if (file_exists(cfg_path)) {
+    const json cfg = read_json_file(cfg_path);
+    if (cfg.contains("chat_template") && !cfg["chat_template"].is_null()) {
+      src.text = select_chat_template(cfg["chat_template"], cfg_path, name);
+      src.origin = cfg_path + ": chat_template";
+      return src;
+    }
+    fail(cfg_path, "chat_template", "missing (and no chat_template.jinja next to it)");
+  }
+  fail(cfg_path, "chat_template", "file not found (and no chat_template.jinja in " + model_dir + ")");
 }
 
 }  // namespace atlas

@@ -58,4 +58,24 @@ std::string select_chat_template(const json& field, const std::string& file, std
 // or null/absent (nullopt).
 std::optional<std::string> special_token_text(const json& config, const std::string& key, const std::string& file);
 
+// A model directory's chat template and the variables transformers renders it with. The one
+// way `atlas render`, `atlas generate` and `atlas probe freeze` find a template, so the three
+// render the same text for the same messages.
+struct ChatTemplateSource {
+  std::string text;    // the template source
+  std::string origin;  // where it came from, for errors: "DIR/chat_template.jinja" or "DIR/tokenizer_config.json: chat_template"
+  ChatOptions vars;    // bos_token, eos_token, and unk/pad/sep/cls/mask_token in `extra` (all
+                       // that the config names), add_generation_prompt false
+};
+
+// The special-token variables of DIR/tokenizer_config.json (none when the file is absent).
+// A token that is neither a string nor {"content": string} -> atlas::Error naming the field.
+ChatOptions chat_template_variables(const std::string& model_dir);
+
+// The template as transformers finds it: DIR/chat_template.jinja when present (the file
+// transformers writes since 4.47, and prefers), else tokenizer_config.json's "chat_template" (a
+// string, or the entry `name` of a list of named templates). A `name` other than "default"
+// always comes from the list. Neither present -> atlas::Error naming the config's chat_template.
+ChatTemplateSource load_chat_template(const std::string& model_dir, std::string_view name = "default");
+
 }  // namespace atlas

@@ -118,16 +118,36 @@ class Regex {
 };
 
 // ---------------------------------------------------------------- normalized strings
+// The alignment rules are Hugging Face's NormalizedString: every byte of a normalized character
+// carries the original byte range of the character it replaced; a character inserted next to
+// others shares the range of the one before it; a token's original span runs from its first
+// byte's start to its last byte's end (not min/max: canonical reordering can leave the ranges
+// out of order, and HF reports them as they fall).
 struct NormStr {
   std::string s;
   std::vector<uint32_t> a0, a1;  // original byte range of each byte of s; empty = identity
-  uint32_t base = 0;             // identity: byte i of s is original byte base + i
+  uint32_t base = 0;             // identity: byte i of s is original byte base + i. Also HF's
+                                 // original_shift: where this string starts in the input.
   uint32_t o0(size_t i) const { return a0.empty() ? base + uint32_t(i) : a0[i]; }
   uint32_t o1(size_t i) const { return a1.empty() ? base + uint32_t(i) + 1 : a1[i]; }
 };
 
-// Builds a new NormStr unit by unit: each emitted piece of text is aligned to the original
-// range of the source bytes it replaces.
+inline size_t lead_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+// Original range of the character starting at byte i. An untransformed string maps each byte to
+// itself, so the range is the first byte's start to the last byte's end: the whole character,
+// as HF aligns every byte of an input character.
+std::pair<uint32_t, uint32_t> char_align(const NormStr& n, size_t i) {
+  return {n.o0(i), n.o1(i + lead_len(static_cast<unsigned char>(n.s[i])) - 1)};
+}
+// The character ending just before byte i (i > 0).
+std::pair<uint32_t, uint32_t> char_align_before(const NormStr& n, size_t i) {
+  size_t k = i - 1;
+  while (k > 0 && utf8::is_continuation(static_cast<unsigned char>(n.s[k]))) --k;
+  return char_align(n, k);
+}
+
+// Builds a new NormStr piece by piece: each emitted piece of text is aligned to an original range.
 struct NormBuilder {
   NormStr out;
   void emit(std::string_view text, uint32_t ob, uint32_t oe) {
@@ -135,6 +155,7 @@ struct NormBuilder {
     out.a0.insert(out.a0.end(), text.size(), ob);
     out.a1.insert(out.a1.end(), text.size(), oe);
   }
+  void emit(std::string_view text, std::pair<uint32_t, uint32_t> a) { emit(text, a.first, a.second); }
   // Copies src[b, e) keeping its alignment.
   void copy(const NormStr& src, size_t b, size_t e) {
     out.s.append(src.s, b, e - b);
@@ -145,38 +166,173 @@ struct NormBuilder {
   }
 };
 
-uint32_t range_o0(const NormStr& n, size_t b, size_t e) {
-  uint32_t v = n.o0(b);
-  for (size_t i = b + 1; i < e; ++i) v = std::min(v, n.o0(i));
-  return v;
-}
-uint32_t range_o1(const NormStr& n, size_t b, size_t e) {
-  uint32_t v = n.o1(b);
-  for (size_t i = b + 1; i < e; ++i) v = std::max(v, n.o1(i));
-  return v;
+// One character of a transformed string and how it relates to the characters it replaces, as
+// HF's NormalizedString::transform takes them: 0 = replaces the next original character,
+// +1 = inserted (takes the range of the character before it), -n = replaces the next
+// character and removes the n after it.
+struct CharChange {
+  char32_t c;
+  int32_t change;
+};
+
+// HF's transform over the whole string: the first `initial_removed` characters are dropped,
+// then each item consumes and aligns as described above.
+void transform(NormStr& ns, const std::vector<CharChange>& items, size_t initial_removed) {
+  const std::string& s = ns.s;
+  NormStr out{.base = ns.base};
+  out.s.reserve(s.size() + 8);
+  out.a0.reserve(s.size() + 8);
+  out.a1.reserve(s.size() + 8);
+  size_t pos = 0;
+  auto drop = [&](size_t n) {
+    for (; n > 0 && pos < s.size(); --n) pos += lead_len(static_cast<unsigned char>(s[pos]));
+  };
+  drop(initial_removed);
+  for (const auto& [c, change] : items) {
+    std::pair<uint32_t, uint32_t> a;
+    if (change > 0) {
+      // An insertion at the very start has nothing before it: HF gives it the empty range at
+      // the start of the string.
+      a = pos == 0 ? std::pair{ns.base, ns.base} : char_align_before(ns, pos);
+    } else if (pos < s.size()) {
+      a = char_align(ns, pos);
+      drop(1);
+      drop(size_t(-change));
+    } else {
+      // More replacing items than characters (never from the normalizers here): align to the end.
+      a = s.empty() ? std::pair{ns.base, ns.base} : std::pair{char_align_before(ns, s.size()).second,
+                                                               char_align_before(ns, s.size()).second};
+    }
+    size_t n0 = out.s.size();
+    utf8::append(out.s, c);
+    out.a0.insert(out.a0.end(), out.s.size() - n0, a.first);
+    out.a1.insert(out.a1.end(), out.s.size() - n0, a.second);
+  }
+  ns = std::move(out);
 }
 
-std::string utf8proc_normalize(std::string_view text, int options) {
-  utf8proc_uint8_t* dst = nullptr;
-  utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                    utf8proc_ssize_t(text.size()), &dst, utf8proc_option_t(options));
-  if (n < 0) fail("utf8proc: " + std::string(utf8proc_errmsg(n)));
-  std::string out(reinterpret_cast<char*>(dst), size_t(n));
-  free(dst);
-  return out;
+// True when `items` leave the string as it is (same characters, one for one): the alignment
+// then stays as it is too, and the common no-op case costs no rebuild.
+bool is_identity(const std::string& s, const std::vector<CharChange>& items) {
+  size_t pos = 0, len;
+  for (const auto& [c, change] : items) {
+    if (change != 0 || pos >= s.size() || utf8::decode_at(s, pos, &len) != c) return false;
+    pos += len;
+  }
+  return pos == s.size();
 }
 
-bool is_hangul_vt(char32_t c) { return (c >= 0x1161 && c <= 0x1175) || (c >= 0x11A8 && c <= 0x11C2); }
+uint8_t ccc(char32_t c) {
+  return c < 0x300 ? 0 : uint8_t(utf8proc_get_property(utf8proc_int32_t(c))->combining_class);
+}
 
-// A code point that never combines with what precedes it under (de)composition.
-bool norm_boundary_before(char32_t c) {
-  if (c < 0x300) return true;
-  const utf8proc_property_t* p = utf8proc_get_property(utf8proc_int32_t(c));
-  if (p->combining_class != 0) return false;
-  if (p->category == UTF8PROC_CATEGORY_MN || p->category == UTF8PROC_CATEGORY_MC ||
-      p->category == UTF8PROC_CATEGORY_ME)
-    return false;
-  return !is_hangul_vt(c);
+// The primary composite of a starter and the character after it, if there is one. Every second
+// character of a composition is a combining mark (U+0300 and up) or a Hangul vowel / trailing
+// consonant, so the rest are rejected without asking utf8proc.
+std::optional<char32_t> compose_pair(char32_t a, char32_t b) {
+  if (b < 0x300 || b == 0x11A7) return std::nullopt;  // U+11A7 is T's base, not a T
+  bool hangul_vt = (b >= 0x1161 && b <= 0x1175) || (b >= 0x11A8 && b <= 0x11C2);
+  if (!hangul_vt) {
+    auto cat = utf8proc_category(utf8proc_int32_t(b));
+    if (cat != UTF8PROC_CATEGORY_MN && cat != UTF8PROC_CATEGORY_MC && cat != UTF8PROC_CATEGORY_ME) return std::nullopt;
+  }
+  utf8proc_int32_t buf[2] = {utf8proc_int32_t(a), utf8proc_int32_t(b)};
+  // STABLE: composition exclusions (e.g. U+2ADC) are not composed, as the standard says.
+  if (utf8proc_normalize_utf32(buf, 2, utf8proc_option_t(UTF8PROC_COMPOSE | UTF8PROC_STABLE)) == 1) return char32_t(buf[0]);
+  return std::nullopt;
+}
+
+// Unicode normalization with HF's per-character changes (its unicode-normalization-alignments
+// crate): decomposition gives the first character of each decomposition change 0 and the rest
+// +1; canonical reordering moves characters with their changes; composition of a starter
+// carrying change x with a character carrying y leaves one character carrying x + y - 1.
+void normal_form_changes(const std::string& s, bool compose, bool compat, std::vector<CharChange>& out) {
+  struct D {
+    char32_t c;
+    int32_t change;
+    uint8_t ccc;
+  };
+  std::vector<D> d;
+  d.reserve(s.size() + 8);
+  const int opts = UTF8PROC_DECOMPOSE | (compat ? UTF8PROC_COMPAT : 0);
+  for (size_t i = 0, len; i < s.size(); i += len) {
+    char32_t c = utf8::decode_at(s, i, &len);
+    if (c < 0x80) {
+      d.push_back({c, 0, 0});
+      continue;
+    }
+    utf8proc_int32_t buf[32];
+    utf8proc_ssize_t n = utf8proc_decompose_char(utf8proc_int32_t(c), buf, 32, utf8proc_option_t(opts), nullptr);
+    if (n < 0 || n > 32) fail("utf8proc: cannot decompose U+" + std::to_string(uint32_t(c)));
+    for (utf8proc_ssize_t k = 0; k < n; ++k) d.push_back({char32_t(buf[k]), k ? 1 : 0, ccc(char32_t(buf[k]))});
+  }
+  // Canonical ordering: each run of non-starters sorted by combining class, stably.
+  for (size_t i = 0; i < d.size();) {
+    if (d[i].ccc == 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < d.size() && d[j].ccc != 0) ++j;
+    if (j - i > 1) std::stable_sort(d.begin() + i, d.begin() + j, [](const D& x, const D& y) { return x.ccc < y.ccc; });
+    i = j;
+  }
+  out.clear();
+  out.reserve(d.size());
+  if (!compose) {
+    for (const D& x : d) out.push_back({x.c, x.change});
+    return;
+  }
+  // Canonical composition, streaming: `composee` is the last starter, `blocked` the marks after
+  // it that did not combine (emitted after it), `last_ccc` the class of the last of those.
+  std::optional<CharChange> composee;
+  std::vector<CharChange> blocked;
+  int last_ccc = -1;
+  auto flush = [&] {
+    if (composee) out.push_back(*composee);
+    out.insert(out.end(), blocked.begin(), blocked.end());
+    blocked.clear();
+    last_ccc = -1;
+  };
+  for (const D& x : d) {
+    if (!composee) {
+      if (x.ccc != 0) {
+        out.push_back({x.c, x.change});
+      } else {
+        composee = CharChange{x.c, x.change};
+      }
+      continue;
+    }
+    if (last_ccc < 0 || last_ccc < x.ccc) {  // not blocked from the composee
+      if (auto r = compose_pair(composee->c, x.c)) {
+        composee = CharChange{*r, composee->change + x.change - 1};
+        continue;
+      }
+    }
+    if (x.ccc == 0) {
+      flush();
+      composee = CharChange{x.c, x.change};
+    } else {
+      blocked.push_back({x.c, x.change});
+      last_ccc = x.ccc;
+    }
+  }
+  flush();
+}
+
+// Rust's char::to_lowercase, which HF's Lowercase uses: the simple mapping, except U+0130 whose
+// lowercase is two characters (the only unconditional multi-character lowercase mapping).
+void lowercase_changes(const std::string& s, std::vector<CharChange>& out) {
+  out.clear();
+  for (size_t i = 0, len; i < s.size(); i += len) {
+    char32_t c = utf8::decode_at(s, i, &len);
+    if (c == 0x130) {
+      out.push_back({U'i', 0});
+      out.push_back({0x307, 1});
+    } else {
+      out.push_back({char32_t(utf8proc_tolower(utf8proc_int32_t(c))), 0});
+    }
+  }
 }
 
 bool is_unicode_whitespace(char32_t c) {
@@ -693,59 +849,22 @@ void TokenizerImpl::load(const json& j) {
 
 // ---------------------------------------------------------------- normalization
 void TokenizerImpl::apply_normalizer(const Normalizer& n, NormStr& ns) const {
-  NormBuilder nb;
   const std::string& s = ns.s;
+  if (s.empty()) return;
+  thread_local std::vector<CharChange> items;
   switch (n.kind) {
     case NormKind::NFC: case NormKind::NFD: case NormKind::NFKC: case NormKind::NFKD: {
-      int opts = UTF8PROC_STABLE;
-      if (n.kind == NormKind::NFC) opts |= UTF8PROC_COMPOSE;
-      if (n.kind == NormKind::NFD) opts |= UTF8PROC_DECOMPOSE;
-      if (n.kind == NormKind::NFKC) opts |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
-      if (n.kind == NormKind::NFKD) opts |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
       bool ascii = std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
       if (ascii) return;  // every normal form leaves ASCII alone
-      // Normalize cluster by cluster (a starter and what may combine with it), so each output
-      // byte stays aligned to the input cluster it came from.
-      size_t i = 0;
-      while (i < s.size()) {
-        size_t j = i, len;
-        utf8::decode_at(s, j, &len);
-        j += len;
-        while (j < s.size()) {
-          char32_t c = utf8::decode_at(s, j, &len);
-          if (norm_boundary_before(c)) break;
-          j += len;
-        }
-        std::string_view cluster(s.data() + i, j - i);
-        if (j - i == 1) {
-          nb.copy(ns, i, j);
-        } else {
-          std::string out = utf8proc_normalize(cluster, opts);
-          if (out == cluster)
-            nb.copy(ns, i, j);
-          else
-            nb.emit(out, range_o0(ns, i, j), range_o1(ns, i, j));
-        }
-        i = j;
-      }
-      break;
+      normal_form_changes(s, n.kind == NormKind::NFC || n.kind == NormKind::NFKC,
+                          n.kind == NormKind::NFKC || n.kind == NormKind::NFKD, items);
+      if (!is_identity(s, items)) transform(ns, items, 0);
+      return;
     }
-    case NormKind::Lowercase: {
-      size_t i = 0, len;
-      while (i < s.size()) {
-        char32_t c = utf8::decode_at(s, i, &len);
-        char32_t l = char32_t(utf8proc_tolower(utf8proc_int32_t(c)));
-        if (l == c) {
-          nb.copy(ns, i, i + len);
-        } else {
-          std::string t;
-          utf8::append(t, l);
-          nb.emit(t, range_o0(ns, i, i + len), range_o1(ns, i, i + len));
-        }
-        i += len;
-      }
-      break;
-    }
+    case NormKind::Lowercase:
+      lowercase_changes(s, items);
+      if (!is_identity(s, items)) transform(ns, items, 0);
+      return;
     case NormKind::Replace: {
       std::vector<std::pair<uint32_t, uint32_t>> m;
       if (n.pattern_regex) {
@@ -755,40 +874,54 @@ void TokenizerImpl::apply_normalizer(const Normalizer& n, NormStr& ns) const {
           m.emplace_back(uint32_t(p), uint32_t(p + n.pattern_string.size()));
       }
       if (m.empty()) return;
+      // HF removes the match, then inserts the content: every inserted character takes the
+      // range of the character before it, i.e. the match's last character.
+      NormBuilder nb;
+      nb.out.base = ns.base;
       size_t at = 0;
       for (auto [b, e] : m) {
         nb.copy(ns, at, b);
-        if (!n.content.empty()) nb.emit(n.content, range_o0(ns, b, e), range_o1(ns, b, e));
+        if (!n.content.empty()) nb.emit(n.content, char_align_before(ns, e));
         at = e;
       }
       nb.copy(ns, at, s.size());
-      break;
+      ns = std::move(nb.out);
+      return;
     }
     case NormKind::Prepend: {
-      if (s.empty()) return;
-      size_t len;
-      utf8::decode_at(s, 0, &len);
-      nb.emit(n.content, range_o0(ns, 0, len), range_o1(ns, 0, len));
+      // HF: the first prepended character replaces the first character (taking its range), the
+      // rest and that character are inserted after it (the same range).
+      NormBuilder nb;
+      nb.out.base = ns.base;
+      nb.emit(n.content, char_align(ns, 0));
       nb.copy(ns, 0, s.size());
-      break;
+      ns = std::move(nb.out);
+      return;
     }
     case NormKind::Strip: {
-      size_t b = 0, e = s.size(), len;
+      // HF counts the whitespace in characters but compares character indices with the length
+      // in bytes, so on text with multi-byte characters fewer trailing characters go than were
+      // counted (and the last kept one is marked as removing the count). Reproduced as is.
+      size_t count = 0, lead = 0, trail = 0, len;
+      std::vector<char32_t> cs;
+      cs.reserve(s.size());
+      for (size_t i = 0; i < s.size(); i += len) cs.push_back(utf8::decode_at(s, i, &len));
+      count = cs.size();
       if (n.strip_left)
-        while (b < e && is_unicode_whitespace(utf8::decode_at(s, b, &len))) b += len;
+        while (lead < count && is_unicode_whitespace(cs[lead])) ++lead;
       if (n.strip_right)
-        while (e > b) {
-          size_t k = e - 1;
-          while (k > b && utf8::is_continuation(static_cast<unsigned char>(s[k]))) --k;
-          if (!is_unicode_whitespace(utf8::decode_at(s, k, &len))) break;
-          e = k;
-        }
-      if (b == 0 && e == s.size()) return;
-      nb.copy(ns, b, e);
-      break;
+        while (trail < count && is_unicode_whitespace(cs[count - 1 - trail])) ++trail;
+      if (lead == 0 && trail == 0) return;
+      const size_t cut = s.size() - trail;  // HF: chars at index >= bytes - trailing are removed
+      items.clear();
+      for (size_t i = 0; i < count; ++i) {
+        if (i < lead || i >= cut) continue;
+        items.push_back({cs[i], i + 1 == cut ? -int32_t(trail) : 0});
+      }
+      transform(ns, items, lead);
+      return;
     }
   }
-  ns = std::move(nb.out);
 }
 
 NormStr TokenizerImpl::normalize(std::string_view text, uint32_t base) const {
@@ -876,9 +1009,11 @@ void split_piece(const Piece& p, const std::vector<std::pair<uint32_t, uint32_t>
       for (auto& s : segs) res.emplace_back(s.b, s.e);
       break;
     case Behavior::Contiguous: {
+      // HF merges any two neighbours of the same kind: adjacent matches, and (with invert)
+      // adjacent former matches, which are separate segments here.
       bool prev = false;
       for (auto& s : segs) {
-        if (s.match && prev && !res.empty())
+        if (s.match == prev && !res.empty())
           res.back().second = s.e;
         else
           res.emplace_back(s.b, s.e);
@@ -922,7 +1057,6 @@ void TokenizerImpl::pre_tokenize(std::vector<NormStr>& pool, std::vector<Piece>&
   for (const auto& pt : pretokenizers) {
     next.clear();
     next.reserve(pieces.size() * 2);
-    size_t plain_index = 0;  // index among the plain pieces (Metaspace's "first")
     for (const Piece& p : pieces) {
       if (p.added >= 0) {
         next.push_back(p);
@@ -958,9 +1092,11 @@ void TokenizerImpl::pre_tokenize(std::vector<NormStr>& pool, std::vector<Piece>&
         case PreKind::ByteLevel: {
           Piece q = p;
           if (pt.add_prefix_space && s[p.b] != ' ') {
+            // HF prepends: the space takes the first character's range.
             const NormStr& src = pool[p.buf];
             NormBuilder nb;
-            nb.emit(" ", src.o0(p.b), src.o0(p.b));
+            nb.out.base = src.o0(p.b);
+            nb.emit(" ", char_align(src, p.b));
             nb.copy(src, p.b, p.e);
             pool.push_back(std::move(nb.out));
             q = {.buf = uint32_t(pool.size() - 1), .b = 0, .e = uint32_t(pool.back().s.size())};
@@ -974,16 +1110,25 @@ void TokenizerImpl::pre_tokenize(std::vector<NormStr>& pool, std::vector<Piece>&
           break;
         }
         case PreKind::Metaspace: {
+          // HF: replace every space (the replacement takes the space's range), then prepend the
+          // replacement unless the text now starts with it ("first": only for the split at
+          // the very start of the input); the prepended one takes the first character's range.
           const NormStr& src = pool[p.buf];
           NormBuilder nb;
-          bool prepend = pt.prepend == PrependScheme::Always || (pt.prepend == PrependScheme::First && plain_index == 0 && src.o0(p.b) == 0);
-          if (prepend && s.compare(p.b, pt.replacement.size(), pt.replacement) != 0)
-            nb.emit(pt.replacement, src.o0(p.b), src.o0(p.b));
+          nb.out.base = src.o0(p.b);
           for (uint32_t k = p.b; k < p.e; ++k) {
             if (s[k] == ' ')
-              nb.emit(pt.replacement, src.o0(k), src.o1(k));
+              nb.emit(pt.replacement, char_align(src, k));
             else
               nb.copy(src, k, k + 1);
+          }
+          bool prepend = pt.prepend == PrependScheme::Always || (pt.prepend == PrependScheme::First && src.o0(p.b) == 0);
+          if (prepend && nb.out.s.compare(0, pt.replacement.size(), pt.replacement) != 0) {
+            NormBuilder pb;
+            pb.out.base = nb.out.base;
+            pb.emit(pt.replacement, char_align(nb.out, 0));
+            pb.copy(nb.out, 0, nb.out.s.size());
+            nb = std::move(pb);
           }
           pool.push_back(std::move(nb.out));
           Piece q{.buf = uint32_t(pool.size() - 1), .b = 0, .e = uint32_t(pool.back().s.size())};
@@ -998,7 +1143,6 @@ void TokenizerImpl::pre_tokenize(std::vector<NormStr>& pool, std::vector<Piece>&
           break;
         }
       }
-      ++plain_index;
     }
     pieces.swap(next);
   }
@@ -1186,7 +1330,7 @@ Encoding TokenizerImpl::encode(std::string_view text, const EncodeOptions& opt) 
     for (const Piece& p : pieces) {
       const NormStr& ns = pool[p.buf];
       if (p.added >= 0) {
-        toks.push_back({p.added, range_o0(ns, p.b, p.e), range_o1(ns, p.b, p.e), p.special, {}});
+        toks.push_back({p.added, ns.o0(p.b), ns.o1(p.e - 1), p.special, {}});
         continue;
       }
       bt.clear();
@@ -1194,87 +1338,106 @@ Encoding TokenizerImpl::encode(std::string_view text, const EncodeOptions& opt) 
       uint32_t at = p.b;
       for (const BpeToken& t : bt) {
         at += t.skip;  // characters left out (no token, no unk_token)
-        toks.push_back({t.id, range_o0(ns, at, at + t.len), range_o1(ns, at, at + t.len), false, {}});
+        toks.push_back({t.id, ns.o0(at), ns.o1(at + t.len - 1), false, {}});
         at += t.len;
       }
     }
   }
 
-  // Post-processing (only with add_special_tokens; offsets trimming always, as HF does).
-  if (post.byte_level && post.trim_offsets) {
-    // Offsets leave out the spaces a token starts or ends with ("Ġ" = U+0120 is a space byte),
-    // except the single space ByteLevel(add_prefix_space) put before the first word.
-    auto is_space = [](char32_t c) { return c == 0x120 || is_unicode_whitespace(c); };
-    for (size_t i = 0; i < toks.size(); ++i) {
-      Tok& t = toks[i];
-      if (size_t(t.id) >= id_text.size()) continue;
-      const std::string& s = id_text[size_t(t.id)];
-      std::vector<char32_t> cs;
-      for (size_t q = 0, len; q < s.size(); q += len) cs.push_back(utf8::decode_at(s, q, &len));
-      size_t lead = 0, trail = 0;
-      while (lead < cs.size() && is_space(cs[lead])) ++lead;
-      while (trail < cs.size() && is_space(cs[cs.size() - 1 - trail])) ++trail;
-      if (lead == 1 && post.add_prefix_space && (i == 0 || t.ob == 0)) lead = 0;
-      if (lead) t.ob = std::min(t.ob + uint32_t(lead), t.oe);
-      if (trail && t.oe >= trail) t.oe = std::max(t.oe - uint32_t(trail), t.ob);
-    }
-  }
-  std::vector<Tok> final_toks;
-  if (opt.add_special_tokens) {
-    if (config.add_bos_token.has_value() || config.add_eos_token.has_value()) {
-      if (config.add_bos_token.value_or(false) && bos) final_toks.push_back({*bos, 0, 0, true, {}});
-      final_toks.insert(final_toks.end(), toks.begin(), toks.end());
-      if (config.add_eos_token.value_or(false) && eos) final_toks.push_back({*eos, 0, 0, true, {}});
-    } else if (post.has_template) {
-      for (const auto& tp : post.single) {
-        if (tp.is_sequence)
-          final_toks.insert(final_toks.end(), toks.begin(), toks.end());
-        else
-          for (TokenId id : tp.special_ids) final_toks.push_back({id, 0, 0, true, {}});
-      }
-    } else {
-      final_toks = std::move(toks);
-    }
-  } else {
-    final_toks = std::move(toks);
-  }
-
-  // Offsets: widen to whole code points, then count code points.
-  std::vector<uint32_t> cp_at(text.size() + 1, 0);  // code point index of the character holding byte i
-  std::vector<uint32_t> char_start(text.size() + 1, 0), char_end(text.size() + 1, 0);
+  // Original byte ranges -> code points, as HF's BytesToCharOffsetConverter: the start is the
+  // character holding its byte; the end is the character holding byte `end` (the count at the
+  // end of the text). An untransformed string aligns single bytes, so a byte-level token ending
+  // inside a character is first widened to that character's end (HF aligns whole characters).
+  // A start past the text (only an empty range at its end) has no character: HF leaves the
+  // byte offsets as they are there.
+  const size_t ncp_guess = text.size();
+  std::vector<uint32_t> cp_at(text.size() + 1, 0);      // code point index of the character holding byte i
+  std::vector<uint32_t> char_end(text.size() + 1, 0);   // end byte of that character
+  std::vector<uint32_t> cp_byte;                         // code point -> its first byte (and the end)
+  cp_byte.reserve(ncp_guess + 1);
   {
     uint32_t cp = 0;
-    size_t i = 0;
-    while (i < text.size()) {
-      size_t len = utf8::sequence_length(text, i);
-      for (size_t k = 0; k < len; ++k) {
-        cp_at[i + k] = cp;
-        char_start[i + k] = uint32_t(i);
-        char_end[i + k] = uint32_t(i + len);
-      }
+    for (size_t i = 0; i < text.size();) {
+      size_t len = lead_len(static_cast<unsigned char>(text[i]));
+      cp_byte.push_back(uint32_t(i));
+      for (size_t k = 0; k < len; ++k) cp_at[i + k] = cp, char_end[i + k] = uint32_t(i + len);
       i += len;
       ++cp;
     }
     cp_at[text.size()] = cp;
-    char_start[text.size()] = char_end[text.size()] = uint32_t(text.size());
+    char_end[text.size()] = uint32_t(text.size());
+    cp_byte.push_back(uint32_t(text.size()));
   }
+  struct CpTok {
+    TokenId id;
+    int64_t s, e;  // code points
+    bool special;
+    bool raw = false;  // HF kept byte offsets (no character at the start)
+  };
+  std::vector<CpTok> ctoks;
+  ctoks.reserve(toks.size() + 2);
+  for (const Tok& t : toks) {
+    if (t.ob >= text.size()) {
+      ctoks.push_back({t.id, t.ob, t.oe, t.special, true});
+      continue;
+    }
+    uint32_t oe = t.oe > t.ob ? char_end[t.oe - 1] : t.oe;
+    ctoks.push_back({t.id, cp_at[t.ob], cp_at[std::min<size_t>(oe, text.size())], t.special});
+  }
+
+  // Post-processing (only with add_special_tokens; offsets trimming always, as HF does). HF
+  // trims after converting to code points, so the counts below are characters.
+  if (post.byte_level && post.trim_offsets) {
+    // Offsets leave out the spaces a token starts or ends with ("Ġ" = U+0120 is a space byte),
+    // except the single space ByteLevel(add_prefix_space) put before the first word.
+    auto is_space = [](char32_t c) { return c == 0x120 || is_unicode_whitespace(c); };
+    for (size_t i = 0; i < ctoks.size(); ++i) {
+      CpTok& t = ctoks[i];
+      if (size_t(t.id) >= id_text.size()) continue;
+      const std::string& s = id_text[size_t(t.id)];
+      std::vector<char32_t> cs;
+      for (size_t q = 0, len; q < s.size(); q += len) cs.push_back(utf8::decode_at(s, q, &len));
+      int64_t lead = 0, trail = 0;
+      while (lead < int64_t(cs.size()) && is_space(cs[size_t(lead)])) ++lead;
+      while (trail < int64_t(cs.size()) && is_space(cs[cs.size() - 1 - size_t(trail)])) ++trail;
+      if (lead == 1 && post.add_prefix_space && (i == 0 || t.s == 0)) lead = 0;
+      if (lead) t.s = std::min(t.s + lead, t.e);
+      if (trail && t.e >= trail) t.e = std::max(t.e - trail, t.s);
+    }
+  }
+  std::vector<CpTok> final_toks;
+  if (opt.add_special_tokens) {
+    if (config.add_bos_token.has_value() || config.add_eos_token.has_value()) {
+      if (config.add_bos_token.value_or(false) && bos) final_toks.push_back({*bos, 0, 0, true});
+      final_toks.insert(final_toks.end(), ctoks.begin(), ctoks.end());
+      if (config.add_eos_token.value_or(false) && eos) final_toks.push_back({*eos, 0, 0, true});
+    } else if (post.has_template) {
+      for (const auto& tp : post.single) {
+        if (tp.is_sequence)
+          final_toks.insert(final_toks.end(), ctoks.begin(), ctoks.end());
+        else
+          for (TokenId id : tp.special_ids) final_toks.push_back({id, 0, 0, true});
+      }
+    } else {
+      final_toks = std::move(ctoks);
+    }
+  } else {
+    final_toks = std::move(ctoks);
+  }
+
   Encoding enc;
   enc.ids.reserve(final_toks.size());
   enc.offsets.reserve(final_toks.size());
   enc.byte_offsets.reserve(final_toks.size());
   enc.special.reserve(final_toks.size());
-  for (const Tok& t : final_toks) {
+  const int64_t ncp = int64_t(cp_byte.size()) - 1;
+  auto byte_of = [&](int64_t cp) -> int64_t { return cp_byte[size_t(std::clamp<int64_t>(cp, 0, ncp))]; };
+  for (const CpTok& t : final_toks) {
     enc.ids.push_back(t.id);
     enc.special.push_back(t.special);
-    if (t.oe <= t.ob) {
-      uint32_t b = char_start[t.ob];
-      enc.byte_offsets.push_back({b, b});
-      enc.offsets.push_back({cp_at[b], cp_at[b]});
-      continue;
-    }
-    uint32_t b = char_start[t.ob], e = char_end[t.oe - 1];
-    enc.byte_offsets.push_back({b, e});
-    enc.offsets.push_back({cp_at[b], cp_at[b] + (cp_at[e - 1] - cp_at[b]) + 1});
+    enc.offsets.push_back({t.s, t.e});
+    // The same span in bytes (whole characters).
+    enc.byte_offsets.push_back(t.raw ? Span{t.s, t.e} : Span{byte_of(t.s), byte_of(t.e)});
   }
   return enc;
 }
@@ -1318,7 +1481,7 @@ std::vector<std::pair<std::string, Span>> TokenizerImpl::pre_tokenize_strings(st
     pre_tokenize(pool, pieces);
     for (const Piece& p : pieces) {
       const NormStr& ns = pool[p.buf];
-      out.push_back({ns.s.substr(p.b, p.e - p.b), span_of(range_o0(ns, p.b, p.e), range_o1(ns, p.b, p.e))});
+      out.push_back({ns.s.substr(p.b, p.e - p.b), span_of(ns.o0(p.b), ns.o1(p.e - 1))});
     }
   }
   return out;

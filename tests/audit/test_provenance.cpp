@@ -27,3 +27,22 @@ TEST(AuditProvenance, CpuDeviceIsNamed) {
   ASSERT_TRUE(d["device"].is_string());
   EXPECT_FALSE(d["device"].get<std::string>().empty());
 }
+
+// content_sha256 identifies results: provenance, inputs and runtime (how, where and from which
+// file bytes) stay out of it; every other key, and the key order, is in it.
+TEST(AuditProvenance, ContentHashLeavesOutProvenanceInputsRuntime) {
+  ojson a = {{"kind", "atlas.x"}, {"cells", {1, 2, 3}}};
+  const std::string h = artifact_content_sha256(a);
+  EXPECT_EQ(h.size(), 64u);
+  ojson b = a;
+  b["provenance"] = build_provenance();
+  b["inputs"] = ojson::array({{{"path", "../m.json"}, {"sha256", std::string(64, 'a')}}});
+  b["content_sha256"] = h;
+  b["runtime"] = {{"seconds", 1.5}};
+  EXPECT_EQ(artifact_content_sha256(b), h);
+  ojson c = a;
+  c["cells"][1] = 5;
+  EXPECT_NE(artifact_content_sha256(c), h);
+  const ojson reordered = {{"cells", {1, 2, 3}}, {"kind", "atlas.x"}};
+  EXPECT_NE(artifact_content_sha256(reordered), h);
+}

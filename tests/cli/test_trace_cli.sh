@@ -67,4 +67,18 @@ import json, sys
 d = json.load(open(sys.argv[1])); d["scoring_func"] = "sigmoid"; json.dump(d, open(sys.argv[1], "w"))
 PY
 expect_error "unsupported config value" "config.json: scoring_func" "$bin" trace --model "$work/trunc" --ids 1
+# --input: several sequences through one loaded model; each dump is byte-identical to the
+# single-sequence trace of the same ids (the model state does not leak between sequences).
+printf '{"id": "a", "ids": [1, 5, 9, 2]}\n{"id": "b", "ids": [7, 3]}\n' >"$work/seqs.jsonl"
+"$bin" trace --model "$model" --input "$work/seqs.jsonl" --out-dir "$work/multi" >/dev/null 2>&1 || bad "trace --input"
+"$bin" trace --model "$model" --ids 7,3 --dump "$work/b1.safetensors" >/dev/null 2>&1 || bad "trace --ids 7,3"
+cmp -s "$work/multi/b.safetensors" "$work/b1.safetensors" && ok "--input dump equals the single trace" \
+  || bad "--input dump differs from the single trace"
+[[ -s "$work/multi/a.json" && -s "$work/multi/a.safetensors" ]] && ok "--input writes one dump + summary per line" || bad "--input outputs"
+printf '{"id": "a", "ids": [1]}\n{"id": "a", "ids": [2]}\n' >"$work/dup.jsonl"
+expect_error "duplicate --input id" "dup.jsonl:2: id" "$bin" trace --model "$model" --input "$work/dup.jsonl" --out-dir "$work/zz_out"
+no_file "duplicate --input id" "$work/zz_out"
+printf '{"id": "x", "ids": [1, 999999]}\n' >"$work/big.jsonl"
+expect_error "--input id out of vocabulary" "big.jsonl:1.*outside the vocabulary" "$bin" trace --model "$model" --input "$work/big.jsonl" --out-dir "$work/d"
+expect_error "--input without --out-dir" "--out-dir" "$bin" trace --model "$model" --input "$work/seqs.jsonl"
 finish

@@ -50,7 +50,7 @@ done
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 "$tests" \
-      --gtest_filter='Elementwise.*:Moe.*:Mla.RowResultIsBatchInvariant:Router.*:Gemm.InvariantModeIsBitExactToReference' \
+      --gtest_filter='Elementwise.*:Moe.*:Mla.RowResultIsBatchInvariant:Router.*:Gemm.FmaChainModeIsBitExactToReference:Gemm.TensorCoreKernelIsExactOnIntegerDataInEveryConfig:GroupedGemm.RowsEqualTheDenseGemmOfTheirGroup:GroupedGemm.BadOffsetsRaiseTheDeviceError' \
       >"$out/sanitizer-$tool.log" 2>&1
     echo "== compute-sanitizer $tool rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.log" | tail -1))"
   done

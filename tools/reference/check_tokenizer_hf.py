@@ -12,6 +12,11 @@ and offsets, the oracle's ids, and the reason. This script needs the Python pack
 
 It prints one line per case and exits 1 if atlas disagrees with HF on any of them (ids, or
 offsets in code points for add_special_tokens=False cases).
+
+It also takes BUILD/tokenizer_alignment_cases.json from tests/text/test_tokenizer_normalization.py
+(cases carrying their tokenizer.json inline: normalizer offsets on normalization-heavy strings):
+
+  python3 tools/reference/check_tokenizer_hf.py build/tokenizer_alignment_cases.json
 """
 import argparse
 import json
@@ -38,6 +43,24 @@ def main():
     fast, auto = {}, {}
     agree = disagree = skipped = 0
     for c in cases:
+        if "tokenizer_json" in c:
+            # A tokenizer written by a test (tests/text/test_tokenizer_normalization.py), inline.
+            name = c.get("label", "inline")
+            key = json.dumps(c["tokenizer_json"], sort_keys=True)
+            if key not in fast:
+                fast[key] = Tokenizer.from_str(key)
+            enc = fast[key].encode(c["text"], add_special_tokens=False)
+            hf_ids, hf_offsets = enc.ids, [list(o) for o in enc.offsets]
+            ok = hf_ids == c["atlas_ids"] and hf_offsets == c["atlas_offsets"]
+            oracle = "no oracle" if "oracle_ids" not in c else ("oracle==HF" if hf_ids == c["oracle_ids"] else "oracle!=HF")
+            print("%-22s %-10s %s %-12s %r" % ("atlas==HF" if ok else "ATLAS DIFFERS FROM HF", oracle, name,
+                                             c.get("reason", "-"), c["text"][:60]))
+            if not ok:
+                print("   hf    %s %s\n   atlas %s %s" % (hf_ids[:30], hf_offsets[:12], c["atlas_ids"][:30],
+                                                         c["atlas_offsets"][:12]))
+            agree += ok
+            disagree += not ok
+            continue
         name = c["tokenizer"]
         d = os.path.join(args.models, "tokenizer-" + name, "models")
         if c["add_special_tokens"]:

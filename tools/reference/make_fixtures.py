@@ -407,8 +407,12 @@ def native_param_expectation(name, W, shape):
     return W.get(name)
 
 
-def load_patched(M, d, cfg, W, dtype, patches, notes, rec):
-    kwargs = {"attn_implementation": "eager", "dtype": dtype, "output_loading_info": True}
+def load_patched(M, d, cfg, W, dtype, patches, notes, rec, attn="eager", device=None):
+    """W: the official tensors to check every native parameter against (None: skip the check,
+    for full-size checkpoints the benchmark loads straight to the GPU)."""
+    kwargs = {"attn_implementation": attn, "dtype": dtype, "output_loading_info": True}
+    if device is not None:
+        kwargs["device_map"] = device
     model, info = M.DeepseekV2ForCausalLM.from_pretrained(d, **kwargs)
     model.eval()
     moe_classes = {type(l.mlp) for l in model.model.layers if hasattr(l.mlp, "experts")}
@@ -417,7 +421,7 @@ def load_patched(M, d, cfg, W, dtype, patches, notes, rec):
     notes["moe_class"] = sorted(c.__name__ for c in moe_classes)
     notes.setdefault("loading_info", {k: sorted(map(str, v)) for k, v in info.items() if v})
     # 1. weights: every native parameter must equal the official tensor(s) it stands for
-    sd = model.state_dict()
+    sd = model.state_dict() if W is not None else {}
     fixed = []
     for name, p in sd.items():
         exp = native_param_expectation(name, W, p.shape)
@@ -436,7 +440,7 @@ def load_patched(M, d, cfg, W, dtype, patches, notes, rec):
                 p.copy_(exp)
     if fixed:
         patches.append("weights re-assigned after from_pretrained for %d tensors (e.g. %s)" % (len(fixed), fixed[:3]))
-    notes["weights_equal_after_from_pretrained"] = not fixed
+    notes["weights_equal_after_from_pretrained"] = (not fixed) if W is not None else "not checked"
     # 2. layer kinds (native ignores moe_layer_freq; the fixtures use 1, so they must agree)
     for i, layer in enumerate(model.model.layers):
         is_moe = hasattr(layer.mlp, "experts")

@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -77,15 +78,31 @@ class CudaCache final : public Cache {
   int64_t capacity() const override { return capacity_; }
   int64_t length() const override { return length_; }
 
+  ~CudaCache() override {
+    try {
+      if (pinned_) host_free_pinned(pinned_);
+    } catch (const Error&) {
+    }
+  }
   uint16_t* layer(int64_t li) const {
     return reinterpret_cast<uint16_t*>(block_.get()) + li * batch_ * capacity_ * width_;
   }
+  // Pinned host ints of one decode step: [5B] inputs (ids, pos, dst, qlen, qrow) then [B]
+  // greedy tokens out. The decode graph copies from / to these fixed addresses.
+  int32_t* pinned() {
+    if (!pinned_) pinned_ = static_cast<int32_t*>(host_alloc_pinned(size_t(6 * batch_) * 4));
+    return pinned_;
+  }
   int64_t length_ = 0;         // the shared timeline (what the caller sees)
   std::vector<int32_t> real_;  // real tokens stored per row
+  Graph decode_graph;          // T = 1 step, captured on first use (see CudaModel::forward)
+  uint64_t graph_epoch = 0;    // the scratch layout it was captured against
+  int64_t eager_steps = 0;     // decode steps seen (the first runs without the graph)
 
  private:
   int64_t batch_, capacity_, width_;
   DeviceBlock block_;
+  int32_t* pinned_ = nullptr;
 };
 
 struct Mlp {
@@ -108,6 +125,8 @@ struct Layer {
   Mlp dense;
   const uint16_t* router = nullptr;  // [E, H]
   std::vector<Mlp> experts;
+  const uint16_t* const* gate_up_ptrs = nullptr;  // [E] device array: experts[e].gate_up (grouped GEMM)
+  const uint16_t* const* down_ptrs = nullptr;     // [E] device array: experts[e].down
   bool has_shared = false;
   Mlp shared;
 };
@@ -178,17 +197,17 @@ class Uploader {
   int cur_ = 0;
 };
 
-std::vector<float> bf16_to_host_f32(const uint16_t* dev, size_t n) {
-  std::vector<uint16_t> h(n);
-  copy_to_host(h.data(), dev, n * 2);
-  std::vector<float> f(n);
-  for (size_t i = 0; i < n; ++i) f[i] = bf16_to_f32(h[i]);
-  return f;
-}
 
 class CudaModel final : public Model {
  public:
   CudaModel(const Checkpoint& ck, const CudaModelOptions& opts);
+  ~CudaModel() override {
+    try {
+      if (pinned_ints_) host_free_pinned(pinned_ints_);
+    } catch (const Error&) {
+    }
+    stream_destroy(s_);
+  }
 
   const ModelConfig& config() const override { return cfg_; }
   const LayerRange& layers() const override { return layers_; }
@@ -206,14 +225,23 @@ class CudaModel final : public Model {
  private:
   // Per-call device buffers, carved from one grow-only block (decode steps reuse it).
   struct Buffers {
-    uint16_t *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qt, *olat, *heads, *gu, *act, *xs, *ys, *routed, *shared;
+    uint16_t *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qt, *olat, *heads, *gu, *act, *ys, *routed, *shared;
     uint16_t *hl, *logits;
     float *router_logits, *topk_w, *mla_ws;
+    // ids, pos, dst_rows, qlen, qrow are consecutive [M] arrays (one upload for all five).
     int32_t *ids, *pos, *dst_rows, *qlen, *qrow, *last_rows, *topk_ids, *counts, *offsets, *sorted, *slot, *perm_ws;
+    int32_t* greedy;
   };
   Buffers carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk, int64_t mla_max_len) const;
 
+  // The layers, final norm, lm_head and device argmax for inputs already on the device:
+  // everything a decode graph replays. qlen_host: per-query causal lengths (host), for the MLA
+  // grid bound; null = use mla_bound for every chunk (graph capture).
+  void layers_forward(int64_t B, int64_t T, Cache& cache, const Buffers& b, int64_t chunk, const int32_t* qlen_host,
+                      int64_t mla_bound, bool last_only, const Hooks* hooks) const;
   void mlp(const Mlp& m, int64_t M, const uint16_t* x, uint16_t* out, const Buffers& b) const;
+  void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
+  void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
   void moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
            const Hooks* hooks) const;
   void gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t M, int64_t N, int64_t K,
@@ -236,7 +264,14 @@ class CudaModel final : public Model {
   const uint16_t *cos_ = nullptr, *sin_ = nullptr;
   int max_positions_ = 0;
   float scale_ = 0.0f;
+  DeviceBlock expert_ptrs_;  // the layers' gate_up_ptrs / down_ptrs arrays
+  GemmMode dense_mode_ = GemmMode::batch_invariant;
+  bool graphs_ = true;
+  Stream s_ = nullptr;  // every launch goes here (capturable, unlike the legacy default stream)
   mutable DeviceBlock scratch_;
+  mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
+  mutable int32_t* pinned_ints_ = nullptr;  // grow-only staging for per-call int uploads
+  mutable size_t pinned_ints_n_ = 0;
 };
 
 CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(ck.config()), layers_(ck.layers()) {
@@ -320,6 +355,10 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
 
   // Memory: the weights plus a margin for activations and the cache must fit.
   set_device(opts.device);
+  s_ = stream_create();
+  dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
+  const char* env_graphs = std::getenv("ATLAS_CUDA_GRAPHS");
+  graphs_ = opts.graphs && !(env_graphs && std::string(env_graphs) == "0");
   const MemoryInfo mem = memory_info();
   const size_t margin = size_t(1) << 30;
   if (total + margin > mem.free)
@@ -381,6 +420,24 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
     blocks_.push_back(std::move(L));
   }
   (void)H;
+  // Per MoE layer, the device arrays of expert weight pointers the grouped GEMM reads.
+  std::vector<const uint16_t*> ptrs;
+  for (const Layer& L : blocks_) {
+    for (const Mlp& m : L.experts) ptrs.push_back(m.gate_up);
+    for (const Mlp& m : L.experts) ptrs.push_back(m.down);
+  }
+  if (!ptrs.empty()) {
+    expert_ptrs_ = DeviceBlock(ptrs.size() * sizeof(void*));
+    copy_to_device(expert_ptrs_.get(), ptrs.data(), ptrs.size() * sizeof(void*));
+    auto* dev = reinterpret_cast<const uint16_t* const*>(expert_ptrs_.get());
+    size_t o = 0;
+    for (Layer& L : blocks_) {
+      if (L.experts.empty()) continue;
+      L.gate_up_ptrs = dev + o;
+      L.down_ptrs = dev + o + L.experts.size();
+      o += 2 * L.experts.size();
+    }
+  }
 
   // RoPE tables: the same cos/sin values the CPU bf16 mode computes (model/rope.h), one row
   // per position up to max_position_embeddings.
@@ -407,7 +464,17 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
 void CudaModel::gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t M, int64_t N, int64_t K,
                           int64_t xs, int64_t os) const {
   gemm({.x = x, .w = w, .out = out, .out_type = OutType::bf16, .M = int(M), .N = int(N), .K = int(K),
-        .x_stride = xs, .out_stride = os, .mode = GemmMode::batch_invariant});
+        .x_stride = xs, .out_stride = os, .mode = dense_mode_, .stream = s_});
+}
+
+void CudaModel::upload(void* dst, const void* src, size_t bytes) const {
+  copy_to_device_async(dst, src, bytes, s_);
+  stream_synchronize(s_);  // the source may be pageable host memory the caller reuses
+}
+
+void CudaModel::download(void* dst, const void* src, size_t bytes) const {
+  copy_to_host_async(dst, src, bytes, s_);
+  stream_synchronize(s_);
 }
 
 void CudaModel::hook_bf16(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
@@ -415,12 +482,22 @@ void CudaModel::hook_bf16(const Hooks* hooks, const std::string& name, int64_t l
   if (!hooks || !hooks->wants(name)) return;
   int64_t n = 1;
   for (auto d : shape) n *= d;
-  std::vector<float> f = bf16_to_host_f32(dev, size_t(n));
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  download(h.data(), dev, h.size() * 2);
+  std::vector<float> f(h.size());
+#pragma omp parallel for schedule(static) if (n >= (1 << 20))
+  for (int64_t i = 0; i < n; ++i) f[size_t(i)] = bf16_to_f32(h[size_t(i)]);
   HookTensor t{.name = name, .layer = layer, .dtype = DType::F32, .shape = std::move(shape), .data = f.data()};
   hooks->fire(t);
-  std::vector<uint16_t> h(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) h[size_t(i)] = f32_to_bf16(f[size_t(i)]);
-  copy_to_device(dev, h.data(), h.size() * 2);
+  // Copy back only what an observer changed (recording observers cost one download).
+  bool changed = false;
+#pragma omp parallel for schedule(static) reduction(|| : changed) if (n >= (1 << 20))
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = f32_to_bf16(f[size_t(i)]);
+    changed = changed || v != h[size_t(i)];
+    h[size_t(i)] = v;
+  }
+  if (changed) upload(dev, h.data(), h.size() * 2);
 }
 
 void CudaModel::hook_f32(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
@@ -429,10 +506,11 @@ void CudaModel::hook_f32(const Hooks* hooks, const std::string& name, int64_t la
   int64_t n = 1;
   for (auto d : shape) n *= d;
   std::vector<float> f(static_cast<size_t>(n));
-  copy_to_host(f.data(), dev, f.size() * 4);
+  download(f.data(), dev, f.size() * 4);
+  const std::vector<float> before = f;
   HookTensor t{.name = name, .layer = layer, .dtype = DType::F32, .shape = std::move(shape), .data = f.data()};
   hooks->fire(t);
-  copy_to_device(dev, f.data(), f.size() * 4);
+  if (std::memcmp(before.data(), f.data(), f.size() * 4) != 0) upload(dev, f.data(), f.size() * 4);
 }
 
 CudaModel::Buffers CudaModel::carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk,
@@ -458,36 +536,40 @@ CudaModel::Buffers CudaModel::carve(int64_t M, int64_t B, int64_t rows_out, int6
       {(void**)&b.lat, size_t(M * W) * 2},         {(void**)&b.latn, size_t(M * W) * 2},
       {(void**)&b.qt, size_t(M * nh * W) * 2},     {(void**)&b.olat, size_t(M * nh * dc) * 2},
       {(void**)&b.heads, size_t(M * nh * dv) * 2}, {(void**)&b.gu, size_t(2 * inter_rows) * 2},
-      {(void**)&b.act, size_t(inter_rows) * 2},    {(void**)&b.xs, size_t(M * k * H) * 2},
-      {(void**)&b.ys, size_t(M * k * H) * 2},      {(void**)&b.routed, size_t(M * H) * 2},
-      {(void**)&b.shared, size_t(M * H) * 2},      {(void**)&b.hl, size_t(rows_out * H) * 2},
-      {(void**)&b.logits, size_t(rows_out * c.vocab_size) * 2},
+      {(void**)&b.act, size_t(inter_rows) * 2},    {(void**)&b.ys, size_t(M * k * H) * 2},
+      {(void**)&b.routed, size_t(M * H) * 2},      {(void**)&b.shared, size_t(M * H) * 2},
+      {(void**)&b.hl, size_t(rows_out * H) * 2},   {(void**)&b.logits, size_t(rows_out * c.vocab_size) * 2},
       {(void**)&b.router_logits, size_t(M * E) * 4},
       {(void**)&b.topk_w, size_t(M * k) * 4},
       {(void**)&b.mla_ws, mla_decode_workspace_floats(int(mla_chunk), int(nh), int(mla_max_len), kSplitTokens) * 4},
-      {(void**)&b.ids, size_t(M) * 4},             {(void**)&b.pos, size_t(M) * 4},
-      {(void**)&b.dst_rows, size_t(M) * 4},        {(void**)&b.qlen, size_t(M) * 4},
-      {(void**)&b.qrow, size_t(M) * 4},            {(void**)&b.last_rows, size_t(B) * 4},
+      {(void**)&b.ids, size_t(5 * M) * 4},         {(void**)&b.last_rows, size_t(B) * 4},
       {(void**)&b.topk_ids, size_t(M * k) * 4},    {(void**)&b.counts, size_t(E) * 4},
       {(void**)&b.offsets, size_t(E + 1) * 4},     {(void**)&b.sorted, size_t(M * k) * 4},
       {(void**)&b.slot, size_t(M * k) * 4},
       {(void**)&b.perm_ws, moe_permute_workspace_ints(int(M), int(E)) * 4},
+      {(void**)&b.greedy, size_t(B) * 4},
   };
   size_t total = 0;
   for (const auto& q : reqs) total += align_up(std::max<size_t>(q.bytes, 1));
   if (scratch_.bytes() < total) {
+    stream_synchronize(s_);    // nothing in flight may still use the old block
     scratch_ = DeviceBlock();  // free the old block first
     const MemoryInfo mem = memory_info();
     if (total > mem.free)
       fail("cuda", "forward", "this batch (" + std::to_string(M) + " tokens) needs " + gib(total) +
                                   " of working memory, the device has " + gib(mem.free) + " free");
     scratch_ = DeviceBlock(total);
+    ++scratch_epoch_;
   }
   size_t off = 0;
   for (const auto& q : reqs) {
     *q.p = scratch_.get() + off;
     off += align_up(std::max<size_t>(q.bytes, 1));
   }
+  b.pos = b.ids + M;
+  b.dst_rows = b.ids + 2 * M;
+  b.qlen = b.ids + 3 * M;
+  b.qrow = b.ids + 4 * M;
   return b;
 }
 
@@ -495,7 +577,8 @@ void CudaModel::mlp(const Mlp& m, int64_t M, const uint16_t* x, uint16_t* out, c
   const int64_t H = cfg_.hidden_size, I = m.inter;
   if (M == 0) return;
   gemm_bf16(x, m.gate_up, b.gu, M, 2 * I, H);  // [M, 2I]: gate | up
-  silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M), .width = int(I), .in_stride = 2 * I});
+  silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
+             .stream = s_});
   gemm_bf16(b.act, m.down, out, M, H, I);
 }
 
@@ -506,65 +589,170 @@ void CudaModel::moe(const Layer& L, const LayerHookNames& names, int64_t l, int6
   const int64_t I = c.moe_intermediate_size;
   // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
   gemm({.x = b.h, .w = L.router, .out = b.router_logits, .out_type = OutType::f32, .M = int(M), .N = int(E),
-        .K = int(H), .mode = GemmMode::batch_invariant});
+        .K = int(H), .mode = dense_mode_, .stream = s_});
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   router({.logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
           .experts = int(E), .k = int(k),
           .method = c.topk_method == atlas::TopkMethod::GroupLimitedGreedy ? TopkMethod::group_limited_greedy
                                                                            : TopkMethod::greedy,
           .n_group = int(c.n_group), .topk_group = int(c.topk_group), .norm_topk_prob = c.norm_topk_prob,
-          .routed_scaling_factor = float(c.routed_scaling_factor)});
+          .routed_scaling_factor = float(c.routed_scaling_factor), .stream = s_});
   if (hooks && hooks->wants(names.topk_ids)) {
     std::vector<int32_t> ids(static_cast<size_t>(M * k));
-    copy_to_host(ids.data(), b.topk_ids, ids.size() * 4);
+    download(ids.data(), b.topk_ids, ids.size() * 4);
     HookTensor t{.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()};
+    const std::vector<int32_t> before = ids;
     hooks->fire(t);
     for (int32_t id : ids)
       if (id < 0 || id >= E)
         fail("hook " + names.topk_ids, {}, "an observer wrote expert id " + std::to_string(id) + " (valid: 0-" +
                                                std::to_string(E - 1) + ")");
-    copy_to_device(b.topk_ids, ids.data(), ids.size() * 4);
+    if (ids != before) upload(b.topk_ids, ids.data(), ids.size() * 4);
   }
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
 
-  // Dispatch: rows sorted by expert (stable: ascending token inside an expert), one
-  // invariant GEMM chain per non-empty expert over its contiguous row range.
+  // Dispatch, all on the device: (token, slot) pairs sorted by expert (stable: ascending token
+  // inside an expert), then one grouped GEMM over every expert's contiguous rows, reading the
+  // expert offsets on the device (no host round trip) and gathering x rows as it loads them.
   moe_permute({.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E), .counts = b.counts,
-               .offsets = b.offsets, .sorted_token = b.sorted, .pair_slot = b.slot, .workspace = b.perm_ws});
-  std::vector<int32_t> offsets(static_cast<size_t>(E + 1));
-  copy_to_host(offsets.data(), b.offsets, offsets.size() * 4);  // synchronises: the expert loop needs counts
-  moe_gather({.x = b.h, .sorted_token = b.sorted, .x_sorted = b.xs, .rows = int(M * k), .dim = int(H)});
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
-    if (n > 0) gemm_bf16(b.xs + o * H, L.experts[size_t(e)].gate_up, b.gu + o * 2 * I, n, 2 * I, H);
-  }
-  silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M * k), .width = int(I), .in_stride = 2 * I});
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
-    if (n > 0) gemm_bf16(b.act + o * I, L.experts[size_t(e)].down, b.ys + o * H, n, H, I);
-  }
+               .offsets = b.offsets, .sorted_token = b.sorted, .pair_slot = b.slot, .workspace = b.perm_ws,
+               .stream = s_});
+  grouped_gemm({.x = b.h, .x_rows = b.sorted, .w = L.gate_up_ptrs, .offsets = b.offsets, .out = b.gu,
+                .groups = int(E), .max_rows = int(M * k), .N = int(2 * I), .K = int(H), .x_rows_limit = M, .stream = s_});
+  silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M * k), .width = int(I), .in_stride = 2 * I,
+             .stream = s_});
+  grouped_gemm({.x = b.act, .w = L.down_ptrs, .offsets = b.offsets, .out = b.ys, .groups = int(E),
+                .max_rows = int(M * k), .N = int(H), .K = int(I), .stream = s_});
   moe_combine({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w, .out = b.routed, .tokens = int(M),
-               .k = int(k), .dim = int(H)});
+               .k = int(k), .dim = int(H), .stream = s_});
   hook_bf16(hooks, names.routed_out, l, {B, T, H}, b.routed);
   if (L.has_shared) {
     mlp(L.shared, M, b.h, b.shared, b);
     hook_bf16(hooks, names.shared_out, l, {B, T, H}, b.shared);
-    add_bf16({.a = b.routed, .b = b.shared, .out = b.y, .n = M * H});
+    add_bf16({.a = b.routed, .b = b.shared, .out = b.y, .n = M * H, .stream = s_});
   } else {
-    copy_2d(b.y, size_t(H) * 2, b.routed, size_t(H) * 2, size_t(H) * 2, size_t(M));
+    copy_2d(b.y, size_t(H) * 2, b.routed, size_t(H) * 2, size_t(H) * 2, size_t(M), s_);
   }
+}
+
+void CudaModel::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Buffers& b, int64_t chunk,
+                               const int32_t* qlen_host, int64_t mla_bound, bool last_only,
+                               const Hooks* hooks) const {
+  auto& cache = static_cast<CudaCache&>(cache_base);
+  const ModelConfig& c = cfg_;
+  const int64_t M = B * T, H = c.hidden_size, V = c.vocab_size;
+  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+  const int64_t dc = c.kv_lora_rank, dq = dn + dr, W = dc + dr;
+
+  // Embedding lookup: x [M, H], the residual stream.
+  copy_rows({.src = embed_, .dst = b.x, .src_rows = b.ids, .rows = M, .width = int(H), .src_limit = V, .dst_limit = M,
+             .stream = s_});
+  hook_bf16(hooks, "embed", -1, {B, T, H}, b.x);
+
+  for (int64_t li = 0; li < int64_t(blocks_.size()); ++li) {
+    const Layer& L = blocks_[size_t(li)];
+    const int64_t l = layers_.first + li;
+    const LayerHookNames names(l);
+    uint16_t* kv = cache.layer(li);
+    const float eps = float(c.rms_norm_eps);
+
+    // h = input_layernorm(x)
+    rmsnorm({.x = b.x, .weight = L.ln1, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
+    hook_bf16(hooks, names.ln1, l, {B, T, H}, b.h);
+    // q [M, nh*dq] (or the LoRA path q_b(rmsnorm(q_a h)))
+    if (c.q_lora_rank) {
+      const int64_t r = *c.q_lora_rank;
+      gemm_bf16(b.h, L.q_a, b.qa, M, r, H);
+      rmsnorm({.x = b.qa, .weight = L.q_a_ln, .out = b.qn, .rows = int(M), .dim = int(r), .eps = eps, .stream = s_});
+      gemm_bf16(b.qn, L.q_b, b.q, M, nh * dq, r);
+    } else {
+      gemm_bf16(b.h, L.q, b.q, M, nh * dq, H);
+    }
+    hook_bf16(hooks, names.q, l, {B, T, nh, dq}, b.q);
+    // latent [M, W] = kv_a h: the compressed KV and the shared rope key, before norm / RoPE.
+    gemm_bf16(b.h, L.kv_a, b.lat, M, W, H);
+    hook_bf16(hooks, names.latent, l, {B, T, W}, b.lat);
+    // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions.
+    rmsnorm({.x = b.lat, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = W,
+             .out_stride = W, .eps = eps, .stream = s_});
+    copy_2d(b.latn + dc, size_t(W) * 2, b.lat + dc, size_t(W) * 2, size_t(dr) * 2, size_t(M), s_);
+    rope_inplace({.x = b.latn + dc, .tokens = int(M), .heads = 1, .token_stride = W, .head_stride = W,
+                  .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
+                  .stream = s_});
+    rope_inplace({.x = b.q + dn, .tokens = int(M), .heads = int(nh), .token_stride = nh * dq, .head_stride = dq,
+                  .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
+                  .stream = s_});
+    hook_bf16(hooks, names.latent_norm, l, {B, T, W}, b.latn);
+    copy_rows({.src = b.latn, .dst = kv, .dst_rows = b.dst_rows, .rows = M, .width = int(W), .src_limit = M,
+               .dst_limit = B * cache.capacity(), .stream = s_});
+
+    // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
+    // heads); qt[:, h, dc:] = rotated q_pe_h.
+    gemm({.x = b.q, .w = L.w_uk_t, .out = b.qt, .out_type = OutType::bf16, .M = int(M), .N = int(dc), .K = int(dn),
+          .x_stride = nh * dq, .w_stride = dn, .out_stride = nh * W, .mode = dense_mode_, .batch = int(nh),
+          .x_batch_stride = dq, .w_batch_stride = dc * dn, .out_batch_stride = W, .stream = s_});
+    copy_2d(b.qt + dc, size_t(W) * 2, b.q + dn, size_t(dq) * 2, size_t(dr) * 2, size_t(M * nh), s_);
+    // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
+    for (int64_t r0 = 0; r0 < M; r0 += chunk) {
+      const int64_t n = std::min(chunk, M - r0);
+      int64_t ml = mla_bound;
+      if (qlen_host) {
+        ml = 1;
+        for (int64_t m = r0; m < r0 + n; ++m) ml = std::max<int64_t>(ml, qlen_host[m]);
+      }
+      mla_decode({.q = b.qt + r0 * nh * W, .latent_cache = kv, .cache_row_stride = cache.capacity() * W,
+                  .lengths = b.qlen + r0, .cache_rows = b.qrow + r0, .max_length = int(ml), .out = b.olat + r0 * nh * dc,
+                  .latent = int(dc), .rope = int(dr), .rows = int(n), .heads = int(nh), .scale = scale_,
+                  .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_});
+    }
+    // O_h = o_lat_h W_UV^h^T -> heads [M, nh*dv] (one batched launch over the heads)
+    gemm({.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .out_type = OutType::bf16, .M = int(M), .N = int(dv),
+          .K = int(dc), .x_stride = nh * dc, .w_stride = dc, .out_stride = nh * dv, .mode = dense_mode_,
+          .batch = int(nh), .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc, .out_batch_stride = dv,
+          .stream = s_});
+    gemm_bf16(b.heads, L.o, b.y, M, H, nh * dv);
+    hook_bf16(hooks, names.attn_out, l, {B, T, H}, b.y);
+    add_bf16({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
+    hook_bf16(hooks, names.resid_mid, l, {B, T, H}, b.x);
+
+    // h = post_attention_layernorm(x); x = x + mlp_or_moe(h)
+    rmsnorm({.x = b.x, .weight = L.ln2, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
+    hook_bf16(hooks, names.ln2, l, {B, T, H}, b.h);
+    if (L.moe)
+      moe(L, names, l, B, T, b, hooks);
+    else
+      mlp(L.dense, M, b.h, b.y, b);
+    hook_bf16(hooks, names.mlp_out, l, {B, T, H}, b.y);
+    add_bf16({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
+    hook_bf16(hooks, names.resid_post, l, {B, T, H}, b.x);
+  }
+  if (!has_head_) return;
+  rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = float(c.rms_norm_eps),
+           .stream = s_});
+  hook_bf16(hooks, "final_norm", -1, {B, T, H}, b.h);
+  const uint16_t* head_in = b.h;
+  if (last_only && T > 1) {
+    copy_rows({.src = b.h, .dst = b.hl, .src_rows = b.last_rows, .rows = B, .width = int(H), .src_limit = M,
+               .dst_limit = B, .stream = s_});
+    head_in = b.hl;
+  }
+  const int64_t rows_out = last_only ? B : M;
+  // lm_head in bf16 (the official bf16 model's logits dtype; the CPU bf16 mode rounds there too).
+  gemm_bf16(head_in, lm_head_, b.logits, rows_out, V, H);
+  if (last_only)
+    argmax_bf16({.logits = b.logits, .out = b.greedy, .rows = int(B), .vocab = int(V), .stream = s_});
 }
 
 ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, const Hooks* hooks) const {
   auto* cache = dynamic_cast<CudaCache*>(&cache_base);
   if (!cache) fail("forward: the cache was not made by the CUDA backend");
   const ModelConfig& c = cfg_;
-  const int64_t B = in.batch, T = in.tokens, M = B * T, H = c.hidden_size, V = c.vocab_size;
-  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
-  const int64_t dc = c.kv_lora_rank, dq = dn + dr, W = dc + dr;
+  const int64_t B = in.batch, T = in.tokens, M = B * T, V = c.vocab_size, nh = c.num_attention_heads;
   if (B <= 0 || T <= 0) fail("forward: empty batch");
   if (int64_t(in.ids.size()) != M || int64_t(in.positions.size()) != M || int64_t(in.mask.size()) != M)
     fail("forward: ids, positions and mask must each hold batch x tokens values");
+  if (!in.logits_rows.empty() && int64_t(in.logits_rows.size()) != B)
+    fail("forward: logits_rows must hold one flag per row");
   if (cache->batch() != B) fail("forward: kv cache batch size differs from the input's");
   if (cache->length_ + T > cache->capacity())
     fail("kv cache: " + std::to_string(cache->length_ + T) + " tokens exceed its capacity of " +
@@ -574,14 +762,34 @@ ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, cons
       fail("hook " + LayerHookNames(l).pattern, {},
            "the attention pattern is not available on the cuda backend yet (use --backend cpu)");
 
+  // A decode step without hooks replays the cache's captured graph (inputs through pinned memory).
+  // The cache's first decode step runs eagerly: one-time setup inside the launchers (cuBLASLt
+  // plans for the step's shapes, kernel attributes) must not happen during a capture.
+  const bool decode_step = T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());
+  const bool use_graph = graphs_ && decode_step && cache->eager_steps > 0;
+  if (decode_step) ++cache->eager_steps;
+
   // Host-side bookkeeping: each token's packed cache slot and each query's causal length.
-  std::vector<int32_t> ints(size_t(5 * M + B));
-  int32_t* ids = ints.data();
+  // Layout [ids | pos | dst | qlen | qrow] (M each), as on the device, then last [B].
+  const size_t n_ints = size_t(5 * M + B);
+  int32_t* ints = nullptr;
+  if (use_graph) {
+    ints = cache->pinned();
+  } else {
+    if (pinned_ints_n_ < n_ints) {
+      stream_synchronize(s_);
+      if (pinned_ints_) host_free_pinned(pinned_ints_);
+      pinned_ints_ = static_cast<int32_t*>(host_alloc_pinned(n_ints * 4));
+      pinned_ints_n_ = n_ints;
+    }
+    ints = pinned_ints_;
+  }
+  int32_t* ids = ints;
   int32_t* pos = ids + M;
   int32_t* dst = pos + M;
   int32_t* qlen = dst + M;
   int32_t* qrow = qlen + M;
-  int32_t* last = qrow + M;
+  std::vector<int32_t> last(static_cast<size_t>(B));
   int64_t max_len = 1;
   std::vector<int32_t> real = cache->real_;
   for (int64_t bb = 0; bb < B; ++bb) {
@@ -608,115 +816,78 @@ ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, cons
       qlen[m] = real[size_t(bb)];  // keys visible to this query: the row's real tokens so far (itself included)
       max_len = std::max<int64_t>(max_len, qlen[m]);
     }
-    last[bb] = int32_t(bb * T + T - 1);
+    last[size_t(bb)] = int32_t(bb * T + T - 1);
   }
   const int64_t rows_out = in.logits_last_only ? B : M;
-  const int64_t per_query = int64_t(mla_decode_workspace_floats(1, int(nh), int(max_len), kSplitTokens)) * 4;
-  const int64_t chunk = std::clamp<int64_t>(int64_t(kMlaWorkspaceBudget) / per_query, 1, std::min<int64_t>(M, 65535));
-  const Buffers b = carve(M, B, rows_out, chunk, max_len);
-  copy_to_device(b.ids, ids, size_t(M) * 4);
-  copy_to_device(b.pos, pos, size_t(M) * 4);
-  copy_to_device(b.dst_rows, dst, size_t(M) * 4);
-  copy_to_device(b.qlen, qlen, size_t(M) * 4);
-  copy_to_device(b.qrow, qrow, size_t(M) * 4);
-  copy_to_device(b.last_rows, last, size_t(B) * 4);
+  Buffers b{};
+  if (use_graph) {
+    // Sized for the cache's capacity, so one capture serves every step of this cache.
+    const int64_t bound = cache->capacity();
+    b = carve(M, B, rows_out, M, bound);
+    if (!cache->decode_graph.ready() || cache->graph_epoch != scratch_epoch_) {
+      cache->decode_graph.reset();  // (re)capture: first use, or the scratch block moved
+      stream_synchronize(s_);
+      cache->decode_graph.begin(s_);
+      try {
+        copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
+        layers_forward(B, T, *cache, b, M, nullptr, bound, true, nullptr);
+        copy_to_host_async(ints + 5 * M, b.greedy, size_t(B) * 4, s_);
+        cache->decode_graph.end(s_);
+      } catch (...) {
+        cache->decode_graph.abort(s_);
+        throw;
+      }
+      cache->graph_epoch = scratch_epoch_;
+    }
+    cache->decode_graph.launch(s_);
+  } else {
+    const int64_t per_query = int64_t(mla_decode_workspace_floats(1, int(nh), int(max_len), kSplitTokens)) * 4;
+    const int64_t chunk =
+        std::clamp<int64_t>(int64_t(kMlaWorkspaceBudget) / per_query, 1, std::min<int64_t>(M, 65535));
+    b = carve(M, B, rows_out, chunk, max_len);
+    copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
+    upload(b.last_rows, last.data(), size_t(B) * 4);
+    layers_forward(B, T, *cache, b, chunk, qlen, max_len, in.logits_last_only, hooks);
+  }
 
-  // Embedding lookup: x [M, H], the residual stream.
-  copy_rows({.src = embed_, .dst = b.x, .src_rows = b.ids, .rows = M, .width = int(H), .src_limit = V, .dst_limit = M});
-  hook_bf16(hooks, "embed", -1, {B, T, H}, b.x);
-
-  for (int64_t li = 0; li < int64_t(blocks_.size()); ++li) {
-    const Layer& L = blocks_[size_t(li)];
-    const int64_t l = layers_.first + li;
-    const LayerHookNames names(l);
-    uint16_t* kv = cache->layer(li);
-    const float eps = float(c.rms_norm_eps);
-
-    // h = input_layernorm(x)
-    rmsnorm({.x = b.x, .weight = L.ln1, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps});
-    hook_bf16(hooks, names.ln1, l, {B, T, H}, b.h);
-    // q [M, nh*dq] (or the LoRA path q_b(rmsnorm(q_a h)))
-    if (c.q_lora_rank) {
-      const int64_t r = *c.q_lora_rank;
-      gemm_bf16(b.h, L.q_a, b.qa, M, r, H);
-      rmsnorm({.x = b.qa, .weight = L.q_a_ln, .out = b.qn, .rows = int(M), .dim = int(r), .eps = eps});
-      gemm_bf16(b.qn, L.q_b, b.q, M, nh * dq, r);
+  ForwardOutput out;
+  if (has_head_) {
+    // Logits to the host: every row, or only the rows the caller reads (greedy rows need none).
+    const bool all_rows = !in.logits_last_only || in.logits_rows.empty() || (hooks && hooks->wants("logits"));
+    std::vector<uint16_t> lb;
+    if (all_rows) {
+      lb.resize(size_t(rows_out * V));
+      copy_to_host_async(lb.data(), b.logits, lb.size() * 2, s_);
     } else {
-      gemm_bf16(b.h, L.q, b.q, M, nh * dq, H);
+      bool any = false;
+      for (uint8_t f : in.logits_rows) any = any || f;
+      if (any) {
+        lb.assign(size_t(rows_out * V), 0);
+        for (int64_t r = 0; r < B; ++r)
+          if (in.logits_rows[size_t(r)])
+            copy_to_host_async(lb.data() + r * V, b.logits + r * V, size_t(V) * 2, s_);
+      }
     }
-    hook_bf16(hooks, names.q, l, {B, T, nh, dq}, b.q);
-    // latent [M, W] = kv_a h: the compressed KV and the shared rope key, before norm / RoPE.
-    gemm_bf16(b.h, L.kv_a, b.lat, M, W, H);
-    hook_bf16(hooks, names.latent, l, {B, T, W}, b.lat);
-    // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions.
-    rmsnorm({.x = b.lat, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = W,
-             .out_stride = W, .eps = eps});
-    copy_2d(b.latn + dc, size_t(W) * 2, b.lat + dc, size_t(W) * 2, size_t(dr) * 2, size_t(M));
-    rope_inplace({.x = b.latn + dc, .tokens = int(M), .heads = 1, .token_stride = W, .head_stride = W,
-                  .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_});
-    rope_inplace({.x = b.q + dn, .tokens = int(M), .heads = int(nh), .token_stride = nh * dq, .head_stride = dq,
-                  .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_});
-    hook_bf16(hooks, names.latent_norm, l, {B, T, W}, b.latn);
-    copy_rows({.src = b.latn, .dst = kv, .dst_rows = b.dst_rows, .rows = M, .width = int(W), .src_limit = M,
-               .dst_limit = B * cache->capacity()});
-
-    // Absorbed attention. q~_h = q_nope_h W_UK^h  -> qt[:, h, :dc]; qt[:, h, dc:] = rotated q_pe_h.
-    for (int64_t hh = 0; hh < nh; ++hh)
-      gemm_bf16(b.q + hh * dq, L.w_uk_t + hh * dc * dn, b.qt + hh * W, M, dc, dn, nh * dq, nh * W);
-    copy_2d(b.qt + dc, size_t(W) * 2, b.q + dn, size_t(dq) * 2, size_t(dr) * 2, size_t(M * nh));
-    // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
-    for (int64_t r0 = 0; r0 < M; r0 += chunk) {
-      const int64_t n = std::min(chunk, M - r0);
-      int64_t ml = 1;
-      for (int64_t m = r0; m < r0 + n; ++m) ml = std::max<int64_t>(ml, qlen[m]);
-      mla_decode({.q = b.qt + r0 * nh * W, .latent_cache = kv, .cache_row_stride = cache->capacity() * W,
-                  .lengths = b.qlen + r0, .cache_rows = b.qrow + r0, .max_length = int(ml), .out = b.olat + r0 * nh * dc,
-                  .latent = int(dc), .rope = int(dr), .rows = int(n), .heads = int(nh), .scale = scale_,
-                  .split_tokens = kSplitTokens, .workspace = b.mla_ws});
+    std::vector<int32_t> greedy(static_cast<size_t>(in.logits_last_only ? B : 0));
+    if (in.logits_last_only && !use_graph) copy_to_host_async(greedy.data(), b.greedy, greedy.size() * 4, s_);
+    stream_synchronize(s_);
+    if (use_graph) std::memcpy(greedy.data(), ints + 5 * M, greedy.size() * 4);
+    out.logits.resize(lb.size());
+    const int64_t nl = int64_t(lb.size());
+#pragma omp parallel for schedule(static) if (nl >= (1 << 20))
+    for (int64_t i = 0; i < nl; ++i) out.logits[size_t(i)] = bf16_to_f32(lb[size_t(i)]);
+    if (hooks && hooks->wants("logits")) {
+      HookTensor t{.name = "logits", .layer = -1, .dtype = DType::F32,
+                   .shape = in.logits_last_only ? std::vector<int64_t>{B, 1, V} : std::vector<int64_t>{B, T, V},
+                   .data = out.logits.data()};
+      hooks->fire(t);
+      if (in.logits_last_only) greedy = greedy_rows(out.logits, B, V);  // an observer may have written
     }
-    // O_h = o_lat_h W_UV^h^T -> heads [M, nh*dv]
-    for (int64_t hh = 0; hh < nh; ++hh)
-      gemm_bf16(b.olat + hh * dc, L.kv_b + (hh * (dn + dv) + dn) * dc, b.heads + hh * dv, M, dv, dc, nh * dc, nh * dv);
-    gemm_bf16(b.heads, L.o, b.y, M, H, nh * dv);
-    hook_bf16(hooks, names.attn_out, l, {B, T, H}, b.y);
-    add_bf16({.a = b.x, .b = b.y, .out = b.x, .n = M * H});
-    hook_bf16(hooks, names.resid_mid, l, {B, T, H}, b.x);
-
-    // h = post_attention_layernorm(x); x = x + mlp_or_moe(h)
-    rmsnorm({.x = b.x, .weight = L.ln2, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps});
-    hook_bf16(hooks, names.ln2, l, {B, T, H}, b.h);
-    if (L.moe)
-      moe(L, names, l, B, T, b, hooks);
-    else
-      mlp(L.dense, M, b.h, b.y, b);
-    hook_bf16(hooks, names.mlp_out, l, {B, T, H}, b.y);
-    add_bf16({.a = b.x, .b = b.y, .out = b.x, .n = M * H});
-    hook_bf16(hooks, names.resid_post, l, {B, T, H}, b.x);
+    if (in.logits_last_only) out.greedy = std::move(greedy);
   }
   check_device_errors();
   cache->real_ = std::move(real);
   cache->length_ += T;
-
-  ForwardOutput out;
-  if (!has_head_) return out;
-  rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = float(c.rms_norm_eps)});
-  hook_bf16(hooks, "final_norm", -1, {B, T, H}, b.h);
-  const uint16_t* head_in = b.h;
-  if (in.logits_last_only) {
-    copy_rows({.src = b.h, .dst = b.hl, .src_rows = b.last_rows, .rows = B, .width = int(H), .src_limit = M,
-               .dst_limit = B});
-    head_in = b.hl;
-  }
-  // lm_head in bf16 (the official bf16 model's logits dtype; the CPU bf16 mode rounds there too).
-  gemm_bf16(head_in, lm_head_, b.logits, rows_out, V, H);
-  out.logits = bf16_to_host_f32(b.logits, size_t(rows_out * V));
-  check_device_errors();
-  if (hooks && hooks->wants("logits")) {
-    HookTensor t{.name = "logits", .layer = -1, .dtype = DType::F32,
-                 .shape = in.logits_last_only ? std::vector<int64_t>{B, 1, V} : std::vector<int64_t>{B, T, V},
-                 .data = out.logits.data()};
-    hooks->fire(t);
-  }
   return out;
 }
 

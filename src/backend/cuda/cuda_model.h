@@ -29,6 +29,10 @@ namespace atlas::cuda {
 struct CudaModelOptions {
   Compute compute = Compute::BF16;
   int device = 0;
+  bool batch_invariant = true;  // false: dense GEMMs through cuBLASLt (see model/loader.h)
+  // Replay decode steps (T = 1, no hooks) from a CUDA graph captured once per cache. The env
+  // variable ATLAS_CUDA_GRAPHS=0 turns it off (for measuring what graphs save).
+  bool graphs = true;
 };
 
 // Uploads the checkpoint's weights (converted to bf16) to the device. Throws atlas::Error when

@@ -53,6 +53,33 @@ void stream_synchronize(Stream stream = nullptr);
 // (cudaMemcpy2DAsync); pitches in bytes.
 void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
              Stream stream = nullptr);
+// A non-blocking stream of its own (a model's work is issued on one, so that it can be captured
+// into a CUDA graph; the legacy default stream cannot be captured).
+Stream stream_create();
+void stream_destroy(Stream s);
+void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+
+// A CUDA graph captured from the work issued on one stream between begin() and end(), then
+// replayed with launch(). Kernel arguments (pointers, sizes) are frozen at capture: whatever
+// changes between replays must live in device (or pinned host) memory the kernels read.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void begin(Stream stream);    // cudaStreamBeginCapture (thread-local mode)
+  void end(Stream stream);      // cudaStreamEndCapture + instantiate
+  void abort(Stream stream);    // ends a capture that failed half-way; the graph stays empty
+  void launch(Stream stream);   // cudaGraphLaunch
+  void reset();                 // destroys the graph (ready() becomes false)
+  bool ready() const { return exec_ != nullptr; }
+
+ private:
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
+};
+
 // Kernels that meet bad data only on the device (positions, expert ids, cache lengths) raise a
 // device flag instead of trapping; this synchronises, reads and clears it, and throws
 // atlas::Error naming the op and field. Call it wherever a host sync happens anyway.
@@ -240,6 +267,20 @@ struct MoeCombineArgs {
 };
 void moe_combine(const MoeCombineArgs& a);
 
+// ---- greedy token on the device: argmax of each bf16 logits row, ties to the lower id --------
+// The same contract as decode::greedy_token on the host (the logits are the same bf16 values),
+// so a greedy row needs only its token id copied back, not its V logits. A NaN logit raises the
+// device error flag ("argmax: logits: NaN"); out[b] is then unspecified.
+struct ArgmaxArgs {
+  const uint16_t* logits = nullptr;  // [rows, vocab] bf16, row stride `stride` (0 = vocab)
+  int32_t* out = nullptr;            // [rows]
+  int rows = 0;
+  int vocab = 0;
+  int64_t stride = 0;
+  Stream stream = nullptr;
+};
+void argmax_bf16(const ArgmaxArgs& a);
+
 constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaWidth = 576;
 constexpr int kMlaLatentMax = 512, kMlaWidthMax = 576;
 
@@ -292,16 +333,31 @@ void mla_decode(const MlaDecodeArgs& a);
 // ---- GEMM: out[M,N] = x[M,K] . W[N,K]^T (PyTorch Linear layout) ----------------------------
 // bf16 inputs, fp32 accumulation, bf16 or fp32 output (fp32 for the router logits: products of
 // bf16 values are exact in fp32, so this equals the official fp32 GEMM on upcast operands).
-//   batch_invariant: atlas's own tiled kernel; every output element is one fp32 FMA chain
-//     over k = 0..K-1 in ascending order, whatever M, N or the tile a row lands in, so a row's
-//     result is bit-identical for M = 1 or M = 128 (tests/cuda checks it).
-//   fast: cuBLASLt (its heuristic's first algorithm); deterministic for a fixed shape, but the
-//     algorithm may change with M, so rows are NOT guaranteed batch invariant.
+//   batch_invariant: atlas's own tensor-core kernel (kernels/gemm_mma.cuh). Contract, per output
+//     element: acc = 0 (fp32); for each 16-wide k-chunk c = 0, 1, ..., ceil(K/16)-1 in ascending
+//     order: acc = mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32(x[m, 16c..16c+15],
+//     w[n, 16c..16c+15], acc), elements past K read as 0, standard fragment positions; then one
+//     rounding (bf16 round-to-nearest-even, or none for f32 out). No split-K. Nothing about M,
+//     the tile, the batch or the group enters, so a row's bits are the same for M = 1 or 1000,
+//     in any tile configuration, dense, batched or grouped (tests/cuda checks all of these).
+//     It is not the CPU reference's FMA chain (tensor cores sum each chunk in their own order),
+//     so against ref::gemm it agrees within a stated tolerance, not bit for bit.
+//     Fast path: K, the row/batch strides of x and w multiples of 8 and x, w 16-byte aligned
+//     (every DeepSeek-V2 shape); anything else runs a predicated path of the same kernel with
+//     the same bits (tiny test models, odd slices), so no shape is refused.
+//   fast: cuBLASLt (its heuristic's first algorithm, plan cached per shape); deterministic for a
+//     fixed shape, but the algorithm may change with M, so rows are NOT guaranteed batch invariant.
 //   cublaslt_pinned (experimental): the algorithm cuBLASLt's heuristic picks for M = 128 with
 //     split-K forced to 1, reused for every M of that (N, K, out type). cuBLAS documents no
 //     row invariance for this; tests/cuda measures whether it holds (docs/cuda.md).
-//   fma_chain: the original scalar kernel (one fp32 FMA chain per output over k ascending); slow,
-//     kept as an on-device cross-check of the reference.
+//   fma_chain: the original scalar kernel (one fp32 FMA chain per output over k ascending, the
+//     CPU reference's exact order, bit-exact to ref::gemm); slow, kept as an on-device
+//     cross-check of the reference.
+// CUDA graphs: gemm() and grouped_gemm() allocate nothing, never synchronise and read no device
+// data on the host, so they can be captured, after one first call outside any capture (that
+// call does the one-time setup: kernel shared-memory limits, SM count, the device error flag,
+// the cuBLASLt handle and workspace; each new cuBLASLt shape also builds its plan on its first
+// call, so warm up every fast-mode shape before capturing it).
 enum class GemmMode { batch_invariant, fast, cublaslt_pinned, fma_chain };
 enum class OutType { bf16, f32 };
 struct GemmArgs {
@@ -323,14 +379,31 @@ struct GemmArgs {
 };
 void gemm(const GemmArgs& a);
 
+// Tile configurations of the batch_invariant kernel (largest first). Every one gives the same
+// bits by the contract above; they differ in speed only. gemm() and grouped_gemm() pick one
+// from the shape (never from the data); tests and benchmarks force one to check that claim and
+// to time each. gemm_force_config(-1) restores the automatic choice (process-wide setting).
+int gemm_config_count();
+std::string gemm_config_name(int config);  // e.g. "128x128x32/4" = BM x BN x BK / stages
+void gemm_force_config(int config);
+// The config a batch_invariant gemm() / grouped_gemm() with these arguments would run (for
+// benchmark labels and tuning; -1 for an empty grouped problem).
+int gemm_chosen_config(const GemmArgs& a);
+
 // ---- grouped GEMM (MoE experts), routing stays on the device ------------------------------
 // Rows are sorted by group (expert); group g owns rows [offsets[g], offsets[g+1]) and
 // multiplies them by its own weight w[g]:  out[r, :] = A[r, :] . w[g]^T  for r in group g,
 // where A[r] = x[x_rows ? x_rows[r] : r] (the optional gather fuses the MoE permutation into the
 // A loads). offsets live on the device and are never read by the host, so a MoE layer needs no
-// host round trip; `max_rows` (host) bounds offsets[groups] and sizes the grid. Each row's result
-// is bit-identical to the batch_invariant `gemm` of that row alone with w[g] (same kernel
-// contract), so expert outputs do not depend on which other rows share the expert.
+// host round trip; `max_rows` (host) bounds offsets[groups] and sizes the grid (one launch of
+// n-tiles x (ceil(max_rows / BM) + min(groups, max_rows)) blocks; blocks past the last real tile
+// exit at once). Each row's result is bit-identical to the batch_invariant `gemm` of that row
+// alone with w[g] (same kernel, same contract), so expert outputs do not depend on which other
+// rows share the expert. Rows in [offsets[groups], max_rows) are not written.
+// Checked on the device (the error flag; check_device_errors() throws naming the field):
+// offsets[0] == 0, non-decreasing, offsets[groups] <= max_rows (else nothing is written);
+// x_rows entries in [0, x_rows_limit) when x_rows_limit > 0, >= 0 always (a bad row reads as
+// zeros); each w[g] non-null and, on the fast path, 16-byte aligned (else that tile is skipped).
 struct GroupedGemmArgs {
   const uint16_t* x = nullptr;              // [*, K] bf16, row stride x_stride
   const int32_t* x_rows = nullptr;          // [max_rows] device, optional: A row r = x row x_rows[r]
@@ -342,8 +415,10 @@ struct GroupedGemmArgs {
   int max_rows = 0;  // host bound: offsets[groups] <= max_rows (checked on the device)
   int N = 0, K = 0;
   int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // elements, 0 = dense
+  int64_t x_rows_limit = 0;  // rows of x, bound for x_rows entries (0 = only negatives checked)
   Stream stream = nullptr;
 };
 void grouped_gemm(const GroupedGemmArgs& a);
+int grouped_gemm_chosen_config(const GroupedGemmArgs& a);
 
 }  // namespace atlas::cuda

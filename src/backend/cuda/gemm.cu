@@ -1,19 +1,131 @@
-// GEMM: the batch-invariant tiled kernel and the cuBLASLt fast path.
+// GEMM launchers: the batch-invariant tensor-core kernel (dense, strided batch, grouped MoE),
+// the scalar fma_chain kernel, and the cuBLASLt fast path.
+//
+// CUDA-graph capture: gemm() and grouped_gemm() allocate nothing, never synchronise and never
+// read device data on the host, so they may be captured. One-time setup (the dynamic shared
+// memory limits of every kernel instantiation, the device's SM count, the device error flag,
+// the cuBLASLt handle and workspace) happens on the first call of either function: make that
+// first call outside a capture (a warm-up step). cuBLASLt plans are cached per shape, so a
+// later call of the same shape creates nothing either.
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <string>
+#include <tuple>
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
+#include "backend/cuda/kernels/gemm_mma.cuh"
 
 namespace atlas::cuda {
 
 using namespace detail;
 
 namespace {
+
+// ---- tile configurations of the batch-invariant kernel ----------------------------------------
+// All give the same bits (kernels/gemm_mma.cuh); they differ in speed only. Ordered from the
+// largest tile to the smallest: the chooser takes the first that fills the GPU.
+//                        BM   BN   BK  warps_m warps_n stages   smem
+using CfgL128 = kern::MmaTile<128, 128, 32, 2, 4, 4>;  // 64 KB, 256 threads: prefill
+using CfgM64 = kern::MmaTile<64, 64, 64, 2, 2, 4>;     // 64 KB, 128 threads
+using CfgM64N32 = kern::MmaTile<64, 32, 64, 2, 2, 4>;  // 48 KB, 128 threads
+using CfgM32 = kern::MmaTile<32, 64, 64, 2, 2, 4>;     // 48 KB, 128 threads
+using CfgD32 = kern::MmaTile<16, 32, 128, 1, 4, 4>;    // 48 KB, 128 threads: decode, wide N
+using CfgD16 = kern::MmaTile<16, 16, 128, 1, 2, 6>;    // 48 KB, 64 threads: decode
+using CfgD8 = kern::MmaTile<16, 8, 128, 1, 1, 8>;      // 48 KB, 32 threads: decode, narrow N
+
+using KernelFn = void (*)(kern::MmaGemmParams);
+
+struct TileConfig {
+  const char* name;
+  int bm, bn, threads, smem;
+  KernelFn fn[2][2];  // [out f32][async]; null where not instantiated
+};
+
+template <class T, bool kSync>
+TileConfig make_config(const char* name) {
+  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, {{nullptr, nullptr}, {nullptr, nullptr}}};
+  c.fn[0][1] = kern::gemm_mma_kernel<T, false, true>;
+  c.fn[1][1] = kern::gemm_mma_kernel<T, true, true>;
+  if constexpr (kSync) {
+    c.fn[0][0] = kern::gemm_mma_kernel<T, false, false>;
+    c.fn[1][0] = kern::gemm_mma_kernel<T, true, false>;
+  }
+  return c;
+}
+
+// The predicated (unaligned) path is instantiated for two configs only (it serves tiny models
+// and odd slices, where speed does not matter): kSyncSmall for tiles of <= 16 rows, kSyncLarge
+// otherwise. Forcing another config with unaligned operands runs one of these (same bits).
+constexpr int kSyncLarge = 1, kSyncSmall = 5;
+const std::array<TileConfig, 7> kConfigs = {
+    make_config<CfgL128, false>("128x128x32/4"), make_config<CfgM64, true>("64x64x64/4"),
+    make_config<CfgM64N32, false>("64x32x64/4"), make_config<CfgM32, false>("32x64x64/4"),
+    make_config<CfgD32, false>("16x32x128/4"),   make_config<CfgD16, true>("16x16x128/6"),
+    make_config<CfgD8, false>("16x8x128/8")};
+
+std::atomic<int> forced_config{-1};
+
+struct GemmSetup {
+  int sm_count = 132;
+  int* error_flag = nullptr;
+};
+
+// First call (outside any capture): raise the dynamic shared-memory limit of every kernel
+// instantiation (> 48 KB needs it), read the SM count, create the device error flag.
+const GemmSetup& setup() {
+  static const GemmSetup s = [] {
+    GemmSetup g;
+    int dev = 0;
+    check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&g.sm_count, cudaDevAttrMultiProcessorCount, dev), "gemm",
+               "cudaDeviceGetAttribute(multiProcessorCount)");
+    for (const TileConfig& c : kConfigs)
+      for (auto& per_out : c.fn)
+        for (KernelFn f : per_out)
+          if (f)
+            check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem),
+                       "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    g.error_flag = error_flag();
+    return g;
+  }();
+  return s;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Tile rows that make sense for `m` rows per problem (padding a 1-row decode to 128 rows
+// would waste the tensor cores).
+int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128; }
+
+// The automatic choice: the largest tile (first in kConfigs) whose block count fills the GPU;
+// decode tiles (16 rows, memory bound) want about two blocks per SM so enough weight bytes are
+// in flight; else the narrowest decode tile (most blocks). `tiles_of(bm)` = m-tiles for a tile
+// height. Depends on shape only, never on data, and never on bits (any config is exact).
+template <class TilesOf>
+int choose_config(int64_t m_per_problem, int N, TilesOf tiles_of, int sm_count) {
+  const int forced = forced_config.load();
+  if (forced >= 0) return forced;
+  const int cap = bm_cap(m_per_problem);
+  for (int i = 0; i < int(kConfigs.size()); ++i) {
+    const TileConfig& c = kConfigs[size_t(i)];
+    if (c.bm > cap) continue;
+    const int64_t blocks = ceil_div(N, c.bn) * tiles_of(c.bm);
+    const int64_t need = c.bm == 16 ? 2 * int64_t(sm_count) : int64_t(sm_count) * 3 / 4;
+    if (blocks >= need) return i;
+  }
+  return int(kConfigs.size()) - 1;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- cuBLASLt ----------------------------------------------------------------------------------
 
 void check_lt(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
@@ -36,70 +148,79 @@ LtState& lt() {
   return s;
 }
 
+// A cached cuBLASLt plan: descriptors and algorithm for one exact shape, kept for the process.
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+using LtKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, bool>;
+std::mutex lt_mutex;
+std::map<LtKey, LtPlan> lt_plans;
+
 // The pinned algorithm per (N, K, out type), chosen once for M = kPinM.
 constexpr int kPinM = 128;
-struct PinKey {
-  int N, K, out;
-  bool operator<(const PinKey& o) const { return std::tie(N, K, out) < std::tie(o.N, o.K, o.out); }
-};
-std::mutex pin_mutex;
-std::map<PinKey, cublasLtMatmulAlgo_t> pinned_algos;
+std::map<std::tuple<int, int, int>, cublasLtMatmulAlgo_t> pinned_algos;
+
+void set_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride, const char* what) {
+  if (batch <= 1) return;
+  check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)), what);
+  check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+           what);
+}
 
 // Row-major out[M,N] = x[M,K] . W[N,K]^T is column-major out'[N,M] = W'^T . x' with
 // W' = [K,N] (ld K) and x' = [K,M] (ld K): op(A) = transpose(W'), op(B) = x'.
-void gemm_cublaslt(const GemmArgs& a, bool pinned) {
+// Caller holds lt_mutex.
+LtPlan make_plan(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, bool pinned) {
   LtState& s = lt();
   const cudaDataType_t out_t = a.out_type == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  LtPlan p;
   cublasLtMatmulPreference_t pref = nullptr;
-  auto cleanup = [&] {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  };
   try {
-    check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "TRANSA");
-    check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "TRANSB");
-    const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
-    const int64_t os = a.out_stride ? a.out_stride : a.N;
-    check_lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, a.K, a.N, ws), "layout A");
-    check_lt(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, a.K, a.M, xs), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&lc, out_t, a.N, a.M, os), "layout C");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "TRANSA");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "TRANSB");
+    check_lt(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, a.K, a.N, ws), "layout A");
+    check_lt(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, a.K, a.M, xs), "layout B");
+    check_lt(cublasLtMatrixLayoutCreate(&p.lc, out_t, a.N, a.M, os), "layout C");
+    set_batch(p.la, a.batch, a.w_batch_stride, "batch A");
+    set_batch(p.lb, a.batch, a.x_batch_stride, "batch B");
+    set_batch(p.lc, a.batch, a.out_batch_stride, "batch C");
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &s.workspace_bytes, sizeof(s.workspace_bytes)),
              "MAX_WORKSPACE_BYTES");
-    cublasLtMatmulAlgo_t algo{};
     if (!pinned) {
       cublasLtMatmulHeuristicResult_t heur{};
       int found = 0;
-      check_lt(cublasLtMatmulAlgoGetHeuristic(s.handle, desc, la, lb, lc, lc, pref, 1, &heur, &found),
+      check_lt(cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found),
                "AlgoGetHeuristic");
-      if (found == 0) throw Error("cuda: gemm: cuBLASLt found no algorithm for M=" + std::to_string(a.M) +
-                                  " N=" + std::to_string(a.N) + " K=" + std::to_string(a.K));
-      algo = heur.algo;
+      if (found == 0)
+        throw Error("cuda: gemm: cuBLASLt found no algorithm for M=" + std::to_string(a.M) +
+                    " N=" + std::to_string(a.N) + " K=" + std::to_string(a.K));
+      p.algo = heur.algo;
     } else {
-      std::lock_guard<std::mutex> lock(pin_mutex);
-      const PinKey key{a.N, a.K, int(a.out_type)};
+      const auto key = std::tuple{a.N, a.K, int(a.out_type)};
       auto it = pinned_algos.find(key);
       if (it == pinned_algos.end()) {
         cublasLtMatrixLayout_t lb_pin = nullptr, lc_pin = nullptr;
         check_lt(cublasLtMatrixLayoutCreate(&lb_pin, CUDA_R_16BF, a.K, kPinM, a.K), "layout B (pin)");
         check_lt(cublasLtMatrixLayoutCreate(&lc_pin, out_t, a.N, kPinM, a.N), "layout C (pin)");
+        cublasLtMatrixLayout_t la_pin = nullptr;
+        check_lt(cublasLtMatrixLayoutCreate(&la_pin, CUDA_R_16BF, a.K, a.N, a.K), "layout A (pin)");
         cublasLtMatmulHeuristicResult_t heur{};
         int found = 0;
         const cublasStatus_t st =
-            cublasLtMatmulAlgoGetHeuristic(s.handle, desc, la, lb_pin, lc_pin, lc_pin, pref, 1, &heur, &found);
+            cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, la_pin, lb_pin, lc_pin, lc_pin, pref, 1, &heur, &found);
+        cublasLtMatrixLayoutDestroy(la_pin);
         cublasLtMatrixLayoutDestroy(lb_pin);
         cublasLtMatrixLayoutDestroy(lc_pin);
         check_lt(st, "AlgoGetHeuristic (pin)");
-        if (found == 0) throw Error("cuda: gemm: cuBLASLt found no algorithm to pin for N=" +
-                                    std::to_string(a.N) + " K=" + std::to_string(a.K));
+        if (found == 0)
+          throw Error("cuda: gemm: cuBLASLt found no algorithm to pin for N=" + std::to_string(a.N) +
+                      " K=" + std::to_string(a.K));
         const int32_t one = 1;
         const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
         check_lt(cublasLtMatmulAlgoConfigSetAttribute(&heur.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)),
@@ -109,23 +230,102 @@ void gemm_cublaslt(const GemmArgs& a, bool pinned) {
                  "REDUCTION_SCHEME");
         it = pinned_algos.emplace(key, heur.algo).first;
       }
-      algo = it->second;
+      p.algo = it->second;
       cublasLtMatmulHeuristicResult_t check{};
-      check_lt(cublasLtMatmulAlgoCheck(s.handle, desc, la, lb, lc, lc, &algo, &check),
+      check_lt(cublasLtMatmulAlgoCheck(s.handle, p.desc, p.la, p.lb, p.lc, p.lc, &p.algo, &check),
                "AlgoCheck: the pinned algorithm does not support this M");
     }
-    const float alpha = 1.0f, beta = 0.0f;
-    check_lt(cublasLtMatmul(s.handle, desc, &alpha, a.w, la, a.x, lb, &beta, a.out, lc, a.out, lc,
-                            &algo, s.workspace, s.workspace_bytes, stream_of(a.stream)),
-             "Matmul");
   } catch (...) {
-    cleanup();
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (p.lc) cublasLtMatrixLayoutDestroy(p.lc);
+    if (p.lb) cublasLtMatrixLayoutDestroy(p.lb);
+    if (p.la) cublasLtMatrixLayoutDestroy(p.la);
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
     throw;
   }
-  cleanup();
+  cublasLtMatmulPreferenceDestroy(pref);
+  return p;
+}
+
+void gemm_cublaslt(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, bool pinned) {
+  LtState& s = lt();
+  const LtKey key{a.M, a.N, a.K, xs, ws, os, int(a.out_type), a.batch, a.x_batch_stride, a.w_batch_stride,
+                  a.out_batch_stride, pinned};
+  LtPlan plan;
+  {
+    std::lock_guard<std::mutex> lock(lt_mutex);
+    auto it = lt_plans.find(key);
+    if (it == lt_plans.end()) it = lt_plans.emplace(key, make_plan(a, xs, ws, os, pinned)).first;
+    plan = it->second;  // descriptors are never destroyed: a copy of the handles is safe
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  check_lt(cublasLtMatmul(s.handle, plan.desc, &alpha, a.w, plan.la, a.x, plan.lb, &beta, a.out, plan.lc, a.out,
+                          plan.lc, &plan.algo, s.workspace, s.workspace_bytes, stream_of(a.stream)),
+           "Matmul");
+}
+
+// The config gemm() runs for `a` (batch_invariant mode): the chooser, then the predicated
+// fallback when the operands rule out 16-byte copies.
+bool dense_async(const GemmArgs& a, int64_t xs, int64_t ws) {
+  return a.K % 8 == 0 && xs % 8 == 0 && ws % 8 == 0 && aligned16(a.x) && aligned16(a.w) &&
+         (a.batch == 1 || (a.x_batch_stride % 8 == 0 && a.w_batch_stride % 8 == 0));
+}
+int dense_config(const GemmArgs& a, bool async, int sm_count) {
+  int ci = choose_config(a.M, a.N, [&](int bm) { return ceil_div(a.M, bm) * a.batch; }, sm_count);
+  if (!async && !kConfigs[size_t(ci)].fn[0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
+  return ci;
+}
+
+// Grouped: the same, with the average rows per non-empty group standing in for M. Tile bound:
+// sum_g ceil(rows_g / BM) <= ceil(max_rows / BM) + (non-empty groups), and at most
+// min(groups, max_rows) groups are non-empty.
+bool grouped_async(const GroupedGemmArgs& a, int64_t xs, int64_t ws) {
+  // Group weights are device pointers the host cannot see: the kernel checks their alignment
+  // on the async path (device error "w") instead.
+  return a.K % 8 == 0 && xs % 8 == 0 && ws % 8 == 0 && aligned16(a.x);
+}
+int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.groups, a.max_rows); }
+int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
+  const int64_t busy = busy_groups(a), m_avg = ceil_div(a.max_rows, busy);
+  int ci = choose_config(m_avg, a.N, [&](int bm) { return busy * ceil_div(m_avg, bm); }, sm_count);
+  if (!async && !kConfigs[size_t(ci)].fn[0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
+  return ci;
+}
+
+void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, dim3 grid, bool f32, bool async,
+                cudaStream_t stream) {
+  const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0];
+  f<<<grid, c.threads, c.smem, stream>>>(p);
 }
 
 }  // namespace
+
+int gemm_config_count() { return int(kConfigs.size()); }
+
+std::string gemm_config_name(int config) {
+  if (config < 0 || config >= int(kConfigs.size()))
+    arg_error("gemm_config_name", "config", "no config " + std::to_string(config));
+  return kConfigs[size_t(config)].name;
+}
+
+void gemm_force_config(int config) {
+  if (config < -1 || config >= int(kConfigs.size()))
+    arg_error("gemm_force_config", "config",
+              "expected -1 (automatic) or 0.." + std::to_string(kConfigs.size() - 1) + ", got " +
+                  std::to_string(config));
+  forced_config.store(config);
+}
+
+int gemm_chosen_config(const GemmArgs& a) {
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+  return dense_config(a, dense_async(a, xs, ws), setup().sm_count);
+}
+
+int grouped_gemm_chosen_config(const GroupedGemmArgs& a) {
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+  if (a.groups < 1 || a.max_rows < 1) return -1;
+  return grouped_config(a, grouped_async(a, xs, ws), setup().sm_count);
+}
 
 void gemm(const GemmArgs& a) {
   const char* op = "gemm";
@@ -136,21 +336,101 @@ void gemm(const GemmArgs& a) {
   require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
               (a.out_stride == 0 || a.out_stride >= a.N),
           op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
-  require(a.M <= 65535 * kern::kGemmBM, op, "M", "too many rows for one launch");
+  require(a.batch >= 1 && a.batch <= 65535, op, "batch", "need 1 <= batch <= 65535, got " + std::to_string(a.batch));
+  require(a.x_batch_stride >= 0 && a.w_batch_stride >= 0 && a.out_batch_stride >= 0, op, "batch_stride",
+          "batch strides must be >= 0");
   if (a.M == 0) return;
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
   const int64_t os = a.out_stride ? a.out_stride : a.N;
-  if (a.mode != GemmMode::batch_invariant) {
-    gemm_cublaslt(a, a.mode == GemmMode::cublaslt_pinned);
+  const cudaStream_t stream = stream_of(a.stream);
+  const bool f32 = a.out_type == OutType::f32;
+  if (a.mode == GemmMode::fast || a.mode == GemmMode::cublaslt_pinned) {
+    gemm_cublaslt(a, xs, ws, os, a.mode == GemmMode::cublaslt_pinned);
     return;
   }
-  const dim3 grid((a.N + kern::kGemmBN - 1) / kern::kGemmBN, (a.M + kern::kGemmBM - 1) / kern::kGemmBM);
-  if (a.out_type == OutType::f32)
-    kern::gemm_invariant_kernel<true><<<grid, kern::kGemmThreads, 0, stream_of(a.stream)>>>(a.x, a.w, a.out,
-                                                                                        a.M, a.N, a.K, xs, ws, os);
-  else
-    kern::gemm_invariant_kernel<false><<<grid, kern::kGemmThreads, 0, stream_of(a.stream)>>>(a.x, a.w, a.out,
-                                                                                         a.M, a.N, a.K, xs, ws, os);
+  if (a.mode == GemmMode::fma_chain) {
+    require(ceil_div(a.M, kern::kGemmBM) <= 65535, op, "M", "too many rows for one fma_chain launch");
+    const dim3 grid(unsigned(ceil_div(a.N, kern::kGemmBN)), unsigned(ceil_div(a.M, kern::kGemmBM)), unsigned(a.batch));
+    if (f32)
+      kern::gemm_invariant_kernel<true><<<grid, kern::kGemmThreads, 0, stream>>>(
+          a.x, a.w, a.out, a.M, a.N, a.K, xs, ws, os, a.x_batch_stride, a.w_batch_stride, a.out_batch_stride);
+    else
+      kern::gemm_invariant_kernel<false><<<grid, kern::kGemmThreads, 0, stream>>>(
+          a.x, a.w, a.out, a.M, a.N, a.K, xs, ws, os, a.x_batch_stride, a.w_batch_stride, a.out_batch_stride);
+    check_launch(op);
+    return;
+  }
+  require(a.mode == GemmMode::batch_invariant, op, "mode", "unknown GemmMode");
+  const GemmSetup& s = setup();
+  // The 16-byte cp.async path needs every row start 16-byte aligned: K, strides and base
+  // pointers in multiples of 8 bf16. Anything else takes the predicated path (same bits).
+  const bool async = dense_async(a, xs, ws);
+  const TileConfig& c = kConfigs[size_t(dense_config(a, async, s.sm_count))];
+  const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
+  require(m_tiles * n_tiles <= int64_t(INT32_MAX), op, "M", "too many tiles for one launch");
+  const size_t elt = f32 ? 4 : 2;
+  kern::MmaGemmParams p;
+  p.x = a.x;
+  p.w = a.w;
+  p.out = a.out;
+  p.xs = xs;
+  p.ws = ws;
+  p.os = os;
+  p.x_bs = a.x_batch_stride;
+  p.w_bs = a.w_batch_stride;
+  p.o_bs = a.out_batch_stride;
+  p.M = a.M;
+  p.N = a.N;
+  p.K = a.K;
+  p.m_tiles = int(m_tiles);
+  p.n_tiles = int(n_tiles);
+  p.error_flag = s.error_flag;
+  p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
+                 (a.batch == 1 || a.out_batch_stride % 2 == 0);
+  launch_mma(c, p, dim3(unsigned(m_tiles * n_tiles), 1, unsigned(a.batch)), f32, async, stream);
+  check_launch(op);
+}
+
+void grouped_gemm(const GroupedGemmArgs& a) {
+  const char* op = "grouped_gemm";
+  require(a.N > 0 && a.K > 0, op, "shape",
+          "need N > 0, K > 0; got N=" + std::to_string(a.N) + " K=" + std::to_string(a.K));
+  require(a.groups >= 1, op, "groups", "need at least one group, got " + std::to_string(a.groups));
+  require(a.max_rows >= 0, op, "max_rows", "must be >= 0, got " + std::to_string(a.max_rows));
+  require(a.x && a.w && a.offsets && a.out, op, "pointers", "x, w, offsets and out must be set");
+  require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
+              (a.out_stride == 0 || a.out_stride >= a.N),
+          op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
+  require(a.x_rows_limit >= 0, op, "x_rows_limit", "must be >= 0");
+  if (a.max_rows == 0) return;
+  const GemmSetup& s = setup();
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+  const int64_t os = a.out_stride ? a.out_stride : a.N;
+  const bool f32 = a.out_type == OutType::f32;
+  const bool async = grouped_async(a, xs, ws);
+  const TileConfig& c = kConfigs[size_t(grouped_config(a, async, s.sm_count))];
+  const int64_t y_tiles = ceil_div(a.max_rows, c.bm) + busy_groups(a), n_tiles = ceil_div(a.N, c.bn);
+  require(y_tiles * n_tiles <= int64_t(INT32_MAX), op, "max_rows", "too many tiles for one launch");
+  const size_t elt = f32 ? 4 : 2;
+  kern::MmaGemmParams p;
+  p.x = a.x;
+  p.out = a.out;
+  p.w_groups = a.w;
+  p.offsets = a.offsets;
+  p.x_rows = a.x_rows;
+  p.xs = xs;
+  p.ws = ws;
+  p.os = os;
+  p.x_rows_limit = a.x_rows_limit;
+  p.N = a.N;
+  p.K = a.K;
+  p.m_tiles = int(y_tiles);
+  p.n_tiles = int(n_tiles);
+  p.groups = a.groups;
+  p.max_rows = a.max_rows;
+  p.error_flag = s.error_flag;
+  p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
+  launch_mma(c, p, dim3(unsigned(y_tiles * n_tiles), 1, 1), f32, async, stream_of(a.stream));
   check_launch(op);
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/kernels/argmax.cuh"
 #include "backend/cuda/kernels/copy_rows.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/kernels/moe.cuh"
@@ -52,6 +53,19 @@ void silu_gate(const SiluGateArgs& a) {
   if (n == 0) return;
   kern::silu_gate_kernel<<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.gate, a.up, a.out,
                                                                                a.rows, a.width, st);
+  check_launch(op);
+}
+
+void argmax_bf16(const ArgmaxArgs& a) {
+  const char* op = "argmax";
+  require(a.rows >= 0, op, "rows", "must be >= 0");
+  require(a.vocab > 0, op, "vocab", "must be > 0");
+  const int64_t st = a.stride ? a.stride : a.vocab;
+  require(st >= a.vocab, op, "stride", "smaller than vocab");
+  require(a.logits && a.out, op, "pointers", "logits and out must be set");
+  if (a.rows == 0) return;
+  kern::argmax_bf16_kernel<<<unsigned(a.rows), kern::kArgmaxThreads, 0, stream_of(a.stream)>>>(
+      a.logits, a.out, a.vocab, st, error_flag());
   check_launch(op);
 }
 

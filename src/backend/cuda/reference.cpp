@@ -325,17 +325,36 @@ void mla_decode(const MlaDecodeArgs& a) {
 void gemm(const GemmArgs& a) {
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
   const int64_t os = a.out_stride ? a.out_stride : a.N;
-  for (int m = 0; m < a.M; ++m)
-    for (int n = 0; n < a.N; ++n) {
-      float acc = 0.0f;
-      const uint16_t* x = a.x + int64_t(m) * xs;
-      const uint16_t* w = a.w + int64_t(n) * ws;
-      for (int k = 0; k < a.K; ++k) acc = std::fma(bf(x[k]), bf(w[k]), acc);
-      if (a.out_type == OutType::f32)
-        static_cast<float*>(a.out)[int64_t(m) * os + n] = acc;
-      else
-        static_cast<uint16_t*>(a.out)[int64_t(m) * os + n] = f32_to_bf16(acc);
+  for (int b = 0; b < a.batch; ++b)
+    for (int m = 0; m < a.M; ++m)
+      for (int n = 0; n < a.N; ++n) {
+        float acc = 0.0f;
+        const uint16_t* x = a.x + b * a.x_batch_stride + int64_t(m) * xs;
+        const uint16_t* w = a.w + b * a.w_batch_stride + int64_t(n) * ws;
+        for (int k = 0; k < a.K; ++k) acc = std::fma(bf(x[k]), bf(w[k]), acc);
+        const int64_t o = b * a.out_batch_stride + int64_t(m) * os + n;
+        if (a.out_type == OutType::f32)
+          static_cast<float*>(a.out)[o] = acc;
+        else
+          static_cast<uint16_t*>(a.out)[o] = f32_to_bf16(acc);
+      }
+}
+
+void grouped_gemm(const GroupedGemmArgs& a) {
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, os = a.out_stride ? a.out_stride : a.N;
+  const size_t elt = a.out_type == OutType::f32 ? 4 : 2;
+  if (a.offsets[0] != 0) throw Error("cuda::ref: grouped_gemm: offsets[0] != 0");
+  for (int g = 0; g < a.groups; ++g) {
+    const int lo = a.offsets[g], hi = a.offsets[g + 1];
+    if (hi < lo || hi > a.max_rows) throw Error("cuda::ref: grouped_gemm: offsets out of order or past max_rows");
+    for (int r = lo; r < hi; ++r) {
+      const int64_t src = a.x_rows ? a.x_rows[r] : r;
+      if (src < 0 || (a.x_rows_limit > 0 && src >= a.x_rows_limit))
+        throw Error("cuda::ref: grouped_gemm: x_rows entry out of range");
+      gemm({.x = a.x + src * xs, .w = a.w[g], .out = static_cast<char*>(a.out) + size_t(r * os) * elt,
+            .out_type = a.out_type, .M = 1, .N = a.N, .K = a.K, .w_stride = a.w_stride});
     }
+  }
 }
 
 void copy_rows(const CopyRowsArgs& a) {

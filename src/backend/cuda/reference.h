@@ -26,7 +26,13 @@ void moe_combine(const MoeCombineArgs& a);
 void mla_decode(const MlaDecodeArgs& a);
 void mla_decode_tensor_core(const MlaDecodeArgs& a);
 void mla_decode_scalar(const MlaDecodeArgs& a);
-void gemm(const GemmArgs& a);             // the batch-invariant contract (both modes)
+// GEMM: the FMA-chain contract (acc = fma(x_k, w_k, acc), k ascending, one rounding), which
+// GemmMode::fma_chain reproduces bit for bit; batch_invariant (tensor cores) and fast agree
+// within tolerances the tests state. Strided batch: a loop over the products.
+void gemm(const GemmArgs& a);
+// Grouped: host pointers throughout (x_rows, offsets, w[g]); a loop over groups of the dense
+// reference. Throws atlas::Error on offsets or x_rows the device would flag.
+void grouped_gemm(const GroupedGemmArgs& a);
 void copy_rows(const CopyRowsArgs& a);
 
 }  // namespace atlas::cuda::ref

@@ -117,6 +117,53 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
              "copy_2d", "cudaMemcpy2DAsync");
 }
 
+Stream stream_create() {
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream_create", "cudaStreamCreateWithFlags");
+  return s;
+}
+
+void stream_destroy(Stream s) {
+  if (s) cudaStreamDestroy(stream_of(s));  // never throws: called from destructors
+}
+
+void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream) {
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(stream)), "copy_to_host_async",
+             "cudaMemcpyAsync");
+}
+
+Graph::~Graph() { reset(); }
+
+void Graph::reset() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  exec_ = graph_ = nullptr;
+}
+
+void Graph::begin(Stream stream) {
+  check_cuda(cudaStreamBeginCapture(stream_of(stream), cudaStreamCaptureModeThreadLocal), "graph", "begin capture");
+}
+
+void Graph::end(Stream stream) {
+  cudaGraph_t g = nullptr;
+  check_cuda(cudaStreamEndCapture(stream_of(stream), &g), "graph", "end capture");
+  graph_ = g;
+  cudaGraphExec_t e = nullptr;
+  check_cuda(cudaGraphInstantiate(&e, g, 0), "graph", "instantiate");
+  exec_ = e;
+}
+
+void Graph::abort(Stream stream) {
+  cudaGraph_t g = nullptr;
+  cudaStreamEndCapture(stream_of(stream), &g);  // status ignored: the capture already failed
+  if (g) cudaGraphDestroy(g);
+  cudaGetLastError();
+}
+
+void Graph::launch(Stream stream) {
+  check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream_of(stream)), "graph", "launch");
+}
+
 void synchronize() { check_cuda(cudaDeviceSynchronize(), "synchronize", "cudaDeviceSynchronize"); }
 
 EventTimer::EventTimer() {
@@ -157,6 +204,11 @@ void check_device_errors() {
   if (v & 2) what += " moe_permute: topk_ids: an expert id outside [0, experts);";
   if (v & 4) what += " mla_decode: lengths: a length outside [0, max_length];";
   if (v & 8) what += " copy_rows: src_rows/dst_rows: a row index past the limit;";
+  // Bits 16/32/64: kernels/gemm_mma.cuh (kErrGroupedOffsets, kErrGatherRows, kErrGroupWeight).
+  if (v & 16) what += " grouped_gemm: offsets: not 0 = offsets[0] <= ... <= offsets[groups] <= max_rows;";
+  if (v & 32) what += " grouped_gemm: x_rows: a row index negative or past x_rows_limit;";
+  if (v & 64) what += " grouped_gemm: w: a group weight pointer null or not 16-byte aligned;";
+  if (v & 128) what += " argmax: logits: NaN;";  // kernels/argmax.cuh
   throw Error("cuda: bad device data:" + what);
 }
 

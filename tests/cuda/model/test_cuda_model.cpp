@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <map>
 
+#include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_ops.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -277,4 +278,78 @@ TEST_F(CudaTiny, TopkHookInterventionChangesOutput) {
   EXPECT_EQ(fired, 1);
   EXPECT_NE(plain, forced);
   EXPECT_EQ(forced, model_->forward(in, &hooks).logits);
+}
+
+// Decode steps replayed from the cache's CUDA graph (T = 1, no hooks) give the same logits and
+// greedy tokens as the same steps run op by op (graphs off), and the device argmax equals the
+// host argmax of the returned logits. Rows not asked for in logits_rows come back as zeros
+// while their greedy token is still right.
+TEST_F(CudaTiny, GraphDecodeEqualsEagerDecodeAndDeviceGreedyEqualsHost) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  auto eager_model = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .graphs = false});
+  const int steps = 5;
+  std::vector<int32_t> next_pos(8);
+  for (int r = 0; r < 8; ++r) next_pos[size_t(r)] = int32_t(rows[size_t(r)].size());
+  auto cg = model_->make_cache(8, 310), ce = eager_model->make_cache(8, 310);
+  std::vector<float> lg = prefill(*model_, *cg, rows), le = prefill(*eager_model, *ce, rows);
+  ASSERT_EQ(lg, le);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> ids(8), pos(8);
+    for (int r = 0; r < 8; ++r) {
+      ids[size_t(r)] = argmax(lg.data() + r * V, V);
+      pos[size_t(r)] = next_pos[size_t(r)]++;
+    }
+    std::vector<uint8_t> mask(8, 1);
+    const ForwardInput in{.batch = 8, .tokens = 1, .ids = ids, .positions = pos, .mask = mask,
+                          .logits_last_only = true};
+    const ForwardOutput g = model_->forward(in, *cg);  // graph (all rows' logits)
+    const ForwardOutput e = eager_model->forward(in, *ce);
+    ASSERT_EQ(g.logits, e.logits) << "step " << s;
+    ASSERT_EQ(g.greedy, e.greedy) << "step " << s;
+    for (int r = 0; r < 8; ++r) EXPECT_EQ(g.greedy[size_t(r)], argmax(g.logits.data() + r * V, V)) << r;
+    lg = g.logits;
+  }
+  // logits_rows: a fresh cache, the same prefill, one decode step asking for row 3 only.
+  auto cp = model_->make_cache(8, 310);
+  const auto lp = prefill(*model_, *cp, rows);
+  std::vector<int32_t> ids(8), pos(8);
+  for (int r = 0; r < 8; ++r) {
+    ids[size_t(r)] = argmax(lp.data() + r * V, V);
+    pos[size_t(r)] = int32_t(rows[size_t(r)].size());
+  }
+  std::vector<uint8_t> mask(8, 1), want(8, 0);
+  want[3] = 1;
+  auto cfull = model_->make_cache(8, 310);
+  prefill(*model_, *cfull, rows);
+  const ForwardOutput full = model_->forward(
+      {.batch = 8, .tokens = 1, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true}, *cfull);
+  const ForwardOutput one = model_->forward({.batch = 8, .tokens = 1, .ids = ids, .positions = pos, .mask = mask,
+                                             .logits_last_only = true, .logits_rows = want},
+                                            *cp);
+  ASSERT_EQ(one.logits.size(), full.logits.size());
+  for (int r = 0; r < 8; ++r) {
+    const std::vector<float> a(one.logits.begin() + r * V, one.logits.begin() + (r + 1) * V);
+    const std::vector<float> b(full.logits.begin() + r * V, full.logits.begin() + (r + 1) * V);
+    if (r == 3) EXPECT_EQ(a, b);
+    else EXPECT_EQ(a, std::vector<float>(size_t(V), 0.0f)) << r;
+  }
+  EXPECT_EQ(one.greedy, full.greedy);
+}
+
+// The fast mode (cuBLASLt dense GEMMs) stays close to the invariant mode: same greedy tokens on
+// the tiny preset's prefill for most rows, logits within the bf16 tolerance of the fixtures.
+TEST_F(CudaTiny, FastModeIsCloseToInvariantMode) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  auto fast = load_model(*ck_, {.backend = "cuda", .compute = Compute::BF16, .batch_invariant = false});
+  auto c1 = model_->make_cache(8, 310), c2 = fast->make_cache(8, 310);
+  const auto a = prefill(*model_, *c1, rows), b = prefill(*fast, *c2, rows);
+  double maxd = 0, maxa = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    maxd = std::max(maxd, std::abs(double(a[i]) - b[i]));
+    maxa = std::max(maxa, std::abs(double(a[i])));
+  }
+  std::printf("fast vs invariant: max |diff| %.4g of max |logit| %.4g\n", maxd, maxa);
+  EXPECT_LT(maxd, 0.12 * maxa);  // the CUDA-vs-CPU bf16 tolerance of the fixtures (see above)
 }

@@ -1,16 +1,13 @@
-// Batch-invariant GEMM: out[m][n] = sum_k x[m][k] * w[n][k], bf16 in, fp32 accumulate.
+// GemmMode::fma_chain: out[m][n] = sum_k x[m][k] * w[n][k], bf16 in, fp32 accumulate, scalar.
 //
-// The numerics contract is per output element: acc = 0; for k = 0..K-1 ascending:
+// The original correctness-first kernel, kept as an on-device twin of the CPU reference (the
+// fast batch-invariant kernel is gemm_mma.cuh). Its contract is per output element: acc = 0;
+// for k = 0..K-1 ascending:
 // acc = fmaf(x[m][k], w[n][k], acc); then one rounding to the output type. Nothing about M, N,
 // the grid or the tile enters that chain, so any tiling (and any M) gives the same bits, and
 // the host reference (std::fma in the same order) gives them too. No split-K.
 // Tiles: 64x64 outputs per 256-thread block, 4x4 per thread, K in steps of 16 through shared
-// memory (fp32, converted once on load).
-// Planned fast path: the same contract is impossible on tensor cores (their internal sum order
-// is the hardware's), so the fast invariant path will define the contract as "fixed k-chunks
-// of 16 through mma.sync / wgmma, chunks added in ascending order, tile shape fixed per (N, K)
-// and never chosen from M" and check invariance on the GPU as tests/cuda does now; small-M
-// (decode) tiles will split N finer to fill the 132 SMs.
+// memory (fp32, converted once on load). blockIdx.z walks a strided batch (xbs/wbs/obs).
 #pragma once
 
 #include "common.cuh"
@@ -22,7 +19,12 @@ constexpr int kGemmBM = 64, kGemmBN = 64, kGemmBK = 16, kGemmThreads = 256;
 template <bool kOutF32>
 __global__ void __launch_bounds__(kGemmThreads)
 gemm_invariant_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, void* out,
-                      int M, int N, int K, int64_t xs, int64_t ws, int64_t os) {
+                      int M, int N, int K, int64_t xs, int64_t ws, int64_t os, int64_t xbs,
+                      int64_t wbs, int64_t obs) {
+  x += int64_t(blockIdx.z) * xbs;
+  w += int64_t(blockIdx.z) * wbs;
+  out = kOutF32 ? static_cast<void*>(static_cast<float*>(out) + int64_t(blockIdx.z) * obs)
+                : static_cast<void*>(static_cast<uint16_t*>(out) + int64_t(blockIdx.z) * obs);
   __shared__ float As[kGemmBK][kGemmBM + 4];
   __shared__ float Bs[kGemmBK][kGemmBN + 4];
   const int tid = threadIdx.x;

@@ -1,0 +1,68 @@
+// Greedy token on the device: argmax of one bf16 logits row per block, ties to the lower id.
+// The host contract (decode::greedy_token) on the same values: the max is exact (a comparison),
+// and among equal maxima the smallest index wins, whatever order threads meet them in.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/kernels/common.cuh"
+
+namespace atlas::cuda::kern {
+
+constexpr int kArgmaxThreads = 256;
+
+// (value, index) "better" relation: larger value, or equal value and smaller index.
+__device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void argmax_bf16_kernel(const uint16_t* __restrict__ logits, int32_t* __restrict__ out, int vocab,
+                                   int64_t stride, int* error_flag) {
+  const uint16_t* row = logits + int64_t(blockIdx.x) * stride;
+  float best = -__int_as_float(0x7f800000);  // -inf
+  int best_i = 0x7fffffff;
+  bool nan = false;
+  for (int i = threadIdx.x; i < vocab; i += kArgmaxThreads) {
+    const float v = bf2f(row[i]);
+    if (v != v) nan = true;
+    else if (argmax_better(v, i, best, best_i)) {
+      best = v;
+      best_i = i;
+    }
+  }
+  // A row of all -inf still needs an answer: index order decides among equal (-inf) values.
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
+  __shared__ int snan;
+  if (threadIdx.x == 0) snan = 0;
+  __syncthreads();
+  if (nan) atomicOr(&snan, 1);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
+    if (argmax_better(ov, oi, best, best_i)) {
+      best = ov;
+      best_i = oi;
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = best_i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w)
+      if (argmax_better(sv[w], si[w], best, best_i)) {
+        best = sv[w];
+        best_i = si[w];
+      }
+    // Every value -inf: best_i may still be the sentinel when vocab < threads; the smallest
+    // index of a -inf value is then 0 (all are -inf).
+    out[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
+    if (snan) atomicOr(error_flag, 128);
+  }
+}
+
+}  // namespace atlas::cuda::kern

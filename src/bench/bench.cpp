@@ -1,0 +1,372 @@
+#include "bench/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <map>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "core/provenance.h"
+#include "core/sha256.h"
+#include "decode/generate.h"
+#include "io/checkpoint.h"
+#include "model/hooks.h"
+#include "model/loader.h"
+#ifdef ATLAS_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
+
+namespace atlas::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+struct Device {
+  std::string name = "cpu";
+  std::optional<double> bandwidth;  // bytes/s, where known
+};
+
+Device device_of(const std::string& backend) {
+  Device d;
+  if (backend != "cuda") return d;
+#ifdef ATLAS_HAVE_CUDA
+  if (cuda::device_count() > 0) {
+    d.name = cuda::device_info(0).name;
+    // Peak HBM bandwidth by product (vendor data sheets): the bound the issue states.
+    if (d.name.find("H200") != std::string::npos) d.bandwidth = 4.8e12;
+    else if (d.name.find("H100") != std::string::npos) d.bandwidth = 3.35e12;
+  }
+#endif
+  return d;
+}
+
+// GPU memory in use by everything on the device (total - free), bytes; 0 without CUDA.
+double device_used_bytes(const std::string& backend) {
+#ifdef ATLAS_HAVE_CUDA
+  if (backend == "cuda") {
+    const auto m = cuda::memory_info();
+    return double(m.total - m.free);
+  }
+#endif
+  (void)backend;
+  return 0;
+}
+
+// Weight bytes one decode token reads (bf16): attention + dense MLPs + router + the k routed
+// and the shared experts of every MoE layer + lm_head (the embedding row is negligible).
+struct WeightBytes {
+  double per_token_b1 = 0;  // batch 1: only the chosen experts
+  double all = 0;           // every weight but the embedding (a large batch touches all experts)
+};
+WeightBytes weight_bytes(const ModelConfig& c) {
+  const double H = double(c.hidden_size), nh = double(c.num_attention_heads), dq = double(c.q_head_dim());
+  const double dn = double(c.qk_nope_head_dim), dv = double(c.v_head_dim), dc = double(c.kv_lora_rank);
+  const double W = double(c.latent_dim());
+  double q = c.q_lora_rank ? double(*c.q_lora_rank) * (H + nh * dq) : nh * dq * H;
+  const double attn = q + W * H + nh * (dn + dv) * dc + H * nh * dv;
+  WeightBytes w;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.is_moe_layer(l)) {
+      const double expert = 3.0 * H * double(c.moe_intermediate_size);
+      const double shared = double(c.n_shared_experts) * expert;
+      w.per_token_b1 += attn + double(c.n_routed_experts) * H + double(c.num_experts_per_tok) * expert + shared;
+      w.all += attn + double(c.n_routed_experts) * H + double(c.n_routed_experts) * expert + shared;
+    } else {
+      w.per_token_b1 += attn + 3.0 * H * double(c.intermediate_size);
+      w.all += attn + 3.0 * H * double(c.intermediate_size);
+    }
+  }
+  w.per_token_b1 = 2.0 * (w.per_token_b1 + double(c.vocab_size) * H);
+  w.all = 2.0 * (w.all + double(c.vocab_size) * H);
+  return w;
+}
+
+// The reference file: {"records": [{"workload": ..., "value": ...}, ...], "device": ...}.
+std::map<std::string, double> read_reference(const std::string& path) {
+  std::map<std::string, double> r;
+  if (path.empty()) return r;
+  const json j = read_json_file(path);
+  if (!j.contains("records") || !j["records"].is_array()) fail(path, "records", "missing or not an array");
+  for (const auto& e : j["records"]) {
+    if (!e.contains("workload") || !e["workload"].is_string()) fail(path, "records[].workload", "missing");
+    if (!e.contains("value") || !e["value"].is_number()) fail(path, "records[].value", "missing or not a number");
+    r[e["workload"].get<std::string>()] = e["value"].get<double>();
+  }
+  return r;
+}
+
+void progress(const BenchOptions& o, const std::string& what) {
+  if (o.progress) std::fprintf(stderr, "bench: %s\n", what.c_str());
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> bench_prompts(uint64_t seed, int64_t n, int64_t min_len, int64_t max_len,
+                                                int64_t vocab) {
+  if (n <= 0 || min_len <= 0 || max_len < min_len) fail("bench", "prompts", "need n > 0 and 0 < min <= max");
+  if (vocab <= 16) fail("bench", "vocab", "vocabulary too small");
+  uint64_t s = seed;
+  std::vector<std::vector<int32_t>> rows(static_cast<size_t>(n));
+  for (auto& r : rows) {
+    const int64_t len = min_len + int64_t(splitmix(s) % uint64_t(max_len - min_len + 1));
+    r.resize(size_t(len));
+    for (auto& id : r) id = int32_t(16 + splitmix(s) % uint64_t(vocab - 16));
+  }
+  return rows;
+}
+
+const std::vector<std::string>& workload_names() {
+  static const std::vector<std::string> n = {"load", "seed-grid-128x512", "prefill-trace-128", "decode-b1",
+                                             "peak-mem-128x1024"};
+  return n;
+}
+
+std::vector<Record> run_bench(const BenchOptions& o) {
+  std::vector<std::string> workloads = o.workloads.empty() ? workload_names() : o.workloads;
+  for (const auto& w : workloads)
+    if (std::find(workload_names().begin(), workload_names().end(), w) == workload_names().end())
+      fail("--workload", {}, "unknown workload \"" + w + "\"");
+  std::vector<std::string> modes = o.modes;
+  if (modes.empty()) modes = o.backend == "cuda" ? std::vector<std::string>{"batch-invariant", "fast"}
+                                                 : std::vector<std::string>{"batch-invariant"};
+  for (const auto& m : modes) {
+    if (m != "batch-invariant" && m != "fast") fail("--mode", {}, "unknown mode \"" + m + "\"");
+    if (m == "fast" && o.backend != "cuda") fail("--mode", {}, "fast exists on the cuda backend only");
+  }
+  const auto reference = read_reference(o.reference_path);
+  const Device dev = device_of(o.backend);
+  const std::string commit = build_provenance().value("git_commit", "unknown");
+  const std::string date = utc_now();
+
+  // Page cache first, so `load` measures page cache -> ready (as the issue asks).
+  Checkpoint ck = Checkpoint::open(o.model_dir);
+  const ModelConfig cfg = ck.config();
+  for (const auto& [rel, _] : hash_directory(o.model_dir)) {
+    if (rel.size() < 12 || rel.substr(rel.size() - 12) != ".safetensors") continue;
+    std::ifstream f(o.model_dir + "/" + rel, std::ios::binary);
+    std::vector<char> buf(size_t(1) << 24);
+    while (f.read(buf.data(), std::streamsize(buf.size())) || f.gcount() > 0) {
+    }
+  }
+  const auto prompts = bench_prompts(o.seed, o.grid_prompts, o.prompt_min, o.prompt_max, cfg.vocab_size);
+  int64_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += int64_t(p.size());
+  const WeightBytes wb = weight_bytes(cfg);
+
+  std::vector<Record> out;
+  auto record = [&](const std::string& workload, const std::string& mode, double v, const std::string& unit,
+                    std::optional<double> bound, ojson detail) {
+    Record r{.workload = workload, .mode = mode, .unit = unit, .gpu = dev.name, .commit = commit, .date = date,
+             .command = o.command, .atlas = v, .bound = bound, .detail = std::move(detail)};
+    if (auto it = reference.find(workload); it != reference.end()) r.reference = it->second;
+    out.push_back(std::move(r));
+  };
+
+  for (const auto& mode : modes) {
+    const ModelOptions mo{.backend = o.backend, .compute = Compute::BF16, .batch_invariant = mode == "batch-invariant"};
+    progress(o, "loading (" + mode + ")");
+    const auto t_load = Clock::now();
+    Checkpoint ck2 = Checkpoint::open(o.model_dir);
+    std::unique_ptr<Model> model = load_model(ck2, mo);
+    const double load_s = since(t_load);
+    auto wants = [&](const std::string& w) { return std::find(workloads.begin(), workloads.end(), w) != workloads.end(); };
+    if (wants("load")) record("load", mode, load_s, "s", std::nullopt, {{"bytes", ck2.report().total_bytes}});
+
+    if (wants("seed-grid-128x512")) {
+      progress(o, "seed grid (" + mode + "): " + std::to_string(o.grid_prompts) + " x " +
+                      std::to_string(o.grid_new_tokens));
+      std::vector<decode::PromptRow> rows;
+      for (size_t i = 0; i < prompts.size(); ++i) rows.push_back({.id = std::to_string(i), .ids = prompts[i], .sampling = {}});
+      const auto t0 = Clock::now();
+      auto res = decode::generate(*model, rows,
+                                  {.max_new_tokens = o.grid_new_tokens, .batch = o.grid_prompts, .eos_ids = {},
+                                   .stop_strings = {}, .pad_id = 0, .detokenize = {}, .on_row = {}, .on_logits = {},
+                                   .progress = o.progress});
+      const double s = since(t0);
+      int64_t new_tokens = 0;
+      Sha256 h;
+      for (const auto& r : res) {
+        new_tokens += r.n_new;
+        h.update(r.ids.data(), r.ids.size() * 4);
+      }
+      std::optional<double> bound;
+      if (dev.bandwidth) bound = double(o.grid_new_tokens) * wb.all / *dev.bandwidth;
+      record("seed-grid-128x512", mode, s, "s", bound,
+             {{"prompts", o.grid_prompts}, {"prompt_tokens", prompt_tokens}, {"new_tokens", new_tokens},
+              {"tokens_per_s", double(new_tokens) / s}, {"tokens_sha256", h.hex()}});
+    }
+
+    if (wants("prefill-trace-128")) {
+      progress(o, "prefill trace (" + mode + ")");
+      const int64_t B = int64_t(prompts.size());
+      int64_t T = 0;
+      for (const auto& p : prompts) T = std::max<int64_t>(T, int64_t(p.size()));
+      std::vector<int32_t> ids(size_t(B * T), 0), pos(size_t(B * T), 0);
+      std::vector<uint8_t> mask(size_t(B * T), 0);
+      for (int64_t b = 0; b < B; ++b) {
+        const auto& p = prompts[size_t(b)];
+        const int64_t pad = T - int64_t(p.size());
+        for (int64_t t = pad; t < T; ++t) {
+          ids[size_t(b * T + t)] = p[size_t(t - pad)];
+          pos[size_t(b * T + t)] = int32_t(t - pad);
+          mask[size_t(b * T + t)] = 1;
+        }
+      }
+      // What a probe trace keeps: routes of every gate, a SHA-256 per row of every hidden stage.
+      std::map<std::string, std::vector<std::string>> stage_hashes;
+      std::map<std::string, std::vector<int32_t>> routes;
+      std::map<std::string, std::vector<float>> route_w;
+      Hooks hooks;
+      auto stage = [&](const std::string& name) {
+        hooks.add(name, [&, name](HookTensor& t) {
+          const int64_t H = t.shape[2];
+          std::vector<std::string> hs(static_cast<size_t>(B));
+#pragma omp parallel for schedule(dynamic)
+          for (int64_t b = 0; b < B; ++b) {
+            const int64_t pad = T - int64_t(prompts[size_t(b)].size());
+            hs[size_t(b)] = sha256_hex(t.f32() + (b * T + pad) * H, size_t((T - pad) * H) * sizeof(float));
+          }
+          stage_hashes[name] = std::move(hs);
+        });
+      };
+      stage("embed");
+      for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+        const LayerHookNames n(l);
+        stage(n.resid_post);
+        if (!cfg.is_moe_layer(l)) continue;
+        hooks.add(n.topk_ids, [&, l](HookTensor& t) {
+          routes[std::to_string(l)].assign(t.i32(), t.i32() + t.numel());
+        });
+        hooks.add(n.topk_weights, [&, l](HookTensor& t) {
+          route_w[std::to_string(l)].assign(t.f32(), t.f32() + t.numel());
+        });
+      }
+      stage("final_norm");
+      auto cache = model->make_cache(B, T);
+      const auto t0 = Clock::now();
+      model->forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true},
+                     *cache, &hooks);
+      const double s = since(t0);
+      Sha256 h;
+      for (const auto& [name, hs] : stage_hashes)
+        for (const auto& x : hs) h.update(x);
+      int64_t decisions = 0;
+      for (const auto& [l, r] : routes) decisions += int64_t(r.size());
+      record("prefill-trace-128", mode, s, "s", std::nullopt,
+             {{"rows", B}, {"padded_tokens", T}, {"prompt_tokens", prompt_tokens}, {"stages", stage_hashes.size()},
+              {"route_decisions_padded", decisions}, {"stage_hashes_sha256", h.hex()}});
+    }
+
+    if (wants("decode-b1")) {
+      progress(o, "decode b1 (" + mode + ")");
+      const auto p = bench_prompts(o.seed + 1, 1, o.decode_prompt, o.decode_prompt, cfg.vocab_size)[0];
+      const int64_t P = int64_t(p.size());
+      std::vector<int32_t> pos(static_cast<size_t>(P));
+      for (int64_t t = 0; t < P; ++t) pos[size_t(t)] = int32_t(t);
+      std::vector<uint8_t> mask(size_t(P), 1);
+      const std::vector<uint8_t> no_logits(1, 0);
+      auto cache = model->make_cache(1, P + o.decode_steps + 1);
+      auto r = model->forward({.batch = 1, .tokens = P, .ids = p, .positions = pos, .mask = mask,
+                               .logits_last_only = true, .logits_rows = no_logits},
+                              *cache);
+      int32_t tok = r.greedy.at(0);
+      std::vector<int32_t> toks;
+      const auto t0 = Clock::now();
+      for (int64_t s = 0; s < o.decode_steps; ++s) {
+        const int32_t id = tok, ps = int32_t(P + s);
+        const uint8_t one = 1;
+        r = model->forward({.batch = 1, .tokens = 1, .ids = {&id, 1}, .positions = {&ps, 1}, .mask = {&one, 1},
+                            .logits_last_only = true, .logits_rows = no_logits},
+                           *cache);
+        tok = r.greedy.at(0);
+        toks.push_back(tok);
+      }
+      const double s = since(t0);
+      std::optional<double> bound;
+      if (dev.bandwidth) bound = *dev.bandwidth / wb.per_token_b1;
+      record("decode-b1", mode, double(o.decode_steps) / s, "tok/s", bound,
+             {{"prompt_tokens", P}, {"steps", o.decode_steps}, {"seconds", s},
+              {"bytes_per_token_bound", wb.per_token_b1}, {"tokens_sha256", ids_sha256(toks)}});
+    }
+
+    if (wants("peak-mem-128x1024")) {
+      progress(o, "peak memory (" + mode + ")");
+      const int64_t B = o.mem_rows, P = o.mem_prefill, S = o.mem_steps;
+      double peak = device_used_bytes(o.backend);
+      const auto rows = bench_prompts(o.seed + 2, B, P, P, cfg.vocab_size);
+      std::vector<int32_t> ids, pos;
+      for (const auto& r : rows)
+        for (int64_t t = 0; t < P; ++t) {
+          ids.push_back(r[size_t(t)]);
+          pos.push_back(int32_t(t));
+        }
+      std::vector<uint8_t> mask(ids.size(), 1);
+      const std::vector<uint8_t> no_logits(size_t(B), 0);
+      auto cache = model->make_cache(B, P + S);
+      auto r = model->forward({.batch = B, .tokens = P, .ids = ids, .positions = pos, .mask = mask,
+                               .logits_last_only = true, .logits_rows = no_logits},
+                              *cache);
+      peak = std::max(peak, device_used_bytes(o.backend));
+      for (int64_t s = 0; s < S; ++s) {
+        std::vector<int32_t> sid = r.greedy, sp(size_t(B), int32_t(P + s));
+        std::vector<uint8_t> sm(size_t(B), 1);
+        r = model->forward({.batch = B, .tokens = 1, .ids = sid, .positions = sp, .mask = sm,
+                            .logits_last_only = true, .logits_rows = no_logits},
+                           *cache);
+        peak = std::max(peak, device_used_bytes(o.backend));
+      }
+      record("peak-mem-128x1024", mode, peak / double(1ull << 30), "GiB", std::nullopt,
+             {{"rows", B}, {"prefill_tokens", P}, {"decode_steps", S},
+              {"what", "device total - free after each call (weights, cache, working memory, CUDA context)"}});
+    }
+  }
+  return out;
+}
+
+ojson to_json(const std::vector<Record>& records) {
+  ojson a = ojson::array();
+  for (const auto& r : records) {
+    ojson j;
+    j["workload"] = r.workload;
+    j["mode"] = r.mode;
+    j["atlas"] = r.atlas;
+    j["reference"] = r.reference ? ojson(*r.reference) : ojson(nullptr);
+    j["unit"] = r.unit;
+    j["gpu"] = r.gpu;
+    j["commit"] = r.commit;
+    j["date"] = r.date;
+    j["command"] = r.command;
+    j["reference_name"] = "transformers (tools/reference/bench_transformers.py), same machine and session";
+    // ratio > 1 = atlas better (faster, or less memory), whatever the unit's direction.
+    if (r.reference && r.atlas > 0 && *r.reference > 0)
+      j["speedup_vs_reference"] = r.unit == "tok/s" ? r.atlas / *r.reference : *r.reference / r.atlas;
+    else
+      j["speedup_vs_reference"] = nullptr;
+    j["bound"] = r.bound ? ojson(*r.bound) : ojson(nullptr);
+    if (r.bound && r.atlas > 0)
+      j["fraction_of_bound"] = r.unit == "tok/s" ? r.atlas / *r.bound : *r.bound / r.atlas;
+    j["detail"] = r.detail;
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
+}  // namespace atlas::bench

@@ -1,0 +1,61 @@
+// `atlas bench` (issue 5): the engine's speed and memory on a model directory, as records that
+// name the reference they are compared with.
+//
+// Workloads (names and units fixed by the issue):
+//   load                 s      Checkpoint::open + load_model, files already in the page cache
+//   seed-grid-128x512    s      128 prompts of 200-300 tokens, 512 greedy new tokens each, EOS off,
+//                               one batch of 128 through decode::generate (the real code path)
+//   prefill-trace-128    s      the same 128 prompts, one forward, recording what a probe trace
+//                               records: every gate's top-k ids and weights, and a SHA-256 of every
+//                               row's hidden stage (embedding, each layer's output, final norm)
+//   decode-b1            tok/s  one prompt of 256 tokens, then 256 greedy decode steps at batch 1
+//   peak-mem-128x1024    GiB    device memory in use (total - free, sampled after every call) for
+//                               128 rows x 1024 tokens: prefill of 1000, then 24 decode steps
+// Each workload runs in the batch-invariant mode and, on cuda, the fast mode. The reference
+// figure comes from tools/reference/bench_transformers.py run on the same machine and
+// checkpoint in the same session (its JSON is passed with --reference); null where none.
+// Prompts: deterministic ids from a seed (bench_prompts), shared with the reference script
+// through --save-prompts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+
+namespace atlas::bench {
+
+struct BenchOptions {
+  std::string model_dir;
+  std::string backend = "cuda";
+  std::vector<std::string> workloads;  // empty = all
+  std::vector<std::string> modes;      // "batch-invariant" | "fast"; empty = both (cuda), invariant (cpu)
+  std::string reference_path;          // bench_transformers.py output, optional
+  std::string command;                 // the command line, recorded
+  uint64_t seed = 0;
+  // Scale knobs (defaults = the issue's workloads; smaller values for smoke tests, recorded).
+  int64_t grid_prompts = 128, grid_new_tokens = 512, prompt_min = 200, prompt_max = 300;
+  int64_t decode_prompt = 256, decode_steps = 256;
+  int64_t mem_rows = 128, mem_prefill = 1000, mem_steps = 24;
+  bool progress = false;
+};
+
+struct Record {
+  std::string workload, mode, unit, gpu, commit, date, command;
+  double atlas = 0;
+  std::optional<double> reference;  // transformers, same machine and session
+  std::optional<double> bound;      // bandwidth bound where one applies (same unit)
+  ojson detail;                     // workload facts (tokens, shapes, timings of parts)
+};
+
+// The grid's prompts: n rows of lengths in [min, max], ids in [16, vocab) (deterministic).
+std::vector<std::vector<int32_t>> bench_prompts(uint64_t seed, int64_t n, int64_t min_len, int64_t max_len,
+                                                int64_t vocab);
+
+const std::vector<std::string>& workload_names();
+std::vector<Record> run_bench(const BenchOptions& opts);
+ojson to_json(const std::vector<Record>& records);
+
+}  // namespace atlas::bench

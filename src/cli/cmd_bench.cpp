@@ -1,0 +1,91 @@
+// atlas bench --model DIR [--backend cuda] [--workload W]... [--mode M]... [--reference REF.json]
+//             [--json OUT.json] [--save-prompts P.json]
+// Speed and memory of the engine on a model directory (issue 5's workloads, src/bench/bench.h),
+// each figure beside the transformers figure measured on the same machine in the same session
+// (tools/reference/bench_transformers.py writes REF.json from the prompts saved here).
+#include <cstdio>
+
+#include "bench/bench.h"
+#include "cli/command.h"
+#include "core/file.h"
+#include "io/checkpoint.h"
+
+namespace atlas::cli {
+namespace {
+
+struct BenchArgs {
+  bench::BenchOptions o;
+  std::string json_out, save_prompts;
+};
+
+std::string joined_argv() {
+  std::string s;
+  std::FILE* f = std::fopen("/proc/self/cmdline", "rb");
+  if (!f) return "atlas bench";
+  int c;
+  while ((c = std::fgetc(f)) != EOF) s += c == 0 ? ' ' : char(c);
+  std::fclose(f);
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+Registrar reg{{
+    .name = "bench",
+    .help = "Measure load, the 128x512 seed grid, a 128-prompt prefill trace, batch-1 decode and peak memory",
+    .setup =
+        [](CLI::App& app) {
+          static BenchArgs a;
+          app.add_option("--model", a.o.model_dir, "Model directory (full-size for the issue's figures)")->required();
+          app.add_option("--backend", a.o.backend, "cuda or cpu")->capture_default_str();
+          app.add_option("--workload", a.o.workloads,
+                         "load | seed-grid-128x512 | prefill-trace-128 | decode-b1 | peak-mem-128x1024 (repeat; "
+                         "default all)");
+          app.add_option("--mode", a.o.modes, "batch-invariant | fast (repeat; default both on cuda)");
+          app.add_option("--reference", a.o.reference_path, "bench_transformers.py output for the same prompts");
+          app.add_option("--json", a.json_out, "Write the records here (JSON list)");
+          app.add_option("--save-prompts", a.save_prompts, "Write the grid prompts (JSON) for the reference script");
+          app.add_option("--seed", a.o.seed, "Prompt seed")->capture_default_str();
+          app.add_option("--grid-prompts", a.o.grid_prompts, "Rows of the seed grid")->capture_default_str();
+          app.add_option("--grid-new-tokens", a.o.grid_new_tokens, "New tokens per row")->capture_default_str();
+          app.add_option("--decode-steps", a.o.decode_steps, "Batch-1 decode steps")->capture_default_str();
+          app.add_option("--mem-prefill", a.o.mem_prefill, "Prefill tokens of the memory workload")->capture_default_str();
+          app.add_option("--mem-steps", a.o.mem_steps, "Decode steps of the memory workload")->capture_default_str();
+          app.callback([] {
+            a.o.command = joined_argv();
+            a.o.progress = progress_enabled();
+            if (!a.save_prompts.empty()) {
+              const Checkpoint ck = Checkpoint::open(a.o.model_dir);
+              const auto p = bench::bench_prompts(a.o.seed, a.o.grid_prompts, a.o.prompt_min, a.o.prompt_max,
+                                                  ck.config().vocab_size);
+              ojson j;
+              j["seed"] = a.o.seed;
+              j["new_tokens"] = a.o.grid_new_tokens;
+              j["prompts"] = p;
+              j["decode_prompt"] = bench::bench_prompts(a.o.seed + 1, 1, a.o.decode_prompt, a.o.decode_prompt,
+                                                        ck.config().vocab_size)[0];
+              j["decode_steps"] = a.o.decode_steps;
+              j["mem"] = {{"rows", a.o.mem_rows}, {"prefill", a.o.mem_prefill}, {"steps", a.o.mem_steps}};
+              j["mem_prompts"] = bench::bench_prompts(a.o.seed + 2, a.o.mem_rows, a.o.mem_prefill, a.o.mem_prefill,
+                                                      ck.config().vocab_size);
+              write_file_atomic(a.save_prompts, j.dump() + "\n");
+              if (a.o.workloads.empty() && a.json_out.empty()) return;
+            }
+            const auto records = bench::run_bench(a.o);
+            const ojson j = bench::to_json(records);
+            for (const auto& r : j) {
+              std::printf("%-20s %-16s atlas %10.3f %-6s", r["workload"].get<std::string>().c_str(),
+                          r["mode"].get<std::string>().c_str(), r["atlas"].get<double>(),
+                          r["unit"].get<std::string>().c_str());
+              if (!r["reference"].is_null()) std::printf("  transformers %10.3f", r["reference"].get<double>());
+              if (!r["speedup_vs_reference"].is_null())
+                std::printf("  x%.1f", r["speedup_vs_reference"].get<double>());
+              if (r.contains("fraction_of_bound")) std::printf("  %.0f%% of bound", 100 * r["fraction_of_bound"].get<double>());
+              std::printf("\n");
+            }
+            if (!a.json_out.empty()) write_file_atomic(a.json_out, j.dump(2) + "\n");
+          });
+        },
+}};
+
+}  // namespace
+}  // namespace atlas::cli

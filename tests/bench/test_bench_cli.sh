@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# atlas bench on the tiny checkpoint (CPU; the figures themselves are not checked, only what the
+# records say): every workload gives one record per mode with the issue's fields; a reference
+# file's figure is carried into its record with the ratio; the seed grid's tokens equal an
+# independent `atlas generate` of the saved prompts; bad flags and a bad reference are clear
+# errors with no output file.
+source "$(dirname "$0")/../cli/lib.sh"
+model="$work/tiny"
+py=/usr/bin/python3
+"$bin" make-model --preset tiny --seed 0 "$model" >/dev/null || { bad "make-model"; finish; }
+small=(--grid-prompts 3 --grid-new-tokens 5 --decode-steps 4 --mem-prefill 20 --mem-steps 2)
+
+"$bin" bench --model "$model" --backend cpu "${small[@]}" --save-prompts "$work/p.json" >/dev/null 2>&1 \
+  && [[ -s "$work/p.json" ]] && ok "prompts saved" || bad "save prompts"
+# A reference as bench_transformers.py writes it (values are arbitrary: only carried over).
+cat >"$work/ref.json" <<'J'
+{"reference": "test", "records": [{"workload": "decode-b1", "value": 2.0, "unit": "tok/s"},
+ {"workload": "seed-grid-128x512", "value": 100.0, "unit": "s"}]}
+J
+"$bin" bench --model "$model" --backend cpu "${small[@]}" --reference "$work/ref.json" --json "$work/b.json" \
+  >"$work/out" 2>"$work/err" && ok "bench ran" || bad "bench: $(cat "$work/err")"
+$py - "$work/b.json" <<'PY' && ok "records well formed" || bad "records"
+import json, sys
+r = json.load(open(sys.argv[1]))
+names = {"load", "seed-grid-128x512", "prefill-trace-128", "decode-b1", "peak-mem-128x1024"}
+assert {x["workload"] for x in r} == names, [x["workload"] for x in r]
+for x in r:
+    for k in ("workload", "mode", "atlas", "reference", "unit", "gpu", "commit", "date", "command"):
+        assert k in x, (k, x)
+    assert x["mode"] == "batch-invariant"
+    assert x["atlas"] > 0 or x["workload"] == "peak-mem-128x1024", x
+    assert "bench" in x["command"]
+by = {x["workload"]: x for x in r}
+assert by["decode-b1"]["reference"] == 2.0 and by["decode-b1"]["unit"] == "tok/s"
+assert abs(by["decode-b1"]["speedup_vs_reference"] - by["decode-b1"]["atlas"] / 2.0) < 1e-9
+assert abs(by["seed-grid-128x512"]["speedup_vs_reference"] - 100.0 / by["seed-grid-128x512"]["atlas"]) < 1e-9
+assert by["load"]["reference"] is None
+assert by["seed-grid-128x512"]["detail"]["new_tokens"] == 3 * 5
+assert by["prefill-trace-128"]["detail"]["stages"] > 2
+PY
+# The grid's greedy tokens are what `atlas generate` gives for the same prompts.
+$py - "$work/p.json" "$work/prompts.jsonl" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+with open(sys.argv[2], "w") as f:
+    for i, ids in enumerate(p["prompts"]):
+        f.write(json.dumps({"id": str(i), "ids": ids}) + "\n")
+PY
+"$bin" generate --model "$model" --backend cpu --compute bf16 --prompts "$work/prompts.jsonl" --out "$work/g.jsonl" \
+  --max-new-tokens 5 --greedy --batch 3 >/dev/null 2>&1 || bad "generate"
+$py - "$work/g.jsonl" "$work/b.json" <<'PY' && ok "grid tokens equal atlas generate" || bad "grid tokens differ from generate"
+import hashlib, json, struct, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+h = hashlib.sha256()
+for r in rows:
+    h.update(struct.pack("<%di" % len(r["ids"]), *r["ids"]))
+b = {x["workload"]: x for x in json.load(open(sys.argv[2]))}
+assert b["seed-grid-128x512"]["detail"]["tokens_sha256"] == h.hexdigest()
+PY
+
+expect_error "unknown workload" "unknown workload" "$bin" bench --model "$model" --backend cpu --workload nope --json "$work/x.json"
+no_file "unknown workload" "$work/x.json"
+expect_error "fast on cpu" "fast exists on the cuda backend only" "$bin" bench --model "$model" --backend cpu --mode fast --json "$work/x.json"
+echo '{"records": [{"workload": "load"}]}' >"$work/badref.json"
+expect_error "bad reference" "badref.json.*value" "$bin" bench --model "$model" --backend cpu --workload load --reference "$work/badref.json" --json "$work/x.json"
+no_file "bad reference" "$work/x.json"
+expect_error "missing model" "nowhere" "$bin" bench --model "$work/nowhere" --backend cpu --json "$work/x.json"
+finish
