@@ -7,6 +7,7 @@
 
 #include "backend/cuda/reference.h"
 #include "cuda_test_util.h"
+#include "mla_test_util.h"
 
 namespace atlas::cuda::test {
 namespace {
@@ -93,28 +94,15 @@ TEST_F(ForwardOps, StridedGemmIsBitExactAndEqualsDenseOnSlices) {
 constexpr int kH = 4, kLat = 32, kRope = 16, kW = kLat + kRope;
 constexpr float kScale = 0.17f;
 
-// Exact softmax attention in double for one query over `len` cache rows.
+// Exact softmax attention in double for one query over `len` cache rows: every element within
+// the bound the tensor-core contract's roundings imply (mla_test_util.h; 32 latent columns are
+// too few for a stable relative-L2 statistic).
 void expect_close_to_exact(const uint16_t* q, const uint16_t* cache, int len, const uint16_t* got) {
   for (int h = 0; h < kH; ++h) {
-    std::vector<double> s(static_cast<size_t>(len));
-    for (int j = 0; j < len; ++j) {
-      double acc = 0;
-      for (int d = 0; d < kW; ++d) acc += double(bf(q[h * kW + d])) * bf(cache[size_t(j) * kW + d]);
-      s[size_t(j)] = acc * kScale;
-    }
-    const double m = *std::max_element(s.begin(), s.end());
-    double l = 0;
-    for (auto& v : s) l += v = std::exp(v - m);
-    double num = 0, den = 0;
-    for (int d = 0; d < kLat; ++d) {
-      double o = 0;
-      for (int j = 0; j < len; ++j) o += s[size_t(j)] * bf(cache[size_t(j) * kW + d]);
-      o /= l;
-      const double g = bf(got[h * kLat + d]);
-      num += (g - o) * (g - o);
-      den += o * o;
-    }
-    EXPECT_LT(std::sqrt(num / den), 4e-3) << "head " << h;
+    const MlaExact e = mla_exact(q + h * kW, cache, len, kW, kLat, kScale);
+    for (int d = 0; d < kLat; ++d)
+      EXPECT_NEAR(bf(got[h * kLat + d]), e.o[size_t(d)], mla_exact_tolerance(e.o[size_t(d)], e.a[size_t(d)], true))
+          << "head " << h << " column " << d;
   }
 }
 
@@ -161,12 +149,13 @@ TEST_F(ForwardOps, MlaWithCacheRowsAndSmallWidths) {
   mla_decode(g);
   check_device_errors();
   const auto got = dout.download();
-  size_t differ = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_LE(std::abs(bf(got[i]) - bf(want[i])), std::ldexp(std::abs(bf(want[i])), -7) + 1e-6f) << i;
-    differ += got[i] != want[i];
-  }
-  EXPECT_LE(differ, got.size() / 100);
+  // The tensor-core kernel against its mirror: the tolerance stated in mla_test_util.h.
+  std::vector<MlaExact> exact;
+  for (int i = 0; i < Q; ++i)
+    for (int h = 0; h < kH; ++h)
+      exact.push_back(mla_exact(&q[(size_t(i) * kH + size_t(h)) * kW], &cache[size_t(crow[size_t(i)]) * max_len * kW],
+                                len[size_t(i)], kW, kLat, kScale));
+  expect_matches_tc_reference(got, want, exact, kLat);
   // Each query alone: its own cache copy cut to its length, no cache_rows.
   for (int i = 0; i < Q; ++i) {
     if (len[size_t(i)] == 0) continue;

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/reference.h"
 #include "cuda_test_util.h"
+#include "mla_test_util.h"
 
 namespace atlas::cuda::test {
 namespace {
@@ -108,33 +109,53 @@ TEST(Reference, MoeCombineIsTheWeightedSum) {
   EXPECT_EQ(bf(out[1]), 1.5f * 2.0f + 0.125f * -4.0f);
 }
 
+// Both MLA contracts against exact math, per element within mla_exact_tolerance()
+// (tests/cuda/mla_test_util.h: the bound each contract's roundings imply). Split sizes cover one
+// split, tiles cut by splits, many splits.
 TEST(Reference, MlaDecodeIsSoftmaxAttentionOverTheLatent) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  const int H = 2, len = 300, W = kMlaWidth, D = kMlaLatent;  // 2 splits of 256
+  const int H = 2, len = 300, W = kMlaWidth, D = kMlaLatent;
   auto q = random_bf16(size_t(H) * W, rng, 0.5f), cache = random_bf16(size_t(len) * W, rng);
   const std::vector<int32_t> lengths = {len};
-  std::vector<uint16_t> out(size_t(H) * D);
-  ref::mla_decode({.q = q.data(), .latent_cache = cache.data(), .cache_row_stride = int64_t(len) * W,
-                   .lengths = lengths.data(), .max_length = len, .out = out.data(), .rows = 1, .heads = H,
-                   .scale = 0.1f, .split_tokens = 256});
-  for (int h = 0; h < H; ++h) {
-    std::vector<double> p(len);
-    for (int j = 0; j < len; ++j) {
-      double s = 0;
-      for (int d = 0; d < W; ++d) s += double(bf(q[h * W + d])) * bf(cache[size_t(j) * W + d]);
-      p[j] = 0.1 * s;
+  std::vector<MlaExact> exact;
+  for (int h = 0; h < H; ++h) exact.push_back(mla_exact(&q[size_t(h) * W], cache.data(), len, W, D, 0.1));
+  for (MlaImpl impl : {MlaImpl::tensor_core, MlaImpl::scalar})
+    for (int split : {256, 100, 8}) {
+      SCOPED_TRACE(::testing::Message() << "impl " << int(impl) << " split " << split);
+      std::vector<uint16_t> out(size_t(H) * D);
+      ref::mla_decode({.q = q.data(), .latent_cache = cache.data(), .cache_row_stride = int64_t(len) * W,
+                       .lengths = lengths.data(), .max_length = len, .out = out.data(), .rows = 1, .heads = H,
+                       .scale = 0.1f, .split_tokens = split, .impl = impl});
+      for (int h = 0; h < H; ++h)
+        for (int d = 0; d < D; ++d) {
+          const double o = exact[size_t(h)].o[size_t(d)], a = exact[size_t(h)].a[size_t(d)];
+          const double tol = mla_exact_tolerance(o, a, impl == MlaImpl::tensor_core);
+          EXPECT_NEAR(bf(out[size_t(h) * D + size_t(d)]), o, tol) << h << "," << d;
+        }
     }
-    const double m = *std::max_element(p.begin(), p.end());
-    double l = 0;
-    for (auto& v : p) l += v = std::exp(v - m);
-    for (int d = 0; d < D; ++d) {
-      double o = 0;
-      for (int j = 0; j < len; ++j) o += p[j] * bf(cache[size_t(j) * W + d]);
-      o /= l;
-      EXPECT_NEAR(bf(out[h * D + d]), o, std::abs(o) / 128 + 1e-6) << h << "," << d;
-    }
-  }
+}
+
+// The tensor-core contract rounds P to bf16: on the same inputs its outputs differ from the
+// fp32-P contract in a sizeable fraction of elements (guards against the mirror silently
+// keeping P in fp32, which would make the GPU tests compare two fp32-P computations).
+TEST(Reference, MlaTensorCoreContractRoundsTheWeights) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int H = 4, len = 200, W = kMlaWidth, D = kMlaLatent;
+  auto q = random_bf16(size_t(H) * W, rng, 0.5f), cache = random_bf16(size_t(len) * W, rng);
+  const std::vector<int32_t> lengths = {len};
+  std::vector<uint16_t> tc(size_t(H) * D), sc(size_t(H) * D);
+  MlaDecodeArgs a{.q = q.data(), .latent_cache = cache.data(), .cache_row_stride = int64_t(len) * W,
+                  .lengths = lengths.data(), .max_length = len, .out = tc.data(), .rows = 1, .heads = H,
+                  .scale = 0.11472139f, .split_tokens = 256};
+  ref::mla_decode(a);
+  a.out = sc.data();
+  a.impl = MlaImpl::scalar;
+  ref::mla_decode(a);
+  size_t differ = 0;
+  for (size_t i = 0; i < tc.size(); ++i) differ += tc[i] != sc[i];
+  EXPECT_GT(differ, tc.size() / 20);
 }
 
 TEST(Reference, RopeRotatesAdjacentPairs) {

@@ -284,19 +284,27 @@ void argmax_bf16(const ArgmaxArgs& a);
 constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaWidth = 576;
 constexpr int kMlaLatentMax = 512, kMlaWidthMax = 576;
 
-// ---- MLA decode attention, absorbed form (spec section 3) -----------------------------------
-// One query token per row b: q[b] = [16 heads, 576] = [q~ (512) || q_pe (64)] bf16; the row's
-// cache = latent_cache + b*cache_row_stride, [lengths[b], 576] = [c^ (512) || k_pe (64)] bf16.
-// Per head: s_j = scale * (q . cache_j) (fp32), p = softmax_j(s) (fp32),
-// out[b,h] = bf16(sum_j p_j * c^_j) [512]. The cache is cut into splits of a FIXED size
-// (split_tokens, independent of batch size and of other rows), partials are merged in split
-// order: a row's result depends only on its own q, cache and length (batch invariant).
-// Generalised for the forward pass (any DeepSeek-V2-family shape, prefill as well as decode):
-//   latent/rope: the cache width is latent + rope (512 + 64 for Lite; latent <= 512, width <= 576).
+// ---- MLA attention, absorbed form (spec section 3), decode and prefill ----------------------
+// One query token per row b: q[b] = [heads, latent+rope] = [q~ (latent) || q_pe (rope)] bf16; the
+// row's cache = latent_cache + cache_rows[b]*cache_row_stride (or b*...), [lengths[b], latent+rope]
+// = [c^ || k_pe] bf16. Per head: s_j = scale * (q . cache_j), p = softmax_j(s),
+// out[b,h] = bf16(sum_j p_j * c^_j) [latent].
+//   latent/rope: any DeepSeek-V2-family shape (512 + 64 for Lite; latent <= 512, width <= 576).
 //   cache_rows:  query b reads cache row cache_rows[b] (null: row b). Prefill passes one query
 //                per token, all of a batch row's tokens pointing at that row's cache, each with
 //                its own causal length.
 //   lengths[b] = 0 is allowed: the query sees no key (a padding token) and its output is 0.
+// Batch invariance: the cache is cut into splits of a FIXED size (split_tokens, anchored at slot
+// 0 of every query, independent of the batch and of other rows); partials merge in split order.
+// A row's bits depend only on its own q, cache and length: alone or in any batch, in any order,
+// whatever max_length (>= every length) and queries_per_block say.
+// Implementations (numerics contracts in docs/cuda.md and the kernel headers):
+//   tensor_core (default): mma.sync bf16 -> fp32; splits walked in 64-slot tiles with an online
+//     softmax, P rounded to bf16 for the P.V product (as flash-attention), fixed l order.
+//   scalar: the first, correctness-first kernel (fp32 FMA chains, P kept fp32; split_tokens <=
+//     256); slow, kept as an on-device cross-check.
+// Capture safe: no allocation, no synchronisation, no host read of device data.
+enum class MlaImpl { tensor_core, scalar };
 struct MlaDecodeArgs {
   const uint16_t* q = nullptr;             // [rows, heads, latent+rope] bf16
   const uint16_t* latent_cache = nullptr;  // cache row r at + r*cache_row_stride: [len, latent+rope] bf16
@@ -313,6 +321,11 @@ struct MlaDecodeArgs {
   int split_tokens = 256;   // fixed; part of the numerics (changing it changes bits)
   float* workspace = nullptr;  // mla_decode_workspace_floats(...) fp32
   Stream stream = nullptr;
+  MlaImpl impl = MlaImpl::tensor_core;
+  // tensor_core only: consecutive queries per block, 1 or 2 (0 = 2 when cache_rows is set, else
+  // 1). Queries of one block that read the same cache row share its tiles (prefill); for decode
+  // (every query its own row) pass 1. Never changes results (tested).
+  int queries_per_block = 0;
 };
 size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int split_tokens);
 void mla_decode(const MlaDecodeArgs& a);

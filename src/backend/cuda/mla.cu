@@ -1,20 +1,104 @@
-// Launcher for MLA decode attention (absorbed form).
+// Launchers for MLA attention (absorbed form): the tensor-core kernel (default) and the scalar
+// correctness-first kernel (MlaImpl::scalar, the on-device cross-check).
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/mla_decode.cuh"
+#include "backend/cuda/kernels/mla_tc.cuh"
 
 namespace atlas::cuda {
 
 using namespace detail;
 
 static_assert(kMlaLatentMax == kern::kMlaLatentDim && kMlaWidthMax == kern::kMlaWidthDim);
+static_assert(kern::kMlaAccStride == kMlaLatentMax);
 
+// Both kernels keep, per (query, split, head), latent accumulators (512 floats) plus m and l:
+// the scalar kernel interleaved ([..][514]), the tensor-core one as two regions (acc [..][512],
+// then (m, l) [..][2]); the same total.
 size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int split_tokens) {
   if (rows <= 0 || heads <= 0 || max_length <= 0 || split_tokens <= 0) return 1;
   const int64_t splits = (int64_t(max_length) + split_tokens - 1) / split_tokens;
   return size_t(int64_t(rows) * splits * heads * kern::kMlaPartial);
 }
+
+namespace {
+
+void launch_scalar(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
+  const char* op = "mla_decode";
+  require(a.split_tokens <= kern::kMlaThreads, op, "split_tokens",
+          "must be in [1, 256] for the scalar kernel, got " + std::to_string(a.split_tokens));
+  require(max_splits <= 65535, op, "max_length", "too long for the split grid");
+  kern::mla_split_kernel<<<dim3(max_splits, a.rows), kern::kMlaThreads, 0, s>>>(
+      a.q, a.latent_cache, a.cache_row_stride, a.lengths, a.cache_rows, a.max_length, a.heads, a.latent, width,
+      a.scale, a.split_tokens, max_splits, a.workspace, error_flag());
+  check_launch(op);
+  kern::mla_merge_kernel<<<a.rows, kern::kMlaThreads, 0, s>>>(a.workspace, a.lengths, a.max_length, a.heads,
+                                                              a.latent, a.split_tokens, max_splits, a.out);
+  check_launch(op);
+}
+
+// The dynamic shared-memory limit is raised once per instantiation to what the widest cache
+// (576) needs, before any launch, so later launches (inside a CUDA graph capture too) change
+// no function attribute.
+template <int G, bool kVec>
+void launch_tc_kernel(const kern::MlaTcParams& p, int smem, cudaStream_t s) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_cuda(cudaFuncSetAttribute(kern::mla_tc_kernel<G, kVec>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kern::mla_tc_smem_bytes(G, kMlaWidthMax)),
+               "mla_decode", "cudaFuncSetAttribute");
+  });
+  const dim3 grid(unsigned((p.rows + G - 1) / G), unsigned(p.max_splits));
+  kern::mla_tc_kernel<G, kVec><<<grid, kern::kMlaTcThreads, smem, s>>>(p);
+}
+
+void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
+  const char* op = "mla_decode";
+  const int G = a.queries_per_block ? a.queries_per_block : (a.cache_rows ? 2 : 1);
+  require(G == 1 || G == 2, op, "queries_per_block", "must be 0 (auto), 1 or 2, got " + std::to_string(G));
+  require(max_splits <= 65535, op, "max_length", "too long for the split grid (max_length / split_tokens > 65535)");
+  const int wp = (width + 15) / 16 * 16;
+  const bool vec = width % 8 == 0 && a.cache_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.latent_cache) % 16 == 0;
+  const int64_t acc_floats = int64_t(a.rows) * max_splits * a.heads * kern::kMlaAccStride;
+  const kern::MlaTcParams p{.q = a.q,
+                            .cache = a.latent_cache,
+                            .cache_row_stride = a.cache_row_stride,
+                            .lengths = a.lengths,
+                            .cache_rows = a.cache_rows,
+                            .out = a.out,
+                            .ws_acc = a.workspace,
+                            .ws_ml = a.workspace + acc_floats,
+                            .error_flag = error_flag(),
+                            .rows = a.rows,
+                            .heads = a.heads,
+                            .latent = a.latent,
+                            .width = width,
+                            .wp = wp,
+                            .max_length = a.max_length,
+                            .S = a.split_tokens,
+                            .max_splits = max_splits,
+                            .scale = a.scale};
+  const int smem = kern::mla_tc_smem_bytes(G, wp);
+  if (G == 1)
+    vec ? launch_tc_kernel<1, true>(p, smem, s) : launch_tc_kernel<1, false>(p, smem, s);
+  else
+    vec ? launch_tc_kernel<2, true>(p, smem, s) : launch_tc_kernel<2, false>(p, smem, s);
+  check_launch(op);
+  // Merge: one (query, head) per block iteration; a grid-stride loop keeps the block count
+  // bounded when most queries have one split (prefill), where each item is one length read.
+  const int64_t items = int64_t(a.rows) * a.heads;
+  const unsigned merge_blocks = unsigned(std::min<int64_t>(items, 8192));
+  kern::mla_tc_merge_kernel<<<merge_blocks, kern::kMlaMergeThreads, 0, s>>>(
+      p.ws_acc, p.ws_ml, a.lengths, a.rows, a.heads, a.latent, a.max_length, a.split_tokens, max_splits, a.out);
+  check_launch(op);
+}
+
+}  // namespace
 
 void mla_decode(const MlaDecodeArgs& a) {
   const char* op = "mla_decode";
@@ -25,8 +109,7 @@ void mla_decode(const MlaDecodeArgs& a) {
   require(a.rope >= 0 && a.latent + a.rope <= kMlaWidthMax, op, "rope",
           "latent + rope must be <= 576, got " + std::to_string(a.latent + a.rope));
   const int width = a.latent + a.rope;
-  require(a.split_tokens > 0 && a.split_tokens <= kern::kMlaThreads, op, "split_tokens",
-          "must be in [1, 256], got " + std::to_string(a.split_tokens));
+  require(a.split_tokens > 0, op, "split_tokens", "must be > 0, got " + std::to_string(a.split_tokens));
   require(a.rows >= 0, op, "rows", "must be >= 0");
   require(a.max_length > 0, op, "max_length", "must be > 0");
   require(a.cache_row_stride >= int64_t(a.max_length) * width || (a.rows <= 1 && !a.cache_rows), op,
@@ -36,15 +119,12 @@ void mla_decode(const MlaDecodeArgs& a) {
           "q, latent_cache, lengths, out, workspace must be set");
   if (a.rows == 0) return;
   cudaStream_t s = stream_of(a.stream);
-  const int max_splits = (a.max_length + a.split_tokens - 1) / a.split_tokens;
-  require(max_splits <= 65535, op, "max_length", "too long for the split grid");
-  kern::mla_split_kernel<<<dim3(max_splits, a.rows), kern::kMlaThreads, 0, s>>>(
-      a.q, a.latent_cache, a.cache_row_stride, a.lengths, a.cache_rows, a.max_length, a.heads, a.latent, width,
-      a.scale, a.split_tokens, max_splits, a.workspace, error_flag());
-  check_launch(op);
-  kern::mla_merge_kernel<<<a.rows, kern::kMlaThreads, 0, s>>>(a.workspace, a.lengths, a.max_length, a.heads,
-                                                              a.latent, a.split_tokens, max_splits, a.out);
-  check_launch(op);
+  const int64_t max_splits = (int64_t(a.max_length) + a.split_tokens - 1) / a.split_tokens;
+  require(max_splits <= 65535, op, "max_length", "too long for the split grid (max_length / split_tokens > 65535)");
+  if (a.impl == MlaImpl::scalar)
+    launch_scalar(a, width, int(max_splits), s);
+  else
+    launch_tc(a, width, int(max_splits), s);
 }
 
 }  // namespace atlas::cuda

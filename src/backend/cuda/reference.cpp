@@ -171,7 +171,8 @@ void moe_combine(const MoeCombineArgs& a) {
     }
 }
 
-void mla_decode(const MlaDecodeArgs& a) {
+// The scalar kernel's contract (MlaImpl::scalar): fp32 P, one max / sum per split.
+void mla_decode_scalar(const MlaDecodeArgs& a) {
   const int H = a.heads, S = a.split_tokens, W = a.latent + a.rope, D = a.latent;
   for (int b = 0; b < a.rows; ++b) {
     const int len = a.lengths[b];
@@ -231,6 +232,94 @@ void mla_decode(const MlaDecodeArgs& a) {
       }
     }
   }
+}
+
+// The tensor-core kernel's contract (kernels/mla_tc.cuh): 64-slot tiles inside each split,
+// online softmax, P rounded to bf16 (l sums the rounded values in the kernel's fixed order),
+// merge over the splits in ascending order, exact zeros written as +0.
+void mla_decode_tensor_core(const MlaDecodeArgs& a) {
+  constexpr int kTile = 64;
+  const int H = a.heads, S = a.split_tokens, W = a.latent + a.rope, D = a.latent;
+  const float inf = std::numeric_limits<float>::infinity();
+  auto out_bf16 = [](float v) {
+    const uint16_t b = f32_to_bf16(v);
+    return b == 0x8000 ? uint16_t(0) : b;
+  };
+  for (int b = 0; b < a.rows; ++b) {
+    const int len = a.lengths[b];
+    if (len < 0 || len > a.max_length) throw Error("cuda::ref: mla_decode: lengths: out of range");
+    if (len == 0) {  // no visible key: zeros
+      std::fill(a.out + int64_t(b) * H * D, a.out + int64_t(b + 1) * H * D, uint16_t(0));
+      continue;
+    }
+    const uint16_t* q = a.q + int64_t(b) * H * W;
+    const int64_t crow = a.cache_rows ? a.cache_rows[b] : b;
+    const uint16_t* cache = a.latent_cache + crow * a.cache_row_stride;
+    const int n_splits = (len + S - 1) / S;
+    // partials [split][head]: acc[D], m, l
+    std::vector<float> acc(size_t(n_splits) * H * D), ms(size_t(n_splits) * H), ls(size_t(n_splits) * H);
+    for (int s = 0; s < n_splits; ++s) {
+      const int j0 = s * S, j_end = std::min(j0 + S, len);
+      for (int h = 0; h < H; ++h) {
+        float m = -inf, l = 0.0f;
+        float* o = &acc[(size_t(s) * H + h) * D];
+        std::fill(o, o + D, 0.0f);
+        for (int t0 = j0; t0 < j_end; t0 += kTile) {
+          const int nv = std::min(kTile, j_end - t0);
+          float sc[kTile], p[kTile] = {};
+          float mx = -inf;
+          for (int c = 0; c < nv; ++c) {
+            float d_acc = 0.0f;
+            for (int d = 0; d < W; ++d)
+              d_acc = std::fma(bf(q[h * W + d]), bf(cache[int64_t(t0 + c) * W + d]), d_acc);
+            sc[c] = d_acc * a.scale;
+            mx = std::fmax(mx, sc[c]);
+          }
+          const float m_new = std::fmax(m, mx);
+          const float m_use = m_new == -inf ? 0.0f : m_new;
+          for (int c = 0; c < nv; ++c) p[c] = bf(f32_to_bf16(std::exp(sc[c] - m_use)));
+          float quarter[4];
+          for (int k = 0; k < 4; ++k) {
+            quarter[k] = 0.0f;
+            for (int i = 0; i < 16; ++i) quarter[k] = quarter[k] + p[16 * k + i];
+          }
+          const float tsum = (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
+          const float alpha = std::exp(m - m_use);
+          l = std::fma(l, alpha, tsum);
+          m = m_new;
+          for (int d = 0; d < D; ++d) {
+            float v = o[d] * alpha;
+            for (int c = 0; c < nv; ++c) v = std::fma(p[c], bf(cache[int64_t(t0 + c) * W + d]), v);
+            o[d] = v;
+          }
+        }
+        ms[size_t(s) * H + h] = m;
+        ls[size_t(s) * H + h] = l;
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      float M = -inf;
+      for (int s = 0; s < n_splits; ++s) M = std::fmax(M, ms[size_t(s) * H + h]);
+      std::vector<float> f(n_splits);
+      float L = 0.0f;
+      for (int s = 0; s < n_splits; ++s) {
+        f[s] = std::exp(ms[size_t(s) * H + h] - M);
+        L = std::fma(ls[size_t(s) * H + h], f[s], L);
+      }
+      for (int d = 0; d < D; ++d) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; ++s) o = std::fma(acc[(size_t(s) * H + h) * D + d], f[s], o);
+        a.out[(int64_t(b) * H + h) * D + d] = out_bf16(o / L);
+      }
+    }
+  }
+}
+
+void mla_decode(const MlaDecodeArgs& a) {
+  if (a.impl == MlaImpl::scalar)
+    mla_decode_scalar(a);
+  else
+    mla_decode_tensor_core(a);
 }
 
 void gemm(const GemmArgs& a) {

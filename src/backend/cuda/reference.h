@@ -22,7 +22,10 @@ void router(const RouterArgs& a);
 void moe_permute(const MoePermuteArgs& a);  // workspace unused
 void moe_gather(const MoeGatherArgs& a);
 void moe_combine(const MoeCombineArgs& a);
-void mla_decode(const MlaDecodeArgs& a);  // workspace unused
+// The contract of a.impl (tensor_core: tiles, bf16 P; scalar: fp32 P); workspace unused.
+void mla_decode(const MlaDecodeArgs& a);
+void mla_decode_tensor_core(const MlaDecodeArgs& a);
+void mla_decode_scalar(const MlaDecodeArgs& a);
 // GEMM: the FMA-chain contract (acc = fma(x_k, w_k, acc), k ascending, one rounding), which
 // GemmMode::fma_chain reproduces bit for bit; batch_invariant (tensor cores) and fast agree
 // within tolerances the tests state. Strided batch: a loop over the products.

@@ -1,0 +1,488 @@
+// MLA attention in the absorbed form on tensor cores (mma.sync m16n8k16, bf16 -> fp32), for
+// decode (one query per cache row) and prefill (many queries of one cache row, each with its
+// own causal length). FlashMLA-like: MQA, all heads of a query share the single latent "KV
+// head", so a query's heads (padded to 16 with zero rows) form the M = 16 rows of the MMA.
+//
+// Numerics contract (the CPU twin is ref::mla_decode in reference.cpp; docs/cuda.md):
+//   For query b with length len (slots [0, len) of its cache row), heads h:
+//   * splits: slots [s*S, min((s+1)*S, len)), S = split_tokens, anchored at slot 0 (never at a
+//     block's or a group's first slot), one partial (acc[latent], m, l) per split;
+//   * tiles: each split is walked in tiles of kMlaTile = 64 slots from the split's start, in
+//     ascending order; for one tile with nv valid slots:
+//       s_j   = fp32(q_h . c_j) * scale          (tensor core dot over the width, fp32 accumulate)
+//       m'    = max(m, max_j s_j)
+//       p_j   = bf16(expf(s_j - m'))            (P is rounded to bf16 for the MMA, as in
+//                                                flash-attention; l sums the same rounded p_j)
+//       t     = (q0 + q1) + (q2 + q3), q_k = sequential fp32 sum of p over tile columns
+//               [16k, 16k+16) (invalid columns are 0)
+//       a     = expf(m - m')                    (0 for the split's first tile)
+//       l     = fmaf(l, a, t);  acc = acc * a + P . C[tile, :latent]  (tensor core)
+//   * merge over the splits in ascending order: M = max m_s, f_s = expf(m_s - M),
+//     L = fmaf chain of l_s*f_s, o = fmaf chain of acc_s*f_s, out = bf16(o / L), and an exact
+//     zero is written as +0. With one split this is out = bf16(acc / l), which the split kernel
+//     writes directly (the merge of one split is the identity: f = 1, fmaf(x, 1, 0) = x).
+//   * len = 0: out = 0.
+// The only differences to the CPU reference are the tensor core's fp32 accumulation order in
+// the two dot products and expf vs libm (tests state the tolerance). Nothing depends on other
+// queries: the split and tile boundaries are fixed per query, rows of an MMA never mix (padded
+// heads and other queries are other rows), and a slot that is valid for another query of the
+// block but not for this one has p = 0 exactly, which adds exact zeros. So a query's bits are
+// the same alone, in any batch, in any order, grouped with any neighbours, and whatever
+// max_length says (tests/cuda/test_cuda_mla.cpp checks each).
+//
+// Structure: grid (ceil(rows / G), max_splits), 256 threads (8 warps), G = 1 or 2 consecutive
+// queries per block (prefill: neighbours of the same cache row share every cache tile). A
+// block walks runs of its queries that share a cache row (queries of different rows run one
+// after the other). Per tile of 64 slots, double-buffered with 16-byte cp.async:
+//   phase 1: S[16G, 64] = Q . C^T: warp w takes query w / (8/G) and 8G slots;
+//   softmax: 4 threads per MMA row (the fixed l order above), P to shared memory as bf16;
+//   phase 2: O[16G, latent] += P . C[:, :latent]: warp w owns latent columns [64w, 64w+64)
+//            for all G queries (accumulators stay in registers across the split).
+#pragma once
+
+#include "common.cuh"
+
+namespace atlas::cuda::kern {
+
+constexpr int kMlaTcThreads = 256;
+constexpr int kMlaTile = 64;           // slots per tile: part of the numerics (see above)
+constexpr int kMlaAccStride = 512;     // workspace: acc floats per (query, split, head)
+constexpr int kMlaSStride = kMlaTile + 4;  // fp32 scores row stride (bank spread)
+constexpr int kMlaPStride = kMlaTile + 8;  // bf16 P row stride (16-byte rows, conflict-free ldmatrix)
+constexpr int kMlaMergeThreads = 128;
+
+struct MlaTcParams {
+  const uint16_t* q;       // [rows, heads, width]
+  const uint16_t* cache;   // row r at + r * cache_row_stride: [slots, width]
+  int64_t cache_row_stride;
+  const int32_t* lengths;  // [rows]
+  const int32_t* cache_rows;  // [rows] or null
+  uint16_t* out;           // [rows, heads, latent]
+  float* ws_acc;           // [rows, max_splits, heads, kMlaAccStride]
+  float* ws_ml;            // [rows, max_splits, heads, 2] (m, l)
+  int* error_flag;
+  int rows, heads, latent, width;
+  int wp;                  // width rounded up to 16 (MMA k steps; the pad is zeros)
+  int max_length, S, max_splits;
+  float scale;
+};
+
+// Shared memory: Q [16G][wp+8], C [2][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
+// alpha [16G], l [16G]. Rows of wp+8 elements are 16-byte multiples of 4 mod 8 words, so the
+// 8 rows of one ldmatrix phase hit 8 distinct groups of 4 banks (no conflicts).
+__host__ __device__ constexpr int mla_tc_smem_bytes(int G, int wp) {
+  return 2 * (16 * G) * (wp + 8) + 2 * 2 * kMlaTile * (wp + 8) + 4 * (16 * G) * kMlaSStride +
+         2 * (16 * G) * kMlaPStride + 4 * 2 * (16 * G);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 writes 16 zero bytes (nothing is read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+// d += a . b, m16n8k16, bf16 inputs, fp32 accumulators. Fragment layout (PTX ISA): with
+// g = lane/4, c = lane%4: a = {A[g][2c..], A[g+8][2c..], A[g][2c+8..], A[g+8][2c+8..]},
+// b = {B[2c..][g], B[2c+8..][g]}, d = {D[g][2c], D[g][2c+1], D[g+8][2c], D[g+8][2c+1]}.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// bf16 output with an exact zero written as +0 (a sum of zeros may come out as -0 depending
+// on which zero products entered it; the contract makes the bits independent of that).
+__device__ __forceinline__ uint16_t f2bf_out(float f) {
+  const uint16_t b = f2bf(f);
+  return b == 0x8000u ? uint16_t(0) : b;
+}
+
+// kVec: width % 8 == 0 and 16-byte aligned q / cache rows (the host checks): 16-byte cp.async
+// loads. Otherwise element loads (slower; the same values land in shared memory, so the same
+// bits come out; tested).
+template <int G, bool kVec>
+__global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcParams p) {
+  constexpr int R = 16 * G;  // MMA rows: G queries x 16 (padded) heads
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ int s_len[G];       // query length, -1 for no query / bad length
+  __shared__ int64_t s_crow[G];  // cache row
+  __shared__ int s_qi[G];
+
+  const int ldq = p.wp + 8;  // elements; (wp + 8) / 2 words = 4 mod 8 since wp % 16 == 0
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* Cs = Qs + R * ldq;
+  float* Ss = reinterpret_cast<float*>(Cs + 2 * kMlaTile * ldq);
+  uint16_t* Ps = reinterpret_cast<uint16_t*>(Ss + R * kMlaSStride);
+  float* alpha_s = reinterpret_cast<float*>(Ps + R * kMlaPStride);
+  float* l_s = alpha_s + R;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int split = blockIdx.y;
+  const int j0 = split * p.S;  // first slot of this split (anchored at slot 0)
+
+  if (tid < G) {
+    const int qi = blockIdx.x * G + tid;
+    int len = -1;
+    int64_t crow = -1;
+    if (qi < p.rows) {
+      len = p.lengths[qi];
+      if (len < 0 || len > p.max_length) {
+        if (split == 0) atomicOr(p.error_flag, 4);
+        len = -1;
+      } else {
+        crow = p.cache_rows ? p.cache_rows[qi] : qi;
+      }
+    }
+    s_len[tid] = len;
+    s_crow[tid] = crow;
+    s_qi[tid] = qi;
+  }
+  __syncthreads();
+  bool any = false;
+#pragma unroll
+  for (int g = 0; g < G; ++g) any |= s_len[g] > j0;
+  if (!any) return;  // block-uniform: no query of this block has a slot in this split
+
+  // Q rows (zeros for padded heads, missing queries and the k pad [width, wp)).
+  {
+    const int width = p.width;
+    if constexpr (kVec) {
+      const int cpr = p.wp / 8;  // 16-byte chunks per Q row
+      for (int i = tid; i < R * cpr; i += kMlaTcThreads) {
+        const int r = i / cpr, c = (i % cpr) * 8, g = r >> 4, h = r & 15;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (s_len[g] > 0 && h < p.heads && c < width)
+          v = *reinterpret_cast<const uint4*>(p.q + (int64_t(s_qi[g]) * p.heads + h) * width + c);
+        *reinterpret_cast<uint4*>(Qs + r * ldq + c) = v;
+      }
+    } else {
+      for (int i = tid; i < R * p.wp; i += kMlaTcThreads) {
+        const int r = i / p.wp, c = i % p.wp, g = r >> 4, h = r & 15;
+        uint16_t v = 0;
+        if (s_len[g] > 0 && h < p.heads && c < width) v = p.q[(int64_t(s_qi[g]) * p.heads + h) * width + c];
+        Qs[r * ldq + c] = v;
+      }
+    }
+    // The k pad of both cache stages: never written by the tile loads, read by phase 1.
+    const int pad = p.wp - width;
+    for (int i = tid; i < 2 * kMlaTile * pad; i += kMlaTcThreads)
+      Cs[(i / pad) * ldq + width + i % pad] = 0;
+  }
+  // (made visible by the first barrier of the tile loop)
+
+  // Fixed roles.
+  constexpr int kWarpsPerQuery = 8 / G;
+  const int p1_g = warp / kWarpsPerQuery;               // phase 1: query slot of this warp
+  const int p1_tok = (warp % kWarpsPerQuery) * 8 * G;  // phase 1: first slot (in the tile) of its G n-tiles
+  const int d0 = 64 * warp;                            // phase 2: first latent column of this warp
+  const int dcols = (p.latent + 7) & ~7;               // latent columns the MMAs cover
+  const int sm_row = tid >> 2, sm_q = tid & 3;         // softmax: MMA row and quarter of the tile
+  const int sm_g = sm_row >> 4;
+
+  for (int g0 = 0; g0 < G;) {
+    // A run: consecutive slots of this block that read the same cache row.
+    int g1 = g0 + 1;
+    while (g1 < G && s_crow[g1] == s_crow[g0]) ++g1;
+    int run_end = j0;  // end slot of this split for the run (max over its queries)
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (g >= g0 && g < g1 && s_len[g] > j0) run_end = max(run_end, min(s_len[g], j0 + p.S));
+    const int run_g0 = g0, run_g1 = g1;
+    g0 = g1;
+    if (run_end <= j0) continue;  // block-uniform
+    auto in_run = [&](int g) { return g >= run_g0 && g < run_g1 && s_len[g] > j0; };
+    const uint16_t* cbase = p.cache + s_crow[run_g0] * p.cache_row_stride;
+    const int ntiles = (run_end - j0 + kMlaTile - 1) / kMlaTile;
+
+    auto load_tile = [&](int t) {
+      uint16_t* dst = Cs + (t & 1) * kMlaTile * ldq;
+      const int t0 = j0 + t * kMlaTile;
+      const int n_load = min(kMlaTile, run_end - t0);
+      const uint16_t* src = cbase + int64_t(t0) * p.width;
+      if constexpr (kVec) {
+        const int cpr = p.width / 8;
+        for (int i = tid; i < kMlaTile * cpr; i += kMlaTcThreads) {
+          const int r = i / cpr, c = (i % cpr) * 8;
+          const bool ok = r < n_load;  // rows past the run's last slot: zeros (finite for P = 0)
+          cp_async16(dst + r * ldq + c, ok ? src + int64_t(r) * p.width + c : src, ok ? 16 : 0);
+        }
+      } else {
+        for (int i = tid; i < kMlaTile * p.width; i += kMlaTcThreads) {
+          const int r = i / p.width, c = i % p.width;
+          dst[r * ldq + c] = r < n_load ? src[int64_t(r) * p.width + c] : uint16_t(0);
+        }
+      }
+      cp_async_commit();
+    };
+
+    // Per-run state: softmax rows (m, l) in the 4 threads of each row; O in registers.
+    float m_run = -INFINITY, l_run = 0.0f;
+    float o[G][8][4];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[g][nt][e] = 0.0f;
+
+    load_tile(0);
+    for (int t = 0; t < ntiles; ++t) {
+      const int t0 = j0 + t * kMlaTile;
+      const int n_load = min(kMlaTile, run_end - t0);
+      if (t + 1 < ntiles) {
+        load_tile(t + 1);  // overwrites the stage read in tile t-1 (barrier at the end of t-1)
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const uint16_t* C = Cs + (t & 1) * kMlaTile * ldq;
+
+      // ---- phase 1: S = scale * Q . C^T for this warp's query and 8G slots ----
+      if (in_run(p1_g) && p1_tok < n_load) {
+        float sacc[G][4];
+#pragma unroll
+        for (int n = 0; n < G; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sacc[n][e] = 0.0f;
+        const uint16_t* qa = Qs + (p1_g * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldq + (lane >> 4) * 8;
+#pragma unroll 4
+        for (int k0 = 0; k0 < p.wp; k0 += 16) {
+          uint32_t a[4];
+          ldsm_x4(a, qa + k0);
+          if constexpr (G == 1) {
+            uint32_t b[2];
+            ldsm_x2(b, C + (p1_tok + (lane & 7)) * ldq + k0 + ((lane >> 3) & 1) * 8);
+            mma_bf16(sacc[0], a, b[0], b[1]);
+          } else {
+#pragma unroll
+            for (int np = 0; np < G / 2; ++np) {
+              uint32_t b[4];
+              ldsm_x4(b, C + (p1_tok + np * 16 + (lane & 7) + (lane >> 4) * 8) * ldq + k0 + ((lane >> 3) & 1) * 8);
+              mma_bf16(sacc[2 * np], a, b[0], b[1]);
+              mma_bf16(sacc[2 * np + 1], a, b[2], b[3]);
+            }
+          }
+        }
+        const int r = p1_g * 16 + (lane >> 2);
+#pragma unroll
+        for (int n = 0; n < G; ++n) {
+          const int c = p1_tok + n * 8 + 2 * (lane & 3);
+          *reinterpret_cast<float2*>(Ss + r * kMlaSStride + c) = make_float2(sacc[n][0] * p.scale, sacc[n][1] * p.scale);
+          *reinterpret_cast<float2*>(Ss + (r + 8) * kMlaSStride + c) =
+              make_float2(sacc[n][2] * p.scale, sacc[n][3] * p.scale);
+        }
+      }
+      __syncthreads();
+
+      // ---- online softmax: 4 threads per MMA row (warp-uniform branch: a warp = 8 rows of one query) ----
+      if (tid < 4 * R && in_run(sm_g)) {
+        const int nv = max(0, min(kMlaTile, min(s_len[sm_g], j0 + p.S) - t0));  // this query's valid slots
+        const float* srow = Ss + sm_row * kMlaSStride + sm_q * 16;
+        float s[16];
+#pragma unroll
+        for (int i = 0; i < 16; i += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(srow + i);
+          s[i] = v.x;
+          s[i + 1] = v.y;
+          s[i + 2] = v.z;
+          s[i + 3] = v.w;
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          if (sm_q * 16 + i < nv) mx = fmaxf(mx, s[i]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run, mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: avoid inf - inf
+        float sum = 0.0f;
+        uint32_t packed[8];
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+          uint16_t b0 = 0, b1 = 0;
+          if (sm_q * 16 + i < nv) b0 = f2bf(expf(s[i] - m_use));
+          if (sm_q * 16 + i + 1 < nv) b1 = f2bf(expf(s[i + 1] - m_use));
+          sum += bf2f(b0);
+          sum += bf2f(b1);
+          packed[i / 2] = uint32_t(b0) | (uint32_t(b1) << 16);
+        }
+        uint4* prow = reinterpret_cast<uint4*>(Ps + sm_row * kMlaPStride + sm_q * 16);
+        prow[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        prow[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // (q0 + q1), (q2 + q3)
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // (q0 + q1) + (q2 + q3)
+        const float alpha = expf(m_run - m_use);      // 0 on the first tile, 1 if the max did not move
+        l_run = __fmaf_rn(l_run, alpha, sum);
+        m_run = m_new;
+        if (sm_q == 0) alpha_s[sm_row] = alpha;
+      }
+      __syncthreads();
+
+      // ---- phase 2: O = O * alpha + P . C[:, d0 .. d0+64) ----
+      if (d0 < dcols) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          if (!in_run(g)) continue;
+          const float a_lo = alpha_s[g * 16 + (lane >> 2)], a_hi = alpha_s[g * 16 + (lane >> 2) + 8];
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            o[g][nt][0] *= a_lo;
+            o[g][nt][1] *= a_lo;
+            o[g][nt][2] *= a_hi;
+            o[g][nt][3] *= a_hi;
+          }
+        }
+        const int ksteps = (n_load + 15) / 16;  // slots past n_load: P = 0 for every query
+        for (int ks = 0; ks < ksteps; ++ks) {
+          uint32_t b[4][4];
+#pragma unroll
+          for (int np = 0; np < 4; ++np)
+            if (d0 + np * 16 < dcols)
+              ldsm_x4_trans(b[np], C + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldq + d0 + np * 16 +
+                                       (lane >> 4) * 8);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            if (!in_run(g)) continue;
+            uint32_t a[4];
+            ldsm_x4(a, Ps + (g * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kMlaPStride + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+              if (d0 + nt * 8 < dcols) mma_bf16(o[g][nt], a, b[nt / 2][(nt & 1) * 2], b[nt / 2][(nt & 1) * 2 + 1]);
+          }
+        }
+      }
+      __syncthreads();  // stage t & 1, S, P and alpha are reused by tile t + 1
+    }
+
+    // ---- epilogue: one split -> the output directly; several -> the workspace for the merge ----
+    if (tid < 4 * R && sm_q == 0) l_s[sm_row] = l_run;
+    if (tid < 4 * R && sm_q == 0 && in_run(sm_g) && (sm_row & 15) < p.heads && s_len[sm_g] > p.S) {
+      const int64_t base = ((int64_t(s_qi[sm_g]) * p.max_splits + split) * p.heads + (sm_row & 15)) * 2;
+      p.ws_ml[base] = m_run;
+      p.ws_ml[base + 1] = l_run;
+    }
+    __syncthreads();
+    if (d0 < dcols) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (!in_run(g)) continue;
+        const bool direct = s_len[g] <= p.S;  // the query has exactly one split
+        const int qi = s_qi[g];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int h = (lane >> 2) + half * 8;
+          if (h >= p.heads) continue;
+          const float l = l_s[g * 16 + h];
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            const int d = d0 + nt * 8 + 2 * (lane & 3);
+            const float v0 = o[g][nt][half * 2], v1 = o[g][nt][half * 2 + 1];
+            if (direct) {
+              uint16_t* dst = p.out + (int64_t(qi) * p.heads + h) * p.latent + d;
+              if (d < p.latent) dst[0] = f2bf_out(v0 / l);
+              if (d + 1 < p.latent) dst[1] = f2bf_out(v1 / l);
+            } else {
+              float* dst = p.ws_acc + ((int64_t(qi) * p.max_splits + split) * p.heads + h) * kMlaAccStride + d;
+              if (d + 1 < p.latent)
+                *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+              else if (d < p.latent)
+                dst[0] = v0;
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // l_s and the stages are reused by the next run
+  }
+}
+
+// Merge of the split partials of queries with more than one split (and zeros for length 0).
+// One (query, head) per block iteration, 4 latent columns per thread.
+__global__ void __launch_bounds__(kMlaMergeThreads)
+mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+                    const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
+                    int max_splits, uint16_t* __restrict__ out) {
+  const int d = 4 * threadIdx.x;
+  for (int64_t item = blockIdx.x; item < int64_t(rows) * heads; item += gridDim.x) {
+    const int row = int(item / heads), h = int(item % heads);
+    const int len = lengths[row];
+    if (len < 0 || len > max_length) continue;  // reported by the split kernel
+    uint16_t* o_dst = out + (int64_t(row) * heads + h) * latent;
+    if (len == 0) {  // a query that sees no key (padding): output 0, as the CPU backend
+      for (int e = 0; e < 4; ++e)
+        if (d + e < latent) o_dst[d + e] = 0;
+      continue;
+    }
+    const int n = (len + S - 1) / S;
+    if (n == 1) continue;  // written by the split kernel
+    const float* ml = ws_ml + (int64_t(row) * max_splits * heads + h) * 2;
+    const int64_t ml_step = int64_t(heads) * 2;
+    float M = -INFINITY;
+    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * ml_step]);
+    if (d >= latent) continue;
+    const float* acc = ws_acc + (int64_t(row) * max_splits * heads + h) * kMlaAccStride + d;
+    const int64_t acc_step = int64_t(heads) * kMlaAccStride;
+    float L = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+    for (int s0 = 0; s0 < n; s0 += 8) {
+      // Loads first (independent of the chain), then the fixed ascending fmaf chain.
+      float4 v[8];
+      float mm[8], ll[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (s0 + i < n) {
+          v[i] = *reinterpret_cast<const float4*>(acc + (s0 + i) * acc_step);
+          mm[i] = ml[(s0 + i) * ml_step];
+          ll[i] = ml[(s0 + i) * ml_step + 1];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (s0 + i < n) {
+          const float f = expf(mm[i] - M);
+          L = __fmaf_rn(ll[i], f, L);
+          o0 = __fmaf_rn(v[i].x, f, o0);
+          o1 = __fmaf_rn(v[i].y, f, o1);
+          o2 = __fmaf_rn(v[i].z, f, o2);
+          o3 = __fmaf_rn(v[i].w, f, o3);
+        }
+      }
+    }
+    const float r[4] = {o0, o1, o2, o3};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (d + e < latent) o_dst[d + e] = f2bf_out(r[e] / L);
+  }
+}
+
+}  // namespace atlas::cuda::kern
