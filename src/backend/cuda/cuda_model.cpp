@@ -267,6 +267,7 @@ class CudaModel final : public Model {
   DeviceBlock expert_ptrs_;  // the layers' gate_up_ptrs / down_ptrs arrays
   GemmMode dense_mode_ = GemmMode::batch_invariant;
   bool graphs_ = true;
+  int64_t max_tokens_ = 16384;  // tokens per forward pass before a prefill is chunked
   Stream s_ = nullptr;  // every launch goes here (capturable, unlike the legacy default stream)
   mutable DeviceBlock scratch_;
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
@@ -359,6 +360,7 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   const char* env_graphs = std::getenv("ATLAS_CUDA_GRAPHS");
   graphs_ = opts.graphs && !(env_graphs && std::string(env_graphs) == "0");
+  max_tokens_ = std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
   const size_t margin = size_t(1) << 30;
   if (total + margin > mem.free)
@@ -703,7 +705,10 @@ void CudaModel::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Bu
       mla_decode({.q = b.qt + r0 * nh * W, .latent_cache = kv, .cache_row_stride = cache.capacity() * W,
                   .lengths = b.qlen + r0, .cache_rows = b.qrow + r0, .max_length = int(ml), .out = b.olat + r0 * nh * dc,
                   .latent = int(dc), .rope = int(dr), .rows = int(n), .heads = int(nh), .scale = scale_,
-                  .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_});
+                  .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_,
+                  // prefill: two consecutive queries of one row share each cache tile; decode: one
+                  // row per block (the bits are the same either way)
+                  .queries_per_block = T > 1 ? 2 : 1});
     }
     // O_h = o_lat_h W_UV^h^T -> heads [M, nh*dv] (one batched launch over the heads)
     gemm({.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .out_type = OutType::bf16, .M = int(M), .N = int(dv),
@@ -763,6 +768,35 @@ ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, cons
            "the attention pattern is not available on the cuda backend yet (use --backend cpu)");
 
   // A decode step without hooks replays the cache's captured graph (inputs through pinned memory).
+  // Long prefills run in chunks of whole time steps (every row advances together), so working
+  // memory stays bounded whatever B x T is. Each chunk appends to the cache and attends to what
+  // the earlier chunks stored: a token's result is the same bits as in one call (row-wise ops,
+  // per-row invariant GEMMs, attention splits fixed by cache slot). Only without hooks (their
+  // observers expect whole [B, T, ...] tensors) and with last-token logits.
+  if (T > 1 && M > max_tokens_ && in.logits_last_only && (!hooks || hooks->empty())) {
+    const int64_t tc = std::max<int64_t>(1, max_tokens_ / B);
+    ForwardOutput out;
+    for (int64_t t0 = 0; t0 < T; t0 += tc) {
+      const int64_t n = std::min(tc, T - t0);
+      std::vector<int32_t> ids(static_cast<size_t>(B * n)), pos(static_cast<size_t>(B * n));
+      std::vector<uint8_t> mask(static_cast<size_t>(B * n));
+      for (int64_t bb = 0; bb < B; ++bb)
+        for (int64_t t = 0; t < n; ++t) {
+          const size_t src = size_t(bb * T + t0 + t), dst = size_t(bb * n + t);
+          ids[dst] = in.ids[src];
+          pos[dst] = in.positions[src];
+          mask[dst] = in.mask[src];
+        }
+      ForwardInput part = in;
+      part.tokens = n;
+      part.ids = ids;
+      part.positions = pos;
+      part.mask = mask;
+      out = forward(part, cache_base, hooks);  // the last chunk holds every row's last token
+    }
+    return out;
+  }
+
   // The cache's first decode step runs eagerly: one-time setup inside the launchers (cuBLASLt
   // plans for the step's shapes, kernel attributes) must not happen during a capture.
   const bool decode_step = T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());

@@ -33,6 +33,9 @@ struct CudaModelOptions {
   // Replay decode steps (T = 1, no hooks) from a CUDA graph captured once per cache. The env
   // variable ATLAS_CUDA_GRAPHS=0 turns it off (for measuring what graphs save).
   bool graphs = true;
+  // A prefill of more tokens (B x T) than this runs in chunks of whole time steps (same bits,
+  // bounded working memory); hooked calls are never chunked.
+  int64_t max_tokens_per_call = 16384;
 };
 
 // Uploads the checkpoint's weights (converted to bf16) to the device. Throws atlas::Error when

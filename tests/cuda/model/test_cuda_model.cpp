@@ -353,3 +353,20 @@ TEST_F(CudaTiny, FastModeIsCloseToInvariantMode) {
   std::printf("fast vs invariant: max |diff| %.4g of max |logit| %.4g\n", maxd, maxa);
   EXPECT_LT(maxd, 0.12 * maxa);  // the CUDA-vs-CPU bf16 tolerance of the fixtures (see above)
 }
+
+// A prefill split into chunks of whole time steps (working memory bounded) gives the same bits
+// as one call: logits, greedy tokens and the cache the decode steps read.
+TEST_F(CudaTiny, ChunkedPrefillIsBitIdenticalToOneCall) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  auto chunked = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .max_tokens_per_call = 8 * 37});
+  auto c1 = model_->make_cache(8, 310), c2 = chunked->make_cache(8, 310);
+  const auto a = prefill(*model_, *c1, rows), b = prefill(*chunked, *c2, rows);  // 300 tokens: 9 chunks of 37
+  ASSERT_EQ(a, b);
+  std::vector<int32_t> ids(8), pos(8);
+  for (int r = 0; r < 8; ++r) {
+    ids[size_t(r)] = argmax(a.data() + r * V, V);
+    pos[size_t(r)] = int32_t(rows[size_t(r)].size());
+  }
+  EXPECT_EQ(step(*model_, *c1, ids, pos), step(*chunked, *c2, ids, pos));
+}
