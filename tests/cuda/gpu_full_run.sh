@@ -124,7 +124,7 @@ if has tok; then
 fi
 if has kernels; then
   echo "== atlas_cuda_bench"
-  timeout ${KERNEL_TIMEOUT:-150} $B/bench/cuda/atlas_cuda_bench --benchmark_min_time=0.02s 2>&1 | tee "$out/bench_kernels.log" | grep -vE "^\*\*\*|^-+$" | tail -60
+  timeout ${KERNEL_TIMEOUT:-150} $B/bench/cuda/atlas_cuda_bench --benchmark_min_time=0.02s --benchmark_filter="${KERNEL_FILTER:-.}" 2>&1 | tee "$out/bench_kernels.log" | grep -vE "^\*\*\*|^-+$" | tail -60
 fi
 lite=/tmp/lite
 if has bench || has reference || has compare; then
@@ -154,4 +154,7 @@ if has compare; then
   timeout ${CMP_TIMEOUT:-420} python3 tools/reference/fullsize_compare.py --model $lite --atlas $B/atlas \
     --out "$out/fullsize.json" ${CMP_ARGS:-} 2>&1 | tail -30
 fi
+# One archive of every log (the device tool brings back a limited number of files).
+( cd "$out" && tar czf /tmp/gpu-logs.tgz --exclude=logs.tgz . && mv /tmp/gpu-logs.tgz logs.tgz &&
+  find . -maxdepth 1 -type f ! -name logs.tgz ! -name bench.json ! -name reference.json ! -name fullsize.json -delete )
 exit $rc
