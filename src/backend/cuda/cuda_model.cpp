@@ -267,7 +267,7 @@ class CudaModel final : public Model {
   DeviceBlock expert_ptrs_;  // the layers' gate_up_ptrs / down_ptrs arrays
   GemmMode dense_mode_ = GemmMode::batch_invariant;
   bool graphs_ = true;
-  int64_t max_tokens_ = 16384;  // tokens per forward pass before a prefill is chunked
+  int64_t max_tokens_ = 8192;  // tokens per forward pass before a prefill is chunked
   Stream s_ = nullptr;  // every launch goes here (capturable, unlike the legacy default stream)
   mutable DeviceBlock scratch_;
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)

@@ -35,7 +35,7 @@ struct CudaModelOptions {
   bool graphs = true;
   // A prefill of more tokens (B x T) than this runs in chunks of whole time steps (same bits,
   // bounded working memory); hooked calls are never chunked.
-  int64_t max_tokens_per_call = 16384;
+  int64_t max_tokens_per_call = 8192;
 };
 
 // Uploads the checkpoint's weights (converted to bf16) to the device. Throws atlas::Error when
