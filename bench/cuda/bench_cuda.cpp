@@ -178,9 +178,9 @@ std::vector<int> forced_configs(int rows) {
   if (rows <= 16)
     want = {"splitk16x16/8w", "splitk16x8/8w"};
   else if (rows <= 1024)
-    want = {"128x128x32/4", "64x32x64/4", "splitk16x16/8w"};
+    want = {"128x64x32/4", "128x128x32/4", "64x32x64/4", "splitk16x8/8w"};
   else
-    want = {"128x128x32/4"};
+    want = {"128x64x32/4", "128x128x32/4"};
   std::vector<int> out;
   for (int c : all)
     if (std::find(want.begin(), want.end(), gemm_config_name(c)) != want.end()) out.push_back(c);

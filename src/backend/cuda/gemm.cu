@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "backend/cuda/cuda_internal.h"
@@ -31,7 +32,8 @@ namespace {
 // All give the same bits (kernels/gemm_mma.cuh); they differ in speed only. Ordered from the
 // largest tile to the smallest: the chooser takes the first that fills the GPU.
 //                        BM   BN   BK  warps_m warps_n stages   smem
-using CfgL128 = kern::MmaTile<128, 128, 32, 2, 4, 4>;  // 64 KB, 256 threads: prefill
+using CfgL128 = kern::MmaTile<128, 128, 32, 2, 4, 4>;  // 64 KB, 256 threads: prefill (1 block/SM)
+using CfgL128N64 = kern::MmaTile<128, 64, 32, 4, 2, 4>;  // 48 KB, 256 threads: prefill (2 blocks/SM)
 using CfgM64 = kern::MmaTile<64, 64, 64, 2, 2, 4>;     // 64 KB, 128 threads
 using CfgM64N32 = kern::MmaTile<64, 32, 64, 2, 2, 4>;  // 48 KB, 128 threads
 using CfgM32 = kern::MmaTile<32, 64, 64, 2, 2, 4>;     // 48 KB, 128 threads
@@ -78,18 +80,29 @@ constexpr TileConfig make_splitk_config(const char* name) {
   return c;
 }
 
+// Order = the chooser's preference for M > 16. 128x64 before 128x128: the K-slice contract's
+// running total doubles the accumulator registers (128x128: ~163 per thread, one block per SM;
+// 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
+// constexpr: constant-initialised, so other translation units may ask for names during their
+// own static initialisation (the benchmark registers its cases by config name).
+constexpr std::array<TileConfig, 8> kConfigs = {
+    make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
+    make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
+    make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
+    make_splitk_config<CfgS16>("splitk16x16/8w"), make_splitk_config<CfgS8>("splitk16x8/8w")};
+
+constexpr int config_index(std::string_view name) {
+  for (size_t i = 0; i < kConfigs.size(); ++i)
+    if (std::string_view(kConfigs[i].name) == name) return int(i);
+  return -1;
+}
 // The predicated (unaligned) path of the tiled kernel is instantiated for one config only (it
 // serves tiny models and odd slices, where speed does not matter): kSyncLarge for tiles of more
 // than 16 rows; 16-row tiles fall back to kSyncSmall (split-K, which always has it). Forcing
 // another config with unaligned operands runs one of these (same bits).
-constexpr int kSyncLarge = 1, kSyncSmall = 6;
-// constexpr: constant-initialised, so other translation units may ask for names during their
-// own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 7> kConfigs = {
-    make_config<CfgL128, false>("128x128x32/4"),  make_config<CfgM64, true>("64x64x64/4"),
-    make_config<CfgM64N32, false>("64x32x64/4"),  make_config<CfgM32, false>("32x64x64/4"),
-    make_config<CfgD32, false>("16x32x128/4"),    make_splitk_config<CfgS16>("splitk16x16/8w"),
-    make_splitk_config<CfgS8>("splitk16x8/8w")};
+constexpr int kSyncLarge = config_index("64x64x64/4"), kSyncSmall = config_index("splitk16x8/8w");
+constexpr int kSplitK8 = config_index("splitk16x8/8w");
+static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0, "config names");
 
 std::atomic<int> forced_config{-1};
 
@@ -127,7 +140,6 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // would waste the tensor cores).
 int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128; }
 
-constexpr int kSplitK8 = 6;  // "splitk16x8/8w"
 
 // The automatic choice. Up to 16 rows per problem (decode, small expert groups): the split-K
 // kernel with 8 columns per block (the most blocks, and at <= 120 registers per thread two
