@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
@@ -112,6 +115,78 @@ Pool& pool() {
   return p;
 }
 
+// ---- summary table: one line per shape x M (dense) and shape x tokens (grouped) ----------------
+// Each case records its mean time per call; the table is printed to stdout when the process
+// exits (after Google Benchmark's own report), so a short run shows invariant vs cuBLASLt at a
+// glance. Cases that did not run (filtered out, no GPU) leave their cells empty.
+struct SummaryRow {
+  std::string config;                 // the automatic choice
+  double inv_us = -1, ref_us = -1;    // invariant auto; cuBLASLt (dense) / per-expert cuBLASLt (grouped)
+  std::map<std::string, double> forced;  // forced config -> us
+};
+struct Summary {
+  std::mutex mu;
+  std::map<std::string, SummaryRow> rows;  // key: "dense  N=.. K=.. M=.." (sorted = grouped by kind)
+  ~Summary() {
+    if (rows.empty()) return;
+    std::printf("\nGEMM summary (us per call; ratio = invariant auto / cuBLASLt)\n");
+    std::printf("%-44s %-16s %10s %10s %7s  %s\n", "case", "auto config", "invariant", "cuBLASLt", "ratio",
+                "forced configs");
+    for (const auto& [key, r] : rows) {
+      std::string forced;
+      for (const auto& [name, us] : r.forced) {
+        char b[96];
+        std::snprintf(b, sizeof b, "%s%s %.1f", forced.empty() ? "" : ", ", name.c_str(), us);
+        forced += b;
+      }
+      char inv[32] = "-", ref[32] = "-", ratio[32] = "-";
+      if (r.inv_us >= 0) std::snprintf(inv, sizeof inv, "%.1f", r.inv_us);
+      if (r.ref_us >= 0) std::snprintf(ref, sizeof ref, "%.1f", r.ref_us);
+      if (r.inv_us >= 0 && r.ref_us > 0) std::snprintf(ratio, sizeof ratio, "%.2f", r.inv_us / r.ref_us);
+      std::printf("%-44s %-16s %10s %10s %7s  %s\n", key.c_str(), r.config.c_str(), inv, ref, ratio, forced.c_str());
+    }
+    std::fflush(stdout);
+  }
+};
+Summary& summary() {
+  static Summary s;
+  return s;
+}
+// kind 0: invariant auto, 1: the cuBLASLt baseline, 2: a forced config (name).
+void record(const std::string& key, const std::string& auto_config, int kind, const std::string& name, double us) {
+  Summary& s = summary();
+  std::lock_guard<std::mutex> lock(s.mu);
+  SummaryRow& r = s.rows[key];
+  if (!auto_config.empty()) r.config = auto_config;
+  if (kind == 0) r.inv_us = us;
+  if (kind == 1) r.ref_us = us;
+  if (kind == 2) r.forced[name] = us;
+}
+
+// The forced-config cases: every config with ATLAS_GEMM_SWEEP=1 in the environment, else the
+// few that matter per row count (the split-K decode configs for small M, the large tiles and
+// split-K for M = 128, the largest tile for big prefills), so the default run stays short.
+bool full_sweep() {
+  const char* e = std::getenv("ATLAS_GEMM_SWEEP");
+  return e != nullptr && std::string(e) == "1";
+}
+std::vector<int> forced_configs(int rows) {
+  std::vector<int> all;
+  for (int c = 0; c < gemm_config_count(); ++c) all.push_back(c);
+  if (full_sweep()) return all;
+  std::vector<std::string> want;
+  if (rows <= 16)
+    want = {"splitk16x16/8w", "splitk16x8/8w"};
+  else if (rows <= 1024)
+    want = {"128x64x32/4", "128x128x32/4", "64x32x64/4", "splitk16x8/8w"};
+  else
+    want = {"128x64x32/4", "128x128x32/4"};
+  std::vector<int> out;
+  for (int c : all)
+    if (std::find(want.begin(), want.end(), gemm_config_name(c)) != want.end()) out.push_back(c);
+  return out;
+}
+
 struct Shape {
   int N, K;
   const char* what;
@@ -154,6 +229,8 @@ void BM_GemmShapes(benchmark::State& state) {
   constexpr int kReps = 16;
   EventTimer t;
   int next = 0;
+  double total_s = 0;
+  int64_t iters = 0;
   for (auto _ : state) {
     t.start();
     for (int r = 0; r < kReps; ++r) {
@@ -161,9 +238,18 @@ void BM_GemmShapes(benchmark::State& state) {
       next = (next + 1) % copies;
       gemm(a);
     }
-    state.SetIterationTime(t.stop_ms() / 1e3 / kReps);
+    const double s = t.stop_ms() / 1e3 / kReps;
+    state.SetIterationTime(s);
+    total_s += s;
+    ++iters;
   }
   gemm_force_config(-1);
+  if (iters > 0) {
+    char key[64];
+    std::snprintf(key, sizeof key, "dense   N=%6d K=%5d M=%4d", sh.N, sh.K, M);
+    const std::string auto_cfg = mode == 0 ? chosen : "";
+    record(key, auto_cfg, mode <= 1 ? mode : 2, mode >= 2 ? gemm_config_name(mode - 2) : "", total_s / iters * 1e6);
+  }
   const double bytes = 2.0 * (double(sh.N) * sh.K + double(M) * sh.K + double(M) * sh.N);
   state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["TFLOP/s"] =
@@ -171,11 +257,16 @@ void BM_GemmShapes(benchmark::State& state) {
   state.SetLabel(std::string(sh.what) + " N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + ", " +
                  mode_label(mode, chosen));
 }
-BENCHMARK(BM_GemmShapes)
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 128}, {0, 1, 2, 3, 4, 5, 6, 7, 8}})
-    ->UseManualTime()
-    ->MinTime(0.05)
-    ->Unit(benchmark::kMicrosecond);
+// Cases: every shape at M = 1 and 128: auto, cuBLASLt, then the forced configs of forced_configs.
+void gemm_shape_cases(benchmark::internal::Benchmark* b) {
+  for (int shape = 0; shape < int(kShapes.size()); ++shape)
+    for (int M : {1, 128}) {
+      b->Args({shape, M, 0});
+      b->Args({shape, M, 1});
+      for (int c : forced_configs(M)) b->Args({shape, M, 2 + c});
+    }
+}
+BENCHMARK(BM_GemmShapes)->Apply(gemm_shape_cases)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // ---- grouped MoE GEMM: 64 experts, top-6 routing, one launch with device offsets ----------------
 // Baselines: the same rows as one cuBLASLt GEMM per non-empty expert (host offsets, rows
@@ -268,15 +359,31 @@ void BM_GroupedGemm(benchmark::State& state) {
   check_device_errors();
   EventTimer t;
   int rot = 0;
+  double total_s = 0;
+  int64_t iters = 0;
   for (auto _ : state) {
     t.start();
     for (int i = 0; i < kRotations; ++i) {
       run_once(rot);
       rot = (rot + 1) % kRotations;
     }
-    state.SetIterationTime(t.stop_ms() / 1e3 / kRotations);
+    const double s = t.stop_ms() / 1e3 / kRotations;
+    state.SetIterationTime(s);
+    total_s += s;
+    ++iters;
   }
   gemm_force_config(-1);
+  if (iters > 0 && mode != 2) {
+    char key[64];
+    std::snprintf(key, sizeof key, "grouped N=%6d K=%5d tok=%5d", sh.N, sh.K, tokens);
+    const std::string auto_cfg = mode == 0 && chosen >= 0 ? gemm_config_name(chosen) : "";
+    record(key, auto_cfg, mode == 0 ? 0 : mode == 1 ? 1 : 2, mode >= 3 ? gemm_config_name(mode - 3) : "",
+           total_s / iters * 1e6);
+  } else if (iters > 0) {
+    char key[64];
+    std::snprintf(key, sizeof key, "grouped N=%6d K=%5d tok=%5d", sh.N, sh.K, tokens);
+    record(key, "", 2, "per-expert inv", total_s / iters * 1e6);
+  }
   int busy = 0;
   for (int e = 0; e < kExperts; ++e) busy += r.offsets[size_t(e) + 1] > r.offsets[size_t(e)];
   const double bytes = 2.0 * (double(busy) * wsz + double(r.rows) * sh.K + double(r.rows) * sh.N);
@@ -290,11 +397,17 @@ void BM_GroupedGemm(benchmark::State& state) {
   state.SetLabel("64 experts top-6, " + std::to_string(tokens) + " tokens (" + std::to_string(r.rows) +
                  " rows), N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + ", " + m);
 }
-BENCHMARK(BM_GroupedGemm)
-    ->ArgsProduct({{1, 2}, {1, 128, 32768}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}})
-    ->UseManualTime()
-    ->MinTime(0.05)
-    ->Unit(benchmark::kMicrosecond);
+// Cases: gate|up and down at 1, 128 and 32768 tokens: grouped auto, the two per-expert loops,
+// then the forced configs for the rows per busy expert (1, ~12, ~3072).
+void grouped_cases(benchmark::internal::Benchmark* b) {
+  for (int shape : {1, 2})
+    for (int tokens : {1, 128, 32768}) {
+      for (int mode : {0, 1, 2}) b->Args({shape, tokens, mode});
+      const int rows_per_expert = tokens == 1 ? 1 : tokens * kTopK / kExperts;
+      for (int c : forced_configs(rows_per_expert)) b->Args({shape, tokens, 3 + c});
+    }
+}
+BENCHMARK(BM_GroupedGemm)->Apply(grouped_cases)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // ---- MLA attention (absorbed form) ----------------------------------------------------------
 constexpr int kMlaHeads = 16;

@@ -7,13 +7,16 @@
 //  - batch_invariant vs the CPU reference (an FMA chain) on small-integer data: bit for bit,
 //    since every partial sum is an integer below 2^24 and so exact in any order.
 //  - batch_invariant vs the CPU reference on random data: a tolerance, because the tensor
-//    cores add each 16-product chunk in their own order. Both sides accumulate in fp32; the
-//    error of a sum in fp32 in any order is at most (terms) * 2^-24 * sum|x_k w_k| in the worst
-//    case and about sqrt(terms) * 2^-24 * sum|x_k w_k| for random signs; with K = 2048 that is
-//    ~3e-6 relative to sum|x w| for the reference's 2048 sequential adds and less for the 128
-//    chunk adds, so 1e-5 * sum|x_k w_k| leaves a margin of a few times the typical error
-//    (the bound cuBLASLt already met on the H200). bf16 out adds one rounding on each side:
-//    2^-8 |ref| (two half-ulps).
+//    cores add each 16-product chunk in their own order and the contract adds 256-wide K slices
+//    (kernels/gemm_mma.cuh). Both sides accumulate in fp32; the error of a sum in fp32 in any
+//    order is at most (terms) * 2^-24 * sum|x_k w_k| in the worst case and about
+//    sqrt(terms) * 2^-24 * sum|x_k w_k| for random signs; with K = 2048 that is ~3e-6 relative
+//    to sum|x w| for the reference's 2048 sequential adds and less for the contract's 16 chunk
+//    adds per slice plus 8 slice adds, so 1e-5 * sum|x_k w_k| leaves a margin of a few times the
+//    typical error (the bound cuBLASLt already met on the H200). bf16 out adds one rounding on
+//    each side: 2^-8 |ref| (two half-ulps).
+//  - batch_invariant vs its own K slices: a GEMM over K == the fp32 sum in slice order of the
+//    GEMMs over each slice, bit for bit (the contract's outer loop, checked directly).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -132,8 +135,12 @@ TEST_F(Gemm, TensorCoreKernelIsExactOnIntegerDataInEveryConfig) {
     int M, N, K;
     int x_shift;  // elements: x starts this far into its buffer (1 = not 16-byte aligned)
   };
-  const Shape shapes[] = {{1, 8, 16, 0},  {7, 40, 2056, 0}, {70, 200, 264, 0}, {130, 136, 40, 0},
-                          {33, 17, 24, 0}, {19, 72, 20, 0},  {45, 24, 136, 1}};
+  // K = 2056 and 4104: more slices than the split-K kernel has warps (several rounds, a short
+  // last slice); M = 12 and 16: split-K tiles with more than 8 rows; x_shift = 1 with M <= 16:
+  // the split-K kernel's element-load variant.
+  const Shape shapes[] = {{1, 8, 16, 0},   {7, 40, 2056, 0}, {70, 200, 264, 0}, {130, 136, 40, 0},
+                          {33, 17, 24, 0},  {19, 72, 20, 0},  {45, 24, 136, 1}, {3, 24, 4104, 0},
+                          {12, 40, 600, 0}, {16, 9, 520, 1},  {5, 33, 300, 1}};
   for (int c = -1; c < gemm_config_count(); ++c) {
     ForceConfig force(c);
     for (const Shape& s : shapes) {
@@ -173,17 +180,18 @@ TEST_F(Gemm, InvariantRowsAreIdenticalForAnyMPositionAndConfig) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
   const int total = 1000;
-  for (auto [N, K] : {std::pair{576, 2048}, std::pair{2048, 1408}}) {
+  // (136, 4360): 18 K slices, the last 8 wide (split-K: three rounds; tiled: a short last slice).
+  for (auto [N, K] : {std::pair{576, 2048}, std::pair{2048, 1408}, std::pair{136, 4360}}) {
     auto x = random_bf16(size_t(total) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
     DevBuf<uint16_t> dw(w), dx(x);
     const GemmArgs all{.x = dx.get(), .w = dw.get(), .M = total, .N = N, .K = K};
     const auto full_b = run<uint16_t>(all, size_t(total) * N);
     const auto full_f = run<float>(all, size_t(total) * N);
     expect_bf16_is_rounded_f32(full_b, full_f, "M=1000");
-    const int n_configs = N == 576 ? gemm_config_count() : 0;  // every config on one shape
+    const int n_configs = N == 2048 ? 0 : gemm_config_count();  // every config on two shapes
     for (int c = -1; c < n_configs; ++c) {
       ForceConfig force(c);
-      for (int M : {1, 7, 64, 128, 1000}) {
+      for (int M : {1, 7, 9, 16, 64, 128, 1000}) {
         for (int start : {0, 5, 91, 333, total - M}) {
           if (start + M > total || start < 0) continue;
           const GemmArgs part{.x = dx.get() + size_t(start) * K, .w = dw.get(), .M = M, .N = N, .K = K};
@@ -205,12 +213,44 @@ TEST_F(Gemm, InvariantRowsAreIdenticalForAnyMPositionAndConfig) {
   }
 }
 
+// The K-slice contract itself: with fp32 output, a GEMM over K equals the fp32 sum, in slice
+// order starting from +0, of the GEMMs over each 256-wide K slice (each a one-slice problem, run
+// in place through the row strides). Holds in every config, so the split-K kernel's reduction
+// order and the tiled kernel's running total are both the contract's.
+TEST_F(Gemm, InvariantResultIsTheOrderedSumOfItsKSlices) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  constexpr int kSlice = 256;  // the contract's slice width (kernels/gemm_mma.cuh, kSliceK)
+  for (auto [M, N, K] : {std::tuple{1, 40, 768}, std::tuple{12, 24, 600}, std::tuple{70, 136, 2312}}) {
+    auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
+    DevBuf<uint16_t> dx(x), dw(w);
+    const int slices = (K + kSlice - 1) / kSlice;
+    for (int c = -1; c < gemm_config_count(); ++c) {
+      ForceConfig force(c);
+      const std::string what = "config " + (c < 0 ? std::string("auto") : gemm_config_name(c)) +
+                               " M=" + std::to_string(M) + " K=" + std::to_string(K);
+      const auto full = run<float>({.x = dx.get(), .w = dw.get(), .M = M, .N = N, .K = K}, size_t(M) * N);
+      std::vector<float> want(size_t(M) * N, 0.0f);
+      for (int sl = 0; sl < slices; ++sl) {
+        const int k0 = sl * kSlice, ks = std::min(kSlice, K - k0);
+        const auto part = run<float>({.x = dx.get() + k0, .w = dw.get() + k0, .M = M, .N = N, .K = ks,
+                                      .x_stride = K, .w_stride = K},
+                                     size_t(M) * N);
+        for (size_t i = 0; i < want.size(); ++i) want[i] = want[i] + part[i];
+      }
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(std::memcmp(&full[i], &want[i], sizeof(float)), 0)
+            << what << " element " << i << ": " << full[i] << " vs slice sum " << want[i];
+    }
+  }
+}
+
 // Operands that are not 16-byte aligned (odd strides, shifted pointers) take the predicated
 // path: same contract, so the same bits as the aligned fast path on the same values.
 TEST_F(Gemm, PredicatedPathGivesTheFastPathBits) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  for (int M : {3, 100}) {
+  for (int M : {3, 12, 100}) {
     const int N = 96, K = 1408, ks = K + 1;  // odd row stride: no row is 16-byte aligned
     auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
     std::vector<uint16_t> xs(size_t(M) * ks + 1, 0), ws(size_t(N) * ks + 1, 0);
@@ -377,6 +417,10 @@ TEST_F(GroupedGemm, RowsEqualTheDenseGemmOfTheirGroup) {
   std::vector<int> decode(64, 0);
   for (int e : {3, 9, 10, 31, 50, 63}) decode[size_t(e)] = 1;
   check_grouped<uint16_t>({decode, 128, 256, 1, 0}, rng);
+  // Batch-128-like: ~12 rows per expert (split-K tiles with more than 8 rows), 9 K slices.
+  std::vector<int> busy(16, 0);
+  for (int e = 0; e < 16; ++e) busy[size_t(e)] = (e * 7) % 13 + 6;
+  check_grouped<float>({busy, 48, 2056, 64, 3}, rng);
   // Unaligned K (predicated path) with gather.
   check_grouped<float>({{4, 0, 9}, 24, 20, 7, 2}, rng);
 }

@@ -333,15 +333,19 @@ void mla_decode(const MlaDecodeArgs& a);
 // ---- GEMM: out[M,N] = x[M,K] . W[N,K]^T (PyTorch Linear layout) ----------------------------
 // bf16 inputs, fp32 accumulation, bf16 or fp32 output (fp32 for the router logits: products of
 // bf16 values are exact in fp32, so this equals the official fp32 GEMM on upcast operands).
-//   batch_invariant: atlas's own tensor-core kernel (kernels/gemm_mma.cuh). Contract, per output
-//     element: acc = 0 (fp32); for each 16-wide k-chunk c = 0, 1, ..., ceil(K/16)-1 in ascending
-//     order: acc = mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32(x[m, 16c..16c+15],
-//     w[n, 16c..16c+15], acc), elements past K read as 0, standard fragment positions; then one
-//     rounding (bf16 round-to-nearest-even, or none for f32 out). No split-K. Nothing about M,
-//     the tile, the batch or the group enters, so a row's bits are the same for M = 1 or 1000,
-//     in any tile configuration, dense, batched or grouped (tests/cuda checks all of these).
-//     It is not the CPU reference's FMA chain (tensor cores sum each chunk in their own order),
-//     so against ref::gemm it agrees within a stated tolerance, not bit for bit.
+//   batch_invariant: atlas's own tensor-core kernels (kernels/gemm_mma.cuh). Contract, per output
+//     element, with the fixed K slice width S = 256: total = +0 (fp32); for each slice
+//     s = 0, 1, ..., ceil(K/S)-1 in ascending order: acc = +0; for each 16-wide k-chunk c of the
+//     slice in ascending order: acc = mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32(
+//     x[m, 16c..16c+15], w[n, 16c..16c+15], acc), elements past K read as 0, standard fragment
+//     positions; then total = total + acc (fp32); finally one rounding of total (bf16
+//     round-to-nearest-even, or none for f32 out). S is a constant of the contract, never derived
+//     from M or the tile: the slices are what let small-M calls split K over warps (the slice
+//     sums are added in slice order) while large tiles keep a running total. Nothing about M, the
+//     tile, the batch or the group enters, so a row's bits are the same for M = 1 or 1000, in
+//     any tile configuration, dense, batched or grouped (tests/cuda checks all of these). It is
+//     not the CPU reference's FMA chain (tensor cores sum each chunk in their own order), so
+//     against ref::gemm it agrees within a stated tolerance, not bit for bit.
 //     Fast path: K, the row/batch strides of x and w multiples of 8 and x, w 16-byte aligned
 //     (every DeepSeek-V2 shape); anything else runs a predicated path of the same kernel with
 //     the same bits (tiny test models, odd slices), so no shape is refused.
@@ -384,7 +388,8 @@ void gemm(const GemmArgs& a);
 // from the shape (never from the data); tests and benchmarks force one to check that claim and
 // to time each. gemm_force_config(-1) restores the automatic choice (process-wide setting).
 int gemm_config_count();
-std::string gemm_config_name(int config);  // e.g. "128x128x32/4" = BM x BN x BK / stages
+std::string gemm_config_name(int config);  // "128x128x32/4" = BM x BN x BK / stages; "splitk16x8/8w" = split-K
+                                          // 16 x 8 tile, 8 warps on K slices
 void gemm_force_config(int config);
 // The config a batch_invariant gemm() / grouped_gemm() with these arguments would run (for
 // benchmark labels and tuning; -1 for an empty grouped problem).

@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "backend/cuda/cuda_internal.h"
@@ -31,43 +32,77 @@ namespace {
 // All give the same bits (kernels/gemm_mma.cuh); they differ in speed only. Ordered from the
 // largest tile to the smallest: the chooser takes the first that fills the GPU.
 //                        BM   BN   BK  warps_m warps_n stages   smem
-using CfgL128 = kern::MmaTile<128, 128, 32, 2, 4, 4>;  // 64 KB, 256 threads: prefill
+using CfgL128 = kern::MmaTile<128, 128, 32, 2, 4, 4>;  // 64 KB, 256 threads: prefill (1 block/SM)
+using CfgL128N64 = kern::MmaTile<128, 64, 32, 4, 2, 4>;  // 48 KB, 256 threads: prefill (2 blocks/SM)
 using CfgM64 = kern::MmaTile<64, 64, 64, 2, 2, 4>;     // 64 KB, 128 threads
 using CfgM64N32 = kern::MmaTile<64, 32, 64, 2, 2, 4>;  // 48 KB, 128 threads
 using CfgM32 = kern::MmaTile<32, 64, 64, 2, 2, 4>;     // 48 KB, 128 threads
-using CfgD32 = kern::MmaTile<16, 32, 128, 1, 4, 4>;    // 48 KB, 128 threads: decode, wide N
-using CfgD16 = kern::MmaTile<16, 16, 128, 1, 2, 6>;    // 48 KB, 64 threads: decode
-using CfgD8 = kern::MmaTile<16, 8, 128, 1, 1, 8>;      // 48 KB, 32 threads: decode, narrow N
+using CfgD32 = kern::MmaTile<16, 32, 128, 1, 4, 4>;    // 48 KB, 128 threads: 16-row tiled
+// Split-K (M <= 16 / decode): 16 rows x 8*NI columns, 8 warps on different K slices.
+using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
+using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
 struct TileConfig {
   const char* name;
   int bm, bn, threads, smem;
-  KernelFn fn[2][2];  // [out f32][async]; null where not instantiated
+  bool splitk;
+  KernelFn fn[2][2][2];  // [out f32][async][at most 8 rows per tile]; null where not instantiated
 };
 
 template <class T, bool kSync>
-TileConfig make_config(const char* name) {
-  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, {{nullptr, nullptr}, {nullptr, nullptr}}};
-  c.fn[0][1] = kern::gemm_mma_kernel<T, false, true>;
-  c.fn[1][1] = kern::gemm_mma_kernel<T, true, true>;
-  if constexpr (kSync) {
-    c.fn[0][0] = kern::gemm_mma_kernel<T, false, false>;
-    c.fn[1][0] = kern::gemm_mma_kernel<T, true, false>;
+constexpr TileConfig make_config(const char* name) {
+  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, false, {}};
+  for (int h = 0; h < 2; ++h) {  // the tiled kernel has no 8-row variant
+    c.fn[0][1][h] = kern::gemm_mma_kernel<T, false, true>;
+    c.fn[1][1][h] = kern::gemm_mma_kernel<T, true, true>;
+    if constexpr (kSync) {
+      c.fn[0][0][h] = kern::gemm_mma_kernel<T, false, false>;
+      c.fn[1][0][h] = kern::gemm_mma_kernel<T, true, false>;
+    }
   }
   return c;
 }
 
-// The predicated (unaligned) path is instantiated for two configs only (it serves tiny models
-// and odd slices, where speed does not matter): kSyncSmall for tiles of <= 16 rows, kSyncLarge
-// otherwise. Forcing another config with unaligned operands runs one of these (same bits).
-constexpr int kSyncLarge = 1, kSyncSmall = 5;
-const std::array<TileConfig, 7> kConfigs = {
-    make_config<CfgL128, false>("128x128x32/4"), make_config<CfgM64, true>("64x64x64/4"),
-    make_config<CfgM64N32, false>("64x32x64/4"), make_config<CfgM32, false>("32x64x64/4"),
-    make_config<CfgD32, false>("16x32x128/4"),   make_config<CfgD16, true>("16x16x128/6"),
-    make_config<CfgD8, false>("16x8x128/8")};
+// Split-K configs always have their predicated (element-load) variant: it is the same loop.
+template <class T>
+constexpr TileConfig make_splitk_config(const char* name) {
+  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, true, {}};
+  c.fn[0][1][0] = kern::gemm_splitk_kernel<T, false, true, false>;
+  c.fn[1][1][0] = kern::gemm_splitk_kernel<T, true, true, false>;
+  c.fn[0][0][0] = kern::gemm_splitk_kernel<T, false, false, false>;
+  c.fn[1][0][0] = kern::gemm_splitk_kernel<T, true, false, false>;
+  c.fn[0][1][1] = kern::gemm_splitk_kernel<T, false, true, true>;
+  c.fn[1][1][1] = kern::gemm_splitk_kernel<T, true, true, true>;
+  c.fn[0][0][1] = kern::gemm_splitk_kernel<T, false, false, true>;
+  c.fn[1][0][1] = kern::gemm_splitk_kernel<T, true, false, true>;
+  return c;
+}
+
+// Order = the chooser's preference for M > 16. 128x64 before 128x128: the K-slice contract's
+// running total doubles the accumulator registers (128x128: ~163 per thread, one block per SM;
+// 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
+// constexpr: constant-initialised, so other translation units may ask for names during their
+// own static initialisation (the benchmark registers its cases by config name).
+constexpr std::array<TileConfig, 8> kConfigs = {
+    make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
+    make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
+    make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
+    make_splitk_config<CfgS16>("splitk16x16/8w"), make_splitk_config<CfgS8>("splitk16x8/8w")};
+
+constexpr int config_index(std::string_view name) {
+  for (size_t i = 0; i < kConfigs.size(); ++i)
+    if (std::string_view(kConfigs[i].name) == name) return int(i);
+  return -1;
+}
+// The predicated (unaligned) path of the tiled kernel is instantiated for one config only (it
+// serves tiny models and odd slices, where speed does not matter): kSyncLarge for tiles of more
+// than 16 rows; 16-row tiles fall back to kSyncSmall (split-K, which always has it). Forcing
+// another config with unaligned operands runs one of these (same bits).
+constexpr int kSyncLarge = config_index("64x64x64/4"), kSyncSmall = config_index("splitk16x8/8w");
+constexpr int kSplitK8 = config_index("splitk16x8/8w");
+static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0, "config names");
 
 std::atomic<int> forced_config{-1};
 
@@ -87,11 +122,12 @@ const GemmSetup& setup() {
                "cudaDeviceGetAttribute(multiProcessorCount)");
     for (const TileConfig& c : kConfigs)
       for (auto& per_out : c.fn)
-        for (KernelFn f : per_out)
-          if (f)
-            check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f),
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem),
-                       "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+        for (auto& per_async : per_out)
+          for (KernelFn f : per_async)
+            if (f && c.smem > 0)
+              check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f),
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem),
+                         "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     g.error_flag = error_flag();
     return g;
   }();
@@ -104,23 +140,27 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // would waste the tensor cores).
 int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128; }
 
-// The automatic choice: the largest tile (first in kConfigs) whose block count fills the GPU;
-// decode tiles (16 rows, memory bound) want about two blocks per SM so enough weight bytes are
-// in flight; else the narrowest decode tile (most blocks). `tiles_of(bm)` = m-tiles for a tile
-// height. Depends on shape only, never on data, and never on bits (any config is exact).
+
+// The automatic choice. Up to 16 rows per problem (decode, small expert groups): the split-K
+// kernel with 8 columns per block (the most blocks, and at <= 120 registers per thread two
+// 256-thread blocks fit an SM, so one block's loads overlap the other's reduction; the 16-column
+// variant needs ~150-185 registers: one block per SM). Larger M: the largest tiled config (first
+// in kConfigs) whose height suits M and whose block count reaches 3/4 of the SMs; if none does
+// (small N), split-K with 16-row tiles (K parallelism instead of a few blocks each running the
+// whole K). `tiles_of(bm)` = m-tiles for a tile height. Depends on shape only, never on data,
+// and never on bits (any config is exact): retune freely from the benchmark's summary table.
 template <class TilesOf>
 int choose_config(int64_t m_per_problem, int N, TilesOf tiles_of, int sm_count) {
   const int forced = forced_config.load();
   if (forced >= 0) return forced;
   const int cap = bm_cap(m_per_problem);
+  if (cap == 16) return kSplitK8;
   for (int i = 0; i < int(kConfigs.size()); ++i) {
     const TileConfig& c = kConfigs[size_t(i)];
-    if (c.bm > cap) continue;
-    const int64_t blocks = ceil_div(N, c.bn) * tiles_of(c.bm);
-    const int64_t need = c.bm == 16 ? 2 * int64_t(sm_count) : int64_t(sm_count) * 3 / 4;
-    if (blocks >= need) return i;
+    if (c.splitk || c.bm > cap || c.bm == 16) continue;
+    if (ceil_div(N, c.bn) * tiles_of(c.bm) >= int64_t(sm_count) * 3 / 4) return i;
   }
-  return int(kConfigs.size()) - 1;
+  return kSplitK8;
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -272,7 +312,7 @@ bool dense_async(const GemmArgs& a, int64_t xs, int64_t ws) {
 }
 int dense_config(const GemmArgs& a, bool async, int sm_count) {
   int ci = choose_config(a.M, a.N, [&](int bm) { return ceil_div(a.M, bm) * a.batch; }, sm_count);
-  if (!async && !kConfigs[size_t(ci)].fn[0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
+  if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
 
@@ -288,13 +328,14 @@ int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.group
 int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   const int64_t busy = busy_groups(a), m_avg = ceil_div(a.max_rows, busy);
   int ci = choose_config(m_avg, a.N, [&](int bm) { return busy * ceil_div(m_avg, bm); }, sm_count);
-  if (!async && !kConfigs[size_t(ci)].fn[0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
+  if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
 
-void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, dim3 grid, bool f32, bool async,
+// `rows8`: no tile holds more than 8 rows (the split-K kernel's 8-row variant may run).
+void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, dim3 grid, bool f32, bool async, bool rows8,
                 cudaStream_t stream) {
-  const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0];
+  const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
   f<<<grid, c.threads, c.smem, stream>>>(p);
 }
 
@@ -387,7 +428,7 @@ void gemm(const GemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
                  (a.batch == 1 || a.out_batch_stride % 2 == 0);
-  launch_mma(c, p, dim3(unsigned(m_tiles * n_tiles), 1, unsigned(a.batch)), f32, async, stream);
+  launch_mma(c, p, dim3(unsigned(m_tiles * n_tiles), 1, unsigned(a.batch)), f32, async, a.M <= 8, stream);
   check_launch(op);
 }
 
@@ -430,7 +471,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.max_rows = a.max_rows;
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
-  launch_mma(c, p, dim3(unsigned(y_tiles * n_tiles), 1, 1), f32, async, stream_of(a.stream));
+  launch_mma(c, p, dim3(unsigned(y_tiles * n_tiles), 1, 1), f32, async, a.max_rows <= 8, stream_of(a.stream));
   check_launch(op);
 }
 

@@ -1,24 +1,40 @@
 // Batch-invariant tensor-core GEMM: out[m][n] = sum_k x[m][k] * w[n][k], bf16 in, fp32 accumulate.
 //
-// Numerics contract (docs/cuda.md, "GEMM, batch-invariant"), per output element (m, n):
-//   acc = 0 (fp32)
-//   for c = 0 .. ceil(K/16)-1, ascending:                      (chunks past K are never issued)
-//     acc = mma.m16n8k16.row.col.f32.bf16.bf16.f32(A chunk c, B chunk c, acc)
-//   out = acc (fp32 out) or bf16(acc) (one rounding, nearest even)
+// Numerics contract (docs/cuda.md, "GEMM, batch-invariant"), per output element (m, n), with the
+// fixed slice width S = kSliceK = 256 (a constant: never derived from M, N, the tile or the grid):
+//   total = +0 (fp32)
+//   for s = 0 .. ceil(K/S)-1, ascending:                       (K slices [S*s, min(S*s+S, K)))
+//     acc = +0 (fp32)
+//     for c = 16s .. min(16s+16, ceil(K/16))-1, ascending:     (chunks past K are never issued)
+//       acc = mma.m16n8k16.row.col.f32.bf16.bf16.f32(A chunk c, B chunk c, acc)
+//     total = total + acc                                      (one fp32 add, round to nearest)
+//   out = total (fp32 out) or bf16(total) (one rounding, nearest even)
 // where A chunk c is x[m][16c .. 16c+15] and B chunk c is w[n][16c .. 16c+15], elements past K
 // read as 0, always in the standard fragment positions (k = 16c + j in fragment position j).
-// No split-K, nothing of M, N, the tile or the grid enters that sequence: a row's value depends
-// on its own x row, the w column and K alone. So every tile configuration below gives the same
-// bits and configurations may be chosen by M (small-M decode tiles, 128x128 for prefill), and
-// the grouped (MoE) and strided-batch forms run this same code.
+// Nothing of M, N, the tile or the grid enters that sequence: a row's value depends on its own
+// x row, the w column and K alone. So every configuration below gives the same bits and
+// configurations may be chosen by M, and the grouped (MoE) and strided-batch forms run this
+// same code. The slices are what allow split-K without breaking invariance: the small-M kernel
+// (gemm_splitk_kernel) has several warps stream different slices of the same columns and adds
+// their sums in slice order; the tiled kernel keeps a running total and adds each finished
+// slice into it.
 //
-// Structure: a block computes a BM x BN output tile with WARPS_M x WARPS_N warps (each WM x WN,
-// made of MI x NI m16n8 accumulators). K is staged through shared memory in BK-wide slices by a
-// STAGES-deep cp.async ring (16-byte copies, zero-fill for rows / k past the edge), rows of
-// BK bf16 with the 16-byte chunks XOR-swizzled so ldmatrix and the copies are bank-conflict free.
-// kAsync = false is the predicated slow path for operands that are not 16-byte aligned or K not
-// a multiple of 8 (tiny test models, odd slices): plain loads element by element, same smem
-// layout, same fragments, same chunk sequence, so the same bits.
+// Tiled kernel (gemm_mma_kernel): a block computes a BM x BN output tile with WARPS_M x WARPS_N
+// warps (each WM x WN, made of MI x NI m16n8 accumulators). K is staged through shared memory in
+// BK-wide steps (BK divides S) by a STAGES-deep cp.async ring (16-byte copies, zero-fill for rows
+// / k past the edge), rows of BK bf16 with the 16-byte chunks XOR-swizzled so ldmatrix and the
+// copies are bank-conflict free. kAsync = false is the predicated slow path for operands that are
+// not 16-byte aligned or K not a multiple of 8 (tiny test models, odd slices): plain loads
+// element by element, same smem layout, same fragments, same chunk sequence, so the same bits.
+//
+// Split-K kernel (gemm_splitk_kernel, tiles of 16 rows, for M <= 16 and decode-sized expert
+// groups): KW warps per block, warp j takes slices j, j + KW, j + 2 KW, ... of the block's 8*NI
+// columns. A warp loads a whole slice's fragments straight from global memory into registers
+// (all loads issued before the first mma: 16 chunks of W per column in flight per warp), runs
+// the slice's 16 mma per n8 tile, and parks the slice sum in shared memory; after each round of
+// KW slices one thread per output element adds the parked sums into its running total in slice
+// order. That gives KW-way K parallelism and KW x 16 independent chunks of W in flight per
+// column group, where the tiled kernel had one serial chain of ceil(K/16) mma per accumulator.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +47,11 @@ namespace atlas::cuda::kern {
 constexpr int kErrGroupedOffsets = 16;  // offsets not 0 = o[0] <= o[1] <= ... <= o[groups] <= max_rows
 constexpr int kErrGatherRows = 32;      // an x_rows entry outside [0, x_rows_limit) (or negative)
 constexpr int kErrGroupWeight = 64;     // a group's weight pointer null or not 16-byte aligned
+
+// The contract's K slice width (elements): slices of 16 chunks. A constant of the contract:
+// changing it changes the bits of every batch_invariant GEMM.
+constexpr int kSliceK = 256;
+constexpr int kSliceChunks = kSliceK / 16;
 
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_>
 struct MmaTile {
@@ -45,6 +66,16 @@ struct MmaTile {
   static_assert(NI == 1 || NI % 2 == 0, "B fragments load n8 tiles in pairs (or one)");
   static_assert(BK == 32 || BK == 64 || BK == 128, "swizzle defined for 4, 8 or 16 chunks per row");
   static_assert(STAGES >= 2, "pipeline needs two stages at least");
+  static_assert(kSliceK % BK == 0, "a K slice must be whole BK steps");
+};
+
+// Split-K small-M tile: 16 rows x 8*NI columns, KW warps on different K slices.
+template <int NI_, int KW_>
+struct SplitKTile {
+  static constexpr int BM = 16, NI = NI_, BN = 8 * NI_, KW = KW_;
+  static constexpr int THREADS = 32 * KW;
+  static constexpr int SMEM_BYTES = 0;  // static shared memory only
+  static constexpr int ELEMS = (BM * BN + THREADS - 1) / THREADS;  // reduced outputs per thread
 };
 
 // Everything a launch needs; one struct for dense, strided-batch and grouped problems.
@@ -135,42 +166,40 @@ __device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* base, 
   }
 }
 
-template <class T, bool kOutF32, bool kAsync>
-__global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
-  extern __shared__ __align__(128) unsigned char gemm_smem[];
-  __shared__ int64_t a_off[T::BM];  // element offset of each tile row's A row in x; -1 = zero row
-  __shared__ int64_t b_off[T::BN];  // element offset of each tile column's W row; -1 = zero row
-  uint16_t* sA = reinterpret_cast<uint16_t*>(gemm_smem);    // [STAGES][BM][BK] (swizzled chunks)
-  uint16_t* sB = sA + T::STAGES * T::BM * T::BK;             // [STAGES][BN][BK]
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
-
-  // ---- which tile: rows [row_begin, row_end) of the output, columns from n0 ----
-  int n_tile, row_begin, row_end;
-  const uint16_t* x = p.x;
-  const uint16_t* w;
+// Where a block's tile lies: output rows [row_begin, row_end), n-tile, the problem's x, w and out
+// offset. Dense: blockIdx.x walks the raster, blockIdx.z the batch. Grouped: see below.
+struct TileSpot {
+  int n_tile = 0, row_begin = 0, row_end = 0;
+  const uint16_t* x = nullptr;
+  const uint16_t* w = nullptr;
   int64_t out_base = 0;  // element offset of this problem's out (batch)
+};
+
+// false: the block has no tile (past the last grouped tile, or an error it has flagged) and
+// must exit; the answer is the same for every thread of the block.
+template <int BM, bool kAsync>
+__device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int tid, int lane, TileSpot& t) {
+  t.x = p.x;
   if (p.offsets == nullptr) {
     const int pid = blockIdx.x;
     const int per_group = kRasterGroup * p.n_tiles;
     const int first_m = (pid / per_group) * kRasterGroup;
     const int gm = min(p.m_tiles - first_m, kRasterGroup);
     const int m_tile = first_m + (pid % per_group) % gm;
-    n_tile = (pid % per_group) / gm;
-    row_begin = m_tile * T::BM;
-    row_end = min(row_begin + T::BM, p.M);
+    t.n_tile = (pid % per_group) / gm;
+    t.row_begin = m_tile * BM;
+    t.row_end = min(t.row_begin + BM, p.M);
     const int64_t b = blockIdx.z;
-    x += b * p.x_bs;
-    w = p.w + b * p.w_bs;
-    out_base = b * p.o_bs;
+    t.x = p.x + b * p.x_bs;
+    t.w = p.w + b * p.w_bs;
+    t.out_base = b * p.o_bs;
   } else {
-    // Grouped: tile t is the j-th BM-row tile of group g, counting tiles group after group
+    // Grouped: tile `tile` is the j-th BM-row tile of group g, counting tiles group after group
     // (ceil(rows_g / BM) each). Every warp scans the offsets itself (identical results, no
     // barrier needed) and checks them; the grid's tile bound is host-side, so blocks past the
     // last real tile find nothing and exit.
-    const int t = blockIdx.x / p.n_tiles;
-    n_tile = blockIdx.x % p.n_tiles;
+    const int tile = blockIdx.x / p.n_tiles;
+    t.n_tile = blockIdx.x % p.n_tiles;
     bool bad = false;
     int base = 0, g_found = -1, lo_found = 0, hi_found = 0, j_found = 0;
     for (int g0 = 0; g0 < p.groups; g0 += 32) {
@@ -184,7 +213,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
       // Clamp so a corrupt table cannot overflow the tile arithmetic (the block exits anyway).
       lo = min(max(lo, 0), p.max_rows);
       hi = min(max(hi, lo), p.max_rows);
-      const int tiles = (hi - lo + T::BM - 1) / T::BM;
+      const int tiles = (hi - lo + BM - 1) / BM;
       int inc = tiles;
 #pragma unroll
       for (int off = 1; off < 32; off <<= 1) {
@@ -192,53 +221,73 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
         if (lane >= off) inc += v;
       }
       const int excl = base + inc - tiles;
-      const unsigned hit = __ballot_sync(0xffffffffu, g < p.groups && tiles > 0 && t >= excl && t < excl + tiles);
+      const unsigned hit = __ballot_sync(0xffffffffu, g < p.groups && tiles > 0 && tile >= excl && tile < excl + tiles);
       if (hit != 0 && g_found < 0) {
         const int src = __ffs(hit) - 1;
         g_found = g0 + src;
         lo_found = __shfl_sync(0xffffffffu, lo, src);
         hi_found = __shfl_sync(0xffffffffu, hi, src);
-        j_found = t - __shfl_sync(0xffffffffu, excl, src);
+        j_found = tile - __shfl_sync(0xffffffffu, excl, src);
       }
       base += __shfl_sync(0xffffffffu, inc, 31);
     }
     bad = __any_sync(0xffffffffu, bad);
     if (bad) {
       if (blockIdx.x == 0 && tid == 0) atomicOr(p.error_flag, kErrGroupedOffsets);
-      return;  // whole block: every warp saw the same table
+      return false;  // whole block: every warp saw the same table
     }
-    if (g_found < 0) return;  // a block past the last real tile
-    row_begin = lo_found + j_found * T::BM;
-    row_end = min(row_begin + T::BM, hi_found);
-    w = p.w_groups[g_found];
-    if (w == nullptr || (kAsync && (reinterpret_cast<uintptr_t>(w) & 15u) != 0)) {
+    if (g_found < 0) return false;  // a block past the last real tile
+    t.row_begin = lo_found + j_found * BM;
+    t.row_end = min(t.row_begin + BM, hi_found);
+    t.w = p.w_groups[g_found];
+    if (t.w == nullptr || (kAsync && (reinterpret_cast<uintptr_t>(t.w) & 15u) != 0)) {
       if (tid == 0) atomicOr(p.error_flag, kErrGroupWeight);
-      return;
+      return false;
     }
   }
+  return true;
+}
+
+// Element offset in x of the A row for output row `row` of [row_begin, row_end) (-1: a zero row),
+// applying the optional gather and flagging bad gather entries.
+__device__ __forceinline__ int64_t a_row_offset(const MmaGemmParams& p, int row, int row_end) {
+  if (row >= row_end) return -1;
+  int64_t src = row;
+  if (p.x_rows != nullptr) {
+    src = p.x_rows[row];
+    if (src < 0 || (p.x_rows_limit > 0 && src >= p.x_rows_limit)) {
+      atomicOr(p.error_flag, kErrGatherRows);
+      return -1;
+    }
+  }
+  return src * p.xs;
+}
+
+template <class T, bool kOutF32, bool kAsync>
+__global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
+  extern __shared__ __align__(128) unsigned char gemm_smem[];
+  __shared__ int64_t a_off[T::BM];  // element offset of each tile row's A row in x; -1 = zero row
+  __shared__ int64_t b_off[T::BN];  // element offset of each tile column's W row; -1 = zero row
+  uint16_t* sA = reinterpret_cast<uint16_t*>(gemm_smem);    // [STAGES][BM][BK] (swizzled chunks)
+  uint16_t* sB = sA + T::STAGES * T::BM * T::BK;             // [STAGES][BN][BK]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
+
+  TileSpot t;
+  if (!find_tile<T::BM, kAsync>(p, tid, lane, t)) return;
+  const int n_tile = t.n_tile, row_begin = t.row_begin, row_end = t.row_end;
+  const uint16_t* x = t.x;
+  const uint16_t* w = t.w;
+  const int64_t out_base = t.out_base;
   const int n0 = n_tile * T::BN;
 
-  for (int r = tid; r < T::BM; r += T::THREADS) {
-    const int row = row_begin + r;
-    int64_t off = -1;
-    if (row < row_end) {
-      int64_t src = row;
-      if (p.x_rows != nullptr) {
-        src = p.x_rows[row];
-        if (src < 0 || (p.x_rows_limit > 0 && src >= p.x_rows_limit)) {
-          atomicOr(p.error_flag, kErrGatherRows);
-          src = -1;
-        }
-      }
-      if (src >= 0) off = src * p.xs;
-    }
-    a_off[r] = off;
-  }
+  for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
   for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = n0 + r < p.N ? int64_t(n0 + r) * p.ws : -1;
   __syncthreads();
 
   const int K = p.K;
-  const int KT = (K + T::BK - 1) / T::BK;  // BK slices
+  const int KT = (K + T::BK - 1) / T::BK;  // BK-wide steps (kSliceK / BK per K slice)
   const int KC = (K + 15) / 16;            // 16-wide chunks: exactly these mma steps per output
 
   auto load_stage = [&](int slot, int kt) {
@@ -271,13 +320,14 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
     }
   };
 
-  float acc[T::MI][T::NI][4];
+  // acc: the current K slice's sum; tot: the running total of finished slices (the contract).
+  float acc[T::MI][T::NI][4], tot[T::MI][T::NI][4];
 #pragma unroll
   for (int mi = 0; mi < T::MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < T::NI; ++ni)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+      for (int q = 0; q < 4; ++q) acc[mi][ni][q] = tot[mi][ni][q] = 0.0f;
 
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
@@ -333,6 +383,18 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
           for (int ni = 0; ni < T::NI; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
       }
     }
+    // End of a K slice (kSliceK / BK steps, or the last step): total += slice sum, new slice.
+    if ((kt + 1) % (kSliceK / T::BK) == 0 || kt == KT - 1) {
+#pragma unroll
+      for (int mi = 0; mi < T::MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < T::NI; ++ni)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            tot[mi][ni][q] = __fadd_rn(tot[mi][ni][q], acc[mi][ni][q]);
+            acc[mi][ni][q] = 0.0f;
+          }
+    }
   }
   cp_async_wait<0>();
 
@@ -349,7 +411,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
       for (int ni = 0; ni < T::NI; ++ni) {
         const int col = n0 + wn * T::WN + ni * 8 + tig * 2;
         if (col >= p.N) continue;
-        const float v0 = acc[mi][ni][half * 2], v1 = acc[mi][ni][half * 2 + 1];
+        const float v0 = tot[mi][ni][half * 2], v1 = tot[mi][ni][half * 2 + 1];
         const bool two = col + 1 < p.N;
         if constexpr (kOutF32) {
           float* o = static_cast<float*>(p.out) + o_row + col;
@@ -370,6 +432,132 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
         }
       }
     }
+}
+
+
+// Two adjacent bf16 (k, k+1) of the row starting at `row` (null: a zero row) as one 32-bit
+// fragment register, low half = k. kVec: one 4-byte load (needs K even and an even, 4-byte
+// aligned row start, which the host's 16-byte fast-path conditions imply); else element loads.
+template <bool kVec>
+__device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K) {
+  if constexpr (kVec) {
+    return (row != nullptr && k < K) ? __ldg(reinterpret_cast<const unsigned int*>(row + k)) : 0u;
+  } else {
+    const uint32_t lo = (row != nullptr && k < K) ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(row + k))) : 0u;
+    const uint32_t hi =
+        (row != nullptr && k + 1 < K) ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(row + k + 1))) : 0u;
+    return lo | (hi << 16);
+  }
+}
+
+// Split-K small-M kernel (see the header comment): a 16 x BN tile, KW warps on K slices.
+// kHalf: the tile has at most 8 rows (host-guaranteed: M <= 8, or grouped max_rows <= 8), so the
+// fragment registers of rows 8-15 are constant zeros (fewer registers, no loads).
+template <class T, bool kOutF32, bool kVec, bool kHalf>
+__global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
+  __shared__ float part[T::KW][T::BM][T::BN];  // one round's slice sums, [warp][row][col]
+  __shared__ int64_t a_off[T::BM];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  TileSpot t;
+  if (!find_tile<T::BM, kVec>(p, tid, lane, t)) return;
+  const int n0 = t.n_tile * T::BN;
+  if (tid < T::BM) a_off[tid] = a_row_offset(p, t.row_begin + tid, t.row_end);
+  __syncthreads();
+
+  // Fragment coordinates (m16n8k16): A rows gid and gid + 8, B column (n) gid, k pairs at
+  // 2*tig and 2*tig + 8 of each chunk; accumulator rows gid / gid + 8, columns 2*tig, 2*tig + 1.
+  const int gid = lane >> 2, tig = lane & 3;
+  const uint16_t* ar0 = a_off[gid] >= 0 ? t.x + a_off[gid] : nullptr;
+  const uint16_t* ar1 = !kHalf && a_off[gid + 8] >= 0 ? t.x + a_off[gid + 8] : nullptr;
+  const uint16_t* br[T::NI];
+#pragma unroll
+  for (int ni = 0; ni < T::NI; ++ni) {
+    const int col = n0 + ni * 8 + gid;
+    br[ni] = col < p.N ? t.w + int64_t(col) * p.ws : nullptr;
+  }
+
+  const int K = p.K;
+  const int KC = (K + 15) / 16;
+  const int S = (K + kSliceK - 1) / kSliceK;
+  float tot[T::ELEMS];
+#pragma unroll
+  for (int e = 0; e < T::ELEMS; ++e) tot[e] = 0.0f;
+
+  for (int s0 = 0; s0 < S; s0 += T::KW) {
+    const int s = s0 + warp;
+    if (s < S) {
+      const int c0 = s * kSliceChunks;
+      // The whole slice's fragments first (independent loads, all in flight), then the mma.
+      uint32_t af[kSliceChunks][4];
+      uint32_t bf[kSliceChunks][T::NI][2];
+#pragma unroll
+      for (int c = 0; c < kSliceChunks; ++c) {
+        const int k = (c0 + c) * 16 + 2 * tig;
+        af[c][0] = load_pair<kVec>(ar0, k, K);
+        af[c][2] = load_pair<kVec>(ar0, k + 8, K);
+        if constexpr (kHalf) {
+          af[c][1] = af[c][3] = 0u;
+        } else {
+          af[c][1] = load_pair<kVec>(ar1, k, K);
+          af[c][3] = load_pair<kVec>(ar1, k + 8, K);
+        }
+#pragma unroll
+        for (int ni = 0; ni < T::NI; ++ni) {
+          bf[c][ni][0] = load_pair<kVec>(br[ni], k, K);
+          bf[c][ni][1] = load_pair<kVec>(br[ni], k + 8, K);
+        }
+      }
+      float acc[T::NI][4];
+#pragma unroll
+      for (int ni = 0; ni < T::NI; ++ni)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[ni][q] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kSliceChunks; ++c) {
+        if (c0 + c < KC) {  // warp-uniform: chunks past K are not part of the contract
+#pragma unroll
+          for (int ni = 0; ni < T::NI; ++ni) mma_bf16_16816(acc[ni], af[c], bf[c][ni][0], bf[c][ni][1]);
+        }
+      }
+#pragma unroll
+      for (int ni = 0; ni < T::NI; ++ni) {
+        const int col = ni * 8 + 2 * tig;
+        part[warp][gid][col] = acc[ni][0];
+        part[warp][gid][col + 1] = acc[ni][1];
+        if constexpr (!kHalf) {
+          part[warp][gid + 8][col] = acc[ni][2];
+          part[warp][gid + 8][col + 1] = acc[ni][3];
+        }
+      }
+    }
+    __syncthreads();
+    // Each output element adds this round's slice sums into its total, in slice order.
+    const int nsl = min(T::KW, S - s0);
+#pragma unroll
+    for (int e = 0; e < T::ELEMS; ++e) {
+      const int i = tid + e * T::THREADS;
+      const int r = i / T::BN, col = i % T::BN;
+      if (i < T::BM * T::BN && (!kHalf || r < 8)) {
+        for (int j = 0; j < nsl; ++j) tot[e] = __fadd_rn(tot[e], part[j][r][col]);
+      }
+    }
+    __syncthreads();  // part is overwritten by the next round
+  }
+
+#pragma unroll
+  for (int e = 0; e < T::ELEMS; ++e) {
+    const int i = tid + e * T::THREADS;
+    const int r = i / T::BN, col = n0 + i % T::BN;
+    const int row = t.row_begin + r;
+    if (i < T::BM * T::BN && (!kHalf || r < 8) && row < t.row_end && col < p.N) {
+      const int64_t o = t.out_base + int64_t(row) * p.os + col;
+      if constexpr (kOutF32)
+        static_cast<float*>(p.out)[o] = tot[e];
+      else
+        static_cast<uint16_t*>(p.out)[o] = f2bf(tot[e]);
+    }
+  }
 }
 
 }  // namespace atlas::cuda::kern
