@@ -328,12 +328,12 @@ int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.group
 int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   const int64_t busy = busy_groups(a), m_avg = ceil_div(a.max_rows, busy);
   int ci = choose_config(m_avg, a.N, [&](int bm) { return busy * ceil_div(m_avg, bm); }, sm_count);
-  // Many small groups (a decode step of a large batch: ~12 rows per expert at 128 tokens): the
-  // split-K kernel measured 2x slower there than one invariant launch per expert did before it
-  // (H200, session 2: seed grid 13.3 s -> 23.0 s); the 16-row tiled config streams each expert's
-  // weight once with its rows in one tile. Split-K stays for a handful of rows in total (batch-1
-  // decode). Any config gives the same bits.
-  if (forced_config.load() < 0 && a.max_rows > 16 && m_avg <= 16) ci = config_index("16x32x128/4");
+  // Small groups, from the H200 sweep of session 2 (ATLAS_GEMM_SWEEP=1, 64 experts,
+  // N x K = 2816 x 2048 / 2048 x 1408): a decode step of 128 tokens (~12 rows per expert)
+  // 32x64x64/4 211 / 109 us (split-K 786 / 416, 16x32x128/4 314 / 156); of 1 token (6 rows)
+  // 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
+  if (forced_config.load() < 0 && m_avg <= 16)
+    ci = config_index(a.max_rows > 16 ? "32x64x64/4" : "16x32x128/4");
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
