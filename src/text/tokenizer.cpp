@@ -564,9 +564,10 @@ Normalizer TokenizerImpl::parse_normalizer(const JsonReader& r) {
     return n;
   }
   if (type == "Prepend") return {.kind = NormKind::Prepend, .content = r.get<std::string>("prepend")};
+  // Hugging Face serialises Strip as {"strip_left", "strip_right"} (both required; its Python
+  // constructor's left/right keywords are not the file format).
   if (type == "Strip")
-    return {.kind = NormKind::Strip, .strip_left = r.get_or<bool>("left", false),
-            .strip_right = r.get_or<bool>("right", false)};
+    return {.kind = NormKind::Strip, .strip_left = r.get<bool>("strip_left"), .strip_right = r.get<bool>("strip_right")};
   fail(file, r.field("type"), "unknown normalizer type '" + type + "'");
 }
 

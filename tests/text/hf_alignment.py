@@ -136,10 +136,10 @@ def apply(chars, norm):
     if t == "Strip":
         n = len(chars)
         lead = trail = 0
-        if norm.get("left"):
+        if norm.get("strip_left"):
             while lead < n and chars[lead][0] in WHITESPACE:
                 lead += 1
-        if norm.get("right"):
+        if norm.get("strip_right"):
             while trail < n and chars[n - 1 - trail][0] in WHITESPACE:
                 trail += 1
         if not lead and not trail:

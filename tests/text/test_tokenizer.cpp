@@ -139,7 +139,7 @@ TEST(TokenizerNorm, UnicodeFormsLowercaseReplacePrependStrip) {
             (Strs{"x#y#"}));
   EXPECT_EQ(pre_strings(with({{"type", "Prepend"}, {"prepend", "_"}}), "ab"), (Strs{"_ab"}));
   json seq = {{"type", "Sequence"},
-              {"normalizers", json::array({{{"type", "Strip"}, {"left", true}, {"right", false}}, {{"type", "Lowercase"}}})}};
+              {"normalizers", json::array({{{"type", "Strip"}, {"strip_left", true}, {"strip_right", false}}, {{"type", "Lowercase"}}})}};
   // Strip left only: the trailing spaces stay in the text (WhitespaceSplit drops them as a split).
   auto t = with(seq);
   auto pieces = t.pre_tokenize("  AB  ");

@@ -140,13 +140,13 @@ TEST(TokenizerAlignment, LowercaseReplacePrependStrip) {
   EXPECT_EQ(a.normalized, "__ab");
   EXPECT_EQ(a.per_char, (Spans{{0, 1}, {0, 1}, {0, 1}, {1, 2}}));
   // Strip: the kept characters keep their spans.
-  a = aligned(bytes_with({{"type", "Strip"}, {"left", true}, {"right", true}}), "  ab  ");
+  a = aligned(bytes_with({{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}}), "  ab  ");
   EXPECT_EQ(a.normalized, "ab");
   EXPECT_EQ(a.per_char, (Spans{{2, 3}, {3, 4}}));
   // HF compares character indices with the length in bytes when right-stripping, so with a
   // two-byte character only one of two trailing spaces goes (as read in its source; listed for
   // tools/reference/check_tokenizer_hf.py --alignment to confirm).
-  a = aligned(bytes_with({{"type", "Strip"}, {"left", false}, {"right", true}}), "\u00E9  ");
+  a = aligned(bytes_with({{"type", "Strip"}, {"strip_left", false}, {"strip_right", true}}), "\u00E9  ");
   EXPECT_EQ(a.normalized, "\u00E9 ");
   EXPECT_EQ(a.per_char, (Spans{{0, 1}, {1, 2}}));
   // A sequence applies each step to the previous step's alignment.

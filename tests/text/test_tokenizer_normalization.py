@@ -40,8 +40,8 @@ NORMALIZERS = {
     "replace_string": {"type": "Replace", "pattern": {"String": "  "}, "content": "\u2581"},
     "replace_regex": {"type": "Replace", "pattern": {"Regex": "[0-9]+"}, "content": "<num>"},
     "prepend": {"type": "Prepend", "prepend": "\u2581"},
-    "strip": {"type": "Strip", "left": True, "right": True},
-    "nfc_strip": {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Strip", "left": True, "right": True}]},
+    "strip": {"type": "Strip", "strip_left": True, "strip_right": True},
+    "nfc_strip": {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Strip", "strip_left": True, "strip_right": True}]},
 }
 
 STRINGS = [
