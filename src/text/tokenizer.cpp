@@ -900,9 +900,11 @@ void TokenizerImpl::apply_normalizer(const Normalizer& n, NormStr& ns) const {
       return;
     }
     case NormKind::Strip: {
-      // HF counts the whitespace in characters but compares character indices with the length
-      // in bytes, so on text with multi-byte characters fewer trailing characters go than were
-      // counted (and the last kept one is marked as removing the count). Reproduced as is.
+      // Leading and trailing Unicode White_Space characters go; the last kept character carries
+      // the removal of the trailing ones (HF's change list). Checked against Hugging Face
+      // tokenizers 0.22.2 (tests/text/test_tokenizer_hf_native.py): some older HF versions
+      // compared character indices with the byte length and kept trailing whitespace after
+      // multi-byte text; 0.22.2 strips it all, as here.
       size_t count = 0, lead = 0, trail = 0, len;
       std::vector<char32_t> cs;
       cs.reserve(s.size());
@@ -913,7 +915,7 @@ void TokenizerImpl::apply_normalizer(const Normalizer& n, NormStr& ns) const {
       if (n.strip_right)
         while (trail < count && is_unicode_whitespace(cs[count - 1 - trail])) ++trail;
       if (lead == 0 && trail == 0) return;
-      const size_t cut = s.size() - trail;  // HF: chars at index >= bytes - trailing are removed
+      const size_t cut = count - trail;
       items.clear();
       for (size_t i = 0; i < count; ++i) {
         if (i < lead || i >= cut) continue;

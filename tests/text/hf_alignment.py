@@ -13,8 +13,8 @@ decomposition has change 0, the rest +1; canonical reordering carries the change
 composing a starter (change x) with a character (change y) leaves one character with x + y - 1.
 Lowercase: Rust's char::to_lowercase, extra characters inserted. Replace: the match is removed
 and the content inserted (all of it on the span of the match's last character). Prepend: on the
-first character's span. Strip: removes characters; HF compares character indices with the length
-in bytes on the right side (so multi-byte text keeps some trailing whitespace).
+first character's span. Strip: removes the leading and trailing White_Space characters (as HF
+tokenizers 0.22.2 does).
 A token's span runs from its first byte's start to its last byte's end.
 """
 import re
@@ -144,7 +144,7 @@ def apply(chars, norm):
                 trail += 1
         if not lead and not trail:
             return chars
-        cut = len(text.encode("utf-8")) - trail  # HF: character index against byte length
+        cut = n - trail
         items = [(chars[i][0], -trail if i + 1 == cut else 0) for i in range(n) if not (i < lead or i >= cut)]
         return transform(chars, items, lead)
     raise ValueError("normalizer %s not modelled" % t)
