@@ -23,7 +23,7 @@ namespace atlas::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string backend = "cpu", model, prompts, out, compute = "f32", decode_attention = "absorbed";
+  std::string backend = "cpu", model, prompts, out, compute = "f32", decode_attention = "absorbed", manifest;
   int64_t max_new_tokens = 0, batch = 8, top_k = 0;
   bool greedy = false, fast = false;
   std::optional<double> temperature, top_p;
@@ -76,7 +76,7 @@ void run_generate(const GenerateArgs& a) {
   else
     fail("--decode-attention", {}, "expected absorbed or expanded");
 
-  Checkpoint ck = Checkpoint::open(a.model);
+  Checkpoint ck = Checkpoint::open(a.model, {.manifest_path = a.manifest});
   const ModelConfig& cfg = ck.config();
   std::optional<Tokenizer> tok = tokenizer_if_present(a.model);
   if (!a.stop.empty() && !tok) fail("--stop", {}, "stop strings need a tokenizer in the model directory");
@@ -169,7 +169,11 @@ void run_generate(const GenerateArgs& a) {
   meta["kind"] = "atlas.generate";
   meta["format_version"] = 1;
   meta["provenance"] = build_provenance();
-  meta["model"] = {{"config_sha256", sha256_file(a.model + "/config.json")}, {"config", cfg.to_json()}};
+  meta["provenance"]["device"] = device_provenance(a.backend);  // reported, never compared
+  meta["model"] = {{"config_sha256", sha256_file(a.model + "/config.json")}, {"config", cfg.to_json()},
+                   // The pinned weight files (verified at load) stand for the weights.
+                   {"manifest_sha256", a.manifest.empty() ? ojson(nullptr) : ojson(sha256_file(a.manifest))}};
+  meta["backend"] = a.backend;
   meta["prompts_sha256"] = sha256_file(a.prompts);
   meta["compute"] = compute_name(compute);
   meta["batch_invariant"] = !a.fast;
@@ -215,6 +219,7 @@ Registrar reg{{
           app.add_option("--batch", a.batch, "Rows per batch (results do not depend on it)")->capture_default_str();
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 or bf16")->capture_default_str();
+          app.add_option("--manifest", a.manifest, "Verify checkpoint files against this SHA-256 manifest (recorded)");
           app.add_flag("--fast", a.fast,
                        "cuda: cuBLASLt dense GEMMs (faster; a row's bits may then depend on its batch)");
           app.add_option("--decode-attention", a.decode_attention, "absorbed or expanded")->capture_default_str();

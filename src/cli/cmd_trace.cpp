@@ -60,9 +60,13 @@ void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Com
   art["kind"] = "atlas.trace";
   art["format_version"] = 1;
   art["provenance"] = build_provenance();
+  art["provenance"]["device"] = device_provenance(a.backend);  // reported, never compared
   art["model"] = {{"config_sha256", sha256_file(a.model + "/config.json")},
                   {"config", ck.config().to_json()},
-                  {"layers", std::to_string(range.first) + "-" + std::to_string(range.last)}};
+                  {"layers", std::to_string(range.first) + "-" + std::to_string(range.last)},
+                  // The pinned weight files (verified at load) stand for the weights.
+                  {"manifest_sha256", a.manifest.empty() ? ojson(nullptr) : ojson(sha256_file(a.manifest))}};
+  art["backend"] = a.backend;
   art["compute"] = compute_name(compute);
   art["input"] = {{"ids", ids}, {"tokens", T}, {"prompt_sha256", ids_sha256(ids)}};
   if (!seq.id.empty()) art["input"]["id"] = seq.id;
