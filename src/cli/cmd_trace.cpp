@@ -19,7 +19,8 @@ namespace atlas::cli {
 namespace {
 
 struct TraceArgs {
-  std::string backend = "cpu", model, ids, text, input, out_dir, compute = "f32", layers, dump, json_out, manifest;
+  std::string backend = "cpu", model, ids, text, input, out_dir, compute = "f32", layers, dump, json_out, manifest,
+      attention = "expanded";
   int threads = 0;
 };
 
@@ -53,7 +54,8 @@ void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Com
   std::vector<int32_t> pos(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) pos[t] = int32_t(t);
   std::vector<uint8_t> mask(static_cast<size_t>(T), 1);
-  model.forward({.batch = 1, .tokens = T, .ids = ids, .positions = pos, .mask = mask}, &hooks);
+  const AttentionForm form = a.attention == "absorbed" ? AttentionForm::Absorbed : AttentionForm::Expanded;
+  model.forward({.batch = 1, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .attention = form}, &hooks);
 
   ojson summary = rec.summary();
   ojson art;
@@ -68,6 +70,7 @@ void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Com
                   {"manifest_sha256", a.manifest.empty() ? ojson(nullptr) : ojson(sha256_file(a.manifest))}};
   art["backend"] = a.backend;
   art["compute"] = compute_name(compute);
+  art["attention"] = a.backend == "cuda" ? "absorbed" : a.attention;  // the CUDA backend always absorbs
   art["input"] = {{"ids", ids}, {"tokens", T}, {"prompt_sha256", ids_sha256(ids)}};
   if (!seq.id.empty()) art["input"]["id"] = seq.id;
   if (!seq.text.empty()) art["input"]["text"] = seq.text;
@@ -96,6 +99,8 @@ void run_trace(const TraceArgs& a) {
   const Compute compute = parse_compute(a.compute);
   const ModelConfig cfg0 = ModelConfig::load(a.model + "/config.json");
   const LayerRange range = LayerRange::parse(a.layers, cfg0);
+  if (a.attention != "expanded" && a.attention != "absorbed")
+    fail("--attention", {}, "unknown value \"" + a.attention + "\" (expected expanded or absorbed)");
   const int given = int(!a.ids.empty()) + int(!a.text.empty()) + int(!a.input.empty());
   if (given != 1) fail("trace", {}, "give exactly one of --ids, --text or --input");
   std::vector<Sequence> seqs;
@@ -164,6 +169,10 @@ Registrar reg{{
           app.add_option("--out-dir", a.out_dir, "With --input: writes ID.safetensors and ID.json per line");
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 (reference) or bf16 (official rounding points)")
+              ->capture_default_str();
+          app.add_option("--attention", a.attention,
+                         "cpu: expanded (the official form) or absorbed (W_UK/W_UV folded, as decode runs); "
+                         "cuda always absorbs")
               ->capture_default_str();
           app.add_option("--layers", a.layers, "Run layers A-B only (A must be 0), e.g. 0-6");
           app.add_option("--dump", a.dump, "Write the traced tensors to this safetensors file");

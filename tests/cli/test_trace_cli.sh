@@ -81,4 +81,23 @@ no_file "duplicate --input id" "$work/zz_out"
 printf '{"id": "x", "ids": [1, 999999]}\n' >"$work/big.jsonl"
 expect_error "--input id out of vocabulary" "big.jsonl:1.*outside the vocabulary" "$bin" trace --model "$model" --input "$work/big.jsonl" --out-dir "$work/d"
 expect_error "--input without --out-dir" "--out-dir" "$bin" trace --model "$model" --input "$work/seqs.jsonl"
+# --attention absorbed (CPU): the same math as the expanded form, another rounding order.
+"$bin" trace --model "$model" --ids 1,5,9,2,7,3 --dump "$work/ex.safetensors" >/dev/null 2>&1 || bad "trace expanded"
+"$bin" trace --model "$model" --ids 1,5,9,2,7,3 --attention absorbed --dump "$work/ab.safetensors" --json "$work/ab.json" >/dev/null 2>&1 || bad "trace absorbed"
+/usr/bin/python3 - "$work/ex.safetensors" "$work/ab.safetensors" "$work/ab.json" <<'PY' && ok "absorbed trace within 1e-4 of expanded (f32)" || bad "absorbed trace differs"
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4), d[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert json.load(open(sys.argv[3]))["attention"] == "absorbed"
+stages = [k for k in a if k.startswith("hidden.")]
+assert stages and a.keys() == b.keys()
+for k in stages:
+    num = sum((x - y) ** 2 for x, y in zip(a[k], b[k])) ** 0.5; den = sum(x * x for x in a[k]) ** 0.5
+    assert num <= 1e-4 * den, (k, num / den)
+assert any(a[k] != b[k] for k in stages[1:]), "absorbed gave the same bits: was it used?"
+PY
+expect_error "unknown attention form" "--attention.*sideways" "$bin" trace --model "$model" --ids 1 --attention sideways
 finish
