@@ -16,6 +16,8 @@ Prompts: --prompts rows of 24-160 random ids (seeded). For each prompt:
             transformers batch 8 vs batch 1 (the first --b1-prompts prompts: batch-1 generation is slow).
 The question the issue asks: is atlas's disagreement with transformers no larger than
 transformers' own batch-shape disagreement? The answer is written as `verdict` per measure.
+With --f32 (added after the session-2 run, not yet run on the GPU), transformers in float32 is a
+third party and both bf16 engines are measured against it (`stages_vs_f32`).
 """
 import argparse
 import json
@@ -126,6 +128,9 @@ def main():
     ap.add_argument("--b1-prompts", type=int, default=8)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--attn", default="eager")
+    ap.add_argument("--f32", action="store_true",
+                    help="also run transformers in float32 at batch 1 and report atlas-bf16 and transformers-bf16 "
+                         "each against it (the full-size f32 model needs ~63 GB of GPU memory)")
     args = ap.parse_args()
     cfg = json.load(open(os.path.join(args.model, "config.json")))
     g = torch.Generator().manual_seed(args.seed)
@@ -184,6 +189,17 @@ def main():
                    "atlas_vs_hf_b1": compare_tokens(atlas_toks[:nb1], hf1_toks),
                    "hf_b8_vs_hf_b1": compare_tokens(hf8_toks[:nb1], hf1_toks)},
     }
+    if args.f32:
+        # A third party: exact-ish math. Both bf16 engines should sit at similar distances from it.
+        del model
+        torch.cuda.empty_cache()
+        model = MF.load_patched(M, args.model, cfg, None, torch.float32, patches, notes, rec, attn=args.attn,
+                                device="cuda")
+        f32 = hf_stages(model, rec, rows, 1)
+        res["stages_vs_f32"] = {"atlas_bf16": compare_stages(atlas_stages, f32, moe_layers)[0],
+                                "hf_bf16_b1": compare_stages(hf1, f32, moe_layers)[0]}
+        res["route_set_agreement_vs_f32"] = {"atlas_bf16": compare_stages(atlas_stages, f32, moe_layers)[1],
+                                             "hf_bf16_b1": compare_stages(hf1, f32, moe_layers)[1]}
     worst_a = max(v["max"] for v in a_st.values())
     worst_h = max(v["max"] for v in h_st.values())
     res["verdict"] = {
