@@ -196,10 +196,9 @@ def main():
         model = MF.load_patched(M, args.model, cfg, None, torch.float32, patches, notes, rec, attn=args.attn,
                                 device="cuda")
         f32 = hf_stages(model, rec, rows, 1)
-        res["stages_vs_f32"] = {"atlas_bf16": compare_stages(atlas_stages, f32, moe_layers)[0],
-                                "hf_bf16_b1": compare_stages(hf1, f32, moe_layers)[0]}
-        res["route_set_agreement_vs_f32"] = {"atlas_bf16": compare_stages(atlas_stages, f32, moe_layers)[1],
-                                             "hf_bf16_b1": compare_stages(hf1, f32, moe_layers)[1]}
+        a32, h32 = compare_stages(atlas_stages, f32, moe_layers), compare_stages(hf1, f32, moe_layers)
+        res["stages_vs_f32"] = {"atlas_bf16": a32[0], "hf_bf16_b1": h32[0]}
+        res["route_set_agreement_vs_f32"] = {"atlas_bf16": a32[1], "hf_bf16_b1": h32[1]}
     worst_a = max(v["max"] for v in a_st.values())
     worst_h = max(v["max"] for v in h_st.values())
     res["verdict"] = {
