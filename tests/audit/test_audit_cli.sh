@@ -38,57 +38,7 @@ PY
 }
 
 # ---- a trace-mode run: routes, hidden vectors; manifest outside the run directory ----------
-cat > "$work/t.toml" <<TOML
-[protocol]
-name = "audit-trace"
-
-[model]
-dir = "$work/tiny"
-
-[[corpus]]
-domain = "english"
-format = "inline"
-texts = ["The quick brown fox jumps over the lazy dog.", "Routing probes change one token.", "Experts receive tokens."]
-
-[[corpus]]
-domain = "code"
-format = "inline"
-texts = ["def add(a, b):\\n    return a + b\\n", "print(1 + 2)\\n", "x = [i * i for i in range(4)]\\n"]
-
-[selection]
-salt = "audit-trace"
-per_domain = 2
-
-[blocks]
-system = "You are a careful assistant."
-filler_token = "x"
-filler_repeat = 3
-
-[[condition]]
-name = "s0_eos"
-history = "filler"
-group = "s0"
-
-[[condition]]
-name = "s0_post"
-history = "filler"
-group = "s0"
-edits = [{ anchor = "gen_role_head", to = "x" }]
-
-[[condition]]
-name = "s0_period"
-history = "filler"
-group = "s0"
-edits = [{ anchor = "history_eos", to = "." }]
-
-[execution]
-mode = "trace"
-layers = ""
-record_hidden_vectors = true
-
-[batching]
-sources_per_batch = 2
-TOML
+tiny_trace_protocol "audit-trace" "$work/tiny" "$work/t.toml"
 T="$work/trun"
 "$bin" freeze "$work/t.toml" --out "$work/mt.json" >/dev/null || { bad "freeze"; finish; }
 "$bin" run "$work/mt.json" --out "$T" >/dev/null || { bad "run"; finish; }

@@ -21,3 +21,60 @@ no_file() {
   if compgen -G "$2*" >/dev/null; then bad "$1: left $(compgen -G "$2*" | head -1)"; else ok "$1: nothing left behind"; fi
 }
 finish() { echo "$fails failed"; exit $((fails > 0)); }
+
+# tiny_trace_protocol NAME MODEL_DIR OUT.toml: the small trace-mode probe protocol that several
+# script tests run on the tiny checkpoint (2 domains x 3 inline texts, 2 sources per domain,
+# one group of 3 conditions: a baseline and two single-ID edits, hidden vectors recorded).
+tiny_trace_protocol() {
+  cat > "$3" <<TOML
+[protocol]
+name = "$1"
+
+[model]
+dir = "$2"
+
+[[corpus]]
+domain = "english"
+format = "inline"
+texts = ["The quick brown fox jumps over the lazy dog.", "Routing probes change one token.", "Experts receive tokens."]
+
+[[corpus]]
+domain = "code"
+format = "inline"
+texts = ["def add(a, b):\\n    return a + b\\n", "print(1 + 2)\\n", "x = [i * i for i in range(4)]\\n"]
+
+[selection]
+salt = "$1"
+per_domain = 2
+
+[blocks]
+system = "You are a careful assistant."
+filler_token = "x"
+filler_repeat = 3
+
+[[condition]]
+name = "s0_eos"
+history = "filler"
+group = "s0"
+
+[[condition]]
+name = "s0_post"
+history = "filler"
+group = "s0"
+edits = [{ anchor = "gen_role_head", to = "x" }]
+
+[[condition]]
+name = "s0_period"
+history = "filler"
+group = "s0"
+edits = [{ anchor = "history_eos", to = "." }]
+
+[execution]
+mode = "trace"
+layers = ""
+record_hidden_vectors = true
+
+[batching]
+sources_per_batch = 2
+TOML
+}

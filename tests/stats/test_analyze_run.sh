@@ -8,57 +8,7 @@ export OMP_NUM_THREADS=1
 unset ATLAS_PROGRESS
 
 "$bin" make-model --preset tiny --seed 0 "$work/tiny" >/dev/null || { bad "make-model"; finish; }
-cat > "$work/p.toml" <<TOML
-[protocol]
-name = "analyze-run-test"
-
-[model]
-dir = "$work/tiny"
-
-[[corpus]]
-domain = "english"
-format = "inline"
-texts = ["The quick brown fox jumps over the lazy dog.", "Routing probes change one token.", "Experts receive tokens."]
-
-[[corpus]]
-domain = "code"
-format = "inline"
-texts = ["def add(a, b):\\n    return a + b\\n", "print(1 + 2)\\n", "x = [i * i for i in range(4)]\\n"]
-
-[selection]
-salt = "analyze-run-test"
-per_domain = 2
-
-[blocks]
-system = "You are a careful assistant."
-filler_token = "x"
-filler_repeat = 3
-
-[[condition]]
-name = "s0_eos"
-history = "filler"
-group = "s0"
-
-[[condition]]
-name = "s0_post"
-history = "filler"
-group = "s0"
-edits = [{ anchor = "gen_role_head", to = "x" }]
-
-[[condition]]
-name = "s0_period"
-history = "filler"
-group = "s0"
-edits = [{ anchor = "history_eos", to = "." }]
-
-[execution]
-mode = "trace"
-layers = ""
-record_hidden_vectors = true
-
-[batching]
-sources_per_batch = 2
-TOML
+tiny_trace_protocol "analyze-run-test" "$work/tiny" "$work/p.toml"
 "$bin" freeze "$work/p.toml" --out "$work/m.json" >/dev/null || { bad "freeze"; finish; }
 "$bin" run "$work/m.json" --out "$work/run" >/dev/null || { bad "run"; finish; }
 
