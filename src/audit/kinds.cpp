@@ -144,13 +144,10 @@ FieldClass classify_generate(const std::string& group, const std::string& f) {
   return {kIdentity};
 }
 
-// ---- atlas.probe.run (issue 6): cells keyed by cell_id (source x condition) -------------------
-// Written from src/probe/run.cpp's format (format_version 1): top-level manifest/protocol/model
-// fields, "cells" of manifest header fields plus a "result" (trace: stages and gates hashes;
-// generate: generated ids, text, stop, RNG hash).
-
-Artifact load_probe_run(const std::string& file, json doc, const std::string& rows_path) {
-  if (!rows_path.empty()) fail(file, "kind", "atlas.probe.run is a single JSON file, not a JSONL sidecar");
+// A single-JSON artifact whose "cells" array holds objects keyed by "cell_id" (probe runs,
+// evaluations): every cell becomes one compared record, the rest of the document the top level.
+Artifact load_cell_document(const std::string& file, json doc, const std::string& rows_path, const std::string& kind) {
+  if (!rows_path.empty()) fail(file, "kind", kind + " is a single JSON file, not a JSONL sidecar");
   Artifact a;
   a.files = {file};
   doc.erase("runtime");
@@ -166,6 +163,15 @@ Artifact load_probe_run(const std::string& file, json doc, const std::string& ro
   doc.erase("cells");
   a.top = std::move(doc);
   return a;
+}
+
+// ---- atlas.probe.run (issue 6): cells keyed by cell_id (source x condition) -------------------
+// Written from src/probe/run.cpp's format (format_version 1): top-level manifest/protocol/model
+// fields, "cells" of manifest header fields plus a "result" (trace: stages and gates hashes;
+// generate: generated ids, text, stop, RNG hash).
+
+Artifact load_probe_run(const std::string& file, json doc, const std::string& rows_path) {
+  return load_cell_document(file, std::move(doc), rows_path, "atlas.probe.run");
 }
 
 FieldClass classify_probe_run(const std::string& group, const std::string& f) {
@@ -199,23 +205,8 @@ FieldClass classify_probe_run(const std::string& group, const std::string& f) {
 // ---- atlas.eval (`atlas eval`, EVAL.json): cells keyed by cell_id ----------------------------
 
 Artifact load_eval(const std::string& file, json doc, const std::string& rows_path) {
-  if (!rows_path.empty()) fail(file, "kind", "atlas.eval is a single JSON file, not a JSONL sidecar");
-  Artifact a;
-  a.files = {file};
-  doc.erase("runtime");
-  if (!doc.contains("cells") || !doc["cells"].is_array()) fail(file, "cells", "missing or not an array");
   if (!doc.contains("ledgers") || !doc["ledgers"].is_object()) fail(file, "ledgers", "missing or not an object");
-  const json& cells = doc["cells"];
-  for (size_t i = 0; i < cells.size(); ++i) {
-    const std::string field = "cells[" + std::to_string(i) + "]";
-    const json& c = cells[i];
-    if (!c.is_object() || !c.contains("cell_id") || !c["cell_id"].is_string())
-      fail(file, field + ".cell_id", "expected a cell object with a string cell_id");
-    add_cell(a, {.id = c["cell_id"].get<std::string>(), .group = "cell", .where = file + ": " + field, .value = c});
-  }
-  doc.erase("cells");
-  a.top = std::move(doc);
-  return a;
+  return load_cell_document(file, std::move(doc), rows_path, "atlas.eval");
 }
 
 FieldClass classify_eval(const std::string& group, const std::string& f) {
