@@ -54,6 +54,9 @@ need() {  # need HEADER DEV_PKG [RUNTIME_PKG]
 
 export PKG_CONFIG_PATH=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The device's git metadata may be stale: pass ATLAS_GIT_COMMIT=<sha> (from the lead's checkout)
+# so the binaries (and every artifact's provenance) name the commit actually built.
+[[ -n "${ATLAS_GIT_COMMIT:-}" ]] && echo "== building commit $ATLAS_GIT_COMMIT (from ATLAS_GIT_COMMIT)"
 B=${BUILD_DIR:-build-gpu-full}  # outside the carried tree, a warm machine keeps it between runs
 start=$(date +%s)
 {
