@@ -44,12 +44,12 @@ struct Device {
   std::optional<double> bandwidth;  // bytes/s, where known
 };
 
-Device device_of(const std::string& backend) {
+Device device_of(const std::string& backend, int device) {
   Device d;
   if (backend != "cuda") return d;
 #ifdef ATLAS_HAVE_CUDA
   if (cuda::device_count() > 0) {
-    d.name = cuda::device_info(0).name;
+    d.name = cuda::device_info(device).name;
     // Peak HBM bandwidth by product (vendor data sheets): the bound the issue states.
     if (d.name.find("H200") != std::string::npos) d.bandwidth = 4.8e12;
     else if (d.name.find("H100") != std::string::npos) d.bandwidth = 3.35e12;
@@ -152,7 +152,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
     if (m == "fast" && o.backend != "cuda") fail("--mode", {}, "fast exists on the cuda backend only");
   }
   const auto reference = read_reference(o.reference_path);
-  const Device dev = device_of(o.backend);
+  const Device dev = device_of(o.backend, o.device);
   const std::string commit = build_provenance().value("git_commit", "unknown");
   const std::string date = utc_now();
 
@@ -181,7 +181,8 @@ std::vector<Record> run_bench(const BenchOptions& o) {
   };
 
   for (const auto& mode : modes) {
-    const ModelOptions mo{.backend = o.backend, .compute = Compute::BF16, .batch_invariant = mode == "batch-invariant"};
+    const ModelOptions mo{.backend = o.backend, .compute = Compute::BF16, .device = o.device,
+                          .batch_invariant = mode == "batch-invariant"};
     progress(o, "loading (" + mode + ")");
     const auto t_load = Clock::now();
     Checkpoint ck2 = Checkpoint::open(o.model_dir);

@@ -30,6 +30,7 @@ namespace atlas::bench {
 struct BenchOptions {
   std::string model_dir;
   std::string backend = "cuda";
+  int device = 0;  // CUDA device index
   std::vector<std::string> workloads;  // empty = all
   std::vector<std::string> modes;      // "batch-invariant" | "fast"; empty = both (cuda), invariant (cpu)
   std::string reference_path;          // bench_transformers.py output, optional

@@ -37,6 +37,7 @@ Registrar reg{{
           static BenchArgs a;
           app.add_option("--model", a.o.model_dir, "Model directory (full-size for the issue's figures)")->required();
           app.add_option("--backend", a.o.backend, "cuda or cpu")->capture_default_str();
+          app.add_option("--device", a.o.device, "CUDA device index")->capture_default_str();
           app.add_option("--workload", a.o.workloads,
                          "load | seed-grid-128x512 | prefill-trace-128 | decode-b1 | peak-mem-128x1024 (repeat; "
                          "default all)");

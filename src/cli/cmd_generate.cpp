@@ -26,6 +26,7 @@ struct GenerateArgs {
   std::string backend = "cpu", model, prompts, out, compute = "f32", decode_attention = "absorbed", manifest;
   int64_t max_new_tokens = 0, batch = 8, top_k = 0;
   bool greedy = false, fast = false;
+  int device = 0;
   std::optional<double> temperature, top_p;
   std::optional<uint64_t> seed, crn_tape;
   std::vector<std::string> stop;
@@ -130,7 +131,8 @@ void run_generate(const GenerateArgs& a) {
   if (rows.empty()) fail(a.prompts, {}, "no prompts");
 
   if (a.fast && a.backend != "cuda") fail("--fast", {}, "exists on the cuda backend only");
-  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute, .batch_invariant = !a.fast});
+  auto model_ptr =
+      load_model(ck, {.backend = a.backend, .compute = compute, .device = a.device, .batch_invariant = !a.fast});
   const Model& model = *model_ptr;
   std::vector<int64_t> eos;
   if (cfg.eos_token_id) eos.push_back(*cfg.eos_token_id);
@@ -169,7 +171,7 @@ void run_generate(const GenerateArgs& a) {
   meta["kind"] = "atlas.generate";
   meta["format_version"] = 1;
   meta["provenance"] = build_provenance();
-  meta["provenance"]["device"] = device_provenance(a.backend);  // reported, never compared
+  meta["provenance"]["device"] = device_provenance(a.backend, a.device);  // reported, never compared
   meta["model"] = {{"config_sha256", sha256_file(a.model + "/config.json")}, {"config", cfg.to_json()},
                    // The pinned weight files (verified at load) stand for the weights.
                    {"manifest_sha256", a.manifest.empty() ? ojson(nullptr) : ojson(sha256_file(a.manifest))}};
@@ -218,6 +220,7 @@ Registrar reg{{
           app.add_option("--stop", a.stop, "Stop string (repeatable; needs a tokenizer)");
           app.add_option("--batch", a.batch, "Rows per batch (results do not depend on it)")->capture_default_str();
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
+          app.add_option("--device", a.device, "CUDA device index")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 or bf16")->capture_default_str();
           app.add_option("--manifest", a.manifest, "Verify checkpoint files against this SHA-256 manifest (recorded)");
           app.add_flag("--fast", a.fast,

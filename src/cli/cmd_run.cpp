@@ -11,6 +11,7 @@ namespace {
 
 struct RunArgs {
   std::string manifest, out, model, shard, backend = "cpu";
+  int device = 0;
   bool resume = false;
   int threads = 0;
 };
@@ -27,11 +28,12 @@ Registrar reg{{
           app.add_option("--shard", a.shard, "Run shard i of n (0 <= i < n): sources split by batch group");
           app.add_option("--model", a.model, "Model directory (overrides the manifest's)");
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
+          app.add_option("--device", a.device, "CUDA device index")->capture_default_str();
           app.add_option("--threads", a.threads, "CPU threads (0 = all); results do not depend on it");
           app.callback([] {
             probe::RunOptions o{.manifest = a.manifest, .out_dir = a.out, .model_dir = a.model, .resume = a.resume,
                                 .shard = {}, .sharded = !a.shard.empty(), .progress = progress_enabled(),
-                                .backend = a.backend};
+                                .backend = a.backend, .device = a.device};
             if (o.sharded) o.shard = probe::parse_shard(a.shard);  // before anything is written
             set_threads(a.threads);
             auto s = probe::run_manifest(o);

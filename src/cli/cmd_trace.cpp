@@ -21,6 +21,7 @@ namespace {
 struct TraceArgs {
   std::string backend = "cpu", model, ids, text, input, out_dir, compute = "f32", layers, dump, json_out, manifest,
       attention = "expanded";
+  int device = 0;
   int threads = 0;
 };
 
@@ -62,7 +63,7 @@ void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Com
   art["kind"] = "atlas.trace";
   art["format_version"] = 1;
   art["provenance"] = build_provenance();
-  art["provenance"]["device"] = device_provenance(a.backend);  // reported, never compared
+  art["provenance"]["device"] = device_provenance(a.backend, a.device);  // reported, never compared
   art["model"] = {{"config_sha256", sha256_file(a.model + "/config.json")},
                   {"config", ck.config().to_json()},
                   {"layers", std::to_string(range.first) + "-" + std::to_string(range.last)},
@@ -141,7 +142,7 @@ void run_trace(const TraceArgs& a) {
   }
 
   Checkpoint ck = Checkpoint::open(a.model, {.layers = range, .manifest_path = a.manifest});
-  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute});
+  auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute, .device = a.device});
   if (a.input.empty()) {
     trace_one(*model_ptr, ck, a, compute, range, seqs[0], a.dump, a.json_out, true);
     return;
@@ -168,6 +169,7 @@ Registrar reg{{
           app.add_option("--input", a.input, "JSONL of {\"id\", \"ids\"}: one trace per line, model loaded once");
           app.add_option("--out-dir", a.out_dir, "With --input: writes ID.safetensors and ID.json per line");
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
+          app.add_option("--device", a.device, "CUDA device index")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 (reference) or bf16 (official rounding points)")
               ->capture_default_str();
           app.add_option("--attention", a.attention,

@@ -93,13 +93,14 @@ ojson build_flags() {
   return j;
 }
 
-ojson device_provenance(const std::string& backend) {
+ojson device_provenance(const std::string& backend, int device) {
   ojson j;
   j["backend"] = backend;
   if (backend == "cuda") {
 #ifdef ATLAS_HAVE_CUDA
-    const cuda::DeviceInfo d = cuda::device_info(0);
+    const cuda::DeviceInfo d = cuda::device_info(device);
     j["device"] = d.name;
+    j["device_index"] = device;
     j["compute_capability"] = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
     j["sm_count"] = d.sm_count;
     j["total_memory_bytes"] = int64_t(d.total_memory);

@@ -21,7 +21,7 @@ ojson build_flags();
 // {"compute_capability", "sm_count", "total_memory_bytes"}. The CPU's device is the first
 // "model name" of /proc/cpuinfo ("unknown" where there is none). Machine-specific: compare
 // reports these with the rest of provenance but does not count them.
-ojson device_provenance(const std::string& backend);
+ojson device_provenance(const std::string& backend, int device = 0);  // device: the CUDA index
 
 // SHA-256 of an artifact's deterministic result content: its compact dump (keys in written
 // order) without "runtime", "provenance", "inputs" and "content_sha256". Provenance (build,

@@ -353,9 +353,9 @@ ojson artifact_head(const ojson& m, const ojson& model_info, const ojson& shard)
 // device, the compute mode, the model's pinned files, the protocol, the manifest and the seeds.
 // Outside the content hash: a rerun with another build or on another device that gives the
 // same results has the same content_sha256.
-ojson run_provenance(const ojson& m, const std::string& backend, const std::string& model_dir) {
+ojson run_provenance(const ojson& m, const std::string& backend, int device, const std::string& model_dir) {
   ojson p = build_provenance();
-  p["device"] = device_provenance(backend);
+  p["device"] = device_provenance(backend, device);
   const ojson& ex = m["protocol"]["execution"];
   p["compute"] = ex["compute"];
   const std::string pin = m["model"]["manifest"].is_string() ? m["model"]["manifest"].get<std::string>() : "";
@@ -498,7 +498,8 @@ RunSummary run_manifest(const RunOptions& o) {
     if (!pending) continue;
     if (!model) {
       ck.emplace(Checkpoint::open(model_dir, {.layers = range, .manifest_path = m["model"]["manifest"].get<std::string>()}));
-      model = load_model(*ck, {.backend = o.backend, .compute = parse_compute(ex["compute"].get<std::string>())});
+      model = load_model(*ck, {.backend = o.backend, .compute = parse_compute(ex["compute"].get<std::string>()),
+                               .device = o.device});
       if (file_exists(model_dir + "/tokenizer.json")) tok.emplace(Tokenizer::load_dir(model_dir));
     }
     std::map<int64_t, ojson> br =
@@ -551,7 +552,7 @@ RunSummary run_manifest(const RunOptions& o) {
   ojson shard = o.sharded ? ojson({{"index", o.shard.index}, {"count", o.shard.count}}) : ojson(nullptr);
   ojson a = artifact_head(m, model_info, shard);
   a["inputs"] = manifest_input(o.manifest, o.out_dir);
-  a["provenance"] = run_provenance(m, o.backend, model_dir);
+  a["provenance"] = run_provenance(m, o.backend, o.device, model_dir);
   ojson out_cells = ojson::array();
   std::vector<int64_t> order;
   for (const auto& [k, v] : source_cells) order.insert(order.end(), v.begin(), v.end());

@@ -26,6 +26,7 @@ struct RunOptions {
   bool sharded = false;   // --shard given (the artifact records it)
   bool progress = false;  // stderr progress lines
   std::string backend = "cpu";  // cpu | cuda (recorded in the artifact's model section)
+  int device = 0;               // CUDA device index
 };
 
 struct RunSummary {
