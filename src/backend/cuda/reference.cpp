@@ -172,6 +172,29 @@ void moe_combine(const MoeCombineArgs& a) {
 }
 
 // The scalar kernel's contract (MlaImpl::scalar): fp32 P, one max / sum per split.
+// Both MLA contracts end the same way: per head, the splits' partials (running max m, sum l,
+// accumulator acc[D]) merged in ascending split order with exp(m_s - M) weights, out = acc/L.
+// plus_zero: the tensor-core kernel writes exact zeros as +0.
+static void merge_splits(const std::vector<float>& ms, const std::vector<float>& ls, const std::vector<float>& acc,
+                  int n_splits, int H, int D, uint16_t* out, bool plus_zero) {
+  for (int h = 0; h < H; ++h) {
+    float M = -std::numeric_limits<float>::infinity();
+    for (int s = 0; s < n_splits; ++s) M = std::fmax(M, ms[size_t(s) * H + h]);
+    std::vector<float> f(n_splits);
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      f[s] = std::exp(ms[size_t(s) * H + h] - M);
+      L = std::fma(ls[size_t(s) * H + h], f[s], L);
+    }
+    for (int d = 0; d < D; ++d) {
+      float o = 0.0f;
+      for (int s = 0; s < n_splits; ++s) o = std::fma(acc[(size_t(s) * H + h) * D + d], f[s], o);
+      const uint16_t v = f32_to_bf16(o / L);
+      out[h * D + d] = plus_zero && v == 0x8000 ? uint16_t(0) : v;
+    }
+  }
+}
+
 void mla_decode_scalar(const MlaDecodeArgs& a) {
   const int H = a.heads, S = a.split_tokens, W = a.latent + a.rope, D = a.latent;
   for (int b = 0; b < a.rows; ++b) {
@@ -216,21 +239,7 @@ void mla_decode_scalar(const MlaDecodeArgs& a) {
         }
       }
     }
-    for (int h = 0; h < H; ++h) {
-      float M = -std::numeric_limits<float>::infinity();
-      for (int s = 0; s < n_splits; ++s) M = std::fmax(M, ms[size_t(s) * H + h]);
-      std::vector<float> f(n_splits);
-      float L = 0.0f;
-      for (int s = 0; s < n_splits; ++s) {
-        f[s] = std::exp(ms[size_t(s) * H + h] - M);
-        L = std::fma(ls[size_t(s) * H + h], f[s], L);
-      }
-      for (int d = 0; d < D; ++d) {
-        float o = 0.0f;
-        for (int s = 0; s < n_splits; ++s) o = std::fma(acc[(size_t(s) * H + h) * D + d], f[s], o);
-        a.out[(int64_t(b) * H + h) * D + d] = f32_to_bf16(o / L);
-      }
-    }
+    merge_splits(ms, ls, acc, n_splits, H, D, a.out + int64_t(b) * H * D, false);
   }
 }
 
@@ -241,10 +250,6 @@ void mla_decode_tensor_core(const MlaDecodeArgs& a) {
   constexpr int kTile = 64;
   const int H = a.heads, S = a.split_tokens, W = a.latent + a.rope, D = a.latent;
   const float inf = std::numeric_limits<float>::infinity();
-  auto out_bf16 = [](float v) {
-    const uint16_t b = f32_to_bf16(v);
-    return b == 0x8000 ? uint16_t(0) : b;
-  };
   for (int b = 0; b < a.rows; ++b) {
     const int len = a.lengths[b];
     if (len < 0 || len > a.max_length) throw Error("cuda::ref: mla_decode: lengths: out of range");
@@ -297,21 +302,7 @@ void mla_decode_tensor_core(const MlaDecodeArgs& a) {
         ls[size_t(s) * H + h] = l;
       }
     }
-    for (int h = 0; h < H; ++h) {
-      float M = -inf;
-      for (int s = 0; s < n_splits; ++s) M = std::fmax(M, ms[size_t(s) * H + h]);
-      std::vector<float> f(n_splits);
-      float L = 0.0f;
-      for (int s = 0; s < n_splits; ++s) {
-        f[s] = std::exp(ms[size_t(s) * H + h] - M);
-        L = std::fma(ls[size_t(s) * H + h], f[s], L);
-      }
-      for (int d = 0; d < D; ++d) {
-        float o = 0.0f;
-        for (int s = 0; s < n_splits; ++s) o = std::fma(acc[(size_t(s) * H + h) * D + d], f[s], o);
-        a.out[(int64_t(b) * H + h) * D + d] = out_bf16(o / L);
-      }
-    }
+    merge_splits(ms, ls, acc, n_splits, H, D, a.out + int64_t(b) * H * D, true);
   }
 }
 
