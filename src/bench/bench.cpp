@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -133,6 +134,24 @@ std::vector<std::vector<int32_t>> bench_prompts(uint64_t seed, int64_t n, int64_
   return rows;
 }
 
+BenchPrompts make_prompts(const BenchOptions& o, int64_t vocab) {
+  return {.grid = bench_prompts(o.seed, o.grid_prompts, o.prompt_min, o.prompt_max, vocab),
+          .decode = bench_prompts(o.seed + 1, 1, o.decode_prompt, o.decode_prompt, vocab)[0],
+          .mem = bench_prompts(o.seed + 2, o.mem_rows, o.mem_prefill, o.mem_prefill, vocab)};
+}
+
+ojson prompts_json(const BenchOptions& o, const BenchPrompts& p) {
+  ojson j;
+  j["seed"] = o.seed;
+  j["new_tokens"] = o.grid_new_tokens;
+  j["prompts"] = p.grid;
+  j["decode_prompt"] = p.decode;
+  j["decode_steps"] = o.decode_steps;
+  j["mem"] = {{"rows", o.mem_rows}, {"prefill", o.mem_prefill}, {"steps", o.mem_steps}};
+  j["mem_prompts"] = p.mem;
+  return j;
+}
+
 const std::vector<std::string>& workload_names() {
   static const std::vector<std::string> n = {"load", "seed-grid-128x512", "prefill-trace-128", "decode-b1",
                                              "peak-mem-128x1024"};
@@ -159,14 +178,15 @@ std::vector<Record> run_bench(const BenchOptions& o) {
   // Page cache first, so `load` measures page cache -> ready (as the issue asks).
   Checkpoint ck = Checkpoint::open(o.model_dir);
   const ModelConfig cfg = ck.config();
-  for (const auto& [rel, _] : hash_directory(o.model_dir)) {
-    if (rel.size() < 12 || rel.substr(rel.size() - 12) != ".safetensors") continue;
-    std::ifstream f(o.model_dir + "/" + rel, std::ios::binary);
-    std::vector<char> buf(size_t(1) << 24);
+  std::vector<char> buf(size_t(1) << 24);
+  for (const auto& e : std::filesystem::directory_iterator(o.model_dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::ifstream f(e.path(), std::ios::binary);
     while (f.read(buf.data(), std::streamsize(buf.size())) || f.gcount() > 0) {
     }
   }
-  const auto prompts = bench_prompts(o.seed, o.grid_prompts, o.prompt_min, o.prompt_max, cfg.vocab_size);
+  const BenchPrompts all = make_prompts(o, cfg.vocab_size);
+  const auto& prompts = all.grid;
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += int64_t(p.size());
   const WeightBytes wb = weight_bytes(cfg);
@@ -175,7 +195,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
   auto record = [&](const std::string& workload, const std::string& mode, double v, const std::string& unit,
                     std::optional<double> bound, ojson detail) {
     Record r{.workload = workload, .mode = mode, .unit = unit, .gpu = dev.name, .commit = commit, .date = date,
-             .command = o.command, .atlas = v, .bound = bound, .detail = std::move(detail)};
+             .command = o.command, .atlas = v, .reference = std::nullopt, .bound = bound, .detail = std::move(detail)};
     if (auto it = reference.find(workload); it != reference.end()) r.reference = it->second;
     out.push_back(std::move(r));
   };
@@ -263,7 +283,8 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       stage("final_norm");
       auto cache = model->make_cache(B, T);
       const auto t0 = Clock::now();
-      model->forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true},
+      model->forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
+                      .logits_rows = {}},
                      *cache, &hooks);
       const double s = since(t0);
       Sha256 h;
@@ -278,7 +299,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
 
     if (wants("decode-b1")) {
       progress(o, "decode b1 (" + mode + ")");
-      const auto p = bench_prompts(o.seed + 1, 1, o.decode_prompt, o.decode_prompt, cfg.vocab_size)[0];
+      const auto& p = all.decode;
       const int64_t P = int64_t(p.size());
       std::vector<int32_t> pos(static_cast<size_t>(P));
       for (int64_t t = 0; t < P; ++t) pos[size_t(t)] = int32_t(t);
@@ -312,7 +333,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       progress(o, "peak memory (" + mode + ")");
       const int64_t B = o.mem_rows, P = o.mem_prefill, S = o.mem_steps;
       double peak = device_used_bytes(o.backend);
-      const auto rows = bench_prompts(o.seed + 2, B, P, P, cfg.vocab_size);
+      const auto& rows = all.mem;
       std::vector<int32_t> ids, pos;
       for (const auto& r : rows)
         for (int64_t t = 0; t < P; ++t) {

@@ -55,6 +55,17 @@ struct Record {
 std::vector<std::vector<int32_t>> bench_prompts(uint64_t seed, int64_t n, int64_t min_len, int64_t max_len,
                                                 int64_t vocab);
 
+// Every prompt the workloads run: the grid's (also the prefill trace's), the batch-1 decode
+// prompt and the memory workload's rows. One definition serves run_bench and --save-prompts.
+struct BenchPrompts {
+  std::vector<std::vector<int32_t>> grid;
+  std::vector<int32_t> decode;
+  std::vector<std::vector<int32_t>> mem;
+};
+BenchPrompts make_prompts(const BenchOptions& o, int64_t vocab);
+// What --save-prompts writes for tools/reference/bench_transformers.py.
+ojson prompts_json(const BenchOptions& o, const BenchPrompts& p);
+
 const std::vector<std::string>& workload_names();
 std::vector<Record> run_bench(const BenchOptions& opts);
 ojson to_json(const std::vector<Record>& records);

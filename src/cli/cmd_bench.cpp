@@ -56,18 +56,7 @@ Registrar reg{{
             a.o.progress = progress_enabled();
             if (!a.save_prompts.empty()) {
               const Checkpoint ck = Checkpoint::open(a.o.model_dir);
-              const auto p = bench::bench_prompts(a.o.seed, a.o.grid_prompts, a.o.prompt_min, a.o.prompt_max,
-                                                  ck.config().vocab_size);
-              ojson j;
-              j["seed"] = a.o.seed;
-              j["new_tokens"] = a.o.grid_new_tokens;
-              j["prompts"] = p;
-              j["decode_prompt"] = bench::bench_prompts(a.o.seed + 1, 1, a.o.decode_prompt, a.o.decode_prompt,
-                                                        ck.config().vocab_size)[0];
-              j["decode_steps"] = a.o.decode_steps;
-              j["mem"] = {{"rows", a.o.mem_rows}, {"prefill", a.o.mem_prefill}, {"steps", a.o.mem_steps}};
-              j["mem_prompts"] = bench::bench_prompts(a.o.seed + 2, a.o.mem_rows, a.o.mem_prefill, a.o.mem_prefill,
-                                                      ck.config().vocab_size);
+              const ojson j = bench::prompts_json(a.o, bench::make_prompts(a.o, ck.config().vocab_size));
               write_file_atomic(a.save_prompts, j.dump() + "\n");
               if (a.o.workloads.empty() && a.json_out.empty()) return;
             }
