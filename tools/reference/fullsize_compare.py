@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as MF  # noqa: E402
+from bench_transformers import left_pad  # noqa: E402
 import official_torch as OT  # noqa: E402
 
 
@@ -53,23 +54,13 @@ def common_prefix(a, b):
     return n
 
 
-def left_pad(rows):
-    """[B, T] ids (0 where padded) and attention mask, padded on the left; T."""
-    T = max(len(r) for r in rows)
-    ids = torch.zeros((len(rows), T), dtype=torch.long)
-    mask = torch.zeros((len(rows), T), dtype=torch.long)
-    for j, r in enumerate(rows):
-        ids[j, T - len(r):] = torch.tensor(r)
-        mask[j, T - len(r):] = 1
-    return ids, mask, T
-
-
 def hf_stages(model, rec, rows, batch):
     """transformers forward of `rows` in left-padded batches of `batch`; per row its real tokens."""
     out = []
     for i in range(0, len(rows), batch):
         chunk = rows[i:i + batch]
-        ids, mask, T = left_pad(chunk)
+        ids, mask = left_pad(chunk)
+        T = ids.shape[1]
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         t = MF.run_transformers(model, rec, ids.cuda(), mask.cuda(), pos.cuda())
         for j, r in enumerate(chunk):
@@ -86,7 +77,8 @@ def hf_generate(model, rows, batch, steps):
     toks = []
     for i in range(0, len(rows), batch):
         chunk = rows[i:i + batch]
-        ids, mask, T = left_pad(chunk)
+        ids, mask = left_pad(chunk)
+        T = ids.shape[1]
         with torch.no_grad():
             o = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=steps,
                                min_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
