@@ -102,7 +102,10 @@ constexpr int config_index(std::string_view name) {
 // another config with unaligned operands runs one of these (same bits).
 constexpr int kSyncLarge = config_index("64x64x64/4"), kSyncSmall = config_index("splitk16x8/8w");
 constexpr int kSplitK8 = config_index("splitk16x8/8w");
-static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0, "config names");
+// Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
+constexpr int kGroupedMany = config_index("32x64x64/4"), kGroupedFew = config_index("16x32x128/4");
+static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0,
+              "config names");
 
 std::atomic<int> forced_config{-1};
 
@@ -333,7 +336,7 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // 32x64x64/4 211 / 109 us (split-K 786 / 416, 16x32x128/4 314 / 156); of 1 token (6 rows)
   // 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
-    ci = config_index(a.max_rows > 16 ? "32x64x64/4" : "16x32x128/4");
+    ci = a.max_rows > 16 ? kGroupedMany : kGroupedFew;
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
