@@ -16,8 +16,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from atlas_cli import FAILS, atlas, check, load, dump  # noqa: E402
 
-ATLAS = os.environ.get("ATLAS_BIN", "build/atlas")
+
 SRC = os.environ.get("ATLAS_SOURCE_DIR", ".")
 DATA = os.path.normpath(os.path.join(SRC, "..", "shared", "data"))
 if not os.path.isdir(DATA):
@@ -36,33 +38,10 @@ if shutil.which("bwrap") is None:
     skip("bubblewrap (bwrap) not installed")
 
 TMP = tempfile.mkdtemp(prefix="atlas-evalrun-")
-FAILS = []
 
 
-def atlas(*args, rc=0):
-    e = dict(os.environ)
-    e.pop("ATLAS_PROGRESS", None)
-    e["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run([ATLAS, *args], capture_output=True, text=True, env=e)
-    if rc is not None and p.returncode != rc:
-        raise AssertionError(f"atlas {' '.join(args)}: rc {p.returncode} (want {rc})\n{p.stdout}\n{p.stderr}")
-    return p
 
 
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL: " + what)
-
-
-def load(path):
-    with open(path) as f:
-        return json.load(f)
-
-
-def dump(obj, path):
-    with open(path, "w") as f:
-        json.dump(obj, f)
 
 
 PROTO = f"""

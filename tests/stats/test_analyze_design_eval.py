@@ -21,28 +21,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from atlas_cli import FAILS, atlas, check, load, dump  # noqa: E402
 
-ATLAS = os.environ.get("ATLAS_BIN", "build/atlas")
+
 TMP = tempfile.mkdtemp(prefix="atlas-design-eval-")
-FAILS = []
 
 
-def atlas(*args, rc=0):
-    e = dict(os.environ)
-    e.pop("ATLAS_PROGRESS", None)
-    e["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run([ATLAS, *args], capture_output=True, text=True, env=e)
-    if rc is not None and p.returncode != rc:
-        raise AssertionError(f"atlas {' '.join(args)}: rc {p.returncode} (want {rc})\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL: " + what)
-    else:
-        print("ok   " + what)
 
 
 def expect_error(what, pattern, out_dir, *args):
@@ -51,14 +36,6 @@ def expect_error(what, pattern, out_dir, *args):
     check(not os.path.exists(out_dir), f"{what}: no output written")
 
 
-def load(p):
-    with open(p) as f:
-        return json.load(f)
-
-
-def dump(obj, p):
-    with open(p, "w") as f:
-        json.dump(obj, f)
 
 
 CONDITIONS = """
