@@ -2,7 +2,12 @@
 //
 // This header includes no CUDA header, so code compiled by the host compiler alone (the CLI,
 // the model, tests) can call it. bf16 tensors are uint16_t (the bit pattern, as in core/bf16.h),
-// streams are an opaque `void*` (a cudaStream_t; nullptr = the default stream). Every launcher
+// streams are an opaque `void*` (a cudaStream_t; nullptr = the default stream).
+// Element types: the row-wise ops, MLA and the copies take argument structs templated on the
+// storage type, `XxxArgsT<uint16_t>` (bf16, the production path; `XxxArgs` is that alias) and
+// `XxxArgsT<float>` (the f32 checking mode, `--compute f32`: the same op with every bf16
+// rounding point removed, fp32 in and out). Both are overloads of one launcher name, so the
+// CUDA model's forward loop is one template over the element type. Every launcher
 // checks its arguments and the launch and throws atlas::Error with a message that names the op
 // and the field at fault; nothing here fails silently.
 //
@@ -13,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace atlas::cuda {
@@ -101,12 +107,14 @@ class EventTimer {
 };
 
 // ---- RMSNorm (spec section 5) ------------------------------------------------------------
-// out[t] = bf16(w * bf16(x[t] * 1/sqrt(mean(x[t]^2) + eps))), fp32 mean of squares in the fixed
+// bf16: out[t] = bf16(w * bf16(x[t] * 1/sqrt(mean(x[t]^2) + eps))); f32: out[t] = w * (x[t] *
+// 1/sqrt(mean(x[t]^2) + eps)) (the CPU f32 mode's formula). fp32 mean of squares in the fixed
 // reduction order of docs/cuda.md (independent of rows, so batch invariant).
-struct RmsNormArgs {
-  const uint16_t* x = nullptr;       // [rows, dim] bf16, row stride x_stride
-  const uint16_t* weight = nullptr;  // [dim] bf16
-  uint16_t* out = nullptr;           // [rows, dim] bf16, row stride out_stride (may alias x)
+template <class T>
+struct RmsNormArgsT {
+  const T* x = nullptr;       // [rows, dim], row stride x_stride
+  const T* weight = nullptr;  // [dim]
+  T* out = nullptr;           // [rows, dim], row stride out_stride (may alias x)
   int rows = 0;
   int dim = 0;
   int64_t x_stride = 0;    // elements; 0 = dim
@@ -114,7 +122,9 @@ struct RmsNormArgs {
   float eps = 1e-6f;
   Stream stream = nullptr;
 };
+using RmsNormArgs = RmsNormArgsT<uint16_t>;
 void rmsnorm(const RmsNormArgs& a);
+void rmsnorm(const RmsNormArgsT<float>& a);
 
 // ---- YaRN RoPE (spec section 3) ----------------------------------------------------------
 struct YarnParams {
@@ -144,42 +154,54 @@ RopeTable build_rope_table(const YarnParams& p, int max_positions);
 // pos*inv_freq[k], with the official bf16 roundings:
 //   x[2k]   = bf16(bf16(x[2k]*cos) - bf16(x[2k+1]*sin))
 //   x[2k+1] = bf16(bf16(x[2k+1]*cos) + bf16(x[2k]*sin))
-struct RopeArgs {
-  uint16_t* x = nullptr;  // first rope element of token 0, head 0
+// f32: the same without any rounding but fp32's (x[2k]*cos - x[2k+1]*sin, two products, one
+// difference), over fp32 cos/sin tables (model/rope.h with bf16 = false).
+template <class T>
+struct RopeArgsT {
+  T* x = nullptr;  // first rope element of token 0, head 0
   int tokens = 0;
   int heads = 0;
   int64_t token_stride = 0;  // elements between tokens
   int64_t head_stride = 0;   // elements between heads
   int rope_dim = 64;
   const int32_t* positions = nullptr;  // [tokens], each in [0, max_positions)
-  const uint16_t* cos = nullptr;       // [max_positions, rope_dim/2] bf16 (device)
-  const uint16_t* sin = nullptr;
+  const T* cos = nullptr;              // [max_positions, rope_dim/2] (device)
+  const T* sin = nullptr;
   int max_positions = 0;
   Stream stream = nullptr;
 };
+using RopeArgs = RopeArgsT<uint16_t>;
 void rope_inplace(const RopeArgs& a);
+void rope_inplace(const RopeArgsT<float>& a);
 
-// ---- SiLU gate: out = bf16(bf16(silu(g)) * u) --------------------------------------------
-struct SiluGateArgs {
-  const uint16_t* gate = nullptr;  // [rows, width] bf16, row stride in_stride
-  const uint16_t* up = nullptr;    // [rows, width] bf16, row stride in_stride
-  uint16_t* out = nullptr;         // [rows, width] bf16, dense
+// ---- SiLU gate: out = bf16(bf16(silu(g)) * u); f32: silu(g) * u -------------------------
+template <class T>
+struct SiluGateArgsT {
+  const T* gate = nullptr;  // [rows, width], row stride in_stride
+  const T* up = nullptr;    // [rows, width], row stride in_stride
+  T* out = nullptr;         // [rows, width], dense
   int rows = 0;
   int width = 0;
   int64_t in_stride = 0;  // 0 = width (lets gate/up be the two halves of one fused GEMM output)
   Stream stream = nullptr;
 };
+using SiluGateArgs = SiluGateArgsT<uint16_t>;
 void silu_gate(const SiluGateArgs& a);
+void silu_gate(const SiluGateArgsT<float>& a);
 
-// ---- bf16 add: out = bf16(a + b) (residual stream, shared + routed) ----------------------
-struct AddArgs {
-  const uint16_t* a = nullptr;
-  const uint16_t* b = nullptr;
-  uint16_t* out = nullptr;  // may alias a or b
+// ---- add: out = bf16(a + b); f32: a + b (residual stream, shared + routed) ----------------
+template <class T>
+struct AddArgsT {
+  const T* a = nullptr;
+  const T* b = nullptr;
+  T* out = nullptr;  // may alias a or b
   int64_t n = 0;
   Stream stream = nullptr;
 };
-void add_bf16(const AddArgs& a);
+using AddArgs = AddArgsT<uint16_t>;
+void add(const AddArgs& a);
+void add(const AddArgsT<float>& a);
+inline void add_bf16(const AddArgs& a) { add(a); }
 
 // ---- router (spec section 4) --------------------------------------------------------------
 // fp32 softmax over the experts, top-k, weights. Output in descending weight order, ties ->
@@ -207,11 +229,13 @@ void router(const RouterArgs& a);
 
 // ---- row gather / scatter (embedding lookup, KV-cache append, last-token selection) -------
 // dst[dst_rows ? dst_rows[i] : i] = src[src_rows ? src_rows[i] : i] for i < rows, `width`
-// bf16 values per row; a negative index on either side skips row i (padding not stored).
-// Indices are checked against src_limit / dst_limit on the device (error flag, "copy_rows").
-struct CopyRowsArgs {
-  const uint16_t* src = nullptr;
-  uint16_t* dst = nullptr;
+// values (bf16 or f32) per row; a negative index on either side skips row i (padding not
+// stored). Indices are checked against src_limit / dst_limit on the device (error flag,
+// "copy_rows").
+template <class T>
+struct CopyRowsArgsT {
+  const T* src = nullptr;
+  T* dst = nullptr;
   const int32_t* src_rows = nullptr;  // [rows] device, optional
   const int32_t* dst_rows = nullptr;  // [rows] device, optional
   int64_t rows = 0;
@@ -220,7 +244,9 @@ struct CopyRowsArgs {
   int64_t src_limit = 0, dst_limit = 0;    // rows available on each side (index bound)
   Stream stream = nullptr;
 };
+using CopyRowsArgs = CopyRowsArgsT<uint16_t>;
 void copy_rows(const CopyRowsArgs& a);
+void copy_rows(const CopyRowsArgsT<float>& a);
 
 // ---- MoE token permutation ----------------------------------------------------------------
 // Stable counting sort of the T*k (token, slot) pairs by expert: inside one expert the pairs
@@ -242,44 +268,54 @@ struct MoePermuteArgs {
 size_t moe_permute_workspace_ints(int tokens, int experts);
 void moe_permute(const MoePermuteArgs& a);
 
-// x_sorted[i] = x[sorted_token[i]] (bf16 rows), the expert GEMMs' input.
-struct MoeGatherArgs {
-  const uint16_t* x = nullptr;  // [tokens, dim]
+// x_sorted[i] = x[sorted_token[i]] (bf16 or f32 rows), the expert GEMMs' input.
+template <class T>
+struct MoeGatherArgsT {
+  const T* x = nullptr;  // [tokens, dim]
   const int32_t* sorted_token = nullptr;
-  uint16_t* x_sorted = nullptr;  // [rows, dim]
-  int rows = 0;                  // tokens * k
+  T* x_sorted = nullptr;  // [rows, dim]
+  int rows = 0;           // tokens * k
   int dim = 0;
   Stream stream = nullptr;
 };
+using MoeGatherArgs = MoeGatherArgsT<uint16_t>;
 void moe_gather(const MoeGatherArgs& a);
+void moe_gather(const MoeGatherArgsT<float>& a);
 
 // out[t] = bf16(sum_{j=0..k-1} w[t,j] * fp32(y_sorted[pair_slot[t*k+j]])): fp32 products and
-// sum in the router's k order (a fixed order, one bf16 rounding at the end).
-struct MoeCombineArgs {
-  const uint16_t* y_sorted = nullptr;  // [tokens*k, dim] expert outputs in expert order
+// sum in the router's k order (a fixed order, one bf16 rounding at the end; none in f32).
+template <class T>
+struct MoeCombineArgsT {
+  const T* y_sorted = nullptr;         // [tokens*k, dim] expert outputs in expert order
   const int32_t* pair_slot = nullptr;  // [tokens, k]
   const float* topk_weights = nullptr; // [tokens, k]
-  uint16_t* out = nullptr;             // [tokens, dim]
+  T* out = nullptr;                    // [tokens, dim]
   int tokens = 0;
   int k = 0;
   int dim = 0;
   Stream stream = nullptr;
 };
+using MoeCombineArgs = MoeCombineArgsT<uint16_t>;
 void moe_combine(const MoeCombineArgs& a);
+void moe_combine(const MoeCombineArgsT<float>& a);
 
-// ---- greedy token on the device: argmax of each bf16 logits row, ties to the lower id --------
-// The same contract as decode::greedy_token on the host (the logits are the same bf16 values),
-// so a greedy row needs only its token id copied back, not its V logits. A NaN logit raises the
-// device error flag ("argmax: logits: NaN"); out[b] is then unspecified.
-struct ArgmaxArgs {
-  const uint16_t* logits = nullptr;  // [rows, vocab] bf16, row stride `stride` (0 = vocab)
-  int32_t* out = nullptr;            // [rows]
+// ---- greedy token on the device: argmax of each logits row, ties to the lower id ------------
+// The same contract as decode::greedy_token on the host (the logits are the same bf16 or f32
+// values), so a greedy row needs only its token id copied back, not its V logits. A NaN logit
+// raises the device error flag ("argmax: logits: NaN"); out[b] is then unspecified.
+template <class T>
+struct ArgmaxArgsT {
+  const T* logits = nullptr;  // [rows, vocab], row stride `stride` (0 = vocab)
+  int32_t* out = nullptr;     // [rows]
   int rows = 0;
   int vocab = 0;
   int64_t stride = 0;
   Stream stream = nullptr;
 };
-void argmax_bf16(const ArgmaxArgs& a);
+using ArgmaxArgs = ArgmaxArgsT<uint16_t>;
+void argmax(const ArgmaxArgs& a);
+void argmax(const ArgmaxArgsT<float>& a);
+inline void argmax_bf16(const ArgmaxArgs& a) { argmax(a); }
 
 constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaWidth = 576;
 constexpr int kMlaLatentMax = 512, kMlaWidthMax = 576;
@@ -302,17 +338,20 @@ constexpr int kMlaLatentMax = 512, kMlaWidthMax = 576;
 //   tensor_core (default): mma.sync bf16 -> fp32; splits walked in 64-slot tiles with an online
 //     softmax, P rounded to bf16 for the P.V product (as flash-attention), fixed l order.
 //   scalar: the first, correctness-first kernel (fp32 FMA chains, P kept fp32; split_tokens <=
-//     256); slow, kept as an on-device cross-check.
+//     256); slow, kept as an on-device cross-check. The only one with an f32 form
+//     (MlaDecodeArgsT<float>: f32 q, cache and output, no rounding at the end), the f32 checking
+//     mode's attention; the tensor-core kernel is bf16-only.
 // Capture safe: no allocation, no synchronisation, no host read of device data.
 enum class MlaImpl { tensor_core, scalar };
-struct MlaDecodeArgs {
-  const uint16_t* q = nullptr;             // [rows, heads, latent+rope] bf16
-  const uint16_t* latent_cache = nullptr;  // cache row r at + r*cache_row_stride: [len, latent+rope] bf16
-  int64_t cache_row_stride = 0;            // elements
-  const int32_t* lengths = nullptr;        // [rows] device, each in [0, max_length]
-  const int32_t* cache_rows = nullptr;     // [rows] device, optional (see above)
-  int max_length = 0;                      // host bound used to size the grid and workspace
-  uint16_t* out = nullptr;                 // [rows, heads, latent] bf16
+template <class T>
+struct MlaDecodeArgsT {
+  const T* q = nullptr;             // [rows, heads, latent+rope]
+  const T* latent_cache = nullptr;  // cache row r at + r*cache_row_stride: [len, latent+rope]
+  int64_t cache_row_stride = 0;     // elements
+  const int32_t* lengths = nullptr;     // [rows] device, each in [0, max_length]
+  const int32_t* cache_rows = nullptr;  // [rows] device, optional (see above)
+  int max_length = 0;                   // host bound used to size the grid and workspace
+  T* out = nullptr;                     // [rows, heads, latent]
   int latent = kMlaLatentMax;
   int rope = kMlaWidthMax - kMlaLatentMax;
   int rows = 0;
@@ -321,14 +360,16 @@ struct MlaDecodeArgs {
   int split_tokens = 256;   // fixed; part of the numerics (changing it changes bits)
   float* workspace = nullptr;  // mla_decode_workspace_floats(...) fp32
   Stream stream = nullptr;
-  MlaImpl impl = MlaImpl::tensor_core;
+  MlaImpl impl = std::is_same_v<T, float> ? MlaImpl::scalar : MlaImpl::tensor_core;
   // tensor_core only: consecutive queries per block, 1 or 2 (0 = 2 when cache_rows is set, else
   // 1). Queries of one block that read the same cache row share its tiles (prefill); for decode
   // (every query its own row) pass 1. Never changes results (tested).
   int queries_per_block = 0;
 };
+using MlaDecodeArgs = MlaDecodeArgsT<uint16_t>;
 size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int split_tokens);
 void mla_decode(const MlaDecodeArgs& a);
+void mla_decode(const MlaDecodeArgsT<float>& a);  // impl must be scalar (the default for f32)
 
 // ---- GEMM: out[M,N] = x[M,K] . W[N,K]^T (PyTorch Linear layout) ----------------------------
 // bf16 inputs, fp32 accumulation, bf16 or fp32 output (fp32 for the router logits: products of
@@ -425,5 +466,46 @@ struct GroupedGemmArgs {
 };
 void grouped_gemm(const GroupedGemmArgs& a);
 int grouped_gemm_chosen_config(const GroupedGemmArgs& a);
+
+// ---- f32 GEMM (the f32 checking mode, `--compute f32`) ------------------------------------
+// out[M,N] = x[M,K] . W[N,K]^T with f32 operands and output (kernels/gemm_f32.cuh). Contract
+// per output element: acc = +0; for k = 0..K-1 ascending: acc = fmaf(x[m,k], w[n,k], acc);
+// out = acc (no rounding but fp32's). Nothing of M, the tile, the batch or the group enters,
+// so it is batch invariant by construction and bit-exact to ref::gemm_f32 (std::fma, same
+// order). Tiled through shared memory; slow next to the bf16 tensor-core kernels, which is
+// fine for a checking mode. Capture safe (no allocation, no synchronisation, no host read).
+struct GemmF32Args {
+  const float* x = nullptr;  // [M, K], row stride x_stride
+  const float* w = nullptr;  // [N, K], row stride w_stride
+  float* out = nullptr;      // [M, N], row stride out_stride
+  int M = 0, N = 0, K = 0;
+  int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // elements, 0 = dense (K, K, N)
+  // Strided batch, as GemmArgs: product i reads x + i*x_batch_stride, w + i*w_batch_stride and
+  // writes out + i*out_batch_stride.
+  int batch = 1;
+  int64_t x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
+  Stream stream = nullptr;
+};
+void gemm_f32(const GemmF32Args& a);
+
+// Grouped f32 GEMM (MoE experts), the GroupedGemmArgs contract with f32 operands: group g owns
+// rows [offsets[g], offsets[g+1]) (device offsets, never read by the host), A row r =
+// x[x_rows ? x_rows[r] : r], out[r] = A[r] . w[g]^T; each row's bits equal gemm_f32 of that
+// row alone. Device checks raise the same error bits as grouped_gemm (offsets order and bound,
+// x_rows range, null group weight), so check_device_errors() names them alike.
+struct GroupedGemmF32Args {
+  const float* x = nullptr;          // [*, K], row stride x_stride
+  const int32_t* x_rows = nullptr;   // [max_rows] device, optional gather
+  const float* const* w = nullptr;   // [groups] device array of device pointers, each [N, K]
+  const int32_t* offsets = nullptr;  // [groups + 1] device, non-decreasing, offsets[0] = 0
+  float* out = nullptr;              // [max_rows, N], row stride out_stride
+  int groups = 0;
+  int max_rows = 0;  // host bound: offsets[groups] <= max_rows (checked on the device)
+  int N = 0, K = 0;
+  int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // elements, 0 = dense
+  int64_t x_rows_limit = 0;  // rows of x, bound for x_rows entries (0 = only negatives checked)
+  Stream stream = nullptr;
+};
+void grouped_gemm_f32(const GroupedGemmF32Args& a);
 
 }  // namespace atlas::cuda

@@ -1,9 +1,11 @@
 // Launchers for MLA attention (absorbed form): the tensor-core kernel (default) and the scalar
-// correctness-first kernel (MlaImpl::scalar, the on-device cross-check).
+// correctness-first kernel (MlaImpl::scalar, the on-device cross-check, and in its f32 form the
+// f32 checking mode's attention).
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/mla_decode.cuh"
@@ -27,16 +29,27 @@ size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int spli
 
 namespace {
 
-void launch_scalar(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
+template <class T>
+void launch_scalar(const MlaDecodeArgsT<T>& a, int width, int max_splits, cudaStream_t s) {
   const char* op = "mla_decode";
   require(a.split_tokens <= kern::kMlaThreads, op, "split_tokens",
           "must be in [1, 256] for the scalar kernel, got " + std::to_string(a.split_tokens));
   require(max_splits <= 65535, op, "max_length", "too long for the split grid");
-  kern::mla_split_kernel<<<dim3(max_splits, a.rows), kern::kMlaThreads, 0, s>>>(
+  constexpr int dyn = kern::mla_split_dyn_smem<T>();
+  if constexpr (dyn > 0) {
+    // The f32 query in dynamic shared memory takes the block past 48 KB: raise the limit once,
+    // before any launch (so later launches, inside a graph capture too, change no attribute).
+    static std::once_flag once;
+    std::call_once(once, [] {
+      check_cuda(cudaFuncSetAttribute(kern::mla_split_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn),
+                 "mla_decode", "cudaFuncSetAttribute");
+    });
+  }
+  kern::mla_split_kernel<T><<<dim3(max_splits, a.rows), kern::kMlaThreads, dyn, s>>>(
       a.q, a.latent_cache, a.cache_row_stride, a.lengths, a.cache_rows, a.max_length, a.heads, a.latent, width,
       a.scale, a.split_tokens, max_splits, a.workspace, error_flag());
   check_launch(op);
-  kern::mla_merge_kernel<<<a.rows, kern::kMlaThreads, 0, s>>>(a.workspace, a.lengths, a.max_length, a.heads,
+  kern::mla_merge_kernel<T><<<a.rows, kern::kMlaThreads, 0, s>>>(a.workspace, a.lengths, a.max_length, a.heads,
                                                               a.latent, a.split_tokens, max_splits, a.out);
   check_launch(op);
 }
@@ -98,9 +111,8 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   check_launch(op);
 }
 
-}  // namespace
-
-void mla_decode(const MlaDecodeArgs& a) {
+template <class T>
+void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
   const char* op = "mla_decode";
   require(a.heads > 0 && a.heads <= kern::kMlaMaxHeads, op, "heads",
           "must be in [1, 16] for this kernel, got " + std::to_string(a.heads));
@@ -121,10 +133,20 @@ void mla_decode(const MlaDecodeArgs& a) {
   cudaStream_t s = stream_of(a.stream);
   const int64_t max_splits = (int64_t(a.max_length) + a.split_tokens - 1) / a.split_tokens;
   require(max_splits <= 65535, op, "max_length", "too long for the split grid (max_length / split_tokens > 65535)");
-  if (a.impl == MlaImpl::scalar)
+  if constexpr (std::is_same_v<T, float>) {
+    require(a.impl == MlaImpl::scalar, op, "impl", "the tensor-core kernel is bf16-only; f32 runs MlaImpl::scalar");
     launch_scalar(a, width, int(max_splits), s);
-  else
-    launch_tc(a, width, int(max_splits), s);
+  } else {
+    if (a.impl == MlaImpl::scalar)
+      launch_scalar(a, width, int(max_splits), s);
+    else
+      launch_tc(a, width, int(max_splits), s);
+  }
 }
+
+}  // namespace
+
+void mla_decode(const MlaDecodeArgs& a) { mla_decode_impl(a); }
+void mla_decode(const MlaDecodeArgsT<float>& a) { mla_decode_impl(a); }
 
 }  // namespace atlas::cuda

@@ -1,5 +1,6 @@
 // Launchers for the row-wise and elementwise kernels: RMSNorm, RoPE, SiLU gate, add, router,
-// MoE permutation / gather / combine.
+// MoE permutation / gather / combine. The templated ones run on bf16 (uint16_t) or f32 (the
+// checking mode): one implementation per op, two public overloads.
 #include <algorithm>
 #include <string>
 
@@ -15,7 +16,10 @@ namespace atlas::cuda {
 
 using namespace detail;
 
-void rmsnorm(const RmsNormArgs& a) {
+namespace {
+
+template <class T>
+void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   const char* op = "rmsnorm";
   require(a.rows >= 0, op, "rows", "must be >= 0");
   require(a.dim > 0, op, "dim", "must be > 0");
@@ -23,12 +27,13 @@ void rmsnorm(const RmsNormArgs& a) {
   require(xs >= a.dim && os >= a.dim, op, "stride", "row stride smaller than dim");
   require(a.x && a.weight && a.out, op, "pointers", "x, weight and out must be set");
   if (a.rows == 0) return;
-  kern::rmsnorm_kernel<<<a.rows, kern::kReduceThreads, 0, stream_of(a.stream)>>>(
+  kern::rmsnorm_kernel<T><<<a.rows, kern::kReduceThreads, 0, stream_of(a.stream)>>>(
       a.x, a.weight, a.out, a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
-void rope_inplace(const RopeArgs& a) {
+template <class T>
+void rope_impl(const RopeArgsT<T>& a) {
   const char* op = "rope";
   require(a.rope_dim > 0 && a.rope_dim % 2 == 0, op, "rope_dim", "must be even and > 0");
   require(a.tokens >= 0 && a.heads > 0, op, "tokens/heads", "tokens >= 0, heads > 0");
@@ -37,13 +42,14 @@ void rope_inplace(const RopeArgs& a) {
   const int half = a.rope_dim / 2;
   const int64_t total = int64_t(a.tokens) * a.heads * half;
   if (total == 0) return;
-  kern::rope_kernel<<<blocks_for(total, 256), 256, 0, stream_of(a.stream)>>>(
+  kern::rope_kernel<T><<<blocks_for(total, 256), 256, 0, stream_of(a.stream)>>>(
       a.x, a.tokens, a.heads, a.token_stride, a.head_stride, half, a.positions, a.cos, a.sin,
       a.max_positions, error_flag());
   check_launch(op);
 }
 
-void silu_gate(const SiluGateArgs& a) {
+template <class T>
+void silu_gate_impl(const SiluGateArgsT<T>& a) {
   const char* op = "silu_gate";
   require(a.rows >= 0 && a.width > 0, op, "rows/width", "rows >= 0, width > 0");
   const int64_t st = a.in_stride ? a.in_stride : a.width;
@@ -51,12 +57,13 @@ void silu_gate(const SiluGateArgs& a) {
   require(a.gate && a.up && a.out, op, "pointers", "gate, up and out must be set");
   const int64_t n = int64_t(a.rows) * a.width;
   if (n == 0) return;
-  kern::silu_gate_kernel<<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.gate, a.up, a.out,
-                                                                               a.rows, a.width, st);
+  kern::silu_gate_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.gate, a.up, a.out,
+                                                                                  a.rows, a.width, st);
   check_launch(op);
 }
 
-void argmax_bf16(const ArgmaxArgs& a) {
+template <class T>
+void argmax_impl(const ArgmaxArgsT<T>& a) {
   const char* op = "argmax";
   require(a.rows >= 0, op, "rows", "must be >= 0");
   require(a.vocab > 0, op, "vocab", "must be > 0");
@@ -64,12 +71,13 @@ void argmax_bf16(const ArgmaxArgs& a) {
   require(st >= a.vocab, op, "stride", "smaller than vocab");
   require(a.logits && a.out, op, "pointers", "logits and out must be set");
   if (a.rows == 0) return;
-  kern::argmax_bf16_kernel<<<unsigned(a.rows), kern::kArgmaxThreads, 0, stream_of(a.stream)>>>(
+  kern::argmax_kernel<T><<<unsigned(a.rows), kern::kArgmaxThreads, 0, stream_of(a.stream)>>>(
       a.logits, a.out, a.vocab, st, error_flag());
   check_launch(op);
 }
 
-void copy_rows(const CopyRowsArgs& a) {
+template <class T>
+void copy_rows_impl(const CopyRowsArgsT<T>& a) {
   const char* op = "copy_rows";
   require(a.rows >= 0 && a.rows <= 0x7fffffff, op, "rows", "must be in [0, 2^31)");
   require(a.width > 0, op, "width", "must be > 0");
@@ -78,19 +86,64 @@ void copy_rows(const CopyRowsArgs& a) {
   require(a.src_limit > 0 && a.dst_limit > 0, op, "limits", "src_limit and dst_limit must be > 0");
   require(a.src && a.dst, op, "pointers", "src and dst must be set");
   if (a.rows == 0) return;
-  kern::copy_rows_kernel<<<unsigned(a.rows), 128, 0, stream_of(a.stream)>>>(
+  kern::copy_rows_kernel<T><<<unsigned(a.rows), 128, 0, stream_of(a.stream)>>>(
       a.src, a.dst, a.src_rows, a.dst_rows, a.width, ss, ds, a.src_limit, a.dst_limit, error_flag());
   check_launch(op);
 }
 
-void add_bf16(const AddArgs& a) {
-  const char* op = "add_bf16";
+template <class T>
+void add_impl(const AddArgsT<T>& a) {
+  const char* op = sizeof(T) == 2 ? "add_bf16" : "add_f32";
   require(a.n >= 0, op, "n", "must be >= 0");
   require(a.a && a.b && a.out, op, "pointers", "a, b and out must be set");
   if (a.n == 0) return;
-  kern::add_kernel<<<blocks_for(a.n, 256), 256, 0, stream_of(a.stream)>>>(a.a, a.b, a.out, a.n);
+  kern::add_kernel<T><<<blocks_for(a.n, 256), 256, 0, stream_of(a.stream)>>>(a.a, a.b, a.out, a.n);
   check_launch(op);
 }
+
+template <class T>
+void moe_gather_impl(const MoeGatherArgsT<T>& a) {
+  const char* op = "moe_gather";
+  require(a.rows >= 0 && a.dim > 0, op, "rows/dim", "rows >= 0, dim > 0");
+  require(a.x && a.sorted_token && a.x_sorted, op, "pointers", "x, sorted_token, x_sorted must be set");
+  const int64_t n = int64_t(a.rows) * a.dim;
+  if (n == 0) return;
+  kern::moe_gather_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.x, a.sorted_token,
+                                                                                   a.x_sorted, a.rows, a.dim);
+  check_launch(op);
+}
+
+template <class T>
+void moe_combine_impl(const MoeCombineArgsT<T>& a) {
+  const char* op = "moe_combine";
+  require(a.tokens >= 0 && a.k > 0 && a.dim > 0, op, "tokens/k/dim", "tokens >= 0, k > 0, dim > 0");
+  require(a.y_sorted && a.pair_slot && a.topk_weights && a.out, op, "pointers",
+          "y_sorted, pair_slot, topk_weights, out must be set");
+  const int64_t n = int64_t(a.tokens) * a.dim;
+  if (n == 0) return;
+  kern::moe_combine_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(
+      a.y_sorted, a.pair_slot, a.topk_weights, a.out, a.tokens, a.k, a.dim);
+  check_launch(op);
+}
+
+}  // namespace
+
+void rmsnorm(const RmsNormArgs& a) { rmsnorm_impl(a); }
+void rmsnorm(const RmsNormArgsT<float>& a) { rmsnorm_impl(a); }
+void rope_inplace(const RopeArgs& a) { rope_impl(a); }
+void rope_inplace(const RopeArgsT<float>& a) { rope_impl(a); }
+void silu_gate(const SiluGateArgs& a) { silu_gate_impl(a); }
+void silu_gate(const SiluGateArgsT<float>& a) { silu_gate_impl(a); }
+void argmax(const ArgmaxArgs& a) { argmax_impl(a); }
+void argmax(const ArgmaxArgsT<float>& a) { argmax_impl(a); }
+void copy_rows(const CopyRowsArgs& a) { copy_rows_impl(a); }
+void copy_rows(const CopyRowsArgsT<float>& a) { copy_rows_impl(a); }
+void add(const AddArgs& a) { add_impl(a); }
+void add(const AddArgsT<float>& a) { add_impl(a); }
+void moe_gather(const MoeGatherArgs& a) { moe_gather_impl(a); }
+void moe_gather(const MoeGatherArgsT<float>& a) { moe_gather_impl(a); }
+void moe_combine(const MoeCombineArgs& a) { moe_combine_impl(a); }
+void moe_combine(const MoeCombineArgsT<float>& a) { moe_combine_impl(a); }
 
 void router(const RouterArgs& a) {
   const char* op = "router";
@@ -141,29 +194,6 @@ void moe_permute(const MoePermuteArgs& a) {
                                                       a.workspace, a.sorted_token, a.pair_slot);
     check_launch(op);
   }
-}
-
-void moe_gather(const MoeGatherArgs& a) {
-  const char* op = "moe_gather";
-  require(a.rows >= 0 && a.dim > 0, op, "rows/dim", "rows >= 0, dim > 0");
-  require(a.x && a.sorted_token && a.x_sorted, op, "pointers", "x, sorted_token, x_sorted must be set");
-  const int64_t n = int64_t(a.rows) * a.dim;
-  if (n == 0) return;
-  kern::moe_gather_kernel<<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.x, a.sorted_token,
-                                                                                a.x_sorted, a.rows, a.dim);
-  check_launch(op);
-}
-
-void moe_combine(const MoeCombineArgs& a) {
-  const char* op = "moe_combine";
-  require(a.tokens >= 0 && a.k > 0 && a.dim > 0, op, "tokens/k/dim", "tokens >= 0, k > 0, dim > 0");
-  require(a.y_sorted && a.pair_slot && a.topk_weights && a.out, op, "pointers",
-          "y_sorted, pair_slot, topk_weights, out must be set");
-  const int64_t n = int64_t(a.tokens) * a.dim;
-  if (n == 0) return;
-  kern::moe_combine_kernel<<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(
-      a.y_sorted, a.pair_slot, a.topk_weights, a.out, a.tokens, a.k, a.dim);
-  check_launch(op);
 }
 
 }  // namespace atlas::cuda

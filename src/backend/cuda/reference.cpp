@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/bf16.h"
@@ -16,6 +18,22 @@ namespace atlas::cuda::ref {
 namespace {
 
 float bf(uint16_t h) { return bf16_to_f32(h); }
+
+// Element-type helpers (the twins of kernels/common.cuh's): load as fp32, store (bf16: one
+// rounding; f32: exact), and a bf16 rounding point of the official code (identity in f32).
+float ld(uint16_t h) { return bf16_to_f32(h); }
+float ld(float f) { return f; }
+template <class T>
+T st(float f) {
+  if constexpr (std::is_same_v<T, float>)
+    return f;
+  else
+    return f32_to_bf16(f);
+}
+template <class T>
+float rnd(float f) {
+  return ld(st<T>(f));
+}
 
 // Halving tree over n (a power of two) values: v[i] += v[i + o] for o = n/2 .. 1.
 float tree(float* v, int n) {
@@ -36,56 +54,73 @@ float block_sum_ref(const float* partials) {
   return tree(warp, 8);
 }
 
-void rmsnorm(const RmsNormArgs& a) {
+namespace {
+
+template <class T>
+void rmsnorm_t(const RmsNormArgsT<T>& a) {
   const int64_t xs = a.x_stride ? a.x_stride : a.dim, os = a.out_stride ? a.out_stride : a.dim;
   std::vector<float> part(256);
   for (int r = 0; r < a.rows; ++r) {
-    const uint16_t* x = a.x + r * xs;
+    const T* x = a.x + r * xs;
     std::fill(part.begin(), part.end(), 0.0f);
     for (int i = 0; i < a.dim; ++i) {
-      const float v = bf(x[i]);
+      const float v = ld(x[i]);
       part[i % 256] += v * v;
     }
     const float ss = block_sum_ref(part.data());
     const float rs = 1.0f / std::sqrt(ss / float(a.dim) + a.eps);
     for (int i = 0; i < a.dim; ++i) {
-      const float y = round_bf16(bf(x[i]) * rs);
-      a.out[r * os + i] = f32_to_bf16(bf(a.weight[i]) * y);
+      const float y = rnd<T>(ld(x[i]) * rs);
+      a.out[r * os + i] = st<T>(ld(a.weight[i]) * y);
     }
   }
 }
 
-void rope_inplace(const RopeArgs& a) {
+template <class T>
+void rope_t(const RopeArgsT<T>& a) {
   const int half = a.rope_dim / 2;
   for (int t = 0; t < a.tokens; ++t) {
     const int p = a.positions[t];
     if (p < 0 || p >= a.max_positions) throw Error("cuda::ref: rope: positions: out of range");
     for (int h = 0; h < a.heads; ++h)
       for (int k = 0; k < half; ++k) {
-        uint16_t* r = a.x + t * a.token_stride + h * a.head_stride + 2 * k;
-        const float c = bf(a.cos[int64_t(p) * half + k]), s = bf(a.sin[int64_t(p) * half + k]);
-        const float x0 = bf(r[0]), x1 = bf(r[1]);
-        const float even = round_bf16(round_bf16(x0 * c) - round_bf16(x1 * s));
-        const float odd = round_bf16(round_bf16(x1 * c) + round_bf16(x0 * s));
-        r[0] = f32_to_bf16(even);
-        r[1] = f32_to_bf16(odd);
+        T* r = a.x + t * a.token_stride + h * a.head_stride + 2 * k;
+        const float c = ld(a.cos[int64_t(p) * half + k]), s = ld(a.sin[int64_t(p) * half + k]);
+        const float x0 = ld(r[0]), x1 = ld(r[1]);
+        const float even = rnd<T>(rnd<T>(x0 * c) - rnd<T>(x1 * s));
+        const float odd = rnd<T>(rnd<T>(x1 * c) + rnd<T>(x0 * s));
+        r[0] = st<T>(even);
+        r[1] = st<T>(odd);
       }
   }
 }
 
-void silu_gate(const SiluGateArgs& a) {
-  const int64_t st = a.in_stride ? a.in_stride : a.width;
+template <class T>
+void silu_gate_t(const SiluGateArgsT<T>& a) {
+  const int64_t stride = a.in_stride ? a.in_stride : a.width;
   for (int r = 0; r < a.rows; ++r)
     for (int c = 0; c < a.width; ++c) {
-      const float g = bf(a.gate[r * st + c]), u = bf(a.up[r * st + c]);
+      const float g = ld(a.gate[r * stride + c]), u = ld(a.up[r * stride + c]);
       const float s = g / (1.0f + std::exp(-g));
-      a.out[int64_t(r) * a.width + c] = f32_to_bf16(round_bf16(s) * u);
+      a.out[int64_t(r) * a.width + c] = st<T>(rnd<T>(s) * u);
     }
 }
 
-void add_bf16(const AddArgs& a) {
-  for (int64_t i = 0; i < a.n; ++i) a.out[i] = f32_to_bf16(bf(a.a[i]) + bf(a.b[i]));
+template <class T>
+void add_t(const AddArgsT<T>& a) {
+  for (int64_t i = 0; i < a.n; ++i) a.out[i] = st<T>(ld(a.a[i]) + ld(a.b[i]));
 }
+
+}  // namespace
+
+void rmsnorm(const RmsNormArgs& a) { rmsnorm_t(a); }
+void rmsnorm(const RmsNormArgsT<float>& a) { rmsnorm_t(a); }
+void rope_inplace(const RopeArgs& a) { rope_t(a); }
+void rope_inplace(const RopeArgsT<float>& a) { rope_t(a); }
+void silu_gate(const SiluGateArgs& a) { silu_gate_t(a); }
+void silu_gate(const SiluGateArgsT<float>& a) { silu_gate_t(a); }
+void add_bf16(const AddArgs& a) { add_t(a); }
+void add(const AddArgsT<float>& a) { add_t(a); }
 
 void router(const RouterArgs& a) {
   const int E = a.experts, k = a.k;
@@ -155,28 +190,40 @@ void moe_permute(const MoePermuteArgs& a) {
   a.offsets[a.experts] = pos;
 }
 
-void moe_gather(const MoeGatherArgs& a) {
+namespace {
+
+template <class T>
+void moe_gather_t(const MoeGatherArgsT<T>& a) {
   for (int r = 0; r < a.rows; ++r)
     std::copy(a.x + int64_t(a.sorted_token[r]) * a.dim, a.x + int64_t(a.sorted_token[r] + 1) * a.dim,
               a.x_sorted + int64_t(r) * a.dim);
 }
 
-void moe_combine(const MoeCombineArgs& a) {
+template <class T>
+void moe_combine_t(const MoeCombineArgsT<T>& a) {
   for (int t = 0; t < a.tokens; ++t)
     for (int c = 0; c < a.dim; ++c) {
       float acc = 0.0f;
       for (int j = 0; j < a.k; ++j)
-        acc += a.topk_weights[t * a.k + j] * bf(a.y_sorted[int64_t(a.pair_slot[t * a.k + j]) * a.dim + c]);
-      a.out[int64_t(t) * a.dim + c] = f32_to_bf16(acc);
+        acc += a.topk_weights[t * a.k + j] * ld(a.y_sorted[int64_t(a.pair_slot[t * a.k + j]) * a.dim + c]);
+      a.out[int64_t(t) * a.dim + c] = st<T>(acc);
     }
 }
+
+}  // namespace
+
+void moe_gather(const MoeGatherArgs& a) { moe_gather_t(a); }
+void moe_gather(const MoeGatherArgsT<float>& a) { moe_gather_t(a); }
+void moe_combine(const MoeCombineArgs& a) { moe_combine_t(a); }
+void moe_combine(const MoeCombineArgsT<float>& a) { moe_combine_t(a); }
 
 // The scalar kernel's contract (MlaImpl::scalar): fp32 P, one max / sum per split.
 // Both MLA contracts end the same way: per head, the splits' partials (running max m, sum l,
 // accumulator acc[D]) merged in ascending split order with exp(m_s - M) weights, out = acc/L.
-// plus_zero: the tensor-core kernel writes exact zeros as +0.
+// plus_zero: the tensor-core kernel writes exact zeros as +0 (bf16 only).
+template <class T>
 static void merge_splits(const std::vector<float>& ms, const std::vector<float>& ls, const std::vector<float>& acc,
-                  int n_splits, int H, int D, uint16_t* out, bool plus_zero) {
+                         int n_splits, int H, int D, T* out, bool plus_zero) {
   for (int h = 0; h < H; ++h) {
     float M = -std::numeric_limits<float>::infinity();
     for (int s = 0; s < n_splits; ++s) M = std::fmax(M, ms[size_t(s) * H + h]);
@@ -189,24 +236,31 @@ static void merge_splits(const std::vector<float>& ms, const std::vector<float>&
     for (int d = 0; d < D; ++d) {
       float o = 0.0f;
       for (int s = 0; s < n_splits; ++s) o = std::fma(acc[(size_t(s) * H + h) * D + d], f[s], o);
-      const uint16_t v = f32_to_bf16(o / L);
-      out[h * D + d] = plus_zero && v == 0x8000 ? uint16_t(0) : v;
+      if constexpr (std::is_same_v<T, float>) {
+        out[h * D + d] = o / L;
+      } else {
+        const uint16_t v = f32_to_bf16(o / L);
+        out[h * D + d] = plus_zero && v == 0x8000 ? uint16_t(0) : v;
+      }
     }
   }
 }
 
-void mla_decode_scalar(const MlaDecodeArgs& a) {
+namespace {
+
+template <class T>
+void mla_decode_scalar_t(const MlaDecodeArgsT<T>& a) {
   const int H = a.heads, S = a.split_tokens, W = a.latent + a.rope, D = a.latent;
   for (int b = 0; b < a.rows; ++b) {
     const int len = a.lengths[b];
     if (len < 0 || len > a.max_length) throw Error("cuda::ref: mla_decode: lengths: out of range");
     if (len == 0) {  // no visible key: zeros
-      std::fill(a.out + int64_t(b) * H * D, a.out + int64_t(b + 1) * H * D, uint16_t(0));
+      std::fill(a.out + int64_t(b) * H * D, a.out + int64_t(b + 1) * H * D, T(0));
       continue;
     }
-    const uint16_t* q = a.q + int64_t(b) * H * W;
+    const T* q = a.q + int64_t(b) * H * W;
     const int64_t crow = a.cache_rows ? a.cache_rows[b] : b;
-    const uint16_t* cache = a.latent_cache + crow * a.cache_row_stride;
+    const T* cache = a.latent_cache + crow * a.cache_row_stride;
     const int n_splits = (len + S - 1) / S;
     // partials [split][head]: acc[512], m, l
     std::vector<float> acc(size_t(n_splits) * H * D), ms(size_t(n_splits) * H), ls(size_t(n_splits) * H);
@@ -217,7 +271,7 @@ void mla_decode_scalar(const MlaDecodeArgs& a) {
         for (int h = 0; h < H; ++h) {
           float d_acc = 0.0f;
           for (int d = 0; d < W; ++d)
-            d_acc = std::fma(bf(q[h * W + d]), bf(cache[int64_t(j0 + j) * W + d]), d_acc);
+            d_acc = std::fma(ld(q[h * W + d]), ld(cache[int64_t(j0 + j) * W + d]), d_acc);
           sc[size_t(h) * n + j] = d_acc * a.scale;
         }
       for (int h = 0; h < H; ++h) {
@@ -234,7 +288,7 @@ void mla_decode_scalar(const MlaDecodeArgs& a) {
         float* o = &acc[(size_t(s) * H + h) * D];
         for (int d = 0; d < D; ++d) {
           float v = 0.0f;
-          for (int j = 0; j < n; ++j) v = std::fma(row[j], bf(cache[int64_t(j0 + j) * W + d]), v);
+          for (int j = 0; j < n; ++j) v = std::fma(row[j], ld(cache[int64_t(j0 + j) * W + d]), v);
           o[d] = v;
         }
       }
@@ -242,6 +296,11 @@ void mla_decode_scalar(const MlaDecodeArgs& a) {
     merge_splits(ms, ls, acc, n_splits, H, D, a.out + int64_t(b) * H * D, false);
   }
 }
+
+}  // namespace
+
+void mla_decode_scalar(const MlaDecodeArgs& a) { mla_decode_scalar_t(a); }
+void mla_decode_scalar(const MlaDecodeArgsT<float>& a) { mla_decode_scalar_t(a); }
 
 // The tensor-core kernel's contract (kernels/mla_tc.cuh): 64-slot tiles inside each split,
 // online softmax, P rounded to bf16 (l sums the rounded values in the kernel's fixed order),
@@ -348,13 +407,68 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   }
 }
 
-void copy_rows(const CopyRowsArgs& a) {
+namespace {
+
+template <class T>
+void copy_rows_t(const CopyRowsArgsT<T>& a) {
   const int64_t ss = a.src_stride ? a.src_stride : a.width, ds = a.dst_stride ? a.dst_stride : a.width;
   for (int64_t i = 0; i < a.rows; ++i) {
     const int64_t s = a.src_rows ? a.src_rows[i] : i, d = a.dst_rows ? a.dst_rows[i] : i;
     if (s < 0 || d < 0) continue;
     if (s >= a.src_limit || d >= a.dst_limit) throw Error("cuda::ref: copy_rows: index out of range");
     std::copy(a.src + s * ss, a.src + s * ss + a.width, a.dst + d * ds);
+  }
+}
+
+template <class T>
+void argmax_t(const ArgmaxArgsT<T>& a) {
+  const int64_t stride = a.stride ? a.stride : a.vocab;
+  for (int r = 0; r < a.rows; ++r) {
+    const T* row = a.logits + r * stride;
+    int best = 0;
+    for (int i = 0; i < a.vocab; ++i) {
+      const float v = ld(row[i]);
+      if (v != v) throw Error("cuda::ref: argmax: logits: NaN in row " + std::to_string(r));
+      if (v > ld(row[best])) best = i;  // strict: the first (lowest) index of the maximum stays
+    }
+    a.out[r] = best;
+  }
+}
+
+}  // namespace
+
+void copy_rows(const CopyRowsArgs& a) { copy_rows_t(a); }
+void copy_rows(const CopyRowsArgsT<float>& a) { copy_rows_t(a); }
+void argmax(const ArgmaxArgs& a) { argmax_t(a); }
+void argmax(const ArgmaxArgsT<float>& a) { argmax_t(a); }
+
+void gemm_f32(const GemmF32Args& a) {
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+  const int64_t os = a.out_stride ? a.out_stride : a.N;
+  for (int b = 0; b < a.batch; ++b)
+    for (int m = 0; m < a.M; ++m)
+      for (int n = 0; n < a.N; ++n) {
+        const float* x = a.x + b * a.x_batch_stride + int64_t(m) * xs;
+        const float* w = a.w + b * a.w_batch_stride + int64_t(n) * ws;
+        float acc = 0.0f;
+        for (int k = 0; k < a.K; ++k) acc = std::fma(x[k], w[k], acc);
+        a.out[b * a.out_batch_stride + int64_t(m) * os + n] = acc;
+      }
+}
+
+void grouped_gemm_f32(const GroupedGemmF32Args& a) {
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, os = a.out_stride ? a.out_stride : a.N;
+  if (a.offsets[0] != 0) throw Error("cuda::ref: grouped_gemm_f32: offsets[0] != 0");
+  for (int g = 0; g < a.groups; ++g) {
+    const int lo = a.offsets[g], hi = a.offsets[g + 1];
+    if (hi < lo || hi > a.max_rows) throw Error("cuda::ref: grouped_gemm_f32: offsets out of order or past max_rows");
+    for (int r = lo; r < hi; ++r) {
+      const int64_t src = a.x_rows ? a.x_rows[r] : r;
+      if (src < 0 || (a.x_rows_limit > 0 && src >= a.x_rows_limit))
+        throw Error("cuda::ref: grouped_gemm_f32: x_rows entry out of range");
+      gemm_f32({.x = a.x + src * xs, .w = a.w[g], .out = a.out + r * os, .M = 1, .N = a.N, .K = a.K,
+                .w_stride = a.w_stride});
+    }
   }
 }
 

@@ -35,4 +35,23 @@ void gemm(const GemmArgs& a);
 void grouped_gemm(const GroupedGemmArgs& a);
 void copy_rows(const CopyRowsArgs& a);
 
+// The f32 checking mode's kernels: the same contracts with every bf16 rounding point removed
+// (fp32 loads, fp32 stores), in the same fp32 operation order as the bf16 references above.
+void rmsnorm(const RmsNormArgsT<float>& a);
+void rope_inplace(const RopeArgsT<float>& a);
+void silu_gate(const SiluGateArgsT<float>& a);
+void add(const AddArgsT<float>& a);
+void moe_gather(const MoeGatherArgsT<float>& a);
+void moe_combine(const MoeCombineArgsT<float>& a);
+void copy_rows(const CopyRowsArgsT<float>& a);
+void mla_decode_scalar(const MlaDecodeArgsT<float>& a);  // the scalar kernel's contract, f32 out
+// argmax of each row (ties to the lower id, NaN throws), for bf16 and f32 logits.
+void argmax(const ArgmaxArgs& a);
+void argmax(const ArgmaxArgsT<float>& a);
+// The f32 GEMM's contract (acc = fma(x_k, w_k, acc), k ascending, no rounding), which
+// gemm_f32 / grouped_gemm_f32 reproduce bit for bit. Grouped: host pointers throughout, throws
+// atlas::Error on offsets or x_rows the device would flag.
+void gemm_f32(const GemmF32Args& a);
+void grouped_gemm_f32(const GroupedGemmF32Args& a);
+
 }  // namespace atlas::cuda::ref

@@ -1,4 +1,4 @@
-// Greedy token on the device: argmax of one bf16 logits row per block, ties to the lower id.
+// Greedy token on the device: argmax of one logits row (bf16 or f32) per block, ties to the lower id.
 // The host contract (decode::greedy_token) on the same values: the max is exact (a comparison),
 // and among equal maxima the smallest index wins, whatever order threads meet them in.
 #pragma once
@@ -16,14 +16,15 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
   return v > bv || (v == bv && i < bi);
 }
 
-__global__ void argmax_bf16_kernel(const uint16_t* __restrict__ logits, int32_t* __restrict__ out, int vocab,
-                                   int64_t stride, int* error_flag) {
-  const uint16_t* row = logits + int64_t(blockIdx.x) * stride;
+template <class T>
+__global__ void argmax_kernel(const T* __restrict__ logits, int32_t* __restrict__ out, int vocab, int64_t stride,
+                              int* error_flag) {
+  const T* row = logits + int64_t(blockIdx.x) * stride;
   float best = -__int_as_float(0x7f800000);  // -inf
   int best_i = 0x7fffffff;
   bool nan = false;
   for (int i = threadIdx.x; i < vocab; i += kArgmaxThreads) {
-    const float v = bf2f(row[i]);
+    const float v = to_f32(row[i]);
     if (v != v) nan = true;
     else if (argmax_better(v, i, best, best_i)) {
       best = v;

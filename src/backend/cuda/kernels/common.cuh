@@ -21,6 +21,22 @@ __device__ __forceinline__ uint16_t f2bf(float f) {
 
 __device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
 
+// Element-type helpers for kernels templated on the storage type: uint16_t = bf16 bits (the
+// production path), float = the f32 checking mode. to_f32 loads, from_f32<T> stores (bf16: one
+// rounding to nearest even; f32: exact), round_as<T> is a bf16 rounding point of the official
+// code (identity in f32). For uint16_t they are exactly bf2f / f2bf / round_bf, so a kernel
+// written with them compiles to the same arithmetic as before for bf16.
+__device__ __forceinline__ float to_f32(uint16_t h) { return bf2f(h); }
+__device__ __forceinline__ float to_f32(float f) { return f; }
+template <class T>
+__device__ __forceinline__ T from_f32(float f);
+template <>
+__device__ __forceinline__ uint16_t from_f32<uint16_t>(float f) { return f2bf(f); }
+template <>
+__device__ __forceinline__ float from_f32<float>(float f) { return f; }
+template <class T>
+__device__ __forceinline__ float round_as(float f) { return to_f32(from_f32<T>(f)); }
+
 // Fixed-order sum over a block of kReduceThreads threads (8 warps):
 //   1. inside each warp, a butterfly over lane offsets 16, 8, 4, 2, 1;
 //   2. the 8 warp sums, as a tree with offsets 4, 2, 1.

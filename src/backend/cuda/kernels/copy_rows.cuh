@@ -1,4 +1,4 @@
-// Row gather/scatter of bf16 rows through optional index arrays: the embedding lookup (src rows
+// Row gather/scatter of bf16 (or f32) rows through optional index arrays: the embedding lookup (src rows
 // = token ids), the KV-cache append (dst rows = each token's packed cache slot, -1 for padding)
 // and the last-token selection before lm_head. A pure copy: no arithmetic, so trivially batch
 // invariant. One block per row, threads over the row's elements.
@@ -8,7 +8,8 @@
 
 namespace atlas::cuda::kern {
 
-__global__ void copy_rows_kernel(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst,
+template <class T>
+__global__ void copy_rows_kernel(const T* __restrict__ src, T* __restrict__ dst,
                                  const int32_t* __restrict__ src_rows, const int32_t* __restrict__ dst_rows,
                                  int width, int64_t src_stride, int64_t dst_stride, int64_t src_limit,
                                  int64_t dst_limit, int* error_flag) {
@@ -19,8 +20,8 @@ __global__ void copy_rows_kernel(const uint16_t* __restrict__ src, uint16_t* __r
     if (threadIdx.x == 0) atomicOr(error_flag, 8);
     return;
   }
-  const uint16_t* sr = src + s * src_stride;
-  uint16_t* dr = dst + d * dst_stride;
+  const T* sr = src + s * src_stride;
+  T* dr = dst + d * dst_stride;
   for (int c = threadIdx.x; c < width; c += blockDim.x) dr[c] = sr[c];
 }
 

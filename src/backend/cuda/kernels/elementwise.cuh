@@ -1,5 +1,6 @@
-// Elementwise kernels: RoPE rotation, SiLU gate, bf16 add. Each output element depends only on
-// its own inputs, so they are batch invariant by construction.
+// Elementwise kernels: RoPE rotation, SiLU gate, add. Each output element depends only on its
+// own inputs, so they are batch invariant by construction. Templated on the storage type T
+// (uint16_t = bf16, float = the f32 checking mode: every round_as<float> is the identity).
 // Planned fast path: 16-byte (8 x bf16) loads/stores and fusion into the neighbouring GEMM
 // epilogues (SiLU-gate into the gate/up GEMM, RoPE into the q / kv_a GEMM outputs).
 #pragma once
@@ -10,10 +11,10 @@ namespace atlas::cuda::kern {
 
 // One thread per (token, head, pair k). Official rounding (spec section 5): the two products
 // and their sum are each rounded to bf16; rotate_half's negation is exact.
-__global__ void rope_kernel(uint16_t* x, int tokens, int heads, int64_t token_stride,
-                            int64_t head_stride, int half, const int32_t* __restrict__ positions,
-                            const uint16_t* __restrict__ cos_t, const uint16_t* __restrict__ sin_t,
-                            int max_positions, int* bad_position) {
+template <class T>
+__global__ void rope_kernel(T* x, int tokens, int heads, int64_t token_stride, int64_t head_stride,
+                            int half, const int32_t* __restrict__ positions, const T* __restrict__ cos_t,
+                            const T* __restrict__ sin_t, int max_positions, int* bad_position) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t total = int64_t(tokens) * heads * half;
   if (idx >= total) return;
@@ -25,34 +26,35 @@ __global__ void rope_kernel(uint16_t* x, int tokens, int heads, int64_t token_st
     atomicOr(bad_position, 1);
     return;
   }
-  const float c = bf2f(cos_t[int64_t(p) * half + k]);
-  const float s = bf2f(sin_t[int64_t(p) * half + k]);
-  uint16_t* r = x + int64_t(t) * token_stride + int64_t(h) * head_stride + 2 * k;
-  const float a = bf2f(r[0]), b = bf2f(r[1]);
-  const float even = round_bf(round_bf(a * c) - round_bf(b * s));
-  const float odd = round_bf(round_bf(b * c) + round_bf(a * s));
-  r[0] = f2bf(even);
-  r[1] = f2bf(odd);
+  const float c = to_f32(cos_t[int64_t(p) * half + k]);
+  const float s = to_f32(sin_t[int64_t(p) * half + k]);
+  T* r = x + int64_t(t) * token_stride + int64_t(h) * head_stride + 2 * k;
+  const float a = to_f32(r[0]), b = to_f32(r[1]);
+  const float even = round_as<T>(round_as<T>(a * c) - round_as<T>(b * s));
+  const float odd = round_as<T>(round_as<T>(b * c) + round_as<T>(a * s));
+  r[0] = from_f32<T>(even);
+  r[1] = from_f32<T>(odd);
 }
 
 // silu(g) = g / (1 + exp(-g)) in fp32 (PyTorch's formula), rounded to bf16; then the product
 // with up, rounded again.
 __device__ __forceinline__ float silu_f32(float g) { return g / (1.0f + expf(-g)); }
 
-__global__ void silu_gate_kernel(const uint16_t* __restrict__ gate, const uint16_t* __restrict__ up,
-                                 uint16_t* __restrict__ out, int rows, int width,
-                                 int64_t in_stride) {
+template <class T>
+__global__ void silu_gate_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
+                                 int rows, int width, int64_t in_stride) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(rows) * width) return;
   const int64_t r = idx / width, c = idx % width;
-  const float g = bf2f(gate[r * in_stride + c]);
-  const float u = bf2f(up[r * in_stride + c]);
-  out[idx] = f2bf(round_bf(silu_f32(g)) * u);
+  const float g = to_f32(gate[r * in_stride + c]);
+  const float u = to_f32(up[r * in_stride + c]);
+  out[idx] = from_f32<T>(round_as<T>(silu_f32(g)) * u);
 }
 
-__global__ void add_kernel(const uint16_t* a, const uint16_t* b, uint16_t* out, int64_t n) {
+template <class T>
+__global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx < n) out[idx] = f2bf(bf2f(a[idx]) + bf2f(b[idx]));
+  if (idx < n) out[idx] = from_f32<T>(to_f32(a[idx]) + to_f32(b[idx]));
 }
 
 }  // namespace atlas::cuda::kern

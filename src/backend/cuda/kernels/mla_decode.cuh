@@ -15,6 +15,11 @@
 // S is fixed by the caller, never derived from the batch, so a row's bits depend only on its
 // own query, cache and length. P stays fp32 (the FA2 path of the official code keeps softmax
 // in fp32 too); the only bf16 rounding is the output.
+// Templated on the storage type T of q, cache and output: uint16_t (bf16) or float (the f32
+// checking mode, whose only difference is that nothing is rounded to bf16: fp32 loads, fp32
+// output). The f32 query (16 x 576 x 4 = 36 KB) does not fit the 48 KB static shared-memory
+// limit beside the scores, so it lives in dynamic shared memory (the launcher sizes it and
+// raises the limit); the bf16 query stays in its static array.
 // Planned fast path: split-K over the cache across SMs with 64-token tiles loaded by the bulk
 // copy engine, q.K^T and P.V on tensor cores (wgmma, the 16 heads as the M dimension),
 // FlashMLA-style; the split size stays a constant, so the invariance argument is unchanged.
@@ -30,13 +35,27 @@ constexpr int kMlaMaxHeads = 16;
 constexpr int kMlaThreads = 256;
 constexpr int kMlaPartial = kMlaLatentDim + 2;  // acc[512], m, l
 
+// Dynamic shared-memory bytes of mla_split_kernel<T>: 0 for bf16, the f32 query otherwise.
+template <class T>
+constexpr int mla_split_dyn_smem() {
+  return sizeof(T) == 2 ? 0 : int(kMlaMaxHeads * kMlaWidthDim * sizeof(T));
+}
+
+template <class T>
 __global__ void __launch_bounds__(kMlaThreads)
-mla_split_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ cache,
+mla_split_kernel(const T* __restrict__ q, const T* __restrict__ cache,
                  int64_t cache_row_stride, const int32_t* __restrict__ lengths,
                  const int32_t* __restrict__ cache_rows, int max_length, int heads, int latent,
                  int width, float scale, int S, int max_splits, float* __restrict__ ws,
                  int* error_flag) {
-  __shared__ uint16_t qs[kMlaMaxHeads * kMlaWidthDim];
+  extern __shared__ __align__(16) unsigned char mla_split_dyn[];
+  T* qs;
+  if constexpr (sizeof(T) == 2) {
+    __shared__ uint16_t qs_static[kMlaMaxHeads * kMlaWidthDim];
+    qs = qs_static;
+  } else {
+    qs = reinterpret_cast<T*>(mla_split_dyn);
+  }
   __shared__ float ps[kMlaMaxHeads][kMlaThreads];
   __shared__ float ms[kMlaMaxHeads], ls[kMlaMaxHeads];
   const int row = blockIdx.y, split = blockIdx.x, tid = threadIdx.x;
@@ -48,23 +67,23 @@ mla_split_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ ca
   const int j0 = split * S;
   if (j0 >= len) return;  // len == 0: the merge writes zeros
   const int n = min(S, len - j0);
-  const uint16_t* qr = q + int64_t(row) * heads * width;
+  const T* qr = q + int64_t(row) * heads * width;
   for (int i = tid; i < heads * width; i += kMlaThreads) qs[i] = qr[i];
   __syncthreads();
   const int64_t crow = cache_rows ? cache_rows[row] : row;
-  const uint16_t* cr = cache + crow * cache_row_stride + int64_t(j0) * width;
+  const T* cr = cache + crow * cache_row_stride + int64_t(j0) * width;
 
   // Scores.
   if (tid < n) {
     float acc[kMlaMaxHeads];
 #pragma unroll
     for (int h = 0; h < kMlaMaxHeads; ++h) acc[h] = 0.0f;
-    const uint16_t* c = cr + int64_t(tid) * width;
+    const T* c = cr + int64_t(tid) * width;
     for (int d = 0; d < width; ++d) {
-      const float cv = bf2f(c[d]);
+      const float cv = to_f32(c[d]);
 #pragma unroll
       for (int h = 0; h < kMlaMaxHeads; ++h)
-        if (h < heads) acc[h] = __fmaf_rn(bf2f(qs[h * width + d]), cv, acc[h]);
+        if (h < heads) acc[h] = __fmaf_rn(to_f32(qs[h * width + d]), cv, acc[h]);
     }
 #pragma unroll
     for (int h = 0; h < kMlaMaxHeads; ++h)
@@ -98,8 +117,8 @@ mla_split_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ ca
   for (int h = 0; h < kMlaMaxHeads; ++h) acc0[h] = acc1[h] = 0.0f;
   const bool has0 = tid < latent, has1 = tid + 256 < latent;
   for (int j = 0; j < n; ++j) {
-    const float c0 = has0 ? bf2f(cr[int64_t(j) * width + tid]) : 0.0f;
-    const float c1 = has1 ? bf2f(cr[int64_t(j) * width + tid + 256]) : 0.0f;
+    const float c0 = has0 ? to_f32(cr[int64_t(j) * width + tid]) : 0.0f;
+    const float c1 = has1 ? to_f32(cr[int64_t(j) * width + tid + 256]) : 0.0f;
 #pragma unroll
     for (int h = 0; h < kMlaMaxHeads; ++h) {
       if (h < heads) {
@@ -122,18 +141,19 @@ mla_split_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ ca
   }
 }
 
+template <class T>
 __global__ void __launch_bounds__(kMlaThreads)
 mla_merge_kernel(const float* __restrict__ ws, const int32_t* __restrict__ lengths, int max_length,
-                 int heads, int latent, int S, int max_splits, uint16_t* __restrict__ out) {
+                 int heads, int latent, int S, int max_splits, T* __restrict__ out) {
   const int row = blockIdx.x, tid = threadIdx.x;
   const int len = lengths[row];
   if (len < 0 || len > max_length) return;  // reported by the split kernel
   const bool has0 = tid < latent, has1 = tid + 256 < latent;
   if (len == 0) {  // a query that sees no key (padding): output 0, as the CPU backend
     for (int h = 0; h < heads; ++h) {
-      uint16_t* o = out + (int64_t(row) * heads + h) * latent;
-      if (has0) o[tid] = 0;
-      if (has1) o[tid + 256] = 0;
+      T* o = out + (int64_t(row) * heads + h) * latent;
+      if (has0) o[tid] = T(0);
+      if (has1) o[tid + 256] = T(0);
     }
     return;
   }
@@ -150,9 +170,9 @@ mla_merge_kernel(const float* __restrict__ ws, const int32_t* __restrict__ lengt
       o0 = __fmaf_rn(p[tid], f, o0);
       o1 = __fmaf_rn(p[tid + 256], f, o1);
     }
-    uint16_t* o = out + (int64_t(row) * heads + h) * latent;
-    if (has0) o[tid] = f2bf(o0 / L);
-    if (has1) o[tid + 256] = f2bf(o1 / L);
+    T* o = out + (int64_t(row) * heads + h) * latent;
+    if (has0) o[tid] = from_f32<T>(o0 / L);
+    if (has1) o[tid + 256] = from_f32<T>(o1 / L);
   }
 }
 

@@ -6,8 +6,8 @@
 //   3. moe_scatter_kernel: per chunk, thread e walks the chunk's pairs in (token, slot) order
 //      and hands out consecutive positions for expert e. Result: inside an expert, pairs are in
 //      ascending token order, fully determined by the routes.
-// gather/combine are plain per-element kernels; the combine sums the k expert outputs in the
-// router's k order in fp32 and rounds once.
+// gather/combine are plain per-element kernels over bf16 or f32 rows; the combine sums the k
+// expert outputs in the router's k order in fp32 and rounds once (bf16; f32: not at all).
 // Planned fast path: warp-ballot ranking in the scatter, 16-byte row copies, and fusing the
 // gather into the expert GEMM's A-tile loads (indexed rows) and the combine into the down-proj
 // epilogue.
@@ -89,23 +89,25 @@ __global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, 
   }
 }
 
-__global__ void moe_gather_kernel(const uint16_t* __restrict__ x, const int32_t* __restrict__ sorted_token,
-                                  uint16_t* __restrict__ xs, int rows, int dim) {
+template <class T>
+__global__ void moe_gather_kernel(const T* __restrict__ x, const int32_t* __restrict__ sorted_token,
+                                  T* __restrict__ xs, int rows, int dim) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(rows) * dim) return;
   const int64_t r = idx / dim, c = idx % dim;
   xs[idx] = x[int64_t(sorted_token[r]) * dim + c];
 }
 
-__global__ void moe_combine_kernel(const uint16_t* __restrict__ ys, const int32_t* __restrict__ slot,
-                                   const float* __restrict__ w, uint16_t* __restrict__ out,
-                                   int tokens, int k, int dim) {
+template <class T>
+__global__ void moe_combine_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
+                                   const float* __restrict__ w, T* __restrict__ out, int tokens, int k,
+                                   int dim) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(tokens) * dim) return;
   const int64_t t = idx / dim, c = idx % dim;
   float acc = 0.0f;
-  for (int j = 0; j < k; ++j) acc += w[t * k + j] * bf2f(ys[int64_t(slot[t * k + j]) * dim + c]);
-  out[idx] = f2bf(acc);
+  for (int j = 0; j < k; ++j) acc += w[t * k + j] * to_f32(ys[int64_t(slot[t * k + j]) * dim + c]);
+  out[idx] = from_f32<T>(acc);
 }
 
 }  // namespace atlas::cuda::kern

@@ -1,5 +1,6 @@
 // RMSNorm exactly as the official code rounds (spec section 5):
 //   v = mean(fp32(x)^2); y = fp32(x) * (1 / sqrt(v + eps)); out = bf16(w * bf16(y)).
+// T = float (the f32 checking mode): the same with no bf16 rounding, out = w * y.
 // One block of kReduceThreads threads per row. Thread i sums x[i]^2, x[i+256]^2, ... in order,
 // then block_sum() fixes the rest of the order; nothing depends on the number of rows.
 // 1/sqrtf(.) (both IEEE-rounded without fast math) rather than rsqrtf, whose approximation the
@@ -12,23 +13,23 @@
 
 namespace atlas::cuda::kern {
 
-__global__ void rmsnorm_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
-                               uint16_t* out, int dim, int64_t x_stride, int64_t out_stride,
-                               float eps) {
+template <class T>
+__global__ void rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* out, int dim,
+                               int64_t x_stride, int64_t out_stride, float eps) {
   __shared__ float scratch[16];
-  const uint16_t* xr = x + int64_t(blockIdx.x) * x_stride;
-  uint16_t* orow = out + int64_t(blockIdx.x) * out_stride;
+  const T* xr = x + int64_t(blockIdx.x) * x_stride;
+  T* orow = out + int64_t(blockIdx.x) * out_stride;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    float v = bf2f(xr[i]);
+    float v = to_f32(xr[i]);
     ss += v * v;
   }
   ss = block_sum(ss, scratch);
   const float r = 1.0f / sqrtf(ss / float(dim) + eps);
   // All reads of this row happened before block_sum's barriers, so out may alias x.
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    float y = round_bf(bf2f(xr[i]) * r);
-    orow[i] = f2bf(bf2f(w[i]) * y);
+    float y = round_as<T>(to_f32(xr[i]) * r);
+    orow[i] = from_f32<T>(to_f32(w[i]) * y);
   }
 }
 

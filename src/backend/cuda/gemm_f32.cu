@@ -1,0 +1,94 @@
+// Launchers of the f32 GEMM (the f32 checking mode): dense, strided batch and grouped, one
+// kernel (kernels/gemm_f32.cuh). Capture safe: nothing allocated, no synchronisation, no host
+// read of device data.
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/kernels/gemm_f32.cuh"
+#include "backend/cuda/kernels/gemm_mma.cuh"  // only for the error bits checked below
+
+namespace atlas::cuda {
+
+using namespace detail;
+
+static_assert(kern::kF32ErrOffsets == kern::kErrGroupedOffsets && kern::kF32ErrGatherRows == kern::kErrGatherRows &&
+                  kern::kF32ErrGroupWeight == kern::kErrGroupWeight,
+              "the f32 GEMM raises the bf16 grouped GEMM's error bits (runtime.cu decodes them)");
+
+namespace {
+
+int64_t tiles(int64_t n) { return (n + kern::kF32Tile - 1) / kern::kF32Tile; }
+
+}  // namespace
+
+void gemm_f32(const GemmF32Args& a) {
+  const char* op = "gemm_f32";
+  require(a.M >= 0 && a.N > 0 && a.K > 0, op, "shape",
+          "need M >= 0, N > 0, K > 0; got M=" + std::to_string(a.M) + " N=" + std::to_string(a.N) +
+              " K=" + std::to_string(a.K));
+  require(a.x && a.w && a.out, op, "pointers", "x, w and out must be set");
+  require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
+              (a.out_stride == 0 || a.out_stride >= a.N),
+          op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
+  require(a.batch >= 1 && a.batch <= 65535, op, "batch", "need 1 <= batch <= 65535, got " + std::to_string(a.batch));
+  require(a.x_batch_stride >= 0 && a.w_batch_stride >= 0 && a.out_batch_stride >= 0, op, "batch_stride",
+          "batch strides must be >= 0");
+  require(tiles(a.N) <= 65535, op, "N", "too many columns for one launch (N / 64 > 65535)");
+  if (a.M == 0) return;
+  kern::F32GemmParams p;
+  p.x = a.x;
+  p.w = a.w;
+  p.out = a.out;
+  p.xs = a.x_stride ? a.x_stride : a.K;
+  p.ws = a.w_stride ? a.w_stride : a.K;
+  p.os = a.out_stride ? a.out_stride : a.N;
+  p.x_bs = a.x_batch_stride;
+  p.w_bs = a.w_batch_stride;
+  p.o_bs = a.out_batch_stride;
+  p.M = a.M;
+  p.N = a.N;
+  p.K = a.K;
+  p.error_flag = error_flag();
+  const dim3 grid(unsigned(tiles(a.M)), unsigned(tiles(a.N)), unsigned(a.batch));
+  kern::gemm_f32_kernel<<<grid, kern::kF32Threads, 0, stream_of(a.stream)>>>(p);
+  check_launch(op);
+}
+
+void grouped_gemm_f32(const GroupedGemmF32Args& a) {
+  const char* op = "grouped_gemm_f32";
+  require(a.N > 0 && a.K > 0, op, "shape",
+          "need N > 0, K > 0; got N=" + std::to_string(a.N) + " K=" + std::to_string(a.K));
+  require(a.groups >= 1, op, "groups", "need at least one group, got " + std::to_string(a.groups));
+  require(a.max_rows >= 0, op, "max_rows", "must be >= 0, got " + std::to_string(a.max_rows));
+  require(a.x && a.w && a.offsets && a.out, op, "pointers", "x, w, offsets and out must be set");
+  require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
+              (a.out_stride == 0 || a.out_stride >= a.N),
+          op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
+  require(a.x_rows_limit >= 0, op, "x_rows_limit", "must be >= 0");
+  require(tiles(a.N) <= 65535, op, "N", "too many columns for one launch (N / 64 > 65535)");
+  if (a.max_rows == 0) return;
+  kern::F32GemmParams p;
+  p.x = a.x;
+  p.out = a.out;
+  p.w_groups = a.w;
+  p.offsets = a.offsets;
+  p.x_rows = a.x_rows;
+  p.xs = a.x_stride ? a.x_stride : a.K;
+  p.ws = a.w_stride ? a.w_stride : a.K;
+  p.os = a.out_stride ? a.out_stride : a.N;
+  p.x_rows_limit = a.x_rows_limit;
+  p.N = a.N;
+  p.K = a.K;
+  p.groups = a.groups;
+  p.max_rows = a.max_rows;
+  p.error_flag = error_flag();
+  // Row tiles: sum_g ceil(rows_g / 64) <= ceil(max_rows / 64) + (non-empty groups), and at most
+  // min(groups, max_rows) groups are non-empty.
+  const int64_t row_tiles = tiles(a.max_rows) + std::min<int64_t>(a.groups, a.max_rows);
+  const dim3 grid(unsigned(row_tiles), unsigned(tiles(a.N)), 1);
+  kern::gemm_f32_kernel<<<grid, kern::kF32Threads, 0, stream_of(a.stream)>>>(p);
+  check_launch(op);
+}
+
+}  // namespace atlas::cuda
