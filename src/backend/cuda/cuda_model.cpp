@@ -1,13 +1,20 @@
 // The CUDA forward pass (see cuda_model.h for the contract). One loop over layers, the same
 // order and hook points as model/deepseek_v2.cpp; every op is a cuda_ops.h launcher on the
-// default stream. Shapes in comments: M = B*T tokens, H hidden, nh heads, dn/dr/dv head dims,
+// model's stream. Shapes in comments: M = B*T tokens, H hidden, nh heads, dn/dr/dv head dims,
 // dc kv_lora_rank, W = dc + dr the cache width.
+//
+// The model is a template over its element type Elem (weights, activations, cache, logits):
+// uint16_t = bf16 (production) or float (the f32 checking mode, `--compute f32`). Both run this
+// one loop, so the f32 mode checks the same indexing, routing, cache layout, MoE dispatch and
+// hook firing as the bf16 path; only the launchers' overloads (and the GEMM / attention kernels
+// behind them) differ. Elem is never called T here: T is the token count.
 #include "backend/cuda/cuda_model.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -29,6 +36,17 @@ std::string gib(size_t bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1ull << 30));
   return buf;
+}
+
+// Host-side element conversions for the two element types (bf16: round to nearest even).
+inline float host_f32(uint16_t h) { return bf16_to_f32(h); }
+inline float host_f32(float f) { return f; }
+template <class Elem>
+Elem host_elem(float f) {
+  if constexpr (std::is_same_v<Elem, float>)
+    return f;
+  else
+    return f32_to_bf16(f);
 }
 
 // A device allocation owned by RAII.
@@ -60,13 +78,14 @@ class DeviceBlock {
   void* p_ = nullptr;
 };
 
-// The latent cache on the device: per layer, per row, `capacity` slots of W bf16 values.
+// The latent cache on the device: per layer, per row, `capacity` slots of W values of the
+// model's element type (bf16, or f32 in the checking mode; elem_bytes = 2 or 4).
 // Rows are packed: slot i of row b is the row's i-th real token (padding is never stored).
 class CudaCache final : public Cache {
  public:
-  CudaCache(int64_t n_layers, int64_t batch, int64_t capacity, int64_t width)
-      : real_(size_t(batch), 0), batch_(batch), capacity_(capacity), width_(width) {
-    const size_t bytes = size_t(n_layers * batch * capacity * width) * 2;
+  CudaCache(int64_t n_layers, int64_t batch, int64_t capacity, int64_t width, size_t elem_bytes)
+      : real_(size_t(batch), 0), batch_(batch), capacity_(capacity), width_(width), elem_bytes_(elem_bytes) {
+    const size_t bytes = size_t(n_layers * batch * capacity * width) * elem_bytes;
     const MemoryInfo mem = memory_info();
     if (bytes > mem.free)
       fail("cuda", "kv cache", "needs " + gib(bytes) + " (" + std::to_string(n_layers) + " layers x " +
@@ -84,8 +103,10 @@ class CudaCache final : public Cache {
     } catch (const Error&) {
     }
   }
-  uint16_t* layer(int64_t li) const {
-    return reinterpret_cast<uint16_t*>(block_.get()) + li * batch_ * capacity_ * width_;
+  template <class Elem>
+  Elem* layer(int64_t li) const {
+    if (sizeof(Elem) != elem_bytes_) fail("cuda", "kv cache", "element type differs from the model's");
+    return reinterpret_cast<Elem*>(block_.get()) + li * batch_ * capacity_ * width_;
   }
   // Pinned host ints of one decode step: [5B] inputs (ids, pos, dst, qlen, qrow) then [B]
   // greedy tokens out. The decode graph copies from / to these fixed addresses.
@@ -101,44 +122,51 @@ class CudaCache final : public Cache {
 
  private:
   int64_t batch_, capacity_, width_;
+  size_t elem_bytes_;
   DeviceBlock block_;
   int32_t* pinned_ = nullptr;
 };
 
-struct Mlp {
-  const uint16_t* gate_up = nullptr;  // [2I, H]: gate rows then up rows (one GEMM for both)
-  const uint16_t* down = nullptr;     // [H, I]
-  int64_t inter = 0;                  // I
+// Weights of the model's element type Elem (bf16 bits or f32).
+template <class Elem>
+struct MlpT {
+  const Elem* gate_up = nullptr;  // [2I, H]: gate rows then up rows (one GEMM for both)
+  const Elem* down = nullptr;     // [H, I]
+  int64_t inter = 0;              // I
 };
 
-struct Layer {
-  const uint16_t *ln1 = nullptr, *ln2 = nullptr;   // [H]
-  const uint16_t* q = nullptr;                     // [nh*dq, H]
-  const uint16_t *q_a = nullptr, *q_b = nullptr;   // [r, H], [nh*dq, r]
-  const uint16_t* q_a_ln = nullptr;                // [r]
-  const uint16_t* kv_a = nullptr;                  // [W, H]
-  const uint16_t* kv_a_ln = nullptr;               // [dc]
-  const uint16_t* kv_b = nullptr;                  // [nh*(dn+dv), dc]
-  const uint16_t* w_uk_t = nullptr;                // [nh, dc, dn]: W_UK^h transposed, for q~ = q_nope W_UK^h
-  const uint16_t* o = nullptr;                     // [H, nh*dv]
+template <class Elem>
+struct LayerT {
+  const Elem *ln1 = nullptr, *ln2 = nullptr;   // [H]
+  const Elem* q = nullptr;                     // [nh*dq, H]
+  const Elem *q_a = nullptr, *q_b = nullptr;   // [r, H], [nh*dq, r]
+  const Elem* q_a_ln = nullptr;                // [r]
+  const Elem* kv_a = nullptr;                  // [W, H]
+  const Elem* kv_a_ln = nullptr;               // [dc]
+  const Elem* kv_b = nullptr;                  // [nh*(dn+dv), dc]
+  const Elem* w_uk_t = nullptr;                // [nh, dc, dn]: W_UK^h transposed, for q~ = q_nope W_UK^h
+  const Elem* o = nullptr;                     // [H, nh*dv]
   bool moe = false;
-  Mlp dense;
-  const uint16_t* router = nullptr;  // [E, H]
-  std::vector<Mlp> experts;
-  const uint16_t* const* gate_up_ptrs = nullptr;  // [E] device array: experts[e].gate_up (grouped GEMM)
-  const uint16_t* const* down_ptrs = nullptr;     // [E] device array: experts[e].down
+  MlpT<Elem> dense;
+  const Elem* router = nullptr;  // [E, H]
+  std::vector<MlpT<Elem>> experts;
+  const Elem* const* gate_up_ptrs = nullptr;  // [E] device array: experts[e].gate_up (grouped GEMM)
+  const Elem* const* down_ptrs = nullptr;     // [E] device array: experts[e].down
   bool has_shared = false;
-  Mlp shared;
+  MlpT<Elem> shared;
 };
 
 // Converting uploads through two pinned staging buffers: converting chunk k overlaps the
 // copy of chunk k-1 (before a copy is issued the previous one is waited for, so a buffer is
-// never refilled while its copy is in flight).
+// never refilled while its copy is in flight). Converts to Elem: bf16 (f16 / f32 checkpoint
+// values rounded to nearest even) or f32 (bf16 / f16 / f32 values widened exactly).
+template <class Elem>
 class Uploader {
  public:
-  static constexpr size_t kChunk = size_t(32) << 20;  // bf16 elements per staging buffer (64 MiB)
+  static constexpr size_t kChunkBytes = size_t(64) << 20;  // per staging buffer
+  static constexpr size_t kChunk = kChunkBytes / sizeof(Elem);  // elements per staging buffer
   Uploader() {
-    for (auto& b : buf_) b = static_cast<uint16_t*>(host_alloc_pinned(kChunk * 2));
+    for (auto& b : buf_) b = static_cast<Elem*>(host_alloc_pinned(kChunkBytes));
   }
   ~Uploader() {
     try {
@@ -152,56 +180,77 @@ class Uploader {
       }
     }
   }
-  void upload(const TensorView& t, uint16_t* dst) {
+  void upload(const TensorView& t, Elem* dst) {
     const int64_t n = t.numel();
     for (int64_t off = 0; off < n; off += int64_t(kChunk)) {
       const int64_t len = std::min<int64_t>(int64_t(kChunk), n - off);
-      uint16_t* b = buf_[cur_];
+      Elem* b = buf_[cur_];
       convert(t, off, len, b);
       stream_synchronize();
-      copy_to_device_async(dst + off, b, size_t(len) * 2);
+      copy_to_device_async(dst + off, b, size_t(len) * sizeof(Elem));
       cur_ ^= 1;
     }
   }
-  void upload(const std::vector<uint16_t>& h, uint16_t* dst) {
+  void upload(const std::vector<Elem>& h, Elem* dst) {
     stream_synchronize();
-    copy_to_device(dst, h.data(), h.size() * 2);
+    copy_to_device(dst, h.data(), h.size() * sizeof(Elem));
   }
 
  private:
-  static void convert(const TensorView& t, int64_t off, int64_t len, uint16_t* out) {
+  // Same-type copies go through memcpy in blocks; everything else converts element by element.
+  template <class Src>
+  static void copy_block(const Src* s, int64_t len, Elem* out) {
+#pragma omp parallel for schedule(static) if (len >= (1 << 20))
+    for (int64_t i = 0; i < len; i += 4096) std::memcpy(out + i, s + i, size_t(std::min<int64_t>(4096, len - i)) * sizeof(Elem));
+  }
+  static void convert(const TensorView& t, int64_t off, int64_t len, Elem* out) {
+    constexpr bool f32 = std::is_same_v<Elem, float>;
     switch (t.dtype) {
       case DType::BF16: {
         const uint16_t* s = reinterpret_cast<const uint16_t*>(t.data) + off;
+        if constexpr (!f32) {
+          copy_block(s, len, out);
+        } else {
 #pragma omp parallel for schedule(static) if (len >= (1 << 20))
-        for (int64_t i = 0; i < len; i += 4096) std::memcpy(out + i, s + i, size_t(std::min<int64_t>(4096, len - i)) * 2);
+          for (int64_t i = 0; i < len; ++i) out[i] = bf16_to_f32(s[i]);
+        }
         break;
       }
       case DType::F16: {
         const uint16_t* s = reinterpret_cast<const uint16_t*>(t.data) + off;
 #pragma omp parallel for schedule(static) if (len >= (1 << 20))
-        for (int64_t i = 0; i < len; ++i) out[i] = f32_to_bf16(f16_to_f32(s[i]));
+        for (int64_t i = 0; i < len; ++i) out[i] = host_elem<Elem>(f16_to_f32(s[i]));
         break;
       }
       case DType::F32: {
         const float* s = reinterpret_cast<const float*>(t.data) + off;
+        if constexpr (f32) {
+          copy_block(s, len, out);
+        } else {
 #pragma omp parallel for schedule(static) if (len >= (1 << 20))
-        for (int64_t i = 0; i < len; ++i) out[i] = f32_to_bf16(s[i]);
+          for (int64_t i = 0; i < len; ++i) out[i] = f32_to_bf16(s[i]);
+        }
         break;
       }
       default:
         fail(t.file, t.name, "unsupported dtype " + std::string(dtype_name(t.dtype)) + " (expected BF16, F16 or F32)");
     }
   }
-  uint16_t* buf_[2] = {nullptr, nullptr};
+  Elem* buf_[2] = {nullptr, nullptr};
   int cur_ = 0;
 };
 
 
-class CudaModel final : public Model {
+template <class Elem>
+class CudaModelT final : public Model {
  public:
-  CudaModel(const Checkpoint& ck, const CudaModelOptions& opts);
-  ~CudaModel() override {
+  static constexpr bool kF32 = std::is_same_v<Elem, float>;
+  static constexpr size_t kEs = sizeof(Elem);  // bytes per element
+  using Mlp = MlpT<Elem>;
+  using Layer = LayerT<Elem>;
+
+  CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts);
+  ~CudaModelT() override {
     try {
       if (pinned_ints_) host_free_pinned(pinned_ints_);
     } catch (const Error&) {
@@ -211,13 +260,13 @@ class CudaModel final : public Model {
 
   const ModelConfig& config() const override { return cfg_; }
   const LayerRange& layers() const override { return layers_; }
-  Compute compute() const override { return Compute::BF16; }
+  Compute compute() const override { return kF32 ? Compute::F32 : Compute::BF16; }
   bool has_head() const override { return has_head_; }
   std::string backend() const override { return "cuda"; }
 
   std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const override {
     if (batch <= 0 || capacity <= 0) fail("cuda", "make_cache", "batch and capacity must be > 0");
-    return std::make_unique<CudaCache>(layers_.count(), batch, capacity, cfg_.latent_dim());
+    return std::make_unique<CudaCache>(layers_.count(), batch, capacity, cfg_.latent_dim(), kEs);
   }
   ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const override;
   using Model::forward;
@@ -225,8 +274,8 @@ class CudaModel final : public Model {
  private:
   // Per-call device buffers, carved from one grow-only block (decode steps reuse it).
   struct Buffers {
-    uint16_t *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qt, *olat, *heads, *gu, *act, *ys, *routed, *shared;
-    uint16_t *hl, *logits;
+    Elem *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qt, *olat, *heads, *gu, *act, *ys, *routed, *shared;
+    Elem *hl, *logits;
     float *router_logits, *topk_w, *mla_ws;
     // ids, pos, dst_rows, qlen, qrow are consecutive [M] arrays (one upload for all five).
     int32_t *ids, *pos, *dst_rows, *qlen, *qrow, *last_rows, *topk_ids, *counts, *offsets, *sorted, *slot, *perm_ws;
@@ -239,14 +288,41 @@ class CudaModel final : public Model {
   // grid bound; null = use mla_bound for every chunk (graph capture).
   void layers_forward(int64_t B, int64_t T, Cache& cache, const Buffers& b, int64_t chunk, const int32_t* qlen_host,
                       int64_t mla_bound, bool last_only, const Hooks* hooks) const;
-  void mlp(const Mlp& m, int64_t M, const uint16_t* x, uint16_t* out, const Buffers& b) const;
+  void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, const Buffers& b) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
   void moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
            const Hooks* hooks) const;
-  void gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t M, int64_t N, int64_t K,
-                 int64_t xs = 0, int64_t os = 0) const;
+  // GEMMs in the model's element type, one place per form, so the loop never names a kernel:
+  // bf16 -> gemm() / grouped_gemm() (batch-invariant tensor cores; dense ones through cuBLASLt
+  // in the fast mode), f32 -> gemm_f32() / grouped_gemm_f32() (the FMA-chain f32 kernel).
+  struct MatMul {
+    const Elem* x = nullptr;  // [M, K], row stride x_stride
+    const Elem* w = nullptr;  // [N, K], row stride w_stride
+    Elem* out = nullptr;      // [M, N], row stride out_stride
+    int64_t M = 0, N = 0, K = 0;
+    int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // 0 = dense
+    int64_t batch = 1, x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
+  };
+  void matmul(const MatMul& m) const;
+  void linear(const Elem* x, const Elem* w, Elem* out, int64_t M, int64_t N, int64_t K, int64_t xs = 0,
+              int64_t os = 0) const {
+    matmul({.x = x, .w = w, .out = out, .M = M, .N = N, .K = K, .x_stride = xs, .out_stride = os});
+  }
+  // Router logits [M, E] in fp32 (bf16: the official upcast GEMM, fp32 out).
+  void router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const;
+  // Expert GEMM over the rows sorted by expert (device offsets), optional gather of A rows.
+  void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Elem* const* w,
+                   const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write).
+  // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
+  void hook_act(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
+                Elem* dev) const {
+    if constexpr (kF32)
+      hook_f32(hooks, name, layer, std::move(shape), dev);
+    else
+      hook_bf16(hooks, name, layer, std::move(shape), dev);
+  }
   void hook_bf16(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
                  uint16_t* dev) const;
   void hook_f32(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
@@ -256,12 +332,12 @@ class CudaModel final : public Model {
   LayerRange layers_;
   bool has_head_ = false;
   DeviceBlock weights_;
-  const uint16_t* embed_ = nullptr;     // [V, H]
-  const uint16_t* final_ln_ = nullptr;  // [H]
-  const uint16_t* lm_head_ = nullptr;   // [V, H]
+  const Elem* embed_ = nullptr;     // [V, H]
+  const Elem* final_ln_ = nullptr;  // [H]
+  const Elem* lm_head_ = nullptr;   // [V, H]
   std::vector<Layer> blocks_;
-  DeviceBlock rope_;  // cos, sin tables [max_positions, dr/2] bf16
-  const uint16_t *cos_ = nullptr, *sin_ = nullptr;
+  DeviceBlock rope_;  // cos, sin tables [max_positions, dr/2] (bf16-rounded values, or f32)
+  const Elem *cos_ = nullptr, *sin_ = nullptr;
   int max_positions_ = 0;
   float scale_ = 0.0f;
   DeviceBlock expert_ptrs_;  // the layers' gate_up_ptrs / down_ptrs arrays
@@ -275,7 +351,9 @@ class CudaModel final : public Model {
   mutable size_t pinned_ints_n_ = 0;
 };
 
-CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(ck.config()), layers_(ck.layers()) {
+template <class Elem>
+CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
+    : cfg_(ck.config()), layers_(ck.layers()) {
   const ModelConfig& c = cfg_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
   const int64_t dv = c.v_head_dim, dc = c.kv_lora_rank;
@@ -294,7 +372,7 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
   size_t total = 0;
   auto place = [&](size_t elems) {
     const size_t off = total;
-    total += align_up(elems * 2);
+    total += align_up(elems * kEs);
     return off;
   };
   auto add = [&](const std::string& name) {
@@ -308,7 +386,7 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
     const TensorView& u = ck.tensor(p + "up_proj.weight");
     const size_t off = place(size_t(g.numel() + u.numel()));
     jobs.push_back({&g, off});
-    jobs.push_back({&u, off + size_t(g.numel()) * 2});
+    jobs.push_back({&u, off + size_t(g.numel()) * kEs});
     idx.push_back(jobs.size() - 2);
     idx.push_back(add(p + "down_proj.weight"));
     return g.shape[0];
@@ -364,27 +442,29 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
   const MemoryInfo mem = memory_info();
   const size_t margin = size_t(1) << 30;
   if (total + margin > mem.free)
-    fail(ck.dir(), "weights", "the model needs " + gib(total) + " of device memory in bf16 (plus ~1 GiB working space), the device has " +
-                                  gib(mem.free) + " free of " + gib(mem.total));
+    fail(ck.dir(), "weights",
+         "the model needs " + gib(total) + " of device memory in " +
+             (kF32 ? std::string("f32 (--compute f32 keeps 4 bytes per weight, twice bf16)") : std::string("bf16")) +
+             " plus ~1 GiB working space, the device has " + gib(mem.free) + " free of " + gib(mem.total));
   weights_ = DeviceBlock(total);
   char* base = weights_.get();
   {
-    Uploader up;
-    for (const Job& j : jobs) up.upload(*j.t, reinterpret_cast<uint16_t*>(base + j.offset));
+    Uploader<Elem> up;
+    for (const Job& j : jobs) up.upload(*j.t, reinterpret_cast<Elem*>(base + j.offset));
     // W_UK^h transposed: w_uk_t[h][c][d] = kv_b[h*(dn+dv) + d][c], so q~ is a plain GEMM per head.
     for (size_t i = 0; i < li.size(); ++i) {
       const TensorView& kvb = *jobs[li[i].kv_b].t;
       const std::vector<float> w = to_f32(kvb);
-      std::vector<uint16_t> t(size_t(nh * dc * dn));
+      std::vector<Elem> t(size_t(nh * dc * dn));
       for (int64_t hh = 0; hh < nh; ++hh)
         for (int64_t d = 0; d < dn; ++d)
           for (int64_t cc = 0; cc < dc; ++cc)
-            t[size_t((hh * dc + cc) * dn + d)] = f32_to_bf16(w[size_t((hh * (dn + dv) + d) * dc + cc)]);
-      up.upload(t, reinterpret_cast<uint16_t*>(base + li[i].w_uk_t));
+            t[size_t((hh * dc + cc) * dn + d)] = host_elem<Elem>(w[size_t((hh * (dn + dv) + d) * dc + cc)]);
+      up.upload(t, reinterpret_cast<Elem*>(base + li[i].w_uk_t));
     }
   }
   synchronize();
-  auto at = [&](size_t job) { return reinterpret_cast<const uint16_t*>(base + jobs[job].offset); };
+  auto at = [&](size_t job) { return reinterpret_cast<const Elem*>(base + jobs[job].offset); };
   embed_ = at(embed_job);
   if (has_head_) {
     final_ln_ = at(final_job);
@@ -405,7 +485,7 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
     L.kv_a = at(x.kv_a);
     L.kv_a_ln = at(x.kv_a_ln);
     L.kv_b = at(x.kv_b);
-    L.w_uk_t = reinterpret_cast<const uint16_t*>(base + x.w_uk_t);
+    L.w_uk_t = reinterpret_cast<const Elem*>(base + x.w_uk_t);
     L.o = at(x.o);
     L.moe = c.is_moe_layer(layers_.first + i);
     std::vector<Mlp> mlps;
@@ -423,7 +503,7 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
   }
   (void)H;
   // Per MoE layer, the device arrays of expert weight pointers the grouped GEMM reads.
-  std::vector<const uint16_t*> ptrs;
+  std::vector<const Elem*> ptrs;
   for (const Layer& L : blocks_) {
     for (const Mlp& m : L.experts) ptrs.push_back(m.gate_up);
     for (const Mlp& m : L.experts) ptrs.push_back(m.down);
@@ -431,7 +511,7 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
   if (!ptrs.empty()) {
     expert_ptrs_ = DeviceBlock(ptrs.size() * sizeof(void*));
     copy_to_device(expert_ptrs_.get(), ptrs.data(), ptrs.size() * sizeof(void*));
-    auto* dev = reinterpret_cast<const uint16_t* const*>(expert_ptrs_.get());
+    auto* dev = reinterpret_cast<const Elem* const*>(expert_ptrs_.get());
     size_t o = 0;
     for (Layer& L : blocks_) {
       if (L.experts.empty()) continue;
@@ -441,46 +521,80 @@ CudaModel::CudaModel(const Checkpoint& ck, const CudaModelOptions& opts) : cfg_(
     }
   }
 
-  // RoPE tables: the same cos/sin values the CPU bf16 mode computes (model/rope.h), one row
-  // per position up to max_position_embeddings.
+  // RoPE tables: the same cos/sin values the CPU backend computes in the same mode (model/rope.h:
+  // bf16-rounded for bf16, fp32 for f32), one row per position up to max_position_embeddings.
   max_positions_ = int(std::max<int64_t>(1, c.max_position_embeddings));
   const std::vector<float> inv = rope_inv_freq(c);
   const float amp = float(c.rope_amplitude());
   const int64_t half = dr / 2;
-  std::vector<uint16_t> tab(size_t(2 * max_positions_ * half));
+  std::vector<Elem> tab(size_t(2 * max_positions_ * half));
   std::vector<float> cs(static_cast<size_t>(dr));
   for (int64_t p = 0; p < max_positions_; ++p) {
-    rope_cos_sin(inv, amp, p, true, cs.data(), cs.data() + half);
+    rope_cos_sin(inv, amp, p, !kF32, cs.data(), cs.data() + half);
     for (int64_t k = 0; k < half; ++k) {
-      tab[size_t(p * half + k)] = f32_to_bf16(cs[size_t(k)]);
-      tab[size_t((max_positions_ + p) * half + k)] = f32_to_bf16(cs[size_t(half + k)]);
+      tab[size_t(p * half + k)] = host_elem<Elem>(cs[size_t(k)]);
+      tab[size_t((max_positions_ + p) * half + k)] = host_elem<Elem>(cs[size_t(half + k)]);
     }
   }
-  rope_ = DeviceBlock(tab.size() * 2);
-  copy_to_device(rope_.get(), tab.data(), tab.size() * 2);
-  cos_ = reinterpret_cast<const uint16_t*>(rope_.get());
+  rope_ = DeviceBlock(tab.size() * kEs);
+  copy_to_device(rope_.get(), tab.data(), tab.size() * kEs);
+  cos_ = reinterpret_cast<const Elem*>(rope_.get());
   sin_ = cos_ + max_positions_ * half;
   scale_ = float(c.softmax_scale());
 }
 
-void CudaModel::gemm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t M, int64_t N, int64_t K,
-                          int64_t xs, int64_t os) const {
-  gemm({.x = x, .w = w, .out = out, .out_type = OutType::bf16, .M = int(M), .N = int(N), .K = int(K),
-        .x_stride = xs, .out_stride = os, .mode = dense_mode_, .stream = s_});
+template <class Elem>
+void CudaModelT<Elem>::matmul(const MatMul& m) const {
+  if constexpr (kF32) {
+    gemm_f32({.x = m.x, .w = m.w, .out = m.out, .M = int(m.M), .N = int(m.N), .K = int(m.K), .x_stride = m.x_stride,
+              .w_stride = m.w_stride, .out_stride = m.out_stride, .batch = int(m.batch),
+              .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
+              .out_batch_stride = m.out_batch_stride, .stream = s_});
+  } else {
+    gemm({.x = m.x, .w = m.w, .out = m.out, .out_type = OutType::bf16, .M = int(m.M), .N = int(m.N), .K = int(m.K),
+          .x_stride = m.x_stride, .w_stride = m.w_stride, .out_stride = m.out_stride, .mode = dense_mode_,
+          .batch = int(m.batch), .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
+          .out_batch_stride = m.out_batch_stride, .stream = s_});
+  }
 }
 
-void CudaModel::upload(void* dst, const void* src, size_t bytes) const {
+template <class Elem>
+void CudaModelT<Elem>::router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const {
+  if constexpr (kF32)
+    gemm_f32({.x = x, .w = w, .out = out, .M = int(M), .N = int(E), .K = int(K), .stream = s_});
+  else
+    gemm({.x = x, .w = w, .out = out, .out_type = OutType::f32, .M = int(M), .N = int(E), .K = int(K),
+          .mode = dense_mode_, .stream = s_});
+}
+
+template <class Elem>
+void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Elem* const* w,
+                                   const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
+                                   int64_t K) const {
+  if constexpr (kF32)
+    grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w, .offsets = offsets, .out = out, .groups = int(groups),
+                      .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
+                      .stream = s_});
+  else
+    grouped_gemm({.x = x, .x_rows = x_rows, .w = w, .offsets = offsets, .out = out, .groups = int(groups),
+                  .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit, .stream = s_});
+}
+
+template <class Elem>
+void CudaModelT<Elem>::upload(void* dst, const void* src, size_t bytes) const {
   copy_to_device_async(dst, src, bytes, s_);
   stream_synchronize(s_);  // the source may be pageable host memory the caller reuses
 }
 
-void CudaModel::download(void* dst, const void* src, size_t bytes) const {
+template <class Elem>
+void CudaModelT<Elem>::download(void* dst, const void* src, size_t bytes) const {
   copy_to_host_async(dst, src, bytes, s_);
   stream_synchronize(s_);
 }
 
-void CudaModel::hook_bf16(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
-                          uint16_t* dev) const {
+template <class Elem>
+void CudaModelT<Elem>::hook_bf16(const Hooks* hooks, const std::string& name, int64_t layer,
+                                 std::vector<int64_t> shape, uint16_t* dev) const {
   if (!hooks || !hooks->wants(name)) return;
   int64_t n = 1;
   for (auto d : shape) n *= d;
@@ -502,8 +616,9 @@ void CudaModel::hook_bf16(const Hooks* hooks, const std::string& name, int64_t l
   if (changed) upload(dev, h.data(), h.size() * 2);
 }
 
-void CudaModel::hook_f32(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
-                         float* dev) const {
+template <class Elem>
+void CudaModelT<Elem>::hook_f32(const Hooks* hooks, const std::string& name, int64_t layer,
+                                std::vector<int64_t> shape, float* dev) const {
   if (!hooks || !hooks->wants(name)) return;
   int64_t n = 1;
   for (auto d : shape) n *= d;
@@ -515,7 +630,8 @@ void CudaModel::hook_f32(const Hooks* hooks, const std::string& name, int64_t la
   if (std::memcmp(before.data(), f.data(), f.size() * 4) != 0) upload(dev, f.data(), f.size() * 4);
 }
 
-CudaModel::Buffers CudaModel::carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk,
+template <class Elem>
+typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk,
                                     int64_t mla_max_len) const {
   const ModelConfig& c = cfg_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dq = c.q_head_dim(), dv = c.v_head_dim;
@@ -531,16 +647,17 @@ CudaModel::Buffers CudaModel::carve(int64_t M, int64_t B, int64_t rows_out, int6
     size_t bytes;
   };
   Buffers b{};
+  const size_t e = kEs;  // bytes per element of the Elem buffers
   std::vector<Req> reqs = {
-      {(void**)&b.x, size_t(M * H) * 2},           {(void**)&b.h, size_t(M * H) * 2},
-      {(void**)&b.y, size_t(M * H) * 2},           {(void**)&b.q, size_t(M * nh * dq) * 2},
-      {(void**)&b.qa, size_t(M * r) * 2},          {(void**)&b.qn, size_t(M * r) * 2},
-      {(void**)&b.lat, size_t(M * W) * 2},         {(void**)&b.latn, size_t(M * W) * 2},
-      {(void**)&b.qt, size_t(M * nh * W) * 2},     {(void**)&b.olat, size_t(M * nh * dc) * 2},
-      {(void**)&b.heads, size_t(M * nh * dv) * 2}, {(void**)&b.gu, size_t(2 * inter_rows) * 2},
-      {(void**)&b.act, size_t(inter_rows) * 2},    {(void**)&b.ys, size_t(M * k * H) * 2},
-      {(void**)&b.routed, size_t(M * H) * 2},      {(void**)&b.shared, size_t(M * H) * 2},
-      {(void**)&b.hl, size_t(rows_out * H) * 2},   {(void**)&b.logits, size_t(rows_out * c.vocab_size) * 2},
+      {(void**)&b.x, size_t(M * H) * e},           {(void**)&b.h, size_t(M * H) * e},
+      {(void**)&b.y, size_t(M * H) * e},           {(void**)&b.q, size_t(M * nh * dq) * e},
+      {(void**)&b.qa, size_t(M * r) * e},          {(void**)&b.qn, size_t(M * r) * e},
+      {(void**)&b.lat, size_t(M * W) * e},         {(void**)&b.latn, size_t(M * W) * e},
+      {(void**)&b.qt, size_t(M * nh * W) * e},     {(void**)&b.olat, size_t(M * nh * dc) * e},
+      {(void**)&b.heads, size_t(M * nh * dv) * e}, {(void**)&b.gu, size_t(2 * inter_rows) * e},
+      {(void**)&b.act, size_t(inter_rows) * e},    {(void**)&b.ys, size_t(M * k * H) * e},
+      {(void**)&b.routed, size_t(M * H) * e},      {(void**)&b.shared, size_t(M * H) * e},
+      {(void**)&b.hl, size_t(rows_out * H) * e},   {(void**)&b.logits, size_t(rows_out * c.vocab_size) * e},
       {(void**)&b.router_logits, size_t(M * E) * 4},
       {(void**)&b.topk_w, size_t(M * k) * 4},
       {(void**)&b.mla_ws, mla_decode_workspace_floats(int(mla_chunk), int(nh), int(mla_max_len), kSplitTokens) * 4},
@@ -575,23 +692,24 @@ CudaModel::Buffers CudaModel::carve(int64_t M, int64_t B, int64_t rows_out, int6
   return b;
 }
 
-void CudaModel::mlp(const Mlp& m, int64_t M, const uint16_t* x, uint16_t* out, const Buffers& b) const {
+template <class Elem>
+void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, const Buffers& b) const {
   const int64_t H = cfg_.hidden_size, I = m.inter;
   if (M == 0) return;
-  gemm_bf16(x, m.gate_up, b.gu, M, 2 * I, H);  // [M, 2I]: gate | up
+  linear(x, m.gate_up, b.gu, M, 2 * I, H);  // [M, 2I]: gate | up
   silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
              .stream = s_});
-  gemm_bf16(b.act, m.down, out, M, H, I);
+  linear(b.act, m.down, out, M, H, I);
 }
 
-void CudaModel::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
+template <class Elem>
+void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
                     const Hooks* hooks) const {
   const ModelConfig& c = cfg_;
   const int64_t M = B * T, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
   // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
-  gemm({.x = b.h, .w = L.router, .out = b.router_logits, .out_type = OutType::f32, .M = int(M), .N = int(E),
-        .K = int(H), .mode = dense_mode_, .stream = s_});
+  router_gemm(b.h, L.router, b.router_logits, M, E, H);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   router({.logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
           .experts = int(E), .k = int(k),
@@ -619,25 +737,24 @@ void CudaModel::moe(const Layer& L, const LayerHookNames& names, int64_t l, int6
   moe_permute({.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E), .counts = b.counts,
                .offsets = b.offsets, .sorted_token = b.sorted, .pair_slot = b.slot, .workspace = b.perm_ws,
                .stream = s_});
-  grouped_gemm({.x = b.h, .x_rows = b.sorted, .w = L.gate_up_ptrs, .offsets = b.offsets, .out = b.gu,
-                .groups = int(E), .max_rows = int(M * k), .N = int(2 * I), .K = int(H), .x_rows_limit = M, .stream = s_});
+  expert_gemm(b.h, b.sorted, M, L.gate_up_ptrs, b.offsets, b.gu, E, M * k, 2 * I, H);
   silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M * k), .width = int(I), .in_stride = 2 * I,
              .stream = s_});
-  grouped_gemm({.x = b.act, .w = L.down_ptrs, .offsets = b.offsets, .out = b.ys, .groups = int(E),
-                .max_rows = int(M * k), .N = int(H), .K = int(I), .stream = s_});
+  expert_gemm(b.act, nullptr, 0, L.down_ptrs, b.offsets, b.ys, E, M * k, H, I);
   moe_combine({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w, .out = b.routed, .tokens = int(M),
                .k = int(k), .dim = int(H), .stream = s_});
-  hook_bf16(hooks, names.routed_out, l, {B, T, H}, b.routed);
+  hook_act(hooks, names.routed_out, l, {B, T, H}, b.routed);
   if (L.has_shared) {
     mlp(L.shared, M, b.h, b.shared, b);
-    hook_bf16(hooks, names.shared_out, l, {B, T, H}, b.shared);
-    add_bf16({.a = b.routed, .b = b.shared, .out = b.y, .n = M * H, .stream = s_});
+    hook_act(hooks, names.shared_out, l, {B, T, H}, b.shared);
+    add({.a = b.routed, .b = b.shared, .out = b.y, .n = M * H, .stream = s_});
   } else {
-    copy_2d(b.y, size_t(H) * 2, b.routed, size_t(H) * 2, size_t(H) * 2, size_t(M), s_);
+    copy_2d(b.y, size_t(H) * kEs, b.routed, size_t(H) * kEs, size_t(H) * kEs, size_t(M), s_);
   }
 }
 
-void CudaModel::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Buffers& b, int64_t chunk,
+template <class Elem>
+void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Buffers& b, int64_t chunk,
                                const int32_t* qlen_host, int64_t mla_bound, bool last_only,
                                const Hooks* hooks) const {
   auto& cache = static_cast<CudaCache&>(cache_base);
@@ -649,52 +766,53 @@ void CudaModel::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Bu
   // Embedding lookup: x [M, H], the residual stream.
   copy_rows({.src = embed_, .dst = b.x, .src_rows = b.ids, .rows = M, .width = int(H), .src_limit = V, .dst_limit = M,
              .stream = s_});
-  hook_bf16(hooks, "embed", -1, {B, T, H}, b.x);
+  hook_act(hooks, "embed", -1, {B, T, H}, b.x);
 
   for (int64_t li = 0; li < int64_t(blocks_.size()); ++li) {
     const Layer& L = blocks_[size_t(li)];
     const int64_t l = layers_.first + li;
     const LayerHookNames names(l);
-    uint16_t* kv = cache.layer(li);
+    Elem* kv = cache.layer<Elem>(li);
     const float eps = float(c.rms_norm_eps);
 
     // h = input_layernorm(x)
     rmsnorm({.x = b.x, .weight = L.ln1, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
-    hook_bf16(hooks, names.ln1, l, {B, T, H}, b.h);
+    hook_act(hooks, names.ln1, l, {B, T, H}, b.h);
     // q [M, nh*dq] (or the LoRA path q_b(rmsnorm(q_a h)))
     if (c.q_lora_rank) {
       const int64_t r = *c.q_lora_rank;
-      gemm_bf16(b.h, L.q_a, b.qa, M, r, H);
+      linear(b.h, L.q_a, b.qa, M, r, H);
       rmsnorm({.x = b.qa, .weight = L.q_a_ln, .out = b.qn, .rows = int(M), .dim = int(r), .eps = eps, .stream = s_});
-      gemm_bf16(b.qn, L.q_b, b.q, M, nh * dq, r);
+      linear(b.qn, L.q_b, b.q, M, nh * dq, r);
     } else {
-      gemm_bf16(b.h, L.q, b.q, M, nh * dq, H);
+      linear(b.h, L.q, b.q, M, nh * dq, H);
     }
-    hook_bf16(hooks, names.q, l, {B, T, nh, dq}, b.q);
+    hook_act(hooks, names.q, l, {B, T, nh, dq}, b.q);
     // latent [M, W] = kv_a h: the compressed KV and the shared rope key, before norm / RoPE.
-    gemm_bf16(b.h, L.kv_a, b.lat, M, W, H);
-    hook_bf16(hooks, names.latent, l, {B, T, W}, b.lat);
+    linear(b.h, L.kv_a, b.lat, M, W, H);
+    hook_act(hooks, names.latent, l, {B, T, W}, b.lat);
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions.
     rmsnorm({.x = b.lat, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = W,
              .out_stride = W, .eps = eps, .stream = s_});
-    copy_2d(b.latn + dc, size_t(W) * 2, b.lat + dc, size_t(W) * 2, size_t(dr) * 2, size_t(M), s_);
+    copy_2d(b.latn + dc, size_t(W) * kEs, b.lat + dc, size_t(W) * kEs, size_t(dr) * kEs, size_t(M), s_);
     rope_inplace({.x = b.latn + dc, .tokens = int(M), .heads = 1, .token_stride = W, .head_stride = W,
                   .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
                   .stream = s_});
     rope_inplace({.x = b.q + dn, .tokens = int(M), .heads = int(nh), .token_stride = nh * dq, .head_stride = dq,
                   .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
                   .stream = s_});
-    hook_bf16(hooks, names.latent_norm, l, {B, T, W}, b.latn);
+    hook_act(hooks, names.latent_norm, l, {B, T, W}, b.latn);
     copy_rows({.src = b.latn, .dst = kv, .dst_rows = b.dst_rows, .rows = M, .width = int(W), .src_limit = M,
                .dst_limit = B * cache.capacity(), .stream = s_});
 
     // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
     // heads); qt[:, h, dc:] = rotated q_pe_h.
-    gemm({.x = b.q, .w = L.w_uk_t, .out = b.qt, .out_type = OutType::bf16, .M = int(M), .N = int(dc), .K = int(dn),
-          .x_stride = nh * dq, .w_stride = dn, .out_stride = nh * W, .mode = dense_mode_, .batch = int(nh),
-          .x_batch_stride = dq, .w_batch_stride = dc * dn, .out_batch_stride = W, .stream = s_});
-    copy_2d(b.qt + dc, size_t(W) * 2, b.q + dn, size_t(dq) * 2, size_t(dr) * 2, size_t(M * nh), s_);
+    matmul({.x = b.q, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = nh * dq, .w_stride = dn,
+            .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
+            .out_batch_stride = W});
+    copy_2d(b.qt + dc, size_t(W) * kEs, b.q + dn, size_t(dq) * kEs, size_t(dr) * kEs, size_t(M * nh), s_);
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
+    // bf16: the tensor-core kernel; f32: the scalar kernel (MlaDecodeArgsT<float>'s default).
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {
       const int64_t n = std::min(chunk, M - r0);
       int64_t ml = mla_bound;
@@ -711,44 +829,44 @@ void CudaModel::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Bu
                   .queries_per_block = T > 1 ? 2 : 1});
     }
     // O_h = o_lat_h W_UV^h^T -> heads [M, nh*dv] (one batched launch over the heads)
-    gemm({.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .out_type = OutType::bf16, .M = int(M), .N = int(dv),
-          .K = int(dc), .x_stride = nh * dc, .w_stride = dc, .out_stride = nh * dv, .mode = dense_mode_,
-          .batch = int(nh), .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc, .out_batch_stride = dv,
-          .stream = s_});
-    gemm_bf16(b.heads, L.o, b.y, M, H, nh * dv);
-    hook_bf16(hooks, names.attn_out, l, {B, T, H}, b.y);
-    add_bf16({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
-    hook_bf16(hooks, names.resid_mid, l, {B, T, H}, b.x);
+    matmul({.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .M = M, .N = dv, .K = dc, .x_stride = nh * dc,
+            .w_stride = dc, .out_stride = nh * dv, .batch = nh, .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc,
+            .out_batch_stride = dv});
+    linear(b.heads, L.o, b.y, M, H, nh * dv);
+    hook_act(hooks, names.attn_out, l, {B, T, H}, b.y);
+    add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
+    hook_act(hooks, names.resid_mid, l, {B, T, H}, b.x);
 
     // h = post_attention_layernorm(x); x = x + mlp_or_moe(h)
     rmsnorm({.x = b.x, .weight = L.ln2, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
-    hook_bf16(hooks, names.ln2, l, {B, T, H}, b.h);
+    hook_act(hooks, names.ln2, l, {B, T, H}, b.h);
     if (L.moe)
       moe(L, names, l, B, T, b, hooks);
     else
       mlp(L.dense, M, b.h, b.y, b);
-    hook_bf16(hooks, names.mlp_out, l, {B, T, H}, b.y);
-    add_bf16({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
-    hook_bf16(hooks, names.resid_post, l, {B, T, H}, b.x);
+    hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
+    add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
+    hook_act(hooks, names.resid_post, l, {B, T, H}, b.x);
   }
   if (!has_head_) return;
   rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = float(c.rms_norm_eps),
            .stream = s_});
-  hook_bf16(hooks, "final_norm", -1, {B, T, H}, b.h);
-  const uint16_t* head_in = b.h;
+  hook_act(hooks, "final_norm", -1, {B, T, H}, b.h);
+  const Elem* head_in = b.h;
   if (last_only && T > 1) {
     copy_rows({.src = b.h, .dst = b.hl, .src_rows = b.last_rows, .rows = B, .width = int(H), .src_limit = M,
                .dst_limit = B, .stream = s_});
     head_in = b.hl;
   }
   const int64_t rows_out = last_only ? B : M;
-  // lm_head in bf16 (the official bf16 model's logits dtype; the CPU bf16 mode rounds there too).
-  gemm_bf16(head_in, lm_head_, b.logits, rows_out, V, H);
-  if (last_only)
-    argmax_bf16({.logits = b.logits, .out = b.greedy, .rows = int(B), .vocab = int(V), .stream = s_});
+  // lm_head in bf16 (the official bf16 model's logits dtype; the CPU bf16 mode rounds there too),
+  // or f32 in the checking mode.
+  linear(head_in, lm_head_, b.logits, rows_out, V, H);
+  if (last_only) argmax({.logits = b.logits, .out = b.greedy, .rows = int(B), .vocab = int(V), .stream = s_});
 }
 
-ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, const Hooks* hooks) const {
+template <class Elem>
+ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_base, const Hooks* hooks) const {
   auto* cache = dynamic_cast<CudaCache*>(&cache_base);
   if (!cache) fail("forward: the cache was not made by the CUDA backend");
   const ModelConfig& c = cfg_;
@@ -888,18 +1006,18 @@ ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, cons
   if (has_head_) {
     // Logits to the host: every row, or only the rows the caller reads (greedy rows need none).
     const bool all_rows = !in.logits_last_only || in.logits_rows.empty() || (hooks && hooks->wants("logits"));
-    std::vector<uint16_t> lb;
+    std::vector<Elem> lb;
     if (all_rows) {
       lb.resize(size_t(rows_out * V));
-      copy_to_host_async(lb.data(), b.logits, lb.size() * 2, s_);
+      copy_to_host_async(lb.data(), b.logits, lb.size() * kEs, s_);
     } else {
       bool any = false;
       for (uint8_t f : in.logits_rows) any = any || f;
       if (any) {
-        lb.assign(size_t(rows_out * V), 0);
+        lb.assign(size_t(rows_out * V), Elem(0));
         for (int64_t r = 0; r < B; ++r)
           if (in.logits_rows[size_t(r)])
-            copy_to_host_async(lb.data() + r * V, b.logits + r * V, size_t(V) * 2, s_);
+            copy_to_host_async(lb.data() + r * V, b.logits + r * V, size_t(V) * kEs, s_);
       }
     }
     std::vector<int32_t> greedy(static_cast<size_t>(in.logits_last_only ? B : 0));
@@ -909,7 +1027,7 @@ ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, cons
     out.logits.resize(lb.size());
     const int64_t nl = int64_t(lb.size());
 #pragma omp parallel for schedule(static) if (nl >= (1 << 20))
-    for (int64_t i = 0; i < nl; ++i) out.logits[size_t(i)] = bf16_to_f32(lb[size_t(i)]);
+    for (int64_t i = 0; i < nl; ++i) out.logits[size_t(i)] = host_f32(lb[size_t(i)]);
     if (hooks && hooks->wants("logits")) {
       HookTensor t{.name = "logits", .layer = -1, .dtype = DType::F32,
                    .shape = in.logits_last_only ? std::vector<int64_t>{B, 1, V} : std::vector<int64_t>{B, T, V},
@@ -928,14 +1046,17 @@ ForwardOutput CudaModel::forward(const ForwardInput& in, Cache& cache_base, cons
 }  // namespace
 
 std::unique_ptr<Model> make_cuda_model(const Checkpoint& ck, const CudaModelOptions& opts) {
+  // A flag combination that no hardware can run: refused before looking for a GPU.
+  if (opts.compute == Compute::F32 && !opts.batch_invariant)
+    fail("--fast", {}, "the fast mode (cuBLASLt) is bf16-only; --compute f32 is the f32 checking mode with its own "
+                       "kernels (drop --fast, or use --compute bf16)");
   if (device_count() == 0)
     fail("--backend", {}, "cuda: no CUDA device found (no GPU or no driver); use --backend cpu");
   if (opts.device < 0 || opts.device >= device_count())
     fail("--device", {}, "cuda device " + std::to_string(opts.device) + " does not exist (" +
                              std::to_string(device_count()) + " found)");
-  if (opts.compute != Compute::BF16)
-    fail("--compute", {}, "the cuda backend computes in bf16 only for now (use --compute bf16, or --backend cpu for f32)");
-  return std::make_unique<CudaModel>(ck, opts);
+  if (opts.compute == Compute::F32) return std::make_unique<CudaModelT<float>>(ck, opts);
+  return std::make_unique<CudaModelT<uint16_t>>(ck, opts);
 }
 
 }  // namespace atlas::cuda

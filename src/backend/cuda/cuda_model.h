@@ -3,7 +3,12 @@
 //
 // Host C++ only (includes cuda_ops.h, no CUDA header); compiled into atlas_lib when the build
 // has CUDA. What it does and does not do yet:
-//   - compute bf16 only (f32 on the GPU is rejected with a clear error);
+//   - compute bf16, or f32 for checking (`--compute f32`): the same forward loop over f32
+//     weights (checkpoint values widened exactly) and f32 activations, cache and logits, with no
+//     bf16 rounding anywhere; f32 GEMMs are FMA chains (kernels/gemm_f32.cuh) and attention the
+//     scalar MLA kernel. It should equal the CPU f32 mode (absorbed attention) within 1e-5
+//     relative with identical routes (tests/cuda/model). It needs twice the bf16 memory, is
+//     slow, and has no fast mode (--fast with f32 is an error);
 //   - attention is always the absorbed form (q~ = W_UK^T q_nope, attention over the 576-wide
 //     latent cache, W_UV after), for prefill and decode alike; ForwardInput::attention is a
 //     CPU choice and is ignored here (both forms are the same math, different rounding);
@@ -16,7 +21,8 @@
 //     copies the device tensor to the host as f32, fires, and copies it back, so interventions
 //     work; untraced runs copy nothing;
 //   - logits are bf16 on the device (lm_head output, as the official bf16 model and the CPU
-//     bf16 mode), returned as f32; sampling stays on the host.
+//     bf16 mode; f32 in the checking mode), returned as f32; greedy tokens come from a device
+//     argmax, sampling stays on the host.
 #pragma once
 
 #include <memory>
@@ -38,8 +44,9 @@ struct CudaModelOptions {
   int64_t max_tokens_per_call = 8192;
 };
 
-// Uploads the checkpoint's weights (converted to bf16) to the device. Throws atlas::Error when
-// there is no GPU, when the device lacks memory (naming needed and free bytes), or for f32.
+// Uploads the checkpoint's weights (converted to bf16, or widened to f32 for Compute::F32) to
+// the device. Throws atlas::Error when there is no GPU, when the device lacks memory (naming
+// needed and free bytes and the compute type), or for f32 with batch_invariant = false.
 std::unique_ptr<Model> make_cuda_model(const Checkpoint& ck, const CudaModelOptions& opts);
 
 }  // namespace atlas::cuda
