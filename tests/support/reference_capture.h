@@ -51,8 +51,10 @@ struct Captured {
 };
 
 // Runs the fixture's batch (positions = cumsum(mask) - 1, as transformers) and captures
-// hidden.{s}, mla.{l}.latent, router.{l}.*, logits.
-inline Captured run_captured(const Model& model, const Reference& ref) {
+// hidden.{s}, mla.{l}.latent, router.{l}.*, logits. `attention` is the CPU backend's form (the
+// CUDA backend always absorbs).
+inline Captured run_captured(const Model& model, const Reference& ref,
+                             AttentionForm attention = AttentionForm::Expanded) {
   const int64_t B = ref.B, T = ref.T;
   std::vector<int32_t> pos(ref.ids.size());
   std::vector<uint8_t> mask(ref.ids.size());
@@ -86,7 +88,8 @@ inline Captured run_captured(const Model& model, const Reference& ref) {
   }
   hooks.add("final_norm", keep("hidden." + std::to_string(L + 1)));
   hooks.add("logits", keep("logits"));
-  model.forward({.batch = B, .tokens = T, .ids = ref.ids, .positions = pos, .mask = mask}, &hooks);
+  model.forward({.batch = B, .tokens = T, .ids = ref.ids, .positions = pos, .mask = mask, .attention = attention},
+                &hooks);
   return cap;
 }
 
