@@ -5,7 +5,8 @@
 # STEPS: comma-separated extras after the build and tests: kernels (atlas_cuda_bench),
 # bench (full-size random V2-Lite + `atlas bench`, env BENCH_ARGS), reference (transformers'
 # figures in the same session, then `atlas bench --reference`), compare (fullsize_compare.py),
-# notests (skip the test binaries).
+# f32lite (the f32 checking mode on the full-size random V2-Lite: CUDA f32 vs CPU f32 traces of
+# layers F32_LAYERS (default 0-5) and a timed f32 generation), notests (skip the test binaries).
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
 # libssl-dev libssl3 zlib1g-dev libtomlplusplus-dev libtomlplusplus3). Each -dev package whose header the system lacks is unpacked
@@ -88,7 +89,22 @@ tiny=/tmp/atlas-tiny
 rm -rf $tiny
 $B/atlas make-model --preset tiny --seed 0 $tiny >/dev/null
 $B/atlas trace --backend cuda --compute bf16 --model $tiny --ids 1,2,3,4,5 --json "$out/trace_cuda.json" 2>&1 | tail -3 || rc=1
-$B/atlas trace --backend cuda --model $tiny --ids 1,2,3 2>&1 | tail -1  # f32: expect the clear error
+echo "== f32 checking mode: CUDA f32 vs CPU f32 (absorbed) traces, then a CUDA f32 rerun"
+for fxd in $tiny tests/fixtures/*/; do
+  fxd=${fxd%/}; tag=$(basename $fxd)
+  $B/atlas trace --backend cuda --compute f32 --model $fxd --ids 1,2,3,4,5,6,7,8,9,10,11,12 \
+    --dump "$out/f32_cuda_$tag.safetensors" --json "$out/f32_cuda_$tag.json" >/dev/null 2>&1 || { echo "   $tag: cuda f32 trace FAILED"; rc=1; }
+  $B/atlas trace --backend cpu --compute f32 --attention absorbed --model $fxd --ids 1,2,3,4,5,6,7,8,9,10,11,12 \
+    --dump "$out/f32_cpu_$tag.safetensors" >/dev/null 2>&1
+  python3 tests/cuda/compare_traces.py f32 "$out/f32_cuda_$tag.safetensors" "$out/f32_cpu_$tag.safetensors" \
+    >"$out/f32_cmp_$tag.log" 2>&1 && echo "   $tag: $(tail -1 "$out/f32_cmp_$tag.log" | sed 's/^ *//'), routes identical" \
+    || { echo "   $tag: f32 comparison FAILED: $(tail -1 "$out/f32_cmp_$tag.log")"; rc=1; }
+done
+$B/atlas trace --backend cuda --compute f32 --model $tiny --ids 1,2,3,4,5,6,7,8,9,10,11,12 --json "$out/f32_rerun.json" >/dev/null 2>&1 || rc=1
+$B/atlas compare "$out/f32_cuda_$(basename $tiny).json" "$out/f32_rerun.json" 2>&1 | tail -2 || rc=1
+printf '{"id":"a","ids":[1,2,3]}\n' >/tmp/f32fast_prompts.jsonl
+$B/atlas generate --backend cuda --fast --compute f32 --model $tiny --prompts /tmp/f32fast_prompts.jsonl \
+  --out /tmp/f32fast.jsonl --max-new-tokens 2 2>&1 | tail -1  # expect the --fast error
 # Generation on a fixture without a tokenizer (ids in, ids out), both backends, greedy.
 fx=tests/fixtures/tiny_lite_yarn_bf16
 printf '{"id":"a","ids":[1,2,3]}\n{"id":"b","ids":[9,8,7,6,5,4]}\n{"id":"c","ids":[100,200,300,17]}\n' >/tmp/prompts.jsonl
@@ -96,8 +112,12 @@ $B/atlas generate --backend cuda --compute bf16 --model $fx --prompts /tmp/promp
   --max-new-tokens 12 2>&1 | tail -2 || rc=1
 $B/atlas generate --backend cpu --compute bf16 --model $fx --prompts /tmp/prompts.jsonl --out "$out/gen_cpu.jsonl" \
   --max-new-tokens 12 2>&1 | tail -2
-/usr/bin/python3 -c 'import json,sys; [print(sys.argv[i][-14:], json.loads(l)["id"], json.loads(l).get("ids")) for i in (1,2) for l in open(sys.argv[i])]' \
-  "$out/gen_cuda.jsonl" "$out/gen_cpu.jsonl"
+$B/atlas generate --backend cuda --compute f32 --model $fx --prompts /tmp/prompts.jsonl --out "$out/gen_cuda_f32.jsonl" \
+  --max-new-tokens 12 2>&1 | tail -2 || rc=1
+$B/atlas generate --backend cpu --compute f32 --decode-attention absorbed --model $fx --prompts /tmp/prompts.jsonl \
+  --out "$out/gen_cpu_f32.jsonl" --max-new-tokens 12 2>&1 | tail -2
+/usr/bin/python3 -c 'import json,sys; [print(sys.argv[i][-18:], json.loads(l)["id"], json.loads(l).get("ids")) for i in range(1, len(sys.argv)) for l in open(sys.argv[i])]' \
+  "$out/gen_cuda.jsonl" "$out/gen_cpu.jsonl" "$out/gen_cuda_f32.jsonl" "$out/gen_cpu_f32.jsonl"
 echo "== CUDA reruns in fresh processes compare identical (issue 9)"
 for i in 1 2; do
   $B/atlas trace --backend cuda --compute bf16 --model $tiny --ids 1,2,3,4,5,6,7,8 --json "$out/rerun_trace_$i.json" >/dev/null 2>&1 || rc=1
@@ -130,7 +150,7 @@ if has kernels; then
   timeout ${KERNEL_TIMEOUT:-150} $B/bench/cuda/atlas_cuda_bench --benchmark_min_time=0.02s --benchmark_filter="${KERNEL_FILTER:-.}" 2>&1 | tee "$out/bench_kernels.log" | grep -vE "^\*\*\*|^-+$" | tail -60
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare; then
+if has bench || has reference || has compare || has f32lite; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -150,6 +170,33 @@ if has bench; then
   echo "== atlas bench"
   ref=(); [[ -f "$out/reference.json" ]] && ref=(--reference "$out/reference.json")
   timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench.json" "${ref[@]}" ${BENCH_ARGS:-} 2>&1 | tail -20
+  nvidia-smi --query-gpu=memory.used --format=csv
+fi
+if has f32lite; then
+  # The f32 checking mode at full size (62 GB of f32 weights): CUDA f32 vs CPU f32 (absorbed) on
+  # the first F32_LAYERS layers (real shapes: 64 experts, 16 heads, the 512 + 64 latent), then a
+  # timed f32 generation (4 prompts x F32_TOKENS greedy tokens).
+  echo "== f32 checking mode on the full-size random V2-Lite"
+  ids=$(python3 -c 'print(",".join(str((i * 7919 + 13) % 102400) for i in range(48)))')
+  layers=${F32_LAYERS:-0-5}
+  t0=$(date +%s)
+  $B/atlas trace --backend cuda --compute f32 --layers $layers --model $lite --ids $ids \
+    --dump "$out/f32lite_cuda.safetensors" 2>&1 | tail -1 || rc=1
+  t1=$(date +%s)
+  $B/atlas trace --backend cpu --compute f32 --attention absorbed --layers $layers --model $lite --ids $ids \
+    --dump "$out/f32lite_cpu.safetensors" 2>&1 | tail -1
+  t2=$(date +%s)
+  echo "   layers $layers, 48 tokens: cuda f32 $((t1 - t0)) s (load included), cpu f32 $((t2 - t1)) s"
+  python3 tests/cuda/compare_traces.py f32 "$out/f32lite_cuda.safetensors" "$out/f32lite_cpu.safetensors" \
+    >"$out/f32lite_cmp.log" 2>&1 && echo "   $(tail -1 "$out/f32lite_cmp.log" | sed 's/^ *//'), routes identical" \
+    || { echo "   f32 comparison FAILED: $(tail -1 "$out/f32lite_cmp.log")"; rc=1; }
+  rm -f "$out/f32lite_cuda.safetensors" "$out/f32lite_cpu.safetensors"
+  python3 -c 'import json; [print(json.dumps({"id": "p%d" % r, "ids": [(r * 104729 + t * 7919 + 3) % 102400 for t in range(40 + 50 * r)]})) for r in range(4)]' \
+    >/tmp/f32lite_prompts.jsonl
+  t0=$(date +%s)
+  $B/atlas generate --backend cuda --compute f32 --model $lite --prompts /tmp/f32lite_prompts.jsonl \
+    --out "$out/f32lite_gen.jsonl" --max-new-tokens ${F32_TOKENS:-256} --batch 4 2>&1 | tail -1 || rc=1
+  echo "   f32 generation, 4 prompts x ${F32_TOKENS:-256} tokens: $(( $(date +%s) - t0 )) s (load included)"
   nvidia-smi --query-gpu=memory.used --format=csv
 fi
 if has compare; then
