@@ -130,6 +130,19 @@ if has kernels; then
   echo "== atlas_cuda_bench"
   timeout ${KERNEL_TIMEOUT:-150} $B/bench/cuda/atlas_cuda_bench --benchmark_min_time=0.02s --benchmark_filter="${KERNEL_FILTER:-.}" 2>&1 | tee "$out/bench_kernels.log" | grep -vE "^\*\*\*|^-+$" | tail -60
 fi
+if has ncugemm; then
+  # Stall reasons of the tiled GEMM (Nsight Compute sections) on the benchmark's shapes; NCU_CASES
+  # lists benchmark filters, one kernel launch profiled per case.
+  echo "== ncu GEMM sections"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for c in ${NCU_CASES:-BM_GemmShapes/0/128/0/ BM_GemmShapes/6/128/0/}; do
+    timeout 120 "$NCU" --clock-control none --kernel-name regex:"${NCU_KERNEL:-gemm_mma}" --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      $B/bench/cuda/atlas_cuda_bench --benchmark_filter="$c" --benchmark_min_time=0.001s >"$out/ncu_gemm_${c//\//_}.txt" 2>&1
+    echo "   $c rc=$?"
+    grep -E "Duration|Stall|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Compute \(SM\)|Block Limit|L2 Hit|Warp Cycles Per Issued|Issued Warp|One or More|No Eligible|smsp__pcsamp" "$out/ncu_gemm_${c//\//_}.txt" | head -40
+  done
+fi
 lite=/tmp/lite
 if has bench || has reference || has compare || has profile; then
   if [[ ! -f $lite/config.json ]]; then
