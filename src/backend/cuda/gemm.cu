@@ -1,8 +1,9 @@
 // GEMM launchers: the batch-invariant tensor-core kernel (dense, strided batch, grouped MoE),
 // the scalar fma_chain kernel, and the cuBLASLt fast path.
 //
-// CUDA-graph capture: gemm() and grouped_gemm() allocate nothing, never synchronise and never
-// read device data on the host, so they may be captured. One-time setup (the dynamic shared
+// CUDA-graph capture: gemm() and grouped_gemm() never synchronise and never read device data on
+// the host, and allocate only stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the
+// call's stream, for sliced launches), so they may be captured. One-time setup (the dynamic shared
 // memory limits of every kernel instantiation, the device's SM count, the device error flag,
 // the cuBLASLt handle and workspace) happens on the first call of either function: make that
 // first call outside a capture (a warm-up step). cuBLASLt plans are cached per shape, so a
@@ -21,6 +22,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
+#include "backend/cuda/kernels/gemm_wgmma.cuh"
 
 namespace atlas::cuda {
 
@@ -50,7 +52,18 @@ struct TileConfig {
   bool splitk;
   KernelFn fn[2][2][2];  // [out f32][async][at most 8 rows per tile]; null where not instantiated
   bool sliced = false;   // dense problems: one K slice per block + an ordered reduce (MmaGemmParams)
+  bool wgmma = false;    // needs the sm_90a build (kernels/gemm_wgmma.cuh); async operands only
 };
+
+constexpr TileConfig make_wgmma_config(const char* name) {
+  TileConfig c{name, kern::WgTile::BM, kern::WgTile::BN, kern::WgTile::THREADS, kern::WgTile::SMEM_BYTES, false, {}};
+  for (int h = 0; h < 2; ++h) {
+    c.fn[0][1][h] = kern::gemm_wgmma_kernel<false>;
+    c.fn[1][1][h] = kern::gemm_wgmma_kernel<true>;
+  }
+  c.wgmma = true;
+  return c;
+}
 
 // The same tiled kernel in a sliced launch (dense, batch 1, async operands; elsewhere the plain
 // launch of the same config runs: same bits either way).
@@ -94,8 +107,8 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 10> kConfigs = {
-    make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
+constexpr std::array<TileConfig, 11> kConfigs = {
+    make_wgmma_config("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
     make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
     make_splitk_config<CfgS16>("splitk16x16/8w"), make_splitk_config<CfgS8>("splitk16x8/8w"),
@@ -116,8 +129,10 @@ constexpr int kSplitK8 = config_index("splitk16x8/8w");
 // Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
 constexpr int kGroupedMany = config_index("32x64x64/4"), kGroupedFew = config_index("16x32x128/4");
 constexpr int kSliced64 = config_index("64x32x64/4+slices"), kSliced32 = config_index("32x64x64/4+slices");
+// Where the wgmma config is forced but this build or GPU lacks it (same bits).
+constexpr int kWgmmaFallback = config_index("128x128x32/4");
 static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
-                  kSliced64 >= 0 && kSliced32 >= 0,
+                  kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
               "config names");
 
 std::atomic<int> forced_config{-1};
@@ -125,6 +140,7 @@ std::atomic<int> forced_config{-1};
 struct GemmSetup {
   int sm_count = 132;
   int* error_flag = nullptr;
+  bool wgmma = false;  // the loaded device code has the wgmma kernel (an sm_90a build on a 9.0 GPU)
 };
 
 // First call (outside any capture): raise the dynamic shared-memory limit of every kernel
@@ -145,6 +161,16 @@ const GemmSetup& setup() {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem),
                          "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     g.error_flag = error_flag();
+    {
+      int* flag = nullptr;
+      int have = 0;
+      check_cuda(cudaMalloc(&flag, sizeof(int)), "gemm", "cudaMalloc(wgmma probe)");
+      kern::gemm_wgmma_probe_kernel<<<1, 1>>>(flag);
+      const cudaError_t e = cudaMemcpy(&have, flag, sizeof(int), cudaMemcpyDeviceToHost);
+      cudaFree(flag);
+      check_cuda(e, "gemm", "wgmma probe");
+      g.wgmma = have == 1;
+    }
     // Sliced launches take their slice sums from the default pool (cudaMallocAsync): keep freed
     // blocks in the pool instead of returning them to the driver at every synchronisation.
     cudaMemPool_t pool = nullptr;
@@ -175,12 +201,12 @@ int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128;
 template <class TilesOf>
 int choose_config(int64_t m_per_problem, int N, TilesOf tiles_of, int sm_count) {
   const int forced = forced_config.load();
-  if (forced >= 0) return forced;
+  if (forced >= 0) return kConfigs[size_t(forced)].wgmma && !setup().wgmma ? kWgmmaFallback : forced;
   const int cap = bm_cap(m_per_problem);
   if (cap == 16) return kSplitK8;
   for (int i = 0; i < int(kConfigs.size()); ++i) {
     const TileConfig& c = kConfigs[size_t(i)];
-    if (c.splitk || c.sliced || c.bm > cap || c.bm == 16) continue;
+    if (c.splitk || c.sliced || c.bm > cap || c.bm == 16 || (c.wgmma && !setup().wgmma)) continue;
     if (ceil_div(N, c.bn) * tiles_of(c.bm) >= int64_t(sm_count) * 3 / 4) return i;
   }
   return kSplitK8;
