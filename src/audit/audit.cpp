@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -15,6 +16,7 @@
 #include "core/provenance.h"
 #include "core/sha256.h"
 #include "io/safetensors.h"
+#include "model/digest.h"
 #include "probe/freeze.h"
 
 namespace atlas::audit {
@@ -640,7 +642,7 @@ void check_journals(Checks& ck, const Doc& run, const std::string& dir) {
   });
 }
 
-// Hidden-vector side files: each stage's tensor hashes to the stage's target_sha256.
+// Hidden-vector side files: each stage's tensor has the stage's target_sha256 as its stage hash.
 void check_hidden_vectors(Checks& ck, const Doc& run, const std::string& dir) {
   const std::string name = "hidden vectors = stage hashes";
   ck.guarded(name, run.path, [&] {
@@ -669,8 +671,18 @@ void check_hidden_vectors(Checks& ck, const Doc& run, const std::string& dir) {
           ck.fail(name, hdir.string() + ": tensor " + tn + " (cell " + c["cell_id"].get<std::string>() + ") missing");
           return;
         }
-        if (sha256_hex(it->second->data, it->second->nbytes) != s.at("target_sha256").get<std::string>()) {
-          ck.fail(name, it->second->file + ": tensor " + tn + " does not hash to the stage's target_sha256");
+        const TensorView& tv = *it->second;
+        if (tv.dtype != DType::F32 || tv.shape.size() != 2) {
+          ck.fail(name, tv.file + ": tensor " + tn + " is " + std::string(dtype_name(tv.dtype)) + " of rank " +
+                            std::to_string(tv.shape.size()) + ", expected F32 [tokens, hidden]");
+          return;
+        }
+        // The stage hash of the tensor's rows (model/digest.h); copied out first because a
+        // mapped tensor's data need not be 4-byte aligned.
+        std::vector<float> rows(size_t(tv.numel()));
+        if (tv.nbytes) std::memcpy(rows.data(), tv.data, tv.nbytes);
+        if (stage_sha256(rows.data(), tv.shape[0], tv.shape[1]) != s.at("target_sha256").get<std::string>()) {
+          ck.fail(name, tv.file + ": tensor " + tn + " does not hash to the stage's target_sha256");
           return;
         }
         ++n;

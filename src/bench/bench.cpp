@@ -14,6 +14,7 @@
 #include "core/sha256.h"
 #include "decode/generate.h"
 #include "io/checkpoint.h"
+#include "model/digest.h"
 #include "model/hooks.h"
 #include "model/loader.h"
 #ifdef ATLAS_HAVE_CUDA
@@ -251,20 +252,17 @@ std::vector<Record> run_bench(const BenchOptions& o) {
           mask[size_t(b * T + t)] = 1;
         }
       }
-      // What a probe trace keeps: routes of every gate, a SHA-256 per row of every hidden stage.
+      // What a probe trace keeps: routes of every gate, a SHA-256 per row of every hidden stage
+      // (the stage hash of the row's real tokens, from the per-token digests: model/digest.h).
       std::map<std::string, std::vector<std::string>> stage_hashes;
       std::map<std::string, std::vector<int32_t>> routes;
       std::map<std::string, std::vector<float>> route_w;
       Hooks hooks;
       auto stage = [&](const std::string& name) {
-        hooks.add(name, [&, name](HookTensor& t) {
-          const int64_t H = t.shape[2];
+        hooks.add_digests(name, [&, name](const HookDigests& d) {
           std::vector<std::string> hs(static_cast<size_t>(B));
-#pragma omp parallel for schedule(dynamic)
-          for (int64_t b = 0; b < B; ++b) {
-            const int64_t pad = T - int64_t(prompts[size_t(b)].size());
-            hs[size_t(b)] = sha256_hex(t.f32() + (b * T + pad) * H, size_t((T - pad) * H) * sizeof(float));
-          }
+          for (int64_t b = 0; b < B; ++b)
+            hs[size_t(b)] = digest_chain_hex(d.row(b, T - int64_t(prompts[size_t(b)].size()), T));
           stage_hashes[name] = std::move(hs);
         });
       };

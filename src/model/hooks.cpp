@@ -1,6 +1,57 @@
 #include "model/hooks.h"
 
+#include <cctype>
+
+#include "core/error.h"
+#include "model/digest.h"
+
 namespace atlas {
+
+namespace {
+
+// "blocks.12.attn.hook_q" -> "blocks.{L}.attn.hook_q": the catalog's spelling of a per-layer
+// name (or of an exact per-layer pattern); anything else unchanged.
+std::string layer_template(std::string_view s) {
+  constexpr std::string_view p = "blocks.";
+  if (s.substr(0, p.size()) != p) return std::string(s);
+  size_t i = p.size();
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == p.size() || i >= s.size() || s[i] != '.') return std::string(s);
+  return std::string(p) + "{L}" + std::string(s.substr(i));
+}
+
+bool digestible(const HookInfo& h) { return h.dtype == "F32" && h.shape.rfind("[B,T,", 0) == 0; }
+
+[[noreturn]] void not_digestible(std::string_view hook, const std::string& what) {
+  fail("hook " + std::string(hook), {},
+       "digests are defined only for [B,T,...] F32 hooks (per-token SHA-256 of the float32 values); " + what);
+}
+
+// The catalog entry of a concrete hook name (null for names outside the catalog).
+const HookInfo* find_hook(std::string_view name) {
+  const std::string t = layer_template(name);
+  for (const auto& h : hook_catalog())
+    if (h.name == t) return &h;
+  return nullptr;
+}
+
+// Before digesting a fired hook: known hooks by their catalog entry, others by what they hold.
+void check_digestible(std::string_view name, DType dtype, size_t rank) {
+  if (const HookInfo* h = find_hook(name); h && !digestible(*h))
+    not_digestible(name, "this one is " + h->dtype + " " + h->shape);
+  if (dtype != DType::F32) not_digestible(name, "this one holds " + std::string(dtype_name(dtype)) + " values");
+  if (rank < 2) not_digestible(name, "this one has rank " + std::to_string(rank));
+}
+
+}  // namespace
+
+std::span<const uint8_t> HookDigests::row(int64_t b, int64_t a, int64_t e) const {
+  if (b < 0 || b >= rows || a < 0 || a > e || e > tokens)
+    fail("hook " + std::string(name), "digests",
+         "row " + std::to_string(b) + " tokens [" + std::to_string(a) + ", " + std::to_string(e) +
+             ") outside [" + std::to_string(rows) + ", " + std::to_string(tokens) + "]");
+  return {sha256 + (b * tokens + a) * kTokenDigestBytes, size_t((e - a) * kTokenDigestBytes)};
+}
 
 bool glob_match(std::string_view p, std::string_view s) {
   // Iterative '*' matcher with backtracking to the last star: linear in practice.
@@ -23,17 +74,46 @@ bool glob_match(std::string_view p, std::string_view s) {
   return pi == p.size();
 }
 
-void Hooks::add(std::string pattern, Fn fn) { subs_.push_back({std::move(pattern), std::move(fn)}); }
+void Hooks::add(std::string pattern, Fn fn) { tensor_subs_.push_back({std::move(pattern), std::move(fn)}); }
 
-bool Hooks::wants(std::string_view name) const {
-  for (const auto& s : subs_)
+void Hooks::add_digests(std::string pattern, DigestFn fn) {
+  // Checked against the catalog now, so a bad subscription fails before any forward pass. An
+  // exact per-layer pattern ("blocks.3.moe.hook_topk_ids") is compared in the catalog's spelling.
+  const std::string templ = layer_template(pattern);
+  for (const auto& h : hook_catalog())
+    if ((glob_match(pattern, h.name) || glob_match(templ, h.name)) && !digestible(h))
+      not_digestible(h.name, "pattern '" + pattern + "' matches it, and it is " + h.dtype + " " + h.shape);
+  digest_subs_.push_back({std::move(pattern), std::move(fn)});
+}
+
+bool Hooks::wants_tensor(std::string_view name) const {
+  for (const auto& s : tensor_subs_)
+    if (glob_match(s.pattern, name)) return true;
+  return false;
+}
+
+bool Hooks::wants_digests(std::string_view name) const {
+  for (const auto& s : digest_subs_)
     if (glob_match(s.pattern, name)) return true;
   return false;
 }
 
 void Hooks::fire(HookTensor& t) const {
-  for (const auto& s : subs_)
+  for (const auto& s : tensor_subs_)
     if (glob_match(s.pattern, t.name)) s.fn(t);
+  if (!wants_digests(t.name)) return;
+  check_digestible(t.name, t.dtype, t.shape.size());
+  // [B, T, ...]: every value after the first two dimensions belongs to the token.
+  const int64_t B = t.shape[0], T = t.shape[1], M = B * T;
+  const int64_t width = M > 0 ? t.numel() / M : 0;
+  const std::vector<uint8_t> d = token_digests(t.f32(), M, width);
+  fire_digests({.name = t.name, .layer = t.layer, .rows = B, .tokens = T, .sha256 = d.data()});
+}
+
+void Hooks::fire_digests(const HookDigests& d) const {
+  check_digestible(d.name, DType::F32, 2);
+  for (const auto& s : digest_subs_)
+    if (glob_match(s.pattern, d.name)) s.fn(d);
 }
 
 LayerHookNames::LayerHookNames(int64_t layer) {

@@ -8,10 +8,17 @@
 //
 // Untraced runs pay almost nothing: the forward asks wants(name) before materialising any
 // value that exists only for observers (the attention pattern, for example).
+//
+// Two kinds of observer: tensor observers (add) see, and may overwrite, the f32 tensor; digest
+// observers (add_digests) see only the per-token SHA-256 digests of a [B, T, ...] float hook
+// (model/digest.h), which is all a trace that keeps stage hashes needs. A backend that can
+// digest where the tensor lives (the CUDA backend, on the device) does so when no tensor
+// observer wants the hook, and copies out 32 bytes per token instead of the whole tensor.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,23 +45,54 @@ struct HookTensor {
   int32_t* i32() const { return static_cast<int32_t*>(data); }
 };
 
+// The per-token digests of a [B, T, ...] float hook: token (b, t)'s digest is the SHA-256 of
+// its T-slice (every value after the [B, T] dimensions) as float32 little-endian bytes,
+// at sha256 + (b*T + t)*32 (definition: model/digest.h, docs/trace.md).
+struct HookDigests {
+  std::string_view name;
+  int64_t layer = -1;  // -1 for global hooks
+  int64_t rows = 0;    // B
+  int64_t tokens = 0;  // T
+  const uint8_t* sha256 = nullptr;  // [B*T][32]
+
+  // Row b's digests of tokens [a, e), (e - a) * 32 bytes: digest_chain_hex() of it is the
+  // stage hash of that range. Throws on a range outside [0, T].
+  std::span<const uint8_t> row(int64_t b, int64_t a, int64_t e) const;
+};
+
 class Hooks {
  public:
   using Fn = std::function<void(HookTensor&)>;
+  using DigestFn = std::function<void(const HookDigests&)>;
 
   // pattern: an exact hook name, or a glob with '*' (matches any run of characters), e.g.
-  // "blocks.*.moe.hook_topk_ids". Observers run in the order they were added.
+  // "blocks.*.moe.hook_topk_ids". Observers of a kind run in the order they were added; at one
+  // hook every tensor observer runs before every digest observer.
   void add(std::string pattern, Fn fn);
-  bool wants(std::string_view name) const;
-  bool empty() const { return subs_.empty(); }
+  // Digests exist only for [B, T, ...] float hooks: a pattern that matches an I32 hook
+  // (hook_topk_ids) or one not laid out [B, T, ...] (attn.hook_pattern) throws naming the hook.
+  void add_digests(std::string pattern, DigestFn fn);
+
+  bool wants(std::string_view name) const { return wants_tensor(name) || wants_digests(name); }
+  bool wants_tensor(std::string_view name) const;
+  bool wants_digests(std::string_view name) const;
+  bool empty() const { return tensor_subs_.empty() && digest_subs_.empty(); }
+
+  // Calls the tensor observers; then, if digest observers want the hook, digests the (possibly
+  // observer-modified) f32 tensor on the host and calls them. Backends without a digest path
+  // of their own need nothing else.
   void fire(HookTensor& t) const;
+  // For backends that computed the digests themselves (only when !wants_tensor(name)).
+  void fire_digests(const HookDigests& d) const;
 
  private:
+  template <class F>
   struct Sub {
     std::string pattern;
-    Fn fn;
+    F fn;
   };
-  std::vector<Sub> subs_;
+  std::vector<Sub<Fn>> tensor_subs_;
+  std::vector<Sub<DigestFn>> digest_subs_;
 };
 
 bool glob_match(std::string_view pattern, std::string_view name);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/sha256.h"
+#include "model/digest.h"
 
 namespace atlas {
 
@@ -108,6 +109,11 @@ ojson TraceRecorder::summary() const {
     j["name"] = st->name;
     j["hook"] = s == 0 ? "embed" : s == n_layers + 1 ? "final_norm" : "blocks." + std::to_string(s - 1) + ".hook_resid_post";
     j.update(tensor_stats(st->f32, st->shape));
+    // A hidden stage's hash is the stage hash of its tokens (model/digest.h), the same value a
+    // probe run records as full_sha256 for the same unpadded row; other tensors (logits) keep
+    // the SHA-256 of their whole float32 image.
+    const int64_t T = st->shape.at(0);
+    j["sha256"] = stage_sha256(st->f32.data(), T, T > 0 ? int64_t(st->f32.size()) / T : 0);
     stages.push_back(std::move(j));
   }
   ojson gates = ojson::array();

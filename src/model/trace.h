@@ -5,8 +5,8 @@
 // TraceRecorder subscribes to the model's hooks, keeps copies, and produces
 //  - tensors(): the --dump tensors, named  hidden.{s}  router.{l}.logits|topk_ids|topk_weights
 //    mla.{l}.latent  logits  (see docs/trace.md for shapes);
-//  - summary(): per stage shape/dtype/mean/std/min/max/L2/SHA-256, per gate SHA-256 of the
-//    ordered ids and of the weights, and per-expert load and weighted load.
+//  - summary(): per stage shape/dtype/mean/std/min/max/L2 and the stage hash (model/digest.h),
+//    per gate SHA-256 of the ordered ids and of the weights, and per-expert load and weighted load.
 #pragma once
 
 #include <map>

@@ -16,6 +16,7 @@
 #include "core/sha256.h"
 #include "decode/generate.h"
 #include "io/checkpoint.h"
+#include "model/digest.h"
 #include "model/loader.h"
 #include "probe/freeze.h"
 #include "text/tokenizer.h"
@@ -185,25 +186,36 @@ std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manife
   const ModelConfig& cfg = model.config();
   const int64_t n_layers = cfg.num_hidden_layers;
   Hooks hooks;
-  auto stage_hook = [&](int64_t stage) {
-    return [&, stage](HookTensor& t) {
-      const int64_t H = t.shape[2];
+  // Stage hashes need only the per-token digests (model/digest.h): full = the row's real
+  // tokens, target = its interior range. A backend digests where the tensor lives unless the
+  // vectors are wanted too; then the tensor comes to the host and serves both.
+  auto stage_hashes = [&](int64_t stage) {
+    return [&, stage](const HookDigests& d) {
       for (int64_t b = 0; b < B; ++b) {
-        const int64_t len = int64_t(rows[size_t(b)].size()), off = T - len;
-        const float* row = t.f32() + (b * T + off) * H;  // [len, H]
+        const int64_t off = T - int64_t(rows[size_t(b)].size());
         auto [a, e] = interior(b);
-        out[size_t(b)].stages[stage] = {sha256_hex(row, size_t(len * H) * sizeof(float)),
-                                        sha256_hex(row + a * H, size_t((e - a) * H) * sizeof(float))};
-        if (vectors) out[size_t(b)].target_rows[stage].assign(row + a * H, row + e * H);
+        out[size_t(b)].stages[stage] = {digest_chain_hex(d.row(b, off, T)), digest_chain_hex(d.row(b, off + a, off + e))};
       }
     };
   };
-  if (hidden || vectors) {
-    hooks.add("embed", stage_hook(0));
-    for (int64_t l = model.layers().first; l <= model.layers().last; ++l)
-      hooks.add(LayerHookNames(l).resid_post, stage_hook(l + 1));
-    if (model.has_head()) hooks.add("final_norm", stage_hook(n_layers + 1));
-  }
+  auto stage_vectors = [&](int64_t stage) {
+    return [&, stage](HookTensor& t) {
+      const int64_t H = t.shape[2];
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t off = T - int64_t(rows[size_t(b)].size());
+        const float* row = t.f32() + (b * T + off) * H;  // [len, H]
+        auto [a, e] = interior(b);
+        out[size_t(b)].target_rows[stage].assign(row + a * H, row + e * H);
+      }
+    };
+  };
+  auto stage = [&](const std::string& name, int64_t s) {
+    if (hidden) hooks.add_digests(name, stage_hashes(s));
+    if (vectors) hooks.add(name, stage_vectors(s));
+  };
+  stage("embed", 0);
+  for (int64_t l = model.layers().first; l <= model.layers().last; ++l) stage(LayerHookNames(l).resid_post, l + 1);
+  if (model.has_head()) stage("final_norm", n_layers + 1);
   for (int64_t l = model.layers().first; l <= model.layers().last; ++l) {
     if (!cfg.is_moe_layer(l)) continue;
     LayerHookNames n(l);

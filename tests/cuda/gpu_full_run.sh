@@ -6,7 +6,8 @@
 # bench (full-size random V2-Lite + `atlas bench`, env BENCH_ARGS), reference (transformers'
 # figures in the same session, then `atlas bench --reference`), compare (fullsize_compare.py),
 # f32lite (the f32 checking mode on the full-size random V2-Lite: CUDA f32 vs CPU f32 traces of
-# layers F32_LAYERS (default 0-5) and a timed f32 generation), notests (skip the test binaries).
+# layers F32_LAYERS (default 0-5) and a timed f32 generation), profile (ncu kernel durations of
+# generation, env PROFILE_SPECS/PROFILE_TOKENS), notests (skip the test binaries).
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
 # libssl-dev libssl3 zlib1g-dev libtomlplusplus-dev libtomlplusplus3). Each -dev package whose header the system lacks is unpacked
@@ -149,8 +150,21 @@ if has kernels; then
   echo "== atlas_cuda_bench"
   timeout ${KERNEL_TIMEOUT:-150} $B/bench/cuda/atlas_cuda_bench --benchmark_min_time=0.02s --benchmark_filter="${KERNEL_FILTER:-.}" 2>&1 | tee "$out/bench_kernels.log" | grep -vE "^\*\*\*|^-+$" | tail -60
 fi
+if has ncugemm; then
+  # Stall reasons of the tiled GEMM (Nsight Compute sections) on the benchmark's shapes; NCU_CASES
+  # lists benchmark filters, one kernel launch profiled per case.
+  echo "== ncu GEMM sections"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for c in ${NCU_CASES:-BM_GemmShapes/0/128/0/ BM_GemmShapes/6/128/0/}; do
+    timeout 120 "$NCU" --clock-control none --kernel-name regex:"${NCU_KERNEL:-gemm_mma}" --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      $B/bench/cuda/atlas_cuda_bench --benchmark_filter="$c" --benchmark_min_time=0.001s >"$out/ncu_gemm_${c//\//_}.txt" 2>&1
+    echo "   $c rc=$?"
+    grep -E "Duration|Stall|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Compute \(SM\)|Block Limit|L2 Hit|Warp Cycles Per Issued|Issued Warp|One or More|No Eligible|stalled|spends" "$out/ncu_gemm_${c//\//_}.txt" | head -40
+  done
+fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite; then
+if has bench || has reference || has compare || has f32lite || has profile; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -198,6 +212,27 @@ if has f32lite; then
     --out "$out/f32lite_gen.jsonl" --max-new-tokens ${F32_TOKENS:-256} --batch 4 2>&1 | tail -1 || rc=1
   echo "   f32 generation, 4 prompts x ${F32_TOKENS:-256} tokens: $(( $(date +%s) - t0 )) s (load included)"
   nvidia-smi --query-gpu=memory.used --format=csv
+fi
+if has profile; then
+  # Kernel durations of real forward passes under Nsight Compute (nsys does not work on these
+  # machines): batch-1 and batch-128 generation of the bench prompts, 3 new tokens, graphs off
+  # (ncu serialises launches anyway). tools/profile/ncu_summary.py groups them per forward pass.
+  echo "== ncu profile"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+open("/tmp/p1.jsonl","w").write(json.dumps({"id":"d","ids":d["decode_prompt"]})+"\n")
+open("/tmp/p128.jsonl","w").write("".join(json.dumps({"id":str(i),"ids":p})+"\n" for i,p in enumerate(d["prompts"])))' "$out/prompts.json"
+  for spec in ${PROFILE_SPECS:-b1:/tmp/p1.jsonl:1 b128:/tmp/p128.jsonl:128}; do
+    IFS=: read -r name prompts batch <<<"$spec"
+    t0=$(date +%s)
+    ATLAS_CUDA_GRAPHS=0 timeout ${PROFILE_TIMEOUT:-240} "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum \
+      $B/atlas generate --backend cuda --compute bf16 --model $lite --prompts "$prompts" --out /tmp/prof.jsonl \
+      --max-new-tokens ${PROFILE_TOKENS:-3} --batch "$batch" ${PROFILE_ARGS:-} >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err"
+    echo "   $name rc=$? in $(( $(date +%s) - t0 )) s"
+    python3 tools/profile/ncu_summary.py "$out/ncu_$name.csv" --split-after argmax --top ${PROFILE_TOP:-22} >"$out/profile_$name.txt" 2>&1
+    cat "$out/profile_$name.txt" | cut -c1-150
+  done
 fi
 if has compare; then
   echo "== full-size comparison with transformers"

@@ -54,6 +54,14 @@ def load(path):
         return json.load(f)
 
 
+def stage_hash(data, H):
+    """docs/trace.md "Stage hashes": SHA-256 over the per-token SHA-256 digests of float32 rows."""
+    row = 4 * H
+    assert len(data) % row == 0
+    return hashlib.sha256(b"".join(hashlib.sha256(data[i:i + row]).digest()
+                                   for i in range(0, len(data), row))).hexdigest()
+
+
 def content(artifact):
     a = dict(artifact)
     a.pop("runtime")
@@ -426,7 +434,29 @@ class HiddenVectors(unittest.TestCase):
             for st in c["result"]["stages"]:
                 shape, data = tensors[prefix + st["name"]]
                 self.assertEqual(shape[0], a1 - a0)
-                self.assertEqual(hashlib.sha256(data).hexdigest(), st["target_sha256"])
+                self.assertEqual(stage_hash(data, shape[1]), st["target_sha256"])
+
+        # full_sha256 from outside the run: `atlas trace` of one cell's ids alone (the CPU rows
+        # are batch invariant), its dumped hidden tensors hashed here.
+        c = a["cells"][1]
+        dump = os.path.join(TMP, "vec-cell.safetensors")
+        summary = os.path.join(TMP, "vec-cell.json")
+        atlas("trace", "--model", MODEL, "--ids", ",".join(map(str, c["input_ids"])),
+              "--compute", a["execution"]["compute"], "--dump", dump, "--json", summary)
+        raw = open(dump, "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        traced = {s["stage"]: s["sha256"] for s in load(summary)["stages"]}
+        a0, a1 = c["interior_token_range"]
+        for st in c["result"]["stages"]:
+            t = header["hidden.%d" % st["stage"]]
+            b0, b1 = t["data_offsets"]
+            data = raw[8 + n + b0:8 + n + b1]
+            H = t["shape"][1]
+            self.assertEqual(t["shape"][0], c["n_tokens"])
+            self.assertEqual(stage_hash(data, H), st["full_sha256"], st["name"])
+            self.assertEqual(stage_hash(data[a0 * 4 * H:a1 * 4 * H], H), st["target_sha256"], st["name"])
+            self.assertEqual(traced[st["stage"]], st["full_sha256"], st["name"])
 
 
 class Generate(unittest.TestCase):

@@ -314,7 +314,8 @@ class CudaModelT final : public Model {
   // Expert GEMM over the rows sorted by expert (device offsets), optional gather of A rows.
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Elem* const* w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K) const;
-  // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write).
+  // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
+  // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
   void hook_act(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
                 Elem* dev) const {
@@ -327,6 +328,10 @@ class CudaModelT final : public Model {
                  uint16_t* dev) const;
   void hook_f32(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
                 float* dev) const;
+  // Per-token SHA-256 of a [B, T, ...] hook on the device; only [B*T][32] bytes come to the host.
+  // One of bf16 / f32 is set.
+  void hook_digests(const Hooks& hooks, const std::string& name, int64_t layer, const std::vector<int64_t>& shape,
+                    const uint16_t* bf16, const float* f32) const;
 
   ModelConfig cfg_;
   LayerRange layers_;
@@ -346,6 +351,7 @@ class CudaModelT final : public Model {
   int64_t max_tokens_ = 8192;  // tokens per forward pass before a prefill is chunked
   Stream s_ = nullptr;  // every launch goes here (capturable, unlike the legacy default stream)
   mutable DeviceBlock scratch_;
+  mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
   mutable int32_t* pinned_ints_ = nullptr;  // grow-only staging for per-call int uploads
   mutable size_t pinned_ints_n_ = 0;
@@ -593,9 +599,36 @@ void CudaModelT<Elem>::download(void* dst, const void* src, size_t bytes) const 
 }
 
 template <class Elem>
+void CudaModelT<Elem>::hook_digests(const Hooks& hooks, const std::string& name, int64_t layer,
+                                    const std::vector<int64_t>& shape, const uint16_t* bf16, const float* f32) const {
+  const int64_t B = shape.at(0), T = shape.at(1), M = B * T;
+  int64_t width = 1;  // values per token: everything after [B, T]
+  for (size_t i = 2; i < shape.size(); ++i) width *= shape[i];
+  const size_t bytes = size_t(M) * 32;
+  if (digests_.bytes() < bytes) {
+    digests_ = DeviceBlock();  // its last user was downloaded (synchronised) before
+    digests_ = DeviceBlock(bytes);
+  }
+  auto* out = reinterpret_cast<uint8_t*>(digests_.get());
+  if (bf16)
+    token_digests_bf16({.x = bf16, .rows = M, .dim = int(width), .out = out, .stream = s_});
+  else
+    token_digests_f32({.x = f32, .rows = M, .dim = int(width), .out = out, .stream = s_});
+  std::vector<uint8_t> h(bytes);
+  download(h.data(), out, bytes);
+  hooks.fire_digests({.name = name, .layer = layer, .rows = B, .tokens = T, .sha256 = h.data()});
+}
+
+template <class Elem>
 void CudaModelT<Elem>::hook_bf16(const Hooks* hooks, const std::string& name, int64_t layer,
                                  std::vector<int64_t> shape, uint16_t* dev) const {
-  if (!hooks || !hooks->wants(name)) return;
+  if (!hooks) return;
+  if (!hooks->wants_tensor(name)) {
+    if (hooks->wants_digests(name)) hook_digests(*hooks, name, layer, shape, dev, nullptr);
+    return;
+  }
+  // A tensor observer wants it: the whole tensor comes to the host, and Hooks::fire digests it
+  // there for any digest observers (after the tensor observers ran).
   int64_t n = 1;
   for (auto d : shape) n *= d;
   std::vector<uint16_t> h(static_cast<size_t>(n));
@@ -619,7 +652,11 @@ void CudaModelT<Elem>::hook_bf16(const Hooks* hooks, const std::string& name, in
 template <class Elem>
 void CudaModelT<Elem>::hook_f32(const Hooks* hooks, const std::string& name, int64_t layer,
                                 std::vector<int64_t> shape, float* dev) const {
-  if (!hooks || !hooks->wants(name)) return;
+  if (!hooks) return;
+  if (!hooks->wants_tensor(name)) {
+    if (hooks->wants_digests(name)) hook_digests(*hooks, name, layer, shape, nullptr, dev);
+    return;
+  }
   int64_t n = 1;
   for (auto d : shape) n *= d;
   std::vector<float> f(static_cast<size_t>(n));

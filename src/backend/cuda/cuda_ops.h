@@ -317,6 +317,25 @@ void argmax(const ArgmaxArgs& a);
 void argmax(const ArgmaxArgsT<float>& a);
 inline void argmax_bf16(const ArgmaxArgs& a) { argmax(a); }
 
+// ---- per-token SHA-256 digests (the token digest of model/digest.h) -----------------------
+// out[r*32 .. r*32+32) = SHA-256 of row r's `dim` values as little-endian float32 bytes, for
+// r < rows (bf16 values widened exactly, bits << 16: the bytes of the f32 tensor a host hook
+// sees). One thread per row; rows are independent, so a row's digest never depends on the batch.
+// Stage hashes over token ranges are built on the host from these (model/digest.h).
+template <class T>
+struct TokenDigestArgsT {
+  const T* x = nullptr;    // [rows, dim], row stride row_stride
+  int64_t row_stride = 0;  // elements, 0 = dim
+  int64_t rows = 0;        // M tokens
+  int dim = 0;             // H
+  uint8_t* out = nullptr;  // [rows][32] bytes (device)
+  Stream stream = nullptr;
+};
+using TokenDigestBf16Args = TokenDigestArgsT<uint16_t>;
+using TokenDigestF32Args = TokenDigestArgsT<float>;
+void token_digests_bf16(const TokenDigestBf16Args& a);
+void token_digests_f32(const TokenDigestF32Args& a);
+
 constexpr int kMlaLatent = 512, kMlaRope = 64, kMlaWidth = 576;
 constexpr int kMlaLatentMax = 512, kMlaWidthMax = 576;
 

@@ -1,8 +1,9 @@
 // GEMM launchers: the batch-invariant tensor-core kernel (dense, strided batch, grouped MoE),
 // the scalar fma_chain kernel, and the cuBLASLt fast path.
 //
-// CUDA-graph capture: gemm() and grouped_gemm() allocate nothing, never synchronise and never
-// read device data on the host, so they may be captured. One-time setup (the dynamic shared
+// CUDA-graph capture: gemm() and grouped_gemm() never synchronise and never read device data on
+// the host, and allocate only stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the
+// call's stream, for sliced launches), so they may be captured. One-time setup (the dynamic shared
 // memory limits of every kernel instantiation, the device's SM count, the device error flag,
 // the cuBLASLt handle and workspace) happens on the first call of either function: make that
 // first call outside a capture (a warm-up step). cuBLASLt plans are cached per shape, so a
@@ -21,6 +22,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
+#include "backend/cuda/kernels/gemm_wgmma.cuh"
 
 namespace atlas::cuda {
 
@@ -49,7 +51,27 @@ struct TileConfig {
   int bm, bn, threads, smem;
   bool splitk;
   KernelFn fn[2][2][2];  // [out f32][async][at most 8 rows per tile]; null where not instantiated
+  bool sliced = false;   // dense problems: one K slice per block + an ordered reduce (MmaGemmParams)
+  bool wgmma = false;    // needs the sm_90a build (kernels/gemm_wgmma.cuh); async operands only
 };
+
+constexpr TileConfig make_wgmma_config(const char* name) {
+  TileConfig c{name, kern::WgTile::BM, kern::WgTile::BN, kern::WgTile::THREADS, kern::WgTile::SMEM_BYTES, false, {}};
+  for (int h = 0; h < 2; ++h) {
+    c.fn[0][1][h] = kern::gemm_wgmma_kernel<false>;
+    c.fn[1][1][h] = kern::gemm_wgmma_kernel<true>;
+  }
+  c.wgmma = true;
+  return c;
+}
+
+// The same tiled kernel in a sliced launch (dense, batch 1, async operands; elsewhere the plain
+// launch of the same config runs: same bits either way).
+constexpr TileConfig sliced(TileConfig c, const char* name) {
+  c.name = name;
+  c.sliced = true;
+  return c;
+}
 
 template <class T, bool kSync>
 constexpr TileConfig make_config(const char* name) {
@@ -85,11 +107,13 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 8> kConfigs = {
-    make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
+constexpr std::array<TileConfig, 11> kConfigs = {
+    make_wgmma_config("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
     make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
-    make_splitk_config<CfgS16>("splitk16x16/8w"), make_splitk_config<CfgS8>("splitk16x8/8w")};
+    make_splitk_config<CfgS16>("splitk16x16/8w"), make_splitk_config<CfgS8>("splitk16x8/8w"),
+    sliced(make_config<CfgM64N32, false>(""), "64x32x64/4+slices"),
+    sliced(make_config<CfgM32, false>(""), "32x64x64/4+slices")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -104,7 +128,11 @@ constexpr int kSyncLarge = config_index("64x64x64/4"), kSyncSmall = config_index
 constexpr int kSplitK8 = config_index("splitk16x8/8w");
 // Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
 constexpr int kGroupedMany = config_index("32x64x64/4"), kGroupedFew = config_index("16x32x128/4");
-static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0,
+constexpr int kSliced64 = config_index("64x32x64/4+slices"), kSliced32 = config_index("32x64x64/4+slices");
+// Where the wgmma config is forced but this build or GPU lacks it (same bits).
+constexpr int kWgmmaFallback = config_index("128x128x32/4");
+static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
+                  kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
               "config names");
 
 std::atomic<int> forced_config{-1};
@@ -112,6 +140,7 @@ std::atomic<int> forced_config{-1};
 struct GemmSetup {
   int sm_count = 132;
   int* error_flag = nullptr;
+  bool wgmma = false;  // the loaded device code has the wgmma kernel (an sm_90a build on a 9.0 GPU)
 };
 
 // First call (outside any capture): raise the dynamic shared-memory limit of every kernel
@@ -132,6 +161,23 @@ const GemmSetup& setup() {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem),
                          "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     g.error_flag = error_flag();
+    {
+      int* flag = nullptr;
+      int have = 0;
+      check_cuda(cudaMalloc(&flag, sizeof(int)), "gemm", "cudaMalloc(wgmma probe)");
+      kern::gemm_wgmma_probe_kernel<<<1, 1>>>(flag);
+      const cudaError_t e = cudaMemcpy(&have, flag, sizeof(int), cudaMemcpyDeviceToHost);
+      cudaFree(flag);
+      check_cuda(e, "gemm", "wgmma probe");
+      g.wgmma = have == 1;
+    }
+    // Sliced launches take their slice sums from the default pool (cudaMallocAsync): keep freed
+    // blocks in the pool instead of returning them to the driver at every synchronisation.
+    cudaMemPool_t pool = nullptr;
+    check_cuda(cudaDeviceGetDefaultMemPool(&pool, dev), "gemm", "cudaDeviceGetDefaultMemPool");
+    uint64_t keep = UINT64_MAX;
+    check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "gemm",
+               "cudaMemPoolSetAttribute(ReleaseThreshold)");
     return g;
   }();
   return s;
@@ -155,12 +201,12 @@ int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128;
 template <class TilesOf>
 int choose_config(int64_t m_per_problem, int N, TilesOf tiles_of, int sm_count) {
   const int forced = forced_config.load();
-  if (forced >= 0) return forced;
+  if (forced >= 0) return kConfigs[size_t(forced)].wgmma && !setup().wgmma ? kWgmmaFallback : forced;
   const int cap = bm_cap(m_per_problem);
   if (cap == 16) return kSplitK8;
   for (int i = 0; i < int(kConfigs.size()); ++i) {
     const TileConfig& c = kConfigs[size_t(i)];
-    if (c.splitk || c.bm > cap || c.bm == 16) continue;
+    if (c.splitk || c.sliced || c.bm > cap || c.bm == 16 || (c.wgmma && !setup().wgmma)) continue;
     if (ceil_div(N, c.bn) * tiles_of(c.bm) >= int64_t(sm_count) * 3 / 4) return i;
   }
   return kSplitK8;
@@ -313,8 +359,27 @@ bool dense_async(const GemmArgs& a, int64_t xs, int64_t ws) {
   return a.K % 8 == 0 && xs % 8 == 0 && ws % 8 == 0 && aligned16(a.x) && aligned16(a.w) &&
          (a.batch == 1 || (a.x_batch_stride % 8 == 0 && a.w_batch_stride % 8 == 0));
 }
+// Sliced launches (one K slice per block) where a dense decode-sized problem has too few tiles to
+// keep the SMs busy: the profile of session 3 had M = 128 x N = 2048 x K = 2048 at 35 us on 128
+// blocks of 4 warps (1 block per SM, the warps mostly idle), against 8 us for cuBLASLt.
+constexpr int64_t kSlicedMaxM = 512;
+constexpr size_t kSlicedMaxWorkspace = size_t(64) << 20;  // bytes of fp32 slice sums
+bool use_sliced(const GemmArgs& a, const TileConfig& c, bool async, int sm_count) {
+  const int64_t slices = ceil_div(a.K, kern::kSliceK);
+  return c.sliced && async && a.batch == 1 && slices > 1 &&
+         size_t(slices) * size_t(a.M) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&
+         ceil_div(a.M, c.bm) * ceil_div(a.N, c.bn) * slices <= int64_t(INT32_MAX) && sm_count > 0;
+}
 int dense_config(const GemmArgs& a, bool async, int sm_count) {
   int ci = choose_config(a.M, a.N, [&](int bm) { return ceil_div(a.M, bm) * a.batch; }, sm_count);
+  if (forced_config.load() < 0 && a.M > 16 && a.M <= kSlicedMaxM) {
+    // Decode-sized M: when the chosen tiles leave the GPU underfilled (fewer than two blocks per
+    // SM), cut K into its slices across blocks instead.
+    const TileConfig& c = kConfigs[size_t(ci)];
+    const int cand = a.M <= 32 ? kSliced32 : kSliced64;
+    if (c.splitk || ceil_div(a.M, c.bm) * ceil_div(a.N, c.bn) < 2 * int64_t(sm_count))
+      if (use_sliced(a, kConfigs[size_t(cand)], async, sm_count)) ci = cand;
+  }
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
@@ -437,6 +502,32 @@ void gemm(const GemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
                  (a.batch == 1 || a.out_batch_stride % 2 == 0);
+  if (use_sliced(a, c, async, s.sm_count)) {
+    // fp32 slice sums [slices][M][N] in stream-ordered scratch (capturable in a CUDA graph),
+    // then the ordered reduce into out.
+    const int slices = int(ceil_div(a.K, kern::kSliceK));
+    const int64_t per_slice = int64_t(a.M) * a.N;
+    void* ws = nullptr;
+    check_cuda(cudaMallocAsync(&ws, size_t(slices) * size_t(per_slice) * 4, stream), op, "cudaMallocAsync(slice sums)");
+    kern::MmaGemmParams ps = p;
+    ps.out = ws;
+    ps.os = a.N;
+    ps.slice_stride = per_slice;
+    ps.pair_store = a.N % 2 == 0;
+    launch_mma(c, ps, dim3(unsigned(m_tiles * n_tiles), unsigned(slices), 1), true, async, false, stream);
+    check_launch(op);
+    const int64_t n = per_slice;
+    const unsigned blocks = unsigned((n + 255) / 256);
+    if (f32)
+      kern::gemm_slice_reduce_kernel<true><<<blocks, 256, 0, stream>>>(static_cast<const float*>(ws), per_slice, slices,
+                                                                        a.M, a.N, a.out, os);
+    else
+      kern::gemm_slice_reduce_kernel<false><<<blocks, 256, 0, stream>>>(static_cast<const float*>(ws), per_slice,
+                                                                         slices, a.M, a.N, a.out, os);
+    check_launch(op);
+    check_cuda(cudaFreeAsync(ws, stream), op, "cudaFreeAsync(slice sums)");
+    return;
+  }
   launch_mma(c, p, dim3(unsigned(m_tiles * n_tiles), 1, unsigned(a.batch)), f32, async, a.M <= 8, stream);
   check_launch(op);
 }

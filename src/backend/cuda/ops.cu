@@ -161,7 +161,7 @@ void router(const RouterArgs& a) {
   require(a.tokens >= 0, op, "tokens", "must be >= 0");
   require(a.logits && a.topk_ids && a.topk_weights, op, "pointers", "logits, topk_ids, topk_weights must be set");
   if (a.tokens == 0) return;
-  kern::router_kernel<<<blocks_for(a.tokens, 64), 64, 0, stream_of(a.stream)>>>(
+  kern::router_kernel<<<blocks_for(a.tokens, kern::kRouterWarps), 32 * kern::kRouterWarps, 0, stream_of(a.stream)>>>(
       a.logits, a.topk_ids, a.topk_weights, a.scores, a.tokens, a.experts, a.k, grouped ? 1 : 0,
       a.n_group, a.topk_group, a.norm_topk_prob ? 1 : 0, a.routed_scaling_factor);
   check_launch(op);
@@ -190,7 +190,8 @@ void moe_permute(const MoePermuteArgs& a) {
   kern::moe_scan_kernel<<<1, scan_threads, 0, s>>>(a.workspace, chunks, a.experts, a.counts, a.offsets);
   check_launch(op);
   if (chunks > 0) {
-    kern::moe_scatter_kernel<<<chunks, 256, 0, s>>>(a.topk_ids, a.tokens, a.k, a.experts,
+    const size_t smem = size_t(1 + kern::kMoeChunk / 32) * size_t(a.experts) * sizeof(int32_t);  // <= 36 KB
+    kern::moe_scatter_kernel<<<chunks, kern::kMoeChunk, smem, s>>>(a.topk_ids, a.tokens, a.k, a.experts,
                                                       a.workspace, a.sorted_token, a.pair_slot);
     check_launch(op);
   }

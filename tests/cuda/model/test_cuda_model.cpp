@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -35,8 +36,9 @@
 #include "backend/cuda/cuda_ops.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "model/loader.h"
+#include "model/digest.h"
 #include "model/hooks.h"
+#include "model/loader.h"
 #include "../../support/reference_capture.h"
 
 using namespace atlas;
@@ -468,6 +470,70 @@ TEST_F(CudaTiny, ChunkedPrefillIsBitIdenticalToOneCall) {
     pos[size_t(r)] = int32_t(rows[size_t(r)].size());
   }
   EXPECT_EQ(step(*model_, *c1, ids, pos), step(*chunked, *c2, ids, pos));
+}
+
+// Digest observers on the CUDA backend. Forward 1 subscribes only digests: the device computes
+// them (token_digests_bf16 / _f32) and copies 32 bytes per token. Forward 2 subscribes tensor
+// observers too: the tensors come to the host, where Hooks::fire digests them. Both must give
+// the same [B*T][32] bytes, equal to the host digests (OpenSSL) of the downloaded tensors, for
+// bf16 hooks of rank 3 and 4 and the fp32 router hooks; the logits must not change.
+TEST_F(CudaTiny, DeviceDigestsEqualTheDigestsOfTheDownloadedTensors) {
+  const int64_t V = ck_->config().vocab_size, L = ck_->config().num_hidden_layers;
+  const auto rows = prompts(V);
+  int64_t Tp = 0;
+  for (const auto& r : rows) Tp = std::max<int64_t>(Tp, int64_t(r.size()));
+  std::vector<int32_t> ids, pos;
+  std::vector<uint8_t> mask;
+  for (const auto& r : rows) {
+    const int64_t pad = Tp - int64_t(r.size());
+    for (int64_t t = 0; t < Tp; ++t) {
+      ids.push_back(t < pad ? 0 : r[size_t(t - pad)]);
+      pos.push_back(t < pad ? 0 : int32_t(t - pad));
+      mask.push_back(t < pad ? 0 : 1);
+    }
+  }
+  const ForwardInput in{.batch = int64_t(rows.size()), .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
+                        .logits_last_only = true, .logits_rows = {}};
+  std::vector<std::string> names = {"embed", "final_norm", "blocks.1.attn.hook_q", "blocks.1.moe.hook_router_logits",
+                                    "blocks.2.moe.hook_topk_weights", "blocks.3.moe.hook_routed_out"};
+  for (int64_t l = 0; l < L; ++l) names.push_back(LayerHookNames(l).resid_post);
+  using Bytes = std::vector<uint8_t>;
+  std::map<std::string, Bytes> device, host, from_tensor;
+  std::map<std::string, std::vector<int64_t>> bt;  // name -> {B, T} as the digest observers saw it
+  Hooks digests_only, with_tensors;
+  for (const auto& n : names) {
+    digests_only.add_digests(n, [&, n](const HookDigests& d) {
+      device[n].assign(d.sha256, d.sha256 + d.rows * d.tokens * 32);
+      bt[n] = {d.rows, d.tokens};
+    });
+    with_tensors.add(n, [&, n](HookTensor& t) {
+      const int64_t M = t.shape[0] * t.shape[1];
+      from_tensor[n] = token_digests(t.f32(), M, t.numel() / M);
+    });
+    with_tensors.add_digests(n, [&, n](const HookDigests& d) { host[n].assign(d.sha256, d.sha256 + d.rows * d.tokens * 32); });
+  }
+  auto c1 = model_->make_cache(in.batch, Tp), c2 = model_->make_cache(in.batch, Tp);
+  const ForwardOutput a = model_->forward(in, *c1, &digests_only);
+  const ForwardOutput b = model_->forward(in, *c2, &with_tensors);
+  EXPECT_EQ(a.logits, b.logits);
+  EXPECT_EQ(a.greedy, b.greedy);
+  for (const auto& n : names) {
+    SCOPED_TRACE(n);
+    ASSERT_TRUE(device.count(n) && host.count(n) && from_tensor.count(n)) << "an observer did not fire";
+    EXPECT_EQ(bt[n], (std::vector<int64_t>{in.batch, Tp}));
+    ASSERT_EQ(device[n].size(), size_t(in.batch * Tp * 32));
+    EXPECT_EQ(host[n], from_tensor[n]) << "host path: Hooks::fire's digests differ from the tensor's";
+    int64_t bad = 0, first = -1;
+    for (int64_t m = 0; m < in.batch * Tp; ++m)
+      if (std::memcmp(device[n].data() + m * 32, from_tensor[n].data() + m * 32, 32) != 0) {
+        if (first < 0) first = m;
+        ++bad;
+      }
+    EXPECT_EQ(bad, 0) << bad << " of " << in.batch * Tp << " device digests differ; first at row " << first / Tp
+                      << " token " << first % Tp;
+    std::printf("  %-32s %lld token digests, %lld differ between device and host\n", n.c_str(),
+                (long long)(in.batch * Tp), (long long)bad);
+  }
 }
 
 // ---- the f32 checking mode through the cache: prefill of mixed lengths, then decode steps ----

@@ -94,7 +94,13 @@ struct MmaGemmParams {
   int groups = 0, max_rows = 0;
   int* error_flag = nullptr;
   int pair_store = 0;                          // out pointer/strides allow 2-element stores
+  int64_t slice_stride = 0;                    // > 0: sliced launch (below), elements between slices
 };
+// Sliced launch (dense, one problem): blockIdx.y = K slice s; the block computes only slice s's
+// sum for its tile and writes it as fp32 to out + s * slice_stride; gemm_slice_reduce_kernel then
+// adds the slices in ascending order starting from +0, which is the contract's running total
+// exactly. Used where a dense problem has too few tiles to occupy the GPU (decode-sized M): K
+// parallelism across blocks, same bits.
 
 // Dense raster: kRasterGroup consecutive m-tiles walk the n-tiles together, so a W tile is
 // reused from L2 by several m-tiles (large-M prefill). Affects timing only, never bits.
@@ -279,7 +285,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   const int n_tile = t.n_tile, row_begin = t.row_begin, row_end = t.row_end;
   const uint16_t* x = t.x;
   const uint16_t* w = t.w;
-  const int64_t out_base = t.out_base;
+  int64_t out_base = t.out_base;
   const int n0 = n_tile * T::BN;
 
   for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
@@ -287,8 +293,14 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   __syncthreads();
 
   const int K = p.K;
-  const int KT = (K + T::BK - 1) / T::BK;  // BK-wide steps (kSliceK / BK per K slice)
-  const int KC = (K + 15) / 16;            // 16-wide chunks: exactly these mma steps per output
+  int KT = (K + T::BK - 1) / T::BK;  // BK-wide steps (kSliceK / BK per K slice)
+  const int KC = (K + 15) / 16;      // 16-wide chunks: exactly these mma steps per output
+  int kt_begin = 0;                  // sliced launch: this block's slice only
+  if (p.slice_stride > 0) {
+    kt_begin = int(blockIdx.y) * (kSliceK / T::BK);
+    KT = min(KT, kt_begin + kSliceK / T::BK);
+    out_base += int64_t(blockIdx.y) * p.slice_stride;
+  }
 
   auto load_stage = [&](int slot, int kt) {
     const int k0 = kt * T::BK;
@@ -297,7 +309,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
     // Rows past M (or N) are zero in every slice: each slot zero-fills them on its first use
     // (slot s first holds slice s) and nothing overwrites them later, so later fills skip them
     // (a 1-row decode tile then copies 1 A row instead of 16).
-    const bool first_fill = kt < T::STAGES;
+    const bool first_fill = kt - kt_begin < T::STAGES;
 #pragma unroll
     for (int i0 = 0; i0 < T::BM * T::CH; i0 += T::THREADS) {
       const int i = i0 + tid;
@@ -331,20 +343,21 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
 
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
-    if (s < KT) load_stage(s, s);
+    if (kt_begin + s < KT) load_stage(s, kt_begin + s);
     cp_async_commit();
   }
 
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<T::STAGES - 2>();  // slice kt has landed (this thread's copies) ...
-    __syncthreads();                 // ... everyone's, and slot (kt-1) % STAGES is free again
+  for (int kt = kt_begin; kt < KT; ++kt) {
+    const int rel = kt - kt_begin;   // step within this block's K range: its ring slot
+    cp_async_wait<T::STAGES - 2>();  // step kt has landed (this thread's copies) ...
+    __syncthreads();                 // ... everyone's, and slot (rel-1) % STAGES is free again
     {
       const int nk = kt + T::STAGES - 1;
-      if (nk < KT) load_stage(nk % T::STAGES, nk);
+      if (nk < KT) load_stage((rel + T::STAGES - 1) % T::STAGES, nk);
       cp_async_commit();
     }
-    const uint16_t* sa = sA + (kt % T::STAGES) * (T::BM * T::BK);
-    const uint16_t* sb = sB + (kt % T::STAGES) * (T::BN * T::BK);
+    const uint16_t* sa = sA + (rel % T::STAGES) * (T::BM * T::BK);
+    const uint16_t* sb = sB + (rel % T::STAGES) * (T::BN * T::BK);
 #pragma unroll
     for (int kk = 0; kk < T::BK / 16; ++kk) {
       if (kt * (T::BK / 16) + kk < KC) {  // uniform: chunks past K are not part of the contract
@@ -434,6 +447,22 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
     }
 }
 
+
+// The sliced launch's second pass: out[m][n] = the contract's running total of the slice sums
+// ws[s][m][n] (s ascending, starting from +0), rounded once to bf16 for bf16 output.
+template <bool kOutF32>
+__global__ void gemm_slice_reduce_kernel(const float* __restrict__ ws, int64_t slice_stride, int slices, int M,
+                                         int N, void* __restrict__ out, int64_t os) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= int64_t(M) * N) return;
+  const int64_t m = idx / N, n = idx % N;
+  float total = 0.0f;
+  for (int s = 0; s < slices; ++s) total = __fadd_rn(total, ws[s * slice_stride + idx]);
+  if constexpr (kOutF32)
+    static_cast<float*>(out)[m * os + n] = total;
+  else
+    static_cast<uint16_t*>(out)[m * os + n] = f2bf(total);
+}
 
 // Two adjacent bf16 (k, k+1) of the row starting at `row` (null: a zero row) as one 32-bit
 // fragment register, low half = k. kVec: one 4-byte load (needs K even and an even, 4-byte

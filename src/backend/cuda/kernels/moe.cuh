@@ -3,12 +3,12 @@
 //      atomics only count; a count does not depend on the order of the increments).
 //   2. moe_scan_kernel (one block): totals per expert, exclusive scan over experts, and each
 //      chunk's base offset inside each expert (chunks in ascending order).
-//   3. moe_scatter_kernel: per chunk, thread e walks the chunk's pairs in (token, slot) order
-//      and hands out consecutive positions for expert e. Result: inside an expert, pairs are in
+//   3. moe_scatter_kernel: per chunk, the pairs in (token, slot) order get consecutive positions
+//      per expert (warp match + per-warp counts). Result: inside an expert, pairs are in
 //      ascending token order, fully determined by the routes.
 // gather/combine are plain per-element kernels over bf16 or f32 rows; the combine sums the k
 // expert outputs in the router's k order in fp32 and rounds once (bf16; f32: not at all).
-// Planned fast path: warp-ballot ranking in the scatter, 16-byte row copies, and fusing the
+// Planned fast path: 16-byte row copies, and fusing the
 // gather into the expert GEMM's A-tile loads (indexed rows) and the combine into the down-proj
 // epilogue.
 #pragma once
@@ -69,22 +69,44 @@ __global__ void moe_scan_kernel(int32_t* chunk_counts, int n_chunks, int E,
   }
 }
 
-__global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
-                                   const int32_t* __restrict__ chunk_base,
-                                   int32_t* __restrict__ sorted_token, int32_t* __restrict__ pair_slot) {
-  __shared__ int32_t sid[kMoeChunk * kMoeMaxK];
+// Pairs in rounds of kMoeChunk (the block size) in (token, slot) order: a pair's position is its
+// expert's running position, plus the same-expert pairs of earlier warps in the round, plus its
+// rank among the same-expert lanes of its warp (__match_any_sync). Identical output to walking
+// the pairs one by one (the first version: one thread per expert walked the whole chunk, 57 us
+// per call on the H200 at 128 tokens). Dynamic shared memory: (1 + kMoeChunk / 32) * E ints.
+__global__ void __launch_bounds__(kMoeChunk)
+moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
+                   const int32_t* __restrict__ chunk_base, int32_t* __restrict__ sorted_token,
+                   int32_t* __restrict__ pair_slot) {
+  constexpr int kWarps = kMoeChunk / 32;
+  extern __shared__ int32_t scatter_smem[];
+  int32_t* run = scatter_smem;      // [E] next position of each expert
+  int32_t* cnt = run + E;           // [kWarps][E] pairs of each warp per expert (this round)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int t0 = blockIdx.x * kMoeChunk;
-  const int nt = min(kMoeChunk, tokens - t0);
-  for (int i = threadIdx.x; i < nt * k; i += blockDim.x) sid[i] = ids[int64_t(t0) * k + i];
-  __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int32_t pos = chunk_base[int64_t(blockIdx.x) * E + e];
-    for (int i = 0; i < nt * k; ++i) {
-      if (sid[i] != e) continue;
-      const int t = t0 + i / k;
-      sorted_token[pos] = t;
+  const int n = min(kMoeChunk, tokens - t0) * k;
+  for (int e = tid; e < E; e += kMoeChunk) run[e] = chunk_base[int64_t(blockIdx.x) * E + e];
+  for (int base = 0; base < n; base += kMoeChunk) {
+    for (int i = tid; i < kWarps * E; i += kMoeChunk) cnt[i] = 0;
+    __syncthreads();
+    const int i = base + tid;
+    const int e = i < n ? ids[int64_t(t0) * k + i] : -1;
+    const bool mine = e >= 0 && e < E;  // out-of-range ids were flagged by moe_count_kernel
+    const unsigned same = __match_any_sync(0xffffffffu, mine ? e : -1);
+    const int rank = __popc(same & ((1u << lane) - 1u));
+    if (mine && rank == 0) cnt[warp * E + e] = __popc(same);
+    __syncthreads();
+    if (mine) {
+      int pos = run[e] + rank;
+      for (int w = 0; w < warp; ++w) pos += cnt[w * E + e];
+      sorted_token[pos] = t0 + i / k;
       pair_slot[int64_t(t0) * k + i] = pos;
-      ++pos;
+    }
+    __syncthreads();
+    for (int x = tid; x < E; x += kMoeChunk) {
+      int sum = 0;
+      for (int w = 0; w < kWarps; ++w) sum += cnt[w * E + x];
+      run[x] += sum;
     }
   }
 }

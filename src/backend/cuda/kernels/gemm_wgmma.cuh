@@ -1,0 +1,222 @@
+// Batch-invariant GEMM on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a): the same
+// numerics contract as kernels/gemm_mma.cuh (read it first), so the same bits as every other
+// config: per output, the k16 chunks of a 256-wide K slice are chained into an fp32 accumulator
+// starting from +0 (acc = A_c * B_c + acc, c ascending), and each finished slice is added to a
+// running total in slice order. wgmma.m64n128k16 over one k16 chunk is that chain's step for a
+// 64 x 128 block of outputs (each output's accumulator is updated by its own 16-term product,
+// as mma.m16n8k16 does); the GPU tests compare this config's bits with every other config's.
+//
+// Tile: 128 x 128 outputs per block, two warpgroups of 4 warps (warpgroup g owns rows 64g..64g+63),
+// BK = 64: a shared-memory row is 128 bytes, stored with the 16-byte chunks XOR-swizzled by row
+// (swz<8>), which is the hardware's 128-byte swizzle for K-major operands, so the descriptors
+// point straight at the cp.async ring (STAGES deep, tile bases 1024-byte aligned). Per K step:
+// wait for the step's copies, fence them into the async proxy, barrier, issue the next copies,
+// then 4 wgmma per warpgroup (one per k16 chunk) and wait for them before the next step's barrier
+// (so a ring slot is never refilled while a wgmma reads it).
+// Only the 16-byte-copy path exists (aligned operands, K % 8 == 0); the host runs another config
+// otherwise. Compiled only into sm_90a code (__CUDA_ARCH_FEAT_SM90_ALL); the host asks
+// gemm_wgmma_available() before choosing it.
+#pragma once
+
+#include "gemm_mma.cuh"
+
+namespace atlas::cuda::kern {
+
+struct WgTile {
+  static constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, THREADS = 256, CH = BK / 8;
+  static constexpr int TILE_A = BM * BK * 2, TILE_B = BN * BK * 2;  // bytes per stage
+  // ring + 1024 for aligning it + the row offset tables
+  static constexpr int SMEM_BYTES = STAGES * (TILE_A + TILE_B) + 1024 + (BM + BN) * 8;
+};
+
+// Shared-memory matrix descriptor, K-major operand with the 128-byte swizzle: start address,
+// leading byte offset 16 (unused by this layout), stride byte offset 1024 (8 rows of 128 bytes).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wg_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait_all() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// D(64 x 128, fp32 registers) = A(64 x 16) * B(16 x 128) + D, both operands from shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+#else
+  __trap();
+#endif
+}
+
+// 1 where this binary's device code has the wgmma kernel (built for sm_90a), else 0.
+__global__ void gemm_wgmma_probe_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+template <bool kOutF32>
+__global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const MmaGemmParams p) {
+  using T = WgTile;
+  extern __shared__ unsigned char wg_smem_raw[];
+  // The ring must start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B).
+  const uint32_t raw = smem_u32(wg_smem_raw);
+  unsigned char* ring = wg_smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  uint16_t* sA = reinterpret_cast<uint16_t*>(ring);                    // [STAGES][BM][BK]
+  uint16_t* sB = reinterpret_cast<uint16_t*>(ring + T::STAGES * T::TILE_A);  // [STAGES][BN][BK]
+  int64_t* a_off = reinterpret_cast<int64_t*>(ring + T::STAGES * (T::TILE_A + T::TILE_B));
+  int64_t* b_off = a_off + T::BM;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp inside it
+
+  TileSpot t;
+  if (!find_tile<T::BM, true>(p, tid, lane, t)) return;
+  const int row_begin = t.row_begin, row_end = t.row_end;
+  const uint16_t* x = t.x;
+  const uint16_t* w = t.w;
+  int64_t out_base = t.out_base;
+  const int n0 = t.n_tile * T::BN;
+  for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
+  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = n0 + r < p.N ? int64_t(n0 + r) * p.ws : -1;
+  __syncthreads();
+
+  const int K = p.K;
+  int KT = (K + T::BK - 1) / T::BK;
+  const int KC = (K + 15) / 16;
+  int kt_begin = 0;
+  if (p.slice_stride > 0) {
+    kt_begin = int(blockIdx.y) * (kSliceK / T::BK);
+    KT = min(KT, kt_begin + kSliceK / T::BK);
+    out_base += int64_t(blockIdx.y) * p.slice_stride;
+  }
+
+  auto load_stage = [&](int slot, int kt) {
+    const int k0 = kt * T::BK;
+    uint16_t* sa = sA + slot * (T::BM * T::BK);
+    uint16_t* sb = sB + slot * (T::BN * T::BK);
+    const bool first_fill = kt - kt_begin < T::STAGES;
+#pragma unroll
+    for (int i0 = 0; i0 < T::BM * T::CH; i0 += T::THREADS) {
+      const int i = i0 + tid, r = i / T::CH, c = i % T::CH;
+      const int64_t off = a_off[r];
+      if (off >= 0 || first_fill) load_chunk<true>(sa + r * T::BK + swz<T::CH>(r, c) * 8, x, off, k0 + c * 8, K);
+    }
+#pragma unroll
+    for (int i0 = 0; i0 < T::BN * T::CH; i0 += T::THREADS) {
+      const int i = i0 + tid, r = i / T::CH, c = i % T::CH;
+      const int64_t off = b_off[r];
+      if (off >= 0 || first_fill) load_chunk<true>(sb + r * T::BK + swz<T::CH>(r, c) * 8, w, off, k0 + c * 8, K);
+    }
+  };
+
+  float acc[64], tot[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = tot[i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < T::STAGES - 1; ++s) {
+    if (kt_begin + s < KT) load_stage(s, kt_begin + s);
+    cp_async_commit();
+  }
+  for (int kt = kt_begin; kt < KT; ++kt) {
+    const int rel = kt - kt_begin;
+    cp_async_wait<T::STAGES - 2>();
+    fence_proxy_async_smem();  // this thread's landed copies, visible to the tensor cores' reads
+    __syncthreads();
+    {
+      const int nk = kt + T::STAGES - 1;
+      if (nk < KT) load_stage((rel + T::STAGES - 1) % T::STAGES, nk);
+      cp_async_commit();
+    }
+    const uint32_t a_base = smem_u32(sA + (rel % T::STAGES) * (T::BM * T::BK)) + uint32_t(wg * 64 * T::BK * 2);
+    const uint32_t b_base = smem_u32(sB + (rel % T::STAGES) * (T::BN * T::BK));
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::BK / 16; ++kk)
+      if (kt * (T::BK / 16) + kk < KC)  // uniform: chunks past K are not part of the contract
+        wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+    wg_commit();
+    wg_wait_all();
+    if ((kt + 1) % (kSliceK / T::BK) == 0 || kt == KT - 1) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        tot[i] = __fadd_rn(tot[i], acc[i]);
+        acc[i] = 0.0f;
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Accumulator i of a thread: n8 tile i / 4, row gid (+8 for i % 4 >= 2), column 2*tig + i % 2
+  // inside the tile; warp wq of warpgroup wg holds rows 64 wg + 16 wq .. +15.
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row_begin + wg * 64 + wq * 16 + gid + half * 8;
+    if (row >= row_end) continue;
+    const int64_t o_row = out_base + int64_t(row) * p.os;
+#pragma unroll
+    for (int nt = 0; nt < T::BN / 8; ++nt) {
+      const int col = n0 + nt * 8 + tig * 2;
+      if (col >= p.N) continue;
+      const float v0 = tot[nt * 4 + half * 2], v1 = tot[nt * 4 + half * 2 + 1];
+      const bool two = col + 1 < p.N;
+      if constexpr (kOutF32) {
+        float* o = static_cast<float*>(p.out) + o_row + col;
+        if (two && p.pair_store) {
+          *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
+        } else {
+          o[0] = v0;
+          if (two) o[1] = v1;
+        }
+      } else {
+        uint16_t* o = static_cast<uint16_t*>(p.out) + o_row + col;
+        if (two && p.pair_store) {
+          *reinterpret_cast<uint32_t*>(o) = uint32_t(f2bf(v0)) | (uint32_t(f2bf(v1)) << 16);
+        } else {
+          o[0] = f2bf(v0);
+          if (two) o[1] = f2bf(v1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace atlas::cuda::kern
