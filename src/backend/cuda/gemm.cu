@@ -1,9 +1,9 @@
 // GEMM launchers: the batch-invariant tensor-core kernel (dense, strided batch, grouped MoE),
 // the scalar fma_chain kernel, and the cuBLASLt fast path.
 //
-// CUDA-graph capture: gemm() and grouped_gemm() never synchronise and never read device data on
-// the host, and allocate only stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the
-// call's stream, for sliced launches), so they may be captured. One-time setup (the dynamic shared
+// CUDA-graph capture: gemm() and grouped_gemm() never synchronise, never read device data on the
+// host and allocate nothing while a capture is running (sliced launches grow their per-stream
+// scratch only outside captures), so they may be captured. One-time setup (the dynamic shared
 // memory limits of every kernel instantiation, the device's SM count, the device error flag,
 // the cuBLASLt handle and workspace) happens on the first call of either function: make that
 // first call outside a capture (a warm-up step). cuBLASLt plans are cached per shape, so a
@@ -130,11 +130,10 @@ constexpr int kSplitK8 = config_index("splitk16x8/8w");
 // Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
 constexpr int kGroupedMany = config_index("32x64x64/4"), kGroupedFew = config_index("16x32x128/4");
 constexpr int kSliced64 = config_index("64x32x64/4+slices"), kSliced32 = config_index("32x64x64/4+slices");
-constexpr int kGroupedSliced = config_index("16x32x128/4+slices");
 // Where the wgmma config is forced but this build or GPU lacks it (same bits).
 constexpr int kWgmmaFallback = config_index("128x128x32/4");
 static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
-                  kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0 && kGroupedSliced >= 0,
+                  kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
               "config names");
 
 std::atomic<int> forced_config{-1};
@@ -173,13 +172,6 @@ const GemmSetup& setup() {
       check_cuda(e, "gemm", "wgmma probe");
       g.wgmma = have == 1;
     }
-    // Sliced launches take their slice sums from the default pool (cudaMallocAsync): keep freed
-    // blocks in the pool instead of returning them to the driver at every synchronisation.
-    cudaMemPool_t pool = nullptr;
-    check_cuda(cudaDeviceGetDefaultMemPool(&pool, dev), "gemm", "cudaDeviceGetDefaultMemPool");
-    uint64_t keep = UINT64_MAX;
-    check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "gemm",
-               "cudaMemPoolSetAttribute(ReleaseThreshold)");
     return g;
   }();
   return s;
@@ -404,10 +396,8 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
     ci = a.max_rows > 16 ? kGroupedMany : kGroupedFew;
-  // A handful of rows in all (a batch-1 or -2 decode step): K slices across blocks as well (the
-  // session-3 profile had the 16x32x128/4 tiles at 29 / 19 us for 69 / 35 MB of expert weights,
-  // each block walking the whole K in series).
-  if (forced_config.load() < 0 && a.max_rows <= 16 && async && ceil_div(a.K, kern::kSliceK) > 1) ci = kGroupedSliced;
+  // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
+  // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
@@ -419,15 +409,45 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, dim3 grid, bo
   f<<<grid, c.threads, c.smem, stream>>>(p);
 }
 
-// A sliced launch (kern::MmaGemmParams::slice_stride): fp32 slice sums [slices][rows][N] in
-// stream-ordered scratch (capturable in a CUDA graph), then the ordered reduce into out.
-// rows_total: grouped problems' &offsets[groups] (device), null for dense.
-void launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, int slices, int rows, int N,
+// The slice sums' scratch: one grow-only device block per stream (launches on one stream run in
+// order, so they share it). Grown only outside a stream capture: inside one, a launch that does
+// not fit returns null and the caller runs the plain launch of the same config (same bits). A
+// model's first decode step runs eagerly with the step's shapes, so its capture finds the block
+// big enough. (Stream-ordered cudaMallocAsync was the first version: inside decode graphs every
+// call got its own allocation node, and peak memory of the 128 x 1024 workload rose by 4 GiB.)
+struct ScratchBlock {
+  void* p = nullptr;
+  size_t bytes = 0;
+};
+std::mutex scratch_mu;
+std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= kSlicedMaxWorkspace each
+
+float* slice_scratch(size_t bytes, cudaStream_t stream) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(scratch_mu);
+  ScratchBlock& b = scratch_blocks[{dev, stream}];
+  if (b.bytes >= bytes) return static_cast<float*>(b.p);
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &cap), "gemm", "cudaStreamIsCapturing");
+  if (cap != cudaStreamCaptureStatusNone) return nullptr;
+  check_cuda(cudaStreamSynchronize(stream), "gemm", "cudaStreamSynchronize (slice scratch)");
+  if (b.p) check_cuda(cudaFree(b.p), "gemm", "cudaFree (slice scratch)");
+  b = ScratchBlock{};
+  check_cuda(cudaMalloc(&b.p, bytes), "gemm", "cudaMalloc (slice scratch)");
+  b.bytes = bytes;
+  return static_cast<float*>(b.p);
+}
+
+// A sliced launch (kern::MmaGemmParams::slice_stride): fp32 slice sums [slices][rows][N] in the
+// stream's scratch, then the ordered reduce into out. rows_total: grouped problems'
+// &offsets[groups] (device), null for dense. false: no scratch (inside a capture), nothing ran.
+bool launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, int slices, int rows, int N,
                    bool f32, bool async, void* out, int64_t os, const int32_t* rows_total, cudaStream_t stream,
                    const char* op) {
   const int64_t per_slice = int64_t(rows) * N;
-  void* ws = nullptr;
-  check_cuda(cudaMallocAsync(&ws, size_t(slices) * size_t(per_slice) * 4, stream), op, "cudaMallocAsync(slice sums)");
+  float* ws = slice_scratch(size_t(slices) * size_t(per_slice) * 4, stream);
+  if (ws == nullptr) return false;
   kern::MmaGemmParams ps = p;
   ps.out = ws;
   ps.os = N;
@@ -436,16 +456,29 @@ void launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t ti
   launch_mma(c, ps, dim3(unsigned(tiles), unsigned(slices), 1), true, async, false, stream);
   check_launch(op);
   const unsigned blocks = unsigned((per_slice + 255) / 256);
-  const auto* w = static_cast<const float*>(ws);
   if (f32)
-    kern::gemm_slice_reduce_kernel<true><<<blocks, 256, 0, stream>>>(w, per_slice, slices, rows, N, out, os, rows_total);
+    kern::gemm_slice_reduce_kernel<true><<<blocks, 256, 0, stream>>>(ws, per_slice, slices, rows, N, out, os, rows_total);
   else
-    kern::gemm_slice_reduce_kernel<false><<<blocks, 256, 0, stream>>>(w, per_slice, slices, rows, N, out, os, rows_total);
+    kern::gemm_slice_reduce_kernel<false><<<blocks, 256, 0, stream>>>(ws, per_slice, slices, rows, N, out, os, rows_total);
   check_launch(op);
-  check_cuda(cudaFreeAsync(ws, stream), op, "cudaFreeAsync(slice sums)");
+  return true;
 }
 
 }  // namespace
+
+void detail::gemm_release_stream(cudaStream_t s) noexcept {
+  try {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return;
+    std::lock_guard<std::mutex> lock(scratch_mu);
+    auto it = scratch_blocks.find({dev, s});
+    if (it == scratch_blocks.end()) return;
+    cudaStreamSynchronize(s);
+    cudaFree(it->second.p);
+    scratch_blocks.erase(it);
+  } catch (...) {
+  }
+}
 
 int gemm_config_count() { return int(kConfigs.size()); }
 
@@ -534,11 +567,10 @@ void gemm(const GemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
                  (a.batch == 1 || a.out_batch_stride % 2 == 0);
-  if (use_sliced(a, c, async, s.sm_count)) {
-    launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os, nullptr,
-                  stream, op);
+  if (use_sliced(a, c, async, s.sm_count) &&
+      launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
+                    nullptr, stream, op))
     return;
-  }
   launch_mma(c, p, dim3(unsigned(m_tiles * n_tiles), 1, unsigned(a.batch)), f32, async, a.M <= 8, stream);
   check_launch(op);
 }
@@ -584,11 +616,10 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
   const int slices = int(ceil_div(a.K, kern::kSliceK));
   if (c.sliced && async && slices > 1 &&
-      size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace) {
-    launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
-                  stream_of(a.stream), op);
+      size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&
+      launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
+                    stream_of(a.stream), op))
     return;
-  }
   launch_mma(c, p, dim3(unsigned(y_tiles * n_tiles), 1, 1), f32, async, a.max_rows <= 8, stream_of(a.stream));
   check_launch(op);
 }

@@ -124,7 +124,9 @@ Stream stream_create() {
 }
 
 void stream_destroy(Stream s) {
-  if (s) cudaStreamDestroy(stream_of(s));  // never throws: called from destructors
+  if (!s) return;  // never throws: called from destructors
+  gemm_release_stream(stream_of(s));
+  cudaStreamDestroy(stream_of(s));
 }
 
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream) {
