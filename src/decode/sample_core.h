@@ -19,15 +19,14 @@
 // against sample_row().
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #if defined(__CUDACC__)
 #define ATLAS_HD __host__ __device__ __forceinline__
 #else
-#include <bit>
-#include <cmath>
 #define ATLAS_HD inline
 #endif
 
