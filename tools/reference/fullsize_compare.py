@@ -16,7 +16,9 @@ Prompts: --prompts rows of 24-160 random ids (seeded). For each prompt:
             transformers batch 8 vs batch 1 (the first --b1-prompts prompts: batch-1 generation is slow).
 The question the issue asks: is atlas's disagreement with transformers no larger than
 transformers' own batch-shape disagreement? The answer is written as `verdict` per measure.
-With --f32 (added after the session-2 run, not yet run on the GPU), transformers in float32 is a
+With --atlas-f32, atlas's CUDA f32 checking mode traces the same prompts as a third party (exact math up
+to float32 rounding), and each bf16 engine is reported against it. With --f32 (added after the session-2
+run, not yet run on the GPU), transformers in float32 is a
 third party and both bf16 engines are measured against it (`stages_vs_f32`).
 """
 import argparse
@@ -123,6 +125,10 @@ def main():
     ap.add_argument("--f32", action="store_true",
                     help="also run transformers in float32 at batch 1 and report atlas-bf16 and transformers-bf16 "
                          "each against it (the full-size f32 model needs ~63 GB of GPU memory)")
+    ap.add_argument("--atlas-f32", action="store_true",
+                    help="also trace the prompts with atlas --compute f32 (CUDA f32 checking mode: every "
+                         "activation in float32, checked against the CPU f32 reference to ~5e-6) and report "
+                         "atlas-bf16 and transformers-bf16 (batch 1 and 8) each against it")
     args = ap.parse_args()
     cfg = json.load(open(os.path.join(args.model, "config.json")))
     g = torch.Generator().manual_seed(args.seed)
@@ -144,6 +150,16 @@ def main():
                     "--prompts", os.path.join(work, "p.jsonl"), "--out", os.path.join(work, "g.jsonl"),
                     "--max-new-tokens", str(args.steps), "--greedy", "--batch", str(len(rows))], check=True)
     log("atlas: %.1f s" % (time.time() - t0))
+    atlas_f32 = None
+    if args.atlas_f32:
+        t0 = time.time()
+        subprocess.run([args.atlas, "trace", "--model", args.model, "--backend", "cuda", "--compute", "f32",
+                        "--input", os.path.join(work, "p.jsonl"), "--out-dir", os.path.join(work, "tr32")], check=True)
+        log("atlas f32 traces: %.1f s" % (time.time() - t0))
+        atlas_f32 = []
+        for i in range(len(rows)):
+            d = load_file(os.path.join(work, "tr32", "p%02d.safetensors" % i))
+            atlas_f32.append({k: v for k, v in d.items() if k.startswith("hidden.") or k.endswith("topk_ids")})
     atlas_stages = []
     for i in range(len(rows)):
         d = load_file(os.path.join(work, "tr", "p%02d.safetensors" % i))
@@ -181,6 +197,13 @@ def main():
                    "atlas_vs_hf_b1": compare_tokens(atlas_toks[:nb1], hf1_toks),
                    "hf_b8_vs_hf_b1": compare_tokens(hf8_toks[:nb1], hf1_toks)},
     }
+    if atlas_f32 is not None:
+        # The exact-math third party from atlas's f32 mode: which bf16 engine sits closer to it?
+        c = {"atlas_bf16": compare_stages(atlas_stages, atlas_f32, moe_layers),
+             "hf_bf16_b1": compare_stages(hf1, atlas_f32, moe_layers),
+             "hf_bf16_b8": compare_stages(hf8, atlas_f32, moe_layers)}
+        res["stages_vs_atlas_f32"] = {k: v[0] for k, v in c.items()}
+        res["route_set_agreement_vs_atlas_f32"] = {k: v[1] for k, v in c.items()}
     if args.f32:
         # A third party: exact-ish math. Both bf16 engines should sit at similar distances from it.
         del model

@@ -107,13 +107,14 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 11> kConfigs = {
+constexpr std::array<TileConfig, 12> kConfigs = {
     make_wgmma_config("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
     make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
     make_splitk_config<CfgS16>("splitk16x16/8w"), make_splitk_config<CfgS8>("splitk16x8/8w"),
     sliced(make_config<CfgM64N32, false>(""), "64x32x64/4+slices"),
-    sliced(make_config<CfgM32, false>(""), "32x64x64/4+slices")};
+    sliced(make_config<CfgM32, false>(""), "32x64x64/4+slices"),
+    sliced(make_config<CfgD32, false>(""), "16x32x128/4+slices")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -129,10 +130,11 @@ constexpr int kSplitK8 = config_index("splitk16x8/8w");
 // Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
 constexpr int kGroupedMany = config_index("32x64x64/4"), kGroupedFew = config_index("16x32x128/4");
 constexpr int kSliced64 = config_index("64x32x64/4+slices"), kSliced32 = config_index("32x64x64/4+slices");
+constexpr int kGroupedSliced = config_index("16x32x128/4+slices");
 // Where the wgmma config is forced but this build or GPU lacks it (same bits).
 constexpr int kWgmmaFallback = config_index("128x128x32/4");
 static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
-                  kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
+                  kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0 && kGroupedSliced >= 0,
               "config names");
 
 std::atomic<int> forced_config{-1};
@@ -402,6 +404,10 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
     ci = a.max_rows > 16 ? kGroupedMany : kGroupedFew;
+  // A handful of rows in all (a batch-1 or -2 decode step): K slices across blocks as well (the
+  // session-3 profile had the 16x32x128/4 tiles at 29 / 19 us for 69 / 35 MB of expert weights,
+  // each block walking the whole K in series).
+  if (forced_config.load() < 0 && a.max_rows <= 16 && async && ceil_div(a.K, kern::kSliceK) > 1) ci = kGroupedSliced;
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
@@ -411,6 +417,32 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, dim3 grid, bo
                 cudaStream_t stream) {
   const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
   f<<<grid, c.threads, c.smem, stream>>>(p);
+}
+
+// A sliced launch (kern::MmaGemmParams::slice_stride): fp32 slice sums [slices][rows][N] in
+// stream-ordered scratch (capturable in a CUDA graph), then the ordered reduce into out.
+// rows_total: grouped problems' &offsets[groups] (device), null for dense.
+void launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, int slices, int rows, int N,
+                   bool f32, bool async, void* out, int64_t os, const int32_t* rows_total, cudaStream_t stream,
+                   const char* op) {
+  const int64_t per_slice = int64_t(rows) * N;
+  void* ws = nullptr;
+  check_cuda(cudaMallocAsync(&ws, size_t(slices) * size_t(per_slice) * 4, stream), op, "cudaMallocAsync(slice sums)");
+  kern::MmaGemmParams ps = p;
+  ps.out = ws;
+  ps.os = N;
+  ps.slice_stride = per_slice;
+  ps.pair_store = N % 2 == 0;
+  launch_mma(c, ps, dim3(unsigned(tiles), unsigned(slices), 1), true, async, false, stream);
+  check_launch(op);
+  const unsigned blocks = unsigned((per_slice + 255) / 256);
+  const auto* w = static_cast<const float*>(ws);
+  if (f32)
+    kern::gemm_slice_reduce_kernel<true><<<blocks, 256, 0, stream>>>(w, per_slice, slices, rows, N, out, os, rows_total);
+  else
+    kern::gemm_slice_reduce_kernel<false><<<blocks, 256, 0, stream>>>(w, per_slice, slices, rows, N, out, os, rows_total);
+  check_launch(op);
+  check_cuda(cudaFreeAsync(ws, stream), op, "cudaFreeAsync(slice sums)");
 }
 
 }  // namespace
@@ -503,29 +535,8 @@ void gemm(const GemmArgs& a) {
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
                  (a.batch == 1 || a.out_batch_stride % 2 == 0);
   if (use_sliced(a, c, async, s.sm_count)) {
-    // fp32 slice sums [slices][M][N] in stream-ordered scratch (capturable in a CUDA graph),
-    // then the ordered reduce into out.
-    const int slices = int(ceil_div(a.K, kern::kSliceK));
-    const int64_t per_slice = int64_t(a.M) * a.N;
-    void* ws = nullptr;
-    check_cuda(cudaMallocAsync(&ws, size_t(slices) * size_t(per_slice) * 4, stream), op, "cudaMallocAsync(slice sums)");
-    kern::MmaGemmParams ps = p;
-    ps.out = ws;
-    ps.os = a.N;
-    ps.slice_stride = per_slice;
-    ps.pair_store = a.N % 2 == 0;
-    launch_mma(c, ps, dim3(unsigned(m_tiles * n_tiles), unsigned(slices), 1), true, async, false, stream);
-    check_launch(op);
-    const int64_t n = per_slice;
-    const unsigned blocks = unsigned((n + 255) / 256);
-    if (f32)
-      kern::gemm_slice_reduce_kernel<true><<<blocks, 256, 0, stream>>>(static_cast<const float*>(ws), per_slice, slices,
-                                                                        a.M, a.N, a.out, os);
-    else
-      kern::gemm_slice_reduce_kernel<false><<<blocks, 256, 0, stream>>>(static_cast<const float*>(ws), per_slice,
-                                                                         slices, a.M, a.N, a.out, os);
-    check_launch(op);
-    check_cuda(cudaFreeAsync(ws, stream), op, "cudaFreeAsync(slice sums)");
+    launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os, nullptr,
+                  stream, op);
     return;
   }
   launch_mma(c, p, dim3(unsigned(m_tiles * n_tiles), 1, unsigned(a.batch)), f32, async, a.M <= 8, stream);
@@ -571,6 +582,13 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.max_rows = a.max_rows;
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
+  const int slices = int(ceil_div(a.K, kern::kSliceK));
+  if (c.sliced && async && slices > 1 &&
+      size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace) {
+    launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
+                  stream_of(a.stream), op);
+    return;
+  }
   launch_mma(c, p, dim3(unsigned(y_tiles * n_tiles), 1, 1), f32, async, a.max_rows <= 8, stream_of(a.stream));
   check_launch(op);
 }

@@ -96,11 +96,11 @@ struct MmaGemmParams {
   int pair_store = 0;                          // out pointer/strides allow 2-element stores
   int64_t slice_stride = 0;                    // > 0: sliced launch (below), elements between slices
 };
-// Sliced launch (dense, one problem): blockIdx.y = K slice s; the block computes only slice s's
+// Sliced launch (dense with one problem, or grouped): blockIdx.y = K slice s; the block computes only slice s's
 // sum for its tile and writes it as fp32 to out + s * slice_stride; gemm_slice_reduce_kernel then
 // adds the slices in ascending order starting from +0, which is the contract's running total
-// exactly. Used where a dense problem has too few tiles to occupy the GPU (decode-sized M): K
-// parallelism across blocks, same bits.
+// exactly. Used where a problem has too few tiles to occupy the GPU (decode-sized M, a decode
+// step's few expert rows): K parallelism across blocks, same bits.
 
 // Dense raster: kRasterGroup consecutive m-tiles walk the n-tiles together, so a W tile is
 // reused from L2 by several m-tiles (large-M prefill). Affects timing only, never bits.
@@ -450,12 +450,16 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
 
 // The sliced launch's second pass: out[m][n] = the contract's running total of the slice sums
 // ws[s][m][n] (s ascending, starting from +0), rounded once to bf16 for bf16 output.
+// Grouped problems pass rows_total = &offsets[groups] (device): rows past it were never computed
+// and stay untouched.
 template <bool kOutF32>
 __global__ void gemm_slice_reduce_kernel(const float* __restrict__ ws, int64_t slice_stride, int slices, int M,
-                                         int N, void* __restrict__ out, int64_t os) {
+                                         int N, void* __restrict__ out, int64_t os,
+                                         const int32_t* __restrict__ rows_total) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(M) * N) return;
   const int64_t m = idx / N, n = idx % N;
+  if (rows_total != nullptr && m >= int64_t(min(*rows_total, M))) return;
   float total = 0.0f;
   for (int s = 0; s < slices; ++s) total = __fadd_rn(total, ws[s * slice_stride + idx]);
   if constexpr (kOutF32)

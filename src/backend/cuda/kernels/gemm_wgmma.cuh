@@ -10,9 +10,10 @@
 // BK = 64: a shared-memory row is 128 bytes, stored with the 16-byte chunks XOR-swizzled by row
 // (swz<8>), which is the hardware's 128-byte swizzle for K-major operands, so the descriptors
 // point straight at the cp.async ring (STAGES deep, tile bases 1024-byte aligned). Per K step:
-// wait for the step's copies, fence them into the async proxy, barrier, issue the next copies,
-// then 4 wgmma per warpgroup (one per k16 chunk) and wait for them before the next step's barrier
-// (so a ring slot is never refilled while a wgmma reads it).
+// wait for the step's copies, fence them into the async proxy, barrier, issue the copies of step
+// + STAGES - 2, then 4 wgmma per warpgroup (one per k16 chunk) as one group, leaving it in flight
+// while the next step waits for its copies (a ring slot is refilled two steps after its last
+// read; at a slice end the group is waited for, since the slice sum goes into the total).
 // Only the 16-byte-copy path exists (aligned operands, K % 8 == 0); the host runs another config
 // otherwise. Compiled only into sm_90a code (__CUDA_ARCH_FEAT_SM90_ALL); the host asks
 // gemm_wgmma_available() before choosing it.
@@ -23,7 +24,7 @@
 namespace atlas::cuda::kern {
 
 struct WgTile {
-  static constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, THREADS = 256, CH = BK / 8;
+  static constexpr int BM = 128, BN = 128, BK = 64, STAGES = 5, THREADS = 256, CH = BK / 8;
   static constexpr int TILE_A = BM * BK * 2, TILE_B = BN * BK * 2;  // bytes per stage
   // ring + 1024 for aligning it + the row offset tables
   static constexpr int SMEM_BYTES = STAGES * (TILE_A + TILE_B) + 1024 + (BM + BN) * 8;
@@ -49,6 +50,11 @@ __device__ __forceinline__ void wg_commit() {
 __device__ __forceinline__ void wg_wait_all() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait_one() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void fence_proxy_async_smem() {
@@ -150,36 +156,48 @@ __global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const Mm
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = tot[i] = 0.0f;
 
+  // Copies run STAGES - 2 steps ahead and one step's wgmma group stays in flight while the next
+  // step's copies are waited for: the slot refilled at step r was read by step r - 2, whose group
+  // every warpgroup has retired (wait_group 1 at the end of step r - 1) before step r's barrier.
+  constexpr int kAhead = T::STAGES - 2;
 #pragma unroll
-  for (int s = 0; s < T::STAGES - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (kt_begin + s < KT) load_stage(s, kt_begin + s);
     cp_async_commit();
   }
   for (int kt = kt_begin; kt < KT; ++kt) {
     const int rel = kt - kt_begin;
-    cp_async_wait<T::STAGES - 2>();
-    fence_proxy_async_smem();  // this thread's landed copies, visible to the tensor cores' reads
+    cp_async_wait<kAhead - 1>();  // step kt's copies (this thread's) have landed
+    fence_proxy_async_smem();     // ... and are visible to the tensor cores' reads
     __syncthreads();
     {
-      const int nk = kt + T::STAGES - 1;
-      if (nk < KT) load_stage((rel + T::STAGES - 1) % T::STAGES, nk);
+      const int nk = kt + kAhead;
+      if (nk < KT) load_stage((rel + kAhead) % T::STAGES, nk);
       cp_async_commit();
     }
     const uint32_t a_base = smem_u32(sA + (rel % T::STAGES) * (T::BM * T::BK)) + uint32_t(wg * 64 * T::BK * 2);
     const uint32_t b_base = smem_u32(sB + (rel % T::STAGES) * (T::BN * T::BK));
     wg_fence();
+    if ((kt + 1) * (T::BK / 16) <= KC) {  // a whole step (every step but a short last one)
 #pragma unroll
-    for (int kk = 0; kk < T::BK / 16; ++kk)
-      if (kt * (T::BK / 16) + kk < KC)  // uniform: chunks past K are not part of the contract
+      for (int kk = 0; kk < T::BK / 16; ++kk)
         wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < T::BK / 16; ++kk)
+        if (kt * (T::BK / 16) + kk < KC)  // uniform: chunks past K are not part of the contract
+          wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+    }
     wg_commit();
-    wg_wait_all();
     if ((kt + 1) % (kSliceK / T::BK) == 0 || kt == KT - 1) {
+      wg_wait_all();  // the slice's sum is complete: total += slice, new slice
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
         tot[i] = __fadd_rn(tot[i], acc[i]);
         acc[i] = 0.0f;
       }
+    } else {
+      wg_wait_one();
     }
   }
   cp_async_wait<0>();
