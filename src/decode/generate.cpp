@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 
 #include "core/error.h"
@@ -35,6 +37,13 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
                         .stop_strings = opts.stop_strings};
   validate(criteria);
 
+  // Sampled rows draw where the logits are when the backend can (the same tokens, bit for bit:
+  // decode/sample_core.h), so their [V] logits never travel to the host. An observer of the
+  // logits needs them on the host anyway; ATLAS_DEVICE_SAMPLING=0 forces the host path (for
+  // checking one against the other).
+  const char* env_dev = std::getenv("ATLAS_DEVICE_SAMPLING");
+  const bool device_sampling =
+      model.supports_device_sampling() && !opts.on_logits && !(env_dev && std::strcmp(env_dev, "0") == 0);
   std::vector<GeneratedRow> results(rows.size());
   const auto t_start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
@@ -60,25 +69,47 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
     }
     // Rows that need their logits on the host: sampled rows and, when observed, every row.
     // Greedy rows need only their token (ForwardOutput::greedy, computed where the logits are).
-    std::vector<uint8_t> want(nb, 0);
-    for (size_t r = 0; r < nb; ++r)
-      want[r] = (opts.on_logits || rows[start + r].sampling.mode != SamplingMode::Greedy) ? 1 : 0;
+    // With device sampling, no row needs them: `want` stays 0 and `on_device` marks the
+    // sampled rows instead.
+    std::vector<uint8_t> want(nb, 0), on_device(nb, 0);
+    bool any_sampled = false;
+    for (size_t r = 0; r < nb; ++r) {
+      const bool sampled = rows[start + r].sampling.mode != SamplingMode::Greedy;
+      any_sampled = any_sampled || sampled;
+      on_device[r] = (sampled && device_sampling) ? 1 : 0;
+      want[r] = (opts.on_logits || (sampled && !device_sampling)) ? 1 : 0;
+    }
+    std::vector<RowSampler> samplers;
+    for (size_t r = 0; r < nb; ++r) samplers.emplace_back(rows[start + r].sampling);
+    // Per-row device sampling parameters of the coming forward pass (the uniform of each row's
+    // own next step); empty when nothing samples on the device.
+    std::vector<sample_core::RowParams> dev_params;
+    auto fill_dev_params = [&](const std::vector<uint8_t>& done_rows) {
+      dev_params.clear();
+      if (!device_sampling || !any_sampled) return;
+      dev_params.resize(nb);  // kGreedy by default
+      for (size_t r = 0; r < nb; ++r)
+        if (on_device[r] && !done_rows[r]) {
+          const SamplingParams& sp = samplers[r].params();
+          dev_params[r] = sample_core::make_row_params(sp.temperature, sp.top_p, sp.top_k,
+                                                       samplers[r].uniform_at(samplers[r].step()));
+        }
+    };
+    fill_dev_params(std::vector<uint8_t>(nb, 0));
     auto cache = model.make_cache(B, Tp + opts.max_new_tokens);
     ForwardOutput out = model.forward({.batch = B, .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
                                        .logits_last_only = true, .logits_rows = want,
-                                       .attention = opts.prefill_attention},
+                                       .attention = opts.prefill_attention, .sampling = dev_params},
                                       *cache);
 
-    std::vector<RowSampler> samplers;
     std::vector<StopChecker> stops;
     for (size_t r = 0; r < nb; ++r) {
       const PromptRow& row = rows[start + r];
-      samplers.emplace_back(row.sampling);
       stops.emplace_back(criteria);
       GeneratedRow& g = results[start + r];
       g.id = row.id;
       g.prompt_sha256 = ids_sha256(row.ids);
-      g.rng_state_sha256 = samplers.back().rng_state_sha256();
+      g.rng_state_sha256 = samplers[r].rng_state_sha256();
     }
     std::vector<uint8_t> done(nb, 0);
     size_t n_done = 0;
@@ -113,6 +144,9 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
           tok = int32_t(samplers[r].next(logits));
         } else if (want[r]) {
           tok = drawn[r];
+        } else if (on_device[r]) {
+          tok = out.greedy.at(r);  // drawn on the device from uniform_at(step())
+          samplers[r].advance();
         } else {
           tok = out.greedy.at(r);  // the same argmax contract as RowSampler's greedy mode
         }
@@ -141,8 +175,10 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
                      rows.size(), (long long)step + 1, s > 0 ? double(tokens_done) / s : 0.0);
       }
       if (n_done == nb) break;
+      fill_dev_params(done);
       out = model.forward({.batch = B, .tokens = 1, .ids = step_ids, .positions = step_pos, .mask = step_mask,
-                           .logits_last_only = true, .logits_rows = want, .attention = opts.decode_attention},
+                           .logits_last_only = true, .logits_rows = want, .attention = opts.decode_attention,
+                           .sampling = dev_params},
                           *cache);
     }
   }

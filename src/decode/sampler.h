@@ -86,6 +86,10 @@ class RowSampler {
 
   int64_t next(std::span<const float> logits);  // logits: [V] float32
 
+  // The draw of this step was made elsewhere from uniform_at(step()) (device sampling,
+  // sample_core.h: the same token next() would return): advance the step counter.
+  void advance() { ++step_; }
+
   uint64_t step() const { return step_; }  // draws made so far
   // The uniform this row uses (or used) at `step`; throws for Greedy.
   double uniform_at(uint64_t step) const;

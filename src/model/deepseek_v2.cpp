@@ -97,6 +97,8 @@ ForwardOutput DeepSeekV2::forward(const ForwardInput& in, Cache& cache, const Ho
 ForwardOutput DeepSeekV2::forward(const ForwardInput& in, KVCache& cache, const Hooks* hooks) const {
   const int64_t B = in.batch, T = in.tokens, M = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size;
   if (B <= 0 || T <= 0) fail("forward: empty batch");
+  if (!in.sampling.empty())  // generate() samples on the host for this backend
+    fail("forward: the cpu backend does not sample in forward() (ForwardInput::sampling must be empty)");
   if (int64_t(in.ids.size()) != M || int64_t(in.positions.size()) != M || int64_t(in.mask.size()) != M)
     fail("forward: ids, positions and mask must each hold batch x tokens values");
   if (cache.batch() != B) fail("forward: kv cache batch size differs from the input's");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "decode/sample_core.h"
 #include "model/config.h"
 #include "model/hooks.h"
 
@@ -40,13 +41,20 @@ struct ForwardInput {
   // ForwardOutput::greedy). A wanted "logits" hook always gets every row.
   std::span<const uint8_t> logits_rows;
   AttentionForm attention = AttentionForm::Expanded;
+  // Sampling where the logits are (Model::supports_device_sampling(); needs logits_last_only):
+  // [B] per-row parameters or empty. A row in sample_core::kSample mode gets the token that
+  // decode::RowSampler would draw from its logits with uniform `u` (bit-identical, the
+  // contract of docs/decoding.md) in ForwardOutput::greedy; kGreedy rows keep their argmax.
+  // Such a row's logits need not come to the host at all (leave it out of logits_rows).
+  std::span<const sample_core::RowParams> sampling;
 };
 
 struct ForwardOutput {
   std::vector<float> logits;  // [B, T, V], or [B, V] with logits_last_only; empty if lm_head not loaded
   // With logits_last_only and lm_head loaded: each row's argmax over its logits (ties to the
   // lower id, after any "logits" hook wrote them), the greedy token. Same contract as
-  // decode::greedy_token; a NaN logit is an error.
+  // decode::greedy_token; a NaN logit is an error. Rows sampled on the device
+  // (ForwardInput::sampling) hold their drawn token instead; bad logits are an error there too.
   std::vector<int32_t> greedy;  // [B]
 };
 
@@ -70,6 +78,8 @@ class Model {
   virtual Compute compute() const = 0;
   virtual bool has_head() const = 0;  // final norm + lm_head loaded (full layer range)
   virtual std::string backend() const = 0;  // "cpu" | "cuda"
+  // Whether forward() honours ForwardInput::sampling (others reject a non-empty one).
+  virtual bool supports_device_sampling() const { return false; }
 
   virtual std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const = 0;
   // Runs the batch through the loaded layers, appending its latents to the cache.

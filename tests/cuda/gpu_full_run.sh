@@ -119,6 +119,16 @@ $B/atlas generate --backend cpu --compute f32 --decode-attention absorbed --mode
   --out "$out/gen_cpu_f32.jsonl" --max-new-tokens 12 2>&1 | tail -2
 /usr/bin/python3 -c 'import json,sys; [print(sys.argv[i][-18:], json.loads(l)["id"], json.loads(l).get("ids")) for i in range(1, len(sys.argv)) for l in open(sys.argv[i])]' \
   "$out/gen_cuda.jsonl" "$out/gen_cpu.jsonl" "$out/gen_cuda_f32.jsonl" "$out/gen_cpu_f32.jsonl"
+echo "== device sampling == host sampling (ATLAS_DEVICE_SAMPLING=1 vs 0), seeded and CRN, bf16 and f32"
+for c in bf16 f32; do
+  for s in "--temperature 0.9 --top-p 0.9 --seed 5" "--temperature 0.7 --top-k 4 --seed 6" "--temperature 0.9 --top-p 0.95 --crn-tape 8"; do
+    for d in 0 1; do
+      ATLAS_DEVICE_SAMPLING=$d $B/atlas generate --backend cuda --compute $c --model $fx --prompts /tmp/prompts.jsonl \
+        --out "$out/dsamp_$d.jsonl" --max-new-tokens 12 --batch 3 $s >/dev/null 2>&1 || { echo "   $c [$s] device=$d FAILED"; rc=1; }
+    done
+    cmp -s "$out/dsamp_0.jsonl" "$out/dsamp_1.jsonl" && echo "   $c [$s]: byte-identical" || { echo "   $c [$s]: DIFFER"; rc=1; }
+  done
+done
 echo "== CUDA reruns in fresh processes compare identical (issue 9)"
 for i in 1 2; do
   $B/atlas trace --backend cuda --compute bf16 --model $tiny --ids 1,2,3,4,5,6,7,8 --json "$out/rerun_trace_$i.json" >/dev/null 2>&1 || rc=1

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -10,6 +11,7 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "decode/generate.h"
+#include "decode/sample_core.h"
 #include "io/checkpoint.h"
 #include "model/loader.h"
 
@@ -161,4 +163,80 @@ TEST(Generate, RejectsBadRequests) {
   EXPECT_THROW(decode::generate(m.model, ok, opts), Error);
   opts.max_new_tokens = m.ck.config().max_position_embeddings;
   EXPECT_THROW(decode::generate(m.model, ok, opts), Error);  // prompt + new tokens exceed the context
+}
+
+namespace {
+
+// A backend that "samples where the logits are" the way the CUDA backend does: forward()
+// honours ForwardInput::sampling by drawing with sample_core::sample_row (the kernel's
+// algorithm) over the CPU model's logits. It lets this machine check generate()'s device
+// sampling path (step counters, uniforms, finished rows, logits_rows) against the host path.
+class SamplingInForward final : public Model {
+ public:
+  explicit SamplingInForward(const Model& m) : m_(m) {}
+  const ModelConfig& config() const override { return m_.config(); }
+  const LayerRange& layers() const override { return m_.layers(); }
+  Compute compute() const override { return m_.compute(); }
+  bool has_head() const override { return m_.has_head(); }
+  std::string backend() const override { return "test"; }
+  bool supports_device_sampling() const override { return true; }
+  std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const override {
+    return m_.make_cache(batch, capacity);
+  }
+  ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const override {
+    ForwardInput plain = in;
+    plain.sampling = {};
+    plain.logits_rows = {};  // every row's logits, to draw from
+    ForwardOutput out = m_.forward(plain, cache, hooks);
+    const int64_t V = config().vocab_size;
+    for (size_t r = 0; r < in.sampling.size(); ++r) {
+      if (in.sampling[r].mode != sample_core::kSample) continue;
+      ++draws;
+      if (!in.logits_rows.empty() && in.logits_rows[r]) ++logits_requested;  // device rows need none
+      out.greedy[r] = sample_core::sample_row(out.logits.data() + r * size_t(V), int(V), in.sampling[r]);
+    }
+    return out;
+  }
+  using Model::forward;
+  mutable int64_t draws = 0, logits_requested = 0;
+
+ private:
+  const Model& m_;
+};
+
+}  // namespace
+
+TEST(Generate, SamplingInForwardEqualsHostSampling) {
+  const std::string dir = fixtures_with_generate().front();
+  Loaded m(dir, Compute::F32);
+  SamplingInForward dev(m.model);
+  for (auto smode : {decode::SamplingMode::Seeded, decode::SamplingMode::Crn}) {
+    for (double top_p : {1.0, 0.9}) {
+      decode::SamplingParams base{.mode = smode, .temperature = 0.9, .top_p = top_p, .top_k = 0, .seed = 99};
+      auto rows = mixed_rows(base);
+      rows[2].sampling = {};  // a greedy row among sampled ones
+      rows[5].sampling.top_k = 3;
+      for (int64_t batch : {3, 1}) {
+        auto opts = greedy_opts(m.ck.config(), 9, batch);
+        const auto host = decode::generate(m.model, rows, opts);
+        const int64_t before = dev.draws;
+        const auto on_dev = decode::generate(dev, rows, opts);
+        EXPECT_GT(dev.draws, before) << "the sampled rows were not drawn in forward()";
+        for (size_t r = 0; r < rows.size(); ++r) {
+          EXPECT_EQ(on_dev[r].ids, host[r].ids) << decode::mode_name(smode) << " top_p " << top_p << " batch "
+                                                << batch << " row " << r;
+          EXPECT_EQ(on_dev[r].stop, host[r].stop);
+          EXPECT_EQ(on_dev[r].rng_state_sha256, host[r].rng_state_sha256);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(dev.logits_requested, 0);
+  // ATLAS_DEVICE_SAMPLING=0 forces the host path: forward() is then never asked to sample.
+  setenv("ATLAS_DEVICE_SAMPLING", "0", 1);
+  const int64_t before = dev.draws;
+  decode::SamplingParams base{.mode = decode::SamplingMode::Seeded, .temperature = 0.9, .seed = 3};
+  decode::generate(dev, mixed_rows(base), greedy_opts(m.ck.config(), 4, 3));
+  unsetenv("ATLAS_DEVICE_SAMPLING");
+  EXPECT_EQ(dev.draws, before);
 }

@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "core/bf16.h"
 #include "core/error.h"
+#include "decode/sample_core.h"
 #include "model/hooks.h"
 #include "model/rope.h"
 
@@ -108,16 +109,18 @@ class CudaCache final : public Cache {
     if (sizeof(Elem) != elem_bytes_) fail("cuda", "kv cache", "element type differs from the model's");
     return reinterpret_cast<Elem*>(block_.get()) + li * batch_ * capacity_ * width_;
   }
-  // Pinned host ints of one decode step: [5B] inputs (ids, pos, dst, qlen, qrow) then [B]
-  // greedy tokens out. The decode graph copies from / to these fixed addresses.
+  // Pinned host ints of one decode step: [5B] inputs (ids, pos, dst, qlen, qrow), [B] greedy
+  // (or sampled) tokens out, then [B] sampling parameters (32 bytes = 8 ints each). The decode
+  // graph copies from / to these fixed addresses.
   int32_t* pinned() {
-    if (!pinned_) pinned_ = static_cast<int32_t*>(host_alloc_pinned(size_t(6 * batch_) * 4));
+    if (!pinned_) pinned_ = static_cast<int32_t*>(host_alloc_pinned(size_t(14 * batch_) * 4));
     return pinned_;
   }
   int64_t length_ = 0;         // the shared timeline (what the caller sees)
   std::vector<int32_t> real_;  // real tokens stored per row
   Graph decode_graph;          // T = 1 step, captured on first use (see CudaModel::forward)
   uint64_t graph_epoch = 0;    // the scratch layout it was captured against
+  bool graph_samples = false;  // whether it was captured with the sampling kernel
   int64_t eager_steps = 0;     // decode steps seen (the first runs without the graph)
 
  private:
@@ -263,6 +266,7 @@ class CudaModelT final : public Model {
   Compute compute() const override { return kF32 ? Compute::F32 : Compute::BF16; }
   bool has_head() const override { return has_head_; }
   std::string backend() const override { return "cuda"; }
+  bool supports_device_sampling() const override { return true; }
 
   std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const override {
     if (batch <= 0 || capacity <= 0) fail("cuda", "make_cache", "batch and capacity must be > 0");
@@ -280,14 +284,18 @@ class CudaModelT final : public Model {
     // ids, pos, dst_rows, qlen, qrow are consecutive [M] arrays (one upload for all five).
     int32_t *ids, *pos, *dst_rows, *qlen, *qrow, *last_rows, *topk_ids, *counts, *offsets, *sorted, *slot, *perm_ws;
     int32_t* greedy;
+    sample_core::RowParams* sample_params;  // [B]
+    uint32_t* sample_ws;                    // sample_workspace_ints(B, V), only when sampling
   };
-  Buffers carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk, int64_t mla_max_len) const;
+  Buffers carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk, int64_t mla_max_len,
+                bool sampling = false) const;
 
-  // The layers, final norm, lm_head and device argmax for inputs already on the device:
-  // everything a decode graph replays. qlen_host: per-query causal lengths (host), for the MLA
-  // grid bound; null = use mla_bound for every chunk (graph capture).
+  // The layers, final norm, lm_head, device argmax and (with `sample`, over b.sample_params)
+  // the sampling kernel for inputs already on the device: everything a decode graph replays.
+  // qlen_host: per-query causal lengths (host), for the MLA grid bound; null = use mla_bound
+  // for every chunk (graph capture).
   void layers_forward(int64_t B, int64_t T, Cache& cache, const Buffers& b, int64_t chunk, const int32_t* qlen_host,
-                      int64_t mla_bound, bool last_only, const Hooks* hooks) const;
+                      int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false) const;
   void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, const Buffers& b) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
@@ -669,7 +677,7 @@ void CudaModelT<Elem>::hook_f32(const Hooks* hooks, const std::string& name, int
 
 template <class Elem>
 typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk,
-                                    int64_t mla_max_len) const {
+                                    int64_t mla_max_len, bool sampling) const {
   const ModelConfig& c = cfg_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dq = c.q_head_dim(), dv = c.v_head_dim;
   const int64_t dc = c.kv_lora_rank, W = c.latent_dim(), E = std::max<int64_t>(1, c.n_routed_experts);
@@ -704,6 +712,9 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
       {(void**)&b.slot, size_t(M * k) * 4},
       {(void**)&b.perm_ws, moe_permute_workspace_ints(int(M), int(E)) * 4},
       {(void**)&b.greedy, size_t(B) * 4},
+      // Last, so that turning sampling on does not move the buffers above.
+      {(void**)&b.sample_params, size_t(B) * sizeof(sample_core::RowParams)},
+      {(void**)&b.sample_ws, sampling ? sample_workspace_ints(B, c.vocab_size) * 4 : 0},
   };
   size_t total = 0;
   for (const auto& q : reqs) total += align_up(std::max<size_t>(q.bytes, 1));
@@ -793,7 +804,7 @@ void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
 template <class Elem>
 void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Buffers& b, int64_t chunk,
                                const int32_t* qlen_host, int64_t mla_bound, bool last_only,
-                               const Hooks* hooks) const {
+                               const Hooks* hooks, bool sample) const {
   auto& cache = static_cast<CudaCache&>(cache_base);
   const ModelConfig& c = cfg_;
   const int64_t M = B * T, H = c.hidden_size, V = c.vocab_size;
@@ -900,6 +911,11 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   // or f32 in the checking mode.
   linear(head_in, lm_head_, b.logits, rows_out, V, H);
   if (last_only) argmax({.logits = b.logits, .out = b.greedy, .rows = int(B), .vocab = int(V), .stream = s_});
+  // Sampled rows overwrite their argmax with the drawn token (docs/decoding.md, bit-identical to
+  // the host's RowSampler); greedy-mode rows are skipped by the kernel.
+  if (last_only && sample)
+    cuda::sample({.logits = b.logits, .params = b.sample_params, .out = b.greedy, .workspace = b.sample_ws,
+                  .rows = int(B), .vocab = int(V), .stream = s_});
 }
 
 template <class Elem>
@@ -913,6 +929,10 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     fail("forward: ids, positions and mask must each hold batch x tokens values");
   if (!in.logits_rows.empty() && int64_t(in.logits_rows.size()) != B)
     fail("forward: logits_rows must hold one flag per row");
+  if (!in.sampling.empty() && (int64_t(in.sampling.size()) != B || !in.logits_last_only || !has_head_))
+    fail("forward: sampling needs one parameter set per row, logits_last_only and the lm_head");
+  bool sampling = false;  // any row drawn on the device
+  for (const auto& sp : in.sampling) sampling = sampling || sp.mode == sample_core::kSample;
   if (cache->batch() != B) fail("forward: kv cache batch size differs from the input's");
   if (cache->length_ + T > cache->capacity())
     fail("kv cache: " + std::to_string(cache->length_ + T) + " tokens exceed its capacity of " +
@@ -947,6 +967,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
       part.ids = ids;
       part.positions = pos;
       part.mask = mask;
+      if (t0 + n < T) part.sampling = {};  // only the last chunk's tokens are the answer
       out = forward(part, cache_base, hooks);  // the last chunk holds every row's last token
     }
     return out;
@@ -960,7 +981,9 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
 
   // Host-side bookkeeping: each token's packed cache slot and each query's causal length.
   // Layout [ids | pos | dst | qlen | qrow] (M each), as on the device, then last [B].
-  const size_t n_ints = size_t(5 * M + B);
+  // Then [B] sampling parameters (8 ints each) at 5M + B, the same offset as in the cache's
+  // pinned block (M = B there).
+  const size_t n_ints = size_t(5 * M + B + 8 * B);
   int32_t* ints = nullptr;
   if (use_graph) {
     ints = cache->pinned();
@@ -1007,19 +1030,23 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     }
     last[size_t(bb)] = int32_t(bb * T + T - 1);
   }
+  int32_t* sample_host = ints + 5 * M + B;
+  if (sampling) std::memcpy(sample_host, in.sampling.data(), size_t(B) * sizeof(sample_core::RowParams));
   const int64_t rows_out = in.logits_last_only ? B : M;
   Buffers b{};
   if (use_graph) {
     // Sized for the cache's capacity, so one capture serves every step of this cache.
     const int64_t bound = cache->capacity();
-    b = carve(M, B, rows_out, M, bound);
-    if (!cache->decode_graph.ready() || cache->graph_epoch != scratch_epoch_) {
+    b = carve(M, B, rows_out, M, bound, sampling);
+    if (!cache->decode_graph.ready() || cache->graph_epoch != scratch_epoch_ || cache->graph_samples != sampling) {
       cache->decode_graph.reset();  // (re)capture: first use, or the scratch block moved
       stream_synchronize(s_);
       cache->decode_graph.begin(s_);
       try {
         copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
-        layers_forward(B, T, *cache, b, M, nullptr, bound, true, nullptr);
+        if (sampling)
+          copy_to_device_async(b.sample_params, sample_host, size_t(B) * sizeof(sample_core::RowParams), s_);
+        layers_forward(B, T, *cache, b, M, nullptr, bound, true, nullptr, sampling);
         copy_to_host_async(ints + 5 * M, b.greedy, size_t(B) * 4, s_);
         cache->decode_graph.end(s_);
       } catch (...) {
@@ -1027,16 +1054,18 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
         throw;
       }
       cache->graph_epoch = scratch_epoch_;
+      cache->graph_samples = sampling;
     }
     cache->decode_graph.launch(s_);
   } else {
     const int64_t per_query = int64_t(mla_decode_workspace_floats(1, int(nh), int(max_len), kSplitTokens)) * 4;
     const int64_t chunk =
         std::clamp<int64_t>(int64_t(kMlaWorkspaceBudget) / per_query, 1, std::min<int64_t>(M, 65535));
-    b = carve(M, B, rows_out, chunk, max_len);
+    b = carve(M, B, rows_out, chunk, max_len, sampling);
     copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
+    if (sampling) copy_to_device_async(b.sample_params, sample_host, size_t(B) * sizeof(sample_core::RowParams), s_);
     upload(b.last_rows, last.data(), size_t(B) * 4);
-    layers_forward(B, T, *cache, b, chunk, qlen, max_len, in.logits_last_only, hooks);
+    layers_forward(B, T, *cache, b, chunk, qlen, max_len, in.logits_last_only, hooks, sampling);
   }
 
   ForwardOutput out;
@@ -1070,7 +1099,20 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
                    .shape = in.logits_last_only ? std::vector<int64_t>{B, 1, V} : std::vector<int64_t>{B, T, V},
                    .data = out.logits.data()};
       hooks->fire(t);
-      if (in.logits_last_only) greedy = greedy_rows(out.logits, B, V);  // an observer may have written
+      if (in.logits_last_only) {
+        greedy = greedy_rows(out.logits, B, V);  // an observer may have written
+        // ... so sampled rows draw again from what it left, on the host with the kernel's
+        // algorithm (decode/sample_core.h: the same tokens).
+        for (int64_t r = 0; r < B && sampling; ++r)
+          if (in.sampling[size_t(r)].mode == sample_core::kSample)
+            greedy[size_t(r)] = sample_core::sample_row(out.logits.data() + r * V, int(V), in.sampling[size_t(r)]);
+      }
+    }
+    for (int64_t r = 0; r < B && sampling; ++r) {
+      const int32_t t = greedy[size_t(r)];
+      if (in.sampling[size_t(r)].mode == sample_core::kSample && t < 0)
+        fail("sampling", "logits[" + std::to_string((-t) >> 3) + "]",
+             "row " + std::to_string(r) + ": " + sample_core::error_name((-t) & 7));
     }
     if (in.logits_last_only) out.greedy = std::move(greedy);
   }

@@ -21,6 +21,10 @@
 #include <type_traits>
 #include <vector>
 
+namespace atlas::sample_core {
+struct RowParams;  // decode/sample_core.h
+}
+
 namespace atlas::cuda {
 
 using Stream = void*;  // cudaStream_t
@@ -316,6 +320,28 @@ using ArgmaxArgs = ArgmaxArgsT<uint16_t>;
 void argmax(const ArgmaxArgs& a);
 void argmax(const ArgmaxArgsT<float>& a);
 inline void argmax_bf16(const ArgmaxArgs& a) { argmax(a); }
+
+// ---- sampling on the device (docs/decoding.md sections 3-4, decode/sample_core.h) ----------
+// For each row whose params[r].mode is sample_core::kSample: temperature, top-k, top-p, softmax
+// and the inverse-CDF draw with params[r].u, bit-identical to decode::RowSampler on the same
+// (widened) logits; out[r] = the token, or sample_core::encode_error(code, index) for bad
+// logits (NaN, +inf, overflow after temperature: the lowest such index; no finite logit).
+// Rows in greedy mode are left untouched (run argmax() first: out may be its output).
+template <class T>
+struct SampleArgsT {
+  const T* logits = nullptr;                     // [rows, vocab], row stride `stride` (0 = vocab)
+  const sample_core::RowParams* params = nullptr;  // [rows], device memory
+  int32_t* out = nullptr;                        // [rows]
+  uint32_t* workspace = nullptr;                 // sample_workspace_ints(rows, vocab)
+  int rows = 0;
+  int vocab = 0;
+  int64_t stride = 0;
+  Stream stream = nullptr;
+};
+using SampleArgs = SampleArgsT<uint16_t>;
+size_t sample_workspace_ints(int64_t rows, int64_t vocab);
+void sample(const SampleArgs& a);
+void sample(const SampleArgsT<float>& a);
 
 // ---- per-token SHA-256 digests (the token digest of model/digest.h) -----------------------
 // out[r*32 .. r*32+32) = SHA-256 of row r's `dim` values as little-endian float32 bytes, for

@@ -1,0 +1,33 @@
+// Launcher for the sampling kernel (kernels/sample.cuh): bf16 and f32 logits.
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/kernels/sample.cuh"
+
+namespace atlas::cuda {
+
+using namespace detail;
+
+namespace {
+
+template <class T>
+void sample_impl(const SampleArgsT<T>& a) {
+  const char* op = "sample";
+  require(a.rows >= 0, op, "rows", "must be >= 0");
+  // Errors are returned as -(code + 8 * index): the index must fit an int32.
+  require(a.vocab > 0 && a.vocab < (1 << 27), op, "vocab", "must lie in (0, 2^27)");
+  const int64_t st = a.stride ? a.stride : a.vocab;
+  require(st >= a.vocab, op, "stride", "smaller than vocab");
+  require(a.logits && a.params && a.out && a.workspace, op, "pointers",
+          "logits, params, out and workspace must be set");
+  if (a.rows == 0) return;
+  kern::sample_kernel<T><<<unsigned(a.rows), kern::kSampleThreads, 0, stream_of(a.stream)>>>(
+      a.logits, st, a.vocab, a.params, a.out, a.workspace);
+  check_launch(op);
+}
+
+}  // namespace
+
+size_t sample_workspace_ints(int64_t rows, int64_t vocab) { return size_t(3 * rows * vocab); }
+void sample(const SampleArgs& a) { sample_impl(a); }
+void sample(const SampleArgsT<float>& a) { sample_impl(a); }
+
+}  // namespace atlas::cuda
