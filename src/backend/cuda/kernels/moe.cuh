@@ -108,6 +108,7 @@ moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
       for (int w = 0; w < kWarps; ++w) sum += cnt[w * E + x];
       run[x] += sum;
     }
+    __syncthreads();  // every count read before the next round zeroes cnt
   }
 }
 
