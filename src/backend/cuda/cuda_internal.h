@@ -24,6 +24,20 @@ inline void require(bool ok, const char* op, const char* field, const std::strin
 // (out-of-range positions, expert ids, cache lengths); read by check_device_errors().
 int* error_flag();
 
+// The host-side checks every grouped GEMM launcher makes (bf16 GroupedGemmArgs, f32
+// GroupedGemmF32Args: the same field names).
+template <class A>
+void require_grouped_args(const A& a, const char* op) {
+  require(a.N > 0 && a.K > 0, op, "shape", "need N > 0, K > 0; got N=" + std::to_string(a.N) + " K=" + std::to_string(a.K));
+  require(a.groups >= 1, op, "groups", "need at least one group, got " + std::to_string(a.groups));
+  require(a.max_rows >= 0, op, "max_rows", "must be >= 0, got " + std::to_string(a.max_rows));
+  require(a.x && a.w && a.offsets && a.out, op, "pointers", "x, w, offsets and out must be set");
+  require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
+              (a.out_stride == 0 || a.out_stride >= a.N),
+          op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
+  require(a.x_rows_limit >= 0, op, "x_rows_limit", "must be >= 0");
+}
+
 inline cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
 
 // gemm.cu keeps per-stream scratch for sliced launches; stream_destroy() returns it (never throws).

@@ -577,15 +577,7 @@ void gemm(const GemmArgs& a) {
 
 void grouped_gemm(const GroupedGemmArgs& a) {
   const char* op = "grouped_gemm";
-  require(a.N > 0 && a.K > 0, op, "shape",
-          "need N > 0, K > 0; got N=" + std::to_string(a.N) + " K=" + std::to_string(a.K));
-  require(a.groups >= 1, op, "groups", "need at least one group, got " + std::to_string(a.groups));
-  require(a.max_rows >= 0, op, "max_rows", "must be >= 0, got " + std::to_string(a.max_rows));
-  require(a.x && a.w && a.offsets && a.out, op, "pointers", "x, w, offsets and out must be set");
-  require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
-              (a.out_stride == 0 || a.out_stride >= a.N),
-          op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
-  require(a.x_rows_limit >= 0, op, "x_rows_limit", "must be >= 0");
+  require_grouped_args(a, op);
   if (a.max_rows == 0) return;
   const GemmSetup& s = setup();
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;

@@ -269,6 +269,29 @@ __device__ __forceinline__ int64_t a_row_offset(const MmaGemmParams& p, int row,
   return src * p.xs;
 }
 
+// Epilogue store of an accumulator pair (columns col, col + 1; `two` = col + 1 < N) at element
+// offset `at` of out: fp32, or bf16 rounded once; one 2-element store where p.pair_store allows.
+template <bool kOutF32>
+__device__ __forceinline__ void store_out_pair(const MmaGemmParams& p, int64_t at, float v0, float v1, bool two) {
+  if constexpr (kOutF32) {
+    float* o = static_cast<float*>(p.out) + at;
+    if (two && p.pair_store) {
+      *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
+    } else {
+      o[0] = v0;
+      if (two) o[1] = v1;
+    }
+  } else {
+    uint16_t* o = static_cast<uint16_t*>(p.out) + at;
+    if (two && p.pair_store) {
+      *reinterpret_cast<uint32_t*>(o) = uint32_t(f2bf(v0)) | (uint32_t(f2bf(v1)) << 16);
+    } else {
+      o[0] = f2bf(v0);
+      if (two) o[1] = f2bf(v1);
+    }
+  }
+}
+
 template <class T, bool kOutF32, bool kAsync>
 __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
   extern __shared__ __align__(128) unsigned char gemm_smem[];
@@ -424,25 +447,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
       for (int ni = 0; ni < T::NI; ++ni) {
         const int col = n0 + wn * T::WN + ni * 8 + tig * 2;
         if (col >= p.N) continue;
-        const float v0 = tot[mi][ni][half * 2], v1 = tot[mi][ni][half * 2 + 1];
-        const bool two = col + 1 < p.N;
-        if constexpr (kOutF32) {
-          float* o = static_cast<float*>(p.out) + o_row + col;
-          if (two && p.pair_store) {
-            *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
-          } else {
-            o[0] = v0;
-            if (two) o[1] = v1;
-          }
-        } else {
-          uint16_t* o = static_cast<uint16_t*>(p.out) + o_row + col;
-          if (two && p.pair_store) {
-            *reinterpret_cast<uint32_t*>(o) = uint32_t(f2bf(v0)) | (uint32_t(f2bf(v1)) << 16);
-          } else {
-            o[0] = f2bf(v0);
-            if (two) o[1] = f2bf(v1);
-          }
-        }
+        store_out_pair<kOutF32>(p, o_row + col, tot[mi][ni][half * 2], tot[mi][ni][half * 2 + 1], col + 1 < p.N);
       }
     }
 }

@@ -214,25 +214,7 @@ __global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const Mm
     for (int nt = 0; nt < T::BN / 8; ++nt) {
       const int col = n0 + nt * 8 + tig * 2;
       if (col >= p.N) continue;
-      const float v0 = tot[nt * 4 + half * 2], v1 = tot[nt * 4 + half * 2 + 1];
-      const bool two = col + 1 < p.N;
-      if constexpr (kOutF32) {
-        float* o = static_cast<float*>(p.out) + o_row + col;
-        if (two && p.pair_store) {
-          *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
-        } else {
-          o[0] = v0;
-          if (two) o[1] = v1;
-        }
-      } else {
-        uint16_t* o = static_cast<uint16_t*>(p.out) + o_row + col;
-        if (two && p.pair_store) {
-          *reinterpret_cast<uint32_t*>(o) = uint32_t(f2bf(v0)) | (uint32_t(f2bf(v1)) << 16);
-        } else {
-          o[0] = f2bf(v0);
-          if (two) o[1] = f2bf(v1);
-        }
-      }
+      store_out_pair<kOutF32>(p, o_row + col, tot[nt * 4 + half * 2], tot[nt * 4 + half * 2 + 1], col + 1 < p.N);
     }
   }
 }
