@@ -7,7 +7,9 @@
 # figures in the same session, then `atlas bench --reference`), compare (fullsize_compare.py),
 # f32lite (the f32 checking mode on the full-size random V2-Lite: CUDA f32 vs CPU f32 traces of
 # layers F32_LAYERS (default 0-5) and a timed f32 generation), profile (ncu kernel durations of
-# generation, env PROFILE_SPECS/PROFILE_TOKENS), notests (skip the test binaries).
+# generation, env PROFILE_SPECS/PROFILE_TOKENS), ncugemm (Nsight Compute sections of GEMM benchmark
+# cases, env NCU_CASES/NCU_KERNEL), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
+# the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
 # libssl-dev libssl3 zlib1g-dev libtomlplusplus-dev libtomlplusplus3). Each -dev package whose header the system lacks is unpacked
