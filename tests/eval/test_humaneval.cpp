@@ -216,7 +216,7 @@ TEST(HumanEvalContainment, NoNetworkEvenToHostLoopback) {
 TEST(HumanEvalContainment, WritesOutsideTheWorkingDirFail) {
   const fs::path dir = fs::temp_directory_path() / ("atlas-eval-host-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  for (const std::string target : {(dir / "escape").string(), std::string("/usr/escape"), std::string("/escape"),
+  for (const std::string& target : {(dir / "escape").string(), std::string("/usr/escape"), std::string("/escape"),
                                    std::string("/atlas/escape"), std::string("/dev/shm/escape")}) {
     const Outcome o = run("    open('" + target + "', 'w').write('x')\n    return a + b\n");
     EXPECT_EQ(o.verdict, Verdict::RuntimeError) << target;

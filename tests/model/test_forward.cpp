@@ -166,7 +166,9 @@ TEST(Forward, RouterOutputsAreOrderedAndNormalised) {
     float sum = 0;
     for (int j = 0; j < 3; ++j) {
       sum += w[m * 3 + j];
-      if (j) EXPECT_GE(w[m * 3 + j - 1], w[m * 3 + j]);
+      if (j) {
+        EXPECT_GE(w[m * 3 + j - 1], w[m * 3 + j]);
+      }
     }
     EXPECT_NEAR(sum, 1.0f, 1e-6f);  // norm_topk_prob
     // group-limited: experts come from at most topk_group (2) of the 4 groups of 2.

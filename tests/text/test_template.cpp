@@ -170,7 +170,9 @@ TEST(Template, HfGlobals) {
   localtime_r(&now, &tm);
   std::string year = std::to_string(tm.tm_year + 1900);
   std::string got = render("{{ strftime_now('%Y') }}");
-  if (got != year) EXPECT_EQ(got, std::to_string(tm.tm_year + 1901));  // the year may just have turned
+  if (got != year) {
+    EXPECT_EQ(got, std::to_string(tm.tm_year + 1901));  // the year may just have turned
+  }
   EXPECT_EQ(render("{{ strftime_now is defined }} {{ raise_exception is defined }} {{ namespace is defined }}"),
             "True True True");
 }
