@@ -8,7 +8,8 @@
 # f32lite (the f32 checking mode on the full-size random V2-Lite: CUDA f32 vs CPU f32 traces of
 # layers F32_LAYERS (default 0-5) and a timed f32 generation), profile (ncu kernel durations of
 # generation, env PROFILE_SPECS/PROFILE_TOKENS), ncugemm (Nsight Compute sections of GEMM benchmark
-# cases, env NCU_CASES/NCU_KERNEL), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
+# cases, env NCU_CASES/NCU_KERNEL), rerun (the full-size traced prefill twice, stage hashes
+# compared), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
@@ -176,7 +177,7 @@ if has ncugemm; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile; then
+if has bench || has reference || has compare || has f32lite || has profile || has rerun; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -224,6 +225,17 @@ if has f32lite; then
     --out "$out/f32lite_gen.jsonl" --max-new-tokens ${F32_TOKENS:-256} --batch 4 2>&1 | tail -1 || rc=1
   echo "   f32 generation, 4 prompts x ${F32_TOKENS:-256} tokens: $(( $(date +%s) - t0 )) s (load included)"
   nvidia-smi --query-gpu=memory.used --format=csv
+fi
+if has rerun; then
+  # Determinism at full size: the traced prefill twice in fresh processes, stage hashes compared
+  # (session 3 saw them change from run to run; the MoE scatter race fix is the candidate).
+  echo "== full-size reruns: prefill-trace-128 stage hashes"
+  for i in 1 2; do
+    $B/atlas bench --model $lite --mode batch-invariant --workload prefill-trace-128 --json "$out/rerun_bench_$i.json" \
+      >/dev/null 2>&1 || { echo "   bench $i FAILED"; rc=1; }
+  done
+  python3 -c 'import json,sys; h=[json.load(open(f))[0]["detail"]["stage_hashes_sha256"] for f in sys.argv[1:]]; print("   stage hashes", "IDENTICAL" if h[0]==h[1] else "DIFFER", *h); sys.exit(h[0]!=h[1])' \
+    "$out/rerun_bench_1.json" "$out/rerun_bench_2.json" || rc=1
 fi
 if has profile; then
   # Kernel durations of real forward passes under Nsight Compute (nsys does not work on these
