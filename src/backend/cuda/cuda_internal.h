@@ -24,6 +24,22 @@ inline void require(bool ok, const char* op, const char* field, const std::strin
 // (out-of-range positions, expert ids, cache lengths); read by check_device_errors().
 int* error_flag();
 
+// The host-side checks every dense / strided-batch GEMM launcher makes (bf16 GemmArgs, f32
+// GemmF32Args: the same field names).
+template <class A>
+void require_gemm_args(const A& a, const char* op) {
+  require(a.M >= 0 && a.N > 0 && a.K > 0, op, "shape",
+          "need M >= 0, N > 0, K > 0; got M=" + std::to_string(a.M) + " N=" + std::to_string(a.N) +
+              " K=" + std::to_string(a.K));
+  require(a.x && a.w && a.out, op, "pointers", "x, w and out must be set");
+  require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
+              (a.out_stride == 0 || a.out_stride >= a.N),
+          op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
+  require(a.batch >= 1 && a.batch <= 65535, op, "batch", "need 1 <= batch <= 65535, got " + std::to_string(a.batch));
+  require(a.x_batch_stride >= 0 && a.w_batch_stride >= 0 && a.out_batch_stride >= 0, op, "batch_stride",
+          "batch strides must be >= 0");
+}
+
 // The host-side checks every grouped GEMM launcher makes (bf16 GroupedGemmArgs, f32
 // GroupedGemmF32Args: the same field names).
 template <class A>

@@ -24,16 +24,7 @@ int64_t tiles(int64_t n) { return (n + kern::kF32Tile - 1) / kern::kF32Tile; }
 
 void gemm_f32(const GemmF32Args& a) {
   const char* op = "gemm_f32";
-  require(a.M >= 0 && a.N > 0 && a.K > 0, op, "shape",
-          "need M >= 0, N > 0, K > 0; got M=" + std::to_string(a.M) + " N=" + std::to_string(a.N) +
-              " K=" + std::to_string(a.K));
-  require(a.x && a.w && a.out, op, "pointers", "x, w and out must be set");
-  require((a.x_stride == 0 || a.x_stride >= a.K) && (a.w_stride == 0 || a.w_stride >= a.K) &&
-              (a.out_stride == 0 || a.out_stride >= a.N),
-          op, "stride", "a row stride is smaller than the row (K for x and w, N for out)");
-  require(a.batch >= 1 && a.batch <= 65535, op, "batch", "need 1 <= batch <= 65535, got " + std::to_string(a.batch));
-  require(a.x_batch_stride >= 0 && a.w_batch_stride >= 0 && a.out_batch_stride >= 0, op, "batch_stride",
-          "batch strides must be >= 0");
+  require_gemm_args(a, op);
   require(tiles(a.N) <= 65535, op, "N", "too many columns for one launch (N / 64 > 65535)");
   if (a.M == 0) return;
   kern::F32GemmParams p;
