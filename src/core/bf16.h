@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 
 namespace atlas {
 
@@ -18,6 +19,18 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// Storage-element helpers for code templated on the element type (uint16_t = bf16 bits, or
+// float): widen to f32 (exact), and store an f32 (bf16: one rounding; f32: unchanged).
+inline float elem_to_f32(uint16_t h) { return bf16_to_f32(h); }
+inline float elem_to_f32(float f) { return f; }
+template <class T>
+T f32_to_elem(float f) {
+  if constexpr (std::is_same_v<T, float>)
+    return f;
+  else
+    return f32_to_bf16(f);
+}
 
 // IEEE half precision (F16 checkpoints).
 float f16_to_f32(uint16_t h);

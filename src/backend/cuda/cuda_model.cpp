@@ -39,16 +39,6 @@ std::string gib(size_t bytes) {
   return buf;
 }
 
-// Host-side element conversions for the two element types (bf16: round to nearest even).
-inline float host_f32(uint16_t h) { return bf16_to_f32(h); }
-inline float host_f32(float f) { return f; }
-template <class Elem>
-Elem host_elem(float f) {
-  if constexpr (std::is_same_v<Elem, float>)
-    return f;
-  else
-    return f32_to_bf16(f);
-}
 
 // A device allocation owned by RAII.
 class DeviceBlock {
@@ -222,7 +212,7 @@ class Uploader {
       case DType::F16: {
         const uint16_t* s = reinterpret_cast<const uint16_t*>(t.data) + off;
 #pragma omp parallel for schedule(static) if (len >= (1 << 20))
-        for (int64_t i = 0; i < len; ++i) out[i] = host_elem<Elem>(f16_to_f32(s[i]));
+        for (int64_t i = 0; i < len; ++i) out[i] = f32_to_elem<Elem>(f16_to_f32(s[i]));
         break;
       }
       case DType::F32: {
@@ -473,7 +463,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
       for (int64_t hh = 0; hh < nh; ++hh)
         for (int64_t d = 0; d < dn; ++d)
           for (int64_t cc = 0; cc < dc; ++cc)
-            t[size_t((hh * dc + cc) * dn + d)] = host_elem<Elem>(w[size_t((hh * (dn + dv) + d) * dc + cc)]);
+            t[size_t((hh * dc + cc) * dn + d)] = f32_to_elem<Elem>(w[size_t((hh * (dn + dv) + d) * dc + cc)]);
       up.upload(t, reinterpret_cast<Elem*>(base + li[i].w_uk_t));
     }
   }
@@ -546,8 +536,8 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   for (int64_t p = 0; p < max_positions_; ++p) {
     rope_cos_sin(inv, amp, p, !kF32, cs.data(), cs.data() + half);
     for (int64_t k = 0; k < half; ++k) {
-      tab[size_t(p * half + k)] = host_elem<Elem>(cs[size_t(k)]);
-      tab[size_t((max_positions_ + p) * half + k)] = host_elem<Elem>(cs[size_t(half + k)]);
+      tab[size_t(p * half + k)] = f32_to_elem<Elem>(cs[size_t(k)]);
+      tab[size_t((max_positions_ + p) * half + k)] = f32_to_elem<Elem>(cs[size_t(half + k)]);
     }
   }
   rope_ = DeviceBlock(tab.size() * kEs);
@@ -1093,7 +1083,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     out.logits.resize(lb.size());
     const int64_t nl = int64_t(lb.size());
 #pragma omp parallel for schedule(static) if (nl >= (1 << 20))
-    for (int64_t i = 0; i < nl; ++i) out.logits[size_t(i)] = host_f32(lb[size_t(i)]);
+    for (int64_t i = 0; i < nl; ++i) out.logits[size_t(i)] = elem_to_f32(lb[size_t(i)]);
     if (hooks && hooks->wants("logits")) {
       HookTensor t{.name = "logits", .layer = -1, .dtype = DType::F32,
                    .shape = in.logits_last_only ? std::vector<int64_t>{B, 1, V} : std::vector<int64_t>{B, T, V},

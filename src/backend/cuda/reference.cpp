@@ -19,20 +19,11 @@ namespace {
 
 float bf(uint16_t h) { return bf16_to_f32(h); }
 
-// Element-type helpers (the twins of kernels/common.cuh's): load as fp32, store (bf16: one
-// rounding; f32: exact), and a bf16 rounding point of the official code (identity in f32).
-float ld(uint16_t h) { return bf16_to_f32(h); }
-float ld(float f) { return f; }
-template <class T>
-T st(float f) {
-  if constexpr (std::is_same_v<T, float>)
-    return f;
-  else
-    return f32_to_bf16(f);
-}
+// A bf16 rounding point of the official code for element type T (identity in f32); loads and
+// stores use core/bf16.h's elem_to_f32 / f32_to_elem (the twins of kernels/common.cuh's).
 template <class T>
 float rnd(float f) {
-  return ld(st<T>(f));
+  return elem_to_f32(f32_to_elem<T>(f));
 }
 
 // Halving tree over n (a power of two) values: v[i] += v[i + o] for o = n/2 .. 1.
@@ -64,14 +55,14 @@ void rmsnorm_t(const RmsNormArgsT<T>& a) {
     const T* x = a.x + r * xs;
     std::fill(part.begin(), part.end(), 0.0f);
     for (int i = 0; i < a.dim; ++i) {
-      const float v = ld(x[i]);
+      const float v = elem_to_f32(x[i]);
       part[i % 256] += v * v;
     }
     const float ss = block_sum_ref(part.data());
     const float rs = 1.0f / std::sqrt(ss / float(a.dim) + a.eps);
     for (int i = 0; i < a.dim; ++i) {
-      const float y = rnd<T>(ld(x[i]) * rs);
-      a.out[r * os + i] = st<T>(ld(a.weight[i]) * y);
+      const float y = rnd<T>(elem_to_f32(x[i]) * rs);
+      a.out[r * os + i] = f32_to_elem<T>(elem_to_f32(a.weight[i]) * y);
     }
   }
 }
@@ -85,12 +76,12 @@ void rope_t(const RopeArgsT<T>& a) {
     for (int h = 0; h < a.heads; ++h)
       for (int k = 0; k < half; ++k) {
         T* r = a.x + t * a.token_stride + h * a.head_stride + 2 * k;
-        const float c = ld(a.cos[int64_t(p) * half + k]), s = ld(a.sin[int64_t(p) * half + k]);
-        const float x0 = ld(r[0]), x1 = ld(r[1]);
+        const float c = elem_to_f32(a.cos[int64_t(p) * half + k]), s = elem_to_f32(a.sin[int64_t(p) * half + k]);
+        const float x0 = elem_to_f32(r[0]), x1 = elem_to_f32(r[1]);
         const float even = rnd<T>(rnd<T>(x0 * c) - rnd<T>(x1 * s));
         const float odd = rnd<T>(rnd<T>(x1 * c) + rnd<T>(x0 * s));
-        r[0] = st<T>(even);
-        r[1] = st<T>(odd);
+        r[0] = f32_to_elem<T>(even);
+        r[1] = f32_to_elem<T>(odd);
       }
   }
 }
@@ -100,15 +91,15 @@ void silu_gate_t(const SiluGateArgsT<T>& a) {
   const int64_t stride = a.in_stride ? a.in_stride : a.width;
   for (int r = 0; r < a.rows; ++r)
     for (int c = 0; c < a.width; ++c) {
-      const float g = ld(a.gate[r * stride + c]), u = ld(a.up[r * stride + c]);
+      const float g = elem_to_f32(a.gate[r * stride + c]), u = elem_to_f32(a.up[r * stride + c]);
       const float s = g / (1.0f + std::exp(-g));
-      a.out[int64_t(r) * a.width + c] = st<T>(rnd<T>(s) * u);
+      a.out[int64_t(r) * a.width + c] = f32_to_elem<T>(rnd<T>(s) * u);
     }
 }
 
 template <class T>
 void add_t(const AddArgsT<T>& a) {
-  for (int64_t i = 0; i < a.n; ++i) a.out[i] = st<T>(ld(a.a[i]) + ld(a.b[i]));
+  for (int64_t i = 0; i < a.n; ++i) a.out[i] = f32_to_elem<T>(elem_to_f32(a.a[i]) + elem_to_f32(a.b[i]));
 }
 
 }  // namespace
@@ -205,8 +196,8 @@ void moe_combine_t(const MoeCombineArgsT<T>& a) {
     for (int c = 0; c < a.dim; ++c) {
       float acc = 0.0f;
       for (int j = 0; j < a.k; ++j)
-        acc += a.topk_weights[t * a.k + j] * ld(a.y_sorted[int64_t(a.pair_slot[t * a.k + j]) * a.dim + c]);
-      a.out[int64_t(t) * a.dim + c] = st<T>(acc);
+        acc += a.topk_weights[t * a.k + j] * elem_to_f32(a.y_sorted[int64_t(a.pair_slot[t * a.k + j]) * a.dim + c]);
+      a.out[int64_t(t) * a.dim + c] = f32_to_elem<T>(acc);
     }
 }
 
@@ -271,7 +262,7 @@ void mla_decode_scalar_t(const MlaDecodeArgsT<T>& a) {
         for (int h = 0; h < H; ++h) {
           float d_acc = 0.0f;
           for (int d = 0; d < W; ++d)
-            d_acc = std::fma(ld(q[h * W + d]), ld(cache[int64_t(j0 + j) * W + d]), d_acc);
+            d_acc = std::fma(elem_to_f32(q[h * W + d]), elem_to_f32(cache[int64_t(j0 + j) * W + d]), d_acc);
           sc[size_t(h) * n + j] = d_acc * a.scale;
         }
       for (int h = 0; h < H; ++h) {
@@ -288,7 +279,7 @@ void mla_decode_scalar_t(const MlaDecodeArgsT<T>& a) {
         float* o = &acc[(size_t(s) * H + h) * D];
         for (int d = 0; d < D; ++d) {
           float v = 0.0f;
-          for (int j = 0; j < n; ++j) v = std::fma(row[j], ld(cache[int64_t(j0 + j) * W + d]), v);
+          for (int j = 0; j < n; ++j) v = std::fma(row[j], elem_to_f32(cache[int64_t(j0 + j) * W + d]), v);
           o[d] = v;
         }
       }
@@ -427,9 +418,9 @@ void argmax_t(const ArgmaxArgsT<T>& a) {
     const T* row = a.logits + r * stride;
     int best = 0;
     for (int i = 0; i < a.vocab; ++i) {
-      const float v = ld(row[i]);
+      const float v = elem_to_f32(row[i]);
       if (v != v) throw Error("cuda::ref: argmax: logits: NaN in row " + std::to_string(r));
-      if (v > ld(row[best])) best = i;  // strict: the first (lowest) index of the maximum stays
+      if (v > elem_to_f32(row[best])) best = i;  // strict: the first (lowest) index of the maximum stays
     }
     a.out[r] = best;
   }
