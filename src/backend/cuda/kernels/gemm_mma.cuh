@@ -116,21 +116,6 @@ __device__ __forceinline__ int swz(int r, int c) {
     return c ^ (r & 7);  // 128- or 256-byte rows
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; src_bytes = 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -269,6 +254,35 @@ __device__ __forceinline__ int64_t a_row_offset(const MmaGemmParams& p, int row,
   return src * p.xs;
 }
 
+// One K step of a block's A and B tiles (rows of BK bf16 from k0, swizzled 16-byte chunks) into
+// ring slots sa [BM][BK] and sb [BN][BK]. Rows past M (or N) are zero in every slice: each slot
+// zero-fills them on its first use (first_fill: the slot's first step) and nothing overwrites
+// them later, so later fills skip them (a 1-row decode tile then copies 1 A row instead of 16).
+// Shared by the mma.sync and wgmma kernels (any T with BM, BN, BK, CH, THREADS).
+template <class T, bool kAsync>
+__device__ __forceinline__ void load_tile_step(uint16_t* sa, uint16_t* sb, const int64_t* a_off, const int64_t* b_off,
+                                               const uint16_t* x, const uint16_t* w, int k0, int K, bool first_fill,
+                                               int tid) {
+#pragma unroll
+  for (int i0 = 0; i0 < T::BM * T::CH; i0 += T::THREADS) {
+    const int i = i0 + tid;
+    if (T::BM * T::CH % T::THREADS == 0 || i < T::BM * T::CH) {
+      const int r = i / T::CH, c = i % T::CH;
+      const int64_t off = a_off[r];
+      if (off >= 0 || first_fill) load_chunk<kAsync>(sa + r * T::BK + swz<T::CH>(r, c) * 8, x, off, k0 + c * 8, K);
+    }
+  }
+#pragma unroll
+  for (int i0 = 0; i0 < T::BN * T::CH; i0 += T::THREADS) {
+    const int i = i0 + tid;
+    if (T::BN * T::CH % T::THREADS == 0 || i < T::BN * T::CH) {
+      const int r = i / T::CH, c = i % T::CH;
+      const int64_t off = b_off[r];
+      if (off >= 0 || first_fill) load_chunk<kAsync>(sb + r * T::BK + swz<T::CH>(r, c) * 8, w, off, k0 + c * 8, K);
+    }
+  }
+}
+
 // Epilogue store of an accumulator pair (columns col, col + 1; `two` = col + 1 < N) at element
 // offset `at` of out: fp32, or bf16 rounded once; one 2-element store where p.pair_store allows.
 template <bool kOutF32>
@@ -326,33 +340,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   }
 
   auto load_stage = [&](int slot, int kt) {
-    const int k0 = kt * T::BK;
-    uint16_t* sa = sA + slot * (T::BM * T::BK);
-    uint16_t* sb = sB + slot * (T::BN * T::BK);
-    // Rows past M (or N) are zero in every slice: each slot zero-fills them on its first use
-    // (slot s first holds slice s) and nothing overwrites them later, so later fills skip them
-    // (a 1-row decode tile then copies 1 A row instead of 16).
-    const bool first_fill = kt - kt_begin < T::STAGES;
-#pragma unroll
-    for (int i0 = 0; i0 < T::BM * T::CH; i0 += T::THREADS) {
-      const int i = i0 + tid;
-      if (T::BM * T::CH % T::THREADS == 0 || i < T::BM * T::CH) {
-        const int r = i / T::CH, c = i % T::CH;
-        const int64_t off = a_off[r];
-        if (off >= 0 || first_fill)
-          load_chunk<kAsync>(sa + r * T::BK + swz<T::CH>(r, c) * 8, x, off, k0 + c * 8, K);
-      }
-    }
-#pragma unroll
-    for (int i0 = 0; i0 < T::BN * T::CH; i0 += T::THREADS) {
-      const int i = i0 + tid;
-      if (T::BN * T::CH % T::THREADS == 0 || i < T::BN * T::CH) {
-        const int r = i / T::CH, c = i % T::CH;
-        const int64_t off = b_off[r];
-        if (off >= 0 || first_fill)
-          load_chunk<kAsync>(sb + r * T::BK + swz<T::CH>(r, c) * 8, w, off, k0 + c * 8, K);
-      }
-    }
+    load_tile_step<T, kAsync>(sA + slot * (T::BM * T::BK), sB + slot * (T::BN * T::BK), a_off, b_off, x, w,
+                              kt * T::BK, K, kt - kt_begin < T::STAGES, tid);
   };
 
   // acc: the current K slice's sum; tot: the running total of finished slices (the contract).

@@ -134,22 +134,8 @@ __global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const Mm
   }
 
   auto load_stage = [&](int slot, int kt) {
-    const int k0 = kt * T::BK;
-    uint16_t* sa = sA + slot * (T::BM * T::BK);
-    uint16_t* sb = sB + slot * (T::BN * T::BK);
-    const bool first_fill = kt - kt_begin < T::STAGES;
-#pragma unroll
-    for (int i0 = 0; i0 < T::BM * T::CH; i0 += T::THREADS) {
-      const int i = i0 + tid, r = i / T::CH, c = i % T::CH;
-      const int64_t off = a_off[r];
-      if (off >= 0 || first_fill) load_chunk<true>(sa + r * T::BK + swz<T::CH>(r, c) * 8, x, off, k0 + c * 8, K);
-    }
-#pragma unroll
-    for (int i0 = 0; i0 < T::BN * T::CH; i0 += T::THREADS) {
-      const int i = i0 + tid, r = i / T::CH, c = i % T::CH;
-      const int64_t off = b_off[r];
-      if (off >= 0 || first_fill) load_chunk<true>(sb + r * T::BK + swz<T::CH>(r, c) * 8, w, off, k0 + c * 8, K);
-    }
+    load_tile_step<T, true>(sA + slot * (T::BM * T::BK), sB + slot * (T::BN * T::BK), a_off, b_off, x, w, kt * T::BK,
+                            K, kt - kt_begin < T::STAGES, tid);
   };
 
   float acc[64], tot[64];
