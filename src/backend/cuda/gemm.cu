@@ -195,12 +195,13 @@ int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128;
 template <class TilesOf>
 int choose_config(int64_t m_per_problem, int N, TilesOf tiles_of, int sm_count) {
   const int forced = forced_config.load();
-  if (forced >= 0) return kConfigs[size_t(forced)].wgmma && !setup().wgmma ? kWgmmaFallback : forced;
+  const bool wgmma_ok = setup().wgmma;
+  if (forced >= 0) return kConfigs[size_t(forced)].wgmma && !wgmma_ok ? kWgmmaFallback : forced;
   const int cap = bm_cap(m_per_problem);
   if (cap == 16) return kSplitK8;
   for (int i = 0; i < int(kConfigs.size()); ++i) {
     const TileConfig& c = kConfigs[size_t(i)];
-    if (c.splitk || c.sliced || c.bm > cap || c.bm == 16 || (c.wgmma && !setup().wgmma)) continue;
+    if (c.splitk || c.sliced || c.bm > cap || c.bm == 16 || (c.wgmma && !wgmma_ok)) continue;
     if (ceil_div(N, c.bn) * tiles_of(c.bm) >= int64_t(sm_count) * 3 / 4) return i;
   }
   return kSplitK8;
