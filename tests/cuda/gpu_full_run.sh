@@ -9,7 +9,8 @@
 # layers F32_LAYERS (default 0-5) and a timed f32 generation), profile (ncu kernel durations of
 # generation, env PROFILE_SPECS/PROFILE_TOKENS), ncugemm (Nsight Compute sections of GEMM benchmark
 # cases, env NCU_CASES/NCU_KERNEL), rerun (the full-size traced prefill twice, stage hashes
-# compared), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
+# compared), pdl (`atlas bench` with launch overlap off, env PDL_ARGS, compared with the bench
+# step's figures), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
@@ -177,7 +178,7 @@ if has ncugemm; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile || has rerun; then
+if has bench || has reference || has compare || has f32lite || has profile || has rerun || has pdl; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -198,6 +199,21 @@ if has bench; then
   ref=(); [[ -f "$out/reference.json" ]] && ref=(--reference "$out/reference.json")
   timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench.json" "${ref[@]}" ${BENCH_ARGS:-} 2>&1 | tail -20
   nvidia-smi --query-gpu=memory.used --format=csv
+fi
+if has pdl; then
+  # Launch overlap off (ATLAS_PDL=0) for comparison with the bench step's default (on):
+  # PDL_ARGS workloads, batch-invariant; tokens_sha256 must equal the bench step's.
+  echo "== atlas bench, launch overlap off"
+  ATLAS_PDL=0 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_nopdl.json" --mode batch-invariant \
+    ${PDL_ARGS:---workload decode-b1} 2>&1 | tail -6
+  [[ -f "$out/bench.json" ]] && python3 -c 'import json,sys
+a={(r["workload"],r["mode"]):r for r in json.load(open(sys.argv[1]))}
+for r in json.load(open(sys.argv[2])):
+  o=a.get((r["workload"],r["mode"]))
+  if not o: continue
+  t1,t0=o["detail"].get("tokens_sha256"),r["detail"].get("tokens_sha256")
+  print("   %-18s overlap on %.3f off %.3f %s; tokens %s" % (r["workload"], o["atlas"], r["atlas"], r["unit"],
+        "identical" if t1==t0 else "DIFFER %s %s" % (t1,t0)))' "$out/bench.json" "$out/bench_nopdl.json"
 fi
 if has f32lite; then
   # The f32 checking mode at full size (62 GB of f32 weights): CUDA f32 vs CPU f32 (absorbed) on

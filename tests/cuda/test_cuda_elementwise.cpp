@@ -57,7 +57,7 @@ class Elementwise : public CudaTest {};
 TEST_F(Elementwise, RmsNormBitExactAndInPlace) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  for (int dim : {2048, 512, 100}) {
+  for (int dim : {2048, 512, 100, 3000}) {  // 3000: past the 8 elements per thread kept in registers
     const int rows = 37;
     const int64_t stride = dim == 512 ? 576 : dim;  // kv_a output: 512 latent of a 576 row
     auto x = random_bf16(rows * stride, rng, 3.0f);
@@ -131,6 +131,89 @@ TEST_F(Elementwise, RopeBitExactOnQAndKpeLayouts) {
         }
       }
   }
+}
+
+// The residual add fused with the next norm: x and out are the bits of add() then rmsnorm(),
+// bf16 and f32, at the model's widths and one past the register-resident part (3000).
+TEST_F(Elementwise, AddRmsNormIsAddThenRmsNorm) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  for (int dim : {2048, 512, 100, 3000}) {
+    const int rows = 19;
+    const int64_t n = int64_t(rows) * dim;
+    auto x = random_bf16(size_t(n), rng, 3.0f), y = random_bf16(size_t(n), rng, 1.0f);
+    auto w = random_bf16(dim, rng, 0.5f);
+    std::vector<uint16_t> sum(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    ref::add_bf16({.a = x.data(), .b = y.data(), .out = sum.data(), .n = n});
+    ref::rmsnorm({.x = sum.data(), .weight = w.data(), .out = want.data(), .rows = rows, .dim = dim});
+    DevBuf<uint16_t> dx(x), dy(y), dw(w), dout(static_cast<size_t>(n));
+    add_rmsnorm({.x = dx.get(), .y = dy.get(), .weight = dw.get(), .out = dout.get(), .rows = rows, .dim = dim});
+    check_device_errors();
+    EXPECT_EQ(dx.download(), sum) << "dim " << dim;
+    EXPECT_EQ(dout.download(), want) << "dim " << dim;
+
+    std::vector<float> xf(static_cast<size_t>(n)), yf(static_cast<size_t>(n)), wf(static_cast<size_t>(dim)), sumf(static_cast<size_t>(n)), wantf(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) xf[size_t(i)] = bf(x[size_t(i)]), yf[size_t(i)] = bf(y[size_t(i)]) * 0.37f;
+    for (int i = 0; i < dim; ++i) wf[size_t(i)] = bf(w[size_t(i)]);
+    ref::add({.a = xf.data(), .b = yf.data(), .out = sumf.data(), .n = n});
+    ref::rmsnorm(RmsNormArgsT<float>{.x = sumf.data(), .weight = wf.data(), .out = wantf.data(), .rows = rows, .dim = dim});
+    DevBuf<float> fx(xf), fy(yf), fw(wf), fout(static_cast<size_t>(n));
+    add_rmsnorm(AddRmsNormArgsT<float>{.x = fx.get(), .y = fy.get(), .weight = fw.get(), .out = fout.get(), .rows = rows,
+                                       .dim = dim});
+    check_device_errors();
+    EXPECT_EQ(fx.download(), sumf) << "f32 dim " << dim;
+    EXPECT_EQ(fout.download(), wantf) << "f32 dim " << dim;
+  }
+  DevBuf<uint16_t> d(8);
+  EXPECT_THROW(add_rmsnorm({.x = d.get(), .y = d.get(), .weight = d.get(), .out = d.get(), .rows = 1, .dim = 8}), Error);
+}
+
+// rope2: the queries' rope parts rotated out of place into the absorbed-query layout and the
+// key's into the cache-slot layout, in one launch: each is the in-place reference applied to a
+// copy; the sources and every other element of the destinations stay as they were.
+TEST_F(Elementwise, Rope2OutOfPlaceEqualsInPlaceReference) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int T = 37, max_pos = 300, nh = 16, dq = 192, dn = 128, W = 576, dc = 512;
+  const RopeTable tab = build_rope_table(YarnParams{}, max_pos);
+  DevBuf<uint16_t> dcos(tab.cos), dsin(tab.sin);
+  std::vector<int32_t> pos(T);
+  std::uniform_int_distribution<int> pd(0, max_pos - 1);
+  for (auto& p : pos) p = pd(rng);
+  DevBuf<int32_t> dpos(pos);
+  const auto q = random_bf16(size_t(T) * nh * dq, rng, 2.0f), lat = random_bf16(size_t(T) * W, rng, 2.0f);
+  const auto qt0 = random_bf16(size_t(T) * nh * W, rng), latn0 = random_bf16(size_t(T) * W, rng);
+  // Reference: rotate copies of the sources in place, then place their rope parts.
+  auto qr = q, lr = lat;
+  ref::rope_inplace({.x = qr.data() + dn, .tokens = T, .heads = nh, .token_stride = nh * dq, .head_stride = dq,
+                     .rope_dim = 64, .positions = pos.data(), .cos = tab.cos.data(), .sin = tab.sin.data(),
+                     .max_positions = max_pos});
+  ref::rope_inplace({.x = lr.data() + dc, .tokens = T, .heads = 1, .token_stride = W, .head_stride = W, .rope_dim = 64,
+                     .positions = pos.data(), .cos = tab.cos.data(), .sin = tab.sin.data(), .max_positions = max_pos});
+  auto want_qt = qt0, want_latn = latn0;
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < nh; ++h)
+      std::copy_n(qr.begin() + (t * nh + h) * dq + dn, 64, want_qt.begin() + (t * nh + h) * W + dc);
+    std::copy_n(lr.begin() + t * W + dc, 64, want_latn.begin() + t * W + dc);
+  }
+  DevBuf<uint16_t> dq_(q), dlat(lat), dqt(qt0), dlatn(latn0);
+  rope2({.x = dlat.get() + dc, .tokens = T, .heads = 1, .token_stride = W, .head_stride = W, .rope_dim = 64,
+         .positions = dpos.get(), .cos = dcos.get(), .sin = dsin.get(), .max_positions = max_pos,
+         .out = dlatn.get() + dc},
+        {.x = dq_.get() + dn, .tokens = T, .heads = nh, .token_stride = nh * dq, .head_stride = dq, .rope_dim = 64,
+         .positions = dpos.get(), .cos = dcos.get(), .sin = dsin.get(), .max_positions = max_pos,
+         .out = dqt.get() + dc, .out_token_stride = nh * W, .out_head_stride = W});
+  check_device_errors();
+  EXPECT_EQ(dqt.download(), want_qt);
+  EXPECT_EQ(dlatn.download(), want_latn);
+  EXPECT_EQ(dq_.download(), q) << "source changed";
+  EXPECT_EQ(dlat.download(), lat) << "source changed";
+  // The two jobs must share tokens / positions / tables.
+  EXPECT_THROW(rope2({.x = dlat.get(), .tokens = T, .heads = 1, .token_stride = W, .rope_dim = 64,
+                      .positions = dpos.get(), .cos = dcos.get(), .sin = dsin.get(), .max_positions = max_pos},
+                     {.x = dq_.get(), .tokens = T - 1, .heads = 1, .token_stride = dq, .rope_dim = 64,
+                      .positions = dpos.get(), .cos = dcos.get(), .sin = dsin.get(), .max_positions = max_pos}),
+               Error);
 }
 
 TEST_F(Elementwise, RopeRejectsBadPositions) {

@@ -176,6 +176,17 @@ TEST_F(Moe, PermuteGatherCombineMatchReference) {
                  .tokens = T, .k = k, .dim = dim});
     check_device_errors();
     EXPECT_EQ(dout.download(), want) << T;
+    // With the shared experts' output added in the same launch: out as before, and
+    // sum_out = bf16(out + addend), the bits of add().
+    auto shared = random_bf16(size_t(T) * dim, rng);
+    std::vector<uint16_t> want_sum(want.size());
+    ref::add_bf16({.a = want.data(), .b = shared.data(), .out = want_sum.data(), .n = int64_t(want.size())});
+    DevBuf<uint16_t> dsh(shared), dout2(want.size()), dsum(want.size());
+    moe_combine({.y_sorted = dy.get(), .pair_slot = dslot.get(), .topk_weights = dw.get(), .out = dout2.get(),
+                 .tokens = T, .k = k, .dim = dim, .addend = dsh.get(), .sum_out = dsum.get()});
+    check_device_errors();
+    EXPECT_EQ(dout2.download(), want) << T;
+    EXPECT_EQ(dsum.download(), want_sum) << T;
   }
 }
 

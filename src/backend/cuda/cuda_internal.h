@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_ops.h"
 #include "core/error.h"
@@ -60,5 +61,29 @@ inline cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
 void gemm_release_stream(cudaStream_t s) noexcept;
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+// Programmatic dependent launch (kernels/pdl.cuh): on by default where the device supports it
+// (compute capability >= 9.0); ATLAS_PDL=0 turns it off (plain stream order; the same bits).
+bool pdl_enabled();
+
+// Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the
+// programmatic-serialization attribute when pdl_enabled(). Launch errors are picked up by the
+// caller's check_launch, as with <<<>>>.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_enabled()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace atlas::cuda::detail

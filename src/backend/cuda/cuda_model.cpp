@@ -779,10 +779,18 @@ void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M * k), .width = int(I), .in_stride = 2 * I,
              .stream = s_});
   expert_gemm(b.act, nullptr, 0, L.down_ptrs, b.offsets, b.ys, E, M * k, H, I);
+  // The shared experts' sum joins the combine launch unless a tensor observer of either part
+  // could change it in between (the bits are those of combine, then add).
+  const bool fuse_shared = L.has_shared && !(hooks && (hooks->wants_tensor(names.routed_out) ||
+                                                       hooks->wants_tensor(names.shared_out)));
+  if (fuse_shared) mlp(L.shared, M, b.h, b.shared, b);
   moe_combine({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w, .out = b.routed, .tokens = int(M),
-               .k = int(k), .dim = int(H), .stream = s_});
+               .k = int(k), .dim = int(H), .stream = s_, .addend = fuse_shared ? b.shared : nullptr,
+               .sum_out = fuse_shared ? b.y : nullptr});
   hook_act(hooks, names.routed_out, l, {B, T, H}, b.routed);
-  if (L.has_shared) {
+  if (fuse_shared) {
+    hook_act(hooks, names.shared_out, l, {B, T, H}, b.shared);
+  } else if (L.has_shared) {
     mlp(L.shared, M, b.h, b.shared, b);
     hook_act(hooks, names.shared_out, l, {B, T, H}, b.shared);
     add({.a = b.routed, .b = b.shared, .out = b.y, .n = M * H, .stream = s_});
@@ -806,6 +814,29 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
              .stream = s_});
   hook_act(hooks, "embed", -1, {B, T, H}, b.x);
 
+  // A residual add and the RMSNorm after it run as one launch (add_rmsnorm: the same bits)
+  // unless a tensor observer of the sum could change it between the two (Hooks can write).
+  const auto add_then_norm = [&](const std::string& sum_hook, const Elem* norm_w, int64_t layer) {
+    if (hooks && hooks->wants_tensor(sum_hook)) {
+      add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
+      hook_act(hooks, sum_hook, layer, {B, T, H}, b.x);
+      if (norm_w)
+        rmsnorm({.x = b.x, .weight = norm_w, .out = b.h, .rows = int(M), .dim = int(H), .eps = float(c.rms_norm_eps),
+                 .stream = s_});
+    } else if (norm_w) {
+      add_rmsnorm({.x = b.x, .y = b.y, .weight = norm_w, .out = b.h, .rows = int(M), .dim = int(H),
+                   .eps = float(c.rms_norm_eps), .stream = s_});
+      hook_act(hooks, sum_hook, layer, {B, T, H}, b.x);
+    } else {
+      add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
+      hook_act(hooks, sum_hook, layer, {B, T, H}, b.x);
+    }
+  };
+  // h = input_layernorm(x) of the first layer; later layers get theirs from add_then_norm.
+  if (!blocks_.empty())
+    rmsnorm({.x = b.x, .weight = blocks_[0].ln1, .out = b.h, .rows = int(M), .dim = int(H),
+             .eps = float(c.rms_norm_eps), .stream = s_});
+
   for (int64_t li = 0; li < int64_t(blocks_.size()); ++li) {
     const Layer& L = blocks_[size_t(li)];
     const int64_t l = layers_.first + li;
@@ -814,7 +845,6 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     const float eps = float(c.rms_norm_eps);
 
     // h = input_layernorm(x)
-    rmsnorm({.x = b.x, .weight = L.ln1, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
     hook_act(hooks, names.ln1, l, {B, T, H}, b.h);
     // q [M, nh*dq] (or the LoRA path q_b(rmsnorm(q_a h)))
     if (c.q_lora_rank) {
@@ -832,23 +862,23 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions.
     rmsnorm({.x = b.lat, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = W,
              .out_stride = W, .eps = eps, .stream = s_});
-    copy_2d(b.latn + dc, size_t(W) * kEs, b.lat + dc, size_t(W) * kEs, size_t(dr) * kEs, size_t(M), s_);
-    rope_inplace({.x = b.latn + dc, .tokens = int(M), .heads = 1, .token_stride = W, .head_stride = W,
-                  .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
-                  .stream = s_});
-    rope_inplace({.x = b.q + dn, .tokens = int(M), .heads = int(nh), .token_stride = nh * dq, .head_stride = dq,
-                  .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
-                  .stream = s_});
+    // One launch rotates the key's rope part into the cache slot (latn[:, dc:]) and each head's
+    // query rope part into its absorbed query (qt[:, h, dc:]); b.q keeps the unrotated values.
+    rope2({.x = b.lat + dc, .tokens = int(M), .heads = 1, .token_stride = W, .head_stride = W, .rope_dim = int(dr),
+           .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_, .stream = s_,
+           .out = b.latn + dc},
+          {.x = b.q + dn, .tokens = int(M), .heads = int(nh), .token_stride = nh * dq, .head_stride = dq,
+           .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
+           .stream = s_, .out = b.qt + dc, .out_token_stride = nh * W, .out_head_stride = W});
     hook_act(hooks, names.latent_norm, l, {B, T, W}, b.latn);
     copy_rows({.src = b.latn, .dst = kv, .dst_rows = b.dst_rows, .rows = M, .width = int(W), .src_limit = M,
                .dst_limit = B * cache.capacity(), .stream = s_});
 
     // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
-    // heads); qt[:, h, dc:] = rotated q_pe_h.
+    // heads); qt[:, h, dc:] = rotated q_pe_h (rope2 above).
     matmul({.x = b.q, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = nh * dq, .w_stride = dn,
             .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
             .out_batch_stride = W});
-    copy_2d(b.qt + dc, size_t(W) * kEs, b.q + dn, size_t(dq) * kEs, size_t(dr) * kEs, size_t(M * nh), s_);
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
     // bf16: the tensor-core kernel; f32: the scalar kernel (MlaDecodeArgsT<float>'s default).
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {
@@ -872,23 +902,22 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
             .out_batch_stride = dv});
     linear(b.heads, L.o, b.y, M, H, nh * dv);
     hook_act(hooks, names.attn_out, l, {B, T, H}, b.y);
-    add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
-    hook_act(hooks, names.resid_mid, l, {B, T, H}, b.x);
-
-    // h = post_attention_layernorm(x); x = x + mlp_or_moe(h)
-    rmsnorm({.x = b.x, .weight = L.ln2, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
+    // x = x + attn; h = post_attention_layernorm(x); x = x + mlp_or_moe(h)
+    add_then_norm(names.resid_mid, L.ln2, l);
     hook_act(hooks, names.ln2, l, {B, T, H}, b.h);
     if (L.moe)
       moe(L, names, l, B, T, b, hooks);
     else
       mlp(L.dense, M, b.h, b.y, b);
     hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
-    add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
-    hook_act(hooks, names.resid_post, l, {B, T, H}, b.x);
+    // ... and the next layer's input_layernorm (or the final norm) in the same launch.
+    const Elem* next_norm = li + 1 < int64_t(blocks_.size()) ? blocks_[size_t(li + 1)].ln1 : has_head_ ? final_ln_ : nullptr;
+    add_then_norm(names.resid_post, next_norm, l);
   }
   if (!has_head_) return;
-  rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = float(c.rms_norm_eps),
-           .stream = s_});
+  if (blocks_.empty())
+    rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = float(c.rms_norm_eps),
+             .stream = s_});
   hook_act(hooks, "final_norm", -1, {B, T, H}, b.h);
   const Elem* head_in = b.h;
   if (last_only && T > 1) {

@@ -67,6 +67,12 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
 // into a CUDA graph; the legacy default stream cannot be captured).
 Stream stream_create();
 void stream_destroy(Stream s);
+// Launch overlap (programmatic dependent launch, sm_90+): each kernel's launch overlaps the run
+// of the one before it, which it waits for before touching memory (kernels/pdl.cuh), so the
+// results are the same bits either way. On by default where supported; ATLAS_PDL=0 or
+// set_launch_overlap(false) turns it off (launches after the call; captured graphs keep theirs).
+void set_launch_overlap(bool on);
+bool launch_overlap();
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
 
 // A CUDA graph captured from the work issued on one stream between begin() and end(), then
@@ -130,6 +136,23 @@ using RmsNormArgs = RmsNormArgsT<uint16_t>;
 void rmsnorm(const RmsNormArgs& a);
 void rmsnorm(const RmsNormArgsT<float>& a);
 
+// ---- residual add fused with the next RMSNorm --------------------------------------------
+// x = bf16(x + y) (written back), then out = rmsnorm(x): one launch with the bits of add()
+// followed by rmsnorm() (the norm reads the rounded sum).
+template <class T>
+struct AddRmsNormArgsT {
+  T* x = nullptr;             // [rows, dim] residual stream, updated in place
+  const T* y = nullptr;       // [rows, dim] what is added
+  const T* weight = nullptr;  // [dim]
+  T* out = nullptr;           // [rows, dim] (must not alias x or y)
+  int rows = 0;
+  int dim = 0;
+  float eps = 1e-6f;
+  Stream stream = nullptr;
+};
+void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a);
+void add_rmsnorm(const AddRmsNormArgsT<float>& a);
+
 // ---- YaRN RoPE (spec section 3) ----------------------------------------------------------
 struct YarnParams {
   int rope_dim = 64;  // rotated width; rope_dim/2 frequencies
@@ -173,10 +196,19 @@ struct RopeArgsT {
   const T* sin = nullptr;
   int max_positions = 0;
   Stream stream = nullptr;
+  // Out of place: x is only read and the rotated pairs go to out (strides as above, 0 = x's);
+  // null = in place.
+  T* out = nullptr;
+  int64_t out_token_stride = 0;
+  int64_t out_head_stride = 0;
 };
 using RopeArgs = RopeArgsT<uint16_t>;
 void rope_inplace(const RopeArgs& a);
 void rope_inplace(const RopeArgsT<float>& a);
+// Two rotations in one launch (the queries' and the cached key's rope parts of a layer): both
+// share tokens, rope_dim, positions, tables and stream; each is exactly rope_inplace(a) / (b).
+void rope2(const RopeArgs& a, const RopeArgs& b);
+void rope2(const RopeArgsT<float>& a, const RopeArgsT<float>& b);
 
 // ---- SiLU gate: out = bf16(bf16(silu(g)) * u); f32: silu(g) * u -------------------------
 template <class T>
@@ -298,6 +330,10 @@ struct MoeCombineArgsT {
   int k = 0;
   int dim = 0;
   Stream stream = nullptr;
+  // Optional, both or neither: sum_out = bf16(out + addend) in the same launch (the shared
+  // experts' output added to the routed one: the bits of add()).
+  const T* addend = nullptr;  // [tokens, dim]
+  T* sum_out = nullptr;       // [tokens, dim]
 };
 using MoeCombineArgs = MoeCombineArgsT<uint16_t>;
 void moe_combine(const MoeCombineArgs& a);

@@ -13,7 +13,7 @@ namespace {
 constexpr int kDigestThreads = 128;
 
 template <class T>
-void launch(const TokenDigestArgsT<T>& a, const char* op) {
+void launch_digest(const TokenDigestArgsT<T>& a, const char* op) {
   require(a.rows >= 0, op, "rows", "must be >= 0");
   require(a.dim > 0, op, "dim", "must be > 0");
   const int64_t stride = a.row_stride ? a.row_stride : a.dim;
@@ -26,14 +26,14 @@ void launch(const TokenDigestArgsT<T>& a, const char* op) {
   const bool vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && stride % per16 == 0;
   const int64_t blocks = (a.rows + kDigestThreads - 1) / kDigestThreads;
   require(blocks <= 0x7fffffff, op, "rows", "too many rows for one launch");
-  kern::token_digest_kernel<T><<<unsigned(blocks), kDigestThreads, 0, stream_of(a.stream)>>>(a.x, stride, a.rows,
+  launch(kern::token_digest_kernel<T>, unsigned(blocks), kDigestThreads, 0, stream_of(a.stream), a.x, stride, a.rows,
                                                                                              a.dim, vec, a.out);
   check_launch(op);
 }
 
 }  // namespace
 
-void token_digests_bf16(const TokenDigestBf16Args& a) { launch(a, "token_digests_bf16"); }
-void token_digests_f32(const TokenDigestF32Args& a) { launch(a, "token_digests_f32"); }
+void token_digests_bf16(const TokenDigestBf16Args& a) { launch_digest(a, "token_digests_bf16"); }
+void token_digests_f32(const TokenDigestF32Args& a) { launch_digest(a, "token_digests_f32"); }
 
 }  // namespace atlas::cuda

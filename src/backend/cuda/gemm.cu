@@ -407,7 +407,7 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, dim3 grid, bool f32, bool async, bool rows8,
                 cudaStream_t stream) {
   const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
-  f<<<grid, c.threads, c.smem, stream>>>(p);
+  launch(f, grid, c.threads, c.smem, stream, p);
 }
 
 // The slice sums' scratch: one grow-only device block per stream (launches on one stream run in
@@ -458,9 +458,9 @@ bool launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t ti
   check_launch(op);
   const unsigned blocks = unsigned((per_slice + 255) / 256);
   if (f32)
-    kern::gemm_slice_reduce_kernel<true><<<blocks, 256, 0, stream>>>(ws, per_slice, slices, rows, N, out, os, rows_total);
+    launch(kern::gemm_slice_reduce_kernel<true>, blocks, 256, 0, stream, ws, per_slice, slices, rows, N, out, os, rows_total);
   else
-    kern::gemm_slice_reduce_kernel<false><<<blocks, 256, 0, stream>>>(ws, per_slice, slices, rows, N, out, os, rows_total);
+    launch(kern::gemm_slice_reduce_kernel<false>, blocks, 256, 0, stream, ws, per_slice, slices, rows, N, out, os, rows_total);
   check_launch(op);
   return true;
 }
@@ -524,10 +524,10 @@ void gemm(const GemmArgs& a) {
     require(ceil_div(a.M, kern::kGemmBM) <= 65535, op, "M", "too many rows for one fma_chain launch");
     const dim3 grid(unsigned(ceil_div(a.N, kern::kGemmBN)), unsigned(ceil_div(a.M, kern::kGemmBM)), unsigned(a.batch));
     if (f32)
-      kern::gemm_invariant_kernel<true><<<grid, kern::kGemmThreads, 0, stream>>>(
+      launch(kern::gemm_invariant_kernel<true>, grid, kern::kGemmThreads, 0, stream,
           a.x, a.w, a.out, a.M, a.N, a.K, xs, ws, os, a.x_batch_stride, a.w_batch_stride, a.out_batch_stride);
     else
-      kern::gemm_invariant_kernel<false><<<grid, kern::kGemmThreads, 0, stream>>>(
+      launch(kern::gemm_invariant_kernel<false>, grid, kern::kGemmThreads, 0, stream,
           a.x, a.w, a.out, a.M, a.N, a.K, xs, ws, os, a.x_batch_stride, a.w_batch_stride, a.out_batch_stride);
     check_launch(op);
     return;

@@ -42,7 +42,7 @@ void gemm_f32(const GemmF32Args& a) {
   p.K = a.K;
   p.error_flag = error_flag();
   const dim3 grid(unsigned(tiles(a.M)), unsigned(tiles(a.N)), unsigned(a.batch));
-  kern::gemm_f32_kernel<<<grid, kern::kF32Threads, 0, stream_of(a.stream)>>>(p);
+  launch(kern::gemm_f32_kernel, grid, kern::kF32Threads, 0, stream_of(a.stream), p);
   check_launch(op);
 }
 
@@ -70,7 +70,7 @@ void grouped_gemm_f32(const GroupedGemmF32Args& a) {
   // min(groups, max_rows) groups are non-empty.
   const int64_t row_tiles = tiles(a.max_rows) + std::min<int64_t>(a.groups, a.max_rows);
   const dim3 grid(unsigned(row_tiles), unsigned(tiles(a.N)), 1);
-  kern::gemm_f32_kernel<<<grid, kern::kF32Threads, 0, stream_of(a.stream)>>>(p);
+  launch(kern::gemm_f32_kernel, grid, kern::kF32Threads, 0, stream_of(a.stream), p);
   check_launch(op);
 }
 

@@ -45,11 +45,11 @@ void launch_scalar(const MlaDecodeArgsT<T>& a, int width, int max_splits, cudaSt
                  "mla_decode", "cudaFuncSetAttribute");
     });
   }
-  kern::mla_split_kernel<T><<<dim3(max_splits, a.rows), kern::kMlaThreads, dyn, s>>>(
+  launch(kern::mla_split_kernel<T>, dim3(max_splits, a.rows), kern::kMlaThreads, dyn, s,
       a.q, a.latent_cache, a.cache_row_stride, a.lengths, a.cache_rows, a.max_length, a.heads, a.latent, width,
       a.scale, a.split_tokens, max_splits, a.workspace, error_flag());
   check_launch(op);
-  kern::mla_merge_kernel<T><<<a.rows, kern::kMlaThreads, 0, s>>>(a.workspace, a.lengths, a.max_length, a.heads,
+  launch(kern::mla_merge_kernel<T>, a.rows, kern::kMlaThreads, 0, s, a.workspace, a.lengths, a.max_length, a.heads,
                                                               a.latent, a.split_tokens, max_splits, a.out);
   check_launch(op);
 }
@@ -66,7 +66,7 @@ void launch_tc_kernel(const kern::MlaTcParams& p, int smem, cudaStream_t s) {
                "mla_decode", "cudaFuncSetAttribute");
   });
   const dim3 grid(unsigned((p.rows + G - 1) / G), unsigned(p.max_splits));
-  kern::mla_tc_kernel<G, kVec><<<grid, kern::kMlaTcThreads, smem, s>>>(p);
+  launch(kern::mla_tc_kernel<G, kVec>, grid, kern::kMlaTcThreads, smem, s, p);
 }
 
 void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
@@ -106,7 +106,7 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   // bounded when most queries have one split (prefill), where each item is one length read.
   const int64_t items = int64_t(a.rows) * a.heads;
   const unsigned merge_blocks = unsigned(std::min<int64_t>(items, 8192));
-  kern::mla_tc_merge_kernel<<<merge_blocks, kern::kMlaMergeThreads, 0, s>>>(
+  launch(kern::mla_tc_merge_kernel, merge_blocks, kern::kMlaMergeThreads, 0, s,
       p.ws_acc, p.ws_ml, a.lengths, a.rows, a.heads, a.latent, a.max_length, a.split_tokens, max_splits, a.out);
   check_launch(op);
 }

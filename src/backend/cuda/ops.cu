@@ -27,24 +27,54 @@ void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   require(xs >= a.dim && os >= a.dim, op, "stride", "row stride smaller than dim");
   require(a.x && a.weight && a.out, op, "pointers", "x, weight and out must be set");
   if (a.rows == 0) return;
-  kern::rmsnorm_kernel<T><<<a.rows, kern::kReduceThreads, 0, stream_of(a.stream)>>>(
-      a.x, a.weight, a.out, a.dim, xs, os, a.eps);
+  // The kernel writes x only in its fused-add form.
+  launch(kern::rmsnorm_kernel<T, false>, a.rows, kern::kReduceThreads, 0, stream_of(a.stream),
+      const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
 template <class T>
-void rope_impl(const RopeArgsT<T>& a) {
+void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
+  const char* op = "add_rmsnorm";
+  require(a.rows >= 0, op, "rows", "must be >= 0");
+  require(a.dim > 0, op, "dim", "must be > 0");
+  require(a.x && a.y && a.weight && a.out, op, "pointers", "x, y, weight and out must be set");
+  require(a.out != a.x && a.out != a.y, op, "out", "must not alias x or y");
+  if (a.rows == 0) return;
+  launch(kern::rmsnorm_kernel<T, true>, a.rows, kern::kReduceThreads, 0, stream_of(a.stream),
+      a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
+  check_launch(op);
+}
+
+template <class T>
+kern::RopeJob<T> rope_job(const RopeArgsT<T>& a) {
   const char* op = "rope";
   require(a.rope_dim > 0 && a.rope_dim % 2 == 0, op, "rope_dim", "must be even and > 0");
   require(a.tokens >= 0 && a.heads > 0, op, "tokens/heads", "tokens >= 0, heads > 0");
   require(a.max_positions > 0, op, "max_positions", "must be > 0");
   require(a.x && a.positions && a.cos && a.sin, op, "pointers", "x, positions, cos, sin must be set");
+  if (!a.out) return {a.x, a.x, a.heads, a.token_stride, a.head_stride, a.token_stride, a.head_stride};
+  return {a.x, a.out, a.heads, a.token_stride, a.head_stride, a.out_token_stride ? a.out_token_stride : a.token_stride,
+          a.out_head_stride ? a.out_head_stride : a.head_stride};
+}
+
+// b = null: one job.
+template <class T>
+void rope_impl(const RopeArgsT<T>& a, const RopeArgsT<T>* b) {
+  const char* op = "rope";
+  const kern::RopeJob<T> j0 = rope_job(a);
+  kern::RopeJob<T> j1{nullptr, nullptr, 0, 0, 0, 0, 0};
+  if (b) {
+    j1 = rope_job(*b);
+    require(b->tokens == a.tokens && b->rope_dim == a.rope_dim && b->positions == a.positions && b->cos == a.cos &&
+                b->sin == a.sin && b->max_positions == a.max_positions && b->stream == a.stream,
+            op, "second job", "must share tokens, rope_dim, positions, tables and stream with the first");
+  }
   const int half = a.rope_dim / 2;
-  const int64_t total = int64_t(a.tokens) * a.heads * half;
+  const int64_t total = int64_t(a.tokens) * (j0.heads + j1.heads) * half;
   if (total == 0) return;
-  kern::rope_kernel<T><<<blocks_for(total, 256), 256, 0, stream_of(a.stream)>>>(
-      a.x, a.tokens, a.heads, a.token_stride, a.head_stride, half, a.positions, a.cos, a.sin,
-      a.max_positions, error_flag());
+  launch(kern::rope_kernel<T>, blocks_for(total, 256), 256, 0, stream_of(a.stream),
+      j0, j1, a.tokens, half, a.positions, a.cos, a.sin, a.max_positions, error_flag());
   check_launch(op);
 }
 
@@ -57,7 +87,7 @@ void silu_gate_impl(const SiluGateArgsT<T>& a) {
   require(a.gate && a.up && a.out, op, "pointers", "gate, up and out must be set");
   const int64_t n = int64_t(a.rows) * a.width;
   if (n == 0) return;
-  kern::silu_gate_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.gate, a.up, a.out,
+  launch(kern::silu_gate_kernel<T>, blocks_for(n, 256), 256, 0, stream_of(a.stream), a.gate, a.up, a.out,
                                                                                   a.rows, a.width, st);
   check_launch(op);
 }
@@ -71,7 +101,7 @@ void argmax_impl(const ArgmaxArgsT<T>& a) {
   require(st >= a.vocab, op, "stride", "smaller than vocab");
   require(a.logits && a.out, op, "pointers", "logits and out must be set");
   if (a.rows == 0) return;
-  kern::argmax_kernel<T><<<unsigned(a.rows), kern::kArgmaxThreads, 0, stream_of(a.stream)>>>(
+  launch(kern::argmax_kernel<T>, unsigned(a.rows), kern::kArgmaxThreads, 0, stream_of(a.stream),
       a.logits, a.out, a.vocab, st, error_flag());
   check_launch(op);
 }
@@ -86,7 +116,7 @@ void copy_rows_impl(const CopyRowsArgsT<T>& a) {
   require(a.src_limit > 0 && a.dst_limit > 0, op, "limits", "src_limit and dst_limit must be > 0");
   require(a.src && a.dst, op, "pointers", "src and dst must be set");
   if (a.rows == 0) return;
-  kern::copy_rows_kernel<T><<<unsigned(a.rows), 128, 0, stream_of(a.stream)>>>(
+  launch(kern::copy_rows_kernel<T>, unsigned(a.rows), 128, 0, stream_of(a.stream),
       a.src, a.dst, a.src_rows, a.dst_rows, a.width, ss, ds, a.src_limit, a.dst_limit, error_flag());
   check_launch(op);
 }
@@ -97,7 +127,7 @@ void add_impl(const AddArgsT<T>& a) {
   require(a.n >= 0, op, "n", "must be >= 0");
   require(a.a && a.b && a.out, op, "pointers", "a, b and out must be set");
   if (a.n == 0) return;
-  kern::add_kernel<T><<<blocks_for(a.n, 256), 256, 0, stream_of(a.stream)>>>(a.a, a.b, a.out, a.n);
+  launch(kern::add_kernel<T>, blocks_for(a.n, 256), 256, 0, stream_of(a.stream), a.a, a.b, a.out, a.n);
   check_launch(op);
 }
 
@@ -108,7 +138,7 @@ void moe_gather_impl(const MoeGatherArgsT<T>& a) {
   require(a.x && a.sorted_token && a.x_sorted, op, "pointers", "x, sorted_token, x_sorted must be set");
   const int64_t n = int64_t(a.rows) * a.dim;
   if (n == 0) return;
-  kern::moe_gather_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(a.x, a.sorted_token,
+  launch(kern::moe_gather_kernel<T>, blocks_for(n, 256), 256, 0, stream_of(a.stream), a.x, a.sorted_token,
                                                                                    a.x_sorted, a.rows, a.dim);
   check_launch(op);
 }
@@ -119,10 +149,11 @@ void moe_combine_impl(const MoeCombineArgsT<T>& a) {
   require(a.tokens >= 0 && a.k > 0 && a.dim > 0, op, "tokens/k/dim", "tokens >= 0, k > 0, dim > 0");
   require(a.y_sorted && a.pair_slot && a.topk_weights && a.out, op, "pointers",
           "y_sorted, pair_slot, topk_weights, out must be set");
+  require(!a.addend == !a.sum_out, op, "addend/sum_out", "set both or neither");
   const int64_t n = int64_t(a.tokens) * a.dim;
   if (n == 0) return;
-  kern::moe_combine_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(a.stream)>>>(
-      a.y_sorted, a.pair_slot, a.topk_weights, a.out, a.tokens, a.k, a.dim);
+  launch(kern::moe_combine_kernel<T>, blocks_for(n, 256), 256, 0, stream_of(a.stream),
+      a.y_sorted, a.pair_slot, a.topk_weights, a.out, a.tokens, a.k, a.dim, a.addend, a.sum_out);
   check_launch(op);
 }
 
@@ -130,8 +161,12 @@ void moe_combine_impl(const MoeCombineArgsT<T>& a) {
 
 void rmsnorm(const RmsNormArgs& a) { rmsnorm_impl(a); }
 void rmsnorm(const RmsNormArgsT<float>& a) { rmsnorm_impl(a); }
-void rope_inplace(const RopeArgs& a) { rope_impl(a); }
-void rope_inplace(const RopeArgsT<float>& a) { rope_impl(a); }
+void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a) { add_rmsnorm_impl(a); }
+void add_rmsnorm(const AddRmsNormArgsT<float>& a) { add_rmsnorm_impl(a); }
+void rope_inplace(const RopeArgs& a) { rope_impl(a, static_cast<const RopeArgs*>(nullptr)); }
+void rope_inplace(const RopeArgsT<float>& a) { rope_impl(a, static_cast<const RopeArgsT<float>*>(nullptr)); }
+void rope2(const RopeArgs& a, const RopeArgs& b) { rope_impl(a, &b); }
+void rope2(const RopeArgsT<float>& a, const RopeArgsT<float>& b) { rope_impl(a, &b); }
 void silu_gate(const SiluGateArgs& a) { silu_gate_impl(a); }
 void silu_gate(const SiluGateArgsT<float>& a) { silu_gate_impl(a); }
 void argmax(const ArgmaxArgs& a) { argmax_impl(a); }
@@ -161,7 +196,7 @@ void router(const RouterArgs& a) {
   require(a.tokens >= 0, op, "tokens", "must be >= 0");
   require(a.logits && a.topk_ids && a.topk_weights, op, "pointers", "logits, topk_ids, topk_weights must be set");
   if (a.tokens == 0) return;
-  kern::router_kernel<<<blocks_for(a.tokens, kern::kRouterWarps), 32 * kern::kRouterWarps, 0, stream_of(a.stream)>>>(
+  launch(kern::router_kernel, blocks_for(a.tokens, kern::kRouterWarps), 32 * kern::kRouterWarps, 0, stream_of(a.stream),
       a.logits, a.topk_ids, a.topk_weights, a.scores, a.tokens, a.experts, a.k, grouped ? 1 : 0,
       a.n_group, a.topk_group, a.norm_topk_prob ? 1 : 0, a.routed_scaling_factor);
   check_launch(op);
@@ -182,16 +217,16 @@ void moe_permute(const MoePermuteArgs& a) {
   cudaStream_t s = stream_of(a.stream);
   const int chunks = int((int64_t(a.tokens) + kern::kMoeChunk - 1) / kern::kMoeChunk);
   if (chunks > 0) {
-    kern::moe_count_kernel<<<chunks, kern::kMoeChunk, a.experts * sizeof(int32_t), s>>>(
+    launch(kern::moe_count_kernel, chunks, kern::kMoeChunk, a.experts * sizeof(int32_t), s,
         a.topk_ids, a.tokens, a.k, a.experts, a.workspace, error_flag());
     check_launch(op);
   }
   const int scan_threads = ((a.experts + 31) / 32) * 32;
-  kern::moe_scan_kernel<<<1, scan_threads, 0, s>>>(a.workspace, chunks, a.experts, a.counts, a.offsets);
+  launch(kern::moe_scan_kernel, 1, scan_threads, 0, s, a.workspace, chunks, a.experts, a.counts, a.offsets);
   check_launch(op);
   if (chunks > 0) {
     const size_t smem = size_t(1 + kern::kMoeChunk / 32) * size_t(a.experts) * sizeof(int32_t);  // <= 36 KB
-    kern::moe_scatter_kernel<<<chunks, kern::kMoeChunk, smem, s>>>(a.topk_ids, a.tokens, a.k, a.experts,
+    launch(kern::moe_scatter_kernel, chunks, kern::kMoeChunk, smem, s, a.topk_ids, a.tokens, a.k, a.experts,
                                                       a.workspace, a.sorted_token, a.pair_slot);
     check_launch(op);
   }

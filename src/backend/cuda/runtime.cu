@@ -1,6 +1,8 @@
 // Runtime helpers of the CUDA backend: device discovery, memory, errors.
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -16,6 +18,31 @@ void check_cuda(cudaError_t e, const char* op, const char* what) {
 }
 
 void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "kernel launch"); }
+
+namespace {
+// -1: not decided yet; 0 / 1: off / on.
+std::atomic<int> g_pdl{-1};
+bool pdl_supported() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();  // no device: every launch fails later with its own error
+    return false;
+  }
+  return major >= 9;
+}
+}  // namespace
+
+bool pdl_enabled() {
+  int v = g_pdl.load(std::memory_order_relaxed);
+  if (v < 0) {
+    // First launch: the device's compute capability and ATLAS_PDL (0 = off).
+    const char* env = std::getenv("ATLAS_PDL");
+    v = (env && std::string(env) == "0") ? 0 : int(pdl_supported());
+    g_pdl.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 
 void arg_error(const char* op, const char* field, const std::string& what) {
   throw Error(std::string("cuda: ") + op + ": " + field + ": " + what);
@@ -116,6 +143,9 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
                                stream_of(stream)),
              "copy_2d", "cudaMemcpy2DAsync");
 }
+
+void set_launch_overlap(bool on) { detail::g_pdl.store(on && detail::pdl_supported() ? 1 : 0); }
+bool launch_overlap() { return detail::pdl_enabled(); }
 
 Stream stream_create() {
   cudaStream_t s = nullptr;

@@ -19,7 +19,7 @@ void sample_impl(const SampleArgsT<T>& a) {
   require(a.logits && a.params && a.out && a.workspace, op, "pointers",
           "logits, params, out and workspace must be set");
   if (a.rows == 0) return;
-  kern::sample_kernel<T><<<unsigned(a.rows), kern::kSampleThreads, 0, stream_of(a.stream)>>>(
+  launch(kern::sample_kernel<T>, unsigned(a.rows), kern::kSampleThreads, 0, stream_of(a.stream),
       a.logits, st, a.vocab, a.params, a.out, a.workspace);
   check_launch(op);
 }

@@ -382,6 +382,57 @@ TEST_F(CudaTiny, TopkHookInterventionChangesOutput) {
   EXPECT_EQ(forced, model_->forward(in, &hooks).logits);
 }
 
+// The fused launches (residual add + the next norm, routed + shared experts' add) run only
+// when no tensor observer could change the sum in between; read-only tensor observers on every
+// such hook switch the op-by-op path on. Both give the same logits, bit for bit.
+TEST_F(CudaTiny, FusedLaunchesEqualTheOpByOpPath) {
+  const auto rows = prompts(ck_->config().vocab_size);
+  std::vector<int32_t> ids = rows[2];
+  std::vector<int32_t> pos(ids.size());
+  for (size_t t = 0; t < ids.size(); ++t) pos[t] = int32_t(t);
+  std::vector<uint8_t> mask(ids.size(), 1);
+  const ForwardInput in{.batch = 1, .tokens = int64_t(ids.size()), .ids = ids, .positions = pos, .mask = mask,
+                        .logits_last_only = true};
+  Hooks hooks;
+  std::map<std::string, int> fired;
+  for (const char* pat : {"blocks.*.hook_resid_mid", "blocks.*.hook_resid_post", "blocks.*.moe.hook_routed_out"})
+    hooks.add(pat, [&, pat](HookTensor&) { ++fired[pat]; });
+  const auto fused = model_->forward(in).logits;
+  const auto op_by_op = model_->forward(in, &hooks).logits;
+  const int64_t L = ck_->config().num_hidden_layers;
+  EXPECT_EQ(fired["blocks.*.hook_resid_mid"], L);
+  EXPECT_EQ(fired["blocks.*.hook_resid_post"], L);
+  EXPECT_GT(fired["blocks.*.moe.hook_routed_out"], 0);
+  EXPECT_EQ(fused, op_by_op);
+}
+
+// Launch overlap (programmatic dependent launch) changes when a kernel's launch starts, never
+// what it computes: prefill and graph-replayed decode steps with it off and on, bit for bit.
+TEST_F(CudaTiny, LaunchOverlapGivesTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  const bool was = cuda::launch_overlap();
+  std::vector<std::vector<float>> runs;
+  for (bool on : {false, true}) {
+    cuda::set_launch_overlap(on);
+    auto m = load_model(*ck_, {.backend = "cuda", .compute = Compute::BF16});
+    auto c = m->make_cache(8, 310);
+    std::vector<float> all = prefill(*m, *c, rows), lg = all;
+    for (int s = 0; s < 4; ++s) {  // the first step runs eagerly, the rest replay its graph
+      std::vector<int32_t> ids(8), pos(8);
+      for (int r = 0; r < 8; ++r) {
+        ids[size_t(r)] = argmax(lg.data() + r * V, V);
+        pos[size_t(r)] = int32_t(rows[size_t(r)].size()) + s;
+      }
+      lg = step(*m, *c, ids, pos);
+      all.insert(all.end(), lg.begin(), lg.end());
+    }
+    runs.push_back(std::move(all));
+  }
+  cuda::set_launch_overlap(was);
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
 // Decode steps replayed from the cache's CUDA graph (T = 1, no hooks) give the same logits and
 // greedy tokens as the same steps run op by op (graphs off), and the device argmax equals the
 // host argmax of the returned logits. Rows not asked for in logits_rows come back as zeros

@@ -19,6 +19,7 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
 template <class T>
 __global__ void argmax_kernel(const T* __restrict__ logits, int32_t* __restrict__ out, int vocab, int64_t stride,
                               int* error_flag) {
+  pdl_begin();
   const T* row = logits + int64_t(blockIdx.x) * stride;
   float best = -__int_as_float(0x7f800000);  // -inf
   int best_i = 0x7fffffff;

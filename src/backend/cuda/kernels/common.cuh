@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "pdl.cuh"
+
 namespace atlas::cuda::kern {
 
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }

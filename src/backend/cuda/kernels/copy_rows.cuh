@@ -13,6 +13,7 @@ __global__ void copy_rows_kernel(const T* __restrict__ src, T* __restrict__ dst,
                                  const int32_t* __restrict__ src_rows, const int32_t* __restrict__ dst_rows,
                                  int width, int64_t src_stride, int64_t dst_stride, int64_t src_limit,
                                  int64_t dst_limit, int* error_flag) {
+  pdl_begin();
   const int64_t i = blockIdx.x;
   const int64_t s = src_rows ? src_rows[i] : i, d = dst_rows ? dst_rows[i] : i;
   if (s < 0 || d < 0) return;  // skipped row

@@ -9,31 +9,45 @@
 
 namespace atlas::cuda::kern {
 
-// One thread per (token, head, pair k). Official rounding (spec section 5): the two products
-// and their sum are each rounded to bf16; rotate_half's negation is exact.
+// One thread per (token, head, pair k); the heads of up to two jobs (the queries' and the
+// key's rope parts) in one launch. Official rounding (spec section 5): the two products and
+// their sum are each rounded to bf16; rotate_half's negation is exact.
 template <class T>
-__global__ void rope_kernel(T* x, int tokens, int heads, int64_t token_stride, int64_t head_stride,
-                            int half, const int32_t* __restrict__ positions, const T* __restrict__ cos_t,
+struct RopeJob {
+  const T* src;
+  T* dst;  // may equal src (in place)
+  int heads;
+  int64_t src_token_stride, src_head_stride, dst_token_stride, dst_head_stride;
+};
+
+template <class T>
+__global__ void rope_kernel(RopeJob<T> j0, RopeJob<T> j1, int tokens, int half,
+                            const int32_t* __restrict__ positions, const T* __restrict__ cos_t,
                             const T* __restrict__ sin_t, int max_positions, int* bad_position) {
+  pdl_begin();
+  const int heads = j0.heads + j1.heads;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t total = int64_t(tokens) * heads * half;
   if (idx >= total) return;
   const int k = int(idx % half);
-  const int h = int((idx / half) % heads);
+  int h = int((idx / half) % heads);
   const int t = int(idx / (int64_t(half) * heads));
+  const RopeJob<T>& j = h < j0.heads ? j0 : j1;
+  if (h >= j0.heads) h -= j0.heads;
   const int p = positions[t];
-  if (p < 0 || p >= max_positions) {  // reported to the host; the row is left untouched
+  if (p < 0 || p >= max_positions) {  // reported to the host; the pair is left unwritten
     atomicOr(bad_position, 1);
     return;
   }
   const float c = to_f32(cos_t[int64_t(p) * half + k]);
   const float s = to_f32(sin_t[int64_t(p) * half + k]);
-  T* r = x + int64_t(t) * token_stride + int64_t(h) * head_stride + 2 * k;
+  const T* r = j.src + int64_t(t) * j.src_token_stride + int64_t(h) * j.src_head_stride + 2 * k;
+  T* o = j.dst + int64_t(t) * j.dst_token_stride + int64_t(h) * j.dst_head_stride + 2 * k;
   const float a = to_f32(r[0]), b = to_f32(r[1]);
   const float even = round_as<T>(round_as<T>(a * c) - round_as<T>(b * s));
   const float odd = round_as<T>(round_as<T>(b * c) + round_as<T>(a * s));
-  r[0] = from_f32<T>(even);
-  r[1] = from_f32<T>(odd);
+  o[0] = from_f32<T>(even);
+  o[1] = from_f32<T>(odd);
 }
 
 // silu(g) = g / (1 + exp(-g)) in fp32 (PyTorch's formula), rounded to bf16; then the product
@@ -43,6 +57,7 @@ __device__ __forceinline__ float silu_f32(float g) { return g / (1.0f + expf(-g)
 template <class T>
 __global__ void silu_gate_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
                                  int rows, int width, int64_t in_stride) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(rows) * width) return;
   const int64_t r = idx / width, c = idx % width;
@@ -53,6 +68,7 @@ __global__ void silu_gate_kernel(const T* __restrict__ gate, const T* __restrict
 
 template <class T>
 __global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx < n) out[idx] = from_f32<T>(to_f32(a[idx]) + to_f32(b[idx]));
 }

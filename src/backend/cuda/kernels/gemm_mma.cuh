@@ -308,6 +308,7 @@ __device__ __forceinline__ void store_out_pair(const MmaGemmParams& p, int64_t a
 
 template <class T, bool kOutF32, bool kAsync>
 __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
+  pdl_begin();
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   __shared__ int64_t a_off[T::BM];  // element offset of each tile row's A row in x; -1 = zero row
   __shared__ int64_t b_off[T::BN];  // element offset of each tile column's W row; -1 = zero row
@@ -450,6 +451,7 @@ template <bool kOutF32>
 __global__ void gemm_slice_reduce_kernel(const float* __restrict__ ws, int64_t slice_stride, int slices, int M,
                                          int N, void* __restrict__ out, int64_t os,
                                          const int32_t* __restrict__ rows_total) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(M) * N) return;
   const int64_t m = idx / N, n = idx % N;
@@ -482,6 +484,7 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K)
 // fragment registers of rows 8-15 are constant zeros (fewer registers, no loads).
 template <class T, bool kOutF32, bool kVec, bool kHalf>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
+  pdl_begin();
   __shared__ float part[T::KW][T::BM][T::BN];  // one round's slice sums, [warp][row][col]
   __shared__ int64_t a_off[T::BM];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

@@ -99,6 +99,7 @@ __global__ void gemm_wgmma_probe_kernel(int* out) {
 
 template <bool kOutF32>
 __global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const MmaGemmParams p) {
+  pdl_begin();
   using T = WgTile;
   extern __shared__ unsigned char wg_smem_raw[];
   // The ring must start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B).

@@ -48,6 +48,7 @@ mla_split_kernel(const T* __restrict__ q, const T* __restrict__ cache,
                  const int32_t* __restrict__ cache_rows, int max_length, int heads, int latent,
                  int width, float scale, int S, int max_splits, float* __restrict__ ws,
                  int* error_flag) {
+  pdl_begin();
   extern __shared__ __align__(16) unsigned char mla_split_dyn[];
   T* qs;
   if constexpr (sizeof(T) == 2) {
@@ -145,6 +146,7 @@ template <class T>
 __global__ void __launch_bounds__(kMlaThreads)
 mla_merge_kernel(const float* __restrict__ ws, const int32_t* __restrict__ lengths, int max_length,
                  int heads, int latent, int S, int max_splits, T* __restrict__ out) {
+  pdl_begin();
   const int row = blockIdx.x, tid = threadIdx.x;
   const int len = lengths[row];
   if (len < 0 || len > max_length) return;  // reported by the split kernel

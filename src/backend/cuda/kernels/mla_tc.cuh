@@ -117,6 +117,7 @@ __device__ __forceinline__ uint16_t f2bf_out(float f) {
 // bits come out; tested).
 template <int G, bool kVec>
 __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcParams p) {
+  pdl_begin();
   constexpr int R = 16 * G;  // MMA rows: G queries x 16 (padded) heads
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_len[G];       // query length, -1 for no query / bad length
@@ -418,6 +419,7 @@ __global__ void __launch_bounds__(kMlaMergeThreads)
 mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                     const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
                     int max_splits, uint16_t* __restrict__ out) {
+  pdl_begin();
   const int d = 4 * threadIdx.x;
   for (int64_t item = blockIdx.x; item < int64_t(rows) * heads; item += gridDim.x) {
     const int row = int(item / heads), h = int(item % heads);

@@ -22,6 +22,7 @@ constexpr int kMoeMaxK = 16;
 
 __global__ void moe_count_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
                                  int32_t* __restrict__ chunk_counts, int* error_flag) {
+  pdl_begin();
   extern __shared__ int32_t hist[];  // [E]
   for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
   __syncthreads();
@@ -43,6 +44,7 @@ __global__ void moe_count_kernel(const int32_t* __restrict__ ids, int tokens, in
 // One block, blockDim >= E. chunk_counts [n_chunks, E] is turned into chunk bases in place.
 __global__ void moe_scan_kernel(int32_t* chunk_counts, int n_chunks, int E,
                                 int32_t* __restrict__ counts, int32_t* __restrict__ offsets) {
+  pdl_begin();
   const int e = threadIdx.x;
   if (e < E) {
     int32_t total = 0;
@@ -78,6 +80,7 @@ __global__ void __launch_bounds__(kMoeChunk)
 moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
                    const int32_t* __restrict__ chunk_base, int32_t* __restrict__ sorted_token,
                    int32_t* __restrict__ pair_slot) {
+  pdl_begin();
   constexpr int kWarps = kMoeChunk / 32;
   extern __shared__ int32_t scatter_smem[];
   int32_t* run = scatter_smem;      // [E] next position of each expert
@@ -115,22 +118,27 @@ moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
 template <class T>
 __global__ void moe_gather_kernel(const T* __restrict__ x, const int32_t* __restrict__ sorted_token,
                                   T* __restrict__ xs, int rows, int dim) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(rows) * dim) return;
   const int64_t r = idx / dim, c = idx % dim;
   xs[idx] = x[int64_t(sorted_token[r]) * dim + c];
 }
 
+// addend / sum_out (both or neither): sum_out = bf16(out + addend), the routed + shared add.
 template <class T>
 __global__ void moe_combine_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
                                    const float* __restrict__ w, T* __restrict__ out, int tokens, int k,
-                                   int dim) {
+                                   int dim, const T* __restrict__ addend, T* __restrict__ sum_out) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(tokens) * dim) return;
   const int64_t t = idx / dim, c = idx % dim;
   float acc = 0.0f;
   for (int j = 0; j < k; ++j) acc += w[t * k + j] * to_f32(ys[int64_t(slot[t * k + j]) * dim + c]);
-  out[idx] = from_f32<T>(acc);
+  const T routed = from_f32<T>(acc);
+  out[idx] = routed;
+  if (addend) sum_out[idx] = from_f32<T>(to_f32(routed) + to_f32(addend[idx]));
 }
 
 }  // namespace atlas::cuda::kern

@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
 router_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
               float* __restrict__ scores_out, int tokens, int E, int k, int grouped, int n_group,
               int topk_group, int norm_topk_prob, float scaling) {
+  pdl_begin();
   __shared__ float sp[kRouterWarps][kRouterMaxExperts];    // probabilities
   __shared__ float scand[kRouterWarps][kRouterMaxExperts];  // candidate scores
   __shared__ float sw[kRouterWarps][kRouterMaxK];

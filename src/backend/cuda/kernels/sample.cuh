@@ -53,6 +53,7 @@ template <class T>
 __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(const T* __restrict__ logits, int64_t stride, int vocab, const sc::RowParams* __restrict__ params,
                   int32_t* __restrict__ out, uint32_t* __restrict__ workspace) {
+  pdl_begin();
   const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const sc::RowParams p = params[row];
   if (p.mode != sc::kSample) return;  // a greedy row keeps its argmax

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "pdl.cuh"
+
 namespace atlas::cuda::kern {
 
 __constant__ uint32_t kSha256K[64] = {
@@ -109,6 +111,7 @@ __device__ __forceinline__ void load_block(const float* row, int64_t blk, bool v
 template <class T>
 __global__ void token_digest_kernel(const T* __restrict__ x, int64_t stride, int64_t rows, int dim, bool vec,
                                     uint8_t* __restrict__ out) {
+  pdl_begin();
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const T* row = x + r * stride;
