@@ -9,7 +9,7 @@
 # layers F32_LAYERS (default 0-5) and a timed f32 generation), profile (ncu kernel durations of
 # generation, env PROFILE_SPECS/PROFILE_TOKENS), ncugemm (Nsight Compute sections of GEMM benchmark
 # cases, env NCU_CASES/NCU_KERNEL), rerun (the full-size traced prefill twice, stage hashes
-# compared), pdl (`atlas bench` with launch overlap off, env PDL_ARGS, compared with the bench
+# compared), pdl (`atlas bench` with launch overlap on, env PDL_ARGS, compared with the bench
 # step's figures), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
@@ -201,10 +201,10 @@ if has bench; then
   nvidia-smi --query-gpu=memory.used --format=csv
 fi
 if has pdl; then
-  # Launch overlap off (ATLAS_PDL=0) for comparison with the bench step's default (on):
+  # Launch overlap on (ATLAS_PDL=1) for comparison with the bench step's default (off):
   # PDL_ARGS workloads, batch-invariant; tokens_sha256 must equal the bench step's.
-  echo "== atlas bench, launch overlap off"
-  ATLAS_PDL=0 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_nopdl.json" --mode batch-invariant \
+  echo "== atlas bench, launch overlap on"
+  ATLAS_PDL=1 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_pdl.json" --mode batch-invariant \
     ${PDL_ARGS:---workload decode-b1} 2>&1 | tail -6
   [[ -f "$out/bench.json" ]] && python3 -c 'import json,sys
 a={(r["workload"],r["mode"]):r for r in json.load(open(sys.argv[1]))}
@@ -212,8 +212,8 @@ for r in json.load(open(sys.argv[2])):
   o=a.get((r["workload"],r["mode"]))
   if not o: continue
   t1,t0=o["detail"].get("tokens_sha256"),r["detail"].get("tokens_sha256")
-  print("   %-18s overlap on %.3f off %.3f %s; tokens %s" % (r["workload"], o["atlas"], r["atlas"], r["unit"],
-        "identical" if t1==t0 else "DIFFER %s %s" % (t1,t0)))' "$out/bench.json" "$out/bench_nopdl.json"
+  print("   %-18s overlap off %.3f on %.3f %s; tokens %s" % (r["workload"], o["atlas"], r["atlas"], r["unit"],
+        "identical" if t1==t0 else "DIFFER %s %s" % (t1,t0)))' "$out/bench.json" "$out/bench_pdl.json"
 fi
 if has f32lite; then
   # The f32 checking mode at full size (62 GB of f32 weights): CUDA f32 vs CPU f32 (absorbed) on

@@ -62,8 +62,9 @@ void gemm_release_stream(cudaStream_t s) noexcept;
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
-// Programmatic dependent launch (kernels/pdl.cuh): on by default where the device supports it
-// (compute capability >= 9.0); ATLAS_PDL=0 turns it off (plain stream order; the same bits).
+// Programmatic dependent launch (kernels/pdl.cuh): off by default (measured: no gain worth it);
+// ATLAS_PDL=1 or set_launch_overlap(true) turns it on where the device supports it (compute
+// capability >= 9.0). The same bits either way.
 bool pdl_enabled();
 
 // Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the

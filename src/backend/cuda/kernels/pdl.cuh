@@ -1,4 +1,4 @@
-// Programmatic dependent launch (sm_90; docs/cuda.md "Launch overlap"). Every atlas kernel
+// Programmatic dependent launch (sm_90; docs/cuda.md "Launch overlap"; off by default, ATLAS_PDL=1). Every atlas kernel
 // begins with pdl_begin(): wait until the kernel before it in the stream has completed and its
 // writes are visible (griddepcontrol.wait), then allow the next kernel's blocks to be scheduled
 // (griddepcontrol.launch_dependents); they in turn wait in their own pdl_begin(). The next
