@@ -10,7 +10,9 @@
 # generation, env PROFILE_SPECS/PROFILE_TOKENS), ncugemm (Nsight Compute sections of GEMM benchmark
 # cases, env NCU_CASES/NCU_KERNEL), rerun (the full-size traced prefill twice, stage hashes
 # compared), pdl (`atlas bench` with launch overlap on, env PDL_ARGS, compared with the bench
-# step's figures), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
+# step's figures), grouped (the seed grid once per candidate config of the decode step's
+# grouped expert GEMMs, env GROUPED_CANDIDATES), ncumla (Nsight Compute sections of a batch-128
+# decode-step MLA launch), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
@@ -178,7 +180,7 @@ if has ncugemm; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile || has rerun || has pdl; then
+if has bench || has reference || has compare || has f32lite || has profile || has rerun || has pdl || has grouped || has ncumla; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -214,6 +216,17 @@ for r in json.load(open(sys.argv[2])):
   t1,t0=o["detail"].get("tokens_sha256"),r["detail"].get("tokens_sha256")
   print("   %-18s overlap off %.3f on %.3f %s; tokens %s" % (r["workload"], o["atlas"], r["atlas"], r["unit"],
         "identical" if t1==t0 else "DIFFER %s %s" % (t1,t0)))' "$out/bench.json" "$out/bench_pdl.json"
+fi
+if has grouped; then
+  # End to end: the seed grid with each candidate config for the decode step's grouped expert
+  # GEMMs (ATLAS_GEMM_GROUPED_MANY; any config gives the same bits: tokens must not change).
+  echo "== seed grid per grouped config"
+  for cfg in ${GROUPED_CANDIDATES:-32x64x64/4 32x64x128/4 32x64x64/4x6 32x128x64/8 16x64x128/4}; do
+    ATLAS_GEMM_GROUPED_MANY=$cfg timeout 120 $B/atlas bench --model $lite --json "$out/grouped_${cfg//\//_}.json" \
+      --mode batch-invariant --workload seed-grid-128x512 >/dev/null 2>&1 || { echo "   $cfg FAILED"; rc=1; continue; }
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[0]; print("   %-14s grid %.3f s  tokens %s" % (sys.argv[2], r["atlas"], r["detail"]["tokens_sha256"][:16]))' \
+      "$out/grouped_${cfg//\//_}.json" "$cfg"
+  done
 fi
 if has f32lite; then
   # The f32 checking mode at full size (62 GB of f32 weights): CUDA f32 vs CPU f32 (absorbed) on
@@ -273,6 +286,20 @@ open("/tmp/p128.jsonl","w").write("".join(json.dumps({"id":str(i),"ids":p})+"\n"
     python3 tools/profile/ncu_summary.py "$out/ncu_$name.csv" --split-after argmax --top ${PROFILE_TOP:-22} >"$out/profile_$name.txt" 2>&1
     cat "$out/profile_$name.txt" | cut -c1-150
   done
+fi
+if has ncumla; then
+  # Nsight Compute sections of one batch-128 decode-step MLA launch (past the prefill chunks'
+  # launches: NCU_MLA_SKIP) of `atlas generate` over the bench prompts.
+  echo "== ncu MLA sections (batch-128 decode step)"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [[ -f /tmp/p128.jsonl ]] || { $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); open("/tmp/p128.jsonl","w").write("".join(json.dumps({"id":str(i),"ids":p})+"\n" for i,p in enumerate(d["prompts"])))' "$out/prompts.json"; }
+  ATLAS_CUDA_GRAPHS=0 timeout 200 "$NCU" --clock-control none --kernel-name regex:mla_tc_kernel --launch-skip ${NCU_MLA_SKIP:-200} --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    $B/atlas generate --backend cuda --compute bf16 --model $lite --prompts /tmp/p128.jsonl --out /tmp/prof.jsonl \
+    --max-new-tokens 4 --batch 128 >"$out/ncu_mla.txt" 2>&1
+  echo "   rc=$?"
+  grep -E "Grid Size|Duration|Stall|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Compute \(SM\)|Block Limit|L2 Hit|Warp Cycles Per Issued|Dynamic Shared|spends" "$out/ncu_mla.txt" | head -30
 fi
 if has compare; then
   echo "== full-size comparison with transformers"
