@@ -42,9 +42,12 @@ using CfgM64N32 = kern::MmaTile<64, 32, 64, 2, 2, 4>;  // 48 KB, 128 threads
 using CfgM32 = kern::MmaTile<32, 64, 64, 2, 2, 4>;     // 48 KB, 128 threads
 using CfgD32 = kern::MmaTile<16, 32, 128, 1, 4, 4>;    // 48 KB, 128 threads: 16-row tiled
 // Candidates for the grouped GEMMs of a batch-128 decode step (~12 rows per expert), where
-// 32x64x64/4 streams the experts at ~3.3 TB/s (69% of the H200's peak, Nsight: 23% achieved
+// 32x64x64/4 streamed the experts at ~3.3 TB/s (69% of the H200's peak, Nsight: 23% achieved
 // occupancy, SM 55% busy): wider K steps (256-byte weight row segments), a deeper ring, more
-// columns per block, 16-row tiles. Only the grouped chooser and forced runs use them.
+// columns per block, 16-row tiles. Only the grouped chooser and forced runs use them. Session 4
+// sweep (bench/results/h200-2026-11-30-s4-run6-grouped-sweep.log), gate|up / down us:
+// 32x128x64/8 209 / 107 (chosen), 32x64x64/4 219 / 114, 32x64x64/4x6 260 / 139,
+// 32x64x128/4 289 / 152, 16x64x128/4 304 / 152.
 using CfgG32K128 = kern::MmaTile<32, 64, 128, 2, 2, 3>;  // 72 KB, 128 threads
 using CfgG32S6 = kern::MmaTile<32, 64, 64, 2, 2, 6>;     // 72 KB, 128 threads
 using CfgG32N128 = kern::MmaTile<32, 128, 64, 2, 4, 4>;  // 80 KB, 256 threads
@@ -147,7 +150,9 @@ constexpr int config_index(std::string_view name) {
 constexpr int kSyncLarge = config_index("64x64x64/4"), kSyncSmall = config_index("splitk16x8/8w");
 constexpr int kSplitK8 = config_index("splitk16x8/8w");
 // Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
-constexpr int kGroupedMany = config_index("32x64x64/4"), kGroupedFew = config_index("16x32x128/4");
+// Many: 32x128x64/8 since session 4 (H200: 209 / 107 us vs 32x64x64/4's 219 / 114 for the
+// batch-128 step's gate|up / down; seed grid 8.98 vs 9.22 s, same tokens).
+constexpr int kGroupedMany = config_index("32x128x64/8"), kGroupedFew = config_index("16x32x128/4");
 constexpr int kSliced64 = config_index("64x32x64/4+slices"), kSliced32 = config_index("32x64x64/4+slices");
 // Where the wgmma config is forced but this build or GPU lacks it (same bits).
 constexpr int kWgmmaFallback = config_index("128x128x32/4");
@@ -427,10 +432,10 @@ int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.group
 int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   const int64_t busy = busy_groups(a), m_avg = ceil_div(a.max_rows, busy);
   int ci = choose_config(m_avg, a.N, [&](int bm) { return busy * ceil_div(m_avg, bm); }, sm_count);
-  // Small groups, from the H200 sweep of session 2 (ATLAS_GEMM_SWEEP=1, 64 experts,
+  // Small groups, from the H200 sweeps of sessions 2 and 4 (ATLAS_GEMM_SWEEP=1, 64 experts,
   // N x K = 2816 x 2048 / 2048 x 1408): a decode step of 128 tokens (~12 rows per expert)
-  // 32x64x64/4 211 / 109 us (split-K 786 / 416, 16x32x128/4 314 / 156); of 1 token (6 rows)
-  // 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
+  // 32x128x64/8 209 / 107 us (32x64x64/4 219 / 114, split-K 786 / 416, 16x32x128/4 314 / 156);
+  // of 1 token (6 rows) 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
     ci = a.max_rows > 16 ? grouped_many_config() : kGroupedFew;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
