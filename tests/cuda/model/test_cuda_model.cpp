@@ -287,6 +287,19 @@ std::vector<float> step(const Model& m, Cache& cache, const std::vector<int32_t>
 
 int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
 
+// One row's prompt as a batch-1 prefill with last-token logits (owns what the input points at).
+struct OneRow {
+  std::vector<int32_t> ids, pos;
+  std::vector<uint8_t> mask;
+  explicit OneRow(std::vector<int32_t> row) : ids(std::move(row)), pos(ids.size()), mask(ids.size(), 1) {
+    for (size_t t = 0; t < ids.size(); ++t) pos[t] = int32_t(t);
+  }
+  ForwardInput input() const {
+    return {.batch = 1, .tokens = int64_t(ids.size()), .ids = ids, .positions = pos, .mask = mask,
+            .logits_last_only = true};
+  }
+};
+
 }  // namespace
 
 TEST_F(CudaTiny, TwoRunsAreBitIdentical) {
@@ -369,12 +382,8 @@ TEST_F(CudaTiny, TopkHookInterventionChangesOutput) {
     ++fired;
     for (int64_t i = 0; i < t.numel(); ++i) t.i32()[i] = int32_t(i % t.shape.back());
   });
-  std::vector<int32_t> ids = rows[1];
-  std::vector<int32_t> pos(ids.size());
-  for (size_t t = 0; t < ids.size(); ++t) pos[t] = int32_t(t);
-  std::vector<uint8_t> mask(ids.size(), 1);
-  const ForwardInput in{.batch = 1, .tokens = int64_t(ids.size()), .ids = ids, .positions = pos, .mask = mask,
-                        .logits_last_only = true};
+  const OneRow row(rows[1]);
+  const ForwardInput in = row.input();
   const auto plain = model_->forward(in).logits;
   const auto forced = model_->forward(in, &hooks).logits;
   EXPECT_EQ(fired, 1);
@@ -387,12 +396,8 @@ TEST_F(CudaTiny, TopkHookInterventionChangesOutput) {
 // such hook switch the op-by-op path on. Both give the same logits, bit for bit.
 TEST_F(CudaTiny, FusedLaunchesEqualTheOpByOpPath) {
   const auto rows = prompts(ck_->config().vocab_size);
-  std::vector<int32_t> ids = rows[2];
-  std::vector<int32_t> pos(ids.size());
-  for (size_t t = 0; t < ids.size(); ++t) pos[t] = int32_t(t);
-  std::vector<uint8_t> mask(ids.size(), 1);
-  const ForwardInput in{.batch = 1, .tokens = int64_t(ids.size()), .ids = ids, .positions = pos, .mask = mask,
-                        .logits_last_only = true};
+  const OneRow row(rows[2]);
+  const ForwardInput in = row.input();
   Hooks hooks;
   std::map<std::string, int> fired;
   for (const char* pat : {"blocks.*.hook_resid_mid", "blocks.*.hook_resid_post", "blocks.*.moe.hook_routed_out"})
