@@ -17,7 +17,9 @@ Prompts: --prompts rows of 24-160 random ids (seeded). For each prompt:
 The question the issue asks: is atlas's disagreement with transformers no larger than
 transformers' own batch-shape disagreement? The answer is written as `verdict` per measure.
 With --atlas-f32, atlas's CUDA f32 checking mode traces the same prompts as a third party (exact math up
-to float32 rounding), and each bf16 engine is reported against it. With --f32 (added after the session-2
+to float32 rounding), and each bf16 engine is reported against it; verdict.vs_exact (exact_party.py)
+says whether atlas bf16 is at least as close to it as transformers bf16 (every hidden stage, and
+the mean route agreement). With --f32 (added after the session-2
 run, not yet run on the GPU), transformers in float32 is a
 third party and both bf16 engines are measured against it (`stages_vs_f32`).
 """
@@ -37,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as MF  # noqa: E402
 from bench_transformers import left_pad  # noqa: E402
 import official_torch as OT  # noqa: E402
+from exact_party import verdict_vs_exact  # noqa: E402
 
 
 def log(*a):
@@ -223,6 +226,8 @@ def main():
         "token_prefix_b1": {"atlas": res["tokens"]["atlas_vs_hf_b1"]["mean_common_prefix"],
                             "hf_batch": res["tokens"]["hf_b8_vs_hf_b1"]["mean_common_prefix"]},
     }
+    if atlas_f32 is not None:
+        res["verdict"]["vs_exact"] = verdict_vs_exact(res)
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
         json.dump(res, f, indent=2)
