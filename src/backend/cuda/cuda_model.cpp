@@ -75,7 +75,8 @@ class DeviceBlock {
 class CudaCache final : public Cache {
  public:
   CudaCache(int64_t n_layers, int64_t batch, int64_t capacity, int64_t width, size_t elem_bytes)
-      : real_(size_t(batch), 0), batch_(batch), capacity_(capacity), width_(width), elem_bytes_(elem_bytes) {
+      : real_(size_t(batch), 0), key_slot_(size_t(batch)), batch_(batch), capacity_(capacity), width_(width),
+        elem_bytes_(elem_bytes) {
     const size_t bytes = size_t(n_layers * batch * capacity * width) * elem_bytes;
     const MemoryInfo mem = memory_info();
     if (bytes > mem.free)
@@ -108,6 +109,9 @@ class CudaCache final : public Cache {
   }
   int64_t length_ = 0;         // the shared timeline (what the caller sees)
   std::vector<int32_t> real_;  // real tokens stored per row
+  // key_slot_[b][j]: the cache slot of row b's timeline token j, -1 for padding (never stored).
+  // Only the pattern hook reads it (to lay its slot-indexed probabilities out over the timeline).
+  std::vector<std::vector<int32_t>> key_slot_;
   Graph decode_graph;          // T = 1 step, captured on first use (see CudaModel::forward)
   uint64_t graph_epoch = 0;    // the scratch layout it was captured against
   bool graph_samples = false;  // whether it was captured with the sampling kernel
@@ -284,8 +288,11 @@ class CudaModelT final : public Model {
   // the sampling kernel for inputs already on the device: everything a decode graph replays.
   // qlen_host: per-query causal lengths (host), for the MLA grid bound; null = use mla_bound
   // for every chunk (graph capture).
+  // key_slot: [B][Tk] cache slot of each timeline token (-1 padding) when a pattern hook is
+  // observed, else null.
   void layers_forward(int64_t B, int64_t T, Cache& cache, const Buffers& b, int64_t chunk, const int32_t* qlen_host,
-                      int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false) const;
+                      int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false,
+                      const std::vector<int32_t>* key_slot = nullptr) const;
   void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, const Buffers& b) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
@@ -802,7 +809,7 @@ void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
 template <class Elem>
 void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Buffers& b, int64_t chunk,
                                const int32_t* qlen_host, int64_t mla_bound, bool last_only,
-                               const Hooks* hooks, bool sample) const {
+                               const Hooks* hooks, bool sample, const std::vector<int32_t>* key_slot) const {
   auto& cache = static_cast<CudaCache&>(cache_base);
   const ModelConfig& c = cfg_;
   const int64_t M = B * T, H = c.hidden_size, V = c.vocab_size;
@@ -896,6 +903,21 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                   // row per block (the bits are the same either way)
                   .queries_per_block = T > 1 ? 2 : 1});
     }
+    if (key_slot && qlen_host && hooks->wants(names.pattern)) {
+      // The official eager softmax over the same absorbed queries and cache slots (the attention
+      // kernel's online softmax never materialises it), laid out as the CPU backend's
+      // [B, heads, T, Tk]. Observers only read it (as on the CPU backend).
+      const int64_t S = mla_bound, Tk = int64_t(key_slot->size()) / B;
+      DeviceBlock probs(size_t(M * nh * S) * 4);
+      mla_pattern({.q = b.qt, .latent_cache = kv, .cache_row_stride = cache.capacity() * W, .lengths = b.qlen,
+                   .cache_rows = b.qrow, .out = reinterpret_cast<float*>(probs.get()), .rows = int(M),
+                   .heads = int(nh), .width = int(W), .slots = int(S), .scale = scale_, .stream = s_});
+      std::vector<float> slot_probs(size_t(M * nh * S));
+      download(slot_probs.data(), probs.get(), slot_probs.size() * 4);
+      std::vector<float> pat = pattern_to_timeline(slot_probs, *key_slot, qlen_host, B, T, nh, S, Tk);
+      HookTensor t{.name = names.pattern, .layer = l, .dtype = DType::F32, .shape = {B, nh, T, Tk}, .data = pat.data()};
+      hooks->fire(t);
+    }
     // O_h = o_lat_h W_UV^h^T -> heads [M, nh*dv] (one batched launch over the heads)
     matmul({.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .M = M, .N = dv, .K = dc, .x_stride = nh * dc,
             .w_stride = dc, .out_stride = nh * dv, .batch = nh, .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc,
@@ -956,10 +978,9 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   if (cache->length_ + T > cache->capacity())
     fail("kv cache: " + std::to_string(cache->length_ + T) + " tokens exceed its capacity of " +
          std::to_string(cache->capacity()));
-  for (int64_t l = layers_.first; l <= layers_.last; ++l)
-    if (hooks && hooks->wants(LayerHookNames(l).pattern))
-      fail("hook " + LayerHookNames(l).pattern, {},
-           "the attention pattern is not available on the cuda backend yet (use --backend cpu)");
+  bool want_pattern = false;
+  for (int64_t l = layers_.first; l <= layers_.last && hooks; ++l)
+    want_pattern = want_pattern || hooks->wants(LayerHookNames(l).pattern);
 
   // A decode step without hooks replays the cache's captured graph (inputs through pinned memory).
   // Long prefills run in chunks of whole time steps (every row advances together), so working
@@ -1084,7 +1105,21 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
     if (sampling) copy_to_device_async(b.sample_params, sample_host, size_t(B) * sizeof(sample_core::RowParams), s_);
     upload(b.last_rows, last.data(), size_t(B) * 4);
-    layers_forward(B, T, *cache, b, chunk, qlen, max_len, in.logits_last_only, hooks, sampling);
+    std::vector<int32_t> key_slot;  // [B][Tk] for the pattern hook: the cache's history + this call
+    if (want_pattern) {
+      const int64_t Tk = cache->length_ + T;
+      key_slot.reserve(size_t(B * Tk));
+      for (int64_t bb = 0; bb < B; ++bb) {
+        const auto& past = cache->key_slot_[size_t(bb)];
+        key_slot.insert(key_slot.end(), past.begin(), past.end());
+        for (int64_t t = 0; t < T; ++t) {
+          const int32_t d = dst[bb * T + t];
+          key_slot.push_back(d < 0 ? -1 : int32_t(d - bb * cache->capacity()));
+        }
+      }
+    }
+    layers_forward(B, T, *cache, b, chunk, qlen, max_len, in.logits_last_only, hooks, sampling,
+                   want_pattern ? &key_slot : nullptr);
   }
 
   ForwardOutput out;
@@ -1136,6 +1171,11 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     if (in.logits_last_only) out.greedy = std::move(greedy);
   }
   check_device_errors();
+  for (int64_t bb = 0; bb < B; ++bb)  // the timeline's slot map (the pattern hook's layout)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t d = dst[bb * T + t];
+      cache->key_slot_[size_t(bb)].push_back(d < 0 ? -1 : int32_t(d - bb * cache->capacity()));
+    }
   cache->real_ = std::move(real);
   cache->length_ += T;
   return out;

@@ -453,6 +453,35 @@ size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int spli
 void mla_decode(const MlaDecodeArgs& a);
 void mla_decode(const MlaDecodeArgsT<float>& a);  // impl must be scalar (the default for f32)
 
+// ---- attention probabilities for the pattern hook (kernels/mla_pattern.cuh) ---------------
+// out[q][h][j] = the official eager softmax of query q, head h over slots j < lengths[q] of its
+// cache row (bf16: scores bf16(bf16(q~.c) * scale), probabilities rounded to bf16; f32: no
+// rounding), 0 for j >= lengths[q]. Only for observers: one block per (query, head).
+template <class T>
+struct MlaPatternArgsT {
+  const T* q = nullptr;                 // [rows, heads, width] absorbed queries (latent | rope)
+  const T* latent_cache = nullptr;      // cache row r at + r*cache_row_stride: [slots, width]
+  int64_t cache_row_stride = 0;         // elements
+  const int32_t* lengths = nullptr;     // [rows] device, each in [0, slots]
+  const int32_t* cache_rows = nullptr;  // [rows] device, optional (null: query r reads row r)
+  float* out = nullptr;                 // [rows, heads, slots] fp32 (probabilities, bf16 values in bf16 mode)
+  int rows = 0;
+  int heads = 0;
+  int width = 0;
+  int slots = 0;  // host bound on the lengths (the out row stride)
+  float scale = 0.0f;
+  Stream stream = nullptr;
+};
+void mla_pattern(const MlaPatternArgsT<uint16_t>& a);
+void mla_pattern(const MlaPatternArgsT<float>& a);
+// Host side of the pattern hook: the device result [B*T, heads, slots] (slots = packed cache
+// slots, real tokens only) laid out as the CPU backend's [B, heads, T, Tk] over the timeline's
+// token positions. key_slot[b * Tk + j] = the cache slot of row b's token j, or -1 for padding;
+// query (b, t) sees slot s iff s < qlen[b * T + t]. Everything else is 0.
+std::vector<float> pattern_to_timeline(const std::vector<float>& slot_probs, const std::vector<int32_t>& key_slot,
+                                       const int32_t* qlen, int64_t B, int64_t T, int64_t heads, int64_t slots,
+                                       int64_t Tk);
+
 // ---- GEMM: out[M,N] = x[M,K] . W[N,K]^T (PyTorch Linear layout) ----------------------------
 // bf16 inputs, fp32 accumulation, bf16 or fp32 output (fp32 for the router logits: products of
 // bf16 values are exact in fp32, so this equals the official fp32 GEMM on upcast operands).

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/mla_decode.cuh"
+#include "backend/cuda/kernels/mla_pattern.cuh"
 #include "backend/cuda/kernels/mla_tc.cuh"
 
 namespace atlas::cuda {
@@ -148,5 +149,23 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
 
 void mla_decode(const MlaDecodeArgs& a) { mla_decode_impl(a); }
 void mla_decode(const MlaDecodeArgsT<float>& a) { mla_decode_impl(a); }
+
+template <class T>
+void mla_pattern_impl(const MlaPatternArgsT<T>& a) {
+  const char* op = "mla_pattern";
+  require(a.rows >= 0 && a.heads > 0 && a.width > 0 && a.slots >= 0, op, "shape",
+          "need rows >= 0, heads > 0, width > 0, slots >= 0");
+  require(int64_t(a.rows) * a.heads <= int64_t(INT32_MAX), op, "rows", "too many (query, head) pairs for one launch");
+  require(a.q && a.latent_cache && a.lengths && a.out, op, "pointers", "q, latent_cache, lengths and out must be set");
+  require(a.cache_row_stride >= 0, op, "cache_row_stride", "must be >= 0");
+  if (a.rows == 0 || a.slots == 0) return;
+  launch(kern::mla_pattern_kernel<T>, unsigned(a.rows * a.heads), kern::kReduceThreads, 0, stream_of(a.stream), a.q,
+         a.latent_cache, a.cache_row_stride, a.lengths, a.cache_rows, a.out, a.heads, a.width, a.slots, a.scale,
+         error_flag());
+  check_launch(op);
+}
+
+void mla_pattern(const MlaPatternArgsT<uint16_t>& a) { mla_pattern_impl(a); }
+void mla_pattern(const MlaPatternArgsT<float>& a) { mla_pattern_impl(a); }
 
 }  // namespace atlas::cuda

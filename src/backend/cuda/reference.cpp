@@ -463,4 +463,41 @@ void grouped_gemm_f32(const GroupedGemmF32Args& a) {
   }
 }
 
+namespace {
+
+template <class T>
+void mla_pattern_t(const MlaPatternArgsT<T>& a) {
+  std::vector<float> part(256);
+  for (int qi = 0; qi < a.rows; ++qi) {
+    const int len = a.lengths[qi];
+    if (len < 0 || len > a.slots) throw Error("cuda::ref: mla_pattern: lengths: a length outside [0, slots]");
+    const T* row = a.latent_cache + int64_t(a.cache_rows ? a.cache_rows[qi] : qi) * a.cache_row_stride;
+    for (int h = 0; h < a.heads; ++h) {
+      const T* q = a.q + (int64_t(qi) * a.heads + h) * a.width;
+      float* o = a.out + (int64_t(qi) * a.heads + h) * a.slots;
+      std::fill(o, o + a.slots, 0.0f);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < len; ++j) {
+        const T* c = row + int64_t(j) * a.width;
+        float acc = 0.0f;
+        for (int k = 0; k < a.width; ++k) acc = acc + elem_to_f32(q[k]) * elem_to_f32(c[k]);
+        o[j] = rnd<T>(rnd<T>(acc) * a.scale);
+        mx = std::max(mx, o[j]);
+      }
+      std::fill(part.begin(), part.end(), 0.0f);
+      for (int j = 0; j < len; ++j) {
+        o[j] = std::exp(o[j] - mx);
+        part[size_t(j % 256)] += o[j];
+      }
+      const float sum = block_sum_ref(part.data());
+      for (int j = 0; j < len; ++j) o[j] = rnd<T>(o[j] / sum);
+    }
+  }
+}
+
+}  // namespace
+
+void mla_pattern(const MlaPatternArgsT<uint16_t>& a) { mla_pattern_t(a); }
+void mla_pattern(const MlaPatternArgsT<float>& a) { mla_pattern_t(a); }
+
 }  // namespace atlas::cuda::ref

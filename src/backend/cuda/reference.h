@@ -53,5 +53,9 @@ void argmax(const ArgmaxArgsT<float>& a);
 // atlas::Error on offsets or x_rows the device would flag.
 void gemm_f32(const GemmF32Args& a);
 void grouped_gemm_f32(const GroupedGemmF32Args& a);
+// The pattern hook's probabilities (kernels/mla_pattern.cuh's contract; host pointers; expf vs
+// libm may differ in the last bit). Throws atlas::Error on a length the device would flag.
+void mla_pattern(const MlaPatternArgsT<uint16_t>& a);
+void mla_pattern(const MlaPatternArgsT<float>& a);
 
 }  // namespace atlas::cuda::ref

@@ -243,6 +243,7 @@ void check_device_errors() {
   if (v & 32) what += " grouped_gemm: x_rows: a row index negative or past x_rows_limit;";
   if (v & 64) what += " grouped_gemm: w: a group weight pointer null or not 16-byte aligned;";
   if (v & 128) what += " argmax: logits: NaN;";  // kernels/argmax.cuh
+  if (v & 256) what += " mla_pattern: lengths: a length outside [0, slots];";  // kernels/mla_pattern.cuh
   throw Error("cuda: bad device data:" + what);
 }
 

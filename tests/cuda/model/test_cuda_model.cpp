@@ -258,7 +258,8 @@ std::vector<std::vector<int32_t>> prompts(int64_t V) {
 }
 
 // Left-padded batch prefill; returns the cache and the last-token logits [B, V].
-std::vector<float> prefill(const Model& m, Cache& cache, const std::vector<std::vector<int32_t>>& rows) {
+std::vector<float> prefill(const Model& m, Cache& cache, const std::vector<std::vector<int32_t>>& rows,
+                           const Hooks* hooks = nullptr, AttentionForm attention = AttentionForm::Expanded) {
   int64_t Tp = 0;
   for (const auto& r : rows) Tp = std::max<int64_t>(Tp, int64_t(r.size()));
   std::vector<int32_t> ids, pos;
@@ -272,16 +273,17 @@ std::vector<float> prefill(const Model& m, Cache& cache, const std::vector<std::
     }
   }
   return m.forward({.batch = int64_t(rows.size()), .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
-                    .logits_last_only = true},
-                   cache)
+                    .logits_last_only = true, .attention = attention},
+                   cache, hooks)
       .logits;
 }
 
-std::vector<float> step(const Model& m, Cache& cache, const std::vector<int32_t>& ids, const std::vector<int32_t>& pos) {
+std::vector<float> step(const Model& m, Cache& cache, const std::vector<int32_t>& ids, const std::vector<int32_t>& pos,
+                        const Hooks* hooks = nullptr, AttentionForm attention = AttentionForm::Expanded) {
   std::vector<uint8_t> mask(ids.size(), 1);
   return m.forward({.batch = int64_t(ids.size()), .tokens = 1, .ids = ids, .positions = pos, .mask = mask,
-                    .logits_last_only = true},
-                   cache)
+                    .logits_last_only = true, .attention = attention},
+                   cache, hooks)
       .logits;
 }
 
@@ -409,6 +411,71 @@ TEST_F(CudaTiny, FusedLaunchesEqualTheOpByOpPath) {
   EXPECT_EQ(fired["blocks.*.hook_resid_post"], L);
   EXPECT_GT(fired["blocks.*.moe.hook_routed_out"], 0);
   EXPECT_EQ(fused, op_by_op);
+}
+
+// blocks.{L}.attn.hook_pattern on the CUDA backend against the CPU backend's (absorbed form):
+// a left-padded prefill of 8 rows (1 to 300 tokens) and one decode step, bf16 and f32. Same
+// shapes [B, heads, T, Tk], zeros wherever the CPU has structural zeros (padding keys, keys
+// after the query), probabilities within the backends' own difference (bf16: the hidden states
+// already differ by ~1% in later layers; f32: fp32 rounding).
+TEST_F(CudaTiny, AttentionPatternMatchesTheCpuBackend) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  struct Fired {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> p;
+  };
+  for (Compute compute : {Compute::BF16, Compute::F32}) {
+    SCOPED_TRACE(compute == Compute::BF16 ? "bf16" : "f32");
+    auto gpu = load_model(*ck_, {.backend = "cuda", .compute = compute});
+    auto cpu = load_model(*ck_, {.backend = "cpu", .compute = compute});
+    std::vector<Fired> fg, fc;
+    Hooks hg, hc;
+    const auto record = [](std::vector<Fired>& into) {
+      return [&into](HookTensor& t) {
+        into.push_back(Fired{std::string(t.name), t.shape, std::vector<float>(t.f32(), t.f32() + t.numel())});
+      };
+    };
+    hg.add("blocks.*.attn.hook_pattern", record(fg));
+    hc.add("blocks.*.attn.hook_pattern", record(fc));
+    auto cg = gpu->make_cache(8, 310), cc = cpu->make_cache(8, 310);
+    prefill(*gpu, *cg, rows, &hg, AttentionForm::Absorbed);
+    prefill(*cpu, *cc, rows, &hc, AttentionForm::Absorbed);
+    std::vector<int32_t> ids(8), pos(8);
+    for (int r = 0; r < 8; ++r) {
+      ids[size_t(r)] = int32_t((r * 31 + 7) % V);
+      pos[size_t(r)] = int32_t(rows[size_t(r)].size());
+    }
+    step(*gpu, *cg, ids, pos, &hg, AttentionForm::Absorbed);
+    step(*cpu, *cc, ids, pos, &hc, AttentionForm::Absorbed);
+    ASSERT_EQ(fg.size(), fc.size());
+    ASSERT_EQ(fg.size(), size_t(2 * ck_->config().num_hidden_layers));
+    for (size_t i = 0; i < fg.size(); ++i) {
+      SCOPED_TRACE(fc[i].name + (i < fg.size() / 2 ? " prefill" : " decode"));
+      ASSERT_EQ(fg[i].name, fc[i].name);
+      ASSERT_EQ(fg[i].shape, fc[i].shape);
+      double worst = 0, total = 0;
+      int64_t n = 0;
+      for (size_t j = 0; j < fc[i].p.size(); ++j) {
+        if (fc[i].p[j] == 0.0f) {
+          ASSERT_EQ(fg[i].p[j], 0.0f) << j;
+          continue;
+        }
+        const double d = std::abs(double(fg[i].p[j]) - fc[i].p[j]);
+        worst = std::max(worst, d);
+        total += d;
+        ++n;
+      }
+      ASSERT_GT(n, 0);
+      if (compute == Compute::F32) {
+        EXPECT_LT(worst, 1e-4);
+      } else {
+        EXPECT_LT(worst, 0.06);
+        EXPECT_LT(total / double(n), 0.005);
+      }
+    }
+  }
 }
 
 // Launch overlap (programmatic dependent launch) changes when a kernel's launch starts, never
