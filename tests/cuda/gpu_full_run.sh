@@ -292,12 +292,16 @@ if has ncumla; then
   # launches: NCU_MLA_SKIP) of `atlas generate` over the bench prompts.
   echo "== ncu MLA sections (batch-128 decode step)"
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [[ -f /tmp/p128.jsonl ]] || { $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); open("/tmp/p128.jsonl","w").write("".join(json.dumps({"id":str(i),"ids":p})+"\n" for i,p in enumerate(d["prompts"])))' "$out/prompts.json"; }
+  # NCU_MLA_BATCH=1 profiles the batch-1 decode instead (the bench's decode prompt; set
+  # NCU_MLA_SKIP=60: one 256-token prefill chunk is 27 launches, each decode step 27 more).
+  [[ -f /tmp/p128.jsonl && -f /tmp/p1.jsonl ]] || { $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); open("/tmp/p128.jsonl","w").write("".join(json.dumps({"id":str(i),"ids":p})+"\n" for i,p in enumerate(d["prompts"])))
+open("/tmp/p1.jsonl","w").write(json.dumps({"id":"d","ids":d["decode_prompt"]})+"\n")' "$out/prompts.json"; }
+  mb=${NCU_MLA_BATCH:-128}
   ATLAS_CUDA_GRAPHS=0 timeout 200 "$NCU" --clock-control none --kernel-name regex:mla_tc_kernel --launch-skip ${NCU_MLA_SKIP:-200} --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-    $B/atlas generate --backend cuda --compute bf16 --model $lite --prompts /tmp/p128.jsonl --out /tmp/prof.jsonl \
-    --max-new-tokens 4 --batch 128 >"$out/ncu_mla.txt" 2>&1
+    $B/atlas generate --backend cuda --compute bf16 --model $lite --prompts /tmp/p$([[ $mb == 1 ]] && echo 1 || echo 128).jsonl \
+    --out /tmp/prof.jsonl --max-new-tokens 4 --batch $mb >"$out/ncu_mla.txt" 2>&1
   echo "   rc=$?"
   grep -E "Grid Size|Duration|Stall|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Compute \(SM\)|Block Limit|L2 Hit|Warp Cycles Per Issued|Dynamic Shared|spends" "$out/ncu_mla.txt" | head -30
 fi
