@@ -786,21 +786,19 @@ void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M * k), .width = int(I), .in_stride = 2 * I,
              .stream = s_});
   expert_gemm(b.act, nullptr, 0, L.down_ptrs, b.offsets, b.ys, E, M * k, H, I);
-  // The shared experts' sum joins the combine launch unless a tensor observer of either part
-  // could change it in between (the bits are those of combine, then add).
+  // The shared experts run before the combine (independent of the routed ones), so their sum
+  // joins the combine launch unless a tensor observer of either part could change it in between
+  // (the bits are those of combine, then add).
+  if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b);
   const bool fuse_shared = L.has_shared && !(hooks && (hooks->wants_tensor(names.routed_out) ||
                                                        hooks->wants_tensor(names.shared_out)));
-  if (fuse_shared) mlp(L.shared, M, b.h, b.shared, b);
   moe_combine({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w, .out = b.routed, .tokens = int(M),
                .k = int(k), .dim = int(H), .stream = s_, .addend = fuse_shared ? b.shared : nullptr,
                .sum_out = fuse_shared ? b.y : nullptr});
   hook_act(hooks, names.routed_out, l, {B, T, H}, b.routed);
-  if (fuse_shared) {
+  if (L.has_shared) {
     hook_act(hooks, names.shared_out, l, {B, T, H}, b.shared);
-  } else if (L.has_shared) {
-    mlp(L.shared, M, b.h, b.shared, b);
-    hook_act(hooks, names.shared_out, l, {B, T, H}, b.shared);
-    add({.a = b.routed, .b = b.shared, .out = b.y, .n = M * H, .stream = s_});
+    if (!fuse_shared) add({.a = b.routed, .b = b.shared, .out = b.y, .n = M * H, .stream = s_});
   } else {
     copy_2d(b.y, size_t(H) * kEs, b.routed, size_t(H) * kEs, size_t(H) * kEs, size_t(M), s_);
   }
@@ -821,35 +819,29 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
              .stream = s_});
   hook_act(hooks, "embed", -1, {B, T, H}, b.x);
 
-  // A residual add and the RMSNorm after it run as one launch (add_rmsnorm: the same bits)
+  const float eps = float(c.rms_norm_eps);
+  // x = x + y, then h = rmsnorm(x) with norm_w (if any): one launch (add_rmsnorm, the same bits)
   // unless a tensor observer of the sum could change it between the two (Hooks can write).
   const auto add_then_norm = [&](const std::string& sum_hook, const Elem* norm_w, int64_t layer) {
-    if (hooks && hooks->wants_tensor(sum_hook)) {
+    const bool fused = norm_w && !(hooks && hooks->wants_tensor(sum_hook));
+    if (fused)
+      add_rmsnorm({.x = b.x, .y = b.y, .weight = norm_w, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps,
+                   .stream = s_});
+    else
       add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
-      hook_act(hooks, sum_hook, layer, {B, T, H}, b.x);
-      if (norm_w)
-        rmsnorm({.x = b.x, .weight = norm_w, .out = b.h, .rows = int(M), .dim = int(H), .eps = float(c.rms_norm_eps),
-                 .stream = s_});
-    } else if (norm_w) {
-      add_rmsnorm({.x = b.x, .y = b.y, .weight = norm_w, .out = b.h, .rows = int(M), .dim = int(H),
-                   .eps = float(c.rms_norm_eps), .stream = s_});
-      hook_act(hooks, sum_hook, layer, {B, T, H}, b.x);
-    } else {
-      add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
-      hook_act(hooks, sum_hook, layer, {B, T, H}, b.x);
-    }
+    hook_act(hooks, sum_hook, layer, {B, T, H}, b.x);
+    if (norm_w && !fused)
+      rmsnorm({.x = b.x, .weight = norm_w, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
   };
   // h = input_layernorm(x) of the first layer; later layers get theirs from add_then_norm.
   if (!blocks_.empty())
-    rmsnorm({.x = b.x, .weight = blocks_[0].ln1, .out = b.h, .rows = int(M), .dim = int(H),
-             .eps = float(c.rms_norm_eps), .stream = s_});
+    rmsnorm({.x = b.x, .weight = blocks_[0].ln1, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
 
   for (int64_t li = 0; li < int64_t(blocks_.size()); ++li) {
     const Layer& L = blocks_[size_t(li)];
     const int64_t l = layers_.first + li;
     const LayerHookNames names(l);
     Elem* kv = cache.layer<Elem>(li);
-    const float eps = float(c.rms_norm_eps);
 
     // h = input_layernorm(x)
     hook_act(hooks, names.ln1, l, {B, T, H}, b.h);
@@ -938,8 +930,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   }
   if (!has_head_) return;
   if (blocks_.empty())
-    rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = float(c.rms_norm_eps),
-             .stream = s_});
+    rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
   hook_act(hooks, "final_norm", -1, {B, T, H}, b.h);
   const Elem* head_in = b.h;
   if (last_only && T > 1) {
@@ -1070,6 +1061,11 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     }
     last[size_t(bb)] = int32_t(bb * T + T - 1);
   }
+  // The cache slot of this call's token (bb, t) inside its row, -1 for padding.
+  const auto slot_of = [&](int64_t bb, int64_t t) {
+    const int32_t d = dst[bb * T + t];
+    return d < 0 ? -1 : int32_t(d - bb * cache->capacity());
+  };
   int32_t* sample_host = ints + 5 * M + B;
   if (sampling) std::memcpy(sample_host, in.sampling.data(), size_t(B) * sizeof(sample_core::RowParams));
   const int64_t rows_out = in.logits_last_only ? B : M;
@@ -1112,10 +1108,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
       for (int64_t bb = 0; bb < B; ++bb) {
         const auto& past = cache->key_slot_[size_t(bb)];
         key_slot.insert(key_slot.end(), past.begin(), past.end());
-        for (int64_t t = 0; t < T; ++t) {
-          const int32_t d = dst[bb * T + t];
-          key_slot.push_back(d < 0 ? -1 : int32_t(d - bb * cache->capacity()));
-        }
+        for (int64_t t = 0; t < T; ++t) key_slot.push_back(slot_of(bb, t));
       }
     }
     layers_forward(B, T, *cache, b, chunk, qlen, max_len, in.logits_last_only, hooks, sampling,
@@ -1172,10 +1165,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   }
   check_device_errors();
   for (int64_t bb = 0; bb < B; ++bb)  // the timeline's slot map (the pattern hook's layout)
-    for (int64_t t = 0; t < T; ++t) {
-      const int32_t d = dst[bb * T + t];
-      cache->key_slot_[size_t(bb)].push_back(d < 0 ? -1 : int32_t(d - bb * cache->capacity()));
-    }
+    for (int64_t t = 0; t < T; ++t) cache->key_slot_[size_t(bb)].push_back(slot_of(bb, t));
   cache->real_ = std::move(real);
   cache->length_ += T;
   return out;
