@@ -176,9 +176,9 @@ std::vector<int> forced_configs(int rows) {
   if (full_sweep()) return all;
   std::vector<std::string> want;
   if (rows <= 16)
-    want = {"splitk16x16/8w", "splitk16x8/8w"};
+    want = {"splitk16x8/8w", "16x32x128/4", "c16x64/4w"};
   else if (rows <= 1024)
-    want = {"128x64x32/4", "128x128x32/4", "64x32x64/4", "splitk16x8/8w"};
+    want = {"32x64x64/4+slices", "c128x64/8w", "c64x64/4w"};
   else
     want = {"128x64x32/4", "128x128x32/4"};
   std::vector<int> out;

@@ -282,22 +282,30 @@ TEST_F(Gemm, StridedBatchEqualsPerBatchDense) {
     const GemmArgs batched{.x = dx.get(), .w = dw.get(), .M = M, .N = cs.N, .K = cs.K, .x_stride = H * cs.dx,
                            .out_stride = H * cs.dout, .batch = H, .x_batch_stride = cs.dx,
                            .w_batch_stride = int64_t(cs.N) * cs.K, .out_batch_stride = cs.dout};
+    // Every config batched (blockIdx.z) against the automatic per-head dense calls.
     for (bool f32 : {false, true}) {
-      DevBuf<uint16_t> once(out_elems * 2), each(out_elems * 2);  // room for fp32 too
-      GemmArgs a = batched;
-      a.out = once.get();
-      a.out_type = f32 ? OutType::f32 : OutType::bf16;
-      gemm(a);
+      DevBuf<uint16_t> each(out_elems * 2);  // room for fp32 too
       for (int h = 0; h < H; ++h) {
-        GemmArgs d = a;
+        GemmArgs d = batched;
+        d.out_type = f32 ? OutType::f32 : OutType::bf16;
         d.batch = 1;
         d.x = dx.get() + h * cs.dx;
         d.w = dw.get() + size_t(h) * cs.N * cs.K;
         d.out = each.get() + size_t(h) * cs.dout * (f32 ? 2 : 1);
         gemm(d);
       }
-      synchronize();
-      EXPECT_EQ(once.download(), each.download()) << (f32 ? "f32" : "bf16") << " out";
+      const auto want_each = each.download();
+      for (int c = -1; c < gemm_config_count(); ++c) {
+        ForceConfig force(c);
+        DevBuf<uint16_t> once(out_elems * 2);
+        GemmArgs a = batched;
+        a.out = once.get();
+        a.out_type = f32 ? OutType::f32 : OutType::bf16;
+        gemm(a);
+        synchronize();
+        EXPECT_EQ(once.download(), want_each)
+            << (f32 ? "f32" : "bf16") << " out, config " << (c < 0 ? "auto" : gemm_config_name(c));
+      }
     }
     // fma_chain batched vs the batched reference (checks the reference's batch loop too).
     std::vector<float> want(out_elems, -1.0f);
@@ -469,6 +477,40 @@ TEST_F(GroupedGemm, GatherRowOutOfRangeRaisesTheDeviceError) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("grouped_gemm: x_rows"), std::string::npos) << e.what();
     }
+  }
+}
+
+// On a Hopper GPU the cluster configs run as clusters (a silent fallback would keep the tests
+// green and lose the speed): the automatic choices for a batch-128 and a batch-1 decode
+// projection are cluster configs, and
+// a forced cluster config is reported as itself at K = 2048 (8 blocks per cluster), c128x64/8w
+// also at K = 2816 (11 blocks: a non-portable cluster size), while K = 4360 (18 slices, more than
+// a cluster holds) falls back.
+TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no thread-block clusters";
+  DevBuf<uint16_t> dx(size_t(128) * 4360), dw(size_t(2048) * 4360);
+  const GemmArgs m128{.x = dx.get(), .w = dw.get(), .M = 128, .N = 2048, .K = 2048};
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(m128)), "c64x64/4w");
+  GemmArgs m1 = m128;
+  m1.M = 1;
+  m1.N = 3072;
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(m1)), "c16x64/4w");
+  for (int c = 0; c < gemm_config_count(); ++c) {
+    const std::string name = gemm_config_name(c);
+    if (name[0] != 'c') continue;
+    ForceConfig force(c);
+    for (int K : {2048, 2816}) {
+      if (K == 2816 && name != "c128x64/8w") continue;
+      GemmArgs a = m128;
+      a.K = K;
+      EXPECT_EQ(gemm_config_name(gemm_chosen_config(a)), name) << "K=" << K;
+    }
+    GemmArgs big = m128;
+    big.K = 4360;
+    EXPECT_NE(gemm_config_name(gemm_chosen_config(big)), name) << "K=4360 cannot be one cluster";
   }
 }
 

@@ -112,7 +112,9 @@ TEST_F(Pattern, MatchesReference) {
           EXPECT_NEAR(got[i], want[i], std::abs(want[i]) * 0.0079 + 1e-30) << b << "," << h << "," << j;
         }
       }
-      if (lengths[size_t(b)] > 0) EXPECT_NEAR(sum, 1.0, 0.02) << b << "," << h;
+      if (lengths[size_t(b)] > 0) {
+        EXPECT_NEAR(sum, 1.0, 0.02) << b << "," << h;
+      }
     }
   EXPECT_LE(differ, nonzero / 100 + 1);
 

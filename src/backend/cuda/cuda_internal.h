@@ -68,23 +68,38 @@ inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + thread
 bool pdl_enabled();
 
 // Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the
-// programmatic-serialization attribute when pdl_enabled(). Launch errors are picked up by the
-// caller's check_launch, as with <<<>>>.
+// programmatic-serialization attribute when pdl_enabled(), and clusters of (cluster_x, 1, 1)
+// blocks when cluster_x > 0 (launch_clustered; the GEMM's cluster configs). Launch errors are
+// picked up by the caller's check_launch, as with <<<>>>.
 template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (pdl_enabled()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster_x > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
   }
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  launch_clustered(0, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace atlas::cuda::detail

@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/kernels/gemm_cluster.cuh"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
 #include "backend/cuda/kernels/gemm_wgmma.cuh"
@@ -52,6 +53,13 @@ using CfgG32K128 = kern::MmaTile<32, 64, 128, 2, 2, 3>;  // 72 KB, 128 threads
 using CfgG32S6 = kern::MmaTile<32, 64, 64, 2, 2, 6>;     // 72 KB, 128 threads
 using CfgG32N128 = kern::MmaTile<32, 128, 64, 2, 4, 4>;  // 80 KB, 256 threads
 using CfgG16N64 = kern::MmaTile<16, 64, 128, 1, 4, 4>;   // 80 KB, 128 threads
+// Cluster split-K (decode-sized M, kernels/gemm_cluster.cuh): one block per K slice of a tile,
+// the slice sums added through distributed shared memory.   BM   BN  warps_m warps_n   smem
+using CfgC128 = kern::ClusterTile<128, 64, 4, 2>;  // 96 KB, 256 threads
+using CfgC64 = kern::ClusterTile<64, 64, 2, 2>;    // 64 KB, 128 threads
+using CfgC16 = kern::ClusterTile<16, 64, 1, 4>;    // 40 KB, 128 threads
+// (Measured and dropped, session 5: 128 x 32 and 16 x 32 tiles, 128 x 128 tiles, two slices
+// per block; none was faster on any V2-Lite shape.)
 // Split-K (M <= 16 / decode): 16 rows x 8*NI columns, 8 warps on different K slices.
 using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
@@ -66,6 +74,7 @@ struct TileConfig {
   bool sliced = false;   // dense problems: one K slice per block + an ordered reduce (MmaGemmParams)
   bool wgmma = false;    // needs the sm_90a build (kernels/gemm_wgmma.cuh); async operands only
   bool grouped_only = false;  // never picked by choose_config (the grouped rule or a forced run may)
+  bool cluster = false;  // one block per K slice in clusters (needs sm_90 code and K <= 16 slices)
 };
 
 constexpr TileConfig grouped_only(TileConfig c) {
@@ -105,6 +114,18 @@ constexpr TileConfig make_config(const char* name) {
   return c;
 }
 
+// Cluster configs: async operands only (the predicated path runs another config).
+template <class T>
+constexpr TileConfig make_cluster_config(const char* name) {
+  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, false, {}};
+  for (int h = 0; h < 2; ++h) {
+    c.fn[0][1][h] = kern::gemm_cluster_kernel<T, false>;
+    c.fn[1][1][h] = kern::gemm_cluster_kernel<T, true>;
+  }
+  c.cluster = true;
+  return c;
+}
+
 // Split-K configs always have their predicated (element-load) variant: it is the same loop.
 template <class T>
 constexpr TileConfig make_splitk_config(const char* name) {
@@ -125,7 +146,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 16> kConfigs = {
+constexpr std::array<TileConfig, 19> kConfigs = {
     make_wgmma_config("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
     make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
@@ -136,7 +157,9 @@ constexpr std::array<TileConfig, 16> kConfigs = {
     grouped_only(make_config<CfgG32K128, false>("32x64x128/4")),
     grouped_only(make_config<CfgG32S6, false>("32x64x64/4x6")),
     grouped_only(make_config<CfgG32N128, false>("32x128x64/8")),
-    grouped_only(make_config<CfgG16N64, false>("16x64x128/4"))};
+    grouped_only(make_config<CfgG16N64, false>("16x64x128/4")),
+    make_cluster_config<CfgC128>("c128x64/8w"), make_cluster_config<CfgC64>("c64x64/4w"),
+    make_cluster_config<CfgC16>("c16x64/4w")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -156,6 +179,11 @@ constexpr int kGroupedMany = config_index("32x128x64/8"), kGroupedFew = config_i
 constexpr int kSliced64 = config_index("64x32x64/4+slices"), kSliced32 = config_index("32x64x64/4+slices");
 // Where the wgmma config is forced but this build or GPU lacks it (same bits).
 constexpr int kWgmmaFallback = config_index("128x128x32/4");
+constexpr int kClusterFallback = config_index("64x64x64/4");  // a cluster config cannot run (same bits)
+constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_index("c64x64/4w"),
+              kCluster16 = config_index("c16x64/4w");
+static_assert(kClusterFallback >= 0 && kCluster128 >= 0 && kCluster64 >= 0 && kCluster16 >= 0,
+              "cluster config names");
 static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
                   kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
               "config names");
@@ -166,6 +194,10 @@ struct GemmSetup {
   int sm_count = 132;
   int* error_flag = nullptr;
   bool wgmma = false;  // the loaded device code has the wgmma kernel (an sm_90a build on a 9.0 GPU)
+  // cluster_sizes[i]: the largest C such that config i's clusters of 1..C blocks all fit the
+  // device (cudaOccupancyMaxActiveClusters > 0, both output types); 0: not a cluster config, or
+  // no cluster launch here (device without it, or device code built for an older arch).
+  std::array<int, kConfigs.size()> cluster_sizes{};
 };
 
 // First call (outside any capture): raise the dynamic shared-memory limit of every kernel
@@ -196,6 +228,49 @@ const GemmSetup& setup() {
       check_cuda(e, "gemm", "wgmma probe");
       g.wgmma = have == 1;
     }
+    int cluster_launch = 0;
+    check_cuda(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev), "gemm",
+               "cudaDeviceGetAttribute(clusterLaunch)");
+    if (cluster_launch) {
+      int* flag = nullptr;
+      int have = 0;
+      check_cuda(cudaMalloc(&flag, sizeof(int)), "gemm", "cudaMalloc(cluster probe)");
+      kern::gemm_cluster_probe_kernel<<<1, 1>>>(flag);
+      const cudaError_t e = cudaMemcpy(&have, flag, sizeof(int), cudaMemcpyDeviceToHost);
+      cudaFree(flag);
+      check_cuda(e, "gemm", "cluster probe");
+      cluster_launch = have;
+    }
+    for (size_t i = 0; cluster_launch && i < kConfigs.size(); ++i) {
+      const TileConfig& c = kConfigs[i];
+      if (!c.cluster) continue;
+      int fits = kern::kClusterMax;
+      for (KernelFn f : {c.fn[0][1][0], c.fn[1][1][0]}) {
+        check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f),
+                                        cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                   "gemm", "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
+        for (int cs = 1; cs <= fits; ++cs) {
+          cudaLaunchConfig_t cfg = {};
+          cfg.gridDim = dim3(unsigned(cs), 1, 1);
+          cfg.blockDim = dim3(unsigned(c.threads), 1, 1);
+          cfg.dynamicSmemBytes = size_t(c.smem);
+          cudaLaunchAttribute attr{};
+          attr.id = cudaLaunchAttributeClusterDimension;
+          attr.val.clusterDim.x = unsigned(cs);
+          attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+          cfg.attrs = &attr;
+          cfg.numAttrs = 1;
+          int clusters = 0;
+          if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(f), &cfg) != cudaSuccess ||
+              clusters < 1) {
+            (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+            fits = cs - 1;
+            break;
+          }
+        }
+      }
+      g.cluster_sizes[i] = fits;
+    }
     return g;
   }();
   return s;
@@ -206,6 +281,19 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Tile rows that make sense for `m` rows per problem (padding a 1-row decode to 128 rows
 // would waste the tensor cores).
 int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128; }
+
+// Blocks per cluster for cluster config `ci` at this K (one per K slice), or 0 where it cannot
+// run here (not a cluster config, more slices than the device places in one cluster, no
+// cluster launch in this build or on this GPU).
+int cluster_blocks(int ci, int K) {
+  const int slices = int(ceil_div(K, kern::kSliceK));
+  return kConfigs[size_t(ci)].cluster && slices <= setup().cluster_sizes[size_t(ci)] ? slices : 0;
+}
+// A cluster config that cannot run at this K runs an ordinary tiled one (same bits).
+int cluster_or_fallback(int ci, int K) {
+  if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
+  return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
+}
 
 
 // The automatic choice. Up to 16 rows per problem (decode, small expert groups): the split-K
@@ -225,7 +313,8 @@ int choose_config(int64_t m_per_problem, int N, TilesOf tiles_of, int sm_count) 
   if (cap == 16) return kSplitK8;
   for (int i = 0; i < int(kConfigs.size()); ++i) {
     const TileConfig& c = kConfigs[size_t(i)];
-    if (c.splitk || c.sliced || c.grouped_only || c.bm > cap || c.bm == 16 || (c.wgmma && !wgmma_ok)) continue;
+    if (c.splitk || c.sliced || c.grouped_only || c.cluster || c.bm > cap || c.bm == 16 || (c.wgmma && !wgmma_ok))
+      continue;
     if (ceil_div(N, c.bn) * tiles_of(c.bm) >= int64_t(sm_count) * 3 / 4) return i;
   }
   return kSplitK8;
@@ -382,6 +471,8 @@ bool dense_async(const GemmArgs& a, int64_t xs, int64_t ws) {
 // keep the SMs busy: the profile of session 3 had M = 128 x N = 2048 x K = 2048 at 35 us on 128
 // blocks of 4 warps (1 block per SM, the warps mostly idle), against 8 us for cuBLASLt.
 constexpr int64_t kSlicedMaxM = 512;
+// Cluster launches (kernels/gemm_cluster.cuh) for 16 < M <= this (the automatic choice).
+constexpr int64_t kClusterMaxM = 128;
 constexpr size_t kSlicedMaxWorkspace = size_t(64) << 20;  // bytes of fp32 slice sums
 bool use_sliced(const GemmArgs& a, const TileConfig& c, bool async, int sm_count) {
   const int64_t slices = ceil_div(a.K, kern::kSliceK);
@@ -402,6 +493,24 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     if (c.splitk || ceil_div(a.M, c.bm) * ceil_div(a.N, c.bn) < 2 * int64_t(sm_count))
       if (use_sliced(a, kConfigs[size_t(cand)], async, sm_count)) ci = cand;
   }
+  // Cluster split-K (kernels/gemm_cluster.cuh) where it measured faster, H200, session 5
+  // (atlas_cuda_bench, us; the cluster kernels are latency-bound: ~9 us per wave of clusters).
+  // Only where K has at most 8 slices (the measured shapes) and the chosen launch is sliced or
+  // split-K; elsewhere the tiled kernels fill the GPU and win (N = 21888 at M = 128: wgmma 81 us,
+  // c128x64 116).
+  if (forced_config.load() < 0 && async && a.batch == 1 && a.K <= 8 * kern::kSliceK) {
+    if (a.M > 16 && a.M <= kClusterMaxM && (ci == kSliced32 || ci == kSliced64)) {
+      // M = 128 vs the sliced launch: N = 576 c64x64 9.0 vs 10.2, 2048 17.7 vs 18.6, 2816 19.4 vs
+      // 24.0; N = 3072 c128x64 22.9 vs 25.6 (c64x64 23.7).
+      const int cand = a.N <= 2816 ? kCluster64 : kCluster128;
+      if (cluster_blocks(cand, a.K) > 0) ci = cand;
+    } else if (a.M <= 16 && ci == kSplitK8 && a.N >= 2816) {
+      // M = 1 vs split-K: N = 2816 c16x64 8.2 vs 9.5, 3072 9.0 vs 9.8, 21888 34.8 vs 39.8,
+      // 102400 132 vs 166 (narrower N stays split-K: 576 4.9 vs 6.4, 2048 7.3 vs 7.6).
+      if (cluster_blocks(kCluster16, a.K) > 0) ci = kCluster16;
+    }
+  }
+  ci = cluster_or_fallback(ci, a.K);
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
@@ -440,15 +549,20 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
     ci = a.max_rows > 16 ? grouped_many_config() : kGroupedFew;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
+  ci = cluster_or_fallback(ci, a.K);
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
 
 // `rows8`: no tile holds more than 8 rows (the split-K kernel's 8-row variant may run).
-void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, dim3 grid, bool f32, bool async, bool rows8,
-                cudaStream_t stream) {
+// `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
+void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
+                bool async, bool rows8, int cluster, cudaStream_t stream) {
   const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
-  launch(f, grid, c.threads, c.smem, stream, p);
+  if (c.cluster)
+    launch_clustered(unsigned(cluster), f, dim3(unsigned(tiles * cluster), 1, batch), c.threads, c.smem, stream, p);
+  else
+    launch(f, dim3(unsigned(tiles), 1, batch), c.threads, c.smem, stream, p);
 }
 
 // The slice sums' scratch: one grow-only device block per stream (launches on one stream run in
@@ -495,7 +609,7 @@ bool launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t ti
   ps.os = N;
   ps.slice_stride = per_slice;
   ps.pair_store = N % 2 == 0;
-  launch_mma(c, ps, dim3(unsigned(tiles), unsigned(slices), 1), true, async, false, stream);
+  launch(c.fn[1][async ? 1 : 0][0], dim3(unsigned(tiles), unsigned(slices), 1), c.threads, c.smem, stream, ps);
   check_launch(op);
   const unsigned blocks = unsigned((per_slice + 255) / 256);
   if (f32)
@@ -604,7 +718,9 @@ void gemm(const GemmArgs& a) {
       launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
                     nullptr, stream, op))
     return;
-  launch_mma(c, p, dim3(unsigned(m_tiles * n_tiles), 1, unsigned(a.batch)), f32, async, a.M <= 8, stream);
+  const int cluster = c.cluster ? cluster_blocks(int(&c - kConfigs.data()), a.K) : 0;
+  require(m_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "M", "too many tiles for one launch");
+  launch_mma(c, p, m_tiles * n_tiles, unsigned(a.batch), f32, async, a.M <= 8, cluster, stream);
   check_launch(op);
 }
 
@@ -645,7 +761,10 @@ void grouped_gemm(const GroupedGemmArgs& a) {
       launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
                     stream_of(a.stream), op))
     return;
-  launch_mma(c, p, dim3(unsigned(y_tiles * n_tiles), 1, 1), f32, async, a.max_rows <= 8, stream_of(a.stream));
+  const int cluster = c.cluster ? cluster_blocks(int(&c - kConfigs.data()), a.K) : 0;
+  require(y_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "max_rows",
+          "too many tiles for one launch");
+  launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream));
   check_launch(op);
 }
 

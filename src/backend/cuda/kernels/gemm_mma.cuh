@@ -167,12 +167,13 @@ struct TileSpot {
 };
 
 // false: the block has no tile (past the last grouped tile, or an error it has flagged) and
-// must exit; the answer is the same for every thread of the block.
+// must exit; the answer is the same for every thread of the block (and for every block with
+// the same `pid`). `pid` = the tile's index in the launch: blockIdx.x, or blockIdx.x / cluster
+// size where a cluster of blocks shares one tile (kernels/gemm_cluster.cuh).
 template <int BM, bool kAsync>
-__device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int tid, int lane, TileSpot& t) {
+__device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t) {
   t.x = p.x;
   if (p.offsets == nullptr) {
-    const int pid = blockIdx.x;
     const int per_group = kRasterGroup * p.n_tiles;
     const int first_m = (pid / per_group) * kRasterGroup;
     const int gm = min(p.m_tiles - first_m, kRasterGroup);
@@ -189,8 +190,8 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int tid, int l
     // (ceil(rows_g / BM) each). Every warp scans the offsets itself (identical results, no
     // barrier needed) and checks them; the grid's tile bound is host-side, so blocks past the
     // last real tile find nothing and exit.
-    const int tile = blockIdx.x / p.n_tiles;
-    t.n_tile = blockIdx.x % p.n_tiles;
+    const int tile = pid / p.n_tiles;
+    t.n_tile = pid % p.n_tiles;
     bool bad = false;
     int base = 0, g_found = -1, lo_found = 0, hi_found = 0, j_found = 0;
     for (int g0 = 0; g0 < p.groups; g0 += 32) {
@@ -224,7 +225,7 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int tid, int l
     }
     bad = __any_sync(0xffffffffu, bad);
     if (bad) {
-      if (blockIdx.x == 0 && tid == 0) atomicOr(p.error_flag, kErrGroupedOffsets);
+      if (pid == 0 && tid == 0) atomicOr(p.error_flag, kErrGroupedOffsets);
       return false;  // whole block: every warp saw the same table
     }
     if (g_found < 0) return false;  // a block past the last real tile
@@ -283,6 +284,53 @@ __device__ __forceinline__ void load_tile_step(uint16_t* sa, uint16_t* sb, const
   }
 }
 
+// One BK-wide K step of a warp's WM x WN accumulators from ring slots sa [BM][BK] / sb [BN][BK]
+// (swizzled chunks): for each k16 chunk of step kt that lies inside K (KC chunks in all), the
+// A and B fragments by ldmatrix, then one mma per m16n8 accumulator, chunks in ascending order.
+// The contract's inner loop, shared by every mma.sync kernel.
+template <class T>
+__device__ __forceinline__ void mma_step(const uint16_t* sa, const uint16_t* sb, float (&acc)[T::MI][T::NI][4], int kt,
+                                         int KC, int wm, int wn, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < T::BK / 16; ++kk) {
+    if (kt * (T::BK / 16) + kk < KC) {  // uniform: chunks past K are not part of the contract
+      uint32_t af[T::MI][4];
+      uint32_t bfr[T::NI][2];
+#pragma unroll
+      for (int mi = 0; mi < T::MI; ++mi) {
+        // ldmatrix.x4: lanes 0-15 address rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15
+        // -> registers {a0a1, a2a3, a4a5, a6a7} of the m16n8k16 A fragment.
+        const int r = wm * T::WM + mi * 16 + (lane & 15);
+        const int c = kk * 2 + (lane >> 4);
+        ldmatrix_x4(af[mi], sa + r * T::BK + swz<T::CH>(r, c) * 8);
+      }
+      if constexpr (T::NI == 1) {
+        // lanes 0-7: n 0-7 at k 0-7 (b0b1), lanes 8-15: n 0-7 at k 8-15 (b2b3).
+        const int r = wn * T::WN + (lane & 7);
+        const int c = kk * 2 + ((lane >> 3) & 1);
+        ldmatrix_x2(bfr[0][0], bfr[0][1], sb + r * T::BK + swz<T::CH>(r, c) * 8);
+      } else {
+#pragma unroll
+        for (int nj = 0; nj < T::NI / 2; ++nj) {
+          // Two n8 tiles: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+          const int r = wn * T::WN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int c = kk * 2 + ((lane >> 3) & 1);
+          uint32_t q[4];
+          ldmatrix_x4(q, sb + r * T::BK + swz<T::CH>(r, c) * 8);
+          bfr[2 * nj][0] = q[0];
+          bfr[2 * nj][1] = q[1];
+          bfr[2 * nj + 1][0] = q[2];
+          bfr[2 * nj + 1][1] = q[3];
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < T::MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < T::NI; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+    }
+  }
+}
+
 // Epilogue store of an accumulator pair (columns col, col + 1; `two` = col + 1 < N) at element
 // offset `at` of out: fp32, or bf16 rounded once; one 2-element store where p.pair_store allows.
 template <bool kOutF32>
@@ -319,7 +367,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
 
   TileSpot t;
-  if (!find_tile<T::BM, kAsync>(p, tid, lane, t)) return;
+  if (!find_tile<T::BM, kAsync>(p, int(blockIdx.x), tid, lane, t)) return;
   const int n_tile = t.n_tile, row_begin = t.row_begin, row_end = t.row_end;
   const uint16_t* x = t.x;
   const uint16_t* w = t.w;
@@ -369,46 +417,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
       if (nk < KT) load_stage((rel + T::STAGES - 1) % T::STAGES, nk);
       cp_async_commit();
     }
-    const uint16_t* sa = sA + (rel % T::STAGES) * (T::BM * T::BK);
-    const uint16_t* sb = sB + (rel % T::STAGES) * (T::BN * T::BK);
-#pragma unroll
-    for (int kk = 0; kk < T::BK / 16; ++kk) {
-      if (kt * (T::BK / 16) + kk < KC) {  // uniform: chunks past K are not part of the contract
-        uint32_t af[T::MI][4];
-        uint32_t bfr[T::NI][2];
-#pragma unroll
-        for (int mi = 0; mi < T::MI; ++mi) {
-          // ldmatrix.x4: lanes 0-15 address rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15
-          // -> registers {a0a1, a2a3, a4a5, a6a7} of the m16n8k16 A fragment.
-          const int r = wm * T::WM + mi * 16 + (lane & 15);
-          const int c = kk * 2 + (lane >> 4);
-          ldmatrix_x4(af[mi], sa + r * T::BK + swz<T::CH>(r, c) * 8);
-        }
-        if constexpr (T::NI == 1) {
-          // lanes 0-7: n 0-7 at k 0-7 (b0b1), lanes 8-15: n 0-7 at k 8-15 (b2b3).
-          const int r = wn * T::WN + (lane & 7);
-          const int c = kk * 2 + ((lane >> 3) & 1);
-          ldmatrix_x2(bfr[0][0], bfr[0][1], sb + r * T::BK + swz<T::CH>(r, c) * 8);
-        } else {
-#pragma unroll
-          for (int nj = 0; nj < T::NI / 2; ++nj) {
-            // Two n8 tiles: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
-            const int r = wn * T::WN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-            const int c = kk * 2 + ((lane >> 3) & 1);
-            uint32_t q[4];
-            ldmatrix_x4(q, sb + r * T::BK + swz<T::CH>(r, c) * 8);
-            bfr[2 * nj][0] = q[0];
-            bfr[2 * nj][1] = q[1];
-            bfr[2 * nj + 1][0] = q[2];
-            bfr[2 * nj + 1][1] = q[3];
-          }
-        }
-#pragma unroll
-        for (int mi = 0; mi < T::MI; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < T::NI; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
-      }
-    }
+    mma_step<T>(sA + (rel % T::STAGES) * (T::BM * T::BK), sB + (rel % T::STAGES) * (T::BN * T::BK), acc, kt, KC,
+                wm, wn, lane);
     // End of a K slice (kSliceK / BK steps, or the last step): total += slice sum, new slice.
     if ((kt + 1) % (kSliceK / T::BK) == 0 || kt == KT - 1) {
 #pragma unroll
@@ -490,7 +500,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   TileSpot t;
-  if (!find_tile<T::BM, kVec>(p, tid, lane, t)) return;
+  if (!find_tile<T::BM, kVec>(p, int(blockIdx.x), tid, lane, t)) return;
   const int n0 = t.n_tile * T::BN;
   if (tid < T::BM) a_off[tid] = a_row_offset(p, t.row_begin + tid, t.row_end);
   __syncthreads();

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const Mm
   const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp inside it
 
   TileSpot t;
-  if (!find_tile<T::BM, true>(p, tid, lane, t)) return;
+  if (!find_tile<T::BM, true>(p, int(blockIdx.x), tid, lane, t)) return;
   const int row_begin = t.row_begin, row_end = t.row_end;
   const uint16_t* x = t.x;
   const uint16_t* w = t.w;

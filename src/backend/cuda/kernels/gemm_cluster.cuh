@@ -1,0 +1,169 @@
+// Batch-invariant GEMM for decode-sized M: split-K across a thread-block cluster (sm_90), the
+// slice sums added through distributed shared memory. Same numerics contract as
+// kernels/gemm_mma.cuh (read it first), so the same bits as every other config.
+//
+// Why: at decode sizes (M <= 128 rows) a dense GEMM has few output tiles, so the tiled kernel
+// either leaves most SMs idle or (the sliced launch) writes every K slice's fp32 sums to global
+// memory and runs a second kernel to add them. Here the C = ceil(K / 256) blocks of one cluster
+// share an output tile, block r computing K slice r only (4 BK steps, all of its copies in
+// flight at once), park their slice sums in their own shared memory, and after one cluster
+// barrier each block reads every block's sums for its share of the tile (DSMEM) and adds them in
+// slice order starting from +0: the contract's running total, the same sequence of fp32
+// additions as the tiled kernel's. Nothing goes through global memory but the operands and the
+// output, one launch.
+// Measured (H200, session 5, docs/cuda.md): faster than the sliced launch and the split-K kernel
+// on some decode shapes only (M = 1 with N >= 2816: lm_head 132 vs 166 us; M = 128 with
+// N <= 3072: 2-19%), slower where tiled kernels fill the GPU. It is latency-bound: one wave of
+// clusters takes ~9 us whatever the bytes (Nsight: stalls on the cp.async waits, the barriers
+// and the cluster barrier's memory fence; at M = 128 x N = 2048 only 30 clusters of 8 fit at
+// once, so 32 need two waves), where cuBLASLt's non-invariant kernel takes 8 us in all.
+// Grid: blockIdx.x = tile * C + rank, clusters of (C, 1, 1) along x, so a cluster's blocks have
+// the same tile index (`pid` = blockIdx.x / C) and find_tile gives them the same tile; when it
+// gives none (grouped: past the last tile, or bad offsets) every block of the cluster exits
+// before the first cluster barrier. blockIdx.z walks a strided batch. C <= 16 (K <= 4096; the
+// host asks for non-portable cluster sizes above 8 and checks the device can place the cluster).
+// Async operands only (K % 8 == 0, 16-byte rows): the host runs another config otherwise.
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include "gemm_mma.cuh"
+
+namespace atlas::cuda::kern {
+
+// The most blocks a cluster may have (non-portable above 8: Hopper's limit), so K <= 16 slices.
+constexpr int kClusterMax = 16;
+
+// BM x BN tile, WARPS_M x WARPS_N warps, BK = 64: one K slice is STAGES = 4 steps, each in its
+// own ring slot (a block never refills a slot).
+template <int BM_, int BN_, int WARPS_M_, int WARPS_N_>
+struct ClusterTile {
+  static constexpr int BM = BM_, BN = BN_, BK = 64, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
+  static constexpr int STAGES = kSliceK / BK;
+  static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+  static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+  static constexpr int MI = WM / 16, NI = WN / 8;
+  static constexpr int CH = BK / 8;
+  static constexpr int RING_BYTES = STAGES * (BM + BN) * BK * 2;
+  static constexpr int SUM_BYTES = BM * BN * 4;  // the slice sum, reusing the ring
+  static constexpr int SMEM_BYTES = RING_BYTES > SUM_BYTES ? RING_BYTES : SUM_BYTES;
+  static_assert(WM % 16 == 0 && WN % 8 == 0, "warp tile must be whole m16n8 tiles");
+  static_assert(NI == 1 || NI % 2 == 0, "B fragments load n8 tiles in pairs (or one)");
+  static_assert(BN % 4 == 0, "the reduction works on column quads");
+};
+
+// 1 where this binary's device code has the cluster kernel (built for sm_90 or later), else 0.
+__global__ void gemm_cluster_probe_kernel(int* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+template <class T, bool kOutF32>
+__global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmParams p) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  extern __shared__ __align__(128) unsigned char gemm_smem[];
+  __shared__ int64_t a_off[T::BM];
+  __shared__ int64_t b_off[T::BN];
+  uint16_t* sA = reinterpret_cast<uint16_t*>(gemm_smem);  // [STAGES][BM][BK] (swizzled chunks)
+  uint16_t* sB = sA + T::STAGES * T::BM * T::BK;           // [STAGES][BN][BK]
+  float* part = reinterpret_cast<float*>(gemm_smem);        // [BM][BN] after the main loop
+
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
+
+  TileSpot t;
+  if (!find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t)) return;  // the whole cluster
+  const int row_begin = t.row_begin, row_end = t.row_end;
+  const int n0 = t.n_tile * T::BN;
+  for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
+  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = n0 + r < p.N ? int64_t(n0 + r) * p.ws : -1;
+  __syncthreads();
+
+  // This block's K slice: steps [kt_begin, kt_end) (a short last slice has fewer steps), all of
+  // its copies in flight at once, one ring slot per step.
+  const int K = p.K;
+  const int KC = (K + 15) / 16;
+  const int kt_begin = rank * T::STAGES;
+  const int nsteps = min((K + T::BK - 1) / T::BK, kt_begin + T::STAGES) - kt_begin;
+#pragma unroll
+  for (int i = 0; i < T::STAGES; ++i) {
+    if (i < nsteps)
+      load_tile_step<T, true>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
+                              (kt_begin + i) * T::BK, K, true, tid);
+    cp_async_commit();
+  }
+  static_assert(T::STAGES == 4, "cp_async_wait<3> below: 4 groups in flight");
+
+  float acc[T::MI][T::NI][4];
+#pragma unroll
+  for (int mi = 0; mi < T::MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < T::NI; ++ni)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+  for (int i = 0; i < nsteps; ++i) {
+    cp_async_wait<3>();  // groups committed: 4 + i; step i's is complete
+    __syncthreads();
+    mma_step<T>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), acc, kt_begin + i, KC, wm, wn, lane);
+    cp_async_commit();   // an empty group: keeps the count of the wait above
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring: it becomes the slice sum
+
+  // The slice sum into shared memory, part[row][col] (accumulator (mi, ni, q): row gid (+8 for
+  // q >= 2), columns 2*tig + {0, 1}).
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < T::MI; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = wm * T::WM + mi * 16 + gid + half * 8;
+#pragma unroll
+      for (int ni = 0; ni < T::NI; ++ni) {
+        const int c = wn * T::WN + ni * 8 + tig * 2;
+        *reinterpret_cast<float2*>(part + r * T::BN + c) = make_float2(acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1]);
+      }
+    }
+  cluster.sync();  // every block's slice sum is written and visible to the cluster
+
+  // Block `rank` finishes column quads rank, rank + C, ... of the tile's real rows: total = +0,
+  // then + slice 0, + slice 1, ... (block s holds slice s), one rounding to the output type. All
+  // remote loads are issued before the first addition (the DSMEM latency once, not per slice).
+  const int slices = C;
+  const int rows = row_end - row_begin;
+  const int quads = rows * (T::BN / 4);
+  for (int i = rank * T::THREADS + tid; i < quads; i += C * T::THREADS) {
+    const int r = i / (T::BN / 4), c = (i % (T::BN / 4)) * 4;
+    float4 v[kClusterMax];
+#pragma unroll
+    for (int s = 0; s < kClusterMax; ++s)
+      if (s < slices)
+        v[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(part + r * T::BN + c, s));
+    float4 tot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < kClusterMax; ++s)
+      if (s < slices) {
+        tot.x = __fadd_rn(tot.x, v[s].x);
+        tot.y = __fadd_rn(tot.y, v[s].y);
+        tot.z = __fadd_rn(tot.z, v[s].z);
+        tot.w = __fadd_rn(tot.w, v[s].w);
+      }
+    const int col = n0 + c;
+    const int64_t at = t.out_base + int64_t(row_begin + r) * p.os + col;
+    if (col < p.N) store_out_pair<kOutF32>(p, at, tot.x, tot.y, col + 1 < p.N);
+    if (col + 2 < p.N) store_out_pair<kOutF32>(p, at + 2, tot.z, tot.w, col + 3 < p.N);
+  }
+  cluster.sync();  // no block leaves while another may still read its shared memory
+#else
+  __trap();  // the host never launches it without sm_90 device code (gemm_cluster_probe_kernel)
+#endif
+}
+
+}  // namespace atlas::cuda::kern
