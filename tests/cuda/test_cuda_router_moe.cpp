@@ -129,7 +129,9 @@ TEST_F(Moe, PermuteGatherCombineMatchReference) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
   const int E = 64, k = 6, dim = 192;
-  for (int T : {1, 7, 1000}) {  // 1000 tokens: several chunks of 256
+  // 1, 7, 256 tokens: the one-chunk kernel (256: six scatter rounds); 257 and 1000: several
+  // chunks of 256 (count, scan, scatter).
+  for (int T : {1, 7, 256, 257, 1000}) {
     const auto ids = random_routes(T, k, E, rng);
     const size_t P = size_t(T) * k;
     std::vector<int32_t> counts(E), offsets(E + 1), sorted(P), slot(P);

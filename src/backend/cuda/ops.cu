@@ -216,6 +216,13 @@ void moe_permute(const MoePermuteArgs& a) {
           "pointers", "topk_ids, counts, offsets, sorted_token, pair_slot, workspace must be set");
   cudaStream_t s = stream_of(a.stream);
   const int chunks = int((int64_t(a.tokens) + kern::kMoeChunk - 1) / kern::kMoeChunk);
+  if (chunks == 1) {  // one launch instead of three (a decode step's routes)
+    const size_t smem = size_t(2 + kern::kMoeChunk / 32) * size_t(a.experts) * sizeof(int32_t);  // <= 40 KB
+    launch(kern::moe_permute_one_chunk_kernel, 1, kern::kMoeChunk, smem, s, a.topk_ids, a.tokens, a.k, a.experts,
+           a.counts, a.offsets, a.sorted_token, a.pair_slot, error_flag());
+    check_launch(op);
+    return;
+  }
   if (chunks > 0) {
     launch(kern::moe_count_kernel, chunks, kern::kMoeChunk, a.experts * sizeof(int32_t), s,
         a.topk_ids, a.tokens, a.k, a.experts, a.workspace, error_flag());

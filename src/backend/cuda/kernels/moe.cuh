@@ -6,6 +6,8 @@
 //   3. moe_scatter_kernel: per chunk, the pairs in (token, slot) order get consecutive positions
 //      per expert (warp match + per-warp counts). Result: inside an expert, pairs are in
 //      ascending token order, fully determined by the routes.
+// With one chunk (tokens <= kMoeChunk: decode steps) moe_permute_one_chunk_kernel does all three
+// in one launch.
 // gather/combine are plain per-element kernels over bf16 or f32 rows; the combine sums the k
 // expert outputs in the router's k order in fp32 and rounds once (bf16; f32: not at all).
 // Planned fast path: 16-byte row copies, and fusing the
@@ -75,26 +77,19 @@ __global__ void moe_scan_kernel(int32_t* chunk_counts, int n_chunks, int E,
 // expert's running position, plus the same-expert pairs of earlier warps in the round, plus its
 // rank among the same-expert lanes of its warp (__match_any_sync). Identical output to walking
 // the pairs one by one (the first version: one thread per expert walked the whole chunk, 57 us
-// per call on the H200 at 128 tokens). Dynamic shared memory: (1 + kMoeChunk / 32) * E ints.
-__global__ void __launch_bounds__(kMoeChunk)
-moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
-                   const int32_t* __restrict__ chunk_base, int32_t* __restrict__ sorted_token,
-                   int32_t* __restrict__ pair_slot) {
-  pdl_begin();
+// per call on the H200 at 128 tokens). `run` [E] holds each expert's next position on entry;
+// `cnt` is [kMoeChunk / 32][E] shared scratch. Pairs [0, n) of tokens from t0.
+__device__ __forceinline__ void moe_scatter_rounds(const int32_t* __restrict__ ids, int t0, int n, int k, int E,
+                                                   int32_t* run, int32_t* cnt, int32_t* __restrict__ sorted_token,
+                                                   int32_t* __restrict__ pair_slot) {
   constexpr int kWarps = kMoeChunk / 32;
-  extern __shared__ int32_t scatter_smem[];
-  int32_t* run = scatter_smem;      // [E] next position of each expert
-  int32_t* cnt = run + E;           // [kWarps][E] pairs of each warp per expert (this round)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int t0 = blockIdx.x * kMoeChunk;
-  const int n = min(kMoeChunk, tokens - t0) * k;
-  for (int e = tid; e < E; e += kMoeChunk) run[e] = chunk_base[int64_t(blockIdx.x) * E + e];
   for (int base = 0; base < n; base += kMoeChunk) {
     for (int i = tid; i < kWarps * E; i += kMoeChunk) cnt[i] = 0;
     __syncthreads();
     const int i = base + tid;
     const int e = i < n ? ids[int64_t(t0) * k + i] : -1;
-    const bool mine = e >= 0 && e < E;  // out-of-range ids were flagged by moe_count_kernel
+    const bool mine = e >= 0 && e < E;  // out-of-range ids were flagged by the count
     const unsigned same = __match_any_sync(0xffffffffu, mine ? e : -1);
     const int rank = __popc(same & ((1u << lane) - 1u));
     if (mine && rank == 0) cnt[warp * E + e] = __popc(same);
@@ -113,6 +108,59 @@ moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
     }
     __syncthreads();  // every count read before the next round zeroes cnt
   }
+}
+
+// Dynamic shared memory: (1 + kMoeChunk / 32) * E ints.
+__global__ void __launch_bounds__(kMoeChunk)
+moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
+                   const int32_t* __restrict__ chunk_base, int32_t* __restrict__ sorted_token,
+                   int32_t* __restrict__ pair_slot) {
+  pdl_begin();
+  extern __shared__ int32_t scatter_smem[];
+  int32_t* run = scatter_smem;  // [E] next position of each expert
+  const int t0 = blockIdx.x * kMoeChunk;
+  for (int e = threadIdx.x; e < E; e += kMoeChunk) run[e] = chunk_base[int64_t(blockIdx.x) * E + e];
+  moe_scatter_rounds(ids, t0, min(kMoeChunk, tokens - t0) * k, k, E, run, run + E, sorted_token, pair_slot);
+}
+
+// All three steps in one block where the tokens fit one chunk (every decode step up to 256 rows):
+// the chunk's histogram is the expert counts, their exclusive scan the offsets and the chunk's
+// bases, then the same scatter rounds. Integer results: identical to the three launches.
+// Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
+__global__ void __launch_bounds__(kMoeChunk)
+moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E, int32_t* __restrict__ counts,
+                             int32_t* __restrict__ offsets, int32_t* __restrict__ sorted_token,
+                             int32_t* __restrict__ pair_slot, int* error_flag) {
+  pdl_begin();
+  extern __shared__ int32_t permute_smem[];
+  int32_t* hist = permute_smem;  // [E]
+  int32_t* run = hist + E;       // [E]
+  const int tid = threadIdx.x;
+  for (int e = tid; e < E; e += kMoeChunk) hist[e] = 0;
+  __syncthreads();
+  if (tid < tokens) {
+    for (int j = 0; j < k; ++j) {
+      const int e = ids[int64_t(tid) * k + j];
+      if (e < 0 || e >= E) {
+        atomicOr(error_flag, 2);
+        continue;
+      }
+      atomicAdd(&hist[e], 1);
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int32_t total = 0;
+    for (int e = 0; e < E; ++e) {
+      run[e] = total;
+      offsets[e] = total;
+      total += hist[e];
+    }
+    offsets[E] = total;
+  }
+  for (int e = tid; e < E; e += kMoeChunk) counts[e] = hist[e];
+  __syncthreads();
+  moe_scatter_rounds(ids, 0, tokens * k, k, E, run, run + E, sorted_token, pair_slot);
 }
 
 template <class T>
