@@ -12,7 +12,8 @@
 # compared), pdl (`atlas bench` with launch overlap on, env PDL_ARGS, compared with the bench
 # step's figures), grouped (the seed grid once per candidate config of the decode step's
 # grouped expert GEMMs, env GROUPED_CANDIDATES), ncumla (Nsight Compute sections of a batch-128
-# decode-step MLA launch), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
+# decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
+# NCU_CASES/NCU_KERNEL), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
@@ -177,6 +178,21 @@ if has ncugemm; then
       $B/bench/cuda/atlas_cuda_bench --benchmark_filter="$c" --benchmark_min_time=0.001s >"$out/ncu_gemm_${c//\//_}.txt" 2>&1
     echo "   $c rc=$?"
     grep -E "Duration|Stall|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Compute \(SM\)|Block Limit|L2 Hit|Warp Cycles Per Issued|Issued Warp|One or More|No Eligible|stalled|spends" "$out/ncu_gemm_${c//\//_}.txt" | head -40
+  done
+fi
+if has ncustall; then
+  # Where the warps of one GEMM benchmark launch wait (PC-sampled stall reasons, non-zero only):
+  # NCU_CASES lists benchmark filters, NCU_KERNEL the kernel-name regex (session 5: the cluster
+  # kernel at M = 128 vs the split-K kernel at M = 1).
+  echo "== ncu GEMM stall reasons"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for c in ${NCU_CASES:-BM_GemmShapes/0/128/0/ BM_GemmShapes/0/1/0/}; do
+    f="$out/stall_${c//\//_}.txt"
+    timeout 150 "$NCU" --clock-control none --kernel-name regex:"${NCU_KERNEL:-gemm_}" --launch-skip 2 --launch-count 1 \
+      --metrics regex:smsp__pcsamp_warps_issue_stalled_.*,smsp__inst_executed.sum,smsp__cycles_active.avg,sm__ctas_launched.sum \
+      $B/bench/cuda/atlas_cuda_bench --benchmark_filter="$c" --benchmark_min_time=0.001s >"$f" 2>&1
+    echo "   $c rc=$?"
+    grep -E "smsp__|sm__" "$f" | awk '$NF != "0"' | sort -k3 -n -r | head -30
   done
 fi
 lite=/tmp/lite
