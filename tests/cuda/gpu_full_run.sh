@@ -26,6 +26,7 @@ debs=$(realpath "$1")
 mode=",${2:-},"
 has() { [[ $mode == *",$1,"* ]]; }
 out=${OUT:-$PWD/gpu-out}
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)  # Nsight Compute, for the ncu* steps
 mkdir -p "$out"
 prefix=$PWD/.gpu-prefix
 rm -rf "$prefix"
@@ -171,9 +172,8 @@ if has ncugemm; then
   # Stall reasons of the tiled GEMM (Nsight Compute sections) on the benchmark's shapes; NCU_CASES
   # lists benchmark filters, one kernel launch profiled per case.
   echo "== ncu GEMM sections"
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for c in ${NCU_CASES:-BM_GemmShapes/0/128/0/ BM_GemmShapes/6/128/0/}; do
-    timeout 120 "$NCU" --clock-control none --kernel-name regex:"${NCU_KERNEL:-gemm_mma}" --launch-skip 2 --launch-count 1 \
+    timeout 120 "$NCU" --clock-control none --kernel-name regex:"${NCU_KERNEL:-gemm_}" --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
       $B/bench/cuda/atlas_cuda_bench --benchmark_filter="$c" --benchmark_min_time=0.001s >"$out/ncu_gemm_${c//\//_}.txt" 2>&1
     echo "   $c rc=$?"
@@ -185,7 +185,6 @@ if has ncustall; then
   # NCU_CASES lists benchmark filters, NCU_KERNEL the kernel-name regex (session 5: the cluster
   # kernel at M = 128 vs the split-K kernel at M = 1).
   echo "== ncu GEMM stall reasons"
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for c in ${NCU_CASES:-BM_GemmShapes/0/128/0/ BM_GemmShapes/0/1/0/}; do
     f="$out/stall_${c//\//_}.txt"
     timeout 150 "$NCU" --clock-control none --kernel-name regex:"${NCU_KERNEL:-gemm_}" --launch-skip 2 --launch-count 1 \
@@ -287,7 +286,6 @@ if has profile; then
   # machines): batch-1 and batch-128 generation of the bench prompts, 3 new tokens, graphs off
   # (ncu serialises launches anyway). tools/profile/ncu_summary.py groups them per forward pass.
   echo "== ncu profile"
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
 open("/tmp/p1.jsonl","w").write(json.dumps({"id":"d","ids":d["decode_prompt"]})+"\n")
@@ -307,7 +305,6 @@ if has ncumla; then
   # Nsight Compute sections of one batch-128 decode-step MLA launch (past the prefill chunks'
   # launches: NCU_MLA_SKIP) of `atlas generate` over the bench prompts.
   echo "== ncu MLA sections (batch-128 decode step)"
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   # NCU_MLA_BATCH=1 profiles the batch-1 decode instead (the bench's decode prompt; set
   # NCU_MLA_SKIP=60: one 256-token prefill chunk is 27 launches, each decode step 27 more).
   [[ -f /tmp/p128.jsonl && -f /tmp/p1.jsonl ]] || { $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null

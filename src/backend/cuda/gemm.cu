@@ -200,6 +200,18 @@ struct GemmSetup {
   std::array<int, kConfigs.size()> cluster_sizes{};
 };
 
+// Whether the loaded device code has a feature: the probe kernel writes 1 (has it) or 0.
+bool probe_device_code(void (*probe)(int*), const char* what) {
+  int* flag = nullptr;
+  int have = 0;
+  check_cuda(cudaMalloc(&flag, sizeof(int)), "gemm", what);
+  probe<<<1, 1>>>(flag);
+  const cudaError_t e = cudaMemcpy(&have, flag, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(flag);
+  check_cuda(e, "gemm", what);
+  return have == 1;
+}
+
 // First call (outside any capture): raise the dynamic shared-memory limit of every kernel
 // instantiation (> 48 KB needs it), read the SM count, create the device error flag.
 const GemmSetup& setup() {
@@ -218,29 +230,11 @@ const GemmSetup& setup() {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem),
                          "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     g.error_flag = error_flag();
-    {
-      int* flag = nullptr;
-      int have = 0;
-      check_cuda(cudaMalloc(&flag, sizeof(int)), "gemm", "cudaMalloc(wgmma probe)");
-      kern::gemm_wgmma_probe_kernel<<<1, 1>>>(flag);
-      const cudaError_t e = cudaMemcpy(&have, flag, sizeof(int), cudaMemcpyDeviceToHost);
-      cudaFree(flag);
-      check_cuda(e, "gemm", "wgmma probe");
-      g.wgmma = have == 1;
-    }
+    g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
     int cluster_launch = 0;
     check_cuda(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev), "gemm",
                "cudaDeviceGetAttribute(clusterLaunch)");
-    if (cluster_launch) {
-      int* flag = nullptr;
-      int have = 0;
-      check_cuda(cudaMalloc(&flag, sizeof(int)), "gemm", "cudaMalloc(cluster probe)");
-      kern::gemm_cluster_probe_kernel<<<1, 1>>>(flag);
-      const cudaError_t e = cudaMemcpy(&have, flag, sizeof(int), cudaMemcpyDeviceToHost);
-      cudaFree(flag);
-      check_cuda(e, "gemm", "cluster probe");
-      cluster_launch = have;
-    }
+    if (cluster_launch) cluster_launch = probe_device_code(kern::gemm_cluster_probe_kernel, "cluster probe");
     for (size_t i = 0; cluster_launch && i < kConfigs.size(); ++i) {
       const TileConfig& c = kConfigs[i];
       if (!c.cluster) continue;
@@ -692,9 +686,11 @@ void gemm(const GemmArgs& a) {
   // The 16-byte cp.async path needs every row start 16-byte aligned: K, strides and base
   // pointers in multiples of 8 bf16. Anything else takes the predicated path (same bits).
   const bool async = dense_async(a, xs, ws);
-  const TileConfig& c = kConfigs[size_t(dense_config(a, async, s.sm_count))];
+  const int ci = dense_config(a, async, s.sm_count);
+  const TileConfig& c = kConfigs[size_t(ci)];
+  const int cluster = cluster_blocks(ci, a.K);  // 0 unless a cluster config
   const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
-  require(m_tiles * n_tiles <= int64_t(INT32_MAX), op, "M", "too many tiles for one launch");
+  require(m_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "M", "too many tiles for one launch");
   const size_t elt = f32 ? 4 : 2;
   kern::MmaGemmParams p;
   p.x = a.x;
@@ -718,8 +714,6 @@ void gemm(const GemmArgs& a) {
       launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
                     nullptr, stream, op))
     return;
-  const int cluster = c.cluster ? cluster_blocks(int(&c - kConfigs.data()), a.K) : 0;
-  require(m_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "M", "too many tiles for one launch");
   launch_mma(c, p, m_tiles * n_tiles, unsigned(a.batch), f32, async, a.M <= 8, cluster, stream);
   check_launch(op);
 }
@@ -733,9 +727,12 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   const int64_t os = a.out_stride ? a.out_stride : a.N;
   const bool f32 = a.out_type == OutType::f32;
   const bool async = grouped_async(a, xs, ws);
-  const TileConfig& c = kConfigs[size_t(grouped_config(a, async, s.sm_count))];
+  const int ci = grouped_config(a, async, s.sm_count);
+  const TileConfig& c = kConfigs[size_t(ci)];
+  const int cluster = cluster_blocks(ci, a.K);  // 0 unless a cluster config
   const int64_t y_tiles = ceil_div(a.max_rows, c.bm) + busy_groups(a), n_tiles = ceil_div(a.N, c.bn);
-  require(y_tiles * n_tiles <= int64_t(INT32_MAX), op, "max_rows", "too many tiles for one launch");
+  require(y_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "max_rows",
+          "too many tiles for one launch");
   const size_t elt = f32 ? 4 : 2;
   kern::MmaGemmParams p;
   p.x = a.x;
@@ -761,9 +758,6 @@ void grouped_gemm(const GroupedGemmArgs& a) {
       launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
                     stream_of(a.stream), op))
     return;
-  const int cluster = c.cluster ? cluster_blocks(int(&c - kConfigs.data()), a.K) : 0;
-  require(y_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "max_rows",
-          "too many tiles for one launch");
   launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream));
   check_launch(op);
 }

@@ -136,7 +136,6 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   // Block `rank` finishes column quads rank, rank + C, ... of the tile's real rows: total = +0,
   // then + slice 0, + slice 1, ... (block s holds slice s), one rounding to the output type. All
   // remote loads are issued before the first addition (the DSMEM latency once, not per slice).
-  const int slices = C;
   const int rows = row_end - row_begin;
   const int quads = rows * (T::BN / 4);
   for (int i = rank * T::THREADS + tid; i < quads; i += C * T::THREADS) {
@@ -144,12 +143,12 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
     float4 v[kClusterMax];
 #pragma unroll
     for (int s = 0; s < kClusterMax; ++s)
-      if (s < slices)
+      if (s < C)
         v[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(part + r * T::BN + c, s));
     float4 tot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int s = 0; s < kClusterMax; ++s)
-      if (s < slices) {
+      if (s < C) {
         tot.x = __fadd_rn(tot.x, v[s].x);
         tot.y = __fadd_rn(tot.y, v[s].y);
         tot.z = __fadd_rn(tot.z, v[s].z);
