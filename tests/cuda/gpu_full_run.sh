@@ -13,7 +13,8 @@
 # step's figures), grouped (the seed grid once per candidate config of the decode step's
 # grouped expert GEMMs, env GROUPED_CANDIDATES), ncumla (Nsight Compute sections of a batch-128
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
-# NCU_CASES/NCU_KERNEL), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
+# NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
+# PROFPREFILL_MODES), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
@@ -195,7 +196,7 @@ if has ncustall; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile || has rerun || has pdl || has grouped || has ncumla; then
+if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -299,6 +300,19 @@ open("/tmp/p128.jsonl","w").write("".join(json.dumps({"id":str(i),"ids":p})+"\n"
     echo "   $name rc=$? in $(( $(date +%s) - t0 )) s"
     python3 tools/profile/ncu_summary.py "$out/ncu_$name.csv" --split-after argmax --top ${PROFILE_TOP:-22} >"$out/profile_$name.txt" 2>&1
     cat "$out/profile_$name.txt" | cut -c1-150
+  done
+fi
+if has profprefill; then
+  # Kernel durations of the traced prefill (bench workload prefill-trace-128: 128 prompts in one
+  # unchunked forward, every stage digested) under Nsight Compute, per mode (PROFPREFILL_MODES).
+  echo "== ncu profile, prefill-trace-128"
+  for mode in ${PROFPREFILL_MODES:-batch-invariant fast}; do
+    t0=$(date +%s)
+    timeout ${PROFILE_TIMEOUT:-240} "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum \
+      $B/atlas bench --model $lite --mode $mode --workload prefill-trace-128 >"$out/ncu_prefill_$mode.csv" 2>"$out/ncu_prefill_$mode.err"
+    echo "   $mode rc=$? in $(( $(date +%s) - t0 )) s"
+    python3 tools/profile/ncu_summary.py "$out/ncu_prefill_$mode.csv" --top ${PROFILE_TOP:-30} >"$out/profile_prefill_$mode.txt" 2>&1
+    cut -c1-150 "$out/profile_prefill_$mode.txt"
   done
 fi
 if has ncumla; then
