@@ -180,7 +180,7 @@ std::vector<int> forced_configs(int rows) {
   else if (rows <= 1024)
     want = {"32x64x64/4+slices", "c128x64/8w", "c64x64/4w"};
   else
-    want = {"128x64x32/4", "128x128x32/4"};
+    want = {"wg128x128x64/4", "wg192x128x64/4", "wg128x192x64/4", "128x64x32/4"};
   std::vector<int> out;
   for (int c : all)
     if (std::find(want.begin(), want.end(), gemm_config_name(c)) != want.end()) out.push_back(c);
@@ -257,10 +257,11 @@ void BM_GemmShapes(benchmark::State& state) {
   state.SetLabel(std::string(sh.what) + " N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + ", " +
                  mode_label(mode, chosen));
 }
-// Cases: every shape at M = 1 and 128: auto, cuBLASLt, then the forced configs of forced_configs.
+// Cases: every shape at M = 1, 128 and 4096 (a prefill chunk): auto, cuBLASLt, then the forced
+// configs of forced_configs.
 void gemm_shape_cases(benchmark::internal::Benchmark* b) {
   for (int shape = 0; shape < int(kShapes.size()); ++shape)
-    for (int M : {1, 128}) {
+    for (int M : {1, 128, 4096}) {
       b->Args({shape, M, 0});
       b->Args({shape, M, 1});
       for (int c : forced_configs(M)) b->Args({shape, M, 2 + c});

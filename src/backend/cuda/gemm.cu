@@ -60,6 +60,11 @@ using CfgC64 = kern::ClusterTile<64, 64, 2, 2>;    // 64 KB, 128 threads
 using CfgC16 = kern::ClusterTile<16, 64, 1, 4>;    // 40 KB, 128 threads
 // (Measured and dropped, session 5: 128 x 32 and 16 x 32 tiles, 128 x 128 tiles, two slices
 // per block; none was faster on any V2-Lite shape.)
+// wgmma (sm_90a, kernels/gemm_wgmma.cuh): 64-row warpgroups, 5-stage cp.async ring.
+//                                   warpgroups  BN     ring    threads
+using CfgWg128 = kern::WgTile<2, 128>;      //  2        128   160 KB   256
+using CfgWg192 = kern::WgTile<3, 128>;      //  3        128   200 KB   384 (~168 registers)
+using CfgWg128N192 = kern::WgTile<2, 192>;  //  2        192   200 KB   256 (m64n192)
 // Split-K (M <= 16 / decode): 16 rows x 8*NI columns, 8 warps on different K slices.
 using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
@@ -82,11 +87,12 @@ constexpr TileConfig grouped_only(TileConfig c) {
   return c;
 }
 
+template <class T>
 constexpr TileConfig make_wgmma_config(const char* name) {
-  TileConfig c{name, kern::WgTile::BM, kern::WgTile::BN, kern::WgTile::THREADS, kern::WgTile::SMEM_BYTES, false, {}};
+  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, false, {}};
   for (int h = 0; h < 2; ++h) {
-    c.fn[0][1][h] = kern::gemm_wgmma_kernel<false>;
-    c.fn[1][1][h] = kern::gemm_wgmma_kernel<true>;
+    c.fn[0][1][h] = kern::gemm_wgmma_kernel<T, false>;
+    c.fn[1][1][h] = kern::gemm_wgmma_kernel<T, true>;
   }
   c.wgmma = true;
   return c;
@@ -146,8 +152,8 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 19> kConfigs = {
-    make_wgmma_config("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
+constexpr std::array<TileConfig, 21> kConfigs = {
+    make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
     make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
     make_splitk_config<CfgS16>("splitk16x16/8w"), make_splitk_config<CfgS8>("splitk16x8/8w"),
@@ -159,7 +165,8 @@ constexpr std::array<TileConfig, 19> kConfigs = {
     grouped_only(make_config<CfgG32N128, false>("32x128x64/8")),
     grouped_only(make_config<CfgG16N64, false>("16x64x128/4")),
     make_cluster_config<CfgC128>("c128x64/8w"), make_cluster_config<CfgC64>("c64x64/4w"),
-    make_cluster_config<CfgC16>("c16x64/4w")};
+    make_cluster_config<CfgC16>("c16x64/4w"), make_wgmma_config<CfgWg192>("wg192x128x64/4"),
+    make_wgmma_config<CfgWg128N192>("wg128x192x64/4")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)

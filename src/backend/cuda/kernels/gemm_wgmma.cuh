@@ -23,11 +23,17 @@
 
 namespace atlas::cuda::kern {
 
+template <int WGS_, int BN_>
 struct WgTile {
-  static constexpr int BM = 128, BN = 128, BK = 64, STAGES = 5, THREADS = 256, CH = BK / 8;
+  // WGS warpgroups, warpgroup g owns rows 64g .. 64g+63 of a BM = 64 WGS row tile; BN columns
+  // (wgmma.m64nBNk16). Registers per thread: BN / 2 accumulators + BN / 2 of the slice total.
+  static constexpr int WGS = WGS_, BM = 64 * WGS_, BN = BN_, BK = 64, STAGES = 5, THREADS = 128 * WGS_, CH = BK / 8;
+  static constexpr int NACC = BN / 2;
   static constexpr int TILE_A = BM * BK * 2, TILE_B = BN * BK * 2;  // bytes per stage
   // ring + 1024 for aligning it + the row offset tables
   static constexpr int SMEM_BYTES = STAGES * (TILE_A + TILE_B) + 1024 + (BM + BN) * 8;
+  static_assert(BN == 128 || BN == 192, "wgmma wrappers exist for n128 and n192");
+  static_assert(SMEM_BYTES <= 227 * 1024, "Hopper's shared memory per block");
 };
 
 // Shared-memory matrix descriptor, K-major operand with the 128-byte swizzle: start address,
@@ -88,6 +94,44 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 #endif
 }
 
+// D(64 x 192, fp32 registers) = A(64 x 16) * B(16 x 192) + D, both operands from shared memory.
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t desc_a, uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+      "%96, %97, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+#else
+  __trap();
+#endif
+}
+
+// One k16 chunk of a warpgroup's 64 x BN accumulators.
+template <int BN>
+__device__ __forceinline__ void wgmma_k16(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (BN == 128)
+    wgmma_m64n128k16(d, desc_a, desc_b);
+  else
+    wgmma_m64n192k16(d, desc_a, desc_b);
+}
+
 // 1 where this binary's device code has the wgmma kernel (built for sm_90a), else 0.
 __global__ void gemm_wgmma_probe_kernel(int* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -97,10 +141,9 @@ __global__ void gemm_wgmma_probe_kernel(int* out) {
 #endif
 }
 
-template <bool kOutF32>
-__global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const MmaGemmParams p) {
+template <class T, bool kOutF32>
+__global__ void __launch_bounds__(T::THREADS, 1) gemm_wgmma_kernel(const MmaGemmParams p) {
   pdl_begin();
-  using T = WgTile;
   extern __shared__ unsigned char wg_smem_raw[];
   // The ring must start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B).
   const uint32_t raw = smem_u32(wg_smem_raw);
@@ -139,19 +182,24 @@ __global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const Mm
                             K, kt - kt_begin < T::STAGES, tid);
   };
 
-  float acc[64], tot[64];
+  float acc[T::NACC], tot[T::NACC];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = tot[i] = 0.0f;
+  for (int i = 0; i < T::NACC; ++i) acc[i] = tot[i] = 0.0f;
 
   // Copies run STAGES - 2 steps ahead and one step's wgmma group stays in flight while the next
   // step's copies are waited for: the slot refilled at step r was read by step r - 2, whose group
   // every warpgroup has retired (wait_group 1 at the end of step r - 1) before step r's barrier.
+  // A slice's last group is also left in flight (wait_group 1): the next step adds the finished
+  // slice into the total only after its barrier and copies are issued, just before its first
+  // wgmma overwrites the accumulators, so the tensor cores are not drained while the block waits
+  // at the barrier (`pending`).
   constexpr int kAhead = T::STAGES - 2;
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (kt_begin + s < KT) load_stage(s, kt_begin + s);
     cp_async_commit();
   }
+  bool pending = false;
   for (int kt = kt_begin; kt < KT; ++kt) {
     const int rel = kt - kt_begin;
     cp_async_wait<kAhead - 1>();  // step kt's copies (this thread's) have landed
@@ -162,31 +210,34 @@ __global__ void __launch_bounds__(WgTile::THREADS, 1) gemm_wgmma_kernel(const Mm
       if (nk < KT) load_stage((rel + kAhead) % T::STAGES, nk);
       cp_async_commit();
     }
+    if (pending) {  // the previous slice is complete: total += slice, new slice from +0
+      wg_wait_all();
+#pragma unroll
+      for (int i = 0; i < T::NACC; ++i) {
+        tot[i] = __fadd_rn(tot[i], acc[i]);
+        acc[i] = 0.0f;
+      }
+      pending = false;
+    }
     const uint32_t a_base = smem_u32(sA + (rel % T::STAGES) * (T::BM * T::BK)) + uint32_t(wg * 64 * T::BK * 2);
     const uint32_t b_base = smem_u32(sB + (rel % T::STAGES) * (T::BN * T::BK));
     wg_fence();
     if ((kt + 1) * (T::BK / 16) <= KC) {  // a whole step (every step but a short last one)
 #pragma unroll
-      for (int kk = 0; kk < T::BK / 16; ++kk)
-        wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+      for (int kk = 0; kk < T::BK / 16; ++kk) wgmma_k16<T::BN>(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
     } else {
 #pragma unroll
       for (int kk = 0; kk < T::BK / 16; ++kk)
         if (kt * (T::BK / 16) + kk < KC)  // uniform: chunks past K are not part of the contract
-          wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+          wgmma_k16<T::BN>(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
     }
     wg_commit();
-    if ((kt + 1) % (kSliceK / T::BK) == 0 || kt == KT - 1) {
-      wg_wait_all();  // the slice's sum is complete: total += slice, new slice
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        tot[i] = __fadd_rn(tot[i], acc[i]);
-        acc[i] = 0.0f;
-      }
-    } else {
-      wg_wait_one();
-    }
+    wg_wait_one();
+    pending = (kt + 1) % (kSliceK / T::BK) == 0;
   }
+  wg_wait_all();  // the last slice (complete or short)
+#pragma unroll
+  for (int i = 0; i < T::NACC; ++i) tot[i] = __fadd_rn(tot[i], acc[i]);
   cp_async_wait<0>();
 
   // Accumulator i of a thread: n8 tile i / 4, row gid (+8 for i % 4 >= 2), column 2*tig + i % 2
