@@ -435,6 +435,88 @@ TEST_F(GroupedGemm, RowsEqualTheDenseGemmOfTheirGroup) {
 
 // Bad offsets: the kernel writes nothing and raises the device flag; check_device_errors()
 // throws naming grouped_gemm and the field, then the flag is clear again.
+// ---- fused gate|up + SiLU (GemmArgs / GroupedGemmArgs::gated) ------------------------------------
+
+// The unfused pair of steps the fused epilogue must reproduce: silu_gate over a [rows, 2I] product.
+std::vector<uint16_t> silu_of(const std::vector<uint16_t>& gu, int rows, int I) {
+  DevBuf<uint16_t> dgu(gu), dact(size_t(rows) * I);
+  silu_gate({.gate = dgu.get(), .up = dgu.get() + I, .out = dact.get(), .rows = rows, .width = I, .in_stride = 2 * I});
+  synchronize();
+  return dact.download();
+}
+
+TEST_F(Gemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  // M from a decode row to two 192-row tiles; I not a multiple of any tile width.
+  for (const auto& [M, I, K] : {std::tuple{1, 72, 264}, std::tuple{7, 200, 512}, std::tuple{130, 72, 264},
+                                std::tuple{400, 136, 256}}) {
+    const int N = 2 * I;
+    const auto x = random_bf16(size_t(M) * K, rng);
+    const auto w = random_bf16(size_t(N) * K, rng, 0.1f);
+    DevBuf<uint16_t> dx(x), dw(w), scratch(size_t(M) * N);
+    for (int c = -1; c < gemm_config_count(); ++c) {
+      ForceConfig force(c);
+      SCOPED_TRACE(::testing::Message() << "M " << M << " I " << I << " config "
+                                        << (c < 0 ? "auto" : gemm_config_name(c)));
+      const auto want = silu_of(run<uint16_t>({.x = dx.get(), .w = dw.get(), .M = M, .N = N, .K = K}, size_t(M) * N), M, I);
+      const auto got = run<uint16_t>({.x = dx.get(), .w = dw.get(), .M = M, .N = N, .K = K, .gated = I,
+                                      .gated_scratch = scratch.get()},
+                                     size_t(M) * I);
+      ASSERT_EQ(got, want);
+    }
+    // The fast mode: cuBLASLt's product, then silu_gate.
+    const auto want = silu_of(run_gemm<uint16_t>(dx, dw, M, N, K, GemmMode::fast), M, I);
+    const auto got = run<uint16_t>({.x = dx.get(), .w = dw.get(), .M = M, .N = N, .K = K, .mode = GemmMode::fast,
+                                    .gated = I, .gated_scratch = scratch.get()},
+                                   size_t(M) * I);
+    ASSERT_EQ(got, want) << "fast mode, M " << M;
+  }
+}
+
+TEST_F(GroupedGemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  // Empty groups, a group of 1, a group over two 192-row tiles, gathered rows.
+  const std::vector<int> counts = {0, 5, 1, 0, 400, 13};
+  const int G = int(counts.size()), I = 72, N = 2 * I, K = 264, x_count = 300;
+  std::vector<int32_t> offsets(size_t(G) + 1, 0);
+  for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + counts[size_t(g)];
+  const int rows = offsets.back();
+  const auto x = random_bf16(size_t(x_count) * K, rng);
+  std::vector<int32_t> x_rows(static_cast<size_t>(rows));
+  std::uniform_int_distribution<int> pick(0, x_count - 1);
+  for (auto& r : x_rows) r = pick(rng);
+  std::vector<std::unique_ptr<DevBuf<uint16_t>>> dw;
+  std::vector<const uint16_t*> wptr;
+  for (int g = 0; g < G; ++g) {
+    dw.push_back(std::make_unique<DevBuf<uint16_t>>(random_bf16(size_t(N) * K, rng, 0.1f)));
+    wptr.push_back(dw.back()->get());
+  }
+  DevBuf<uint16_t> dx(x), scratch(size_t(rows) * N);
+  DevBuf<int32_t> doff(offsets), drows(x_rows);
+  DevBuf<const uint16_t*> dwptr(wptr);
+  for (int c = -1; c < gemm_config_count(); ++c) {
+    ForceConfig force(c);
+    SCOPED_TRACE(::testing::Message() << "config " << (c < 0 ? "auto" : gemm_config_name(c)));
+    const GroupedGemmArgs base{.x = dx.get(), .x_rows = drows.get(), .w = dwptr.get(), .offsets = doff.get(),
+                               .groups = G, .max_rows = rows, .N = N, .K = K, .x_rows_limit = x_count};
+    DevBuf<uint16_t> dgu(size_t(rows) * N), dact(size_t(rows) * I);
+    GroupedGemmArgs plain = base;
+    plain.out = dgu.get();
+    grouped_gemm(plain);
+    synchronize();
+    const auto want = silu_of(dgu.download(), rows, I);
+    GroupedGemmArgs gated = base;
+    gated.out = dact.get();
+    gated.gated = I;
+    gated.gated_scratch = scratch.get();
+    grouped_gemm(gated);
+    check_device_errors();
+    ASSERT_EQ(dact.download(), want);
+  }
+}
+
 TEST_F(GroupedGemm, BadOffsetsRaiseTheDeviceError) {
   std::mt19937 rng(test_seed());
   const int N = 32, K = 64, max_rows = 8;
@@ -631,6 +713,18 @@ TEST_F(Gemm, BadArgumentsThrowNamingTheField) {
   expect_error([&] { grouped_gemm({.x = b.get(), .out = b.get(), .groups = 1, .max_rows = 1, .N = 8, .K = 8}); },
                "grouped_gemm: pointers");
   expect_error([] { gemm_force_config(gemm_config_count()); }, "gemm_force_config: config");
+  expect_error([&] { gemm({.x = b.get(), .w = b.get(), .out = b.get(), .M = 1, .N = 8, .K = 8, .gated = 3,
+                           .gated_scratch = b.get()}); },
+               "gemm: gated");
+  expect_error([&] { gemm({.x = b.get(), .w = b.get(), .out = b.get(), .M = 1, .N = 8, .K = 8, .gated = 4}); },
+               "gemm: gated_scratch");
+  expect_error([&] { gemm({.x = b.get(), .w = b.get(), .out = b.get(), .out_type = OutType::f32, .M = 1, .N = 8,
+                           .K = 8, .gated = 4, .gated_scratch = b.get()}); },
+               "gemm: gated");
+  expect_error([&] { grouped_gemm({.x = b.get(), .w = reinterpret_cast<const uint16_t* const*>(b.get()),
+                                   .offsets = reinterpret_cast<const int32_t*>(b.get()), .out = b.get(), .groups = 1,
+                                   .max_rows = 1, .N = 8, .K = 8, .gated = 4}); },
+               "grouped_gemm: gated_scratch");
 }
 
 }  // namespace

@@ -317,8 +317,11 @@ class CudaModelT final : public Model {
   // Router logits [M, E] in fp32 (bf16: the official upcast GEMM, fp32 out).
   void router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const;
   // Expert GEMM over the rows sorted by expert (device offsets), optional gather of A rows.
+  // gated = I > 0: the gate|up GEMM (N = 2I) with SiLU, out = act [max_rows, I], scratch
+  // [max_rows, 2I] (GroupedGemmArgs::gated; the f32 mode runs the GEMM into scratch, then silu_gate).
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Elem* const* w,
-                   const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K) const;
+                   const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
+                   int64_t gated = 0, Elem* scratch = nullptr) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -581,14 +584,19 @@ void CudaModelT<Elem>::router_gemm(const Elem* x, const Elem* w, float* out, int
 template <class Elem>
 void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Elem* const* w,
                                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
-                                   int64_t K) const {
-  if constexpr (kF32)
-    grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w, .offsets = offsets, .out = out, .groups = int(groups),
-                      .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
-                      .stream = s_});
-  else
+                                   int64_t K, int64_t gated, Elem* scratch) const {
+  if constexpr (kF32) {
+    grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w, .offsets = offsets, .out = gated ? scratch : out,
+                      .groups = int(groups), .max_rows = int(max_rows), .N = int(N), .K = int(K),
+                      .x_rows_limit = x_rows_limit, .stream = s_});
+    if (gated)
+      silu_gate({.gate = scratch, .up = scratch + gated, .out = out, .rows = int(max_rows), .width = int(gated),
+                 .in_stride = N, .stream = s_});
+  } else {
     grouped_gemm({.x = x, .x_rows = x_rows, .w = w, .offsets = offsets, .out = out, .groups = int(groups),
-                  .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit, .stream = s_});
+                  .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
+                  .gated = int(gated), .gated_scratch = scratch, .stream = s_});
+  }
 }
 
 template <class Elem>
@@ -741,9 +749,16 @@ template <class Elem>
 void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, const Buffers& b) const {
   const int64_t H = cfg_.hidden_size, I = m.inter;
   if (M == 0) return;
-  linear(x, m.gate_up, b.gu, M, 2 * I, H);  // [M, 2I]: gate | up
-  silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
-             .stream = s_});
+  // act [M, I] = silu(gate) * up from the [M, 2I] gate | up product (fused into the GEMM's
+  // epilogue where the chosen config can: the same bits; b.gu is the unfused path's scratch)
+  if constexpr (kF32) {
+    linear(x, m.gate_up, b.gu, M, 2 * I, H);
+    silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
+               .stream = s_});
+  } else {
+    gemm({.x = x, .w = m.gate_up, .out = b.act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = dense_mode_,
+          .gated = int(I), .gated_scratch = b.gu, .stream = s_});
+  }
   linear(b.act, m.down, out, M, H, I);
 }
 
@@ -782,9 +797,7 @@ void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   moe_permute({.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E), .counts = b.counts,
                .offsets = b.offsets, .sorted_token = b.sorted, .pair_slot = b.slot, .workspace = b.perm_ws,
                .stream = s_});
-  expert_gemm(b.h, b.sorted, M, L.gate_up_ptrs, b.offsets, b.gu, E, M * k, 2 * I, H);
-  silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M * k), .width = int(I), .in_stride = 2 * I,
-             .stream = s_});
+  expert_gemm(b.h, b.sorted, M, L.gate_up_ptrs, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
   expert_gemm(b.act, nullptr, 0, L.down_ptrs, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts run before the combine (independent of the routed ones), so their sum
   // joins the combine launch unless a tensor observer of either part could change it in between

@@ -531,6 +531,14 @@ struct GemmArgs {
   // (elements). One launch for e.g. the 16 per-head MLA absorptions.
   int batch = 1;
   int64_t x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
+  // Fused gate|up + SiLU (the MLP's first half): gated = I > 0 says w holds 2I rows, gate rows
+  // [0, I) then up rows [I, 2I), N = 2I, and out receives act [rows, I] (dense, out_stride 0)
+  // = bf16(bf16(silu(gate)) * up): the bits of this GEMM into [rows, 2I] followed by silu_gate,
+  // in one launch where the chosen config can fuse it (tiled, wgmma and cluster configs); the
+  // others run exactly that pair of steps through gated_scratch ([rows, 2I] bf16, dense).
+  // bf16 out, batch 1.
+  int gated = 0;
+  uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
 };
 void gemm(const GemmArgs& a);
@@ -573,6 +581,14 @@ struct GroupedGemmArgs {
   int N = 0, K = 0;
   int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // elements, 0 = dense
   int64_t x_rows_limit = 0;  // rows of x, bound for x_rows entries (0 = only negatives checked)
+  // Fused gate|up + SiLU (the MLP's first half): gated = I > 0 says w holds 2I rows, gate rows
+  // [0, I) then up rows [I, 2I), N = 2I, and out receives act [rows, I] (dense, out_stride 0)
+  // = bf16(bf16(silu(gate)) * up): the bits of this GEMM into [rows, 2I] followed by silu_gate,
+  // in one launch where the chosen config can fuse it (tiled, wgmma and cluster configs); the
+  // others run exactly that pair of steps through gated_scratch ([max_rows, 2I] bf16, dense).
+  // bf16 out, batch 1.
+  int gated = 0;
+  uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
 };
 void grouped_gemm(const GroupedGemmArgs& a);

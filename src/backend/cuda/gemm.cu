@@ -61,10 +61,12 @@ using CfgC16 = kern::ClusterTile<16, 64, 1, 4>;    // 40 KB, 128 threads
 // (Measured and dropped, session 5: 128 x 32 and 16 x 32 tiles, 128 x 128 tiles, two slices
 // per block; none was faster on any V2-Lite shape.)
 // wgmma (sm_90a, kernels/gemm_wgmma.cuh): 64-row warpgroups, 5-stage cp.async ring.
-//                                   warpgroups  BN     ring    threads
-using CfgWg128 = kern::WgTile<2, 128>;      //  2        128   160 KB   256
-using CfgWg192 = kern::WgTile<3, 128>;      //  3        128   200 KB   384 (~168 registers)
-using CfgWg128N192 = kern::WgTile<2, 192>;  //  2        192   200 KB   256 (m64n192)
+// 192 x 128 tiles were 1.2-1.3x faster than 128 x 128 on every V2-Lite shape at M = 4096 and the
+// grouped experts at 32768 tokens (H200, session 6: the operands' L2 traffic per FLOP falls with
+// the tile's area); 128 x 192 (m64n192, 224 registers) sat between them and was dropped.
+//                                   warpgroups  ring    threads
+using CfgWg192 = kern::WgTile<3>;  //  3         200 KB   384 (156 registers)
+using CfgWg128 = kern::WgTile<2>;  //  2         160 KB   256
 // Split-K (M <= 16 / decode): 16 rows x 8*NI columns, 8 warps on different K slices.
 using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
@@ -152,7 +154,8 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 21> kConfigs = {
+constexpr std::array<TileConfig, 20> kConfigs = {
+    make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
     make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
@@ -165,8 +168,7 @@ constexpr std::array<TileConfig, 21> kConfigs = {
     grouped_only(make_config<CfgG32N128, false>("32x128x64/8")),
     grouped_only(make_config<CfgG16N64, false>("16x64x128/4")),
     make_cluster_config<CfgC128>("c128x64/8w"), make_cluster_config<CfgC64>("c64x64/4w"),
-    make_cluster_config<CfgC16>("c16x64/4w"), make_wgmma_config<CfgWg192>("wg192x128x64/4"),
-    make_wgmma_config<CfgWg128N192>("wg128x192x64/4")};
+    make_cluster_config<CfgC16>("c16x64/4w")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -280,8 +282,8 @@ const GemmSetup& setup() {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Tile rows that make sense for `m` rows per problem (padding a 1-row decode to 128 rows
-// would waste the tensor cores).
-int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128; }
+// would waste the tensor cores; 192-row tiles from two of them per problem).
+int bm_cap(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : m < 384 ? 128 : 192; }
 
 // Blocks per cluster for cluster config `ci` at this K (one per K slice), or 0 where it cannot
 // run here (not a cluster config, more slices than the device places in one cluster, no
@@ -664,10 +666,41 @@ int grouped_gemm_chosen_config(const GroupedGemmArgs& a) {
   return grouped_config(a, grouped_async(a, xs, ws), setup().sm_count);
 }
 
+// The host checks of a fused gate|up request (GemmArgs / GroupedGemmArgs::gated).
+template <class A>
+void require_gated(const A& a, const char* op) {
+  require(a.gated >= 0, op, "gated", "must be >= 0, got " + std::to_string(a.gated));
+  if (a.gated == 0) return;
+  require(a.N == 2 * a.gated, op, "gated", "N must be 2 * gated (gate | up), got N=" + std::to_string(a.N) +
+                                               " gated=" + std::to_string(a.gated));
+  require(a.out_type == OutType::bf16 && a.out_stride == 0, op, "gated", "needs a dense bf16 out");
+  require(a.gated_scratch != nullptr, op, "gated_scratch", "must be set with gated");
+}
+// A config whose kernel takes MmaGemmParams::gated (the table-driven ones), in a plain launch.
+bool fuses_gated(const TileConfig& c) { return !c.splitk && !c.sliced; }
+
 void gemm(const GemmArgs& a) {
   const char* op = "gemm";
   require_gemm_args(a, op);
+  require_gated(a, op);
+  require(a.gated == 0 || a.batch == 1, op, "gated", "needs batch 1");
   if (a.M == 0) return;
+  if (a.gated > 0) {
+    const int64_t xs0 = a.x_stride ? a.x_stride : a.K, ws0 = a.w_stride ? a.w_stride : a.K;
+    const bool async0 = dense_async(a, xs0, ws0);
+    const int ci0 = a.mode == GemmMode::batch_invariant ? dense_config(a, async0, setup().sm_count) : -1;
+    if (ci0 < 0 || !fuses_gated(kConfigs[size_t(ci0)]) ||
+        use_sliced(a, kConfigs[size_t(ci0)], async0, setup().sm_count)) {
+      // Unfused: the product into the scratch, then silu_gate (the fused epilogue's bits).
+      GemmArgs b = a;
+      b.gated = 0;
+      b.out = a.gated_scratch;
+      gemm(b);
+      silu_gate({.gate = a.gated_scratch, .up = a.gated_scratch + a.gated, .out = static_cast<uint16_t*>(a.out),
+                 .rows = a.M, .width = a.gated, .in_stride = a.N, .stream = a.stream});
+      return;
+    }
+  }
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
   const int64_t os = a.out_stride ? a.out_stride : a.N;
   const cudaStream_t stream = stream_of(a.stream);
@@ -717,6 +750,13 @@ void gemm(const GemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
                  (a.batch == 1 || a.out_batch_stride % 2 == 0);
+  if (a.gated > 0) {  // a fusing config in a plain launch (checked above)
+    p.gated = a.gated;
+    p.os = a.gated;
+    launch_mma(c, p, m_tiles * n_tiles, 1, false, async, a.M <= 8, cluster, stream);
+    check_launch(op);
+    return;
+  }
   if (use_sliced(a, c, async, s.sm_count) &&
       launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
                     nullptr, stream, op))
@@ -728,6 +768,7 @@ void gemm(const GemmArgs& a) {
 void grouped_gemm(const GroupedGemmArgs& a) {
   const char* op = "grouped_gemm";
   require_grouped_args(a, op);
+  require_gated(a, op);
   if (a.max_rows == 0) return;
   const GemmSetup& s = setup();
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
@@ -736,6 +777,17 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   const bool async = grouped_async(a, xs, ws);
   const int ci = grouped_config(a, async, s.sm_count);
   const TileConfig& c = kConfigs[size_t(ci)];
+  if (a.gated > 0 && !fuses_gated(c)) {
+    // Unfused: the product into the scratch, then silu_gate over every row the bound allows
+    // (rows past offsets[groups] are never read by the down projection).
+    GroupedGemmArgs b = a;
+    b.gated = 0;
+    b.out = a.gated_scratch;
+    grouped_gemm(b);
+    silu_gate({.gate = a.gated_scratch, .up = a.gated_scratch + a.gated, .out = static_cast<uint16_t*>(a.out),
+               .rows = a.max_rows, .width = a.gated, .in_stride = a.N, .stream = a.stream});
+    return;
+  }
   const int cluster = cluster_blocks(ci, a.K);  // 0 unless a cluster config
   const int64_t y_tiles = ceil_div(a.max_rows, c.bm) + busy_groups(a), n_tiles = ceil_div(a.N, c.bn);
   require(y_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "max_rows",
@@ -759,6 +811,13 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.max_rows = a.max_rows;
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
+  if (a.gated > 0) {  // a fusing config: plain launch, activation out
+    p.gated = a.gated;
+    p.os = a.gated;
+    launch_mma(c, p, y_tiles * n_tiles, 1, false, async, a.max_rows <= 8, cluster, stream_of(a.stream));
+    check_launch(op);
+    return;
+  }
   const int slices = int(ceil_div(a.K, kern::kSliceK));
   if (c.sliced && async && slices > 1 &&
       size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&

@@ -112,4 +112,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// silu(g) = g / (1 + exp(-g)) in fp32 (PyTorch's formula). The MLP's activation is
+// round(round(silu(g)) * u) at the working precision, g and u being the gate|up GEMM's outputs
+// (silu_gate_kernel; the GEMMs' fused gate|up epilogue computes the same from its unrounded
+// sums after rounding them to bf16 as a stored output would be).
+__device__ __forceinline__ float silu_f32(float g) { return g / (1.0f + expf(-g)); }
+
 }  // namespace atlas::cuda::kern

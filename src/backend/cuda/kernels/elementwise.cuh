@@ -50,10 +50,8 @@ __global__ void rope_kernel(RopeJob<T> j0, RopeJob<T> j1, int tokens, int half,
   o[1] = from_f32<T>(odd);
 }
 
-// silu(g) = g / (1 + exp(-g)) in fp32 (PyTorch's formula), rounded to bf16; then the product
-// with up, rounded again.
-__device__ __forceinline__ float silu_f32(float g) { return g / (1.0f + expf(-g)); }
-
+// out = silu(gate) * up (silu_f32 in common.cuh: the rounding points are shared with the GEMM's
+// fused gate|up epilogue, kernels/gemm_mma.cuh).
 template <class T>
 __global__ void silu_gate_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
                                  int rows, int width, int64_t in_stride) {

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   const int row_begin = t.row_begin, row_end = t.row_end;
   const int n0 = t.n_tile * T::BN;
   for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
-  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = n0 + r < p.N ? int64_t(n0 + r) * p.ws : -1;
+  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, n0 + r);
   __syncthreads();
 
   // This block's K slice: steps [kt_begin, kt_end) (a short last slice has fewer steps), all of
@@ -155,9 +155,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
         tot.w = __fadd_rn(tot.w, v[s].w);
       }
     const int col = n0 + c;
-    const int64_t at = t.out_base + int64_t(row_begin + r) * p.os + col;
-    if (col < p.N) store_out_pair<kOutF32>(p, at, tot.x, tot.y, col + 1 < p.N);
-    if (col + 2 < p.N) store_out_pair<kOutF32>(p, at + 2, tot.z, tot.w, col + 3 < p.N);
+    const int64_t o_row = t.out_base + int64_t(row_begin + r) * p.os;
+    if (col < p.N) store_tile_pair<kOutF32>(p, o_row, col, tot.x, tot.y);
+    if (col + 2 < p.N) store_tile_pair<kOutF32>(p, o_row, col + 2, tot.z, tot.w);
   }
   cluster.sync();  // no block leaves while another may still read its shared memory
 #else

@@ -95,7 +95,14 @@ struct MmaGemmParams {
   int* error_flag = nullptr;
   int pair_store = 0;                          // out pointer/strides allow 2-element stores
   int64_t slice_stride = 0;                    // > 0: sliced launch (below), elements between slices
+  int gated = 0;                               // > 0: fused gate|up + SiLU (below); bf16 out only
 };
+// Fused gate|up (gated = I > 0, N = 2I): tile column n is weight row n / 2 (gate) for even n and
+// row I + n / 2 (up) for odd n, so a thread's column pair (2j, 2j+1) holds gate j and up j of a
+// row; the epilogue writes out[row][j] = bf16(bf16(silu(bf16 gate)) * bf16 up) (os: out's row
+// stride) instead of the pair: the bits of the GEMM into [rows, 2I] followed by
+// silu_gate_kernel, one launch and no [rows, 2I] round trip. Only the table-driven kernels
+// (tiled mma, wgmma, cluster) take it; the host runs the other configs unfused.
 // Sliced launch (dense with one problem, or grouped): blockIdx.y = K slice s; the block computes only slice s's
 // sum for its tile and writes it as fp32 to out + s * slice_stride; gemm_slice_reduce_kernel then
 // adds the slices in ascending order starting from +0, which is the contract's running total
@@ -255,6 +262,13 @@ __device__ __forceinline__ int64_t a_row_offset(const MmaGemmParams& p, int row,
   return src * p.xs;
 }
 
+// Element offset in w of the weight row for tile column n (-1: past N, a zero row).
+__device__ __forceinline__ int64_t b_row_offset(const MmaGemmParams& p, int n) {
+  if (n >= p.N) return -1;
+  const int row = p.gated > 0 ? ((n & 1) ? p.gated + (n >> 1) : (n >> 1)) : n;
+  return int64_t(row) * p.ws;
+}
+
 // One K step of a block's A and B tiles (rows of BK bf16 from k0, swizzled 16-byte chunks) into
 // ring slots sa [BM][BK] and sb [BN][BK]. Rows past M (or N) are zero in every slice: each slot
 // zero-fills them on its first use (first_fill: the slot's first step) and nothing overwrites
@@ -354,6 +368,20 @@ __device__ __forceinline__ void store_out_pair(const MmaGemmParams& p, int64_t a
   }
 }
 
+// The tile kernels' epilogue store of columns (col, col + 1) of the row at element offset o_row
+// of out: the pair, or with p.gated (bf16 out) the SiLU-gated activation col / 2 (col is even).
+template <bool kOutF32>
+__device__ __forceinline__ void store_tile_pair(const MmaGemmParams& p, int64_t o_row, int col, float v0, float v1) {
+  if constexpr (!kOutF32) {
+    if (p.gated > 0) {
+      const float g = bf2f(f2bf(v0)), u = bf2f(f2bf(v1));
+      static_cast<uint16_t*>(p.out)[o_row + (col >> 1)] = f2bf(bf2f(f2bf(silu_f32(g))) * u);
+      return;
+    }
+  }
+  store_out_pair<kOutF32>(p, o_row + col, v0, v1, col + 1 < p.N);
+}
+
 template <class T, bool kOutF32, bool kAsync>
 __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
   pdl_begin();
@@ -375,7 +403,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   const int n0 = n_tile * T::BN;
 
   for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
-  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = n0 + r < p.N ? int64_t(n0 + r) * p.ws : -1;
+  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, n0 + r);
   __syncthreads();
 
   const int K = p.K;
@@ -447,7 +475,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
       for (int ni = 0; ni < T::NI; ++ni) {
         const int col = n0 + wn * T::WN + ni * 8 + tig * 2;
         if (col >= p.N) continue;
-        store_out_pair<kOutF32>(p, o_row + col, tot[mi][ni][half * 2], tot[mi][ni][half * 2 + 1], col + 1 < p.N);
+        store_tile_pair<kOutF32>(p, o_row, col, tot[mi][ni][half * 2], tot[mi][ni][half * 2 + 1]);
       }
     }
 }

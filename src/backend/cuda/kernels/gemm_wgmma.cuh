@@ -6,14 +6,15 @@
 // 64 x 128 block of outputs (each output's accumulator is updated by its own 16-term product,
 // as mma.m16n8k16 does); the GPU tests compare this config's bits with every other config's.
 //
-// Tile: 128 x 128 outputs per block, two warpgroups of 4 warps (warpgroup g owns rows 64g..64g+63),
-// BK = 64: a shared-memory row is 128 bytes, stored with the 16-byte chunks XOR-swizzled by row
-// (swz<8>), which is the hardware's 128-byte swizzle for K-major operands, so the descriptors
-// point straight at the cp.async ring (STAGES deep, tile bases 1024-byte aligned). Per K step:
-// wait for the step's copies, fence them into the async proxy, barrier, issue the copies of step
-// + STAGES - 2, then 4 wgmma per warpgroup (one per k16 chunk) as one group, leaving it in flight
-// while the next step waits for its copies (a ring slot is refilled two steps after its last
-// read; at a slice end the group is waited for, since the slice sum goes into the total).
+// Tile: 64 WGS x 128 outputs per block (WgTile<WGS>: 2 or 3 warpgroups of 4 warps, warpgroup g
+// owns rows 64g..64g+63), BK = 64: a shared-memory row is 128 bytes, stored with the 16-byte
+// chunks XOR-swizzled by row (swz<8>), which is the hardware's 128-byte swizzle for K-major
+// operands, so the descriptors point straight at the cp.async ring (STAGES deep, tile bases
+// 1024-byte aligned). Per K step: wait for the step's copies, fence them into the async proxy,
+// barrier, issue the copies of step + STAGES - 2, then 4 wgmma per warpgroup (one per k16 chunk)
+// as one group, leaving it in flight while the next step waits for its copies (a ring slot is
+// refilled two steps after its last read). A slice's last group stays in flight too: the next
+// step adds the finished slice into the total after its barrier, just before its own wgmma.
 // Only the 16-byte-copy path exists (aligned operands, K % 8 == 0); the host runs another config
 // otherwise. Compiled only into sm_90a code (__CUDA_ARCH_FEAT_SM90_ALL); the host asks
 // gemm_wgmma_available() before choosing it.
@@ -23,16 +24,15 @@
 
 namespace atlas::cuda::kern {
 
-template <int WGS_, int BN_>
+template <int WGS_>
 struct WgTile {
-  // WGS warpgroups, warpgroup g owns rows 64g .. 64g+63 of a BM = 64 WGS row tile; BN columns
-  // (wgmma.m64nBNk16). Registers per thread: BN / 2 accumulators + BN / 2 of the slice total.
-  static constexpr int WGS = WGS_, BM = 64 * WGS_, BN = BN_, BK = 64, STAGES = 5, THREADS = 128 * WGS_, CH = BK / 8;
+  // WGS warpgroups, warpgroup g owns rows 64g .. 64g+63 of a BM = 64 WGS row tile, 128 columns
+  // (wgmma.m64n128k16). Registers per thread: 64 accumulators + 64 of the slice total.
+  static constexpr int WGS = WGS_, BM = 64 * WGS_, BN = 128, BK = 64, STAGES = 5, THREADS = 128 * WGS_, CH = BK / 8;
   static constexpr int NACC = BN / 2;
   static constexpr int TILE_A = BM * BK * 2, TILE_B = BN * BK * 2;  // bytes per stage
   // ring + 1024 for aligning it + the row offset tables
   static constexpr int SMEM_BYTES = STAGES * (TILE_A + TILE_B) + 1024 + (BM + BN) * 8;
-  static_assert(BN == 128 || BN == 192, "wgmma wrappers exist for n128 and n192");
   static_assert(SMEM_BYTES <= 227 * 1024, "Hopper's shared memory per block");
 };
 
@@ -94,44 +94,6 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 #endif
 }
 
-// D(64 x 192, fp32 registers) = A(64 x 16) * B(16 x 192) + D, both operands from shared memory.
-__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t desc_a, uint64_t desc_b) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %98, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
-      "%96, %97, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
-#else
-  __trap();
-#endif
-}
-
-// One k16 chunk of a warpgroup's 64 x BN accumulators.
-template <int BN>
-__device__ __forceinline__ void wgmma_k16(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b) {
-  if constexpr (BN == 128)
-    wgmma_m64n128k16(d, desc_a, desc_b);
-  else
-    wgmma_m64n192k16(d, desc_a, desc_b);
-}
-
 // 1 where this binary's device code has the wgmma kernel (built for sm_90a), else 0.
 __global__ void gemm_wgmma_probe_kernel(int* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -164,7 +126,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_wgmma_kernel(const MmaGemm
   int64_t out_base = t.out_base;
   const int n0 = t.n_tile * T::BN;
   for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
-  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = n0 + r < p.N ? int64_t(n0 + r) * p.ws : -1;
+  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, n0 + r);
   __syncthreads();
 
   const int K = p.K;
@@ -224,12 +186,12 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_wgmma_kernel(const MmaGemm
     wg_fence();
     if ((kt + 1) * (T::BK / 16) <= KC) {  // a whole step (every step but a short last one)
 #pragma unroll
-      for (int kk = 0; kk < T::BK / 16; ++kk) wgmma_k16<T::BN>(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+      for (int kk = 0; kk < T::BK / 16; ++kk) wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
     } else {
 #pragma unroll
       for (int kk = 0; kk < T::BK / 16; ++kk)
         if (kt * (T::BK / 16) + kk < KC)  // uniform: chunks past K are not part of the contract
-          wgmma_k16<T::BN>(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+          wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
     }
     wg_commit();
     wg_wait_one();
@@ -252,7 +214,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_wgmma_kernel(const MmaGemm
     for (int nt = 0; nt < T::BN / 8; ++nt) {
       const int col = n0 + nt * 8 + tig * 2;
       if (col >= p.N) continue;
-      store_out_pair<kOutF32>(p, o_row + col, tot[nt * 4 + half * 2], tot[nt * 4 + half * 2 + 1], col + 1 < p.N);
+      store_tile_pair<kOutF32>(p, o_row, col, tot[nt * 4 + half * 2], tot[nt * 4 + half * 2 + 1]);
     }
   }
 }
