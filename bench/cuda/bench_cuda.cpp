@@ -178,7 +178,7 @@ std::vector<int> forced_configs(int rows) {
   if (rows <= 16)
     want = {"splitk16x8/8w", "16x32x128/4", "c16x64/4w"};
   else if (rows <= 1024)
-    want = {"32x64x64/4+slices", "c128x64/8w", "c64x64/4w"};
+    want = {"32x64x64/4+slices", "c128x64/8w", "c64x64/4w", "wg128x128x64/4+slices"};
   else
     want = {"wg192x128x64/4", "wg128x128x64/4", "128x64x32/4"};
   std::vector<int> out;
@@ -420,10 +420,11 @@ const char* mla_impl_name(int impl) { return impl == 0 ? "tensor_core" : "scalar
 // length). Each iteration reads a different copy of the caches (copies together >= 256 MB, well
 // past the 60 MB L2), as consecutive layers would: the figures are HBM reads, not L2 hits.
 // GB/s counts the cache bytes once; TFLOP/s counts q.K (576) and P.V (512) per head and token.
-// Args: rows, len, impl (0 tensor_core, 1 scalar), split_tokens.
+// Args: rows, len, impl (0 tensor_core, 1 scalar), split_tokens, tile buffers (0 auto, 1, 2).
 void BM_MlaDecode(benchmark::State& state) {
   if (!have_gpu(state)) return;
   const int rows = int(state.range(0)), len = int(state.range(1)), split = int(state.range(3));
+  const int bufs = int(state.range(4));
   const MlaImpl impl = state.range(2) == 0 ? MlaImpl::tensor_core : MlaImpl::scalar;
   const size_t cache_elems = size_t(rows) * len * kMlaWidth;
   const int copies = int(std::clamp<size_t>((size_t(256) << 20) / (cache_elems * 2) + 1, 1, 4096));
@@ -437,7 +438,7 @@ void BM_MlaDecode(benchmark::State& state) {
   copy_to_device(lengths.p, hl.data(), rows * 4);
   MlaDecodeArgs a{.q = q.p, .latent_cache = cache.p, .cache_row_stride = int64_t(len) * kMlaWidth,
                   .lengths = lengths.p, .max_length = len, .out = out.p, .rows = rows, .heads = kMlaHeads,
-                  .scale = kMlaScale, .split_tokens = split, .workspace = ws.p, .impl = impl};
+                  .scale = kMlaScale, .split_tokens = split, .workspace = ws.p, .impl = impl, .tile_buffers = bufs};
   mla_decode(a);
   synchronize();
   EventTimer t;
@@ -452,19 +453,23 @@ void BM_MlaDecode(benchmark::State& state) {
   state.counters["TFLOP/s"] = benchmark::Counter(2.0 * rows * kMlaHeads * double(len) * (kMlaWidth + kMlaLatent) / 1e12,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(mla_impl_name(int(state.range(2)))) + ", split " + std::to_string(split) + ", " +
-                 std::to_string(copies) + " cache copies");
+                 (bufs ? std::to_string(bufs) + " tile buffers, " : "") + std::to_string(copies) + " cache copies");
 }
 BENCHMARK(BM_MlaDecode)
-    ->ArgNames({"rows", "len", "impl", "split"})
-    ->Args({1, 512, 0, 256})
-    ->Args({1, 4096, 0, 256})
-    ->Args({1, 4096, 0, 64})
-    ->Args({128, 512, 0, 256})
-    ->Args({128, 1024, 0, 256})
-    ->Args({1, 512, 1, 256})
-    ->Args({1, 4096, 1, 256})
-    ->Args({128, 512, 1, 256})
-    ->Args({128, 1024, 1, 256})
+    ->ArgNames({"rows", "len", "impl", "split", "bufs"})
+    ->Args({1, 512, 0, 256, 0})
+    ->Args({1, 4096, 0, 256, 0})
+    ->Args({1, 4096, 0, 64, 0})
+    ->Args({128, 512, 0, 256, 0})
+    ->Args({128, 512, 0, 256, 1})
+    ->Args({128, 512, 0, 256, 2})
+    ->Args({128, 1024, 0, 256, 0})
+    ->Args({128, 1024, 0, 256, 1})
+    ->Args({128, 1024, 0, 256, 2})
+    ->Args({1, 512, 1, 256, 0})
+    ->Args({1, 4096, 1, 256, 0})
+    ->Args({128, 512, 1, 256, 0})
+    ->Args({128, 1024, 1, 256, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -57,6 +57,7 @@ Problem make_problem(std::mt19937& rng, Shape sh, std::vector<int32_t> lengths, 
 struct Call {
   MlaImpl impl = MlaImpl::tensor_core;
   int queries_per_block = 0;
+  int tile_buffers = 0;
   int split = 256;
   int max_length = 0;     // 0: the longest query
   bool misalign = false;  // q and cache one element off 16-byte alignment: the element-load path
@@ -76,7 +77,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
               .lengths = dl.get(), .cache_rows = p.rows.empty() ? nullptr : dr.get(), .max_length = max_length,
               .out = dout.get(), .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
               .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
-              .queries_per_block = c.queries_per_block});
+              .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers});
   check_device_errors();
   return dout.download();
 }
@@ -195,6 +196,8 @@ TEST_F(Mla, RowResultIsBatchInvariant) {
   for (int b = 0; b < Q; ++b) expect_query_bits(r, Q - 1 - b, batch, b, n, "reversed");
   EXPECT_EQ(run_gpu(p, {.max_length = p.capacity}), batch) << "max_length = capacity";
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 2}), batch) << "two queries (two cache rows) per block";
+  EXPECT_EQ(run_gpu(p, {.tile_buffers = 1}), batch) << "one cache tile buffer";
+  EXPECT_EQ(run_gpu(p, {.tile_buffers = 2}), batch) << "two cache tile buffers";
   EXPECT_EQ(run_gpu(p, {.misalign = true}), batch) << "element loads instead of cp.async";
   EXPECT_EQ(run_gpu(p), batch) << "second run";
 }
@@ -231,6 +234,8 @@ TEST_F(Mla, PrefillQueriesDoNotDependOnTheirNeighbours) {
 
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 1}), batch) << "one query per block";
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 2}), batch) << "two queries per block";
+  EXPECT_EQ(run_gpu(p, {.queries_per_block = 1, .tile_buffers = 1}), batch) << "one query, one tile buffer";
+  EXPECT_EQ(run_gpu(p, {.queries_per_block = 2, .tile_buffers = 1}), batch) << "two queries, one tile buffer";
   EXPECT_EQ(run_gpu(p, {.max_length = p.capacity}), batch) << "max_length = capacity";
   EXPECT_EQ(run_gpu(p, {.misalign = true}), batch) << "element loads instead of cp.async";
   EXPECT_EQ(run_gpu(p), batch) << "second run";
@@ -319,6 +324,9 @@ TEST(MlaArguments, BadSettingsNameTheirField) {
   a.impl = MlaImpl::scalar;
   a.split_tokens = 300;
   EXPECT_NE(message(a).find("split_tokens"), std::string::npos) << message(a);
+  a = base;
+  a.tile_buffers = 3;
+  EXPECT_NE(message(a).find("tile_buffers"), std::string::npos) << message(a);
   a = base;
   a.heads = 17;
   EXPECT_NE(message(a).find("heads"), std::string::npos) << message(a);

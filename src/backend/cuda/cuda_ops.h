@@ -447,6 +447,9 @@ struct MlaDecodeArgsT {
   // 1). Queries of one block that read the same cache row share its tiles (prefill); for decode
   // (every query its own row) pass 1. Never changes results (tested).
   int queries_per_block = 0;
+  // tensor_core only: cache tile buffers per block, 1 or 2 (0 = 1 when there are at least two
+  // blocks per SM, else 2). Never changes results (tested).
+  int tile_buffers = 0;
 };
 using MlaDecodeArgs = MlaDecodeArgsT<uint16_t>;
 size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int split_tokens);

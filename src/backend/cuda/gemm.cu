@@ -154,7 +154,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 20> kConfigs = {
+constexpr std::array<TileConfig, 21> kConfigs = {
     make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -168,7 +168,8 @@ constexpr std::array<TileConfig, 20> kConfigs = {
     grouped_only(make_config<CfgG32N128, false>("32x128x64/8")),
     grouped_only(make_config<CfgG16N64, false>("16x64x128/4")),
     make_cluster_config<CfgC128>("c128x64/8w"), make_cluster_config<CfgC64>("c64x64/4w"),
-    make_cluster_config<CfgC16>("c16x64/4w")};
+    make_cluster_config<CfgC16>("c16x64/4w"),
+    sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)

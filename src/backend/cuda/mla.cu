@@ -58,16 +58,28 @@ void launch_scalar(const MlaDecodeArgsT<T>& a, int width, int max_splits, cudaSt
 // The dynamic shared-memory limit is raised once per instantiation to what the widest cache
 // (576) needs, before any launch, so later launches (inside a CUDA graph capture too) change
 // no function attribute.
-template <int G, bool kVec>
-void launch_tc_kernel(const kern::MlaTcParams& p, int smem, cudaStream_t s) {
+template <int G, bool kVec, int NST>
+void launch_tc_kernel(const kern::MlaTcParams& p, cudaStream_t s) {
   static std::once_flag once;
   std::call_once(once, [] {
-    check_cuda(cudaFuncSetAttribute(kern::mla_tc_kernel<G, kVec>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    kern::mla_tc_smem_bytes(G, kMlaWidthMax)),
+    check_cuda(cudaFuncSetAttribute(kern::mla_tc_kernel<G, kVec, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kern::mla_tc_smem_bytes(G, kMlaWidthMax, NST)),
                "mla_decode", "cudaFuncSetAttribute");
   });
   const dim3 grid(unsigned((p.rows + G - 1) / G), unsigned(p.max_splits));
-  launch(kern::mla_tc_kernel<G, kVec>, grid, kern::kMlaTcThreads, smem, s, p);
+  launch(kern::mla_tc_kernel<G, kVec, NST>, grid, kern::kMlaTcThreads, kern::mla_tc_smem_bytes(G, p.wp, NST), s, p);
+}
+template <int G, bool kVec>
+void launch_tc_kernel(const kern::MlaTcParams& p, int nst, cudaStream_t s) {
+  nst == 1 ? launch_tc_kernel<G, kVec, 1>(p, s) : launch_tc_kernel<G, kVec, 2>(p, s);
+}
+
+// SMs of the current device (a cheap attribute read, no synchronisation: fine inside captures).
+int sm_count() {
+  int dev = 0, n = 0;
+  check_cuda(cudaGetDevice(&dev), "mla_decode", "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "mla_decode", "cudaDeviceGetAttribute");
+  return n;
 }
 
 void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
@@ -97,11 +109,14 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                             .S = a.split_tokens,
                             .max_splits = max_splits,
                             .scale = a.scale};
-  const int smem = kern::mla_tc_smem_bytes(G, wp);
+  // One tile buffer (two blocks per SM) where there are blocks enough to fill the SMs twice
+  // over (a batch-128 decode step), else double-buffered tiles (batch 1: one block per split).
+  const int64_t blocks = int64_t((a.rows + G - 1) / G) * max_splits;
+  const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks >= 2 * int64_t(sm_count()) ? 1 : 2);
   if (G == 1)
-    vec ? launch_tc_kernel<1, true>(p, smem, s) : launch_tc_kernel<1, false>(p, smem, s);
+    vec ? launch_tc_kernel<1, true>(p, nst, s) : launch_tc_kernel<1, false>(p, nst, s);
   else
-    vec ? launch_tc_kernel<2, true>(p, smem, s) : launch_tc_kernel<2, false>(p, smem, s);
+    vec ? launch_tc_kernel<2, true>(p, nst, s) : launch_tc_kernel<2, false>(p, nst, s);
   check_launch(op);
   // Merge: one (query, head) per block iteration; a grid-stride loop keeps the block count
   // bounded when most queries have one split (prefill), where each item is one length read.
@@ -130,6 +145,8 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
   require(a.scale > 0.0f, op, "scale", "must be > 0");
   require(a.q && a.latent_cache && a.lengths && a.out && a.workspace, op, "pointers",
           "q, latent_cache, lengths, out, workspace must be set");
+  require(a.tile_buffers >= 0 && a.tile_buffers <= 2, op, "tile_buffers",
+          "must be 0 (auto), 1 or 2, got " + std::to_string(a.tile_buffers));
   if (a.rows == 0) return;
   cudaStream_t s = stream_of(a.stream);
   const int64_t max_splits = (int64_t(a.max_length) + a.split_tokens - 1) / a.split_tokens;

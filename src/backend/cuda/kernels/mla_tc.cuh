@@ -67,11 +67,15 @@ struct MlaTcParams {
   float scale;
 };
 
-// Shared memory: Q [16G][wp+8], C [2][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
+// Shared memory: Q [16G][wp+8], C [NST][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
 // alpha [16G], l [16G]. Rows of wp+8 elements are 16-byte multiples of 4 mod 8 words, so the
 // 8 rows of one ldmatrix phase hit 8 distinct groups of 4 banks (no conflicts).
-__host__ __device__ constexpr int mla_tc_smem_bytes(int G, int wp) {
-  return 2 * (16 * G) * (wp + 8) + 2 * 2 * kMlaTile * (wp + 8) + 4 * (16 * G) * kMlaSStride +
+// NST = 2 double-buffers the cache tiles (the next tile's copies overlap this tile's work: one
+// block per SM at width 576, ~175 KB); NST = 1 loads each tile after the previous one is done
+// (~100 KB: two blocks per SM, each overlapping the other's copies). The same tiles in the same
+// order either way, so the same bits; the launcher picks by the number of blocks.
+__host__ __device__ constexpr int mla_tc_smem_bytes(int G, int wp, int nst = 2) {
+  return 2 * (16 * G) * (wp + 8) + 2 * nst * kMlaTile * (wp + 8) + 4 * (16 * G) * kMlaSStride +
          2 * (16 * G) * kMlaPStride + 4 * 2 * (16 * G);
 }
 
@@ -115,8 +119,9 @@ __device__ __forceinline__ uint16_t f2bf_out(float f) {
 // kVec: width % 8 == 0 and 16-byte aligned q / cache rows (the host checks): 16-byte cp.async
 // loads. Otherwise element loads (slower; the same values land in shared memory, so the same
 // bits come out; tested).
-template <int G, bool kVec>
-__global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcParams p) {
+template <int G, bool kVec, int NST>
+__global__ void __launch_bounds__(kMlaTcThreads, NST == 1 ? 2 : 1) mla_tc_kernel(const MlaTcParams p) {
+  static_assert(NST == 1 || NST == 2, "one or two cache tile buffers");
   pdl_begin();
   constexpr int R = 16 * G;  // MMA rows: G queries x 16 (padded) heads
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -127,7 +132,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcPar
   const int ldq = p.wp + 8;  // elements; (wp + 8) / 2 words = 4 mod 8 since wp % 16 == 0
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* Cs = Qs + R * ldq;
-  float* Ss = reinterpret_cast<float*>(Cs + 2 * kMlaTile * ldq);
+  float* Ss = reinterpret_cast<float*>(Cs + NST * kMlaTile * ldq);
   uint16_t* Ps = reinterpret_cast<uint16_t*>(Ss + R * kMlaSStride);
   float* alpha_s = reinterpret_cast<float*>(Ps + R * kMlaPStride);
   float* l_s = alpha_s + R;
@@ -179,9 +184,9 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcPar
         Qs[r * ldq + c] = v;
       }
     }
-    // The k pad of both cache stages: never written by the tile loads, read by phase 1.
+    // The k pad of the cache stages: never written by the tile loads, read by phase 1.
     const int pad = p.wp - width;
-    for (int i = tid; i < 2 * kMlaTile * pad; i += kMlaTcThreads)
+    for (int i = tid; i < NST * kMlaTile * pad; i += kMlaTcThreads)
       Cs[(i / pad) * ldq + width + i % pad] = 0;
   }
   // (made visible by the first barrier of the tile loop)
@@ -211,7 +216,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcPar
     const int ntiles = (run_end - j0 + kMlaTile - 1) / kMlaTile;
 
     auto load_tile = [&](int t) {
-      uint16_t* dst = Cs + (t & 1) * kMlaTile * ldq;
+      uint16_t* dst = Cs + (t % NST) * kMlaTile * ldq;
       const int t0 = j0 + t * kMlaTile;
       const int n_load = min(kMlaTile, run_end - t0);
       const uint16_t* src = cbase + int64_t(t0) * p.width;
@@ -245,14 +250,19 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcPar
     for (int t = 0; t < ntiles; ++t) {
       const int t0 = j0 + t * kMlaTile;
       const int n_load = min(kMlaTile, run_end - t0);
-      if (t + 1 < ntiles) {
-        load_tile(t + 1);  // overwrites the stage read in tile t-1 (barrier at the end of t-1)
-        cp_async_wait<1>();
+      if constexpr (NST == 2) {
+        if (t + 1 < ntiles) {
+          load_tile(t + 1);  // overwrites the stage read in tile t-1 (barrier at the end of t-1)
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
       } else {
+        if (t > 0) load_tile(t);  // the one stage, free since the barrier at the end of t-1
         cp_async_wait<0>();
       }
       __syncthreads();
-      const uint16_t* C = Cs + (t & 1) * kMlaTile * ldq;
+      const uint16_t* C = Cs + (t % NST) * kMlaTile * ldq;
 
       // ---- phase 1: S = scale * Q . C^T for this warp's query and 8G slots ----
       if (in_run(p1_g) && p1_tok < n_load) {
@@ -368,7 +378,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_kernel(const MlaTcPar
           }
         }
       }
-      __syncthreads();  // stage t & 1, S, P and alpha are reused by tile t + 1
+      __syncthreads();  // stage t % NST, S, P and alpha are reused by tile t + 1
     }
 
     // ---- epilogue: one split -> the output directly; several -> the workspace for the merge ----
