@@ -214,7 +214,10 @@ if has reference; then
 fi
 if has bench; then
   echo "== atlas bench"
+  # The transformers figures of this run's reference step, else REFERENCE_FILE (a committed
+  # bench_transformers.py output of the same device session).
   ref=(); [[ -f "$out/reference.json" ]] && ref=(--reference "$out/reference.json")
+  [[ ${#ref[@]} -eq 0 && -n "${REFERENCE_FILE:-}" ]] && ref=(--reference "$REFERENCE_FILE")
   timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench.json" "${ref[@]}" ${BENCH_ARGS:-} 2>&1 | tail -20
   nvidia-smi --query-gpu=memory.used --format=csv
 fi

@@ -192,6 +192,8 @@ constexpr int kWgmmaFallback = config_index("128x128x32/4");
 constexpr int kClusterFallback = config_index("64x64x64/4");  // a cluster config cannot run (same bits)
 constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_index("c64x64/4w"),
               kCluster16 = config_index("c16x64/4w");
+constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
+static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
 static_assert(kClusterFallback >= 0 && kCluster128 >= 0 && kCluster64 >= 0 && kCluster16 >= 0,
               "cluster config names");
 static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
@@ -503,7 +505,14 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
   // split-K; elsewhere the tiled kernels fill the GPU and win (N = 21888 at M = 128: wgmma 81 us,
   // c128x64 116).
   if (forced_config.load() < 0 && async && a.batch == 1 && a.K <= 8 * kern::kSliceK) {
-    if (a.M > 16 && a.M <= kClusterMaxM && (ci == kSliced32 || ci == kSliced64)) {
+    if (a.M > 64 && a.M <= kClusterMaxM && a.N >= 2048 && a.gated == 0 && (ci == kSliced32 || ci == kSliced64) &&
+        setup().wgmma && use_sliced(a, kConfigs[size_t(kSlicedWg128)], async, sm_count)) {
+      // The wgmma tile (all 128 rows x 128 columns) in a sliced launch, session 6 at M = 128 (us,
+      // vs c64x64 / c128x64): N x K = 2048 x 1408 12.1 vs 17.0, 2048 x 2048 13.2 vs 18.5,
+      // 3072 x 2048 19.6 vs 23.2, 2816 x 2048 19.3 vs 20.2 (but gate|up there is gated: the
+      // cluster kernel fuses the SiLU, the sliced launch cannot); N = 576 11.3 vs 9.5 (not taken).
+      ci = kSlicedWg128;
+    } else if (a.M > 16 && a.M <= kClusterMaxM && (ci == kSliced32 || ci == kSliced64)) {
       // M = 128 vs the sliced launch: N = 576 c64x64 9.0 vs 10.2, 2048 17.7 vs 18.6, 2816 19.4 vs
       // 24.0; N = 3072 c128x64 22.9 vs 25.6 (c64x64 23.7).
       const int cand = a.N <= 2816 ? kCluster64 : kCluster128;
