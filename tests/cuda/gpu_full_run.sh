@@ -14,7 +14,9 @@
 # grouped expert GEMMs, env GROUPED_CANDIDATES), ncumla (Nsight Compute sections of a batch-128
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
-# PROFPREFILL_MODES), notests (skip the test binaries). CMP_ARGS="--atlas-f32 ..." gives
+# PROFPREFILL_MODES), notests (skip the test binaries). GTEST_ONLY=<filter> runs that filter of
+# atlas_cuda_tests only (with BUILD_TARGETS=atlas_cuda_tests: a quick re-check).
+# CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
@@ -72,7 +74,7 @@ B=${BUILD_DIR:-build-gpu-full}  # outside the carried tree, a warm machine keeps
 start=$(date +%s)
 {
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" &&
-    cmake --build "$B" -j"$(nproc)" --target atlas atlas_cuda_tests atlas_cuda_model_tests atlas_cuda_bench
+    cmake --build "$B" -j"$(nproc)" --target ${BUILD_TARGETS:-atlas atlas_cuda_tests atlas_cuda_model_tests atlas_cuda_bench}
 } >"$out/build.log" 2>&1
 brc=$?
 echo "== build rc=$brc in $(( $(date +%s) - start )) s"
@@ -81,6 +83,10 @@ grep -E "error|CMake Error|not found" "$out/build.log" | head -30
 
 
 rc=0
+if [[ -n "${GTEST_ONLY:-}" ]]; then  # one filter of atlas_cuda_tests, nothing else (a quick re-check)
+  $B/tests/cuda/atlas_cuda_tests --gtest_filter="$GTEST_ONLY" 2>&1 | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Which is|Expected|seed" | head -30
+  exit ${PIPESTATUS[0]}
+fi
 if ! has notests; then
 rc=0
 echo "== atlas_cuda_tests"

@@ -575,7 +575,17 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no thread-block clusters";
   DevBuf<uint16_t> dx(size_t(128) * 4360), dw(size_t(2048) * 4360);
   const GemmArgs m128{.x = dx.get(), .w = dw.get(), .M = 128, .N = 2048, .K = 2048};
-  EXPECT_EQ(gemm_config_name(gemm_chosen_config(m128)), "c64x64/4w");
+  // The automatic choices at M = 128: narrow N and the fused gate|up take a cluster config;
+  // N >= 2048 otherwise the sliced wgmma launch (the build's sm_90a code runs on this 9.x GPU).
+  GemmArgs narrow = m128;
+  narrow.N = 576;
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(narrow)), "c64x64/4w");
+  GemmArgs gated = m128;
+  gated.N = 2816;
+  gated.gated = 1408;
+  gated.gated_scratch = dw.get();
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(gated)), "c64x64/4w");
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(m128)), "wg128x128x64/4+slices");
   GemmArgs m1 = m128;
   m1.M = 1;
   m1.N = 3072;
