@@ -17,7 +17,7 @@
 // step adds the finished slice into the total after its barrier, just before its own wgmma.
 // Only the 16-byte-copy path exists (aligned operands, K % 8 == 0); the host runs another config
 // otherwise. Compiled only into sm_90a code (__CUDA_ARCH_FEAT_SM90_ALL); the host asks
-// gemm_wgmma_available() before choosing it.
+// its probe (gemm_wgmma_probe_kernel, at setup) before choosing it.
 #pragma once
 
 #include "gemm_mma.cuh"
