@@ -688,6 +688,17 @@ void require_gated(const A& a, const char* op) {
 }
 // A config whose kernel takes MmaGemmParams::gated (the table-driven ones), in a plain launch.
 bool fuses_gated(const TileConfig& c) { return !c.splitk && !c.sliced; }
+// A gated call the chosen launch cannot fuse: the product (gated cleared) into the scratch, then
+// silu_gate over `rows` rows: the bits the fused epilogue reproduces.
+template <class A, class Run>
+void run_unfused_gated(const A& a, int rows, Run run) {
+  A b = a;
+  b.gated = 0;
+  b.out = a.gated_scratch;
+  run(b);
+  silu_gate({.gate = a.gated_scratch, .up = a.gated_scratch + a.gated, .out = static_cast<uint16_t*>(a.out),
+             .rows = rows, .width = a.gated, .in_stride = a.N, .stream = a.stream});
+}
 
 void gemm(const GemmArgs& a) {
   const char* op = "gemm";
@@ -695,23 +706,19 @@ void gemm(const GemmArgs& a) {
   require_gated(a, op);
   require(a.gated == 0 || a.batch == 1, op, "gated", "needs batch 1");
   if (a.M == 0) return;
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
   if (a.gated > 0) {
-    const int64_t xs0 = a.x_stride ? a.x_stride : a.K, ws0 = a.w_stride ? a.w_stride : a.K;
-    const bool async0 = dense_async(a, xs0, ws0);
-    const int ci0 = a.mode == GemmMode::batch_invariant ? dense_config(a, async0, setup().sm_count) : -1;
-    if (ci0 < 0 || !fuses_gated(kConfigs[size_t(ci0)]) ||
-        use_sliced(a, kConfigs[size_t(ci0)], async0, setup().sm_count)) {
-      // Unfused: the product into the scratch, then silu_gate (the fused epilogue's bits).
-      GemmArgs b = a;
-      b.gated = 0;
-      b.out = a.gated_scratch;
-      gemm(b);
-      silu_gate({.gate = a.gated_scratch, .up = a.gated_scratch + a.gated, .out = static_cast<uint16_t*>(a.out),
-                 .rows = a.M, .width = a.gated, .in_stride = a.N, .stream = a.stream});
+    bool fuse = a.mode == GemmMode::batch_invariant;
+    if (fuse) {
+      const bool as = dense_async(a, xs, ws);
+      const TileConfig& c = kConfigs[size_t(dense_config(a, as, setup().sm_count))];
+      fuse = fuses_gated(c) && !use_sliced(a, c, as, setup().sm_count);
+    }
+    if (!fuse) {
+      run_unfused_gated(a, a.M, [](const GemmArgs& b) { gemm(b); });
       return;
     }
   }
-  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
   const int64_t os = a.out_stride ? a.out_stride : a.N;
   const cudaStream_t stream = stream_of(a.stream);
   const bool f32 = a.out_type == OutType::f32;
@@ -788,14 +795,8 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   const int ci = grouped_config(a, async, s.sm_count);
   const TileConfig& c = kConfigs[size_t(ci)];
   if (a.gated > 0 && !fuses_gated(c)) {
-    // Unfused: the product into the scratch, then silu_gate over every row the bound allows
-    // (rows past offsets[groups] are never read by the down projection).
-    GroupedGemmArgs b = a;
-    b.gated = 0;
-    b.out = a.gated_scratch;
-    grouped_gemm(b);
-    silu_gate({.gate = a.gated_scratch, .up = a.gated_scratch + a.gated, .out = static_cast<uint16_t*>(a.out),
-               .rows = a.max_rows, .width = a.gated, .in_stride = a.N, .stream = a.stream});
+    // Every row the bound allows (rows past offsets[groups] are never read by the down projection).
+    run_unfused_gated(a, a.max_rows, [](const GroupedGemmArgs& b) { grouped_gemm(b); });
     return;
   }
   const int cluster = cluster_blocks(ci, a.K);  // 0 unless a cluster config
