@@ -224,6 +224,36 @@ bool probe_device_code(void (*probe)(int*), const char* what) {
   return have == 1;
 }
 
+// The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
+// device (cudaOccupancyMaxActiveClusters > 0 for both output types); 0 if none does.
+int max_cluster_blocks(const TileConfig& c) {
+  int fits = kern::kClusterMax;
+  for (KernelFn f : {c.fn[0][1][0], c.fn[1][1][0]}) {
+    check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+               "gemm", "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
+    for (int cs = 1; cs <= fits; ++cs) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(cs), 1, 1);
+      cfg.blockDim = dim3(unsigned(c.threads), 1, 1);
+      cfg.dynamicSmemBytes = size_t(c.smem);
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = unsigned(cs);
+      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(f), &cfg) != cudaSuccess ||
+          clusters < 1) {
+        (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+        fits = cs - 1;
+        break;
+      }
+    }
+  }
+  return fits;
+}
+
 // First call (outside any capture): raise the dynamic shared-memory limit of every kernel
 // instantiation (> 48 KB needs it), read the SM count, create the device error flag.
 const GemmSetup& setup() {
@@ -247,36 +277,8 @@ const GemmSetup& setup() {
     check_cuda(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev), "gemm",
                "cudaDeviceGetAttribute(clusterLaunch)");
     if (cluster_launch) cluster_launch = probe_device_code(kern::gemm_cluster_probe_kernel, "cluster probe");
-    for (size_t i = 0; cluster_launch && i < kConfigs.size(); ++i) {
-      const TileConfig& c = kConfigs[i];
-      if (!c.cluster) continue;
-      int fits = kern::kClusterMax;
-      for (KernelFn f : {c.fn[0][1][0], c.fn[1][1][0]}) {
-        check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f),
-                                        cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-                   "gemm", "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
-        for (int cs = 1; cs <= fits; ++cs) {
-          cudaLaunchConfig_t cfg = {};
-          cfg.gridDim = dim3(unsigned(cs), 1, 1);
-          cfg.blockDim = dim3(unsigned(c.threads), 1, 1);
-          cfg.dynamicSmemBytes = size_t(c.smem);
-          cudaLaunchAttribute attr{};
-          attr.id = cudaLaunchAttributeClusterDimension;
-          attr.val.clusterDim.x = unsigned(cs);
-          attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-          cfg.attrs = &attr;
-          cfg.numAttrs = 1;
-          int clusters = 0;
-          if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(f), &cfg) != cudaSuccess ||
-              clusters < 1) {
-            (void)cudaGetLastError();  // an unsupported size is an answer, not an error
-            fits = cs - 1;
-            break;
-          }
-        }
-      }
-      g.cluster_sizes[i] = fits;
-    }
+    for (size_t i = 0; cluster_launch && i < kConfigs.size(); ++i)
+      if (kConfigs[i].cluster) g.cluster_sizes[i] = max_cluster_blocks(kConfigs[i]);
     return g;
   }();
   return s;
@@ -706,19 +708,9 @@ void gemm(const GemmArgs& a) {
   require_gated(a, op);
   require(a.gated == 0 || a.batch == 1, op, "gated", "needs batch 1");
   if (a.M == 0) return;
+  const auto unfused = [&] { run_unfused_gated(a, a.M, [](const GemmArgs& b) { gemm(b); }); };
+  if (a.gated > 0 && a.mode != GemmMode::batch_invariant) return unfused();
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
-  if (a.gated > 0) {
-    bool fuse = a.mode == GemmMode::batch_invariant;
-    if (fuse) {
-      const bool as = dense_async(a, xs, ws);
-      const TileConfig& c = kConfigs[size_t(dense_config(a, as, setup().sm_count))];
-      fuse = fuses_gated(c) && !use_sliced(a, c, as, setup().sm_count);
-    }
-    if (!fuse) {
-      run_unfused_gated(a, a.M, [](const GemmArgs& b) { gemm(b); });
-      return;
-    }
-  }
   const int64_t os = a.out_stride ? a.out_stride : a.N;
   const cudaStream_t stream = stream_of(a.stream);
   const bool f32 = a.out_type == OutType::f32;
@@ -745,6 +737,8 @@ void gemm(const GemmArgs& a) {
   const bool async = dense_async(a, xs, ws);
   const int ci = dense_config(a, async, s.sm_count);
   const TileConfig& c = kConfigs[size_t(ci)];
+  const bool sliced = use_sliced(a, c, async, s.sm_count);
+  if (a.gated > 0 && (!fuses_gated(c) || sliced)) return unfused();
   const int cluster = cluster_blocks(ci, a.K);  // 0 unless a cluster config
   const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
   require(m_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "M", "too many tiles for one launch");
@@ -767,14 +761,11 @@ void gemm(const GemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
                  (a.batch == 1 || a.out_batch_stride % 2 == 0);
-  if (a.gated > 0) {  // a fusing config in a plain launch (checked above)
+  if (a.gated > 0) {  // a fusing config in a plain launch (checked above): the activation out
     p.gated = a.gated;
     p.os = a.gated;
-    launch_mma(c, p, m_tiles * n_tiles, 1, false, async, a.M <= 8, cluster, stream);
-    check_launch(op);
-    return;
   }
-  if (use_sliced(a, c, async, s.sm_count) &&
+  if (sliced &&
       launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
                     nullptr, stream, op))
     return;
@@ -822,12 +813,9 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.max_rows = a.max_rows;
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
-  if (a.gated > 0) {  // a fusing config: plain launch, activation out
+  if (a.gated > 0) {  // a fusing config (never sliced): the activation out
     p.gated = a.gated;
     p.os = a.gated;
-    launch_mma(c, p, y_tiles * n_tiles, 1, false, async, a.max_rows <= 8, cluster, stream_of(a.stream));
-    check_launch(op);
-    return;
   }
   const int slices = int(ceil_div(a.K, kern::kSliceK));
   if (c.sliced && async && slices > 1 &&

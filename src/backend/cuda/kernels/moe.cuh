@@ -22,13 +22,13 @@ namespace atlas::cuda::kern {
 constexpr int kMoeChunk = 256;
 constexpr int kMoeMaxK = 16;
 
-__global__ void moe_count_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
-                                 int32_t* __restrict__ chunk_counts, int* error_flag) {
-  pdl_begin();
-  extern __shared__ int32_t hist[];  // [E]
+// hist [E] (shared) = the expert counts of the chunk's tokens [t0, t0 + blockDim.x) below
+// `tokens`; out-of-range ids are flagged (error bit 2) and not counted. Ends with a barrier.
+__device__ __forceinline__ void moe_chunk_histogram(const int32_t* __restrict__ ids, int t0, int tokens, int k, int E,
+                                                    int32_t* hist, int* error_flag) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
   __syncthreads();
-  const int t = blockIdx.x * kMoeChunk + threadIdx.x;
+  const int t = t0 + threadIdx.x;
   if (t < tokens) {
     for (int j = 0; j < k; ++j) {
       const int e = ids[int64_t(t) * k + j];
@@ -40,6 +40,13 @@ __global__ void moe_count_kernel(const int32_t* __restrict__ ids, int tokens, in
     }
   }
   __syncthreads();
+}
+
+__global__ void moe_count_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
+                                 int32_t* __restrict__ chunk_counts, int* error_flag) {
+  pdl_begin();
+  extern __shared__ int32_t hist[];  // [E]
+  moe_chunk_histogram(ids, blockIdx.x * kMoeChunk, tokens, k, E, hist, error_flag);
   for (int e = threadIdx.x; e < E; e += blockDim.x) chunk_counts[int64_t(blockIdx.x) * E + e] = hist[e];
 }
 
@@ -136,19 +143,7 @@ moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k,
   int32_t* hist = permute_smem;  // [E]
   int32_t* run = hist + E;       // [E]
   const int tid = threadIdx.x;
-  for (int e = tid; e < E; e += kMoeChunk) hist[e] = 0;
-  __syncthreads();
-  if (tid < tokens) {
-    for (int j = 0; j < k; ++j) {
-      const int e = ids[int64_t(tid) * k + j];
-      if (e < 0 || e >= E) {
-        atomicOr(error_flag, 2);
-        continue;
-      }
-      atomicAdd(&hist[e], 1);
-    }
-  }
-  __syncthreads();
+  moe_chunk_histogram(ids, 0, tokens, k, E, hist, error_flag);
   if (tid == 0) {
     int32_t total = 0;
     for (int e = 0; e < E; ++e) {
