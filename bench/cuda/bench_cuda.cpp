@@ -191,13 +191,15 @@ struct Shape {
   int N, K;
   const char* what;
 };
-constexpr std::array<Shape, 7> kShapes = {{{2048, 2048, "q/o proj"},
+constexpr std::array<Shape, 9> kShapes = {{{2048, 2048, "q/o proj"},
                                            {2816, 2048, "expert gate|up"},
                                            {2048, 1408, "expert down"},
                                            {576, 2048, "kv_a"},
                                            {3072, 2048, "q proj (16 x 192)"},
                                            {21888, 2048, "dense gate|up"},
-                                           {102400, 2048, "lm_head"}}};
+                                           {102400, 2048, "lm_head"},
+                                           {5632, 2048, "shared experts gate|up"},
+                                           {2048, 2816, "shared experts down"}}};
 
 std::string mode_label(int mode, const std::string& chosen) {
   if (mode == 0) return "invariant auto [" + chosen + "]";

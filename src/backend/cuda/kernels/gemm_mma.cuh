@@ -298,13 +298,68 @@ __device__ __forceinline__ void load_tile_step(uint16_t* sa, uint16_t* sb, const
   }
 }
 
+// A thread's share of one K step's 16-byte copies (the async path of load_tile_step), resolved
+// once per tile: each copy's source row at k = 0 (null: a zero row) and its shared-memory address
+// in ring slot 0. A step then costs an add and a cp.async per copy, where load_tile_step
+// recomputed the row, the swizzle and the offsets on every step: at decode sizes (a few rows per
+// tile, one K step of 20 KB every ~2,300 cycles per SM) the tiled kernel was bound by its
+// instruction stream, not by memory (Nsight, H200 session 7: 65% of issue slots busy at 73% of
+// the DRAM bandwidth). Same copies, same shared-memory contents: same bits.
+// Thread tid always copies chunk column tid % CH (THREADS is a multiple of CH), so one k offset
+// serves all its copies.
+template <class T>
+struct TileCopies {
+  static constexpr int NA = (T::BM * T::CH + T::THREADS - 1) / T::THREADS;  // A copies per thread
+  static constexpr int NB = (T::BN * T::CH + T::THREADS - 1) / T::THREADS;  // B copies per thread
+  static_assert(T::THREADS % T::CH == 0, "a thread's copies share one chunk column");
+  const uint16_t* src[NA + NB];  // row start + chunk column (k = 0); null = zero row / no copy
+  uint32_t dst[NA + NB];         // shared address in slot 0
+  bool real[NA + NB];            // the copy exists (the last round may be partial)
+  int kc;                        // the chunk column's first k within a step
+
+  __device__ __forceinline__ void plan(const uint16_t* sa, const uint16_t* sb, const int64_t* a_off,
+                                       const int64_t* b_off, const uint16_t* x, const uint16_t* w, int tid) {
+    const int c = tid % T::CH;
+    kc = c * 8;
+#pragma unroll
+    for (int j = 0; j < NA + NB; ++j) {
+      const bool is_a = j < NA;
+      const int i = (is_a ? j : j - NA) * T::THREADS + tid;
+      const int rows = is_a ? T::BM : T::BN;
+      const int r = i / T::CH;
+      real[j] = i < rows * T::CH;
+      const int64_t off = real[j] ? (is_a ? a_off[r] : b_off[r]) : -1;
+      src[j] = off >= 0 ? (is_a ? x : w) + off + kc : nullptr;
+      dst[j] = smem_u32((is_a ? sa : sb) + (real[j] ? r : 0) * T::BK + swz<T::CH>(r, c) * 8);
+    }
+  }
+  // Step k0 into ring slot `slot`; zero rows are written on a slot's first use only (see
+  // load_tile_step). `any`: a valid global address for the zero-fill copies.
+  __device__ __forceinline__ void issue(int slot, int k0, int K, bool first_fill, const void* any) const {
+    const bool in_k = k0 + kc < K;  // kAsync: K % 8 == 0, a chunk is wholly inside K or outside
+#pragma unroll
+    for (int j = 0; j < NA + NB; ++j) {
+      if (!real[j]) continue;
+      const uint32_t at = dst[j] + uint32_t(slot) * uint32_t((j < NA ? T::BM : T::BN) * T::BK * 2);
+      if (src[j] != nullptr)
+        cp_async16_at(at, in_k ? src[j] + k0 : src[j], in_k ? 16 : 0);
+      else if (first_fill)
+        cp_async16_at(at, any, 0);
+    }
+  }
+};
+
 // One BK-wide K step of a warp's WM x WN accumulators from ring slots sa [BM][BK] / sb [BN][BK]
 // (swizzled chunks): for each k16 chunk of step kt that lies inside K (KC chunks in all), the
 // A and B fragments by ldmatrix, then one mma per m16n8 accumulator, chunks in ascending order.
 // The contract's inner loop, shared by every mma.sync kernel.
+// live_rows: the tile's rows that are stored (row_end - row_begin); m16 blocks wholly past them
+// are skipped (their rows are never stored, and a row's sums use only its own A row), so the
+// warps of a decode tile's empty rows only copy. Warp-uniform: no divergence.
 template <class T>
 __device__ __forceinline__ void mma_step(const uint16_t* sa, const uint16_t* sb, float (&acc)[T::MI][T::NI][4], int kt,
-                                         int KC, int wm, int wn, int lane) {
+                                         int KC, int wm, int wn, int lane, int live_rows = T::BM) {
+  if (wm * T::WM >= live_rows) return;
 #pragma unroll
   for (int kk = 0; kk < T::BK / 16; ++kk) {
     if (kt * (T::BK / 16) + kk < KC) {  // uniform: chunks past K are not part of the contract
@@ -312,6 +367,7 @@ __device__ __forceinline__ void mma_step(const uint16_t* sa, const uint16_t* sb,
       uint32_t bfr[T::NI][2];
 #pragma unroll
       for (int mi = 0; mi < T::MI; ++mi) {
+        if (mi > 0 && wm * T::WM + mi * 16 >= live_rows) continue;
         // ldmatrix.x4: lanes 0-15 address rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15
         // -> registers {a0a1, a2a3, a4a5, a6a7} of the m16n8k16 A fragment.
         const int r = wm * T::WM + mi * 16 + (lane & 15);
@@ -338,9 +394,11 @@ __device__ __forceinline__ void mma_step(const uint16_t* sa, const uint16_t* sb,
         }
       }
 #pragma unroll
-      for (int mi = 0; mi < T::MI; ++mi)
+      for (int mi = 0; mi < T::MI; ++mi) {
+        if (mi > 0 && wm * T::WM + mi * 16 >= live_rows) continue;
 #pragma unroll
         for (int ni = 0; ni < T::NI; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+      }
     }
   }
 }
@@ -416,10 +474,16 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
     out_base += int64_t(blockIdx.y) * p.slice_stride;
   }
 
+  TileCopies<T> copies;
+  if constexpr (kAsync) copies.plan(sA, sB, a_off, b_off, x, w, tid);
   auto load_stage = [&](int slot, int kt) {
-    load_tile_step<T, kAsync>(sA + slot * (T::BM * T::BK), sB + slot * (T::BN * T::BK), a_off, b_off, x, w,
-                              kt * T::BK, K, kt - kt_begin < T::STAGES, tid);
+    if constexpr (kAsync)
+      copies.issue(slot, kt * T::BK, K, kt - kt_begin < T::STAGES, x);
+    else
+      load_tile_step<T, kAsync>(sA + slot * (T::BM * T::BK), sB + slot * (T::BN * T::BK), a_off, b_off, x, w,
+                                kt * T::BK, K, kt - kt_begin < T::STAGES, tid);
   };
+  const int live_rows = row_end - row_begin;
 
   // acc: the current K slice's sum; tot: the running total of finished slices (the contract).
   float acc[T::MI][T::NI][4], tot[T::MI][T::NI][4];
@@ -436,19 +500,22 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
     cp_async_commit();
   }
 
+  // Ring slots as running counters: step kt reads `slot`, the copies issued with it fill
+  // `fill` (= the slot freed by step kt - 1).
+  int slot = 0, fill = T::STAGES - 1;
   for (int kt = kt_begin; kt < KT; ++kt) {
-    const int rel = kt - kt_begin;   // step within this block's K range: its ring slot
     cp_async_wait<T::STAGES - 2>();  // step kt has landed (this thread's copies) ...
-    __syncthreads();                 // ... everyone's, and slot (rel-1) % STAGES is free again
+    __syncthreads();                 // ... everyone's, and slot `fill` is free again
     {
       const int nk = kt + T::STAGES - 1;
-      if (nk < KT) load_stage((rel + T::STAGES - 1) % T::STAGES, nk);
+      if (nk < KT) load_stage(fill, nk);
       cp_async_commit();
+      fill = fill + 1 == T::STAGES ? 0 : fill + 1;
     }
-    mma_step<T>(sA + (rel % T::STAGES) * (T::BM * T::BK), sB + (rel % T::STAGES) * (T::BN * T::BK), acc, kt, KC,
-                wm, wn, lane);
+    mma_step<T>(sA + slot * (T::BM * T::BK), sB + slot * (T::BN * T::BK), acc, kt, KC, wm, wn, lane, live_rows);
+    slot = slot + 1 == T::STAGES ? 0 : slot + 1;
     // End of a K slice (kSliceK / BK steps, or the last step): total += slice sum, new slice.
-    if ((kt + 1) % (kSliceK / T::BK) == 0 || kt == KT - 1) {
+    if (unsigned(kt + 1) % unsigned(kSliceK / T::BK) == 0 || kt == KT - 1) {
 #pragma unroll
       for (int mi = 0; mi < T::MI; ++mi)
 #pragma unroll
