@@ -586,6 +586,15 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   gated.gated_scratch = dw.get();
   EXPECT_EQ(gemm_config_name(gemm_chosen_config(gated)), "c64x64/4w");
   EXPECT_EQ(gemm_config_name(gemm_chosen_config(m128)), "wg128x128x64/4+slices");
+  // Session 7: the shared experts at M = 128. Down (K = 2816: 11 slices, past a cluster) takes
+  // the sliced wgmma launch; the wide fused gate|up the plain tiled kernel (it fuses the SiLU).
+  GemmArgs shared_down = m128;
+  shared_down.K = 2816;
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(shared_down)), "wg128x128x64/4+slices");
+  GemmArgs shared_gate_up = gated;
+  shared_gate_up.N = 5632;
+  shared_gate_up.gated = 2816;
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(shared_gate_up)), "32x64x64/4");
   GemmArgs m1 = m128;
   m1.M = 1;
   m1.N = 3072;

@@ -53,6 +53,10 @@ using CfgG32K128 = kern::MmaTile<32, 64, 128, 2, 2, 3>;  // 72 KB, 128 threads
 using CfgG32S6 = kern::MmaTile<32, 64, 64, 2, 2, 6>;     // 72 KB, 128 threads
 using CfgG32N128 = kern::MmaTile<32, 128, 64, 2, 4, 4>;  // 80 KB, 256 threads
 using CfgG16N64 = kern::MmaTile<16, 64, 128, 1, 4, 4>;   // 80 KB, 128 threads
+// Session 7 candidates (the tiled kernel's copies now planned once per tile): a deeper ring for
+// 32x128, and 16-row tiles 128 wide (groups over 16 rows take two tiles).
+using CfgG32N128S5 = kern::MmaTile<32, 128, 64, 2, 4, 5>;  // 100 KB, 256 threads
+using CfgG16N128 = kern::MmaTile<16, 128, 64, 1, 4, 4>;    // 72 KB, 128 threads
 // Cluster split-K (decode-sized M, kernels/gemm_cluster.cuh): one block per K slice of a tile,
 // the slice sums added through distributed shared memory.   BM   BN  warps_m warps_n   smem
 using CfgC128 = kern::ClusterTile<128, 64, 4, 2>;  // 96 KB, 256 threads
@@ -154,7 +158,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 21> kConfigs = {
+constexpr std::array<TileConfig, 23> kConfigs = {
     make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -169,7 +173,9 @@ constexpr std::array<TileConfig, 21> kConfigs = {
     grouped_only(make_config<CfgG16N64, false>("16x64x128/4")),
     make_cluster_config<CfgC128>("c128x64/8w"), make_cluster_config<CfgC64>("c64x64/4w"),
     make_cluster_config<CfgC16>("c16x64/4w"),
-    sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices")};
+    sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices"),
+    grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
+    grouped_only(make_config<CfgG16N128, false>("16x128x64/4"))};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -193,6 +199,8 @@ constexpr int kClusterFallback = config_index("64x64x64/4");  // a cluster confi
 constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_index("c64x64/4w"),
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
+constexpr int kTiled32 = config_index("32x64x64/4");
+static_assert(kTiled32 >= 0, "tiled 32-row config name");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
 static_assert(kClusterFallback >= 0 && kCluster128 >= 0 && kCluster64 >= 0 && kCluster16 >= 0,
               "cluster config names");
@@ -506,15 +514,25 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
   // Only where K has at most 8 slices (the measured shapes) and the chosen launch is sliced or
   // split-K; elsewhere the tiled kernels fill the GPU and win (N = 21888 at M = 128: wgmma 81 us,
   // c128x64 116).
-  if (forced_config.load() < 0 && async && a.batch == 1 && a.K <= 8 * kern::kSliceK) {
-    if (a.M > 64 && a.M <= kClusterMaxM && a.N >= 2048 && a.gated == 0 && (ci == kSliced32 || ci == kSliced64) &&
-        setup().wgmma && use_sliced(a, kConfigs[size_t(kSlicedWg128)], async, sm_count)) {
-      // The wgmma tile (all 128 rows x 128 columns) in a sliced launch, session 6 at M = 128 (us,
-      // vs c64x64 / c128x64): N x K = 2048 x 1408 12.1 vs 17.0, 2048 x 2048 13.2 vs 18.5,
-      // 3072 x 2048 19.6 vs 23.2, 2816 x 2048 19.3 vs 20.2 (but gate|up there is gated: the
-      // cluster kernel fuses the SiLU, the sliced launch cannot); N = 576 11.3 vs 9.5 (not taken).
-      ci = kSlicedWg128;
-    } else if (a.M > 16 && a.M <= kClusterMaxM && (ci == kSliced32 || ci == kSliced64)) {
+  const bool decode_128 = forced_config.load() < 0 && async && a.batch == 1 && a.M > 64 && a.M <= kClusterMaxM &&
+                          (ci == kSliced32 || ci == kSliced64);
+  if (decode_128 && a.N >= 2048 && a.gated == 0 && a.K <= 11 * kern::kSliceK && setup().wgmma &&
+      use_sliced(a, kConfigs[size_t(kSlicedWg128)], async, sm_count)) {
+    // The wgmma tile (all 128 rows x 128 columns) in a sliced launch, session 6 at M = 128 (us,
+    // vs c64x64 / c128x64): N x K = 2048 x 1408 12.1 vs 17.0, 2048 x 2048 13.2 vs 18.5,
+    // 3072 x 2048 19.6 vs 23.2, 2816 x 2048 19.3 vs 20.2 (but gate|up there is gated: the
+    // cluster kernel fuses the SiLU, the sliced launch cannot); N = 576 11.3 vs 9.5 (not taken).
+    // Session 7: also at 9-11 K slices, where no cluster config runs: the shared experts' down
+    // projection 2048 x 2816 19.4 vs 32x64x64/4+slices 22.8 (longer K, e.g. the dense MLP's
+    // 10944, was not measured and keeps the 32-row sliced launch).
+    ci = kSlicedWg128;
+  } else if (decode_128 && a.gated > 0 && a.N > 2816) {
+    // Gated and wide (the shared experts' gate|up, N = 5632, at M = 128): the plain tiled
+    // 32 x 64 tiles with the fused SiLU, session 7 (ungated timings, us): 30.6 vs c128x64 35.1,
+    // c64x64 38.1; the sliced launches cannot fuse (40.6 + the SiLU kernel).
+    ci = kTiled32;
+  } else if (forced_config.load() < 0 && async && a.batch == 1 && a.K <= 8 * kern::kSliceK) {
+    if (a.M > 16 && a.M <= kClusterMaxM && (ci == kSliced32 || ci == kSliced64)) {
       // M = 128 vs the sliced launch: N = 576 c64x64 9.0 vs 10.2, 2048 17.7 vs 18.6, 2816 19.4 vs
       // 24.0; N = 3072 c128x64 22.9 vs 25.6 (c64x64 23.7).
       const int cand = a.N <= 2816 ? kCluster64 : kCluster128;
