@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
+#include "stream_probe.h"
 #include "core/bf16.h"
 
 namespace {
@@ -411,6 +412,23 @@ void grouped_cases(benchmark::internal::Benchmark* b) {
     }
 }
 BENCHMARK(BM_GroupedGemm)->Apply(grouped_cases)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// ---- weight streaming: the grouped GEMM's access pattern vs contiguous runs (stream_probe.cu) ----
+// Args: seg bytes per row per step (128 = the decode grouped GEMM's 64-wide K steps), contiguous.
+// Reads the 738 MB GEMM pool once per iteration; GB/s is the pool's bytes per second.
+void BM_StreamProbe(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const atlas_bench::StreamProbeArgs a{.pool = pool().w, .bytes = kPoolWeights * 2, .seg_bytes = int(state.range(0)),
+                                       .contiguous = state.range(1) != 0, .iters = 4};
+  for (auto _ : state) state.SetIterationTime(atlas_bench::stream_probe_us(a) / 1e6);
+  state.counters["GB/s"] = benchmark::Counter(double(kPoolWeights) * 2, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(a.contiguous ? "contiguous 16 KB per step" : std::to_string(a.seg_bytes) + " B from each row per step");
+}
+BENCHMARK(BM_StreamProbe)
+    ->ArgNames({"seg", "contiguous"})
+    ->ArgsProduct({{128, 256, 512, 4096}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // ---- MLA attention (absorbed form) ----------------------------------------------------------
 constexpr int kMlaHeads = 16;
