@@ -1,6 +1,9 @@
 // RMSNorm, RoPE (+ YaRN tables), SiLU gate and bf16 add on the GPU against the CPU references.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
+#include <numeric>
 
 #include "backend/cuda/reference.h"
 #include "cuda_test_util.h"
@@ -269,6 +272,110 @@ TEST_F(Elementwise, AddBitExact) {
   DevBuf<uint16_t> da(a), db(b);
   add_bf16({.a = da.get(), .b = db.get(), .out = da.get(), .n = n});  // in place, residual style
   EXPECT_EQ(da.download(), want);
+}
+
+
+// latent_to_cache: one launch gives the bits of rmsnorm, rope2 and copy_rows through an
+// intermediate row (the unfused sequence the traced forward still runs), in bf16 and f32: the
+// cache rows named by dst_rows (a -1 row is skipped), every other cache row untouched, the
+// queries' rope parts in the absorbed-query layout. A position or a cache row out of range
+// raises the same device errors as the unfused kernels.
+template <class T>
+void latent_to_cache_matches_unfused(std::mt19937& rng) {
+  const int T_ = 37, max_pos = 300, nh = 16, dq = 192, dn = 128, W = 576, dc = 512, slots = 64;
+  const RopeTable tab = build_rope_table(YarnParams{}, max_pos);
+  std::vector<T> cos_t(tab.cos.size()), sin_t(tab.sin.size()), norm_w(dc), q(size_t(T_) * nh * dq),
+      lat(size_t(T_) * W), qt0(size_t(T_) * nh * W), cache0(size_t(slots) * W);
+  auto fill = [&](std::vector<T>& v, float sigma) {
+    const auto b = random_bf16(v.size(), rng, sigma);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if constexpr (sizeof(T) == 2)
+        v[i] = b[i];
+      else
+        v[i] = bf16_to_f32(b[i]) * 1.37f;  // f32 values with more bits than a bf16
+    }
+  };
+  for (size_t i = 0; i < tab.cos.size(); ++i) {
+    if constexpr (sizeof(T) == 2) {
+      cos_t[i] = tab.cos[i];
+      sin_t[i] = tab.sin[i];
+    } else {
+      cos_t[i] = bf16_to_f32(tab.cos[i]);
+      sin_t[i] = bf16_to_f32(tab.sin[i]);
+    }
+  }
+  fill(norm_w, 0.5f);
+  fill(q, 2.0f);
+  fill(lat, 2.0f);
+  fill(qt0, 1.0f);
+  fill(cache0, 1.0f);
+  std::vector<int32_t> pos(T_), rows(T_);
+  std::uniform_int_distribution<int> pd(0, max_pos - 1);
+  for (auto& p : pos) p = pd(rng);
+  std::vector<int32_t> perm(slots);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int t = 0; t < T_; ++t) rows[size_t(t)] = t % 9 == 4 ? -1 : perm[size_t(t)];  // distinct slots, some skipped
+  DevBuf<T> dcos(cos_t), dsin(sin_t), dw(norm_w), dq_(q), dlat(lat), dqt_a(qt0), dqt_b(qt0), dcache_a(cache0),
+      dcache_b(cache0), dlatn(size_t(T_) * W);
+  DevBuf<int32_t> dpos(pos), drows(rows);
+  // Unfused: the traced forward's sequence.
+  rmsnorm(RmsNormArgsT<T>{.x = dlat.get(), .weight = dw.get(), .out = dlatn.get(), .rows = T_, .dim = dc,
+                          .x_stride = W, .out_stride = W, .eps = 1e-6f});
+  rope2(RopeArgsT<T>{.x = dlat.get() + dc, .tokens = T_, .heads = 1, .token_stride = W, .head_stride = W,
+                     .rope_dim = 64, .positions = dpos.get(), .cos = dcos.get(), .sin = dsin.get(),
+                     .max_positions = max_pos, .out = dlatn.get() + dc},
+        RopeArgsT<T>{.x = dq_.get() + dn, .tokens = T_, .heads = nh, .token_stride = nh * dq, .head_stride = dq,
+                     .rope_dim = 64, .positions = dpos.get(), .cos = dcos.get(), .sin = dsin.get(),
+                     .max_positions = max_pos, .out = dqt_a.get() + dc, .out_token_stride = nh * W,
+                     .out_head_stride = W});
+  copy_rows(CopyRowsArgsT<T>{.src = dlatn.get(), .dst = dcache_a.get(), .dst_rows = drows.get(), .rows = T_,
+                             .width = W, .src_limit = T_, .dst_limit = slots});
+  const LatentCacheArgsT<T> fused{.lat = dlat.get(), .lat_stride = W, .norm_weight = dw.get(), .eps = 1e-6f,
+                                  .cache = dcache_b.get(), .dst_rows = drows.get(), .cache_rows = slots, .tokens = T_,
+                                  .latent = dc, .rope_dim = 64, .q = dq_.get() + dn, .q_out = dqt_b.get() + dc,
+                                  .heads = nh, .q_token_stride = nh * dq, .q_head_stride = dq,
+                                  .q_out_token_stride = nh * W, .q_out_head_stride = W, .positions = dpos.get(),
+                                  .cos = dcos.get(), .sin = dsin.get(), .max_positions = max_pos};
+  latent_to_cache(fused);
+  check_device_errors();
+  const auto ca = dcache_a.download(), cb = dcache_b.download();
+  EXPECT_EQ(std::memcmp(ca.data(), cb.data(), ca.size() * sizeof(T)), 0) << "cache rows differ";
+  EXPECT_NE(std::memcmp(cb.data(), cache0.data(), cb.size() * sizeof(T)), 0) << "nothing written";
+  const auto qa = dqt_a.download(), qb = dqt_b.download();
+  EXPECT_EQ(std::memcmp(qa.data(), qb.data(), qa.size() * sizeof(T)), 0) << "absorbed queries differ";
+  // Errors: a cache row past cache_rows (copy_rows' bit), a position past the table (rope's).
+  std::vector<int32_t> bad_rows = rows;
+  bad_rows[3] = slots;
+  drows.upload(bad_rows);
+  latent_to_cache(fused);
+  EXPECT_THROW(check_device_errors(), Error);
+  drows.upload(rows);
+  std::vector<int32_t> bad_pos = pos;
+  bad_pos[5] = max_pos;
+  dpos.upload(bad_pos);
+  latent_to_cache(fused);
+  EXPECT_THROW(check_device_errors(), Error);
+  check_device_errors();  // cleared
+  LatentCacheArgsT<T> no_q = fused;
+  no_q.q = nullptr;
+  EXPECT_THROW(latent_to_cache(no_q), Error);
+  LatentCacheArgsT<T> narrow = fused;
+  narrow.lat_stride = W - 1;
+  EXPECT_THROW(latent_to_cache(narrow), Error);
+}
+
+TEST_F(Elementwise, LatentToCacheEqualsTheUnfusedKernels) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  {
+    SCOPED_TRACE("bf16");
+    latent_to_cache_matches_unfused<uint16_t>(rng);
+  }
+  {
+    SCOPED_TRACE("f32");
+    latent_to_cache_matches_unfused<float>(rng);
+  }
 }
 
 }  // namespace

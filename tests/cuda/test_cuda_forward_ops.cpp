@@ -241,6 +241,30 @@ TEST_F(DeviceGreedy, ArgmaxMatchesHostWithTiesAndInfinities) {
   EXPECT_EQ(got[4], 500);
 }
 
+// The kernel reads 16-byte vectors when the row allows (aligned, vocab a multiple of 8) and
+// single elements otherwise: both give the host's answer, at a vocabulary of V2-Lite's size
+// (the maxima planted in the last vector, the middle and the first element) and at odd sizes.
+TEST_F(DeviceGreedy, ArgmaxVectorAndScalarPathsAgreeWithHost) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  for (const int vocab : {102400, 1003, 8, 7, 4096 + 8}) {
+    const int rows = 4, stride = (vocab + 7) / 8 * 8;
+    auto h = random_bf16(size_t(rows) * stride, rng);
+    for (auto& x : h) x = f32_to_bf16(std::round(bf16_to_f32(x) * 4.0f));  // ties are common
+    h[size_t(1 * stride + vocab - 1)] = f32_to_bf16(99.0f);
+    h[size_t(2 * stride + vocab / 2)] = f32_to_bf16(99.0f);
+    h[size_t(3 * stride + 0)] = f32_to_bf16(99.0f);
+    DevBuf<uint16_t> d(h);
+    DevBuf<int32_t> out(static_cast<size_t>(rows));
+    argmax_bf16({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride});
+    check_device_errors();
+    const auto got = out.download();
+    for (int r = 0; r < rows; ++r)
+      EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * stride, vocab)) << "vocab " << vocab << " row " << r;
+    EXPECT_EQ(got[1], vocab - 1) << vocab;
+  }
+}
+
 TEST_F(DeviceGreedy, NanLogitIsReported) {
   std::vector<uint16_t> h(64, f32_to_bf16(1.0f));
   h[17] = 0x7fc0;

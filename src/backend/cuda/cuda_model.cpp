@@ -871,20 +871,31 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // latent [M, W] = kv_a h: the compressed KV and the shared rope key, before norm / RoPE.
     linear(b.h, L.kv_a, b.lat, M, W, H);
     hook_act(hooks, names.latent, l, {B, T, W}, b.lat);
-    // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions.
-    rmsnorm({.x = b.lat, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = W,
-             .out_stride = W, .eps = eps, .stream = s_});
-    // One launch rotates the key's rope part into the cache slot (latn[:, dc:]) and each head's
-    // query rope part into its absorbed query (qt[:, h, dc:]); b.q keeps the unrotated values.
-    rope2({.x = b.lat + dc, .tokens = int(M), .heads = 1, .token_stride = W, .head_stride = W, .rope_dim = int(dr),
-           .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_, .stream = s_,
-           .out = b.latn + dc},
-          {.x = b.q + dn, .tokens = int(M), .heads = int(nh), .token_stride = nh * dq, .head_stride = dq,
-           .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
-           .stream = s_, .out = b.qt + dc, .out_token_stride = nh * W, .out_head_stride = W});
-    hook_act(hooks, names.latent_norm, l, {B, T, W}, b.latn);
-    copy_rows({.src = b.latn, .dst = kv, .dst_rows = b.dst_rows, .rows = M, .width = int(W), .src_limit = M,
-               .dst_limit = B * cache.capacity(), .stream = s_});
+    // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions
+    // (into each head's absorbed query, qt[:, h, dc:]; b.q keeps the unrotated values).
+    if (!(hooks && hooks->wants(names.latent_norm))) {
+      // Nobody reads the normed row: written straight into its cache slot (one launch, the bits
+      // of the three below).
+      latent_to_cache({.lat = b.lat, .lat_stride = W, .norm_weight = L.kv_a_ln, .eps = eps, .cache = kv,
+                       .dst_rows = b.dst_rows, .cache_rows = B * cache.capacity(), .tokens = int(M), .latent = int(dc),
+                       .rope_dim = int(dr), .q = b.q + dn, .q_out = b.qt + dc, .heads = int(nh),
+                       .q_token_stride = nh * dq, .q_head_stride = dq, .q_out_token_stride = nh * W,
+                       .q_out_head_stride = W, .positions = b.pos, .cos = cos_, .sin = sin_,
+                       .max_positions = max_positions_, .stream = s_});
+    } else {
+      rmsnorm({.x = b.lat, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = W,
+               .out_stride = W, .eps = eps, .stream = s_});
+      // One launch rotates the key's rope part (latn[:, dc:]) and each head's query rope part.
+      rope2({.x = b.lat + dc, .tokens = int(M), .heads = 1, .token_stride = W, .head_stride = W,
+             .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
+             .stream = s_, .out = b.latn + dc},
+            {.x = b.q + dn, .tokens = int(M), .heads = int(nh), .token_stride = nh * dq, .head_stride = dq,
+             .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
+             .stream = s_, .out = b.qt + dc, .out_token_stride = nh * W, .out_head_stride = W});
+      hook_act(hooks, names.latent_norm, l, {B, T, W}, b.latn);
+      copy_rows({.src = b.latn, .dst = kv, .dst_rows = b.dst_rows, .rows = M, .width = int(W), .src_limit = M,
+                 .dst_limit = B * cache.capacity(), .stream = s_});
+    }
 
     // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
     // heads); qt[:, h, dc:] = rotated q_pe_h (rope2 above).

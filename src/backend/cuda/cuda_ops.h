@@ -211,6 +211,37 @@ void rope_inplace(const RopeArgsT<float>& a);
 void rope2(const RopeArgs& a, const RopeArgs& b);
 void rope2(const RopeArgsT<float>& a, const RopeArgsT<float>& b);
 
+// ---- the new latent into the MLA cache: rmsnorm + rope2 + copy_rows in one launch ----------
+// Per token t: cache[dst_rows[t]] = [rmsnorm(lat[t, :latent]) | rope(lat[t, latent:])] (a row of
+// latent + rope_dim elements; dst_rows[t] < 0: no slot) and the queries' rope parts rotated
+// (each head's rope_dim elements at q + t * q_token_stride + h * q_head_stride into q_out with
+// the out strides). Bit for bit rmsnorm(), rope2() (the key's job, then the queries'), then
+// copy_rows() through an intermediate row, with the same device errors.
+template <class T>
+struct LatentCacheArgsT {
+  const T* lat = nullptr;          // [tokens, latent + rope_dim], row stride lat_stride
+  int64_t lat_stride = 0;          // 0 = latent + rope_dim
+  const T* norm_weight = nullptr;  // [latent]
+  float eps = 1e-6f;
+  T* cache = nullptr;                 // [cache_rows, latent + rope_dim]
+  const int32_t* dst_rows = nullptr;  // [tokens] (device)
+  int64_t cache_rows = 0;
+  int tokens = 0;
+  int latent = 0;
+  int rope_dim = 64;
+  const T* q = nullptr;  // queries' rope parts (heads per token)
+  T* q_out = nullptr;
+  int heads = 0;
+  int64_t q_token_stride = 0, q_head_stride = 0, q_out_token_stride = 0, q_out_head_stride = 0;
+  const int32_t* positions = nullptr;  // [tokens]
+  const T* cos = nullptr;              // [max_positions, rope_dim / 2]
+  const T* sin = nullptr;
+  int max_positions = 0;
+  Stream stream = nullptr;
+};
+void latent_to_cache(const LatentCacheArgsT<uint16_t>& a);
+void latent_to_cache(const LatentCacheArgsT<float>& a);
+
 // ---- SiLU gate: out = bf16(bf16(silu(g)) * u); f32: silu(g) * u -------------------------
 template <class T>
 struct SiluGateArgsT {

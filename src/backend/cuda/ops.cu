@@ -8,6 +8,7 @@
 #include "backend/cuda/kernels/argmax.cuh"
 #include "backend/cuda/kernels/copy_rows.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
+#include "backend/cuda/kernels/latent_cache.cuh"
 #include "backend/cuda/kernels/moe.cuh"
 #include "backend/cuda/kernels/rmsnorm.cuh"
 #include "backend/cuda/kernels/router.cuh"
@@ -122,6 +123,30 @@ void copy_rows_impl(const CopyRowsArgsT<T>& a) {
 }
 
 template <class T>
+void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
+  const char* op = "latent_to_cache";
+  require(a.tokens >= 0, op, "tokens", "must be >= 0");
+  require(a.latent > 0, op, "latent", "must be > 0");
+  require(a.rope_dim > 0 && a.rope_dim % 2 == 0, op, "rope_dim", "must be even and > 0");
+  require(a.heads > 0, op, "heads", "must be > 0");
+  const int64_t width = int64_t(a.latent) + a.rope_dim, ls = a.lat_stride ? a.lat_stride : width;
+  require(ls >= width, op, "lat_stride", "smaller than latent + rope_dim");
+  require(a.cache_rows > 0 && a.max_positions > 0, op, "limits", "cache_rows and max_positions must be > 0");
+  require(a.lat && a.norm_weight && a.cache && a.dst_rows && a.q && a.q_out && a.positions && a.cos && a.sin, op,
+          "pointers", "lat, norm_weight, cache, dst_rows, q, q_out, positions, cos and sin must be set");
+  if (a.tokens == 0) return;
+  const kern::LatentCacheParams<T> p{.lat = a.lat, .norm_w = a.norm_weight, .cache = a.cache, .dst_rows = a.dst_rows,
+                                     .cache_rows = a.cache_rows, .lat_stride = ls, .latent = a.latent,
+                                     .half = a.rope_dim / 2, .eps = a.eps, .q = a.q, .q_out = a.q_out,
+                                     .heads = a.heads, .q_ts = a.q_token_stride, .q_hs = a.q_head_stride,
+                                     .qo_ts = a.q_out_token_stride, .qo_hs = a.q_out_head_stride,
+                                     .positions = a.positions, .cos_t = a.cos, .sin_t = a.sin,
+                                     .max_positions = a.max_positions, .error_flag = error_flag()};
+  launch(kern::latent_cache_kernel<T>, unsigned(a.tokens), kern::kReduceThreads, 0, stream_of(a.stream), p);
+  check_launch(op);
+}
+
+template <class T>
 void add_impl(const AddArgsT<T>& a) {
   const char* op = sizeof(T) == 2 ? "add_bf16" : "add_f32";
   require(a.n >= 0, op, "n", "must be >= 0");
@@ -173,6 +198,8 @@ void argmax(const ArgmaxArgs& a) { argmax_impl(a); }
 void argmax(const ArgmaxArgsT<float>& a) { argmax_impl(a); }
 void copy_rows(const CopyRowsArgs& a) { copy_rows_impl(a); }
 void copy_rows(const CopyRowsArgsT<float>& a) { copy_rows_impl(a); }
+void latent_to_cache(const LatentCacheArgsT<uint16_t>& a) { latent_to_cache_impl(a); }
+void latent_to_cache(const LatentCacheArgsT<float>& a) { latent_to_cache_impl(a); }
 void add(const AddArgs& a) { add_impl(a); }
 void add(const AddArgsT<float>& a) { add_impl(a); }
 void moe_gather(const MoeGatherArgs& a) { moe_gather_impl(a); }

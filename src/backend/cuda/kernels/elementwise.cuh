@@ -20,6 +20,20 @@ struct RopeJob {
   int64_t src_token_stride, src_head_stride, dst_token_stride, dst_head_stride;
 };
 
+// Pair k of a head at position p: (r[0], r[1]) rotated into (o[0], o[1]) (o may equal r). Shared
+// with the fused latent-to-cache kernel (kernels/latent_cache.cuh).
+template <class T>
+__device__ __forceinline__ void rope_pair(const T* r, T* o, int p, int k, int half, const T* __restrict__ cos_t,
+                                          const T* __restrict__ sin_t) {
+  const float c = to_f32(cos_t[int64_t(p) * half + k]);
+  const float s = to_f32(sin_t[int64_t(p) * half + k]);
+  const float a = to_f32(r[0]), b = to_f32(r[1]);
+  const float even = round_as<T>(round_as<T>(a * c) - round_as<T>(b * s));
+  const float odd = round_as<T>(round_as<T>(b * c) + round_as<T>(a * s));
+  o[0] = from_f32<T>(even);
+  o[1] = from_f32<T>(odd);
+}
+
 template <class T>
 __global__ void rope_kernel(RopeJob<T> j0, RopeJob<T> j1, int tokens, int half,
                             const int32_t* __restrict__ positions, const T* __restrict__ cos_t,
@@ -39,15 +53,9 @@ __global__ void rope_kernel(RopeJob<T> j0, RopeJob<T> j1, int tokens, int half,
     atomicOr(bad_position, 1);
     return;
   }
-  const float c = to_f32(cos_t[int64_t(p) * half + k]);
-  const float s = to_f32(sin_t[int64_t(p) * half + k]);
-  const T* r = j.src + int64_t(t) * j.src_token_stride + int64_t(h) * j.src_head_stride + 2 * k;
-  T* o = j.dst + int64_t(t) * j.dst_token_stride + int64_t(h) * j.dst_head_stride + 2 * k;
-  const float a = to_f32(r[0]), b = to_f32(r[1]);
-  const float even = round_as<T>(round_as<T>(a * c) - round_as<T>(b * s));
-  const float odd = round_as<T>(round_as<T>(b * c) + round_as<T>(a * s));
-  o[0] = from_f32<T>(even);
-  o[1] = from_f32<T>(odd);
+  rope_pair<T>(j.src + int64_t(t) * j.src_token_stride + int64_t(h) * j.src_head_stride + 2 * k,
+               j.dst + int64_t(t) * j.dst_token_stride + int64_t(h) * j.dst_head_stride + 2 * k, p, k, half, cos_t,
+               sin_t);
 }
 
 // out = silu(gate) * up (silu_f32 in common.cuh: the rounding points are shared with the GEMM's

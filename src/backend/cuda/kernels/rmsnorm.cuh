@@ -19,14 +19,11 @@ namespace atlas::cuda::kern {
 
 constexpr int kRmsRegs = 8;
 
+// One row by one block of kReduceThreads threads (the kernel below, and the fused latent-to-cache
+// kernel, kernels/latent_cache.cuh, which must give the same bits). `scratch`: >= 16 floats.
 template <class T, bool kAdd>
-__global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim,
-                               int64_t x_stride, int64_t out_stride, float eps) {
-  pdl_begin();
-  __shared__ float scratch[16];
-  T* xr = x + int64_t(blockIdx.x) * x_stride;
-  const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
-  T* orow = out + int64_t(blockIdx.x) * out_stride;
+__device__ __forceinline__ void rmsnorm_row(T* xr, const T* __restrict__ yr, const T* __restrict__ w, T* orow,
+                                            int dim, float eps, float* scratch) {
   const int tid = threadIdx.x;
   float v[kRmsRegs];
 #pragma unroll
@@ -66,6 +63,15 @@ __global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restric
   }
   for (int i = tid + kRmsRegs * kReduceThreads; i < dim; i += kReduceThreads)
     orow[i] = from_f32<T>(to_f32(w[i]) * round_as<T>(to_f32(xr[i]) * r));
+}
+
+template <class T, bool kAdd>
+__global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim,
+                               int64_t x_stride, int64_t out_stride, float eps) {
+  pdl_begin();
+  __shared__ float scratch[16];
+  rmsnorm_row<T, kAdd>(x + int64_t(blockIdx.x) * x_stride, kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr, w,
+                       out + int64_t(blockIdx.x) * out_stride, dim, eps, scratch);
 }
 
 }  // namespace atlas::cuda::kern

@@ -1,0 +1,64 @@
+// The new latent into the MLA cache in one launch: per token, the cache row
+// [rmsnorm(latent) | rope(key rope part)] written straight to its slot, and the queries' rope
+// parts rotated into the absorbed queries. Exactly rmsnorm_kernel, then rope_kernel (two jobs),
+// then copy_rows_kernel (the same device functions, the same error bits), without the
+// intermediate row: two launches fewer per layer and step. Used where no hook reads that row.
+// One block of kReduceThreads threads per token.
+#pragma once
+
+#include "common.cuh"
+#include "elementwise.cuh"
+#include "rmsnorm.cuh"
+
+namespace atlas::cuda::kern {
+
+template <class T>
+struct LatentCacheParams {
+  const T* lat;       // [tokens] rows of width latent + half * 2, stride lat_stride
+  const T* norm_w;    // [latent]
+  T* cache;           // rows of width latent + half * 2
+  const int32_t* dst_rows;
+  int64_t cache_rows, lat_stride;
+  int latent, half;
+  float eps;
+  const T* q;         // queries' rope parts: token stride q_ts, head stride q_hs
+  T* q_out;           // rotated: token stride qo_ts, head stride qo_hs
+  int heads;
+  int64_t q_ts, q_hs, qo_ts, qo_hs;
+  const int32_t* positions;
+  const T* cos_t;
+  const T* sin_t;
+  int max_positions;
+  int* error_flag;    // bit 1: a position out of range (rope's), bit 8: a cache row out of range (copy_rows')
+};
+
+template <class T>
+__global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const LatentCacheParams<T> p) {
+  pdl_begin();
+  __shared__ float scratch[16];
+  const int t = blockIdx.x, tid = threadIdx.x;
+  const int pos = p.positions[t];
+  const bool pos_ok = pos >= 0 && pos < p.max_positions;
+  if (!pos_ok && tid == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
+  if (pos_ok)
+    for (int i = tid; i < p.heads * p.half; i += kReduceThreads) {
+      const int h = i / p.half, k = i % p.half;
+      rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
+                   p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+    }
+  const int64_t d = p.dst_rows[t];  // block-uniform: the early returns keep block_sum's barriers whole
+  if (d < 0) return;                // a padding token: no cache slot
+  if (d >= p.cache_rows) {
+    if (tid == 0) atomicOr(p.error_flag, 8);
+    return;
+  }
+  const T* src = p.lat + int64_t(t) * p.lat_stride;
+  T* row = p.cache + d * int64_t(p.latent + 2 * p.half);
+  // rmsnorm_row reads its x row through a writable pointer only when it adds a residual (kAdd).
+  rmsnorm_row<T, false>(const_cast<T*>(src), nullptr, p.norm_w, row, p.latent, p.eps, scratch);
+  if (pos_ok)
+    for (int k = tid; k < p.half; k += kReduceThreads)
+      rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+}
+
+}  // namespace atlas::cuda::kern
