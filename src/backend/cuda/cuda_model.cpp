@@ -139,6 +139,7 @@ struct LayerT {
   const Elem *q_a = nullptr, *q_b = nullptr;   // [r, H], [nh*dq, r]
   const Elem* q_a_ln = nullptr;                // [r]
   const Elem* kv_a = nullptr;                  // [W, H]
+  const Elem* q_kv = nullptr;                  // [nh*dq + W, H]: q then kv_a, back to back (no LoRA)
   const Elem* kv_a_ln = nullptr;               // [dc]
   const Elem* kv_b = nullptr;                  // [nh*(dn+dv), dc]
   const Elem* w_uk_t = nullptr;                // [nh, dc, dn]: W_UK^h transposed, for q~ = q_nope W_UK^h
@@ -272,7 +273,7 @@ class CudaModelT final : public Model {
  private:
   // Per-call device buffers, carved from one grow-only block (decode steps reuse it).
   struct Buffers {
-    Elem *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qt, *olat, *heads, *gu, *act, *ys, *routed, *shared;
+    Elem *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qkv, *qt, *olat, *heads, *gu, *act, *ys, *routed, *shared;
     Elem *hl, *logits;
     float *router_logits, *topk_w, *mla_ws;
     // ids, pos, dst_rows, qlen, qrow are consecutive [M] arrays (one upload for all five).
@@ -497,6 +498,9 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
       L.q = at(x.q);
     }
     L.kv_a = at(x.kv_a);
+    // q_proj and kv_a_proj are placed back to back (add() above, in that order): one GEMM
+    // computes both from h where no hook reads either alone.
+    if (!c.q_lora_rank && L.kv_a == L.q + nh * (dn + dr) * H) L.q_kv = L.q;
     L.kv_a_ln = at(x.kv_a_ln);
     L.kv_b = at(x.kv_b);
     L.w_uk_t = reinterpret_cast<const Elem*>(base + x.w_uk_t);
@@ -703,6 +707,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
       {(void**)&b.y, size_t(M * H) * e},           {(void**)&b.q, size_t(M * nh * dq) * e},
       {(void**)&b.qa, size_t(M * r) * e},          {(void**)&b.qn, size_t(M * r) * e},
       {(void**)&b.lat, size_t(M * W) * e},         {(void**)&b.latn, size_t(M * W) * e},
+      {(void**)&b.qkv, c.q_lora_rank ? 0 : size_t(M * (nh * dq + W)) * e},
       {(void**)&b.qt, size_t(M * nh * W) * e},     {(void**)&b.olat, size_t(M * nh * dc) * e},
       {(void**)&b.heads, size_t(M * nh * dv) * e}, {(void**)&b.gu, size_t(2 * inter_rows) * e},
       {(void**)&b.act, size_t(inter_rows) * e},    {(void**)&b.ys, size_t(M * k * H) * e},
@@ -858,38 +863,49 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
 
     // h = input_layernorm(x)
     hook_act(hooks, names.ln1, l, {B, T, H}, b.h);
-    // q [M, nh*dq] (or the LoRA path q_b(rmsnorm(q_a h)))
-    if (c.q_lora_rank) {
-      const int64_t r = *c.q_lora_rank;
-      linear(b.h, L.q_a, b.qa, M, r, H);
-      rmsnorm({.x = b.qa, .weight = L.q_a_ln, .out = b.qn, .rows = int(M), .dim = int(r), .eps = eps, .stream = s_});
-      linear(b.qn, L.q_b, b.q, M, nh * dq, r);
+    // q [M, nh*dq] (or the LoRA path q_b(rmsnorm(q_a h))) and latent [M, W] = kv_a h (the
+    // compressed KV and the shared rope key, before norm / RoPE). Without LoRA both are one GEMM
+    // over the back-to-back weights into [M, nh*dq + W] rows (q | latent), unless a hook reads
+    // q or the latent (hooks see dense tensors): a column's bits never depend on N.
+    Elem *qp = b.q, *lp = b.lat;  // q and latent rows, strides qs and ls
+    int64_t qs = nh * dq, ls = W;
+    if (L.q_kv && !(hooks && (hooks->wants(names.q) || hooks->wants(names.latent)))) {
+      linear(b.h, L.q_kv, b.qkv, M, nh * dq + W, H);
+      qp = b.qkv;
+      lp = b.qkv + nh * dq;
+      qs = ls = nh * dq + W;
     } else {
-      linear(b.h, L.q, b.q, M, nh * dq, H);
+      if (c.q_lora_rank) {
+        const int64_t r = *c.q_lora_rank;
+        linear(b.h, L.q_a, b.qa, M, r, H);
+        rmsnorm({.x = b.qa, .weight = L.q_a_ln, .out = b.qn, .rows = int(M), .dim = int(r), .eps = eps, .stream = s_});
+        linear(b.qn, L.q_b, b.q, M, nh * dq, r);
+      } else {
+        linear(b.h, L.q, b.q, M, nh * dq, H);
+      }
+      hook_act(hooks, names.q, l, {B, T, nh, dq}, b.q);
+      linear(b.h, L.kv_a, b.lat, M, W, H);
+      hook_act(hooks, names.latent, l, {B, T, W}, b.lat);
     }
-    hook_act(hooks, names.q, l, {B, T, nh, dq}, b.q);
-    // latent [M, W] = kv_a h: the compressed KV and the shared rope key, before norm / RoPE.
-    linear(b.h, L.kv_a, b.lat, M, W, H);
-    hook_act(hooks, names.latent, l, {B, T, W}, b.lat);
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions
     // (into each head's absorbed query, qt[:, h, dc:]; b.q keeps the unrotated values).
     if (!(hooks && hooks->wants(names.latent_norm))) {
       // Nobody reads the normed row: written straight into its cache slot (one launch, the bits
       // of the three below).
-      latent_to_cache({.lat = b.lat, .lat_stride = W, .norm_weight = L.kv_a_ln, .eps = eps, .cache = kv,
+      latent_to_cache({.lat = lp, .lat_stride = ls, .norm_weight = L.kv_a_ln, .eps = eps, .cache = kv,
                        .dst_rows = b.dst_rows, .cache_rows = B * cache.capacity(), .tokens = int(M), .latent = int(dc),
-                       .rope_dim = int(dr), .q = b.q + dn, .q_out = b.qt + dc, .heads = int(nh),
-                       .q_token_stride = nh * dq, .q_head_stride = dq, .q_out_token_stride = nh * W,
+                       .rope_dim = int(dr), .q = qp + dn, .q_out = b.qt + dc, .heads = int(nh),
+                       .q_token_stride = qs, .q_head_stride = dq, .q_out_token_stride = nh * W,
                        .q_out_head_stride = W, .positions = b.pos, .cos = cos_, .sin = sin_,
                        .max_positions = max_positions_, .stream = s_});
     } else {
-      rmsnorm({.x = b.lat, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = W,
+      rmsnorm({.x = lp, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = ls,
                .out_stride = W, .eps = eps, .stream = s_});
       // One launch rotates the key's rope part (latn[:, dc:]) and each head's query rope part.
-      rope2({.x = b.lat + dc, .tokens = int(M), .heads = 1, .token_stride = W, .head_stride = W,
+      rope2({.x = lp + dc, .tokens = int(M), .heads = 1, .token_stride = ls, .head_stride = ls,
              .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
-             .stream = s_, .out = b.latn + dc},
-            {.x = b.q + dn, .tokens = int(M), .heads = int(nh), .token_stride = nh * dq, .head_stride = dq,
+             .stream = s_, .out = b.latn + dc, .out_token_stride = W, .out_head_stride = W},
+            {.x = qp + dn, .tokens = int(M), .heads = int(nh), .token_stride = qs, .head_stride = dq,
              .rope_dim = int(dr), .positions = b.pos, .cos = cos_, .sin = sin_, .max_positions = max_positions_,
              .stream = s_, .out = b.qt + dc, .out_token_stride = nh * W, .out_head_stride = W});
       hook_act(hooks, names.latent_norm, l, {B, T, W}, b.latn);
@@ -899,7 +915,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
 
     // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
     // heads); qt[:, h, dc:] = rotated q_pe_h (rope2 above).
-    matmul({.x = b.q, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = nh * dq, .w_stride = dn,
+    matmul({.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
             .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
             .out_batch_stride = W});
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
