@@ -1,5 +1,6 @@
 // Router (softmax, top-k, weights) and MoE permutation / gather / combine.
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -190,6 +191,67 @@ TEST_F(Moe, PermuteGatherCombineMatchReference) {
     EXPECT_EQ(dout2.download(), want) << T;
     EXPECT_EQ(dsum.download(), want_sum) << T;
   }
+}
+
+// moe_combine_add_rmsnorm: the bits of moe_combine (with or without the shared addend), then
+// add_rmsnorm of the residual stream with its sum: x updated in place and the normed rows, in
+// bf16 and f32, at V2-Lite's width and at one past the kernel's register rows (2304).
+template <class T>
+void combine_norm_matches_two_calls(std::mt19937& rng, int tokens, int k, int dim, bool with_shared) {
+  const size_t P = size_t(tokens) * k;
+  std::vector<int32_t> slot(P);
+  std::iota(slot.begin(), slot.end(), 0);
+  std::shuffle(slot.begin(), slot.end(), rng);
+  auto to_t = [](const std::vector<uint16_t>& b) {
+    std::vector<T> v(b.size());
+    for (size_t i = 0; i < b.size(); ++i) {
+      if constexpr (sizeof(T) == 2)
+        v[i] = b[i];
+      else
+        v[i] = bf16_to_f32(b[i]) * 1.37f;
+    }
+    return v;
+  };
+  const auto y = to_t(random_bf16(P * dim, rng)), sh = to_t(random_bf16(size_t(tokens) * dim, rng)),
+             x = to_t(random_bf16(size_t(tokens) * dim, rng)), nw = to_t(random_bf16(size_t(dim), rng, 0.5f));
+  const auto w = random_f32(P, rng, 0.2f);
+  DevBuf<T> dy(y), dsh(sh), dx_a(x), dx_b(x), dnw(nw), drouted(size_t(tokens) * dim), dsum(size_t(tokens) * dim),
+      dh_a(size_t(tokens) * dim), dh_b(size_t(tokens) * dim);
+  DevBuf<int32_t> dslot(slot);
+  DevBuf<float> dw(w);
+  moe_combine(MoeCombineArgsT<T>{.y_sorted = dy.get(), .pair_slot = dslot.get(), .topk_weights = dw.get(),
+                                 .out = drouted.get(), .tokens = tokens, .k = k, .dim = dim,
+                                 .addend = with_shared ? dsh.get() : nullptr,
+                                 .sum_out = with_shared ? dsum.get() : nullptr});
+  add_rmsnorm(AddRmsNormArgsT<T>{.x = dx_a.get(), .y = with_shared ? dsum.get() : drouted.get(), .weight = dnw.get(),
+                                 .out = dh_a.get(), .rows = tokens, .dim = dim, .eps = 1e-6f});
+  moe_combine_add_rmsnorm(MoeCombineNormArgsT<T>{.y_sorted = dy.get(), .pair_slot = dslot.get(),
+                                                 .topk_weights = dw.get(), .addend = with_shared ? dsh.get() : nullptr,
+                                                 .x = dx_b.get(), .weight = dnw.get(), .out = dh_b.get(),
+                                                 .tokens = tokens, .k = k, .dim = dim, .eps = 1e-6f});
+  check_device_errors();
+  const auto xa = dx_a.download(), xb = dx_b.download(), ha = dh_a.download(), hb = dh_b.download();
+  EXPECT_EQ(std::memcmp(xa.data(), xb.data(), xa.size() * sizeof(T)), 0) << "residual stream";
+  EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * sizeof(T)), 0) << "normed rows";
+  EXPECT_NE(std::memcmp(xb.data(), x.data(), xb.size() * sizeof(T)), 0) << "x not updated";
+}
+
+TEST_F(Moe, CombineAddRmsNormIsCombineThenAddRmsNorm) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  for (const int dim : {2048, 2304})
+    for (const bool shared : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "dim " << dim << (shared ? " with" : " without") << " shared");
+      combine_norm_matches_two_calls<uint16_t>(rng, 37, 6, dim, shared);
+      combine_norm_matches_two_calls<float>(rng, 5, 6, dim, shared);
+    }
+  DevBuf<uint16_t> d(16);
+  DevBuf<int32_t> ds(16);
+  DevBuf<float> dw(16);
+  const MoeCombineNormArgsT<uint16_t> ok{.y_sorted = d.get(), .pair_slot = ds.get(), .topk_weights = dw.get(),
+                                         .x = d.get(), .weight = d.get(), .out = d.get(), .tokens = 1, .k = 17,
+                                         .dim = 8};
+  EXPECT_THROW(moe_combine_add_rmsnorm(ok), Error);  // k > 16 (and out aliases x)
 }
 
 TEST_F(Moe, PermutationIsRepeatable) {

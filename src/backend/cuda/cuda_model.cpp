@@ -297,8 +297,11 @@ class CudaModelT final : public Model {
   void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, const Buffers& b) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
-  void moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-           const Hooks* hooks) const;
+  // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
+  // MoE parts or the residual sum, moe() also does x += y and h = next_norm(x) (one launch with
+  // the combine) and returns true; false: y holds the MoE output for the caller's add + norm.
+  bool moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
+           const Hooks* hooks, const Elem* next_norm) const;
   // GEMMs in the model's element type, one place per form, so the loop never names a kernel:
   // bf16 -> gemm() / grouped_gemm() (batch-invariant tensor cores; dense ones through cuBLASLt
   // in the fast mode), f32 -> gemm_f32() / grouped_gemm_f32() (the FMA-chain f32 kernel).
@@ -768,8 +771,8 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, co
 }
 
 template <class Elem>
-void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-                    const Hooks* hooks) const {
+bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
+                    const Hooks* hooks, const Elem* next_norm) const {
   const ModelConfig& c = cfg_;
   const int64_t M = B * T, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
@@ -808,6 +811,14 @@ void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // joins the combine launch unless a tensor observer of either part could change it in between
   // (the bits are those of combine, then add).
   if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b);
+  if (next_norm && !(hooks && (hooks->wants(names.routed_out) || hooks->wants(names.shared_out) ||
+                               hooks->wants(names.mlp_out) || hooks->wants(names.resid_post)))) {
+    moe_combine_add_rmsnorm({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w,
+                             .addend = L.has_shared ? b.shared : nullptr, .x = b.x, .weight = next_norm, .out = b.h,
+                             .tokens = int(M), .k = int(k), .dim = int(H), .eps = float(c.rms_norm_eps),
+                             .stream = s_});
+    return true;
+  }
   const bool fuse_shared = L.has_shared && !(hooks && (hooks->wants_tensor(names.routed_out) ||
                                                        hooks->wants_tensor(names.shared_out)));
   moe_combine({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w, .out = b.routed, .tokens = int(M),
@@ -820,6 +831,7 @@ void CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   } else {
     copy_2d(b.y, size_t(H) * kEs, b.routed, size_t(H) * kEs, size_t(H) * kEs, size_t(M), s_);
   }
+  return false;
 }
 
 template <class Elem>
@@ -959,13 +971,11 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // x = x + attn; h = post_attention_layernorm(x); x = x + mlp_or_moe(h)
     add_then_norm(names.resid_mid, L.ln2, l);
     hook_act(hooks, names.ln2, l, {B, T, H}, b.h);
-    if (L.moe)
-      moe(L, names, l, B, T, b, hooks);
-    else
-      mlp(L.dense, M, b.h, b.y, b);
-    hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
     // ... and the next layer's input_layernorm (or the final norm) in the same launch.
     const Elem* next_norm = li + 1 < int64_t(blocks_.size()) ? blocks_[size_t(li + 1)].ln1 : has_head_ ? final_ln_ : nullptr;
+    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm)) continue;  // combined, added and normed
+    if (!L.moe) mlp(L.dense, M, b.h, b.y, b);
+    hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
     add_then_norm(names.resid_post, next_norm, l);
   }
   if (!has_head_) return;

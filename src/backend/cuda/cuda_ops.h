@@ -371,6 +371,28 @@ using MoeCombineArgs = MoeCombineArgsT<uint16_t>;
 void moe_combine(const MoeCombineArgs& a);
 void moe_combine(const MoeCombineArgsT<float>& a);
 
+// moe_combine (with the shared experts' addend, or without), then add_rmsnorm of the residual
+// stream x with that sum, in one launch: x = bf16(x + y), out = rmsnorm(x) * weight, where y is
+// what moe_combine would have written to sum_out (or to out without an addend). The bits of
+// the two calls; routed and y are never stored. k <= 16.
+template <class T>
+struct MoeCombineNormArgsT {
+  const T* y_sorted = nullptr;          // [tokens*k, dim]
+  const int32_t* pair_slot = nullptr;   // [tokens, k]
+  const float* topk_weights = nullptr;  // [tokens, k]
+  const T* addend = nullptr;            // [tokens, dim] or null
+  T* x = nullptr;                       // [tokens, dim] residual stream, updated in place
+  const T* weight = nullptr;            // [dim]
+  T* out = nullptr;                     // [tokens, dim], must not alias x
+  int tokens = 0;
+  int k = 0;
+  int dim = 0;
+  float eps = 1e-6f;
+  Stream stream = nullptr;
+};
+void moe_combine_add_rmsnorm(const MoeCombineNormArgsT<uint16_t>& a);
+void moe_combine_add_rmsnorm(const MoeCombineNormArgsT<float>& a);
+
 // ---- greedy token on the device: argmax of each logits row, ties to the lower id ------------
 // The same contract as decode::greedy_token on the host (the logits are the same bf16 or f32
 // values), so a greedy row needs only its token id copied back, not its V logits. A NaN logit

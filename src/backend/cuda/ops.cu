@@ -182,8 +182,24 @@ void moe_combine_impl(const MoeCombineArgsT<T>& a) {
   check_launch(op);
 }
 
+template <class T>
+void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
+  const char* op = "moe_combine_add_rmsnorm";
+  require(a.tokens >= 0 && a.dim > 0, op, "tokens/dim", "tokens >= 0, dim > 0");
+  require(a.k > 0 && a.k <= kern::kCombineMaxK, op, "k", "must be in 1-16");
+  require(a.y_sorted && a.pair_slot && a.topk_weights && a.x && a.weight && a.out, op, "pointers",
+          "y_sorted, pair_slot, topk_weights, x, weight and out must be set");
+  require(a.out != a.x, op, "out", "must not alias x");
+  if (a.tokens == 0) return;
+  launch(kern::moe_combine_add_rmsnorm_kernel<T>, unsigned(a.tokens), kern::kReduceThreads, 0, stream_of(a.stream),
+      a.y_sorted, a.pair_slot, a.topk_weights, a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
+  check_launch(op);
+}
+
 }  // namespace
 
+void moe_combine_add_rmsnorm(const MoeCombineNormArgsT<uint16_t>& a) { moe_combine_add_rmsnorm_impl(a); }
+void moe_combine_add_rmsnorm(const MoeCombineNormArgsT<float>& a) { moe_combine_add_rmsnorm_impl(a); }
 void rmsnorm(const RmsNormArgs& a) { rmsnorm_impl(a); }
 void rmsnorm(const RmsNormArgsT<float>& a) { rmsnorm_impl(a); }
 void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a) { add_rmsnorm_impl(a); }

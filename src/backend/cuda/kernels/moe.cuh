@@ -16,6 +16,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "rmsnorm.cuh"
 
 namespace atlas::cuda::kern {
 
@@ -182,6 +183,39 @@ __global__ void moe_combine_kernel(const T* __restrict__ ys, const int32_t* __re
   const T routed = from_f32<T>(acc);
   out[idx] = routed;
   if (addend) sum_out[idx] = from_f32<T>(to_f32(routed) + to_f32(addend[idx]));
+}
+
+// The combine, the routed + shared add, the residual add and the next RMSNorm in one launch (one
+// block of kReduceThreads threads per token): y = moe_combine_kernel's sum_out (or out without
+// addend) computed per element in the same order, then x = bf16(x + y), h = rmsnorm(x) exactly
+// as rmsnorm_kernel<T, true>. Two launches and the [tokens, dim] round trips of routed and y
+// fewer per MoE layer; used where no hook reads routed, shared, y or the sum.
+constexpr int kCombineMaxK = 16;
+template <class T>
+__global__ void __launch_bounds__(kReduceThreads)
+    moe_combine_add_rmsnorm_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
+                                   const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
+                                   const T* __restrict__ norm_w, T* h, int dim, float eps) {
+  pdl_begin();
+  __shared__ float scratch[16];
+  const int64_t t = blockIdx.x;
+  int32_t sl[kCombineMaxK];
+  float wt[kCombineMaxK];
+#pragma unroll
+  for (int j = 0; j < kCombineMaxK; ++j)
+    if (j < k) {
+      sl[j] = slot[t * k + j];
+      wt[j] = w[t * k + j];
+    }
+  const auto y_at = [&](int i) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kCombineMaxK; ++j)
+      if (j < k) acc += wt[j] * to_f32(ys[int64_t(sl[j]) * dim + i]);
+    const T routed = from_f32<T>(acc);
+    return addend ? to_f32(from_f32<T>(to_f32(routed) + to_f32(addend[t * dim + i]))) : to_f32(routed);
+  };
+  rmsnorm_row<T, true>(x + t * dim, y_at, norm_w, h + t * dim, dim, eps, scratch);
 }
 
 }  // namespace atlas::cuda::kern

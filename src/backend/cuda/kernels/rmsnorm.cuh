@@ -19,11 +19,13 @@ namespace atlas::cuda::kern {
 
 constexpr int kRmsRegs = 8;
 
-// One row by one block of kReduceThreads threads (the kernel below, and the fused latent-to-cache
-// kernel, kernels/latent_cache.cuh, which must give the same bits). `scratch`: >= 16 floats.
-template <class T, bool kAdd>
-__device__ __forceinline__ void rmsnorm_row(T* xr, const T* __restrict__ yr, const T* __restrict__ w, T* orow,
-                                            int dim, float eps, float* scratch) {
+// One row by one block of kReduceThreads threads (the kernel below, and the fused kernels of
+// kernels/latent_cache.cuh and moe.cuh, which must give the same bits). kAdd: x[i] = bf16(x[i] +
+// y_at(i)) first (y_at(i): the addend's element i as a float, called once per element).
+// `scratch`: >= 16 floats.
+template <class T, bool kAdd, class YAt>
+__device__ __forceinline__ void rmsnorm_row(T* xr, YAt y_at, const T* __restrict__ w, T* orow, int dim, float eps,
+                                            float* scratch) {
   const int tid = threadIdx.x;
   float v[kRmsRegs];
 #pragma unroll
@@ -32,7 +34,7 @@ __device__ __forceinline__ void rmsnorm_row(T* xr, const T* __restrict__ yr, con
     v[j] = 0.0f;
     if (i < dim) {
       v[j] = to_f32(xr[i]);
-      if constexpr (kAdd) v[j] = round_as<T>(v[j] + to_f32(yr[i]));
+      if constexpr (kAdd) v[j] = round_as<T>(v[j] + y_at(i));
     }
   }
   float ss = 0.0f;
@@ -43,7 +45,7 @@ __device__ __forceinline__ void rmsnorm_row(T* xr, const T* __restrict__ yr, con
   for (int i = tid + kRmsRegs * kReduceThreads; i < dim; i += kReduceThreads) {
     float a = to_f32(xr[i]);
     if constexpr (kAdd) {
-      a = round_as<T>(a + to_f32(yr[i]));
+      a = round_as<T>(a + y_at(i));
       xr[i] = from_f32<T>(a);  // read back below by this thread only
     }
     ss += a * a;
@@ -70,7 +72,8 @@ __global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restric
                                int64_t x_stride, int64_t out_stride, float eps) {
   pdl_begin();
   __shared__ float scratch[16];
-  rmsnorm_row<T, kAdd>(x + int64_t(blockIdx.x) * x_stride, kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr, w,
+  const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
+  rmsnorm_row<T, kAdd>(x + int64_t(blockIdx.x) * x_stride, [yr](int i) { return to_f32(yr[i]); }, w,
                        out + int64_t(blockIdx.x) * out_stride, dim, eps, scratch);
 }
 
