@@ -15,7 +15,8 @@
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
 # PROFPREFILL_MODES), notests (skip the test binaries). GTEST_ONLY=<filter> runs that filter of
-# atlas_cuda_tests only (with BUILD_TARGETS=atlas_cuda_tests: a quick re-check).
+# atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
+# the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
 # CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
@@ -83,9 +84,16 @@ grep -E "error|CMake Error|not found" "$out/build.log" | head -30
 
 
 rc=0
-if [[ -n "${GTEST_ONLY:-}" ]]; then  # one filter of atlas_cuda_tests, nothing else (a quick re-check)
-  $B/tests/cuda/atlas_cuda_tests --gtest_filter="$GTEST_ONLY" 2>&1 | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Which is|Expected|seed" | head -30
-  exit ${PIPESTATUS[0]}
+if [[ -n "${GTEST_ONLY:-}" ]]; then  # one filter of atlas_cuda_tests instead of the full tests (a quick re-check)
+  echo "== atlas_cuda_tests --gtest_filter=$GTEST_ONLY"
+  $B/tests/cuda/atlas_cuda_tests --gtest_filter="$GTEST_ONLY" >"$out/cuda_tests.log" 2>&1 || rc=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Which is|Expected|seed" "$out/cuda_tests.log" | head -30
+  if [[ ${MODEL_TESTS_ONCE:-0} == 1 ]]; then  # and the model tests, once
+    echo "== atlas_cuda_model_tests (once)"
+    $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests.log" 2>&1 || rc=1
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$out/model_tests.log" | head -20
+  fi
+  mode="$mode,notests,"  # then the steps asked for, if any
 fi
 if ! has notests; then
 rc=0

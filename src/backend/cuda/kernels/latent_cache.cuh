@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const Late
   const T* src = p.lat + int64_t(t) * p.lat_stride;
   T* row = p.cache + d * int64_t(p.latent + 2 * p.half);
   // rmsnorm_row reads its x row through a writable pointer only when it adds a residual (kAdd).
-  rmsnorm_row<T, false>(const_cast<T*>(src), [](int) { return 0.0f; }, p.norm_w, row, p.latent, p.eps, scratch);
+  rmsnorm_row<T, false>(const_cast<T*>(src), [](int, int) { return 0.0f; }, p.norm_w, row, p.latent, p.eps, scratch);
   if (pos_ok)
     for (int k = tid; k < p.half; k += kReduceThreads)
       rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);

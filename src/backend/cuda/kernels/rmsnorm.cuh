@@ -21,7 +21,9 @@ constexpr int kRmsRegs = 8;
 
 // One row by one block of kReduceThreads threads (the kernel below, and the fused kernels of
 // kernels/latent_cache.cuh and moe.cuh, which must give the same bits). kAdd: x[i] = bf16(x[i] +
-// y_at(i)) first (y_at(i): the addend's element i as a float, called once per element).
+// y_at(j, i)) first: y_at(j, i) is the addend's element i as a float, j = i's register slot
+// (i = tid + j * kReduceThreads, a constant once unrolled, so a caller may hand back values it
+// loaded beforehand) or -1 past the register slots (rows wider than kRmsRegs * 256).
 // `scratch`: >= 16 floats.
 template <class T, bool kAdd, class YAt>
 __device__ __forceinline__ void rmsnorm_row(T* xr, YAt y_at, const T* __restrict__ w, T* orow, int dim, float eps,
@@ -34,7 +36,7 @@ __device__ __forceinline__ void rmsnorm_row(T* xr, YAt y_at, const T* __restrict
     v[j] = 0.0f;
     if (i < dim) {
       v[j] = to_f32(xr[i]);
-      if constexpr (kAdd) v[j] = round_as<T>(v[j] + y_at(i));
+      if constexpr (kAdd) v[j] = round_as<T>(v[j] + y_at(j, i));
     }
   }
   float ss = 0.0f;
@@ -45,7 +47,7 @@ __device__ __forceinline__ void rmsnorm_row(T* xr, YAt y_at, const T* __restrict
   for (int i = tid + kRmsRegs * kReduceThreads; i < dim; i += kReduceThreads) {
     float a = to_f32(xr[i]);
     if constexpr (kAdd) {
-      a = round_as<T>(a + y_at(i));
+      a = round_as<T>(a + y_at(-1, i));
       xr[i] = from_f32<T>(a);  // read back below by this thread only
     }
     ss += a * a;
@@ -73,7 +75,7 @@ __global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restric
   pdl_begin();
   __shared__ float scratch[16];
   const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
-  rmsnorm_row<T, kAdd>(x + int64_t(blockIdx.x) * x_stride, [yr](int i) { return to_f32(yr[i]); }, w,
+  rmsnorm_row<T, kAdd>(x + int64_t(blockIdx.x) * x_stride, [yr](int, int i) { return to_f32(yr[i]); }, w,
                        out + int64_t(blockIdx.x) * out_stride, dim, eps, scratch);
 }
 
