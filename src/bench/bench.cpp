@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -201,6 +202,38 @@ std::vector<Record> run_bench(const BenchOptions& o) {
     out.push_back(std::move(r));
   };
 
+  if (o.repeat < 1) fail("--repeat", {}, "must be >= 1");
+  // A timed workload o.repeat times: `once` runs it and returns its figure and detail. The
+  // record keeps the median (the mean of the middle two for an even count) and every figure;
+  // the fingerprint field of the detail (tokens or stage hashes) must be the same in every run.
+  auto repeated = [&](const std::string& workload, const std::string& mode, const std::string& unit,
+                      std::optional<double> bound, const char* fingerprint, auto once) {
+    std::vector<double> figures;
+    ojson detail;
+    bool same = true;
+    for (int i = 0; i < o.repeat; ++i) {
+      auto [v, d] = once();
+      figures.push_back(v);
+      if (i == 0)
+        detail = std::move(d);
+      else if (d.value(fingerprint, std::string()) != detail.value(fingerprint, std::string()))
+        same = false;
+    }
+    std::vector<double> sorted = figures;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    if (o.repeat > 1) {
+      detail["runs"] = figures;
+      detail["statistic"] = "median of " + std::to_string(o.repeat) + " runs";
+      detail["fingerprint_identical_across_runs"] = same;
+      if (!same)
+        std::fprintf(stderr, "atlas bench: warning: %s (%s): %s differs between runs (nondeterminism)\n",
+                     workload.c_str(), mode.c_str(), fingerprint);
+    }
+    record(workload, mode, median, unit, bound, std::move(detail));
+  };
+
   for (const auto& mode : modes) {
     const ModelOptions mo{.backend = o.backend, .compute = Compute::BF16, .device = o.device,
                           .batch_invariant = mode == "batch-invariant"};
@@ -217,23 +250,27 @@ std::vector<Record> run_bench(const BenchOptions& o) {
                       std::to_string(o.grid_new_tokens));
       std::vector<decode::PromptRow> rows;
       for (size_t i = 0; i < prompts.size(); ++i) rows.push_back({.id = std::to_string(i), .ids = prompts[i], .sampling = {}});
-      const auto t0 = Clock::now();
-      auto res = decode::generate(*model, rows,
-                                  {.max_new_tokens = o.grid_new_tokens, .batch = o.grid_prompts, .eos_ids = {},
-                                   .stop_strings = {}, .pad_id = 0, .detokenize = {}, .on_row = {}, .on_logits = {},
-                                   .progress = o.progress});
-      const double s = since(t0);
-      int64_t new_tokens = 0;
-      Sha256 h;
-      for (const auto& r : res) {
-        new_tokens += r.n_new;
-        h.update(r.ids.data(), r.ids.size() * 4);
-      }
       std::optional<double> bound;
       if (dev.bandwidth) bound = double(o.grid_new_tokens) * wb.all / *dev.bandwidth;
-      record("seed-grid-128x512", mode, s, "s", bound,
-             {{"prompts", o.grid_prompts}, {"prompt_tokens", prompt_tokens}, {"new_tokens", new_tokens},
-              {"tokens_per_s", double(new_tokens) / s}, {"tokens_sha256", h.hex()}});
+      repeated("seed-grid-128x512", mode, "s", bound, "tokens_sha256", [&] {
+        const auto t0 = Clock::now();
+        auto res = decode::generate(*model, rows,
+                                    {.max_new_tokens = o.grid_new_tokens, .batch = o.grid_prompts, .eos_ids = {},
+                                     .stop_strings = {}, .pad_id = 0, .detokenize = {}, .on_row = {}, .on_logits = {},
+                                     .progress = o.progress});
+        const double s = since(t0);
+        int64_t new_tokens = 0;
+        Sha256 h;
+        for (const auto& r : res) {
+          new_tokens += r.n_new;
+          h.update(r.ids.data(), r.ids.size() * 4);
+        }
+        return std::pair{s, ojson{{"prompts", o.grid_prompts}, {"prompt_tokens", prompt_tokens},
+                                  {"new_tokens", new_tokens}, {"tokens_per_s", double(new_tokens) / s},
+                                  {"tokens_sha256", h.hex()}}};
+      });
+      ojson& d = out.back().detail;  // the rate of the reported (median) run
+      d["tokens_per_s"] = d["new_tokens"].get<double>() / out.back().atlas;
     }
 
     if (wants("prefill-trace-128")) {
@@ -279,20 +316,25 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         });
       }
       stage("final_norm");
-      auto cache = model->make_cache(B, T);
-      const auto t0 = Clock::now();
-      model->forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
-                      .logits_rows = {}},
-                     *cache, &hooks);
-      const double s = since(t0);
-      Sha256 h;
-      for (const auto& [name, hs] : stage_hashes)
-        for (const auto& x : hs) h.update(x);
-      int64_t decisions = 0;
-      for (const auto& [l, r] : routes) decisions += int64_t(r.size());
-      record("prefill-trace-128", mode, s, "s", std::nullopt,
-             {{"rows", B}, {"padded_tokens", T}, {"prompt_tokens", prompt_tokens}, {"stages", stage_hashes.size()},
-              {"route_decisions_padded", decisions}, {"stage_hashes_sha256", h.hex()}});
+      repeated("prefill-trace-128", mode, "s", std::nullopt, "stage_hashes_sha256", [&] {
+        stage_hashes.clear();
+        routes.clear();
+        route_w.clear();
+        auto cache = model->make_cache(B, T);
+        const auto t0 = Clock::now();
+        model->forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
+                        .logits_rows = {}},
+                       *cache, &hooks);
+        const double s = since(t0);
+        Sha256 h;
+        for (const auto& [name, hs] : stage_hashes)
+          for (const auto& x : hs) h.update(x);
+        int64_t decisions = 0;
+        for (const auto& [l, r] : routes) decisions += int64_t(r.size());
+        return std::pair{s, ojson{{"rows", B}, {"padded_tokens", T}, {"prompt_tokens", prompt_tokens},
+                                  {"stages", stage_hashes.size()}, {"route_decisions_padded", decisions},
+                                  {"stage_hashes_sha256", h.hex()}}};
+      });
     }
 
     if (wants("decode-b1")) {
@@ -303,28 +345,31 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       for (int64_t t = 0; t < P; ++t) pos[size_t(t)] = int32_t(t);
       std::vector<uint8_t> mask(size_t(P), 1);
       const std::vector<uint8_t> no_logits(1, 0);
-      auto cache = model->make_cache(1, P + o.decode_steps + 1);
-      auto r = model->forward({.batch = 1, .tokens = P, .ids = p, .positions = pos, .mask = mask,
-                               .logits_last_only = true, .logits_rows = no_logits},
-                              *cache);
-      int32_t tok = r.greedy.at(0);
-      std::vector<int32_t> toks;
-      const auto t0 = Clock::now();
-      for (int64_t s = 0; s < o.decode_steps; ++s) {
-        const int32_t id = tok, ps = int32_t(P + s);
-        const uint8_t one = 1;
-        r = model->forward({.batch = 1, .tokens = 1, .ids = {&id, 1}, .positions = {&ps, 1}, .mask = {&one, 1},
-                            .logits_last_only = true, .logits_rows = no_logits},
-                           *cache);
-        tok = r.greedy.at(0);
-        toks.push_back(tok);
-      }
-      const double s = since(t0);
       std::optional<double> bound;
       if (dev.bandwidth) bound = *dev.bandwidth / wb.per_token_b1;
-      record("decode-b1", mode, double(o.decode_steps) / s, "tok/s", bound,
-             {{"prompt_tokens", P}, {"steps", o.decode_steps}, {"seconds", s},
-              {"bytes_per_token_bound", wb.per_token_b1}, {"tokens_sha256", ids_sha256(toks)}});
+      repeated("decode-b1", mode, "tok/s", bound, "tokens_sha256", [&] {
+        auto cache = model->make_cache(1, P + o.decode_steps + 1);
+        auto r = model->forward({.batch = 1, .tokens = P, .ids = p, .positions = pos, .mask = mask,
+                                 .logits_last_only = true, .logits_rows = no_logits},
+                                *cache);
+        int32_t tok = r.greedy.at(0);
+        std::vector<int32_t> toks;
+        const auto t0 = Clock::now();
+        for (int64_t s = 0; s < o.decode_steps; ++s) {
+          const int32_t id = tok, ps = int32_t(P + s);
+          const uint8_t one = 1;
+          r = model->forward({.batch = 1, .tokens = 1, .ids = {&id, 1}, .positions = {&ps, 1}, .mask = {&one, 1},
+                              .logits_last_only = true, .logits_rows = no_logits},
+                             *cache);
+          tok = r.greedy.at(0);
+          toks.push_back(tok);
+        }
+        const double s = since(t0);
+        return std::pair{double(o.decode_steps) / s,
+                         ojson{{"prompt_tokens", P}, {"steps", o.decode_steps}, {"seconds", s},
+                               {"bytes_per_token_bound", wb.per_token_b1}, {"tokens_sha256", ids_sha256(toks)}}};
+      });
+      out.back().detail["seconds"] = double(o.decode_steps) / out.back().atlas;  // of the reported (median) rate
     }
 
     if (wants("peak-mem-128x1024")) {

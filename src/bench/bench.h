@@ -41,6 +41,10 @@ struct BenchOptions {
   int64_t decode_prompt = 256, decode_steps = 256;
   int64_t mem_rows = 128, mem_prefill = 1000, mem_steps = 24;
   bool progress = false;
+  // Timed workloads (grid, traced prefill, batch-1 decode) run this many times on the loaded
+  // model; the record's figure is the median, detail.runs keeps every run's figure, and the
+  // runs' fingerprints (tokens / stage hashes) must agree (detail.fingerprint_identical_across_runs).
+  int repeat = 1;
 };
 
 struct Record {

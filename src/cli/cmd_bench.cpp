@@ -1,5 +1,5 @@
 // atlas bench --model DIR [--backend cuda] [--workload W]... [--mode M]... [--reference REF.json]
-//             [--json OUT.json] [--save-prompts P.json]
+//             [--json OUT.json] [--save-prompts P.json] [--repeat N]
 // Speed and memory of the engine on a model directory (issue 5's workloads, src/bench/bench.h),
 // each figure beside the transformers figure measured on the same machine in the same session
 // (tools/reference/bench_transformers.py writes REF.json from the prompts saved here).
@@ -51,6 +51,11 @@ Registrar reg{{
           app.add_option("--decode-steps", a.o.decode_steps, "Batch-1 decode steps")->capture_default_str();
           app.add_option("--mem-prefill", a.o.mem_prefill, "Prefill tokens of the memory workload")->capture_default_str();
           app.add_option("--mem-steps", a.o.mem_steps, "Decode steps of the memory workload")->capture_default_str();
+          app.add_option("--repeat", a.o.repeat,
+                         "Runs of each timed workload (grid, traced prefill, batch-1 decode) on the loaded model; "
+                         "the record keeps the median and every run")
+              ->check(CLI::Range(1, 1000))
+              ->capture_default_str();
           app.callback([] {
             a.o.command = joined_argv();
             a.o.progress = progress_enabled();

@@ -58,6 +58,34 @@ b = {x["workload"]: x for x in json.load(open(sys.argv[2]))}
 assert b["seed-grid-128x512"]["detail"]["tokens_sha256"] == h.hexdigest()
 PY
 
+# --repeat: each timed workload runs N times on the loaded model; the record keeps the median and
+# every run, and the runs' fingerprints (tokens, stage hashes) agree.
+"$bin" bench --model "$model" --backend cpu "${small[@]}" --repeat 3 --workload seed-grid-128x512 \
+  --workload prefill-trace-128 --workload decode-b1 --json "$work/r.json" >/dev/null 2>"$work/err" \
+  && ok "bench --repeat ran" || bad "bench --repeat: $(cat "$work/err")"
+$py - "$work/r.json" "$work/b.json" <<'PY' && ok "repeated records: median of 3 runs, fingerprints identical" || bad "repeated records"
+import json, statistics, sys
+r = {x["workload"]: x for x in json.load(open(sys.argv[1]))}
+once = {x["workload"]: x for x in json.load(open(sys.argv[2]))}
+assert set(r) == {"seed-grid-128x512", "prefill-trace-128", "decode-b1"}, list(r)
+for w, x in r.items():
+    d = x["detail"]
+    assert len(d["runs"]) == 3 and all(v > 0 for v in d["runs"]), (w, d)
+    assert abs(x["atlas"] - statistics.median(d["runs"])) < 1e-12, (w, x["atlas"], d["runs"])
+    assert d["statistic"] == "median of 3 runs", d
+    assert d["fingerprint_identical_across_runs"] is True, (w, d)
+# The same fingerprints as the single-run bench above (same prompts, same model).
+assert r["seed-grid-128x512"]["detail"]["tokens_sha256"] == once["seed-grid-128x512"]["detail"]["tokens_sha256"]
+assert r["decode-b1"]["detail"]["tokens_sha256"] == once["decode-b1"]["detail"]["tokens_sha256"]
+assert r["prefill-trace-128"]["detail"]["stage_hashes_sha256"] == once["prefill-trace-128"]["detail"]["stage_hashes_sha256"]
+g = r["seed-grid-128x512"]
+assert abs(g["detail"]["tokens_per_s"] - g["detail"]["new_tokens"] / g["atlas"]) < 1e-9
+# A single run has no runs list.
+assert "runs" not in once["seed-grid-128x512"]["detail"]
+PY
+expect_error "repeat 0" "repeat" "$bin" bench --model "$model" --backend cpu --repeat 0 --json "$work/x.json"
+no_file "repeat 0" "$work/x.json"
+
 expect_error "unknown workload" "unknown workload" "$bin" bench --model "$model" --backend cpu --workload nope --json "$work/x.json"
 no_file "unknown workload" "$work/x.json"
 expect_error "fast on cpu" "fast exists on the cuda backend only" "$bin" bench --model "$model" --backend cpu --mode fast --json "$work/x.json"
