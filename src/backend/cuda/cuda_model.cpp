@@ -900,7 +900,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       hook_act(hooks, names.latent, l, {B, T, W}, b.lat);
     }
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions
-    // (into each head's absorbed query, qt[:, h, dc:]; b.q keeps the unrotated values).
+    // (into each head's absorbed query, qt[:, h, dc:]; the q rows keep the unrotated values).
     if (!(hooks && hooks->wants(names.latent_norm))) {
       // Nobody reads the normed row: written straight into its cache slot (one launch, the bits
       // of the three below).
@@ -926,7 +926,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     }
 
     // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
-    // heads); qt[:, h, dc:] = rotated q_pe_h (rope2 above).
+    // heads); qt[:, h, dc:] = rotated q_pe_h (latent_to_cache or rope2 above).
     matmul({.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
             .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
             .out_batch_stride = W});

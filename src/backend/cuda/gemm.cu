@@ -93,13 +93,21 @@ constexpr TileConfig grouped_only(TileConfig c) {
   return c;
 }
 
+// A config whose kernel has async operands only (bf16 and f32 out; the predicated path runs
+// another config): the wgmma and cluster configs.
 template <class T>
-constexpr TileConfig make_wgmma_config(const char* name) {
+constexpr TileConfig async_only_config(const char* name, KernelFn bf16_out, KernelFn f32_out) {
   TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, false, {}};
   for (int h = 0; h < 2; ++h) {
-    c.fn[0][1][h] = kern::gemm_wgmma_kernel<T, false>;
-    c.fn[1][1][h] = kern::gemm_wgmma_kernel<T, true>;
+    c.fn[0][1][h] = bf16_out;
+    c.fn[1][1][h] = f32_out;
   }
+  return c;
+}
+
+template <class T>
+constexpr TileConfig make_wgmma_config(const char* name) {
+  TileConfig c = async_only_config<T>(name, kern::gemm_wgmma_kernel<T, false>, kern::gemm_wgmma_kernel<T, true>);
   c.wgmma = true;
   return c;
 }
@@ -126,14 +134,9 @@ constexpr TileConfig make_config(const char* name) {
   return c;
 }
 
-// Cluster configs: async operands only (the predicated path runs another config).
 template <class T>
 constexpr TileConfig make_cluster_config(const char* name) {
-  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, false, {}};
-  for (int h = 0; h < 2; ++h) {
-    c.fn[0][1][h] = kern::gemm_cluster_kernel<T, false>;
-    c.fn[1][1][h] = kern::gemm_cluster_kernel<T, true>;
-  }
+  TileConfig c = async_only_config<T>(name, kern::gemm_cluster_kernel<T, false>, kern::gemm_cluster_kernel<T, true>);
   c.cluster = true;
   return c;
 }

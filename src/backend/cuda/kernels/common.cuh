@@ -102,13 +102,12 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 
 // 16-byte global -> shared copy; src_bytes = 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-// The same copy to a shared-memory address already in the shared window (smem_u32).
+// dst: an address in the shared window (smem_u32).
 __device__ __forceinline__ void cp_async16_at(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  cp_async16_at(smem_u32(dst), src, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
