@@ -11,7 +11,8 @@
 # cases, env NCU_CASES/NCU_KERNEL), rerun (the full-size traced prefill twice, stage hashes
 # compared), pdl (`atlas bench` with launch overlap on, env PDL_ARGS, compared with the bench
 # step's figures), grouped (the seed grid once per candidate config of the decode step's
-# grouped expert GEMMs, env GROUPED_CANDIDATES), ncumla (Nsight Compute sections of a batch-128
+# grouped expert GEMMs, env GROUPED_CANDIDATES), side (`atlas bench` with the shared experts on
+# the main stream, env SIDE_ARGS, compared with the bench step's figures), ncumla (Nsight Compute sections of a batch-128
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
 # PROFPREFILL_MODES), notests (skip the test binaries). GTEST_ONLY=<filter> runs that filter of
@@ -235,20 +236,33 @@ if has bench; then
   timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench.json" "${ref[@]}" ${BENCH_ARGS:-} 2>&1 | tail -20
   nvidia-smi --query-gpu=memory.used --format=csv
 fi
+# compare_bench LABEL_A LABEL_B A.json B.json: figures of the workloads both files have, and
+# whether their token hashes agree (switches that keep the bits must not change them).
+compare_bench() {
+  [[ -f "$3" && -f "$4" ]] && python3 -c 'import json,sys
+a={(r["workload"],r["mode"]):r for r in json.load(open(sys.argv[3]))}
+for r in json.load(open(sys.argv[4])):
+  o=a.get((r["workload"],r["mode"]))
+  if not o: continue
+  t1,t0=o["detail"].get("tokens_sha256"),r["detail"].get("tokens_sha256")
+  print("   %-18s %-16s %s %.3f %s %.3f %s; tokens %s" % (r["workload"], r["mode"], sys.argv[1], o["atlas"], sys.argv[2],
+        r["atlas"], r["unit"], "identical" if t1==t0 else "DIFFER %s %s" % (t1,t0)))' "$1" "$2" "$3" "$4"
+}
 if has pdl; then
   # Launch overlap on (ATLAS_PDL=1) for comparison with the bench step's default (off):
   # PDL_ARGS workloads, batch-invariant; tokens_sha256 must equal the bench step's.
   echo "== atlas bench, launch overlap on"
   ATLAS_PDL=1 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_pdl.json" --mode batch-invariant \
     ${PDL_ARGS:---workload decode-b1} 2>&1 | tail -6
-  [[ -f "$out/bench.json" ]] && python3 -c 'import json,sys
-a={(r["workload"],r["mode"]):r for r in json.load(open(sys.argv[1]))}
-for r in json.load(open(sys.argv[2])):
-  o=a.get((r["workload"],r["mode"]))
-  if not o: continue
-  t1,t0=o["detail"].get("tokens_sha256"),r["detail"].get("tokens_sha256")
-  print("   %-18s overlap off %.3f on %.3f %s; tokens %s" % (r["workload"], o["atlas"], r["atlas"], r["unit"],
-        "identical" if t1==t0 else "DIFFER %s %s" % (t1,t0)))' "$out/bench.json" "$out/bench_pdl.json"
+  compare_bench "overlap off" "on" "$out/bench.json" "$out/bench_pdl.json"
+fi
+if has side; then
+  # The shared experts on the model's one stream (ATLAS_SIDE_STREAM=0) for comparison with the
+  # bench step's default (their own stream): SIDE_ARGS workloads; tokens must not change.
+  echo "== atlas bench, shared experts on the main stream"
+  ATLAS_SIDE_STREAM=0 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_noside.json" \
+    ${SIDE_ARGS:---workload decode-b1 --workload seed-grid-128x512} 2>&1 | tail -6
+  compare_bench "side stream" "main stream" "$out/bench.json" "$out/bench_noside.json"
 fi
 if has grouped; then
   # End to end: the seed grid with each candidate config for the decode step's grouped expert

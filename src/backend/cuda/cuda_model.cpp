@@ -254,6 +254,9 @@ class CudaModelT final : public Model {
     } catch (const Error&) {
     }
     stream_destroy(s_);
+    stream_destroy(side_);
+    event_destroy(fork_);
+    event_destroy(join_);
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -274,6 +277,7 @@ class CudaModelT final : public Model {
   // Per-call device buffers, carved from one grow-only block (decode steps reuse it).
   struct Buffers {
     Elem *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qkv, *qt, *olat, *heads, *gu, *act, *ys, *routed, *shared;
+    Elem *sgu, *sact;  // the shared experts' gate|up scratch and activation (they run on side_)
     Elem *hl, *logits;
     float *router_logits, *topk_w, *mla_ws;
     // ids, pos, dst_rows, qlen, qrow are consecutive [M] arrays (one upload for all five).
@@ -294,7 +298,8 @@ class CudaModelT final : public Model {
   void layers_forward(int64_t B, int64_t T, Cache& cache, const Buffers& b, int64_t chunk, const int32_t* qlen_host,
                       int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false,
                       const std::vector<int32_t>* key_slot = nullptr) const;
-  void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, const Buffers& b) const;
+  // out = down(silu(gate x) * up x) on `stream`; gu / act: its scratch and activation buffers.
+  void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act, Stream stream) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
@@ -312,11 +317,12 @@ class CudaModelT final : public Model {
     int64_t M = 0, N = 0, K = 0;
     int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // 0 = dense
     int64_t batch = 1, x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
+    Stream stream = nullptr;  // null: s_
   };
   void matmul(const MatMul& m) const;
   void linear(const Elem* x, const Elem* w, Elem* out, int64_t M, int64_t N, int64_t K, int64_t xs = 0,
-              int64_t os = 0) const {
-    matmul({.x = x, .w = w, .out = out, .M = M, .N = N, .K = K, .x_stride = xs, .out_stride = os});
+              int64_t os = 0, Stream stream = nullptr) const {
+    matmul({.x = x, .w = w, .out = out, .M = M, .N = N, .K = K, .x_stride = xs, .out_stride = os, .stream = stream});
   }
   // Router logits [M, E] in fp32 (bf16: the official upcast GEMM, fp32 out).
   void router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const;
@@ -362,6 +368,12 @@ class CudaModelT final : public Model {
   bool graphs_ = true;
   int64_t max_tokens_ = 8192;  // tokens per forward pass before a prefill is chunked
   Stream s_ = nullptr;  // every launch goes here (capturable, unlike the legacy default stream)
+  // ... except the shared experts of a MoE layer, which depend on h alone: they run on side_
+  // while s_ routes and runs the routed experts (fork_ / join_ order the two; same kernels, same
+  // inputs, so the same bits; CudaModelOptions::side_stream).
+  Stream side_ = nullptr;
+  Event fork_ = nullptr, join_ = nullptr;
+  bool side_on_ = true;
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
@@ -453,6 +465,14 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   // Memory: the weights plus a margin for activations and the cache must fit.
   set_device(opts.device);
   s_ = stream_create();
+  side_ = stream_create();
+  fork_ = event_create();
+  join_ = event_create();
+  gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
+  {
+    const char* e = std::getenv("ATLAS_SIDE_STREAM");
+    side_on_ = opts.side_stream && !(e && std::string(e) == "0");
+  }
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   const char* env_graphs = std::getenv("ATLAS_CUDA_GRAPHS");
   graphs_ = opts.graphs && !(env_graphs && std::string(env_graphs) == "0");
@@ -570,12 +590,12 @@ void CudaModelT<Elem>::matmul(const MatMul& m) const {
     gemm_f32({.x = m.x, .w = m.w, .out = m.out, .M = int(m.M), .N = int(m.N), .K = int(m.K), .x_stride = m.x_stride,
               .w_stride = m.w_stride, .out_stride = m.out_stride, .batch = int(m.batch),
               .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
-              .out_batch_stride = m.out_batch_stride, .stream = s_});
+              .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_});
   } else {
     gemm({.x = m.x, .w = m.w, .out = m.out, .out_type = OutType::bf16, .M = int(m.M), .N = int(m.N), .K = int(m.K),
           .x_stride = m.x_stride, .w_stride = m.w_stride, .out_stride = m.out_stride, .mode = dense_mode_,
           .batch = int(m.batch), .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
-          .out_batch_stride = m.out_batch_stride, .stream = s_});
+          .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_});
   }
 }
 
@@ -699,6 +719,9 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
     inter_rows = std::max(inter_rows, M * k * c.moe_intermediate_size);
     inter_rows = std::max(inter_rows, M * c.moe_intermediate_size * std::max<int64_t>(1, c.n_shared_experts));
   }
+  // The shared experts' activation, in elements (0 without them).
+  const int64_t shared_rows =
+      c.n_routed_experts > 0 ? M * c.moe_intermediate_size * std::max<int64_t>(0, c.n_shared_experts) : 0;
   struct Req {
     void** p;
     size_t bytes;
@@ -707,13 +730,18 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
   const size_t e = kEs;  // bytes per element of the Elem buffers
   std::vector<Req> reqs = {
       {(void**)&b.x, size_t(M * H) * e},           {(void**)&b.h, size_t(M * H) * e},
-      {(void**)&b.y, size_t(M * H) * e},           {(void**)&b.q, size_t(M * nh * dq) * e},
+      {(void**)&b.y, size_t(M * H) * e},
+      // Without LoRA, q and the latent live inside the [M, nh*dq + W] block of the joint GEMM
+      // (set below): a layer uses either the joint rows or the two dense tensors, never both.
+      {(void**)&b.q, c.q_lora_rank ? size_t(M * nh * dq) * e : 0},
       {(void**)&b.qa, size_t(M * r) * e},          {(void**)&b.qn, size_t(M * r) * e},
-      {(void**)&b.lat, size_t(M * W) * e},         {(void**)&b.latn, size_t(M * W) * e},
+      {(void**)&b.lat, c.q_lora_rank ? size_t(M * W) * e : 0},
+      {(void**)&b.latn, size_t(M * W) * e},
       {(void**)&b.qkv, c.q_lora_rank ? 0 : size_t(M * (nh * dq + W)) * e},
       {(void**)&b.qt, size_t(M * nh * W) * e},     {(void**)&b.olat, size_t(M * nh * dc) * e},
       {(void**)&b.heads, size_t(M * nh * dv) * e}, {(void**)&b.gu, size_t(2 * inter_rows) * e},
       {(void**)&b.act, size_t(inter_rows) * e},    {(void**)&b.ys, size_t(M * k * H) * e},
+      {(void**)&b.sgu, size_t(2 * shared_rows) * e}, {(void**)&b.sact, size_t(shared_rows) * e},
       {(void**)&b.routed, size_t(M * H) * e},      {(void**)&b.shared, size_t(M * H) * e},
       {(void**)&b.hl, size_t(rows_out * H) * e},   {(void**)&b.logits, size_t(rows_out * c.vocab_size) * e},
       {(void**)&b.router_logits, size_t(M * E) * 4},
@@ -746,6 +774,10 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
     *q.p = scratch_.get() + off;
     off += align_up(std::max<size_t>(q.bytes, 1));
   }
+  if (!c.q_lora_rank) {
+    b.q = b.qkv;
+    b.lat = b.qkv + M * nh * dq;
+  }
   b.pos = b.ids + M;
   b.dst_rows = b.ids + 2 * M;
   b.qlen = b.ids + 3 * M;
@@ -754,20 +786,21 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
 }
 
 template <class Elem>
-void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, const Buffers& b) const {
+void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act,
+                           Stream stream) const {
   const int64_t H = cfg_.hidden_size, I = m.inter;
   if (M == 0) return;
   // act [M, I] = silu(gate) * up from the [M, 2I] gate | up product (fused into the GEMM's
-  // epilogue where the chosen config can: the same bits; b.gu is the unfused path's scratch)
+  // epilogue where the chosen config can: the same bits; gu is the unfused path's scratch)
   if constexpr (kF32) {
-    linear(x, m.gate_up, b.gu, M, 2 * I, H);
-    silu_gate({.gate = b.gu, .up = b.gu + I, .out = b.act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
-               .stream = s_});
+    linear(x, m.gate_up, gu, M, 2 * I, H, 0, 0, stream);
+    silu_gate({.gate = gu, .up = gu + I, .out = act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
+               .stream = stream});
   } else {
-    gemm({.x = x, .w = m.gate_up, .out = b.act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = dense_mode_,
-          .gated = int(I), .gated_scratch = b.gu, .stream = s_});
+    gemm({.x = x, .w = m.gate_up, .out = act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = dense_mode_,
+          .gated = int(I), .gated_scratch = gu, .stream = stream});
   }
-  linear(b.act, m.down, out, M, H, I);
+  linear(act, m.down, out, M, H, I, 0, 0, stream);
 }
 
 template <class Elem>
@@ -776,6 +809,14 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   const ModelConfig& c = cfg_;
   const int64_t M = B * T, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
+  // The shared experts first, on side_ when it is on (they read h only and write b.shared,
+  // their own scratch): they overlap the routing and the routed experts on s_ and are joined
+  // back before the combine reads b.shared.
+  const Stream shared_stream = side_on_ ? side_ : s_;
+  if (L.has_shared) {
+    if (side_on_) stream_wait(side_, s_, fork_);
+    mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, shared_stream);
+  }
   // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
   router_gemm(b.h, L.router, b.router_logits, M, E, H);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
@@ -807,16 +848,19 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
                .stream = s_});
   expert_gemm(b.h, b.sorted, M, L.gate_up_ptrs, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
   expert_gemm(b.act, nullptr, 0, L.down_ptrs, b.offsets, b.ys, E, M * k, H, I);
-  // The shared experts run before the combine (independent of the routed ones), so their sum
-  // joins the combine launch unless a tensor observer of either part could change it in between
-  // (the bits are those of combine, then add).
-  if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b);
+  // The shared experts' sum joins the combine launch unless a tensor observer of either part
+  // could change it in between (the bits are those of combine, then add).
+  if (L.has_shared && side_on_) stream_wait(s_, side_, join_);  // side_ has nothing after the shared experts
+  // Digest observers of the residual sum only read it, and the fused launch leaves the sum in x
+  // (as add_then_norm's fused launch does), so they do not keep the MoE tail apart: the traced
+  // prefill digests every resid_post. A tensor observer could write the sum before the norm.
   if (next_norm && !(hooks && (hooks->wants(names.routed_out) || hooks->wants(names.shared_out) ||
-                               hooks->wants(names.mlp_out) || hooks->wants(names.resid_post)))) {
+                               hooks->wants(names.mlp_out) || hooks->wants_tensor(names.resid_post)))) {
     moe_combine_add_rmsnorm({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w,
                              .addend = L.has_shared ? b.shared : nullptr, .x = b.x, .weight = next_norm, .out = b.h,
                              .tokens = int(M), .k = int(k), .dim = int(H), .eps = float(c.rms_norm_eps),
                              .stream = s_});
+    hook_act(hooks, names.resid_post, l, {B, T, H}, b.x);  // digests only (or nothing)
     return true;
   }
   const bool fuse_shared = L.has_shared && !(hooks && (hooks->wants_tensor(names.routed_out) ||
@@ -974,7 +1018,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // ... and the next layer's input_layernorm (or the final norm) in the same launch.
     const Elem* next_norm = li + 1 < int64_t(blocks_.size()) ? blocks_[size_t(li + 1)].ln1 : has_head_ ? final_ln_ : nullptr;
     if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm)) continue;  // combined, added and normed
-    if (!L.moe) mlp(L.dense, M, b.h, b.y, b);
+    if (!L.moe) mlp(L.dense, M, b.h, b.y, b.gu, b.act, s_);
     hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
     add_then_norm(names.resid_post, next_norm, l);
   }

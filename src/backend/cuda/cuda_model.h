@@ -42,6 +42,10 @@ struct CudaModelOptions {
   // A prefill of more tokens (B x T) than this runs in chunks of whole time steps (same bits,
   // bounded working memory); hooked calls are never chunked.
   int64_t max_tokens_per_call = 8192;
+  // Run each MoE layer's shared experts on a second stream, concurrently with the routing and
+  // the routed experts (the same kernels on the same inputs: the same bits). The env variable
+  // ATLAS_SIDE_STREAM=0 turns it off (for measuring what it saves).
+  bool side_stream = true;
 };
 
 // Uploads the checkpoint's weights (converted to bf16, or widened to f32 for Compute::F32) to

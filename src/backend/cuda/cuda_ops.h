@@ -67,6 +67,18 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
 // into a CUDA graph; the legacy default stream cannot be captured).
 Stream stream_create();
 void stream_destroy(Stream s);
+// Fork / join between two streams: `waiter`'s later work waits for everything issued on
+// `producer` so far (an event recorded there). Inside a capture this adds graph edges (both
+// streams must be joined back into the capturing one before it ends). `event` is one of
+// event_create()'s, reused freely (each call records it anew).
+using Event = void*;
+Event event_create();
+void event_destroy(Event e);  // never throws
+void stream_wait(Stream waiter, Stream producer, Event event);
+// A stream that runs GEMMs concurrently with others: gives it its own cuBLASLt workspace (the
+// fast path's; other streams share one, so two of them must not run cuBLASLt at once). Call it
+// outside captures, once per stream; stream_destroy() frees it.
+void gemm_prepare_stream(Stream s);
 // Launch overlap (programmatic dependent launch, sm_90+): each kernel's launch overlaps the run
 // of the one before it, which it waits for before touching memory (kernels/pdl.cuh), so the
 // results are the same bits either way. Off by default (measured on the H200: decode-b1 +1%,

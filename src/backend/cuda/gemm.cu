@@ -57,6 +57,10 @@ using CfgG16N64 = kern::MmaTile<16, 64, 128, 1, 4, 4>;   // 80 KB, 128 threads
 // 32x128, and 16-row tiles 128 wide (groups over 16 rows take two tiles).
 using CfgG32N128S5 = kern::MmaTile<32, 128, 64, 2, 4, 5>;  // 100 KB, 256 threads
 using CfgG16N128 = kern::MmaTile<16, 128, 64, 1, 4, 4>;    // 72 KB, 128 threads
+// Session 8 candidates: 256-byte weight row segments per K step (the stream probe of session 7
+// read 256-byte segments at 4.46 TB/s, 128-byte ones at 3.99) at 128 columns, one block per SM.
+using CfgG32N128K128S3 = kern::MmaTile<32, 128, 128, 2, 4, 3>;  // 120 KB, 256 threads
+using CfgG32N128K128S4 = kern::MmaTile<32, 128, 128, 2, 4, 4>;  // 160 KB, 256 threads
 // Cluster split-K (decode-sized M, kernels/gemm_cluster.cuh): one block per K slice of a tile,
 // the slice sums added through distributed shared memory.   BM   BN  warps_m warps_n   smem
 using CfgC128 = kern::ClusterTile<128, 64, 4, 2>;  // 96 KB, 256 threads
@@ -161,7 +165,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 23> kConfigs = {
+constexpr std::array<TileConfig, 25> kConfigs = {
     make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -178,7 +182,9 @@ constexpr std::array<TileConfig, 23> kConfigs = {
     make_cluster_config<CfgC16>("c16x64/4w"),
     sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices"),
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
-    grouped_only(make_config<CfgG16N128, false>("16x128x64/4"))};
+    grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
+    grouped_only(make_config<CfgG32N128K128S3, false>("32x128x128/8x3")),
+    grouped_only(make_config<CfgG32N128K128S4, false>("32x128x128/8x4"))};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -373,6 +379,17 @@ struct LtPlan {
 using LtKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, bool>;
 std::mutex lt_mutex;
 std::map<LtKey, LtPlan> lt_plans;
+// Workspaces of streams that run cuBLASLt concurrently with others (gemm_prepare_stream);
+// every other stream uses LtState's. Guarded by lt_mutex.
+std::map<std::pair<int, cudaStream_t>, void*> lt_stream_workspaces;
+
+void* lt_workspace(cudaStream_t stream) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(lt_mutex);
+  auto it = lt_stream_workspaces.find({dev, stream});
+  return it == lt_stream_workspaces.end() ? lt().workspace : it->second;
+}
 
 // The pinned algorithm per (N, K, out type), chosen once for M = kPinM.
 constexpr int kPinM = 128;
@@ -476,7 +493,8 @@ void gemm_cublaslt(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, bool p
   }
   const float alpha = 1.0f, beta = 0.0f;
   check_lt(cublasLtMatmul(s.handle, plan.desc, &alpha, a.w, plan.la, a.x, plan.lb, &beta, a.out, plan.lc, a.out,
-                          plan.lc, &plan.algo, s.workspace, s.workspace_bytes, stream_of(a.stream)),
+                          plan.lc, &plan.algo, lt_workspace(stream_of(a.stream)), s.workspace_bytes,
+                          stream_of(a.stream)),
            "Matmul");
 }
 
@@ -658,10 +676,31 @@ bool launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t ti
 
 }  // namespace
 
+void gemm_prepare_stream(Stream stream) {
+  const cudaStream_t s = stream_of(stream);
+  const size_t bytes = lt().workspace_bytes;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(lt_mutex);
+  if (lt_stream_workspaces.count({dev, s})) return;
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, bytes), "gemm", "cudaMalloc (stream workspace)");
+  lt_stream_workspaces[{dev, s}] = p;
+}
+
 void detail::gemm_release_stream(cudaStream_t s) noexcept {
   try {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return;
+    {
+      std::lock_guard<std::mutex> lock(lt_mutex);
+      auto it = lt_stream_workspaces.find({dev, s});
+      if (it != lt_stream_workspaces.end()) {
+        cudaStreamSynchronize(s);
+        cudaFree(it->second);
+        lt_stream_workspaces.erase(it);
+      }
+    }
     std::lock_guard<std::mutex> lock(scratch_mu);
     auto it = scratch_blocks.find({dev, s});
     if (it == scratch_blocks.end()) return;

@@ -161,6 +161,22 @@ void stream_destroy(Stream s) {
   cudaStreamDestroy(stream_of(s));
 }
 
+Event event_create() {
+  cudaEvent_t e = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event_create", "cudaEventCreateWithFlags");
+  return e;
+}
+
+void event_destroy(Event e) {
+  if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+void stream_wait(Stream waiter, Stream producer, Event event) {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_of(producer)), "stream_wait", "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(stream_of(waiter), static_cast<cudaEvent_t>(event), 0), "stream_wait",
+             "cudaStreamWaitEvent");
+}
+
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream) {
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(stream)), "copy_to_host_async",
              "cudaMemcpyAsync");

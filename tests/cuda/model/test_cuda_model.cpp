@@ -505,6 +505,35 @@ TEST_F(CudaTiny, LaunchOverlapGivesTheSameBits) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+// The shared experts on their own stream (the default) or on the model's one: the same bits in
+// a prefill and in eager and graph-replayed decode steps, in both GEMM modes (the fast mode's
+// shared experts run cuBLASLt beside the router's GEMM: each stream has its own workspace).
+TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  ASSERT_GT(ck_->config().n_shared_experts, 0) << "the fixture must have shared experts";
+  const auto rows = prompts(V);
+  for (bool invariant : {true, false}) {
+    std::vector<std::vector<float>> runs;
+    for (bool side : {true, false}) {
+      auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .batch_invariant = invariant,
+                                            .side_stream = side});
+      auto c = m->make_cache(8, 310);
+      std::vector<float> all = prefill(*m, *c, rows), lg = all;
+      for (int s = 0; s < 4; ++s) {  // the first step runs eagerly, the rest replay its graph
+        std::vector<int32_t> ids(8), pos(8);
+        for (int r = 0; r < 8; ++r) {
+          ids[size_t(r)] = argmax(lg.data() + r * V, V);
+          pos[size_t(r)] = int32_t(rows[size_t(r)].size()) + s;
+        }
+        lg = step(*m, *c, ids, pos);
+        all.insert(all.end(), lg.begin(), lg.end());
+      }
+      runs.push_back(std::move(all));
+    }
+    EXPECT_EQ(runs[0], runs[1]) << (invariant ? "batch-invariant" : "fast");
+  }
+}
+
 // Decode steps replayed from the cache's CUDA graph (T = 1, no hooks) give the same logits and
 // greedy tokens as the same steps run op by op (graphs off), and the device argmax equals the
 // host argmax of the returned logits. Rows not asked for in logits_rows come back as zeros

@@ -221,11 +221,22 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 ? 2 : 1) mla_tc_kernel
       const int n_load = min(kMlaTile, run_end - t0);
       const uint16_t* src = cbase + int64_t(t0) * p.width;
       if constexpr (kVec) {
-        const int cpr = p.width / 8;
-        for (int i = tid; i < kMlaTile * cpr; i += kMlaTcThreads) {
-          const int r = i / cpr, c = (i % cpr) * 8;
-          const bool ok = r < n_load;  // rows past the run's last slot: zeros (finite for P = 0)
-          cp_async16(dst + r * ldq + c, ok ? src + int64_t(r) * p.width + c : src, ok ? 16 : 0);
+        // Chunk i of the tile is slot r = i / cpr, column 8 (i % cpr): 8 i elements into the
+        // (unpadded) source, 8 i + r (ldq - width) into the padded stage. (r, c) advance by a
+        // fixed step per iteration instead of a division per chunk: the copies' address
+        // arithmetic was most of a batch-1 tile's instructions (one block per split).
+        const int cpr = p.width / 8, n_chunks = kMlaTile * cpr, live = n_load * cpr;
+        const int dr = kMlaTcThreads / cpr, dc = kMlaTcThreads % cpr, pad = ldq - p.width;
+        int r = tid / cpr, c = tid % cpr;
+        for (int i = tid; i < n_chunks; i += kMlaTcThreads) {
+          const bool ok = i < live;  // rows past the run's last slot: zeros (finite for P = 0)
+          cp_async16(dst + 8 * i + r * pad, ok ? src + 8 * i : src, ok ? 16 : 0);
+          r += dr;
+          c += dc;
+          if (c >= cpr) {
+            c -= cpr;
+            ++r;
+          }
         }
       } else {
         for (int i = tid; i < kMlaTile * p.width; i += kMlaTcThreads) {
