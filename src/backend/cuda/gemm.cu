@@ -57,10 +57,10 @@ using CfgG16N64 = kern::MmaTile<16, 64, 128, 1, 4, 4>;   // 80 KB, 128 threads
 // 32x128, and 16-row tiles 128 wide (groups over 16 rows take two tiles).
 using CfgG32N128S5 = kern::MmaTile<32, 128, 64, 2, 4, 5>;  // 100 KB, 256 threads
 using CfgG16N128 = kern::MmaTile<16, 128, 64, 1, 4, 4>;    // 72 KB, 128 threads
-// Session 8 candidates: 256-byte weight row segments per K step (the stream probe of session 7
-// read 256-byte segments at 4.46 TB/s, 128-byte ones at 3.99) at 128 columns, one block per SM.
-using CfgG32N128K128S3 = kern::MmaTile<32, 128, 128, 2, 4, 3>;  // 120 KB, 256 threads
-using CfgG32N128K128S4 = kern::MmaTile<32, 128, 128, 2, 4, 4>;  // 160 KB, 256 threads
+// (Session 8: 32 x 128 tiles with 128-wide K steps, i.e. 256-byte weight row segments, where the
+// stream probe of session 7 read 4.46 TB/s against 3.99 for 128-byte ones, measured slower:
+// 3 / 4 stages 291 / 289 us gate|up and 155 / 153 us down at 128 tokens, one block per SM;
+// bench/results/h200-2026-11-30-s8-run2-grouped-sweep-kernels.log. Dropped.)
 // Cluster split-K (decode-sized M, kernels/gemm_cluster.cuh): one block per K slice of a tile,
 // the slice sums added through distributed shared memory.   BM   BN  warps_m warps_n   smem
 using CfgC128 = kern::ClusterTile<128, 64, 4, 2>;  // 96 KB, 256 threads
@@ -165,7 +165,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 25> kConfigs = {
+constexpr std::array<TileConfig, 23> kConfigs = {
     make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -182,9 +182,7 @@ constexpr std::array<TileConfig, 25> kConfigs = {
     make_cluster_config<CfgC16>("c16x64/4w"),
     sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices"),
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
-    grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
-    grouped_only(make_config<CfgG32N128K128S3, false>("32x128x128/8x3")),
-    grouped_only(make_config<CfgG32N128K128S4, false>("32x128x128/8x4"))};
+    grouped_only(make_config<CfgG16N128, false>("16x128x64/4"))};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -208,8 +206,8 @@ constexpr int kClusterFallback = config_index("64x64x64/4");  // a cluster confi
 constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_index("c64x64/4w"),
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
-constexpr int kTiled32 = config_index("32x64x64/4");
-static_assert(kTiled32 >= 0, "tiled 32-row config name");
+constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
+static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
 static_assert(kClusterFallback >= 0 && kCluster128 >= 0 && kCluster64 >= 0 && kCluster16 >= 0,
               "cluster config names");
@@ -563,6 +561,12 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
       // 102400 132 vs 166 (narrower N stays split-K: 576 4.9 vs 6.4, 2048 7.3 vs 7.6).
       if (cluster_blocks(kCluster16, a.K) > 0) ci = kCluster16;
     }
+  }
+  if (forced_config.load() < 0 && async && ci == kSplitK8 && a.K <= kern::kSliceK) {
+    // One K slice (the absorbed query's per-head 128 x 512 GEMMs at batch 1): split-K has
+    // nothing to split, one warp of eight would work; the 16-row tiles spread the columns over
+    // four warps instead (session 8, batch-1 decode: that GEMM 10.5 us per layer on split-K).
+    ci = kTiled16;
   }
   ci = cluster_or_fallback(ci, a.K);
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
