@@ -537,6 +537,7 @@ void BM_MlaPrefill(benchmark::State& state) {
 }
 BENCHMARK(BM_MlaPrefill)
     ->ArgNames({"impl", "qpb"})
+    ->Args({0, 4})
     ->Args({0, 2})
     ->Args({0, 1})
     ->Args({1, 0})

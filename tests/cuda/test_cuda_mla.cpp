@@ -196,6 +196,7 @@ TEST_F(Mla, RowResultIsBatchInvariant) {
   for (int b = 0; b < Q; ++b) expect_query_bits(r, Q - 1 - b, batch, b, n, "reversed");
   EXPECT_EQ(run_gpu(p, {.max_length = p.capacity}), batch) << "max_length = capacity";
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 2}), batch) << "two queries (two cache rows) per block";
+  EXPECT_EQ(run_gpu(p, {.queries_per_block = 4}), batch) << "four queries (four cache rows) per block";
   EXPECT_EQ(run_gpu(p, {.tile_buffers = 1}), batch) << "one cache tile buffer";
   EXPECT_EQ(run_gpu(p, {.tile_buffers = 2}), batch) << "two cache tile buffers";
   EXPECT_EQ(run_gpu(p, {.misalign = true}), batch) << "element loads instead of cp.async";
@@ -236,6 +237,7 @@ TEST_F(Mla, PrefillQueriesDoNotDependOnTheirNeighbours) {
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 2}), batch) << "two queries per block";
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 1, .tile_buffers = 1}), batch) << "one query, one tile buffer";
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 2, .tile_buffers = 1}), batch) << "two queries, one tile buffer";
+  EXPECT_EQ(run_gpu(p, {.queries_per_block = 4}), batch) << "four queries per block";
   EXPECT_EQ(run_gpu(p, {.max_length = p.capacity}), batch) << "max_length = capacity";
   EXPECT_EQ(run_gpu(p, {.misalign = true}), batch) << "element loads instead of cp.async";
   EXPECT_EQ(run_gpu(p), batch) << "second run";
@@ -320,6 +322,10 @@ TEST(MlaArguments, BadSettingsNameTheirField) {
   MlaDecodeArgs a = base;
   a.queries_per_block = 3;
   EXPECT_NE(message(a).find("queries_per_block"), std::string::npos) << message(a);
+  a = base;
+  a.queries_per_block = 4;
+  a.tile_buffers = 2;
+  EXPECT_NE(message(a).find("tile_buffers"), std::string::npos) << message(a);
   a = base;
   a.impl = MlaImpl::scalar;
   a.split_tokens = 300;

@@ -374,6 +374,9 @@ class CudaModelT final : public Model {
   Stream side_ = nullptr;
   Event fork_ = nullptr, join_ = nullptr;
   bool side_on_ = true;
+  // Queries per MLA block in a prefill (4: the cache tiles are read by four queries at once);
+  // ATLAS_MLA_PREFILL_QPB=1|2|4 overrides it for measurements (any gives the same bits).
+  int mla_prefill_qpb_ = 4;
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
@@ -472,6 +475,13 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   {
     const char* e = std::getenv("ATLAS_SIDE_STREAM");
     side_on_ = opts.side_stream && !(e && std::string(e) == "0");
+    const char* q = std::getenv("ATLAS_MLA_PREFILL_QPB");
+    if (q && *q) {
+      const std::string v(q);
+      if (v != "1" && v != "2" && v != "4")
+        fail("ATLAS_MLA_PREFILL_QPB", {}, "must be 1, 2 or 4, got \"" + v + "\"");
+      mla_prefill_qpb_ = std::stoi(v);
+    }
   }
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   const char* env_graphs = std::getenv("ATLAS_CUDA_GRAPHS");
@@ -987,9 +997,9 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                   .lengths = b.qlen + r0, .cache_rows = b.qrow + r0, .max_length = int(ml), .out = b.olat + r0 * nh * dc,
                   .latent = int(dc), .rope = int(dr), .rows = int(n), .heads = int(nh), .scale = scale_,
                   .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_,
-                  // prefill: two consecutive queries of one row share each cache tile; decode: one
+                  // prefill: consecutive queries of one row share each cache tile; decode: one
                   // row per block (the bits are the same either way)
-                  .queries_per_block = T > 1 ? 2 : 1});
+                  .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1});
     }
     if (key_slot && qlen_host && hooks->wants(names.pattern)) {
       // The official eager softmax over the same absorbed queries and cache slots (the attention

@@ -508,9 +508,9 @@ struct MlaDecodeArgsT {
   float* workspace = nullptr;  // mla_decode_workspace_floats(...) fp32
   Stream stream = nullptr;
   MlaImpl impl = std::is_same_v<T, float> ? MlaImpl::scalar : MlaImpl::tensor_core;
-  // tensor_core only: consecutive queries per block, 1 or 2 (0 = 2 when cache_rows is set, else
-  // 1). Queries of one block that read the same cache row share its tiles (prefill); for decode
-  // (every query its own row) pass 1. Never changes results (tested).
+  // tensor_core only: consecutive queries per block, 1, 2 or 4 (0 = 2 when cache_rows is set,
+  // else 1; 4 runs one tile buffer). Queries of one block that read the same cache row share its
+  // tiles (prefill); for decode (every query its own row) pass 1. Never changes results (tested).
   int queries_per_block = 0;
   // tensor_core only: cache tile buffers per block, 1 or 2 (0 = 1 when there are at least two
   // blocks per SM, else 2). Never changes results (tested).

@@ -71,7 +71,10 @@ void launch_tc_kernel(const kern::MlaTcParams& p, cudaStream_t s) {
 }
 template <int G, bool kVec>
 void launch_tc_kernel(const kern::MlaTcParams& p, int nst, cudaStream_t s) {
-  nst == 1 ? launch_tc_kernel<G, kVec, 1>(p, s) : launch_tc_kernel<G, kVec, 2>(p, s);
+  if constexpr (G == 4)
+    launch_tc_kernel<G, kVec, 1>(p, s);  // (64 rows of Q, S and P leave room for one tile buffer)
+  else
+    nst == 1 ? launch_tc_kernel<G, kVec, 1>(p, s) : launch_tc_kernel<G, kVec, 2>(p, s);
 }
 
 // SMs of the current device (a cheap attribute read, no synchronisation: fine inside captures).
@@ -85,7 +88,8 @@ int sm_count() {
 void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
   const char* op = "mla_decode";
   const int G = a.queries_per_block ? a.queries_per_block : (a.cache_rows ? 2 : 1);
-  require(G == 1 || G == 2, op, "queries_per_block", "must be 0 (auto), 1 or 2, got " + std::to_string(G));
+  require(G == 1 || G == 2 || G == 4, op, "queries_per_block", "must be 0 (auto), 1, 2 or 4, got " + std::to_string(G));
+  require(G != 4 || a.tile_buffers != 2, op, "tile_buffers", "4 queries per block fit one tile buffer only, got 2");
   require(max_splits <= 65535, op, "max_length", "too long for the split grid (max_length / split_tokens > 65535)");
   const int wp = (width + 15) / 16 * 16;
   const bool vec = width % 8 == 0 && a.cache_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
@@ -116,8 +120,10 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sm_count()) ? 1 : 2);
   if (G == 1)
     vec ? launch_tc_kernel<1, true>(p, nst, s) : launch_tc_kernel<1, false>(p, nst, s);
-  else
+  else if (G == 2)
     vec ? launch_tc_kernel<2, true>(p, nst, s) : launch_tc_kernel<2, false>(p, nst, s);
+  else
+    vec ? launch_tc_kernel<4, true>(p, nst, s) : launch_tc_kernel<4, false>(p, nst, s);
   check_launch(op);
   // Merge: one (query, head) per block iteration; a grid-stride loop keeps the block count
   // bounded when most queries have one split (prefill), where each item is one length read.

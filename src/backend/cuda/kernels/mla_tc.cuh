@@ -30,8 +30,9 @@
 // the same alone, in any batch, in any order, grouped with any neighbours, and whatever
 // max_length says (tests/cuda/test_cuda_mla.cpp checks each).
 //
-// Structure: grid (ceil(rows / G), max_splits), 256 threads (8 warps), G = 1 or 2 consecutive
-// queries per block (prefill: neighbours of the same cache row share every cache tile). A
+// Structure: grid (ceil(rows / G), max_splits), 256 threads (8 warps), G = 1, 2 or 4 consecutive
+// queries per block (prefill: neighbours of the same cache row share every cache tile, so G
+// divides the cache traffic; G = 4 has 64 MMA rows and fits one tile buffer only, ~177 KB). A
 // block walks runs of its queries that share a cache row (queries of different rows run one
 // after the other). Per tile of 64 slots, double-buffered with 16-byte cp.async:
 //   phase 1: S[16G, 64] = Q . C^T: warp w takes query w / (8/G) and 8G slots;
@@ -120,8 +121,9 @@ __device__ __forceinline__ uint16_t f2bf_out(float f) {
 // loads. Otherwise element loads (slower; the same values land in shared memory, so the same
 // bits come out; tested).
 template <int G, bool kVec, int NST>
-__global__ void __launch_bounds__(kMlaTcThreads, NST == 1 ? 2 : 1) mla_tc_kernel(const MlaTcParams p) {
+__global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla_tc_kernel(const MlaTcParams p) {
   static_assert(NST == 1 || NST == 2, "one or two cache tile buffers");
+  static_assert(G == 1 || G == 2 || (G == 4 && NST == 1), "1, 2 or 4 queries per block (4: one tile buffer)");
   pdl_begin();
   constexpr int R = 16 * G;  // MMA rows: G queries x 16 (padded) heads
   extern __shared__ __align__(16) unsigned char smem_raw[];
