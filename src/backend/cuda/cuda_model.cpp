@@ -368,9 +368,10 @@ class CudaModelT final : public Model {
   bool graphs_ = true;
   int64_t max_tokens_ = 8192;  // tokens per forward pass before a prefill is chunked
   Stream s_ = nullptr;  // every launch goes here (capturable, unlike the legacy default stream)
-  // ... except the shared experts of a MoE layer, which depend on h alone: they run on side_
-  // while s_ routes and runs the routed experts (fork_ / join_ order the two; same kernels, same
-  // inputs, so the same bits; CudaModelOptions::side_stream).
+  // ... except two pieces of work with inputs of their own, which run on side_: a MoE layer's
+  // shared experts (h alone) while s_ routes and runs the routed experts, and the absorbed-query
+  // GEMM while s_ writes the latent into the cache (fork_ / join_ order the two streams; the
+  // same kernels on the same inputs, so the same bits; CudaModelOptions::side_stream).
   Stream side_ = nullptr;
   Event fork_ = nullptr, join_ = nullptr;
   bool side_on_ = true;
@@ -953,6 +954,14 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       linear(b.h, L.kv_a, b.lat, M, W, H);
       hook_act(hooks, names.latent, l, {B, T, W}, b.lat);
     }
+    // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
+    // heads); qt[:, h, dc:] = rotated q_pe_h (latent_to_cache or rope2 below). The two write
+    // disjoint columns of qt from the q rows above, so the GEMM runs on side_ while s_ writes the
+    // cache (joined before the attention reads qt).
+    if (side_on_) stream_wait(side_, s_, fork_);
+    matmul({.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
+            .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
+            .out_batch_stride = W, .stream = side_on_ ? side_ : s_});
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions
     // (into each head's absorbed query, qt[:, h, dc:]; the q rows keep the unrotated values).
     if (!(hooks && hooks->wants(names.latent_norm))) {
@@ -979,11 +988,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                  .dst_limit = B * cache.capacity(), .stream = s_});
     }
 
-    // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
-    // heads); qt[:, h, dc:] = rotated q_pe_h (latent_to_cache or rope2 above).
-    matmul({.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
-            .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
-            .out_batch_stride = W});
+    if (side_on_) stream_wait(s_, side_, join_);  // qt complete
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
     // bf16: the tensor-core kernel; f32: the scalar kernel (MlaDecodeArgsT<float>'s default).
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {

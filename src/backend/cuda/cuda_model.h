@@ -43,8 +43,9 @@ struct CudaModelOptions {
   // bounded working memory); hooked calls are never chunked.
   int64_t max_tokens_per_call = 8192;
   // Run each MoE layer's shared experts on a second stream, concurrently with the routing and
-  // the routed experts (the same kernels on the same inputs: the same bits). The env variable
-  // ATLAS_SIDE_STREAM=0 turns it off (for measuring what it saves).
+  // the routed experts, and the absorbed-query GEMM concurrently with the latent's cache write
+  // (the same kernels on the same inputs: the same bits). The env variable ATLAS_SIDE_STREAM=0
+  // turns it off (for measuring what it saves).
   bool side_stream = true;
 };
 

@@ -505,7 +505,7 @@ TEST_F(CudaTiny, LaunchOverlapGivesTheSameBits) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
-// The shared experts on their own stream (the default) or on the model's one: the same bits in
+// The side stream (the shared experts and the absorbed-query GEMM) on (the default) or off: the same bits in
 // a prefill and in eager and graph-replayed decode steps, in both GEMM modes (the fast mode's
 // shared experts run cuBLASLt beside the router's GEMM: each stream has its own workspace).
 TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
