@@ -467,13 +467,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   }
 
   // Memory: the weights plus a margin for activations and the cache must fit.
-  set_device(opts.device);
-  s_ = stream_create();
-  side_ = stream_create();
-  fork_ = event_create();
-  join_ = event_create();
-  gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
-  {
+  {  // (before any device object exists: a bad value leaves nothing behind)
     const char* e = std::getenv("ATLAS_SIDE_STREAM");
     side_on_ = opts.side_stream && !(e && std::string(e) == "0");
     const char* q = std::getenv("ATLAS_MLA_PREFILL_QPB");
@@ -484,6 +478,12 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
       mla_prefill_qpb_ = std::stoi(v);
     }
   }
+  set_device(opts.device);
+  s_ = stream_create();
+  side_ = stream_create();
+  fork_ = event_create();
+  join_ = event_create();
+  gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   const char* env_graphs = std::getenv("ATLAS_CUDA_GRAPHS");
   graphs_ = opts.graphs && !(env_graphs && std::string(env_graphs) == "0");

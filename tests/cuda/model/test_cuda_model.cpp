@@ -478,6 +478,25 @@ TEST_F(CudaTiny, AttentionPatternMatchesTheCpuBackend) {
   }
 }
 
+// The logits of a prefill of the fixture's prompts and of 4 greedy decode steps after it (the
+// first step runs eagerly, the rest replay its graph), all rows, concatenated.
+namespace {
+std::vector<float> prefill_and_greedy_steps(const Model& m, const std::vector<std::vector<int32_t>>& rows, int64_t V) {
+  auto c = m.make_cache(8, 310);
+  std::vector<float> all = prefill(m, *c, rows), lg = all;
+  for (int s = 0; s < 4; ++s) {
+    std::vector<int32_t> ids(8), pos(8);
+    for (int r = 0; r < 8; ++r) {
+      ids[size_t(r)] = argmax(lg.data() + r * V, V);
+      pos[size_t(r)] = int32_t(rows[size_t(r)].size()) + s;
+    }
+    lg = step(m, *c, ids, pos);
+    all.insert(all.end(), lg.begin(), lg.end());
+  }
+  return all;
+}
+}  // namespace
+
 // Launch overlap (programmatic dependent launch) changes when a kernel's launch starts, never
 // what it computes: prefill and graph-replayed decode steps with it off and on, bit for bit.
 TEST_F(CudaTiny, LaunchOverlapGivesTheSameBits) {
@@ -488,26 +507,16 @@ TEST_F(CudaTiny, LaunchOverlapGivesTheSameBits) {
   for (bool on : {false, true}) {
     cuda::set_launch_overlap(on);
     auto m = load_model(*ck_, {.backend = "cuda", .compute = Compute::BF16});
-    auto c = m->make_cache(8, 310);
-    std::vector<float> all = prefill(*m, *c, rows), lg = all;
-    for (int s = 0; s < 4; ++s) {  // the first step runs eagerly, the rest replay its graph
-      std::vector<int32_t> ids(8), pos(8);
-      for (int r = 0; r < 8; ++r) {
-        ids[size_t(r)] = argmax(lg.data() + r * V, V);
-        pos[size_t(r)] = int32_t(rows[size_t(r)].size()) + s;
-      }
-      lg = step(*m, *c, ids, pos);
-      all.insert(all.end(), lg.begin(), lg.end());
-    }
-    runs.push_back(std::move(all));
+    runs.push_back(prefill_and_greedy_steps(*m, rows, V));
   }
   cuda::set_launch_overlap(was);
   EXPECT_EQ(runs[0], runs[1]);
 }
 
-// The side stream (the shared experts and the absorbed-query GEMM) on (the default) or off: the same bits in
-// a prefill and in eager and graph-replayed decode steps, in both GEMM modes (the fast mode's
-// shared experts run cuBLASLt beside the router's GEMM: each stream has its own workspace).
+// The side stream (the shared experts and the absorbed-query GEMM) on (the default) or off: the
+// same bits in a prefill and in eager and graph-replayed decode steps, in both GEMM modes (the
+// fast mode's shared experts run cuBLASLt beside the router's GEMM: each stream has its own
+// workspace).
 TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   ASSERT_GT(ck_->config().n_shared_experts, 0) << "the fixture must have shared experts";
@@ -517,18 +526,7 @@ TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
     for (bool side : {true, false}) {
       auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .batch_invariant = invariant,
                                             .side_stream = side});
-      auto c = m->make_cache(8, 310);
-      std::vector<float> all = prefill(*m, *c, rows), lg = all;
-      for (int s = 0; s < 4; ++s) {  // the first step runs eagerly, the rest replay its graph
-        std::vector<int32_t> ids(8), pos(8);
-        for (int r = 0; r < 8; ++r) {
-          ids[size_t(r)] = argmax(lg.data() + r * V, V);
-          pos[size_t(r)] = int32_t(rows[size_t(r)].size()) + s;
-        }
-        lg = step(*m, *c, ids, pos);
-        all.insert(all.end(), lg.begin(), lg.end());
-      }
-      runs.push_back(std::move(all));
+      runs.push_back(prefill_and_greedy_steps(*m, rows, V));
     }
     EXPECT_EQ(runs[0], runs[1]) << (invariant ? "batch-invariant" : "fast");
   }
