@@ -1,6 +1,7 @@
 // Router (softmax, top-k, weights) and MoE permutation / gather / combine.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <set>
 
@@ -195,7 +196,8 @@ TEST_F(Moe, PermuteGatherCombineMatchReference) {
 
 // moe_combine_add_rmsnorm: the bits of moe_combine (with or without the shared addend), then
 // add_rmsnorm of the residual stream with its sum: x updated in place and the normed rows, in
-// bf16 and f32, at V2-Lite's width and at one past the kernel's register rows (2304).
+// bf16 and f32, at V2-Lite's width and at one past the kernel's register rows (2304), on both
+// bf16 variants (staged and not).
 template <class T>
 void combine_norm_matches_two_calls(std::mt19937& rng, int tokens, int k, int dim, bool with_shared) {
   const size_t P = size_t(tokens) * k;
@@ -239,12 +241,18 @@ void combine_norm_matches_two_calls(std::mt19937& rng, int tokens, int k, int di
 TEST_F(Moe, CombineAddRmsNormIsCombineThenAddRmsNorm) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  for (const int dim : {2048, 2304})
+  // bf16 takes the staged kernel at k <= 8 and dims <= 2048 that are multiples of 8 (2048, 1000:
+  // threads past the row's 125 chunks load nothing), the other at 2304, 1001 and k = 10.
+  for (const int dim : {2048, 2304, 1000, 1001})
     for (const bool shared : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "dim " << dim << (shared ? " with" : " without") << " shared");
       combine_norm_matches_two_calls<uint16_t>(rng, 37, 6, dim, shared);
       combine_norm_matches_two_calls<float>(rng, 5, 6, dim, shared);
     }
+  for (const int k : {1, 8, 10}) {
+    SCOPED_TRACE(::testing::Message() << "k " << k);
+    combine_norm_matches_two_calls<uint16_t>(rng, 9, k, 2048, true);
+  }
   DevBuf<uint16_t> d(16);
   DevBuf<int32_t> ds(16);
   DevBuf<float> dw(16);
@@ -299,6 +307,76 @@ TEST_F(Moe, BadExpertIdIsReported) {
   moe_permute({.topk_ids = di.get(), .tokens = 1, .k = 2, .experts = 64, .counts = dc.get(), .offsets = doff.get(),
                .sorted_token = ds.get(), .pair_slot = dslot.get(), .workspace = ws.get()});
   EXPECT_THROW(check_device_errors(), Error);
+}
+
+// moe_route (one launch for 1-8 tokens, else the two calls) against router() then
+// moe_permute() on the same logits: every output bit for bit, greedy and group-limited, with
+// and without the scores, at token counts on both sides of the fused path's bound.
+TEST_F(Moe, RouteEqualsRouterThenPermute) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  for (const RouterCase c : {RouterCase{64, 6, TopkMethod::greedy, 1, 1, true, 1.0f},  // Lite
+                             RouterCase{160, 6, TopkMethod::group_limited_greedy, 8, 3, false, 16.0f}}) {
+    for (int T : {1, 3, kMoeRouteFusedMaxTokens, kMoeRouteFusedMaxTokens + 1, 300}) {
+      const int E = c.experts, k = c.k;
+      const size_t P = size_t(T) * k;
+      const auto logits = random_f32(size_t(T) * E, rng, 2.0f);
+      DevBuf<float> dl(logits);
+      struct Out {
+        DevBuf<int32_t> ids, counts, offsets, sorted, slot, ws;
+        DevBuf<float> w, scores;
+      };
+      auto run = [&](bool fused, bool scores) {
+        std::unique_ptr<Out> o(new Out{DevBuf<int32_t>(P), DevBuf<int32_t>(size_t(E)), DevBuf<int32_t>(size_t(E + 1)),
+                                       DevBuf<int32_t>(P), DevBuf<int32_t>(P),
+                                       DevBuf<int32_t>(moe_permute_workspace_ints(T, E)), DevBuf<float>(P),
+                                       DevBuf<float>(size_t(T) * E)});
+        const RouterArgs r{.logits = dl.get(), .topk_ids = o->ids.get(), .topk_weights = o->w.get(),
+                           .scores = scores ? o->scores.get() : nullptr, .tokens = T, .experts = E, .k = k,
+                           .method = c.method, .n_group = c.n_group, .topk_group = c.topk_group,
+                           .norm_topk_prob = c.norm, .routed_scaling_factor = c.scale};
+        const MoePermuteArgs p{.topk_ids = o->ids.get(), .tokens = T, .k = k, .experts = E,
+                               .counts = o->counts.get(), .offsets = o->offsets.get(),
+                               .sorted_token = o->sorted.get(), .pair_slot = o->slot.get(), .workspace = o->ws.get()};
+        if (fused) {
+          moe_route(r, p);
+        } else {
+          router(r);
+          moe_permute(p);
+        }
+        check_device_errors();
+        return o;
+      };
+      for (bool scores : {false, true}) {
+        const auto a = run(true, scores), b = run(false, scores);
+        SCOPED_TRACE(::testing::Message() << "E=" << E << " T=" << T << " scores=" << scores);
+        EXPECT_EQ(a->ids.download(), b->ids.download());
+        EXPECT_EQ(a->w.download(), b->w.download());
+        if (scores) EXPECT_EQ(a->scores.download(), b->scores.download());
+        EXPECT_EQ(a->counts.download(), b->counts.download());
+        EXPECT_EQ(a->offsets.download(), b->offsets.download());
+        EXPECT_EQ(a->sorted.download(), b->sorted.download());
+        EXPECT_EQ(a->slot.download(), b->slot.download());
+      }
+    }
+  }
+}
+
+TEST_F(Moe, RouteRefusesAPermutationOfOtherIds) {
+  DevBuf<float> dl(64);
+  DevBuf<int32_t> ids(6), other(6), dc(64), doff(65), ds(6), dslot(6), ws(moe_permute_workspace_ints(1, 64));
+  DevBuf<float> dw(6);
+  const RouterArgs r{.logits = dl.get(), .topk_ids = ids.get(), .topk_weights = dw.get(), .tokens = 1,
+                     .experts = 64, .k = 6};
+  const MoePermuteArgs p{.topk_ids = other.get(), .tokens = 1, .k = 6, .experts = 64, .counts = dc.get(),
+                         .offsets = doff.get(), .sorted_token = ds.get(), .pair_slot = dslot.get(),
+                         .workspace = ws.get()};
+  try {
+    moe_route(r, p);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_route: permute"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(Router, BadArgumentsThrowNamingTheField) {

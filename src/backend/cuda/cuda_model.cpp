@@ -831,13 +831,22 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
   router_gemm(b.h, L.router, b.router_logits, M, E, H);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
-  router({.logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
-          .experts = int(E), .k = int(k),
-          .method = c.topk_method == atlas::TopkMethod::GroupLimitedGreedy ? TopkMethod::group_limited_greedy
-                                                                           : TopkMethod::greedy,
-          .n_group = int(c.n_group), .topk_group = int(c.topk_group), .norm_topk_prob = c.norm_topk_prob,
-          .routed_scaling_factor = float(c.routed_scaling_factor), .stream = s_});
+  const RouterArgs route{
+      .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
+      .experts = int(E), .k = int(k),
+      .method = c.topk_method == atlas::TopkMethod::GroupLimitedGreedy ? TopkMethod::group_limited_greedy
+                                                                       : TopkMethod::greedy,
+      .n_group = int(c.n_group), .topk_group = int(c.topk_group), .norm_topk_prob = c.norm_topk_prob,
+      .routed_scaling_factor = float(c.routed_scaling_factor), .stream = s_};
+  // Dispatch, all on the device: (token, slot) pairs sorted by expert (stable: ascending token
+  // inside an expert), then one grouped GEMM over every expert's contiguous rows, reading the
+  // expert offsets on the device (no host round trip) and gathering x rows as it loads them.
+  const MoePermuteArgs permute{.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E),
+                               .counts = b.counts, .offsets = b.offsets, .sorted_token = b.sorted,
+                               .pair_slot = b.slot, .workspace = b.perm_ws, .stream = s_};
   if (hooks && hooks->wants(names.topk_ids)) {
+    // An observer may rewrite the routes between the router and the permutation.
+    router(route);
     std::vector<int32_t> ids(static_cast<size_t>(M * k));
     download(ids.data(), b.topk_ids, ids.size() * 4);
     HookTensor t{.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()};
@@ -848,15 +857,12 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
         fail("hook " + names.topk_ids, {}, "an observer wrote expert id " + std::to_string(id) + " (valid: 0-" +
                                                std::to_string(E - 1) + ")");
     if (ids != before) upload(b.topk_ids, ids.data(), ids.size() * 4);
+    moe_permute(permute);
+  } else {
+    moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
   }
+  // (The permutation does not read the weights: an observer's change reaches the combine only.)
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
-
-  // Dispatch, all on the device: (token, slot) pairs sorted by expert (stable: ascending token
-  // inside an expert), then one grouped GEMM over every expert's contiguous rows, reading the
-  // expert offsets on the device (no host round trip) and gathering x rows as it loads them.
-  moe_permute({.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E), .counts = b.counts,
-               .offsets = b.offsets, .sorted_token = b.sorted, .pair_slot = b.slot, .workspace = b.perm_ws,
-               .stream = s_});
   expert_gemm(b.h, b.sorted, M, L.gate_up_ptrs, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
   expert_gemm(b.act, nullptr, 0, L.down_ptrs, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part

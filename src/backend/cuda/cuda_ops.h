@@ -347,6 +347,12 @@ struct MoePermuteArgs {
 };
 size_t moe_permute_workspace_ints(int tokens, int experts);
 void moe_permute(const MoePermuteArgs& a);
+// router(r), then moe_permute(p) of its routes (p.topk_ids = r.topk_ids, the same tokens, k,
+// experts and stream): for 1 .. kMoeRouteFusedMaxTokens tokens (a small decode step) one launch
+// that does both with the same arithmetic (the same results, one launch fewer); otherwise the
+// two calls.
+constexpr int kMoeRouteFusedMaxTokens = 8;
+void moe_route(const RouterArgs& r, const MoePermuteArgs& p);
 
 // x_sorted[i] = x[sorted_token[i]] (bf16 or f32 rows), the expert GEMMs' input.
 template <class T>

@@ -3,6 +3,7 @@
 // checking mode): one implementation per op, two public overloads.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/argmax.cuh"
@@ -191,8 +192,18 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
           "y_sorted, pair_slot, topk_weights, x, weight and out must be set");
   require(a.out != a.x, op, "out", "must not alias x");
   if (a.tokens == 0) return;
-  launch(kern::moe_combine_add_rmsnorm_kernel<T>, unsigned(a.tokens), kern::kReduceThreads, 0, stream_of(a.stream),
-      a.y_sorted, a.pair_slot, a.topk_weights, a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
+  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  const auto run = [&](auto kernel) {
+    launch(kernel, unsigned(a.tokens), kern::kReduceThreads, 0, stream_of(a.stream), a.y_sorted, a.pair_slot,
+           a.topk_weights, a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
+  };
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    const bool stage = a.k <= kern::kCombineStageK && a.dim <= kern::kCombineStageDim && a.dim % 8 == 0 &&
+                       a16(a.y_sorted) && (!a.addend || a16(a.addend));
+    stage ? run(kern::moe_combine_add_rmsnorm_kernel<T, true>) : run(kern::moe_combine_add_rmsnorm_kernel<T, false>);
+  } else {
+    run(kern::moe_combine_add_rmsnorm_kernel<T, false>);
+  }
   check_launch(op);
 }
 
@@ -223,7 +234,9 @@ void moe_gather(const MoeGatherArgsT<float>& a) { moe_gather_impl(a); }
 void moe_combine(const MoeCombineArgs& a) { moe_combine_impl(a); }
 void moe_combine(const MoeCombineArgsT<float>& a) { moe_combine_impl(a); }
 
-void router(const RouterArgs& a) {
+namespace {
+
+void check_router(const RouterArgs& a) {
   const char* op = "router";
   require(a.experts > 0 && a.experts <= kern::kRouterMaxExperts, op, "experts",
           "must be in [1, " + std::to_string(kern::kRouterMaxExperts) + "], got " + std::to_string(a.experts));
@@ -238,9 +251,26 @@ void router(const RouterArgs& a) {
   }
   require(a.tokens >= 0, op, "tokens", "must be >= 0");
   require(a.logits && a.topk_ids && a.topk_weights, op, "pointers", "logits, topk_ids, topk_weights must be set");
+}
+
+void check_permute(const MoePermuteArgs& a) {
+  const char* op = "moe_permute";
+  require(a.experts > 0 && a.experts <= 1024, op, "experts", "must be in [1, 1024]");
+  require(a.k > 0 && a.k <= kern::kMoeMaxK, op, "k", "must be in [1, 16]");
+  require(a.tokens >= 0, op, "tokens", "must be >= 0");
+  require(a.topk_ids && a.counts && a.offsets && a.sorted_token && a.pair_slot && a.workspace, op,
+          "pointers", "topk_ids, counts, offsets, sorted_token, pair_slot, workspace must be set");
+}
+
+}  // namespace
+
+void router(const RouterArgs& a) {
+  const char* op = "router";
+  check_router(a);
   if (a.tokens == 0) return;
   launch(kern::router_kernel, blocks_for(a.tokens, kern::kRouterWarps), 32 * kern::kRouterWarps, 0, stream_of(a.stream),
-      a.logits, a.topk_ids, a.topk_weights, a.scores, a.tokens, a.experts, a.k, grouped ? 1 : 0,
+      a.logits, a.topk_ids, a.topk_weights, a.scores, a.tokens, a.experts, a.k,
+      a.method == TopkMethod::group_limited_greedy ? 1 : 0,
       a.n_group, a.topk_group, a.norm_topk_prob ? 1 : 0, a.routed_scaling_factor);
   check_launch(op);
 }
@@ -252,11 +282,7 @@ size_t moe_permute_workspace_ints(int tokens, int experts) {
 
 void moe_permute(const MoePermuteArgs& a) {
   const char* op = "moe_permute";
-  require(a.experts > 0 && a.experts <= 1024, op, "experts", "must be in [1, 1024]");
-  require(a.k > 0 && a.k <= kern::kMoeMaxK, op, "k", "must be in [1, 16]");
-  require(a.tokens >= 0, op, "tokens", "must be >= 0");
-  require(a.topk_ids && a.counts && a.offsets && a.sorted_token && a.pair_slot && a.workspace, op,
-          "pointers", "topk_ids, counts, offsets, sorted_token, pair_slot, workspace must be set");
+  check_permute(a);
   cudaStream_t s = stream_of(a.stream);
   const int chunks = int((int64_t(a.tokens) + kern::kMoeChunk - 1) / kern::kMoeChunk);
   if (chunks == 1) {  // one launch instead of three (a decode step's routes)
@@ -280,6 +306,41 @@ void moe_permute(const MoePermuteArgs& a) {
                                                       a.workspace, a.sorted_token, a.pair_slot);
     check_launch(op);
   }
+}
+
+void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
+  const char* op = "moe_route";
+  check_router(r);
+  check_permute(p);
+  require(p.topk_ids == r.topk_ids && p.tokens == r.tokens && p.k == r.k && p.experts == r.experts &&
+              p.stream == r.stream,
+          op, "permute", "must permute the router's topk_ids (the same tokens, k, experts and stream)");
+  if (r.tokens < 1 || r.tokens > kMoeRouteFusedMaxTokens) {
+    router(r);
+    moe_permute(p);
+    return;
+  }
+  const kern::RoutePermuteParams q{.logits = r.logits,
+                                   .ids = r.topk_ids,
+                                   .weights = r.topk_weights,
+                                   .scores = r.scores,
+                                   .tokens = r.tokens,
+                                   .E = r.experts,
+                                   .k = r.k,
+                                   .grouped = r.method == TopkMethod::group_limited_greedy ? 1 : 0,
+                                   .n_group = r.n_group,
+                                   .topk_group = r.topk_group,
+                                   .norm_topk_prob = r.norm_topk_prob ? 1 : 0,
+                                   .scaling = r.routed_scaling_factor,
+                                   .counts = p.counts,
+                                   .offsets = p.offsets,
+                                   .sorted_token = p.sorted_token,
+                                   .pair_slot = p.pair_slot,
+                                   .error_flag = error_flag()};
+  // experts <= 256 (the router's bound): <= 10 KB, with the router's 16.5 KB of static scratch
+  const size_t smem = size_t(2 + kern::kMoeChunk / 32) * size_t(r.experts) * sizeof(int32_t);
+  launch(kern::route_permute_kernel, 1, kern::kMoeChunk, smem, stream_of(r.stream), q);
+  check_launch(op);
 }
 
 }  // namespace atlas::cuda

@@ -17,6 +17,7 @@
 
 #include "common.cuh"
 #include "rmsnorm.cuh"
+#include "router.cuh"
 
 namespace atlas::cuda::kern {
 
@@ -134,13 +135,11 @@ moe_scatter_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E,
 // All three steps in one block where the tokens fit one chunk (every decode step up to 256 rows):
 // the chunk's histogram is the expert counts, their exclusive scan the offsets and the chunk's
 // bases, then the same scatter rounds. Integer results: identical to the three launches.
-// Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
-__global__ void __launch_bounds__(kMoeChunk)
-moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E, int32_t* __restrict__ counts,
-                             int32_t* __restrict__ offsets, int32_t* __restrict__ sorted_token,
-                             int32_t* __restrict__ pair_slot, int* error_flag) {
-  pdl_begin();
-  extern __shared__ int32_t permute_smem[];
+// permute_smem: (2 + kMoeChunk / 32) * E ints; kMoeChunk threads.
+__device__ __forceinline__ void permute_one_chunk(const int32_t* __restrict__ ids, int tokens, int k, int E,
+                                                  int32_t* __restrict__ counts, int32_t* __restrict__ offsets,
+                                                  int32_t* __restrict__ sorted_token, int32_t* __restrict__ pair_slot,
+                                                  int* error_flag, int32_t* permute_smem) {
   int32_t* hist = permute_smem;  // [E]
   int32_t* run = hist + E;       // [E]
   const int tid = threadIdx.x;
@@ -157,6 +156,49 @@ moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k,
   for (int e = tid; e < E; e += kMoeChunk) counts[e] = hist[e];
   __syncthreads();
   moe_scatter_rounds(ids, 0, tokens * k, k, E, run, run + E, sorted_token, pair_slot);
+}
+
+// Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
+__global__ void __launch_bounds__(kMoeChunk)
+moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E, int32_t* __restrict__ counts,
+                             int32_t* __restrict__ offsets, int32_t* __restrict__ sorted_token,
+                             int32_t* __restrict__ pair_slot, int* error_flag) {
+  pdl_begin();
+  extern __shared__ int32_t permute_smem[];
+  permute_one_chunk(ids, tokens, k, E, counts, offsets, sorted_token, pair_slot, error_flag, permute_smem);
+}
+
+// The router and the permutation of its routes in one launch, for a few tokens (a batch-1 or
+// small-batch decode step): warp w routes tokens w, w + 8, ... exactly as router_kernel does
+// (route_token), the block barrier makes their ids visible, then the one-chunk permutation runs
+// as moe_permute_one_chunk_kernel does. The same results as the two launches, one launch fewer.
+constexpr int kRoutePermuteWarps = kMoeChunk / 32;
+struct RoutePermuteParams {
+  const float* logits;
+  int32_t* ids;
+  float* weights;
+  float* scores;
+  int tokens, E, k, grouped, n_group, topk_group, norm_topk_prob;
+  float scaling;
+  int32_t *counts, *offsets, *sorted_token, *pair_slot;
+  int* error_flag;
+};
+// Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
+__global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePermuteParams q) {
+  pdl_begin();
+  __shared__ float sp[kRoutePermuteWarps][kRouterMaxExperts];
+  __shared__ float scand[kRoutePermuteWarps][kRouterMaxExperts];
+  __shared__ float sw[kRoutePermuteWarps][kRouterMaxK];
+  extern __shared__ int32_t permute_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int t = warp; t < q.tokens; t += kRoutePermuteWarps) {
+    __syncwarp();  // the previous token's reads of this warp's scratch are done
+    route_token(q.logits, q.ids, q.weights, q.scores, t, q.E, q.k, q.grouped, q.n_group, q.topk_group,
+                q.norm_topk_prob, q.scaling, sp[warp], scand[warp], sw[warp], lane);
+  }
+  __syncthreads();  // every token's ids written (global writes of this block, visible after it)
+  permute_one_chunk(q.ids, q.tokens, q.k, q.E, q.counts, q.offsets, q.sorted_token, q.pair_slot, q.error_flag,
+                    permute_smem);
 }
 
 template <class T>
@@ -194,7 +236,15 @@ __global__ void moe_combine_kernel(const T* __restrict__ ys, const int32_t* __re
 // unrolled, each of kRmsRegs independent loads): computed element by element inside the norm's
 // loop, the loads ran one after another (15 us per launch at one token, H200 session 7).
 constexpr int kCombineMaxK = 16;
-template <class T>
+// The staged variant (kStage): bf16, k <= kCombineStageK, dim <= kCombineStageDim, dim % 8 == 0,
+// 16-byte aligned rows. Every gathered row (and the shared experts' row) comes in through one
+// 16-byte load per thread and row, all issued before the first is used, into shared memory; the
+// arithmetic then reads the same values from there in the same order (the same bits). Without
+// it the k rounds of gathered loads ran one after another: the loop over k leaves early for
+// q >= k, so no load of a later round could be issued before the earlier round's sums
+// (12.5 us per launch at one token, H200 session 8).
+constexpr int kCombineStageK = 8, kCombineStageDim = kRmsRegs * kReduceThreads;
+template <class T, bool kStage>
 __global__ void __launch_bounds__(kReduceThreads)
     moe_combine_add_rmsnorm_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
                                    const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
@@ -218,28 +268,64 @@ __global__ void __launch_bounds__(kReduceThreads)
       if (q < k) acc += wt[q] * to_f32(ys[int64_t(sl[q]) * dim + i]);
     return acc;
   };
-  const auto finish = [&](float acc, int i) {  // y from the combine's fp32 sum
-    const T routed = from_f32<T>(acc);
-    return addend ? to_f32(from_f32<T>(to_f32(routed) + to_f32(addend[t * dim + i]))) : to_f32(routed);
-  };
   float acc[kRmsRegs];
 #pragma unroll
   for (int j = 0; j < kRmsRegs; ++j) acc[j] = 0.0f;
+  float yv[kRmsRegs];
+  if constexpr (kStage) {
+    static_assert(sizeof(T) == 2, "the staged combine is bf16");
+    __shared__ __align__(16) uint16_t ys_s[kCombineStageK][kCombineStageDim];
+    __shared__ __align__(16) uint16_t add_s[kCombineStageDim];
+    const int chunks = dim / 8;  // <= kReduceThreads: one 16-byte chunk per thread and row
+    uint4 v[kCombineStageK], av = make_uint4(0, 0, 0, 0);
 #pragma unroll
-  for (int q = 0; q < kCombineMaxK; ++q) {
-    if (q >= k) break;
-    const T* yrow = ys + int64_t(sl[q]) * dim;
+    for (int q = 0; q < kCombineStageK; ++q)
+      if (q < k && tid < chunks) v[q] = *reinterpret_cast<const uint4*>(ys + int64_t(sl[q]) * dim + 8 * tid);
+    if (addend && tid < chunks) av = *reinterpret_cast<const uint4*>(addend + t * dim + 8 * tid);
+#pragma unroll
+    for (int q = 0; q < kCombineStageK; ++q)
+      if (q < k && tid < chunks) *reinterpret_cast<uint4*>(&ys_s[q][8 * tid]) = v[q];
+    if (addend && tid < chunks) *reinterpret_cast<uint4*>(&add_s[8 * tid]) = av;
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < kCombineStageK; ++q) {
+      if (q >= k) break;
+#pragma unroll
+      for (int j = 0; j < kRmsRegs; ++j) {
+        const int i = tid + j * kReduceThreads;
+        if (i < dim) acc[j] += wt[q] * to_f32(T(ys_s[q][i]));
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kRmsRegs; ++j) {
       const int i = tid + j * kReduceThreads;
-      if (i < dim) acc[j] += wt[q] * to_f32(yrow[i]);
+      const T routed = from_f32<T>(acc[j]);
+      yv[j] = i >= dim ? 0.0f
+              : addend ? to_f32(from_f32<T>(to_f32(routed) + to_f32(T(add_s[i]))))
+                       : to_f32(routed);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < kCombineMaxK; ++q) {
+      if (q >= k) break;
+      const T* yrow = ys + int64_t(sl[q]) * dim;
+#pragma unroll
+      for (int j = 0; j < kRmsRegs; ++j) {
+        const int i = tid + j * kReduceThreads;
+        if (i < dim) acc[j] += wt[q] * to_f32(yrow[i]);
+      }
     }
   }
-  float yv[kRmsRegs];
+  const auto finish = [&](float a, int i) {  // y from the combine's fp32 sum
+    const T routed = from_f32<T>(a);
+    return addend ? to_f32(from_f32<T>(to_f32(routed) + to_f32(addend[t * dim + i]))) : to_f32(routed);
+  };
+  if constexpr (!kStage) {
 #pragma unroll
-  for (int j = 0; j < kRmsRegs; ++j) {
-    const int i = tid + j * kReduceThreads;
-    yv[j] = i < dim ? finish(acc[j], i) : 0.0f;
+    for (int j = 0; j < kRmsRegs; ++j) {
+      const int i = tid + j * kReduceThreads;
+      yv[j] = i < dim ? finish(acc[j], i) : 0.0f;
+    }
   }
   rmsnorm_row<T, true>(
       x + t * dim, [&](int j, int i) { return j >= 0 ? yv[j] : finish(combine(i), i); }, norm_w, h + t * dim, dim,

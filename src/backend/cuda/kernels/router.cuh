@@ -36,20 +36,14 @@ __device__ __forceinline__ void router_warp_argmax(float& v, int& i) {
   }
 }
 
-__global__ void __launch_bounds__(32 * kRouterWarps)
-router_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
-              float* __restrict__ scores_out, int tokens, int E, int k, int grouped, int n_group,
-              int topk_group, int norm_topk_prob, float scaling) {
-  pdl_begin();
-  __shared__ float sp[kRouterWarps][kRouterMaxExperts];    // probabilities
-  __shared__ float scand[kRouterWarps][kRouterMaxExperts];  // candidate scores
-  __shared__ float sw[kRouterWarps][kRouterMaxK];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kRouterWarps + warp;
-  if (t >= tokens) return;  // a whole warp; only warp-level synchronisation below
+// Token t by one warp (lane = its lane); p, cand: [E] and w: [k] shared scratch of this warp.
+// Warp-level synchronisation only.
+__device__ __forceinline__ void route_token(const float* __restrict__ logits, int32_t* __restrict__ ids,
+                                            float* __restrict__ weights, float* __restrict__ scores_out, int t,
+                                            int E, int k, int grouped, int n_group, int topk_group,
+                                            int norm_topk_prob, float scaling, float* p, float* cand, float* w,
+                                            int lane) {
   const float* l = logits + int64_t(t) * E;
-  float* p = sp[warp];
-  float* cand = scand[warp];
 
   float m = l[0];
   for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
@@ -108,11 +102,10 @@ router_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float
     if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
     if (lane == 0) {
       ids[int64_t(t) * k + j] = bi;
-      sw[warp][j] = bv;
+      w[j] = bv;
     }
   }
   if (lane == 0) {
-    float* w = sw[warp];
     if (norm_topk_prob && k > 1) {
       float s = 0.0f;
       for (int j = 0; j < k; ++j) s += w[j];
@@ -123,6 +116,21 @@ router_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float
     }
     for (int j = 0; j < k; ++j) weights[int64_t(t) * k + j] = w[j];
   }
+}
+
+__global__ void __launch_bounds__(32 * kRouterWarps)
+router_kernel(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
+              float* __restrict__ scores_out, int tokens, int E, int k, int grouped, int n_group,
+              int topk_group, int norm_topk_prob, float scaling) {
+  pdl_begin();
+  __shared__ float sp[kRouterWarps][kRouterMaxExperts];    // probabilities
+  __shared__ float scand[kRouterWarps][kRouterMaxExperts];  // candidate scores
+  __shared__ float sw[kRouterWarps][kRouterMaxK];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouterWarps + warp;
+  if (t >= tokens) return;  // a whole warp; only warp-level synchronisation below
+  route_token(logits, ids, weights, scores_out, t, E, k, grouped, n_group, topk_group, norm_topk_prob, scaling,
+              sp[warp], scand[warp], sw[warp], lane);
 }
 
 }  // namespace atlas::cuda::kern
