@@ -267,8 +267,8 @@ void check_cell_grid(Checks& ck, const Doc& man) {
         for (const auto& [v, spd] : seeds) {
           if (spd > 0 && rank >= spd) continue;
           for (const auto& c : conds)
-            want.push_back(key + ":" + (lengths.size() > 1 ? "n" + num(n) + ":" : "") + (has_seeds ? "seed" + num(v) + ":" : "") +
-                           c.at("name").get<std::string>());
+            want.push_back(key + ":" + (lengths.size() > 1 ? std::string("n") + num(n) + ":" : "") +
+                           (has_seeds ? std::string("seed") + num(v) + ":" : "") + c.at("name").get<std::string>());
         }
     }
     const ojson& cells = man.j.at("cells");

@@ -199,7 +199,10 @@ int32_t resolve_to(const Tokenizer& tok, const std::string& to, int32_t bos, int
   auto ids = tok.encode_ids(to, {.add_special_tokens = false});
   if (ids.size() != 1) {
     std::string got;
-    for (auto i : ids) got += (got.empty() ? "" : ",") + std::to_string(i);
+    for (auto i : ids) {
+      if (!got.empty()) got += ',';
+      got += std::to_string(i);
+    }
     fail(file, where, "edit target '" + to + "' must be exactly one token, the tokenizer gives [" + got + "]");
   }
   return ids[0];

@@ -912,7 +912,8 @@ class Parser {
         f->name = expect_name();
         while (is_op(".")) {  // dotted filter names
           ++i_;
-          f->name += "." + expect_name();
+          f->name += '.';
+          f->name += expect_name();
         }
         f->args.push_back(std::move(e));
         if (is_op("(")) parse_call_args(*f);
@@ -927,7 +928,8 @@ class Parser {
         tst->name = expect_name();
         while (is_op(".")) {
           ++i_;
-          tst->name += "." + expect_name();
+          tst->name += '.';
+          tst->name += expect_name();
         }
         tst->args.push_back(std::move(e));
         if (is_op("(")) {

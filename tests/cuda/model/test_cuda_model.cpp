@@ -824,7 +824,7 @@ TEST_F(CudaTiny, DeviceSamplingGeneratesExactlyWhatHostSamplingDoes) {
     for (auto mode : {decode::SamplingMode::Seeded, decode::SamplingMode::Crn}) {
       std::vector<decode::PromptRow> rows;
       for (size_t r = 0; r < 6; ++r) {
-        decode::PromptRow row{.id = "r" + std::to_string(r), .ids = ps[r], .sampling = {}};
+        decode::PromptRow row{.id = std::string("r") + std::to_string(r), .ids = ps[r], .sampling = {}};
         row.sampling = {.mode = mode, .temperature = r == 4 ? 0.05 : 0.9, .top_p = r % 2 ? 0.9 : 1.0,
                         .top_k = r == 3 ? 5 : 0, .seed = 11, .stream = uint32_t(r), .crn_row_key = row.id};
         if (r == 2) row.sampling = {};  // greedy
