@@ -404,7 +404,7 @@ AnalysisInput random_grid(const std::vector<uint32_t>& per_domain, uint64_t seed
   for (size_t d = 0; d < per_domain.size(); ++d) {
     in.domains.push_back("d" + std::to_string(d));
     for (uint32_t i = 0; i < per_domain[d]; ++i)
-      in.sources.push_back({.id = "d" + std::to_string(d) + "s" + std::to_string(i), .domain = uint32_t(d)});
+      in.sources.push_back({.id = std::string("d") + std::to_string(d) + "s" + std::to_string(i), .domain = uint32_t(d)});
   }
   in.edges = {{.name = "system@f0", .condition = 1, .reference = 0},
               {.name = "system@f1", .condition = 3, .reference = 2},
