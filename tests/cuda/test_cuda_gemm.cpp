@@ -474,6 +474,44 @@ TEST_F(Gemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
   }
 }
 
+// Launch overlap on: every config's blocks prefetch their weights into L2 before they wait for
+// the kernel before them (kern::start_tile); the products are the bits of overlap off, also when
+// the GEMM follows another GEMM on the stream (so the wait really has something to wait for).
+TEST_F(Gemm, LaunchOverlapWithWeightPrefetchGivesTheSameBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const bool was = launch_overlap();
+  for (const auto& [M, N, K] : {std::tuple{1, 200, 520}, std::tuple{130, 136, 1032}, std::tuple{16, 2816, 2048}}) {
+    const auto x = random_bf16(size_t(M) * K, rng);
+    const auto w = random_bf16(size_t(N) * K, rng, 0.1f);
+    DevBuf<uint16_t> dx(x), dw(w), scratch(size_t(M) * N);
+    for (int c = -1; c < gemm_config_count(); ++c) {
+      ForceConfig force(c);
+      SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " config "
+                                        << (c < 0 ? "auto" : gemm_config_name(c)));
+      std::vector<std::vector<uint16_t>> outs;
+      for (bool on : {false, true}) {
+        set_launch_overlap(on);
+        DevBuf<uint16_t> first(size_t(M) * N), second(size_t(M) * N), gated(size_t(M) * N / 2);
+        gemm({.x = dx.get(), .w = dw.get(), .out = first.get(), .M = M, .N = N, .K = K});
+        gemm({.x = dx.get(), .w = dw.get(), .out = second.get(), .M = M, .N = N, .K = K});
+        gemm({.x = dx.get(), .w = dw.get(), .out = gated.get(), .M = M, .N = N, .K = K, .gated = N / 2,
+              .gated_scratch = scratch.get()});
+        synchronize();
+        outs.push_back(first.download());
+        outs.push_back(second.download());
+        outs.push_back(gated.download());
+      }
+      set_launch_overlap(was);
+      EXPECT_EQ(outs[0], outs[1]) << "the same product twice";
+      EXPECT_EQ(outs[0], outs[3]) << "overlap on, first";
+      EXPECT_EQ(outs[1], outs[4]) << "overlap on, second";
+      EXPECT_EQ(outs[2], outs[5]) << "overlap on, gated";
+    }
+  }
+  set_launch_overlap(was);
+}
+
 TEST_F(GroupedGemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());

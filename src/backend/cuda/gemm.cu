@@ -825,6 +825,9 @@ void gemm(const GemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
                  (a.batch == 1 || a.out_batch_stride % 2 == 0);
+  // Under launch overlap the blocks pull their weights into L2 while the kernel before them runs
+  // (kern::prefetch_weights_l2): the weights of a dense GEMM are never an earlier kernel's output.
+  p.prefetch = pdl_enabled() ? 1 : 0;
   if (a.gated > 0) {  // a fusing config in a plain launch (checked above): the activation out
     p.gated = a.gated;
     p.os = a.gated;

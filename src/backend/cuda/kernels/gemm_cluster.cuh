@@ -63,7 +63,6 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 
 template <class T, bool kOutF32>
 __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmParams p) {
-  pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   extern __shared__ __align__(128) unsigned char gemm_smem[];
@@ -78,8 +77,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
 
-  TileSpot t;
-  if (!find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t)) return;  // the whole cluster
+  TileSpot t;  // the whole cluster finds the same tile (or none); rank r runs K slice r
+  if (!start_tile<T::BM, T::BN, true>(p, int(blockIdx.x) / C, tid, lane, t, rank * kSliceK, (rank + 1) * kSliceK))
+    return;
   const int row_begin = t.row_begin, row_end = t.row_end;
   const int n0 = t.n_tile * T::BN;
   for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);

@@ -96,6 +96,7 @@ struct MmaGemmParams {
   int pair_store = 0;                          // out pointer/strides allow 2-element stores
   int64_t slice_stride = 0;                    // > 0: sliced launch (below), elements between slices
   int gated = 0;                               // > 0: fused gate|up + SiLU (below); bf16 out only
+  int prefetch = 0;                            // > 0: dense weights into L2 before pdl_begin (below)
 };
 // Fused gate|up (gated = I > 0, N = 2I): tile column n is weight row n / 2 (gate) for even n and
 // row I + n / 2 (up) for odd n, so a thread's column pair (2j, 2j+1) holds gate j and up j of a
@@ -267,6 +268,45 @@ __device__ __forceinline__ int64_t b_row_offset(const MmaGemmParams& p, int n) {
   if (n >= p.N) return -1;
   const int row = p.gated > 0 ? ((n & 1) ? p.gated + (n >> 1) : (n >> 1)) : n;
   return int64_t(row) * p.ws;
+}
+
+// Launch overlap (kernels/pdl.cuh) and MmaGemmParams::prefetch: a dense problem's weights are
+// model weights that no kernel of the stream writes, so a block may pull its share into L2 before
+// pdl_begin(), while the kernel before it still runs (a batch-1 decode step is a chain of small
+// launches: the MoE combine's one block, then the 7.5 MB q|kv_a GEMM). Its loads after
+// pdl_begin() then hit L2. Elements [k_begin, k_end) of the tile's BN weight rows, one bulk
+// prefetch per row (16-byte multiples: the async path's K % 8 == 0 and aligned rows). Timing
+// only: nothing is written, so never bits.
+template <int BN>
+__device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, const uint16_t* w, int n0, int k_begin,
+                                                    int k_end) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  k_end = min(k_end, p.K);
+  if (k_end <= k_begin) return;
+  const uint32_t bytes = uint32_t(k_end - k_begin) * 2u;
+  for (int c = threadIdx.x; c < BN; c += blockDim.x) {
+    const int64_t off = b_row_offset(p, n0 + c);
+    if (off >= 0)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(w + off + k_begin), "r"(bytes) : "memory");
+  }
+#endif
+}
+
+// The start of a table-driven GEMM kernel: pdl_begin() and find_tile (its answer). Dense problems
+// find their tile from the parameters alone, so with p.prefetch (async path) the block prefetches
+// its weights [k_begin, k_end) before it waits; grouped ones read the offsets a kernel before them
+// wrote, so they wait first.
+template <int BM, int BN, bool kAsync>
+__device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t,
+                                           int k_begin, int k_end) {
+  if (p.offsets != nullptr) {
+    pdl_begin();
+    return find_tile<BM, kAsync>(p, pid, tid, lane, t);
+  }
+  const bool found = find_tile<BM, kAsync>(p, pid, tid, lane, t);
+  if (kAsync && found && p.prefetch > 0) prefetch_weights_l2<BN>(p, t.w, t.n_tile * BN, k_begin, k_end);
+  pdl_begin();
+  return found;
 }
 
 // One K step of a block's A and B tiles (rows of BK bf16 from k0, swizzled 16-byte chunks) into
@@ -442,7 +482,6 @@ __device__ __forceinline__ void store_tile_pair(const MmaGemmParams& p, int64_t 
 
 template <class T, bool kOutF32, bool kAsync>
 __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
-  pdl_begin();
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   __shared__ int64_t a_off[T::BM];  // element offset of each tile row's A row in x; -1 = zero row
   __shared__ int64_t b_off[T::BN];  // element offset of each tile column's W row; -1 = zero row
@@ -453,7 +492,10 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
 
   TileSpot t;
-  if (!find_tile<T::BM, kAsync>(p, int(blockIdx.x), tid, lane, t)) return;
+  const int k_first = p.slice_stride > 0 ? int(blockIdx.y) * kSliceK : 0;  // this block's K range
+  if (!start_tile<T::BM, T::BN, kAsync>(p, int(blockIdx.x), tid, lane, t, k_first,
+                                        p.slice_stride > 0 ? k_first + kSliceK : p.K))
+    return;
   const int n_tile = t.n_tile, row_begin = t.row_begin, row_end = t.row_end;
   const uint16_t* x = t.x;
   const uint16_t* w = t.w;
@@ -589,13 +631,12 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K)
 // fragment registers of rows 8-15 are constant zeros (fewer registers, no loads).
 template <class T, bool kOutF32, bool kVec, bool kHalf>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
-  pdl_begin();
   __shared__ float part[T::KW][T::BM][T::BN];  // one round's slice sums, [warp][row][col]
   __shared__ int64_t a_off[T::BM];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   TileSpot t;
-  if (!find_tile<T::BM, kVec>(p, int(blockIdx.x), tid, lane, t)) return;
+  if (!start_tile<T::BM, T::BN, kVec>(p, int(blockIdx.x), tid, lane, t, 0, p.K)) return;
   const int n0 = t.n_tile * T::BN;
   if (tid < T::BM) a_off[tid] = a_row_offset(p, t.row_begin + tid, t.row_end);
   __syncthreads();
