@@ -88,7 +88,7 @@ grep -E "error|CMake Error|not found" "$out/build.log" | head -30
 rc=0
 if [[ -n "${GTEST_ONLY:-}" ]]; then  # one filter of atlas_cuda_tests instead of the full tests (a quick re-check)
   echo "== atlas_cuda_tests --gtest_filter=$GTEST_ONLY"
-  $B/tests/cuda/atlas_cuda_tests --gtest_filter="$GTEST_ONLY" >"$out/cuda_tests.log" 2>&1 || rc=1
+  timeout ${TEST_TIMEOUT:-600} $B/tests/cuda/atlas_cuda_tests --gtest_filter="$GTEST_ONLY" >"$out/cuda_tests.log" 2>&1 || rc=1
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Which is|Expected|seed" "$out/cuda_tests.log" | head -30
   if [[ ${MODEL_TESTS_ONCE:-0} == 1 ]]; then  # and the model tests, once
     echo "== atlas_cuda_model_tests (once)"
