@@ -181,7 +181,7 @@ std::vector<int> forced_configs(int rows) {
   else if (rows <= 1024)
     want = {"32x64x64/4+slices", "c128x64/8w", "c64x64/4w", "wg128x128x64/4+slices"};
   else
-    want = {"ws192x128x64/5", "wg192x128x64/4", "wg128x128x64/4", "128x64x32/4"};
+    want = {"wg192x128x64/4", "wg128x128x64/4", "128x64x32/4"};
   std::vector<int> out;
   for (int c : all)
     if (std::find(want.begin(), want.end(), gemm_config_name(c)) != want.end()) out.push_back(c);

@@ -15,8 +15,7 @@
 # the main stream, env SIDE_ARGS, compared with the bench step's figures), ncumla (Nsight Compute sections of a batch-128
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
-# PROFPREFILL_MODES), pdlfirst (the pdl step's bench in a build whose kernels release their
-# dependents before waiting, env PDL_ARGS), notests (skip the test binaries). GTEST_ONLY=<filter> runs that filter of
+# PROFPREFILL_MODES), notests (skip the test binaries). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
 # CMP_ARGS="--atlas-f32 ..." gives
@@ -256,21 +255,6 @@ if has pdl; then
   ATLAS_PDL=1 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_pdl.json" --mode batch-invariant \
     ${PDL_ARGS:---workload decode-b1} 2>&1 | tail -6
   compare_bench "overlap off" "on" "$out/bench.json" "$out/bench_pdl.json"
-fi
-if has pdlfirst; then
-  # Launch overlap with each kernel releasing its dependents before it waits (the
-  # ATLAS_PDL_TRIGGER_FIRST build of kernels/pdl.cuh, in $B-tf): the launch-overlap and
-  # side-stream bit tests, then PDL_ARGS with ATLAS_PDL=1 against the bench step's figures.
-  echo "== launch overlap, dependents released first (ATLAS_PDL_TRIGGER_FIRST)"
-  t0=$(date +%s)
-  cmake -S . -B "$B-tf" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" \
-    -DCMAKE_CUDA_FLAGS=-DATLAS_PDL_TRIGGER_FIRST >"$out/build_tf.log" 2>&1 &&
-    cmake --build "$B-tf" -j"$(nproc)" --target atlas atlas_cuda_model_tests >>"$out/build_tf.log" 2>&1
-  echo "   build rc=$? in $(( $(date +%s) - t0 )) s"
-  "$B-tf"/tests/cuda/atlas_cuda_model_tests --gtest_filter='*LaunchOverlap*:*SideStream*:*Invarian*' 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure"
-  ATLAS_PDL=1 timeout ${BENCH_TIMEOUT:-400} "$B-tf"/atlas bench --model $lite --json "$out/bench_pdl_tf.json" --mode batch-invariant \
-    ${PDL_ARGS:---workload decode-b1} 2>&1 | tail -6
-  compare_bench "overlap off" "first" "$out/bench.json" "$out/bench_pdl_tf.json"
 fi
 if has side; then
   # The shared experts on the model's one stream (ATLAS_SIDE_STREAM=0) for comparison with the

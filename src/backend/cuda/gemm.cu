@@ -25,7 +25,6 @@
 #include "backend/cuda/kernels/gemm_invariant.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
 #include "backend/cuda/kernels/gemm_wgmma.cuh"
-#include "backend/cuda/kernels/gemm_wgmma_ws.cuh"
 
 namespace atlas::cuda {
 
@@ -76,9 +75,10 @@ using CfgC16 = kern::ClusterTile<16, 64, 1, 4>;    // 40 KB, 128 threads
 //                                   warpgroups  ring    threads
 using CfgWg192 = kern::WgTile<3>;  //  3         200 KB   384 (156 registers)
 using CfgWg128 = kern::WgTile<2>;  //  2         160 KB   256
-// Warp-specialised wgmma (kernels/gemm_wgmma_ws.cuh): the 192 x 128 tile, one producer warp,
-// mbarrier handshakes per ring slot instead of a block barrier per K step.
-using CfgWs192 = kern::WsTile;     //  3 + 1 warp  200 KB   416
+// (Session 9: a warp-specialised variant of the 192 x 128 tile, a producer warpgroup of cp.async
+// copies handing ring slots to three consumer warpgroups through mbarriers, setmaxnreg 56 / 152,
+// no block barrier per K step; commit 6435996. It measured ~12% slower than this one on every
+// M = 4096 shape and both grouped prefill GEMMs: the barrier was not the limit. Dropped.)
 // Split-K (M <= 16 / decode): 16 rows x 8*NI columns, 8 warps on different K slices.
 using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
@@ -116,12 +116,6 @@ constexpr TileConfig async_only_config(const char* name, KernelFn bf16_out, Kern
 template <class T>
 constexpr TileConfig make_wgmma_config(const char* name) {
   TileConfig c = async_only_config<T>(name, kern::gemm_wgmma_kernel<T, false>, kern::gemm_wgmma_kernel<T, true>);
-  c.wgmma = true;
-  return c;
-}
-constexpr TileConfig make_wgmma_ws_config(const char* name) {
-  TileConfig c = async_only_config<CfgWs192>(name, kern::gemm_wgmma_ws_kernel<CfgWs192, false>,
-                                             kern::gemm_wgmma_ws_kernel<CfgWs192, true>);
   c.wgmma = true;
   return c;
 }
@@ -175,8 +169,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 24> kConfigs = {
-    make_wgmma_ws_config("ws192x128x64/5"),
+constexpr std::array<TileConfig, 23> kConfigs = {
     make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -217,8 +210,6 @@ constexpr int kClusterFallback = config_index("64x64x64/4");  // a cluster confi
 constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_index("c64x64/4w"),
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
-constexpr int kWs192 = config_index("ws192x128x64/5"), kWg192 = config_index("wg192x128x64/4");
-static_assert(kWs192 >= 0 && kWg192 >= 0, "wgmma config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
@@ -325,10 +316,8 @@ int cluster_blocks(int ci, int K) {
   const int slices = int(ceil_div(K, kern::kSliceK));
   return kConfigs[size_t(ci)].cluster && slices <= setup().cluster_sizes[size_t(ci)] ? slices : 0;
 }
-// A cluster config that cannot run at this K runs an ordinary tiled one, and the warp-specialised
-// wgmma config (whole 64-wide K steps only) the plain wgmma one of its tile (same bits).
+// A cluster config that cannot run at this K runs an ordinary tiled one (same bits).
 int cluster_or_fallback(int ci, int K) {
-  if (ci == kWs192 && K % kern::WsTile::BK != 0) return kWg192;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
 }

@@ -69,14 +69,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
-// Keeps the compiler from touching accumulator registers between the wgmma of one group (it
-// would otherwise insert a warpgroup.arrive before each: ptxas C7519, or serialise them: C7520).
-template <int N>
-__device__ __forceinline__ void wg_fence_operands(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
 // D(64 x 128, fp32 registers) = A(64 x 16) * B(16 x 128) + D, both operands from shared memory.
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
