@@ -352,7 +352,9 @@ TEST_F(Moe, RouteEqualsRouterThenPermute) {
         SCOPED_TRACE(::testing::Message() << "E=" << E << " T=" << T << " scores=" << scores);
         EXPECT_EQ(a->ids.download(), b->ids.download());
         EXPECT_EQ(a->w.download(), b->w.download());
-        if (scores) EXPECT_EQ(a->scores.download(), b->scores.download());
+        if (scores) {
+          EXPECT_EQ(a->scores.download(), b->scores.download());
+        }
         EXPECT_EQ(a->counts.download(), b->counts.download());
         EXPECT_EQ(a->offsets.download(), b->offsets.download());
         EXPECT_EQ(a->sorted.download(), b->sorted.download());

@@ -372,9 +372,19 @@ class CudaModelT final : public Model {
   // shared experts (h alone) while s_ routes and runs the routed experts, and the absorbed-query
   // GEMM while s_ writes the latent into the cache (fork_ / join_ order the two streams; the
   // same kernels on the same inputs, so the same bits; CudaModelOptions::side_stream).
-  Stream side_ = nullptr;
+  Stream side_ = nullptr;  // null with the side stream off
   Event fork_ = nullptr, join_ = nullptr;
   bool side_on_ = true;
+  // The stream for side work that may start now (side_ after it waits for s_'s work so far, or
+  // s_ itself with the side stream off), and s_ waiting for everything issued on side_.
+  Stream fork_side() const {
+    if (!side_on_) return s_;
+    stream_wait(side_, s_, fork_);
+    return side_;
+  }
+  void join_side() const {
+    if (side_on_) stream_wait(s_, side_, join_);
+  }
   // Queries per MLA block in a prefill (4: the cache tiles are read by four queries at once);
   // ATLAS_MLA_PREFILL_QPB=1|2|4 overrides it for measurements (any gives the same bits).
   int mla_prefill_qpb_ = 4;
@@ -480,10 +490,12 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   }
   set_device(opts.device);
   s_ = stream_create();
-  side_ = stream_create();
-  fork_ = event_create();
-  join_ = event_create();
-  gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
+  if (side_on_) {
+    side_ = stream_create();
+    fork_ = event_create();
+    join_ = event_create();
+    gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
+  }
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   const char* env_graphs = std::getenv("ATLAS_CUDA_GRAPHS");
   graphs_ = opts.graphs && !(env_graphs && std::string(env_graphs) == "0");
@@ -823,11 +835,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // The shared experts first, on side_ when it is on (they read h only and write b.shared,
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
-  const Stream shared_stream = side_on_ ? side_ : s_;
-  if (L.has_shared) {
-    if (side_on_) stream_wait(side_, s_, fork_);
-    mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, shared_stream);
-  }
+  if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side());
   // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
   router_gemm(b.h, L.router, b.router_logits, M, E, H);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
@@ -867,7 +875,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   expert_gemm(b.act, nullptr, 0, L.down_ptrs, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).
-  if (L.has_shared && side_on_) stream_wait(s_, side_, join_);  // side_ has nothing after the shared experts
+  if (L.has_shared) join_side();  // side_ has nothing after the shared experts
   // Digest observers of the residual sum only read it, and the fused launch leaves the sum in x
   // (as add_then_norm's fused launch does), so they do not keep the MoE tail apart: the traced
   // prefill digests every resid_post. A tensor observer could write the sum before the norm.
@@ -964,10 +972,9 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // heads); qt[:, h, dc:] = rotated q_pe_h (latent_to_cache or rope2 below). The two write
     // disjoint columns of qt from the q rows above, so the GEMM runs on side_ while s_ writes the
     // cache (joined before the attention reads qt).
-    if (side_on_) stream_wait(side_, s_, fork_);
     matmul({.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
             .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
-            .out_batch_stride = W, .stream = side_on_ ? side_ : s_});
+            .out_batch_stride = W, .stream = fork_side()});
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions
     // (into each head's absorbed query, qt[:, h, dc:]; the q rows keep the unrotated values).
     if (!(hooks && hooks->wants(names.latent_norm))) {
@@ -994,7 +1001,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                  .dst_limit = B * cache.capacity(), .stream = s_});
     }
 
-    if (side_on_) stream_wait(s_, side_, join_);  // qt complete
+    join_side();  // qt complete
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
     // bf16: the tensor-core kernel; f32: the scalar kernel (MlaDecodeArgsT<float>'s default).
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {

@@ -385,10 +385,8 @@ std::map<LtKey, LtPlan> lt_plans;
 // every other stream uses LtState's. Guarded by lt_mutex.
 std::map<std::pair<int, cudaStream_t>, void*> lt_stream_workspaces;
 
-void* lt_workspace(cudaStream_t stream) {
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(lt_mutex);
+// The workspace `stream` runs cuBLASLt with. Caller holds lt_mutex.
+void* lt_workspace_locked(int dev, cudaStream_t stream) {
   auto it = lt_stream_workspaces.find({dev, stream});
   return it == lt_stream_workspaces.end() ? lt().workspace : it->second;
 }
@@ -486,17 +484,20 @@ void gemm_cublaslt(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, bool p
   LtState& s = lt();
   const LtKey key{a.M, a.N, a.K, xs, ws, os, int(a.out_type), a.batch, a.x_batch_stride, a.w_batch_stride,
                   a.out_batch_stride, pinned};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
   LtPlan plan;
-  {
+  void* workspace = nullptr;
+  {  // one lock for the plan and the stream's workspace
     std::lock_guard<std::mutex> lock(lt_mutex);
     auto it = lt_plans.find(key);
     if (it == lt_plans.end()) it = lt_plans.emplace(key, make_plan(a, xs, ws, os, pinned)).first;
     plan = it->second;  // descriptors are never destroyed: a copy of the handles is safe
+    workspace = lt_workspace_locked(dev, stream_of(a.stream));
   }
   const float alpha = 1.0f, beta = 0.0f;
   check_lt(cublasLtMatmul(s.handle, plan.desc, &alpha, a.w, plan.la, a.x, plan.lb, &beta, a.out, plan.lc, a.out,
-                          plan.lc, &plan.algo, lt_workspace(stream_of(a.stream)), s.workspace_bytes,
-                          stream_of(a.stream)),
+                          plan.lc, &plan.algo, workspace, s.workspace_bytes, stream_of(a.stream)),
            "Matmul");
 }
 

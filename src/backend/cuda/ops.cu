@@ -264,9 +264,11 @@ void check_permute(const MoePermuteArgs& a) {
 
 }  // namespace
 
-void router(const RouterArgs& a) {
+namespace {
+// The launches of router() and moe_permute() for checked arguments (moe_route's fallback has
+// checked them already).
+void launch_router(const RouterArgs& a) {
   const char* op = "router";
-  check_router(a);
   if (a.tokens == 0) return;
   launch(kern::router_kernel, blocks_for(a.tokens, kern::kRouterWarps), 32 * kern::kRouterWarps, 0, stream_of(a.stream),
       a.logits, a.topk_ids, a.topk_weights, a.scores, a.tokens, a.experts, a.k,
@@ -275,14 +277,16 @@ void router(const RouterArgs& a) {
   check_launch(op);
 }
 
+}  // namespace
+
 size_t moe_permute_workspace_ints(int tokens, int experts) {
   const int64_t chunks = (int64_t(std::max(tokens, 0)) + kern::kMoeChunk - 1) / kern::kMoeChunk;
   return size_t(std::max<int64_t>(chunks, 1) * std::max(experts, 1));
 }
 
-void moe_permute(const MoePermuteArgs& a) {
+namespace {
+void launch_permute(const MoePermuteArgs& a) {
   const char* op = "moe_permute";
-  check_permute(a);
   cudaStream_t s = stream_of(a.stream);
   const int chunks = int((int64_t(a.tokens) + kern::kMoeChunk - 1) / kern::kMoeChunk);
   if (chunks == 1) {  // one launch instead of three (a decode step's routes)
@@ -308,6 +312,18 @@ void moe_permute(const MoePermuteArgs& a) {
   }
 }
 
+}  // namespace
+
+void router(const RouterArgs& a) {
+  check_router(a);
+  launch_router(a);
+}
+
+void moe_permute(const MoePermuteArgs& a) {
+  check_permute(a);
+  launch_permute(a);
+}
+
 void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
   const char* op = "moe_route";
   check_router(r);
@@ -316,8 +332,8 @@ void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
               p.stream == r.stream,
           op, "permute", "must permute the router's topk_ids (the same tokens, k, experts and stream)");
   if (r.tokens < 1 || r.tokens > kMoeRouteFusedMaxTokens) {
-    router(r);
-    moe_permute(p);
+    launch_router(r);
+    launch_permute(p);
     return;
   }
   const kern::RoutePermuteParams q{.logits = r.logits,

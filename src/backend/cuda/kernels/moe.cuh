@@ -268,14 +268,13 @@ __global__ void __launch_bounds__(kReduceThreads)
       if (q < k) acc += wt[q] * to_f32(ys[int64_t(sl[q]) * dim + i]);
     return acc;
   };
-  float acc[kRmsRegs];
-#pragma unroll
-  for (int j = 0; j < kRmsRegs; ++j) acc[j] = 0.0f;
-  float yv[kRmsRegs];
+  // kStage: the gathered rows and the addend row through shared memory (one round of 16-byte
+  // loads, issued before any sum); the same values, summed below in the same order either way.
+  constexpr int kStK = kStage ? kCombineStageK : 1, kStDim = kStage ? kCombineStageDim : 8;
+  __shared__ __align__(16) uint16_t ys_s[kStK][kStDim];
+  __shared__ __align__(16) uint16_t add_s[kStDim];
   if constexpr (kStage) {
     static_assert(sizeof(T) == 2, "the staged combine is bf16");
-    __shared__ __align__(16) uint16_t ys_s[kCombineStageK][kCombineStageDim];
-    __shared__ __align__(16) uint16_t add_s[kCombineStageDim];
     const int chunks = dim / 8;  // <= kReduceThreads: one 16-byte chunk per thread and row
     uint4 v[kCombineStageK], av = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -287,49 +286,46 @@ __global__ void __launch_bounds__(kReduceThreads)
       if (q < k && tid < chunks) *reinterpret_cast<uint4*>(&ys_s[q][8 * tid]) = v[q];
     if (addend && tid < chunks) *reinterpret_cast<uint4*>(&add_s[8 * tid]) = av;
     __syncthreads();
-#pragma unroll
-    for (int q = 0; q < kCombineStageK; ++q) {
-      if (q >= k) break;
-#pragma unroll
-      for (int j = 0; j < kRmsRegs; ++j) {
-        const int i = tid + j * kReduceThreads;
-        if (i < dim) acc[j] += wt[q] * to_f32(T(ys_s[q][i]));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kRmsRegs; ++j) {
-      const int i = tid + j * kReduceThreads;
-      const T routed = from_f32<T>(acc[j]);
-      yv[j] = i >= dim ? 0.0f
-              : addend ? to_f32(from_f32<T>(to_f32(routed) + to_f32(T(add_s[i]))))
-                       : to_f32(routed);
-    }
-  } else {
-#pragma unroll
-    for (int q = 0; q < kCombineMaxK; ++q) {
-      if (q >= k) break;
-      const T* yrow = ys + int64_t(sl[q]) * dim;
-#pragma unroll
-      for (int j = 0; j < kRmsRegs; ++j) {
-        const int i = tid + j * kReduceThreads;
-        if (i < dim) acc[j] += wt[q] * to_f32(yrow[i]);
-      }
-    }
   }
-  const auto finish = [&](float a, int i) {  // y from the combine's fp32 sum
-    const T routed = from_f32<T>(a);
-    return addend ? to_f32(from_f32<T>(to_f32(routed) + to_f32(addend[t * dim + i]))) : to_f32(routed);
+  const auto y_at = [&](int q, int i) {  // routed row q, element i
+    if constexpr (kStage)
+      return to_f32(T(ys_s[q][i]));
+    else
+      return to_f32(ys[int64_t(sl[q]) * dim + i]);
   };
-  if constexpr (!kStage) {
+  const auto addend_at = [&](int i) {
+    if constexpr (kStage)
+      return to_f32(T(add_s[i]));
+    else
+      return to_f32(addend[t * dim + i]);
+  };
+  // y from the combine's fp32 sum: bf16(routed), plus the addend in bf16 where there is one.
+  const auto finish = [&](float a, float add) {
+    const T routed = from_f32<T>(a);
+    return addend ? to_f32(from_f32<T>(to_f32(routed) + add)) : to_f32(routed);
+  };
+  float acc[kRmsRegs], yv[kRmsRegs];
+#pragma unroll
+  for (int j = 0; j < kRmsRegs; ++j) acc[j] = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kCombineMaxK; ++q) {
+    if (q >= k) break;
 #pragma unroll
     for (int j = 0; j < kRmsRegs; ++j) {
       const int i = tid + j * kReduceThreads;
-      yv[j] = i < dim ? finish(acc[j], i) : 0.0f;
+      if (i < dim) acc[j] += wt[q] * y_at(q, i);
     }
   }
+#pragma unroll
+  for (int j = 0; j < kRmsRegs; ++j) {
+    const int i = tid + j * kReduceThreads;
+    yv[j] = i < dim ? finish(acc[j], addend ? addend_at(i) : 0.0f) : 0.0f;
+  }
+  // Elements past the registers (dim > kRmsRegs * threads; never staged) are recomputed.
   rmsnorm_row<T, true>(
-      x + t * dim, [&](int j, int i) { return j >= 0 ? yv[j] : finish(combine(i), i); }, norm_w, h + t * dim, dim,
-      eps, scratch);
+      x + t * dim,
+      [&](int j, int i) { return j >= 0 ? yv[j] : finish(combine(i), addend ? to_f32(addend[t * dim + i]) : 0.0f); },
+      norm_w, h + t * dim, dim, eps, scratch);
 }
 
 }  // namespace atlas::cuda::kern
