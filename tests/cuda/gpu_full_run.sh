@@ -15,7 +15,8 @@
 # the main stream, env SIDE_ARGS, compared with the bench step's figures), ncumla (Nsight Compute sections of a batch-128
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
-# PROFPREFILL_MODES), notests (skip the test binaries). GTEST_ONLY=<filter> runs that filter of
+# PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, env ENVCMP_ARGS,
+# compared with the bench step's figures), notests (skip the test binaries). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
 # CMP_ARGS="--atlas-f32 ..." gives
@@ -255,6 +256,14 @@ if has pdl; then
   ATLAS_PDL=1 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_pdl.json" --mode batch-invariant \
     ${PDL_ARGS:---workload decode-b1} 2>&1 | tail -6
   compare_bench "overlap off" "on" "$out/bench.json" "$out/bench_pdl.json"
+fi
+if has envcmp; then
+  # `atlas bench` under ENV_CMP (e.g. "ATLAS_MLA_BULK=0": a switch that keeps the bits) for
+  # comparison with the bench step's figures: ENVCMP_ARGS workloads; tokens must not change.
+  echo "== atlas bench with $ENV_CMP"
+  env ${ENV_CMP:?set ENV_CMP} timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_envcmp.json" \
+    ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -6
+  compare_bench "default" "$ENV_CMP" "$out/bench.json" "$out/bench_envcmp.json"
 fi
 if has side; then
   # The shared experts on the model's one stream (ATLAS_SIDE_STREAM=0) for comparison with the
