@@ -61,7 +61,6 @@ struct Call {
   int split = 256;
   int max_length = 0;     // 0: the longest query
   bool misalign = false;  // q and cache one element off 16-byte alignment: the element-load path
-  bool bulk = true;       // cache tiles by the bulk-copy engine where it runs (else cp.async)
 };
 
 std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
@@ -78,7 +77,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
               .lengths = dl.get(), .cache_rows = p.rows.empty() ? nullptr : dr.get(), .max_length = max_length,
               .out = dout.get(), .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
               .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
-              .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers, .bulk_copies = c.bulk});
+              .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers});
   check_device_errors();
   return dout.download();
 }
@@ -201,8 +200,6 @@ TEST_F(Mla, RowResultIsBatchInvariant) {
   EXPECT_EQ(run_gpu(p, {.tile_buffers = 1}), batch) << "one cache tile buffer";
   EXPECT_EQ(run_gpu(p, {.tile_buffers = 2}), batch) << "two cache tile buffers";
   EXPECT_EQ(run_gpu(p, {.misalign = true}), batch) << "element loads instead of cp.async";
-  EXPECT_EQ(run_gpu(p, {.tile_buffers = 1, .bulk = false}), batch) << "cp.async tiles, one buffer";
-  EXPECT_EQ(run_gpu(p, {.tile_buffers = 2, .bulk = false}), batch) << "cp.async tiles, two buffers";
   EXPECT_EQ(run_gpu(p), batch) << "second run";
 }
 
@@ -243,9 +240,6 @@ TEST_F(Mla, PrefillQueriesDoNotDependOnTheirNeighbours) {
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 4}), batch) << "four queries per block";
   EXPECT_EQ(run_gpu(p, {.max_length = p.capacity}), batch) << "max_length = capacity";
   EXPECT_EQ(run_gpu(p, {.misalign = true}), batch) << "element loads instead of cp.async";
-  EXPECT_EQ(run_gpu(p, {.queries_per_block = 4, .bulk = false}), batch) << "four queries, cp.async tiles";
-  EXPECT_EQ(run_gpu(p, {.queries_per_block = 2, .tile_buffers = 2, .bulk = false}), batch)
-      << "two queries, two buffers, cp.async tiles";
   EXPECT_EQ(run_gpu(p), batch) << "second run";
   // Pairs shifted by one: an extra query in front.
   {

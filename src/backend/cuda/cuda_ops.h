@@ -521,10 +521,6 @@ struct MlaDecodeArgsT {
   // tensor_core only: cache tile buffers per block, 1 or 2 (0 = 1 when there are at least two
   // blocks per SM, else 2). Never changes results (tested).
   int tile_buffers = 0;
-  // tensor_core only, on the 16-byte path with sm_90 device code: cache tiles through the
-  // bulk-copy engine (one copy per slot row) instead of cp.async; ATLAS_MLA_BULK=0 turns it off
-  // process-wide for measurements. Never changes results (tested).
-  bool bulk_copies = true;
 };
 using MlaDecodeArgs = MlaDecodeArgsT<uint16_t>;
 size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int split_tokens);

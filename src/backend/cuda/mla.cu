@@ -3,7 +3,6 @@
 // f32 checking mode's attention).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -86,15 +85,6 @@ int sm_count() {
   return n;
 }
 
-// ATLAS_MLA_BULK=0: the cp.async tile loads everywhere (measurements; the same bits).
-bool bulk_env_allows() {
-  static const bool allows = [] {
-    const char* e = std::getenv("ATLAS_MLA_BULK");
-    return !(e && std::string(e) == "0");
-  }();
-  return allows;
-}
-
 void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
   const char* op = "mla_decode";
   const int G = a.queries_per_block ? a.queries_per_block : (a.cache_rows ? 2 : 1);
@@ -122,8 +112,7 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                             .max_length = a.max_length,
                             .S = a.split_tokens,
                             .max_splits = max_splits,
-                            .scale = a.scale,
-                            .bulk = vec && a.bulk_copies && bulk_env_allows() ? 1 : 0};
+                            .scale = a.scale};
   // One tile buffer (two blocks per SM) where the blocks outnumber the SMs (a batch-128 decode
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.

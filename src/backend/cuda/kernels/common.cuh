@@ -115,59 +115,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// ---- the bulk-copy engine and shared-memory barriers (sm_90; the MLA tile loads) ----------------
-// kHasBulkCopy: this device code has them; elsewhere the helpers are never reached (callers
-// branch on it) and compile to nothing.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool kHasBulkCopy = true;
-#else
-constexpr bool kHasBulkCopy = false;
-#endif
-
-// A barrier that completes once `count` threads have arrived and every byte announced with
-// mbar_arrive_expect_tx has landed (mbarrier.*; tx counts may run ahead of the announcement).
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-// Waits for the completion of the barrier's phase with this parity (0 for its first phase).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
-}
-// Orders this thread's earlier shared-memory accesses (generic proxy) before its later bulk
-// copies (async proxy): a copy may overwrite what other threads read before a barrier.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// bytes (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst by the
-// bulk-copy engine, completing on barrier `bar` (its tx count).
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-#endif
-}
-
 // silu(g) = g / (1 + exp(-g)) in fp32 (PyTorch's formula). The MLP's activation is
 // round(round(silu(g)) * u) at the working precision, g and u being the gate|up GEMM's outputs
 // (silu_gate_kernel; the GEMMs' fused gate|up epilogue computes the same from its unrounded

@@ -39,6 +39,11 @@
 //   softmax: 4 threads per MMA row (the fixed l order above), P to shared memory as bf16;
 //   phase 2: O[16G, latent] += P . C[:, :latent]: warp w owns latent columns [64w, 64w+64)
 //            for all G queries (accumulators stay in registers across the split).
+// (Session 9: the cache tiles through the bulk-copy engine, one copy per slot row on a per-stage
+// mbarrier, commit c0834d7: same bits, no gain: batch 1 at 512 slots 30.1 vs 29.9 us, Nsight 10.4
+// cycles per issued instruction with 2 warps per scheduler: a batch-1 block is bound by its own
+// instruction latency chain over ~1,000 instructions per warp and tile, not by its loads.
+// Dropped.)
 #pragma once
 
 #include "common.cuh"
@@ -66,7 +71,6 @@ struct MlaTcParams {
   int wp;                  // width rounded up to 16 (MMA k steps; the pad is zeros)
   int max_length, S, max_splits;
   float scale;
-  int bulk = 0;            // > 0: cache tiles by the bulk-copy engine (16-byte path, sm_90 code)
 };
 
 // Shared memory: Q [16G][wp+8], C [NST][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
@@ -131,7 +135,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
   __shared__ int s_len[G];       // query length, -1 for no query / bad length
   __shared__ int64_t s_crow[G];  // cache row
   __shared__ int s_qi[G];
-  __shared__ __align__(8) uint64_t tile_bar[NST];  // bulk tile loads: one barrier per stage
 
   const int ldq = p.wp + 8;  // elements; (wp + 8) / 2 words = 4 mod 8 since wp % 16 == 0
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
@@ -144,14 +147,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.y;
   const int j0 = split * p.S;  // first slot of this split (anchored at slot 0)
-  // Bulk tile loads (p.bulk, 16-byte path, sm_90 code): one bulk copy per slot row, completing on
-  // the stage's barrier, instead of 16-byte cp.async by every thread (a batch-1 block reads its
-  // split's tiles alone and was bound by how many copies one SM keeps in flight). The same bytes
-  // land in the same places, so the same bits.
-  const bool bulk = kVec && kHasBulkCopy && p.bulk > 0;
-  uint32_t bar_phases = 0;  // bit st: parity of stage st's next load to wait for
-  if (bulk && tid == 0)
-    for (int st = 0; st < NST; ++st) mbar_init(smem_u32(&tile_bar[st]), 1);
 
   if (tid < G) {
     const int qi = blockIdx.x * G + tid;
@@ -232,23 +227,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
       const int t0 = j0 + t * kMlaTile;
       const int n_load = min(kMlaTile, run_end - t0);
       const uint16_t* src = cbase + int64_t(t0) * p.width;
-      if (bulk) {
-        // Rows [0, n_load): one copy each (rows are 16-byte multiples, the stage rows too: ldq).
-        // Rows past the run's last slot: zeros by plain stores (the barrier after the wait
-        // publishes them). Every thread reaches the stage only after the barrier that ended its
-        // last reads, and each copying thread fences those reads before its copy.
-        const uint32_t bar = smem_u32(&tile_bar[t % NST]);
-        const uint32_t row_bytes = uint32_t(p.width) * 2u;
-        if (tid == 0) mbar_arrive_expect_tx(bar, uint32_t(n_load) * row_bytes);
-        if (tid < n_load) {
-          fence_proxy_async_shared();
-          bulk_copy_g2s(smem_u32(dst + tid * ldq), src + int64_t(tid) * p.width, row_bytes, bar);
-        }
-        const int cpr = p.width / 8;
-        for (int i = tid; i < (kMlaTile - n_load) * cpr; i += kMlaTcThreads)
-          *reinterpret_cast<uint4*>(dst + (n_load + i / cpr) * ldq + 8 * (i % cpr)) = make_uint4(0, 0, 0, 0);
-        return;
-      }
       if constexpr (kVec) {
         // Chunk i of the tile is slot r = i / cpr, column 8 (i % cpr): 8 i elements into the
         // (unpadded) source, 8 i + r (ldq - width) into the padded stage. (r, c) advance by a
@@ -286,29 +264,20 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[g][nt][e] = 0.0f;
 
-    // Tile t has landed (this thread's copies; bulk: everyone's, through the stage's barrier).
-    const auto wait_tile = [&](int t, bool newer_in_flight) {
-      if (bulk) {
-        const int st = t % NST;
-        mbar_wait(smem_u32(&tile_bar[st]), (bar_phases >> st) & 1u);
-        bar_phases ^= 1u << st;
-      } else if (newer_in_flight) {
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-    };
     load_tile(0);
     for (int t = 0; t < ntiles; ++t) {
       const int t0 = j0 + t * kMlaTile;
       const int n_load = min(kMlaTile, run_end - t0);
       if constexpr (NST == 2) {
-        const bool next = t + 1 < ntiles;
-        if (next) load_tile(t + 1);  // overwrites the stage read in tile t-1 (barrier at the end of t-1)
-        wait_tile(t, next);
+        if (t + 1 < ntiles) {
+          load_tile(t + 1);  // overwrites the stage read in tile t-1 (barrier at the end of t-1)
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
       } else {
         if (t > 0) load_tile(t);  // the one stage, free since the barrier at the end of t-1
-        wait_tile(t, false);
+        cp_async_wait<0>();
       }
       __syncthreads();
       const uint16_t* C = Cs + (t % NST) * kMlaTile * ldq;
