@@ -62,7 +62,7 @@ void gemm_release_stream(cudaStream_t s) noexcept;
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
-// Programmatic dependent launch (kernels/pdl.cuh): off by default (measured: no gain worth it);
+// Programmatic dependent launch (kernels/pdl.cuh): off by default (measured: +-2%, no default);
 // ATLAS_PDL=1 or set_launch_overlap(true) turns it on where the device supports it (compute
 // capability >= 9.0). The same bits either way.
 bool pdl_enabled();

@@ -37,8 +37,9 @@ bool pdl_enabled() {
   int v = g_pdl.load(std::memory_order_relaxed);
   if (v < 0) {
     // First launch: off unless ATLAS_PDL=1 and the device supports it. Measured on the H200
-    // (session 4, docs/cuda.md "Launch overlap"): decode-b1 228 -> 230 tok/s, the seed grid
-    // 9.42 -> 9.73 s; no gain worth a default.
+    // (docs/cuda.md "Launch overlap", and session 9 with kernels releasing their dependents
+    // first and the dense GEMMs prefetching weights): grid 7.51 -> 7.39 s, batch-1 decode
+    // 267 -> 272 tok/s, traced prefill 0.855 -> 0.870 s; no gain worth a default.
     const char* env = std::getenv("ATLAS_PDL");
     v = (env && std::string(env) == "1") ? int(pdl_supported()) : 0;
     g_pdl.store(v, std::memory_order_relaxed);
