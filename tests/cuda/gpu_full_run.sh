@@ -194,7 +194,7 @@ if has ncugemm; then
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
       $B/bench/cuda/atlas_cuda_bench --benchmark_filter="$c" --benchmark_min_time=0.001s >"$out/ncu_gemm_${c//\//_}.txt" 2>&1
     echo "   $c rc=$?"
-    grep -E "Duration|Stall|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Compute \(SM\)|Block Limit|L2 Hit|Warp Cycles Per Issued|Issued Warp|One or More|No Eligible|stalled|spends" "$out/ncu_gemm_${c//\//_}.txt" | head -40
+    grep -E "Duration|Stall|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Compute \(SM\)|Block Limit|L2 Hit|L2 Cache Throughput|L1/TEX Cache Throughput|DRAM Throughput|Warp Cycles Per Issued|Issued Warp|One or More|No Eligible|stalled|spends" "$out/ncu_gemm_${c//\//_}.txt" | head -40
   done
 fi
 if has ncustall; then
