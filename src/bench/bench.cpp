@@ -103,16 +103,35 @@ WeightBytes weight_bytes(const ModelConfig& c) {
 }
 
 // The reference file: {"records": [{"workload": ..., "value": ...}, ...], "device": ...}.
-std::map<std::string, double> read_reference(const std::string& path) {
-  std::map<std::string, double> r;
+struct Reference {
+  std::map<std::string, double> values;  // workload -> figure
+  ojson source;                          // what every record says of the file (null: no file)
+};
+
+// A string field of the reference file, or null where it is absent (older files have no date).
+ojson optional_string(const json& j, const char* key, const std::string& path) {
+  if (!j.contains(key)) return nullptr;
+  if (!j[key].is_string()) fail(path, key, "not a string");
+  return j[key].get<std::string>();
+}
+
+Reference read_reference(const std::string& path) {
+  Reference r;
   if (path.empty()) return r;
   const json j = read_json_file(path);
+  if (!j.is_object()) fail(path, "(top level)", "not a JSON object");
   if (!j.contains("records") || !j["records"].is_array()) fail(path, "records", "missing or not an array");
   for (const auto& e : j["records"]) {
     if (!e.contains("workload") || !e["workload"].is_string()) fail(path, "records[].workload", "missing");
     if (!e.contains("value") || !e["value"].is_number()) fail(path, "records[].value", "missing or not a number");
-    r[e["workload"].get<std::string>()] = e["value"].get<double>();
+    r.values[e["workload"].get<std::string>()] = e["value"].get<double>();
   }
+  r.source = ojson::object();
+  r.source["file"] = path;
+  r.source["sha256"] = sha256_file(path);
+  r.source["name"] = optional_string(j, "reference", path);
+  r.source["device"] = optional_string(j, "device", path);
+  r.source["date"] = optional_string(j, "date", path);
   return r;
 }
 
@@ -198,7 +217,8 @@ std::vector<Record> run_bench(const BenchOptions& o) {
                     std::optional<double> bound, ojson detail) {
     Record r{.workload = workload, .mode = mode, .unit = unit, .gpu = dev.name, .commit = commit, .date = date,
              .command = o.command, .atlas = v, .reference = std::nullopt, .bound = bound, .detail = std::move(detail)};
-    if (auto it = reference.find(workload); it != reference.end()) r.reference = it->second;
+    if (auto it = reference.values.find(workload); it != reference.values.end()) r.reference = it->second;
+    r.reference_source = reference.source;
     out.push_back(std::move(r));
   };
 
@@ -423,7 +443,10 @@ ojson to_json(const std::vector<Record>& records) {
     j["commit"] = r.commit;
     j["date"] = r.date;
     j["command"] = r.command;
-    j["reference_name"] = "transformers (tools/reference/bench_transformers.py), same machine and session";
+    j["reference_name"] = "transformers (tools/reference/bench_transformers.py)";
+    // Which run of it: the file, its hash, and the device and date it recorded (a file from
+    // another session or machine is visible here; the bench cannot tell on its own).
+    j["reference_source"] = r.reference_source.is_null() ? ojson(nullptr) : r.reference_source;
     // ratio > 1 = atlas better (faster, or less memory), whatever the unit's direction.
     if (r.reference && r.atlas > 0 && *r.reference > 0)
       j["speedup_vs_reference"] = r.unit == "tok/s" ? r.atlas / *r.reference : *r.reference / r.atlas;

@@ -12,8 +12,10 @@
 //   peak-mem-128x1024    GiB    device memory in use (total - free, sampled after every call) for
 //                               128 rows x 1024 tokens: prefill of 1000, then 24 decode steps
 // Each workload runs in the batch-invariant mode and, on cuda, the fast mode. The reference
-// figure comes from tools/reference/bench_transformers.py run on the same machine and
-// checkpoint in the same session (its JSON is passed with --reference); null where none.
+// figure comes from tools/reference/bench_transformers.py run on the same checkpoint and prompts
+// (its JSON is passed with --reference; null where none). Where that run happened is not
+// something the bench can know: each record names the file (path, SHA-256) and carries the
+// reference's own device and date, so a comparison against another session's run says so.
 // Prompts: deterministic ids from a seed (bench_prompts), shared with the reference script
 // through --save-prompts.
 #pragma once
@@ -50,7 +52,8 @@ struct BenchOptions {
 struct Record {
   std::string workload, mode, unit, gpu, commit, date, command;
   double atlas = 0;
-  std::optional<double> reference;  // transformers, same machine and session
+  std::optional<double> reference;  // transformers (the --reference file), where it has the workload
+  ojson reference_source;           // the --reference file: path, sha256, its device and date; null if none
   std::optional<double> bound;      // bandwidth bound where one applies (same unit)
   ojson detail;                     // workload facts (tokens, shapes, timings of parts)
 };

@@ -19,7 +19,7 @@ cat >"$work/ref.json" <<'J'
 J
 "$bin" bench --model "$model" --backend cpu "${small[@]}" --reference "$work/ref.json" --json "$work/b.json" \
   >"$work/out" 2>"$work/err" && ok "bench ran" || bad "bench: $(cat "$work/err")"
-$py - "$work/b.json" <<'PY' && ok "records well formed" || bad "records"
+$py - "$work/b.json" "$work/ref.json" <<'PY' && ok "records well formed, reference named by file, hash and date" || bad "records"
 import json, sys
 r = json.load(open(sys.argv[1]))
 names = {"load", "seed-grid-128x512", "prefill-trace-128", "decode-b1", "peak-mem-128x1024"}
@@ -37,6 +37,14 @@ assert abs(by["seed-grid-128x512"]["speedup_vs_reference"] - 100.0 / by["seed-gr
 assert by["load"]["reference"] is None
 assert by["seed-grid-128x512"]["detail"]["new_tokens"] == 3 * 5
 assert by["prefill-trace-128"]["detail"]["stages"] > 2
+# Which reference run: the file and its hash, its own name, device and date (none here).
+import hashlib
+ref = sys.argv[2]
+for x in r:
+    src = x["reference_source"]
+    assert src["file"] == ref and src["sha256"] == hashlib.sha256(open(ref, "rb").read()).hexdigest(), src
+    assert src["name"] == "test" and src["device"] is None and src["date"] is None, src
+    assert "same machine" not in x["reference_name"], x["reference_name"]
 PY
 # The grid's greedy tokens are what `atlas generate` gives for the same prompts.
 $py - "$work/p.json" "$work/prompts.jsonl" <<'PY'
@@ -80,8 +88,9 @@ assert r["decode-b1"]["detail"]["tokens_sha256"] == once["decode-b1"]["detail"][
 assert r["prefill-trace-128"]["detail"]["stage_hashes_sha256"] == once["prefill-trace-128"]["detail"]["stage_hashes_sha256"]
 g = r["seed-grid-128x512"]
 assert abs(g["detail"]["tokens_per_s"] - g["detail"]["new_tokens"] / g["atlas"]) < 1e-9
-# A single run has no runs list.
+# A single run has no runs list; no --reference, no reference source.
 assert "runs" not in once["seed-grid-128x512"]["detail"]
+assert all(x["reference_source"] is None and x["reference"] is None for x in r.values())
 PY
 expect_error "repeat 0" "repeat" "$bin" bench --model "$model" --backend cpu --repeat 0 --json "$work/x.json"
 no_file "repeat 0" "$work/x.json"
@@ -92,5 +101,8 @@ expect_error "fast on cpu" "fast exists on the cuda backend only" "$bin" bench -
 echo '{"records": [{"workload": "load"}]}' >"$work/badref.json"
 expect_error "bad reference" "badref.json.*value" "$bin" bench --model "$model" --backend cpu --workload load --reference "$work/badref.json" --json "$work/x.json"
 no_file "bad reference" "$work/x.json"
+echo '{"date": 5, "records": []}' >"$work/baddate.json"
+expect_error "reference date not a string" "baddate.json.*date" "$bin" bench --model "$model" --backend cpu --workload load --reference "$work/baddate.json" --json "$work/x.json"
+no_file "reference date not a string" "$work/x.json"
 expect_error "missing model" "nowhere" "$bin" bench --model "$work/nowhere" --backend cpu --json "$work/x.json"
 finish

@@ -20,6 +20,7 @@ for this model; eager with --attn eager). Workloads, as atlas bench defines them
 --grid-new-tokens lowers the grid's length (the value measured is written in the record, never scaled).
 """
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -162,6 +163,9 @@ def main():
     res = {"reference": "transformers %s DeepseekV2ForCausalLM (%s attention, bf16), official router patch" %
                         (transformers.__version__, args.attn),
            "torch": torch.__version__, "device": torch.cuda.get_device_name(0), "patches": patches,
+           # When it ran (UTC): atlas bench copies it into every record's reference_source, so a
+           # comparison with another session's run is visible as such.
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "records": records}
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
