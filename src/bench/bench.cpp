@@ -446,7 +446,7 @@ ojson to_json(const std::vector<Record>& records) {
     j["reference_name"] = "transformers (tools/reference/bench_transformers.py)";
     // Which run of it: the file, its hash, and the device and date it recorded (a file from
     // another session or machine is visible here; the bench cannot tell on its own).
-    j["reference_source"] = r.reference_source.is_null() ? ojson(nullptr) : r.reference_source;
+    j["reference_source"] = r.reference_source;  // null without --reference
     // ratio > 1 = atlas better (faster, or less memory), whatever the unit's direction.
     if (r.reference && r.atlas > 0 && *r.reference > 0)
       j["speedup_vs_reference"] = r.unit == "tok/s" ? r.atlas / *r.reference : *r.reference / r.atlas;

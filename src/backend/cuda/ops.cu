@@ -262,9 +262,6 @@ void check_permute(const MoePermuteArgs& a) {
           "pointers", "topk_ids, counts, offsets, sorted_token, pair_slot, workspace must be set");
 }
 
-}  // namespace
-
-namespace {
 // The launches of router() and moe_permute() for checked arguments (moe_route's fallback has
 // checked them already).
 void launch_router(const RouterArgs& a) {
@@ -277,14 +274,6 @@ void launch_router(const RouterArgs& a) {
   check_launch(op);
 }
 
-}  // namespace
-
-size_t moe_permute_workspace_ints(int tokens, int experts) {
-  const int64_t chunks = (int64_t(std::max(tokens, 0)) + kern::kMoeChunk - 1) / kern::kMoeChunk;
-  return size_t(std::max<int64_t>(chunks, 1) * std::max(experts, 1));
-}
-
-namespace {
 void launch_permute(const MoePermuteArgs& a) {
   const char* op = "moe_permute";
   cudaStream_t s = stream_of(a.stream);
@@ -313,6 +302,11 @@ void launch_permute(const MoePermuteArgs& a) {
 }
 
 }  // namespace
+
+size_t moe_permute_workspace_ints(int tokens, int experts) {
+  const int64_t chunks = (int64_t(std::max(tokens, 0)) + kern::kMoeChunk - 1) / kern::kMoeChunk;
+  return size_t(std::max<int64_t>(chunks, 1) * std::max(experts, 1));
+}
 
 void router(const RouterArgs& a) {
   check_router(a);
