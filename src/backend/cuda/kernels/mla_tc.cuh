@@ -40,7 +40,8 @@
 //   phase 2: O[16G, latent] += P . C[:, :latent]: warp w owns latent columns [64w, 64w+64)
 //            for all G queries (accumulators stay in registers across the split).
 // (Session 9: the cache tiles through the bulk-copy engine, one copy per slot row on a per-stage
-// mbarrier, commit c0834d7: same bits, no gain: batch 1 at 512 slots 30.1 vs 29.9 us, Nsight 10.4
+// mbarrier, commit c0834d7: same bits, no gain: batch 1 at 512 slots 30.1 us against session 8's
+// 29.9 with cp.async, end to end within noise in the same run; Nsight 10.4
 // cycles per issued instruction with 2 warps per scheduler: a batch-1 block is bound by its own
 // instruction latency chain over ~1,000 instructions per warp and tile, not by its loads.
 // Dropped.)
