@@ -74,7 +74,9 @@ BENCHMARK(BM_Gemm)->ArgsProduct({{1, 128}, {0, 1, 2}})->UseManualTime()->Unit(be
 // One pool of random bf16 values serves every case (filled once, never freed: it lives until
 // the process ends). Decode GEMMs of a real forward pass read weights that are not in L2, so
 // each timed call uses the next of several weight copies (together > 60 MB L2) when they fit.
-constexpr size_t kPoolWeights = size_t(64) * 2816 * 2048;  // the 64 gate|up experts, 738 MB
+// The 64 gate|up experts plus 48 more: the grouped cases' rotations shift a window of 64 evenly
+// spaced experts (the TMA kernel's layout, as the model loads them), 1.29 GB.
+constexpr size_t kPoolWeights = size_t(64 + 48) * 2816 * 2048;
 constexpr size_t kPoolX = size_t(32768) * 2048;             // 32768 tokens x hidden
 constexpr size_t kPoolRows = size_t(32768) * 6;             // routed rows at 32768 tokens, top-6
 constexpr size_t kPoolOut = kPoolRows * 2816;
@@ -181,7 +183,7 @@ std::vector<int> forced_configs(int rows) {
   else if (rows <= 1024)
     want = {"32x64x64/4+slices", "c128x64/8w", "c64x64/4w", "wg128x128x64/4+slices"};
   else
-    want = {"wg192x128x64/4", "wg128x128x64/4", "128x64x32/4"};
+    want = {"tma192x128x64/5", "wg192x128x64/4", "wg128x128x64/4", "128x64x32/4"};
   std::vector<int> out;
   for (int c : all)
     if (std::find(want.begin(), want.end(), gemm_config_name(c)) != want.end()) out.push_back(c);
@@ -282,6 +284,7 @@ struct Routing {
   int32_t* d_offsets = nullptr;
   int32_t* d_x_rows = nullptr;
   std::vector<const uint16_t**> d_wptr;  // per rotation: [64] device pointers
+  std::vector<const uint16_t*> w_base;   // per rotation: expert 0's weight (the experts at one stride)
 };
 
 constexpr int kExperts = 64, kTopK = 6, kRotations = 4;
@@ -317,7 +320,8 @@ Routing& routing(int shape, int tokens) {
   for (int rot = 0; rot < kRotations; ++rot) {
     std::vector<const uint16_t*> wp(kExperts);
     for (int e = 0; e < kExperts; ++e)
-      wp[size_t(e)] = pool().w + size_t((e + rot * kExperts / kRotations) % kExperts) * sh.N * sh.K;
+      wp[size_t(e)] = pool().w + size_t(e + rot * kExperts / kRotations) * sh.N * sh.K;
+    r.w_base.push_back(wp[0]);
     auto* d = static_cast<const uint16_t**>(device_alloc(kExperts * sizeof(void*)));
     copy_to_device(d, wp.data(), kExperts * sizeof(void*));
     r.d_wptr.push_back(d);
@@ -342,11 +346,13 @@ void BM_GroupedGemm(benchmark::State& state) {
     moe_gather({.x = p.x, .sorted_token = r.d_x_rows, .x_sorted = p.x_sorted, .rows = r.rows, .dim = sh.K});
   gemm_force_config(mode >= 3 ? mode - 3 : -1);
   GroupedGemmArgs g{.x = p.x, .x_rows = r.d_x_rows, .w = r.d_wptr[0], .offsets = r.d_offsets, .out = p.out,
-                    .groups = kExperts, .max_rows = r.rows, .N = sh.N, .K = sh.K, .x_rows_limit = tokens};
+                    .groups = kExperts, .max_rows = r.rows, .N = sh.N, .K = sh.K, .x_rows_limit = tokens,
+                    .w_base = r.w_base[0], .w_group_stride = int64_t(wsz)};
   const int chosen = grouped_gemm_chosen_config(g);
   auto run_once = [&](int rot) {
     if (mode == 0 || mode >= 3) {
       g.w = r.d_wptr[size_t(rot)];
+      g.w_base = r.w_base[size_t(rot)];
       grouped_gemm(g);
       return;
     }
@@ -354,7 +360,7 @@ void BM_GroupedGemm(benchmark::State& state) {
       const int lo = r.offsets[size_t(e)], n = r.offsets[size_t(e) + 1] - lo;
       if (n == 0) continue;
       gemm({.x = p.x_sorted + size_t(lo) * sh.K,
-            .w = p.w + size_t((e + rot * kExperts / kRotations) % kExperts) * wsz,
+            .w = p.w + size_t(e + rot * kExperts / kRotations) * wsz,
             .out = p.out + size_t(lo) * sh.N, .M = n, .N = sh.N, .K = sh.K,
             .mode = mode == 1 ? GemmMode::fast : GemmMode::batch_invariant});
     }

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -350,6 +351,22 @@ struct GroupedCase {
   int N, K;
   int x_rows_total;  // rows of x for the gather (0: no gather, A rows are x rows directly)
   int slack;         // max_rows - sum(counts): rows that must stay unwritten
+  bool spaced = true;  // the groups' weights in one block at one stride, passed as w_base (the TMA kernel)
+};
+
+// Group weights in one device block at a stride past N * K (a gap, as between a model's experts),
+// 16-byte aligned: what GroupedGemmArgs::w_base describes.
+struct SpacedWeights {
+  int64_t stride = 0;
+  std::unique_ptr<DevBuf<uint16_t>> block;
+  std::vector<const uint16_t*> ptrs;
+  SpacedWeights(const std::vector<std::vector<uint16_t>>& w, size_t elems)
+      : stride(int64_t((elems + 7) / 8 * 8 + 64)) {
+    std::vector<uint16_t> all(size_t(stride) * w.size(), 0xffff);
+    for (size_t g = 0; g < w.size(); ++g) std::copy(w[g].begin(), w[g].end(), all.begin() + int64_t(g) * stride);
+    block = std::make_unique<DevBuf<uint16_t>>(all);
+    for (size_t g = 0; g < w.size(); ++g) ptrs.push_back(block->get() + int64_t(g) * stride);
+  }
 };
 
 // Grouped rows == the dense kernel on that group's rows (gathered on the host), bit for bit, in
@@ -369,13 +386,9 @@ void check_grouped(const GroupedCase& gc, std::mt19937& rng) {
     for (auto& r : x_rows) r = pick(rng);
   }
   std::vector<std::vector<uint16_t>> w(static_cast<size_t>(G));
-  std::vector<std::unique_ptr<DevBuf<uint16_t>>> dw;
-  std::vector<const uint16_t*> wptr;
-  for (int g = 0; g < G; ++g) {
-    w[size_t(g)] = random_bf16(size_t(N) * K, rng, 0.03f);
-    dw.push_back(std::make_unique<DevBuf<uint16_t>>(w[size_t(g)]));
-    wptr.push_back(dw.back()->get());
-  }
+  for (int g = 0; g < G; ++g) w[size_t(g)] = random_bf16(size_t(N) * K, rng, 0.03f);
+  const SpacedWeights sw(w, size_t(N) * K);
+  const std::vector<const uint16_t*>& wptr = sw.ptrs;
   DevBuf<uint16_t> dx(x);
   DevBuf<int32_t> doff(offsets);
   DevBuf<int32_t> drows(x_rows.empty() ? std::vector<int32_t>{0} : x_rows);
@@ -387,7 +400,8 @@ void check_grouped(const GroupedCase& gc, std::mt19937& rng) {
     DevBuf<T> dout(out_elems);
     grouped_gemm({.x = dx.get(), .x_rows = x_rows.empty() ? nullptr : drows.get(), .w = dwptr.get(),
                   .offsets = doff.get(), .out = dout.get(), .out_type = out_type_of<T>(), .groups = G,
-                  .max_rows = max_rows, .N = N, .K = K, .x_rows_limit = x_count});
+                  .max_rows = max_rows, .N = N, .K = K, .x_rows_limit = x_count,
+                  .w_base = gc.spaced ? wptr[0] : nullptr, .w_group_stride = gc.spaced ? sw.stride : 0});
     check_device_errors();  // synchronises; must not throw
     const auto got = dout.download();
     DevBuf<T> poison(1);
@@ -416,6 +430,12 @@ TEST_F(GroupedGemm, RowsEqualTheDenseGemmOfTheirGroup) {
   const GroupedCase with_gather{{0, 5, 0, 1, 40, 17, 130, 3, 0}, 200, 264, 120, 9};
   check_grouped<uint16_t>(with_gather, rng);
   check_grouped<float>(with_gather, rng);
+  GroupedCase unspaced = with_gather;  // no w_base: the TMA config runs its cp.async kernel
+  unspaced.spaced = false;
+  check_grouped<uint16_t>(unspaced, rng);
+  // Groups over two and three 192-row tiles (the TMA kernel's A boxes run into the next group's
+  // rows and past the last row), K of 9 slices with a short last step.
+  check_grouped<uint16_t>({{250, 0, 401, 7}, 136, 2120, 300, 4}, rng);
   // No gather, K with a tail of 8, odd N.
   check_grouped<uint16_t>({{33, 0, 64, 2}, 75, 136, 0, 0}, rng);
   // One group == a dense GEMM; every group empty (nothing written, no error).
@@ -525,12 +545,10 @@ TEST_F(GroupedGemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
   std::vector<int32_t> x_rows(static_cast<size_t>(rows));
   std::uniform_int_distribution<int> pick(0, x_count - 1);
   for (auto& r : x_rows) r = pick(rng);
-  std::vector<std::unique_ptr<DevBuf<uint16_t>>> dw;
-  std::vector<const uint16_t*> wptr;
-  for (int g = 0; g < G; ++g) {
-    dw.push_back(std::make_unique<DevBuf<uint16_t>>(random_bf16(size_t(N) * K, rng, 0.1f)));
-    wptr.push_back(dw.back()->get());
-  }
+  std::vector<std::vector<uint16_t>> w;
+  for (int g = 0; g < G; ++g) w.push_back(random_bf16(size_t(N) * K, rng, 0.1f));
+  const SpacedWeights sw(w, size_t(N) * K);
+  const std::vector<const uint16_t*>& wptr = sw.ptrs;
   DevBuf<uint16_t> dx(x), scratch(size_t(rows) * N);
   DevBuf<int32_t> doff(offsets), drows(x_rows);
   DevBuf<const uint16_t*> dwptr(wptr);
@@ -538,7 +556,8 @@ TEST_F(GroupedGemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
     ForceConfig force(c);
     SCOPED_TRACE(::testing::Message() << "config " << (c < 0 ? "auto" : gemm_config_name(c)));
     const GroupedGemmArgs base{.x = dx.get(), .x_rows = drows.get(), .w = dwptr.get(), .offsets = doff.get(),
-                               .groups = G, .max_rows = rows, .N = N, .K = K, .x_rows_limit = x_count};
+                               .groups = G, .max_rows = rows, .N = N, .K = K, .x_rows_limit = x_count,
+                               .w_base = wptr[0], .w_group_stride = sw.stride};
     DevBuf<uint16_t> dgu(size_t(rows) * N), dact(size_t(rows) * I);
     GroupedGemmArgs plain = base;
     plain.out = dgu.get();
@@ -596,6 +615,49 @@ TEST_F(GroupedGemm, GatherRowOutOfRangeRaisesTheDeviceError) {
       FAIL() << "no device error for x_rows entry " << bad_row;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("grouped_gemm: x_rows"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The TMA kernel reads group g's weight at w_base + g * w_group_stride: where the w array says
+// otherwise it raises the device error naming w instead of multiplying by another matrix. On a
+// Hopper GPU with this sm_90a build the TMA kernel must be available (a silent fallback would
+// keep every bit test green and lose the speed); the error proves the TMA kernel ran, since the
+// cp.async kernels never read w_base.
+TEST_F(GroupedGemm, TmaKernelRunsAndChecksWBaseAgainstW) {
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no TMA kernel";
+  const char* env = std::getenv("ATLAS_GEMM_TMA");
+  if (env && std::string(env) == "0") GTEST_SKIP() << "ATLAS_GEMM_TMA=0";
+  ASSERT_TRUE(gemm_tma_available()) << "a 9.x GPU and this sm_90a build should run the TMA kernel";
+  int tma = -1;
+  for (int c = 0; c < gemm_config_count(); ++c)
+    if (gemm_config_name(c) == "tma192x128x64/5") tma = c;
+  ASSERT_GE(tma, 0);
+  std::mt19937 rng(test_seed());
+  const int N = 128, K = 256, rows = 200;
+  const std::vector<std::vector<uint16_t>> w = {random_bf16(size_t(N) * K, rng), random_bf16(size_t(N) * K, rng)};
+  const SpacedWeights sw(w, size_t(N) * K);
+  DevBuf<uint16_t> dx(random_bf16(size_t(rows) * K, rng)), dout(size_t(rows) * N);
+  DevBuf<int32_t> doff(std::vector<int32_t>{0, 100, rows});
+  ForceConfig force(tma);
+  for (int64_t shift : {int64_t(0), int64_t(8)}) {
+    SCOPED_TRACE(::testing::Message() << "group 1 at w_base + stride + " << shift);
+    DevBuf<const uint16_t*> dwptr(std::vector<const uint16_t*>{sw.ptrs[0], sw.ptrs[1] + shift});
+    grouped_gemm({.x = dx.get(), .w = dwptr.get(), .offsets = doff.get(), .out = dout.get(), .groups = 2,
+                  .max_rows = rows, .N = N, .K = K, .x_rows_limit = rows, .w_base = sw.ptrs[0],
+                  .w_group_stride = sw.stride});
+    if (shift == 0) {
+      EXPECT_NO_THROW(check_device_errors());
+      continue;
+    }
+    try {
+      check_device_errors();
+      FAIL() << "no device error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("grouped_gemm: w"), std::string::npos) << e.what();
     }
   }
 }
@@ -782,6 +844,10 @@ TEST_F(Gemm, BadArgumentsThrowNamingTheField) {
                                    .offsets = reinterpret_cast<const int32_t*>(b.get()), .out = b.get(), .groups = 1,
                                    .max_rows = 1, .N = 8, .K = 8, .gated = 4}); },
                "grouped_gemm: gated_scratch");
+  expect_error([&] { grouped_gemm({.x = b.get(), .w = reinterpret_cast<const uint16_t* const*>(b.get()),
+                                   .offsets = reinterpret_cast<const int32_t*>(b.get()), .out = b.get(), .groups = 2,
+                                   .max_rows = 1, .N = 8, .K = 8, .w_base = b.get(), .w_group_stride = 63}); },
+               "grouped_gemm: w_group_stride");
 }
 
 }  // namespace

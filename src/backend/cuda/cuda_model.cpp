@@ -132,6 +132,16 @@ struct MlpT {
   int64_t inter = 0;              // I
 };
 
+// A MoE layer's expert matrices for the grouped GEMM: the device array of per-expert pointers,
+// and (base, stride in elements) where the experts lie at one stride in the weight block, which
+// the TMA GEMM kernel needs (GroupedGemmArgs::w_base; null base: not evenly spaced).
+template <class Elem>
+struct ExpertWeightsT {
+  const Elem* const* ptrs = nullptr;  // [E] device array
+  const Elem* base = nullptr;
+  int64_t stride = 0;
+};
+
 template <class Elem>
 struct LayerT {
   const Elem *ln1 = nullptr, *ln2 = nullptr;   // [H]
@@ -148,8 +158,8 @@ struct LayerT {
   MlpT<Elem> dense;
   const Elem* router = nullptr;  // [E, H]
   std::vector<MlpT<Elem>> experts;
-  const Elem* const* gate_up_ptrs = nullptr;  // [E] device array: experts[e].gate_up (grouped GEMM)
-  const Elem* const* down_ptrs = nullptr;     // [E] device array: experts[e].down
+  ExpertWeightsT<Elem> gate_up_w;  // experts[e].gate_up (grouped GEMM)
+  ExpertWeightsT<Elem> down_w;     // experts[e].down
   bool has_shared = false;
   MlpT<Elem> shared;
 };
@@ -329,7 +339,7 @@ class CudaModelT final : public Model {
   // Expert GEMM over the rows sorted by expert (device offsets), optional gather of A rows.
   // gated = I > 0: the gate|up GEMM (N = 2I) with SiLU, out = act [max_rows, I], scratch
   // [max_rows, 2I] (GroupedGemmArgs::gated; the f32 mode runs the GEMM into scratch, then silu_gate).
-  void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Elem* const* w,
+  void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
                    int64_t gated = 0, Elem* scratch = nullptr) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
@@ -363,7 +373,7 @@ class CudaModelT final : public Model {
   const Elem *cos_ = nullptr, *sin_ = nullptr;
   int max_positions_ = 0;
   float scale_ = 0.0f;
-  DeviceBlock expert_ptrs_;  // the layers' gate_up_ptrs / down_ptrs arrays
+  DeviceBlock expert_ptrs_;  // the layers' gate_up_w / down_w pointer arrays
   GemmMode dense_mode_ = GemmMode::batch_invariant;
   bool graphs_ = true;
   int64_t max_tokens_ = 8192;  // tokens per forward pass before a prefill is chunked
@@ -565,7 +575,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     }
     blocks_.push_back(std::move(L));
   }
-  (void)H;
   // Per MoE layer, the device arrays of expert weight pointers the grouped GEMM reads.
   std::vector<const Elem*> ptrs;
   for (const Layer& L : blocks_) {
@@ -576,11 +585,27 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     expert_ptrs_ = DeviceBlock(ptrs.size() * sizeof(void*));
     copy_to_device(expert_ptrs_.get(), ptrs.data(), ptrs.size() * sizeof(void*));
     auto* dev = reinterpret_cast<const Elem* const*>(expert_ptrs_.get());
+    // Experts placed at one stride (the loader places each expert's gate|up then down, so they
+    // are): base and stride for the TMA kernel; anything else leaves the base null.
+    auto spaced = [](const std::vector<const Elem*>& p, int64_t elems) {
+      const int64_t stride = p.size() > 1 ? int64_t(p[1] - p[0]) : elems;
+      for (size_t e = 1; e < p.size(); ++e)
+        if (int64_t(p[e] - p[e - 1]) != stride) return std::pair<const Elem*, int64_t>{nullptr, 0};
+      return stride >= elems ? std::pair{p[0], stride} : std::pair<const Elem*, int64_t>{nullptr, 0};
+    };
     size_t o = 0;
     for (Layer& L : blocks_) {
       if (L.experts.empty()) continue;
-      L.gate_up_ptrs = dev + o;
-      L.down_ptrs = dev + o + L.experts.size();
+      std::vector<const Elem*> gu, dn;
+      for (const Mlp& m : L.experts) {
+        gu.push_back(m.gate_up);
+        dn.push_back(m.down);
+      }
+      const int64_t I = L.experts[0].inter;
+      const auto [gu_base, gu_stride] = spaced(gu, 2 * I * H);
+      const auto [dn_base, dn_stride] = spaced(dn, H * I);
+      L.gate_up_w = {.ptrs = dev + o, .base = gu_base, .stride = gu_stride};
+      L.down_w = {.ptrs = dev + o + L.experts.size(), .base = dn_base, .stride = dn_stride};
       o += 2 * L.experts.size();
     }
   }
@@ -632,19 +657,21 @@ void CudaModelT<Elem>::router_gemm(const Elem* x, const Elem* w, float* out, int
 }
 
 template <class Elem>
-void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Elem* const* w,
+void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit,
+                                   const ExpertWeightsT<Elem>& w,
                                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
                                    int64_t K, int64_t gated, Elem* scratch) const {
   if constexpr (kF32) {
-    grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w, .offsets = offsets, .out = gated ? scratch : out,
+    grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = gated ? scratch : out,
                       .groups = int(groups), .max_rows = int(max_rows), .N = int(N), .K = int(K),
                       .x_rows_limit = x_rows_limit, .stream = s_});
     if (gated)
       silu_gate({.gate = scratch, .up = scratch + gated, .out = out, .rows = int(max_rows), .width = int(gated),
                  .in_stride = N, .stream = s_});
   } else {
-    grouped_gemm({.x = x, .x_rows = x_rows, .w = w, .offsets = offsets, .out = out, .groups = int(groups),
+    grouped_gemm({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
                   .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
+                  .w_base = w.base, .w_group_stride = w.stride,
                   .gated = int(gated), .gated_scratch = scratch, .stream = s_});
   }
 }
@@ -871,8 +898,8 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   }
   // (The permutation does not read the weights: an observer's change reaches the combine only.)
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
-  expert_gemm(b.h, b.sorted, M, L.gate_up_ptrs, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
-  expert_gemm(b.act, nullptr, 0, L.down_ptrs, b.offsets, b.ys, E, M * k, H, I);
+  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
+  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).
   if (L.has_shared) join_side();  // side_ has nothing after the shared experts

@@ -629,6 +629,12 @@ void gemm_force_config(int config);
 // The config a batch_invariant gemm() / grouped_gemm() with these arguments would run (for
 // benchmark labels and tuning; -1 for an empty grouped problem).
 int gemm_chosen_config(const GemmArgs& a);
+// Whether the TMA config ("tma192x128x64/5", kernels/gemm_tma.cuh) can run here: sm_90a device
+// code, the driver's tensor-map encoder, ATLAS_GEMM_TMA not "0" (read once, at the first GEMM).
+// Where it cannot, or a call does not suit it (batch > 1, a grouped call without w_base, a
+// gather over 512 MiB, a refused tensor map), that config runs the cp.async wgmma kernel of the
+// same tile instead: the same bits either way.
+bool gemm_tma_available();
 
 // ---- grouped GEMM (MoE experts), routing stays on the device ------------------------------
 // Rows are sorted by group (expert); group g owns rows [offsets[g], offsets[g+1]) and
@@ -656,6 +662,12 @@ struct GroupedGemmArgs {
   int N = 0, K = 0;
   int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // elements, 0 = dense
   int64_t x_rows_limit = 0;  // rows of x, bound for x_rows entries (0 = only negatives checked)
+  // Optional, for the TMA kernel (gemm_tma_available()): the groups' weights lie at one stride,
+  // w[g] == w_base + g * w_group_stride (elements; checked on the device: error "w"). Without
+  // them the grouped call runs the cp.async kernels (same bits). On that kernel, without x_rows,
+  // x must hold x_rows_limit rows (max_rows where x_rows_limit is 0): whole boxes of rows are read.
+  const uint16_t* w_base = nullptr;
+  int64_t w_group_stride = 0;
   // Fused gate|up + SiLU (the MLP's first half): gated = I > 0 says w holds 2I rows, gate rows
   // [0, I) then up rows [I, 2I), N = 2I, and out receives act [rows, I] (dense, out_stride 0)
   // = bf16(bf16(silu(gate)) * up): the bits of this GEMM into [rows, 2I] followed by silu_gate,

@@ -9,6 +9,7 @@
 // first call outside a capture (a warm-up step). cuBLASLt plans are cached per shape, so a
 // later call of the same shape creates nothing either.
 #include <cublasLt.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (the driver entry point, resolved at run time)
 
 #include <algorithm>
 #include <array>
@@ -24,6 +25,7 @@
 #include "backend/cuda/kernels/gemm_cluster.cuh"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
+#include "backend/cuda/kernels/gemm_tma.cuh"
 #include "backend/cuda/kernels/gemm_wgmma.cuh"
 
 namespace atlas::cuda {
@@ -75,6 +77,10 @@ using CfgC16 = kern::ClusterTile<16, 64, 1, 4>;    // 40 KB, 128 threads
 //                                   warpgroups  ring    threads
 using CfgWg192 = kern::WgTile<3>;  //  3         200 KB   384 (156 registers)
 using CfgWg128 = kern::WgTile<2>;  //  2         160 KB   256
+// The same 192 x 128 tile with TMA copies (kernels/gemm_tma.cuh, session 10): dense batch-1
+// problems and grouped ones whose group weights lie at one stride. Elsewhere (and with
+// ATLAS_GEMM_TMA=0) the config runs CfgWg192's cp.async kernel: same tile, same bits.
+using CfgTma192 = kern::TmaTile<3>;
 // (Session 9: a warp-specialised variant of the 192 x 128 tile, a producer warpgroup of cp.async
 // copies handing ring slots to three consumer warpgroups through mbarriers, setmaxnreg 56 / 152,
 // no block barrier per K step; commit 6435996. It measured ~12% slower than this one on every
@@ -94,6 +100,7 @@ struct TileConfig {
   bool wgmma = false;    // needs the sm_90a build (kernels/gemm_wgmma.cuh); async operands only
   bool grouped_only = false;  // never picked by choose_config (the grouped rule or a forced run may)
   bool cluster = false;  // one block per K slice in clusters (needs sm_90 code and K <= 16 slices)
+  bool tma = false;      // gemm_tma_kernel<CfgTma192> where it can run, else fn (the cp.async wgmma kernel)
 };
 
 constexpr TileConfig grouped_only(TileConfig c) {
@@ -117,6 +124,12 @@ template <class T>
 constexpr TileConfig make_wgmma_config(const char* name) {
   TileConfig c = async_only_config<T>(name, kern::gemm_wgmma_kernel<T, false>, kern::gemm_wgmma_kernel<T, true>);
   c.wgmma = true;
+  return c;
+}
+
+constexpr TileConfig make_tma_config(const char* name) {
+  TileConfig c = make_wgmma_config<CfgWg192>(name);
+  c.tma = true;
   return c;
 }
 
@@ -169,8 +182,8 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 23> kConfigs = {
-    make_wgmma_config<CfgWg192>("wg192x128x64/4"),
+constexpr std::array<TileConfig, 24> kConfigs = {
+    make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
     make_config<CfgM32, false>("32x64x64/4"),     make_config<CfgD32, false>("16x32x128/4"),
@@ -225,6 +238,8 @@ struct GemmSetup {
   int sm_count = 132;
   int* error_flag = nullptr;
   bool wgmma = false;  // the loaded device code has the wgmma kernel (an sm_90a build on a 9.0 GPU)
+  // The TMA kernel may run: wgmma, the driver's tensor-map encoder found, ATLAS_GEMM_TMA not "0".
+  PFN_cuTensorMapEncodeTiled_v12000 encode_map = nullptr;
   // cluster_sizes[i]: the largest C such that config i's clusters of 1..C blocks all fit the
   // device (cudaOccupancyMaxActiveClusters > 0, both output types); 0: not a cluster config, or
   // no cluster launch here (device without it, or device code built for an older arch).
@@ -292,6 +307,21 @@ const GemmSetup& setup() {
                          "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
+    const char* tma_env = std::getenv("ATLAS_GEMM_TMA");
+    if (g.wgmma && !(tma_env && std::string(tma_env) == "0")) {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+              cudaSuccess &&
+          q == cudaDriverEntryPointSuccess && fn != nullptr)
+        g.encode_map = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+      (void)cudaGetLastError();  // a driver without it is an answer (the cp.async kernel runs), not an error
+    }
+    if (g.encode_map)
+      for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
+                            reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true>)})
+        check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, CfgTma192::SMEM_BYTES),
+                   "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, TMA)");
     int cluster_launch = 0;
     check_cuda(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev), "gemm",
                "cudaDeviceGetAttribute(clusterLaunch)");
@@ -628,8 +658,8 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
     launch(f, dim3(unsigned(tiles), 1, batch), c.threads, c.smem, stream, p);
 }
 
-// The slice sums' scratch: one grow-only device block per stream (launches on one stream run in
-// order, so they share it). Grown only outside a stream capture: inside one, a launch that does
+// The slice sums' scratch, also holding the TMA kernel's gathered A rows (try_tma_grouped): one
+// grow-only device block per stream (launches on one stream run in order, so they share it). Grown only outside a stream capture: inside one, a launch that does
 // not fit returns null and the caller runs the plain launch of the same config (same bits). A
 // model's first decode step runs eagerly with the step's shapes, so its capture finds the block
 // big enough. (Stream-ordered cudaMallocAsync was the first version: inside decode graphs every
@@ -639,7 +669,7 @@ struct ScratchBlock {
   size_t bytes = 0;
 };
 std::mutex scratch_mu;
-std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= kSlicedMaxWorkspace each
+std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 512 MiB each
 
 float* slice_scratch(size_t bytes, cudaStream_t stream) {
   int dev = 0;
@@ -683,7 +713,83 @@ bool launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t ti
   return true;
 }
 
+// ---- the TMA kernel (kernels/gemm_tma.cuh) ------------------------------------------------------
+// Gathered A rows (grouped problems with x_rows) live in the stream's scratch block; larger
+// problems run the cp.async kernel of the same tile (same bits). A prefill chunk of 8,192 tokens
+// gathers 49,152 rows x 2,048 = 192 MiB.
+constexpr size_t kTmaGatherMaxBytes = size_t(512) << 20;
+
+// A bf16 tensor map for the TMA kernel: dims innermost first (K, rows[, groups]), byte strides
+// of the outer dims, box 64 (K) x box_rows (x 1), the ring's 128-byte swizzle, zeros outside
+// the tensor. false: the driver refused (alignment, sizes): the caller runs the cp.async kernel.
+bool encode_map(CUtensorMap& m, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                uint32_t box_rows) {
+  const cuuint32_t box[3] = {64, box_rows, 1}, unit[3] = {1, 1, 1};
+  return setup().encode_map(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base), dims,
+                            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, const kern::MmaGemmParams& p, int64_t tiles, bool f32,
+                cudaStream_t stream) {
+  using T = CfgTma192;
+  if (f32)
+    launch(kern::gemm_tma_kernel<T, true>, dim3(unsigned(tiles)), T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
+  else
+    launch(kern::gemm_tma_kernel<T, false>, dim3(unsigned(tiles)), T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
+}
+
+// Dense, batch 1 (the caller checked the async path): x [M][K] (row stride xs), w [N][K] (ws).
+// false: not launched (no TMA here, or the driver refused a map).
+bool try_tma_dense(const GemmArgs& a, const kern::MmaGemmParams& p, int64_t xs, int64_t ws, int64_t tiles, bool f32,
+                   cudaStream_t stream) {
+  if (!setup().encode_map || a.batch != 1) return false;
+  CUtensorMap ma, mb;
+  const cuuint64_t da[2] = {cuuint64_t(a.K), cuuint64_t(a.M)}, sa[1] = {cuuint64_t(xs) * 2};
+  const cuuint64_t db[2] = {cuuint64_t(a.K), cuuint64_t(a.N)}, sb[1] = {cuuint64_t(ws) * 2};
+  if (!encode_map(ma, a.x, 2, da, sa, CfgTma192::BM) || !encode_map(mb, a.w, 2, db, sb, 64)) return false;
+  launch_tma(ma, mb, p, tiles, f32, stream);
+  return true;
+}
+
+// Grouped (async path): group weights at a.w_base + g * a.w_group_stride; A rows gathered into
+// the stream's scratch first where x_rows is set (the tensor copy reads whole boxes of rows).
+bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int64_t xs, int64_t ws, int64_t tiles,
+                     bool f32, cudaStream_t stream, const char* op) {
+  const GemmSetup& s = setup();
+  if (!s.encode_map || a.w_base == nullptr) return false;
+  const void* ax = a.x;
+  int64_t axs = xs, a_rows = a.x_rows_limit > 0 ? a.x_rows_limit : a.max_rows;
+  uint16_t* gathered = nullptr;
+  if (a.x_rows != nullptr) {
+    const size_t bytes = size_t(a.max_rows) * size_t(a.K) * 2;
+    if (bytes > kTmaGatherMaxBytes) return false;
+    gathered = reinterpret_cast<uint16_t*>(slice_scratch(bytes, stream));
+    if (gathered == nullptr) return false;  // inside a capture and the scratch too small
+    ax = gathered;
+    axs = a.K;
+    a_rows = a.max_rows;
+  }
+  CUtensorMap ma, mb;
+  const cuuint64_t da[2] = {cuuint64_t(a.K), cuuint64_t(a_rows)}, sa[1] = {cuuint64_t(axs) * 2};
+  const cuuint64_t db[3] = {cuuint64_t(a.K), cuuint64_t(a.N), cuuint64_t(a.groups)};
+  const cuuint64_t sb[2] = {cuuint64_t(ws) * 2, cuuint64_t(a.w_group_stride) * 2};
+  if (!encode_map(ma, ax, 2, da, sa, CfgTma192::BM) || !encode_map(mb, a.w_base, 3, db, sb, 64)) return false;
+  if (gathered != nullptr) {
+    launch(kern::gather_rows_kernel, unsigned(a.max_rows), 256, 0, stream, a.x, xs, a.x_rows, a.x_rows_limit,
+           a.offsets + a.groups, a.K, gathered, s.error_flag);
+    check_launch(op);
+  }
+  kern::MmaGemmParams q = p;
+  q.w_group_base = a.w_base;
+  q.w_group_stride = a.w_group_stride;
+  launch_tma(ma, mb, q, tiles, f32, stream);
+  return true;
+}
+
 }  // namespace
+
+bool gemm_tma_available() { return setup().encode_map != nullptr; }
 
 void gemm_prepare_stream(Stream stream) {
   const cudaStream_t s = stream_of(stream);
@@ -841,6 +947,10 @@ void gemm(const GemmArgs& a) {
       launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
                     nullptr, stream, op))
     return;
+  if (c.tma && async && !sliced && try_tma_dense(a, p, xs, ws, m_tiles * n_tiles, f32, stream)) {
+    check_launch(op);
+    return;
+  }
   launch_mma(c, p, m_tiles * n_tiles, unsigned(a.batch), f32, async, a.M <= 8, cluster, stream);
   check_launch(op);
 }
@@ -849,6 +959,9 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   const char* op = "grouped_gemm";
   require_grouped_args(a, op);
   require_gated(a, op);
+  require(a.w_base == nullptr || a.w_group_stride >= int64_t(a.N) * (a.w_stride ? a.w_stride : a.K), op,
+          "w_group_stride", "with w_base, must be >= N * (w row stride) (the groups' weights do not overlap), got " +
+                                std::to_string(a.w_group_stride));
   if (a.max_rows == 0) return;
   const GemmSetup& s = setup();
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
@@ -895,6 +1008,10 @@ void grouped_gemm(const GroupedGemmArgs& a) {
       launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
                     stream_of(a.stream), op))
     return;
+  if (c.tma && async && try_tma_grouped(a, p, xs, ws, y_tiles * n_tiles, f32, stream_of(a.stream), op)) {
+    check_launch(op);
+    return;
+  }
   launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream));
   check_launch(op);
 }

@@ -97,6 +97,11 @@ struct MmaGemmParams {
   int64_t slice_stride = 0;                    // > 0: sliced launch (below), elements between slices
   int gated = 0;                               // > 0: fused gate|up + SiLU (below); bf16 out only
   int prefetch = 0;                            // > 0: dense weights into L2 before pdl_begin (below)
+  // Grouped problems on the TMA kernel (kernels/gemm_tma.cuh): its tensor map reads group g's
+  // weight at w_group_base + g * w_group_stride (elements); the kernel checks that w_groups[g]
+  // is that address (device error "w" otherwise).
+  const uint16_t* w_group_base = nullptr;
+  int64_t w_group_stride = 0;
 };
 // Fused gate|up (gated = I > 0, N = 2I): tile column n is weight row n / 2 (gate) for even n and
 // row I + n / 2 (up) for odd n, so a thread's column pair (2j, 2j+1) holds gate j and up j of a
@@ -169,6 +174,7 @@ __device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* base, 
 // offset. Dense: blockIdx.x walks the raster, blockIdx.z the batch. Grouped: see below.
 struct TileSpot {
   int n_tile = 0, row_begin = 0, row_end = 0;
+  int group = 0;  // grouped: the tile's group
   const uint16_t* x = nullptr;
   const uint16_t* w = nullptr;
   int64_t out_base = 0;  // element offset of this problem's out (batch)
@@ -239,6 +245,7 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int t
     if (g_found < 0) return false;  // a block past the last real tile
     t.row_begin = lo_found + j_found * BM;
     t.row_end = min(t.row_begin + BM, hi_found);
+    t.group = g_found;
     t.w = p.w_groups[g_found];
     if (t.w == nullptr || (kAsync && (reinterpret_cast<uintptr_t>(t.w) & 15u) != 0)) {
       if (tid == 0) atomicOr(p.error_flag, kErrGroupWeight);
@@ -468,12 +475,18 @@ __device__ __forceinline__ void store_out_pair(const MmaGemmParams& p, int64_t a
 
 // The tile kernels' epilogue store of columns (col, col + 1) of the row at element offset o_row
 // of out: the pair, or with p.gated (bf16 out) the SiLU-gated activation col / 2 (col is even).
+// The fused gate|up epilogue's value from the gate and up sums: bf16(bf16(silu(bf16 gate)) * bf16 up),
+// the bits of the GEMM into bf16 followed by silu_gate_kernel.
+__device__ __forceinline__ uint16_t gated_value(float gate, float up) {
+  const float g = bf2f(f2bf(gate)), u = bf2f(f2bf(up));
+  return f2bf(bf2f(f2bf(silu_f32(g))) * u);
+}
+
 template <bool kOutF32>
 __device__ __forceinline__ void store_tile_pair(const MmaGemmParams& p, int64_t o_row, int col, float v0, float v1) {
   if constexpr (!kOutF32) {
     if (p.gated > 0) {
-      const float g = bf2f(f2bf(v0)), u = bf2f(f2bf(v1));
-      static_cast<uint16_t*>(p.out)[o_row + (col >> 1)] = f2bf(bf2f(f2bf(silu_f32(g))) * u);
+      static_cast<uint16_t*>(p.out)[o_row + (col >> 1)] = gated_value(v0, v1);
       return;
     }
   }

@@ -1,0 +1,244 @@
+// Batch-invariant GEMM on wgmma with operands brought in by the Tensor Memory Accelerator (TMA,
+// sm_90a): the numerics of kernels/gemm_wgmma.cuh (and so of kernels/gemm_mma.cuh's contract),
+// the same 64 WGS x 128 tile, the same 128-byte-swizzled K-major ring the wgmma descriptors read;
+// only the copies differ. Nsight (H200, session 9) found the cp.async kernel bound by its own
+// instruction stream, ~380 warp instructions per warp per 64-wide K step, most of them copy
+// address arithmetic, against 4 wgmma. Here one thread issues a K step's copies as three tensor
+// copies (the A box of BM rows and two B boxes of 64 rows, 64 columns each, the swizzle done by
+// the copy engine), which complete on the slot's "full" mbarrier with a byte count; there is no
+// block barrier per step. A warpgroup that has retired its wgmma of step kt - 1 (wait_group 1 at
+// step kt) arrives on that slot's "empty" mbarrier; at step kt thread 0 refills the slot of step
+// kt - 2 (its empty barrier complete: every warpgroup is past step kt - 1) with step
+// kt - 2 + STAGES.
+//
+// Operands (host: gemm.cu's tensor maps, box 64 x rows, SWIZZLE_128B, zero fill outside):
+//   A: 2D [rows][K] bf16: dense x, or grouped rows in A-row order (the host gathers x_rows first).
+//      Rows of a box past the tile's row_end are other groups' rows or zeros: a row's outputs
+//      depend on its own A row only and such rows are never stored.
+//   B: 2D [N][K] (dense) or 3D [groups][N][K] (grouped: group g's weight at a fixed stride).
+//      Columns n0..n0+127 = box rows n0..n0+63 and n0+64..n0+127; with p.gated (gate rows
+//      [0, I), up rows [I, 2I)) the boxes are gate rows n0/2.. and up rows I + n0/2.., so tile
+//      column c < 64 is gate j = n0/2 + c and c + 64 is up j: a thread holds both (n8 tiles nt
+//      and nt + 8) and stores the activation itself.
+// K past the tensor's end reads as zeros, and chunks past K are never issued (as in every config).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a 128-byte parameter type; no driver call is made here)
+
+#include "gemm_wgmma.cuh"
+
+namespace atlas::cuda::kern {
+
+template <int WGS_>
+struct TmaTile {
+  static constexpr int WGS = WGS_, BM = 64 * WGS_, BN = 128, BK = 64, THREADS = 128 * WGS_;
+  static constexpr int NACC = BN / 2;
+  static constexpr int TILE_A = BM * BK * 2, TILE_B = BN * BK * 2;  // bytes per stage
+  static constexpr int STAGES = WGS_ == 3 ? 5 : 6;                  // 200 KB / 192 KB ring
+  // ring + 1024 for aligning it + full[STAGES] and empty[STAGES] mbarriers
+  static constexpr int SMEM_BYTES = STAGES * (TILE_A + TILE_B) + 1024 + 2 * STAGES * 8;
+  static_assert(SMEM_BYTES <= 227 * 1024, "Hopper's shared memory per block");
+  static_assert(kSliceK % BK == 0, "a K slice must be whole BK steps");
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// Thread 0's arrival on a full barrier, announcing the bytes its tensor copies will deliver.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// Until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // One PTX loop (the label is local to its braces): the warp stays converged for the
+  // .aligned wgmma instructions that follow.
+  asm volatile(
+      "{\n.reg .pred p;\nATLAS_MBAR_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra ATLAS_MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// A box of the tensor map at coordinates (c0 = k, c1 = row[, c2 = group]) into shared memory at
+// dst, completing `bar`'s transaction count.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+#endif
+}
+
+// The grouped A operand for the TMA kernel: dst row r = x row x_rows[r] for r < *rows_total (16-byte
+// copies; K % 8 == 0 and aligned rows, as the async path requires). A bad x_rows entry raises
+// kErrGatherRows (as the other kernels' gather does) and leaves a zero row.
+__global__ void gather_rows_kernel(const uint16_t* __restrict__ x, int64_t xs, const int32_t* __restrict__ x_rows,
+                                   int64_t x_rows_limit, const int32_t* __restrict__ rows_total, int K,
+                                   uint16_t* __restrict__ dst, int* error_flag) {
+  pdl_begin();
+  const int r = int(blockIdx.x);
+  if (r >= *rows_total) return;
+  const int64_t src = x_rows[r];
+  const bool ok = src >= 0 && (x_rows_limit <= 0 || src < x_rows_limit);
+  if (!ok && threadIdx.x == 0) atomicOr(error_flag, kErrGatherRows);
+  const uint4* s = reinterpret_cast<const uint4*>(x + (ok ? src * xs : 0));
+  uint4* d = reinterpret_cast<uint4*>(dst + int64_t(r) * K);
+  for (int c = int(threadIdx.x); c < K / 8; c += int(blockDim.x)) d[c] = ok ? s[c] : make_uint4(0, 0, 0, 0);
+}
+
+template <class T, bool kOutF32>
+__global__ void __launch_bounds__(T::THREADS, 1)
+    gemm_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                    const MmaGemmParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char tma_smem_raw[];
+  const uint32_t ring = (smem_u32(tma_smem_raw) + 1023u) & ~1023u;  // the swizzle repeats every 1024 B
+  const uint32_t sA = ring;                                          // [STAGES][BM][BK]
+  const uint32_t sB = ring + T::STAGES * T::TILE_A;                  // [STAGES][BN][BK]
+  const uint32_t bars = sB + T::STAGES * T::TILE_B;                  // full[STAGES], empty[STAGES]
+  auto full = [&](int s) { return bars + 8u * uint32_t(s); };
+  auto empty = [&](int s) { return bars + 8u * uint32_t(T::STAGES + s); };
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp inside it
+
+  TileSpot t;
+  if (!start_tile<T::BM, T::BN, true>(p, int(blockIdx.x), tid, lane, t, 0, p.K)) return;
+  const bool grouped = p.offsets != nullptr;
+  if (grouped && t.w != p.w_group_base + int64_t(t.group) * p.w_group_stride) {  // the map would read another weight
+    if (tid == 0) atomicOr(p.error_flag, kErrGroupWeight);
+    return;
+  }
+  const int row_begin = t.row_begin, row_end = t.row_end;
+  const int n0 = t.n_tile * T::BN;
+  const int K = p.K, KT = (K + T::BK - 1) / T::BK, KC = (K + 15) / 16;
+
+  if (tid == 0) {
+    for (int s = 0; s < T::STAGES; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), T::WGS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+  }
+  __syncthreads();
+
+  const int b_row0 = p.gated > 0 ? n0 / 2 : n0;
+  const int b_row1 = p.gated > 0 ? p.gated + n0 / 2 : n0 + 64;
+  auto issue = [&](int kt) {  // thread 0: step kt's three boxes into its slot
+    const int s = kt % T::STAGES, k0 = kt * T::BK;
+    const uint32_t a_dst = sA + uint32_t(s * T::TILE_A), b_dst = sB + uint32_t(s * T::TILE_B);
+    mbar_arrive_expect_tx(full(s), uint32_t(T::TILE_A + T::TILE_B));
+    tma_load_2d(a_dst, &map_a, full(s), k0, row_begin);
+    if (grouped) {
+      tma_load_3d(b_dst, &map_b, full(s), k0, b_row0, t.group);
+      tma_load_3d(b_dst + 64 * T::BK * 2, &map_b, full(s), k0, b_row1, t.group);
+    } else {
+      tma_load_2d(b_dst, &map_b, full(s), k0, b_row0);
+      tma_load_2d(b_dst + 64 * T::BK * 2, &map_b, full(s), k0, b_row1);
+    }
+  };
+  if (tid == 0)
+    for (int kt = 0; kt < min(T::STAGES, KT); ++kt) issue(kt);
+  __syncwarp();
+
+  float acc[T::NACC], tot[T::NACC];
+#pragma unroll
+  for (int i = 0; i < T::NACC; ++i) acc[i] = tot[i] = 0.0f;
+  // As in gemm_wgmma_kernel: a slice's last group stays in flight and the next step adds the
+  // finished slice into the total just before its own first wgmma (`pending`).
+  bool pending = false;
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % T::STAGES;
+    mbar_wait(full(s), uint32_t(kt / T::STAGES) & 1u);  // step kt's boxes have landed
+    if (pending) {  // the previous slice is complete: total += slice, new slice from +0
+      wg_wait_all();
+#pragma unroll
+      for (int i = 0; i < T::NACC; ++i) {
+        tot[i] = __fadd_rn(tot[i], acc[i]);
+        acc[i] = 0.0f;
+      }
+      pending = false;
+    }
+    const uint32_t a_base = sA + uint32_t(s * T::TILE_A + wg * 64 * T::BK * 2);
+    const uint32_t b_base = sB + uint32_t(s * T::TILE_B);
+    wg_fence();
+    if ((kt + 1) * (T::BK / 16) <= KC) {  // a whole step (every step but a short last one)
+#pragma unroll
+      for (int kk = 0; kk < T::BK / 16; ++kk) wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < T::BK / 16; ++kk)
+        if (kt * (T::BK / 16) + kk < KC)  // uniform: chunks past K are not part of the contract
+          wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+    }
+    wg_commit();
+    wg_wait_one();  // this warpgroup's step kt - 1 is retired: it no longer reads that slot
+    if (kt >= 1 && (tid & 127) == 0) mbar_arrive(empty((kt - 1) % T::STAGES));
+    if (tid == 0 && kt >= 2 && kt - 2 + T::STAGES < KT) {
+      mbar_wait(empty((kt - 2) % T::STAGES), uint32_t((kt - 2) / T::STAGES) & 1u);
+      issue(kt - 2 + T::STAGES);
+    }
+    __syncwarp();  // warp 0 whole again before the next step's .aligned wgmma instructions
+    pending = (kt + 1) % (kSliceK / T::BK) == 0;
+  }
+  wg_wait_all();  // the last slice (complete or short)
+#pragma unroll
+  for (int i = 0; i < T::NACC; ++i) tot[i] = __fadd_rn(tot[i], acc[i]);
+
+  // Accumulator i of a thread: n8 tile i / 4, row gid (+8 for i % 4 >= 2), column 2*tig + i % 2
+  // inside the tile; warp wq of warpgroup wg holds rows 64 wg + 16 wq .. +15.
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row_begin + wg * 64 + wq * 16 + gid + half * 8;
+    if (row >= row_end) continue;
+    const int64_t o_row = t.out_base + int64_t(row) * p.os;
+    if constexpr (!kOutF32) {
+      if (p.gated > 0) {  // gate j in n8 tile nt < 8, up j in tile nt + 8
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = n0 / 2 + nt * 8 + tig * 2 + e;
+            if (j < p.gated)
+              static_cast<uint16_t*>(p.out)[o_row + j] =
+                  gated_value(tot[nt * 4 + half * 2 + e], tot[(nt + 8) * 4 + half * 2 + e]);
+          }
+        continue;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < T::BN / 8; ++nt) {
+      const int col = n0 + nt * 8 + tig * 2;
+      if (col >= p.N) continue;
+      store_tile_pair<kOutF32>(p, o_row, col, tot[nt * 4 + half * 2], tot[nt * 4 + half * 2 + 1]);
+    }
+  }
+#else
+  __trap();  // the host runs this kernel only where the wgmma probe found sm_90a code
+#endif
+}
+
+}  // namespace atlas::cuda::kern
