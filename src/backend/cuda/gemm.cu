@@ -716,39 +716,44 @@ bool launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t ti
 // ---- the TMA kernel (kernels/gemm_tma.cuh) ------------------------------------------------------
 // Gathered A rows (grouped problems with x_rows) live in the stream's scratch block; larger
 // problems run the cp.async kernel of the same tile (same bits). A prefill chunk of 8,192 tokens
-// gathers 49,152 rows x 2,048 = 192 MiB.
-constexpr size_t kTmaGatherMaxBytes = size_t(512) << 20;
+// gathers 49,152 rows x 2,048 = 192 MiB (the benchmark's 32,768-token case 768 MiB).
+constexpr size_t kTmaGatherMaxBytes = size_t(1) << 30;
 
-// A bf16 tensor map for the TMA kernel: dims innermost first (K, rows[, groups]), byte strides
-// of the outer dims, box 64 (K) x box_rows (x 1), the ring's 128-byte swizzle, zeros outside
-// the tensor. false: the driver refused (alignment, sizes): the caller runs the cp.async kernel.
-bool encode_map(CUtensorMap& m, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+// A 3D bf16 tensor map for the TMA kernel: dims innermost first (K, rows, batch or groups),
+// byte strides of the outer two, box 64 (K) x box_rows x 1, the ring's 128-byte swizzle, zeros
+// outside the tensor. false: the driver refused (alignment, sizes): the caller runs the cp.async
+// kernel.
+bool encode_map(CUtensorMap& m, const void* base, const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
                 uint32_t box_rows) {
   const cuuint32_t box[3] = {64, box_rows, 1}, unit[3] = {1, 1, 1};
-  return setup().encode_map(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base), dims,
+  return setup().encode_map(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
                             strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, const kern::MmaGemmParams& p, int64_t tiles, bool f32,
-                cudaStream_t stream) {
+void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, const kern::MmaGemmParams& p, int64_t tiles,
+                unsigned batch, bool f32, cudaStream_t stream) {
   using T = CfgTma192;
+  const dim3 grid(unsigned(tiles), 1, batch);
   if (f32)
-    launch(kern::gemm_tma_kernel<T, true>, dim3(unsigned(tiles)), T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
+    launch(kern::gemm_tma_kernel<T, true>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
   else
-    launch(kern::gemm_tma_kernel<T, false>, dim3(unsigned(tiles)), T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
+    launch(kern::gemm_tma_kernel<T, false>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
 }
 
-// Dense, batch 1 (the caller checked the async path): x [M][K] (row stride xs), w [N][K] (ws).
-// false: not launched (no TMA here, or the driver refused a map).
+// Dense (the caller checked the async path): x [batch][M][K] (row stride xs, batch stride
+// x_batch_stride), w [batch][N][K] (ws, w_batch_stride). false: not launched (no TMA here, or
+// the driver refused a map).
 bool try_tma_dense(const GemmArgs& a, const kern::MmaGemmParams& p, int64_t xs, int64_t ws, int64_t tiles, bool f32,
                    cudaStream_t stream) {
-  if (!setup().encode_map || a.batch != 1) return false;
+  if (!setup().encode_map) return false;
   CUtensorMap ma, mb;
-  const cuuint64_t da[2] = {cuuint64_t(a.K), cuuint64_t(a.M)}, sa[1] = {cuuint64_t(xs) * 2};
-  const cuuint64_t db[2] = {cuuint64_t(a.K), cuuint64_t(a.N)}, sb[1] = {cuuint64_t(ws) * 2};
-  if (!encode_map(ma, a.x, 2, da, sa, CfgTma192::BM) || !encode_map(mb, a.w, 2, db, sb, 64)) return false;
-  launch_tma(ma, mb, p, tiles, f32, stream);
+  const cuuint64_t da[3] = {cuuint64_t(a.K), cuuint64_t(a.M), cuuint64_t(a.batch)};
+  const cuuint64_t sa[2] = {cuuint64_t(xs) * 2, cuuint64_t(a.batch > 1 ? a.x_batch_stride : xs * a.M) * 2};
+  const cuuint64_t db[3] = {cuuint64_t(a.K), cuuint64_t(a.N), cuuint64_t(a.batch)};
+  const cuuint64_t sb[2] = {cuuint64_t(ws) * 2, cuuint64_t(a.batch > 1 ? a.w_batch_stride : ws * a.N) * 2};
+  if (!encode_map(ma, a.x, da, sa, CfgTma192::BM) || !encode_map(mb, a.w, db, sb, 64)) return false;
+  launch_tma(ma, mb, p, tiles, unsigned(a.batch), f32, stream);
   return true;
 }
 
@@ -771,10 +776,11 @@ bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int
     a_rows = a.max_rows;
   }
   CUtensorMap ma, mb;
-  const cuuint64_t da[2] = {cuuint64_t(a.K), cuuint64_t(a_rows)}, sa[1] = {cuuint64_t(axs) * 2};
+  const cuuint64_t da[3] = {cuuint64_t(a.K), cuuint64_t(a_rows), 1};
+  const cuuint64_t sa[2] = {cuuint64_t(axs) * 2, cuuint64_t(axs * a_rows) * 2};
   const cuuint64_t db[3] = {cuuint64_t(a.K), cuuint64_t(a.N), cuuint64_t(a.groups)};
   const cuuint64_t sb[2] = {cuuint64_t(ws) * 2, cuuint64_t(a.w_group_stride) * 2};
-  if (!encode_map(ma, ax, 2, da, sa, CfgTma192::BM) || !encode_map(mb, a.w_base, 3, db, sb, 64)) return false;
+  if (!encode_map(ma, ax, da, sa, CfgTma192::BM) || !encode_map(mb, a.w_base, db, sb, 64)) return false;
   if (gathered != nullptr) {
     launch(kern::gather_rows_kernel, unsigned(a.max_rows), 256, 0, stream, a.x, xs, a.x_rows, a.x_rows_limit,
            a.offsets + a.groups, a.K, gathered, s.error_flag);
@@ -783,7 +789,7 @@ bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int
   kern::MmaGemmParams q = p;
   q.w_group_base = a.w_base;
   q.w_group_stride = a.w_group_stride;
-  launch_tma(ma, mb, q, tiles, f32, stream);
+  launch_tma(ma, mb, q, tiles, 1, f32, stream);
   return true;
 }
 

@@ -11,11 +11,12 @@
 // kt - 2 (its empty barrier complete: every warpgroup is past step kt - 1) with step
 // kt - 2 + STAGES.
 //
-// Operands (host: gemm.cu's tensor maps, box 64 x rows, SWIZZLE_128B, zero fill outside):
-//   A: 2D [rows][K] bf16: dense x, or grouped rows in A-row order (the host gathers x_rows first).
-//      Rows of a box past the tile's row_end are other groups' rows or zeros: a row's outputs
-//      depend on its own A row only and such rows are never stored.
-//   B: 2D [N][K] (dense) or 3D [groups][N][K] (grouped: group g's weight at a fixed stride).
+// Operands (host: gemm.cu's tensor maps, 3D, box 64 x rows x 1, SWIZZLE_128B, zero fill outside):
+//   A: [batch][rows][K] bf16: dense x (blockIdx.z = the strided batch's product), or grouped rows
+//      in A-row order (batch 1; the host gathers x_rows first). Rows of a box past the tile's
+//      row_end are other groups' rows or zeros: a row's outputs depend on its own A row only and
+//      such rows are never stored.
+//   B: [batch][N][K] (dense) or [groups][N][K] (grouped: group g's weight at a fixed stride).
 //      Columns n0..n0+127 = box rows n0..n0+63 and n0+64..n0+127; with p.gated (gate rows
 //      [0, I), up rows [I, 2I)) the boxes are gate rows n0/2.. and up rows I + n0/2.., so tile
 //      column c < 64 is gate j = n0/2 + c and c + 64 is up j: a thread holds both (n8 tiles nt
@@ -69,17 +70,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 #endif
 }
-// A box of the tensor map at coordinates (c0 = k, c1 = row[, c2 = group]) into shared memory at
-// dst, completing `bar`'s transaction count.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-#endif
-}
+// A box of the tensor map at coordinates (c0 = k, c1 = row, c2 = batch or group) into shared
+// memory at dst, completing `bar`'s transaction count.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -146,18 +138,14 @@ __global__ void __launch_bounds__(T::THREADS, 1)
 
   const int b_row0 = p.gated > 0 ? n0 / 2 : n0;
   const int b_row1 = p.gated > 0 ? p.gated + n0 / 2 : n0 + 64;
+  const int a_z = grouped ? 0 : int(blockIdx.z), b_z = grouped ? t.group : int(blockIdx.z);
   auto issue = [&](int kt) {  // thread 0: step kt's three boxes into its slot
     const int s = kt % T::STAGES, k0 = kt * T::BK;
     const uint32_t a_dst = sA + uint32_t(s * T::TILE_A), b_dst = sB + uint32_t(s * T::TILE_B);
     mbar_arrive_expect_tx(full(s), uint32_t(T::TILE_A + T::TILE_B));
-    tma_load_2d(a_dst, &map_a, full(s), k0, row_begin);
-    if (grouped) {
-      tma_load_3d(b_dst, &map_b, full(s), k0, b_row0, t.group);
-      tma_load_3d(b_dst + 64 * T::BK * 2, &map_b, full(s), k0, b_row1, t.group);
-    } else {
-      tma_load_2d(b_dst, &map_b, full(s), k0, b_row0);
-      tma_load_2d(b_dst + 64 * T::BK * 2, &map_b, full(s), k0, b_row1);
-    }
+    tma_load_3d(a_dst, &map_a, full(s), k0, row_begin, a_z);
+    tma_load_3d(b_dst, &map_b, full(s), k0, b_row0, b_z);
+    tma_load_3d(b_dst + 64 * T::BK * 2, &map_b, full(s), k0, b_row1, b_z);
   };
   if (tid == 0)
     for (int kt = 0; kt < min(T::STAGES, KT); ++kt) issue(kt);
