@@ -328,10 +328,10 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         const LayerHookNames n(l);
         stage(n.resid_post);
         if (!cfg.is_moe_layer(l)) continue;
-        hooks.add(n.topk_ids, [&, l](HookTensor& t) {
+        hooks.add_reader(n.topk_ids, [&, l](const HookTensor& t) {
           routes[std::to_string(l)].assign(t.i32(), t.i32() + t.numel());
         });
-        hooks.add(n.topk_weights, [&, l](HookTensor& t) {
+        hooks.add_reader(n.topk_weights, [&, l](const HookTensor& t) {
           route_w[std::to_string(l)].assign(t.f32(), t.f32() + t.numel());
         });
       }

@@ -92,6 +92,14 @@ bool Hooks::wants_tensor(std::string_view name) const {
   return false;
 }
 
+void Hooks::add_reader(std::string pattern, ReadFn fn) { reader_subs_.push_back({std::move(pattern), std::move(fn)}); }
+
+bool Hooks::wants_reader(std::string_view name) const {
+  for (const auto& s : reader_subs_)
+    if (glob_match(s.pattern, name)) return true;
+  return false;
+}
+
 bool Hooks::wants_digests(std::string_view name) const {
   for (const auto& s : digest_subs_)
     if (glob_match(s.pattern, name)) return true;
@@ -100,6 +108,12 @@ bool Hooks::wants_digests(std::string_view name) const {
 
 void Hooks::fire(HookTensor& t) const {
   for (const auto& s : tensor_subs_)
+    if (glob_match(s.pattern, t.name)) s.fn(t);
+  fire_read(t);
+}
+
+void Hooks::fire_read(const HookTensor& t) const {
+  for (const auto& s : reader_subs_)
     if (glob_match(s.pattern, t.name)) s.fn(t);
   if (!wants_digests(t.name)) return;
   check_digestible(t.name, t.dtype, t.shape.size());

@@ -9,11 +9,20 @@
 // Untraced runs pay almost nothing: the forward asks wants(name) before materialising any
 // value that exists only for observers (the attention pattern, for example).
 //
-// Two kinds of observer: tensor observers (add) see, and may overwrite, the f32 tensor; digest
-// observers (add_digests) see only the per-token SHA-256 digests of a [B, T, ...] float hook
+// Three kinds of observer: tensor observers (add) see, and may overwrite, the f32 tensor;
+// readers (add_reader) see the same tensor but may not change it; digest observers
+// (add_digests) see only the per-token SHA-256 digests of a [B, T, ...] float hook
 // (model/digest.h), which is all a trace that keeps stage hashes needs. A backend that can
 // digest where the tensor lives (the CUDA backend, on the device) does so when no tensor
 // observer wants the hook, and copies out 32 bytes per token instead of the whole tensor.
+//
+// Readers and digest observers only record, so a backend may deliver them late: the CUDA
+// backend copies their values out asynchronously and calls them while later layers run (a
+// hook that only they want costs the GPU no wait). Guarantees: every delivery happens before
+// forward() returns; deliveries keep hook order among themselves, and all deliveries of a hook
+// come before the tensor observers of any later hook; at one hook the order is tensor
+// observers, then readers, then digest observers, and readers see the values the tensor
+// observers left.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +73,7 @@ class Hooks {
  public:
   using Fn = std::function<void(HookTensor&)>;
   using DigestFn = std::function<void(const HookDigests&)>;
+  using ReadFn = std::function<void(const HookTensor&)>;
 
   // pattern: an exact hook name, or a glob with '*' (matches any run of characters), e.g.
   // "blocks.*.moe.hook_topk_ids". Observers of a kind run in the order they were added; at one
@@ -72,16 +82,21 @@ class Hooks {
   // Digests exist only for [B, T, ...] float hooks: a pattern that matches an I32 hook
   // (hook_topk_ids) or one not laid out [B, T, ...] (attn.hook_pattern) throws naming the hook.
   void add_digests(std::string pattern, DigestFn fn);
+  // A read-only observer (see above: it may be called after the forward pass moved on).
+  void add_reader(std::string pattern, ReadFn fn);
 
-  bool wants(std::string_view name) const { return wants_tensor(name) || wants_digests(name); }
+  bool wants(std::string_view name) const { return wants_tensor(name) || wants_reader(name) || wants_digests(name); }
   bool wants_tensor(std::string_view name) const;
+  bool wants_reader(std::string_view name) const;
   bool wants_digests(std::string_view name) const;
-  bool empty() const { return tensor_subs_.empty() && digest_subs_.empty(); }
+  bool empty() const { return tensor_subs_.empty() && reader_subs_.empty() && digest_subs_.empty(); }
 
-  // Calls the tensor observers; then, if digest observers want the hook, digests the (possibly
-  // observer-modified) f32 tensor on the host and calls them. Backends without a digest path
-  // of their own need nothing else.
+  // Calls the tensor observers, then fire_read(t). Backends without a deferred path of their
+  // own need nothing else.
   void fire(HookTensor& t) const;
+  // Calls the readers; then, if digest observers want the hook, digests the f32 tensor on the
+  // host and calls them (a backend's late delivery of a hook no tensor observer wants).
+  void fire_read(const HookTensor& t) const;
   // For backends that computed the digests themselves (only when !wants_tensor(name)).
   void fire_digests(const HookDigests& d) const;
 
@@ -92,6 +107,7 @@ class Hooks {
     F fn;
   };
   std::vector<Sub<Fn>> tensor_subs_;
+  std::vector<Sub<ReadFn>> reader_subs_;
   std::vector<Sub<DigestFn>> digest_subs_;
 };
 

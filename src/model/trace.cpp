@@ -24,21 +24,21 @@ void TraceRecorder::keep(const std::string& name, const HookTensor& t) {
 void TraceRecorder::attach(Hooks& hooks) {
   const auto& L = model_.layers();
   const int64_t n_layers = model_.config().num_hidden_layers;
-  hooks.add("embed", [this](HookTensor& t) { keep("hidden.0", t); });
+  hooks.add_reader("embed", [this](const HookTensor& t) { keep("hidden.0", t); });
   for (int64_t l = L.first; l <= L.last; ++l) {
     LayerHookNames n(l);
     const std::string ls = std::to_string(l);
-    hooks.add(n.resid_post, [this, l](HookTensor& t) { keep("hidden." + std::to_string(l + 1), t); });
-    if (opts_.keep_latents) hooks.add(n.latent, [this, ls](HookTensor& t) { keep("mla." + ls + ".latent", t); });
+    hooks.add_reader(n.resid_post, [this, l](const HookTensor& t) { keep("hidden." + std::to_string(l + 1), t); });
+    if (opts_.keep_latents) hooks.add_reader(n.latent, [this, ls](const HookTensor& t) { keep("mla." + ls + ".latent", t); });
     if (model_.config().is_moe_layer(l)) {
-      hooks.add(n.router_logits, [this, ls](HookTensor& t) { keep("router." + ls + ".logits", t); });
-      hooks.add(n.topk_ids, [this, ls](HookTensor& t) { keep("router." + ls + ".topk_ids", t); });
-      hooks.add(n.topk_weights, [this, ls](HookTensor& t) { keep("router." + ls + ".topk_weights", t); });
+      hooks.add_reader(n.router_logits, [this, ls](const HookTensor& t) { keep("router." + ls + ".logits", t); });
+      hooks.add_reader(n.topk_ids, [this, ls](const HookTensor& t) { keep("router." + ls + ".topk_ids", t); });
+      hooks.add_reader(n.topk_weights, [this, ls](const HookTensor& t) { keep("router." + ls + ".topk_weights", t); });
     }
   }
   if (model_.has_head()) {
-    hooks.add("final_norm", [this, n_layers](HookTensor& t) { keep("hidden." + std::to_string(n_layers + 1), t); });
-    if (opts_.keep_logits) hooks.add("logits", [this](HookTensor& t) { keep("logits", t); });
+    hooks.add_reader("final_norm", [this, n_layers](const HookTensor& t) { keep("hidden." + std::to_string(n_layers + 1), t); });
+    if (opts_.keep_logits) hooks.add_reader("logits", [this](const HookTensor& t) { keep("logits", t); });
   }
 }
 

@@ -199,7 +199,7 @@ std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manife
     };
   };
   auto stage_vectors = [&](int64_t stage) {
-    return [&, stage](HookTensor& t) {
+    return [&, stage](const HookTensor& t) {
       const int64_t H = t.shape[2];
       for (int64_t b = 0; b < B; ++b) {
         const int64_t off = T - int64_t(rows[size_t(b)].size());
@@ -211,7 +211,7 @@ std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manife
   };
   auto stage = [&](const std::string& name, int64_t s) {
     if (hidden) hooks.add_digests(name, stage_hashes(s));
-    if (vectors) hooks.add(name, stage_vectors(s));
+    if (vectors) hooks.add_reader(name, stage_vectors(s));
   };
   stage("embed", 0);
   for (int64_t l = model.layers().first; l <= model.layers().last; ++l) stage(LayerHookNames(l).resid_post, l + 1);
@@ -219,7 +219,7 @@ std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manife
   for (int64_t l = model.layers().first; l <= model.layers().last; ++l) {
     if (!cfg.is_moe_layer(l)) continue;
     LayerHookNames n(l);
-    hooks.add(n.topk_ids, [&, l](HookTensor& t) {
+    hooks.add_reader(n.topk_ids, [&, l](const HookTensor& t) {
       const int64_t k = t.shape[2];
       for (int64_t b = 0; b < B; ++b) {
         const int64_t len = int64_t(rows[size_t(b)].size()), off = T - len;
@@ -227,7 +227,7 @@ std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manife
         out[size_t(b)].topk_ids[l].assign(p, p + len * k);
       }
     });
-    hooks.add(n.topk_weights, [&, l](HookTensor& t) {
+    hooks.add_reader(n.topk_weights, [&, l](const HookTensor& t) {
       const int64_t k = t.shape[2];
       for (int64_t b = 0; b < B; ++b) {
         const int64_t len = int64_t(rows[size_t(b)].size()), off = T - len;

@@ -123,14 +123,19 @@ TEST(Hooks, FireDigestsTheTensorAfterTheTensorObservers) {
     EXPECT_THROW(d.row(2, 0, 1), Error);
     EXPECT_THROW(d.row(0, 2, 4), Error);
   });
+  // Added first, still called after the tensor observer, and sees what it wrote.
+  h.add_reader("custom.hidden", [&](const HookTensor& t) {
+    order.push_back("reader");
+    EXPECT_EQ(t.f32()[(1 * T + 2) * H + 3], 3.0f);
+  });
   h.add("custom.hidden", [&](HookTensor& t) {
     order.push_back("tensor");
     for (int64_t i = 0; i < H; ++i) t.f32()[(1 * T + 2) * H + i] = float(i);
   });
-  EXPECT_TRUE(h.wants_tensor("custom.hidden") && h.wants_digests("custom.hidden"));
+  EXPECT_TRUE(h.wants_tensor("custom.hidden") && h.wants_digests("custom.hidden") && h.wants_reader("custom.hidden"));
   HookTensor t{.name = "custom.hidden", .layer = 4, .dtype = DType::F32, .shape = {B, T, H}, .data = x.data()};
   h.fire(t);
-  EXPECT_EQ(order, (std::vector<std::string>{"tensor", "digests"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"tensor", "reader", "digests"}));
   EXPECT_EQ(x[size_t((1 * T + 2) * H + 3)], 3.0f);
 
   // A hook outside the catalog is checked by what it holds: I32 values have no digests.
@@ -142,6 +147,34 @@ TEST(Hooks, FireDigestsTheTensorAfterTheTensorObservers) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("hook custom.ids"), std::string::npos) << e.what();
   }
+}
+
+// Readers: wanted like the other kinds; fire_read (a backend's late delivery) calls the readers
+// and the digest observers of the hook, never its tensor observers.
+TEST(Hooks, FireReadCallsReadersThenDigestsButNoTensorObserver) {
+  const int64_t B = 1, T = 2, H = 3;
+  std::vector<float> x = random_rows(B * T * H, 5);
+  Hooks h;
+  EXPECT_TRUE(h.empty());
+  std::vector<std::string> order;
+  h.add_reader("blocks.*.hook_resid_post", [&](const HookTensor& t) {
+    order.push_back("reader " + std::string(t.name));
+    EXPECT_EQ(t.f32(), x.data());
+  });
+  EXPECT_FALSE(h.empty());
+  EXPECT_TRUE(h.wants("blocks.2.hook_resid_post"));
+  EXPECT_TRUE(h.wants_reader("blocks.2.hook_resid_post"));
+  EXPECT_FALSE(h.wants_tensor("blocks.2.hook_resid_post"));
+  EXPECT_FALSE(h.wants("blocks.2.hook_resid_mid"));
+  h.add("blocks.2.hook_resid_post", [&](HookTensor&) { order.push_back("tensor"); });
+  h.add_digests("blocks.2.hook_resid_post", [&](const HookDigests& d) {
+    order.push_back("digests");
+    EXPECT_EQ(digest_chain_hex(d.row(0, 0, T)), stage_sha256(x.data(), T, H));
+  });
+  const HookTensor t{.name = "blocks.2.hook_resid_post", .layer = 2, .dtype = DType::F32, .shape = {B, T, H},
+                     .data = x.data()};
+  h.fire_read(t);
+  EXPECT_EQ(order, (std::vector<std::string>{"reader blocks.2.hook_resid_post", "digests"}));
 }
 
 // The CPU forward pass: digest observers see the digests of exactly the tensor a tensor

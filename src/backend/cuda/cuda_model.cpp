@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -260,9 +261,12 @@ class CudaModelT final : public Model {
   CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts);
   ~CudaModelT() override {
     try {
+      drop_late();
       if (pinned_ints_) host_free_pinned(pinned_ints_);
+      if (late_arena_) host_free_pinned(late_arena_);
     } catch (const Error&) {
     }
+    for (Event e : late_events_) event_destroy(e);
     stream_destroy(s_);
     stream_destroy(side_);
     event_destroy(fork_);
@@ -361,6 +365,36 @@ class CudaModelT final : public Model {
   void hook_digests(const Hooks& hooks, const std::string& name, int64_t layer, const std::vector<int64_t>& shape,
                     const uint16_t* bf16, const float* f32) const;
 
+  // Late deliveries (model/hooks.h): the values of a hook that only readers and digest observers
+  // want are copied into a pinned arena on s_ (async), and delivered in hook order once their
+  // copy has landed: between later hooks (deliver_ready, never waiting) or, at the latest, before
+  // forward() returns or a tensor observer runs (deliver_all). The GPU never waits for the host.
+  struct LateHook {
+    std::string name;
+    int64_t layer = -1;
+    std::vector<int64_t> shape;
+    DType dtype = DType::F32;  // what readers see (bf16 values arrive as F32)
+    bool digests = false;      // the bytes are [B*T][32] token digests (digest observers)
+    bool bf16 = false;         // the bytes are bf16 values
+    size_t offset = 0, bytes = 0;  // in the arena
+    Event copied = nullptr;
+  };
+  struct LateHookSpec {
+    const std::string& name;
+    int64_t layer = -1;
+    std::vector<int64_t> shape;
+    DType dtype = DType::F32;
+    bool digests = false;
+    bool bf16 = false;
+  };
+  // false: too large for the arena (kLateArenaMax): the caller delivers synchronously.
+  bool defer_hook(const Hooks& hooks, LateHookSpec spec, const void* dev, size_t bytes) const;
+  void deliver_ready() const;
+  void deliver_all() const;
+  void deliver(LateHook& e) const;
+  void drop_late() const;  // after an exception: wait for the copies, forget the deliveries
+  static constexpr size_t kLateArenaMax = size_t(1) << 30;
+
   ModelConfig cfg_;
   LayerRange layers_;
   bool has_head_ = false;
@@ -403,6 +437,11 @@ class CudaModelT final : public Model {
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
   mutable int32_t* pinned_ints_ = nullptr;  // grow-only staging for per-call int uploads
   mutable size_t pinned_ints_n_ = 0;
+  mutable std::deque<LateHook> late_;
+  mutable std::vector<Event> late_events_, free_events_;  // every event made; those not in use
+  mutable const Hooks* late_hooks_ = nullptr;
+  mutable unsigned char* late_arena_ = nullptr;  // pinned, grow-only
+  mutable size_t late_arena_bytes_ = 0, late_arena_used_ = 0;
 };
 
 template <class Elem>
@@ -696,7 +735,8 @@ void CudaModelT<Elem>::hook_digests(const Hooks& hooks, const std::string& name,
   for (size_t i = 2; i < shape.size(); ++i) width *= shape[i];
   const size_t bytes = size_t(M) * 32;
   if (digests_.bytes() < bytes) {
-    digests_ = DeviceBlock();  // its last user was downloaded (synchronised) before
+    deliver_all();             // no copy out of the old block is still in flight
+    digests_ = DeviceBlock();
     digests_ = DeviceBlock(bytes);
   }
   auto* out = reinterpret_cast<uint8_t*>(digests_.get());
@@ -704,23 +744,119 @@ void CudaModelT<Elem>::hook_digests(const Hooks& hooks, const std::string& name,
     token_digests_bf16({.x = bf16, .rows = M, .dim = int(width), .out = out, .stream = s_});
   else
     token_digests_f32({.x = f32, .rows = M, .dim = int(width), .out = out, .stream = s_});
+  // (digests_ is reused by the next digest hook: the stream orders its kernel after this copy.)
+  if (defer_hook(hooks, {.name = name, .layer = layer, .shape = {B, T}, .digests = true}, out, bytes)) return;
+  deliver_all();
   std::vector<uint8_t> h(bytes);
   download(h.data(), out, bytes);
   hooks.fire_digests({.name = name, .layer = layer, .rows = B, .tokens = T, .sha256 = h.data()});
 }
 
 template <class Elem>
+bool CudaModelT<Elem>::defer_hook(const Hooks& hooks, LateHookSpec spec, const void* dev, size_t bytes) const {
+  if (bytes > kLateArenaMax) return false;
+  const size_t align = 256;
+  size_t off = (late_arena_used_ + align - 1) / align * align;
+  if (off + bytes > late_arena_bytes_) {
+    deliver_all();  // every copy landed and was delivered: the arena is free again
+    off = 0;
+    if (bytes > late_arena_bytes_) {
+      if (late_arena_) host_free_pinned(late_arena_);
+      late_arena_ = nullptr;
+      late_arena_bytes_ = 0;
+      const size_t want = std::min(kLateArenaMax, std::max({bytes, size_t(64) << 20, 2 * late_arena_bytes_}));
+      late_arena_ = static_cast<unsigned char*>(host_alloc_pinned(want));
+      late_arena_bytes_ = want;
+    }
+  }
+  copy_to_host_async(late_arena_ + off, dev, bytes, s_);
+  Event e = nullptr;
+  if (free_events_.empty()) {
+    e = event_create();
+    late_events_.push_back(e);
+  } else {
+    e = free_events_.back();
+    free_events_.pop_back();
+  }
+  event_record(e, s_);
+  late_hooks_ = &hooks;
+  late_.push_back({.name = spec.name, .layer = spec.layer, .shape = std::move(spec.shape), .dtype = spec.dtype,
+                   .digests = spec.digests, .bf16 = spec.bf16, .offset = off, .bytes = bytes, .copied = e});
+  late_arena_used_ = off + bytes;
+  deliver_ready();
+  return true;
+}
+
+template <class Elem>
+void CudaModelT<Elem>::deliver(LateHook& e) const {
+  free_events_.push_back(e.copied);
+  unsigned char* p = late_arena_ + e.offset;
+  if (e.digests) {
+    late_hooks_->fire_digests({.name = e.name, .layer = e.layer, .rows = e.shape[0], .tokens = e.shape[1], .sha256 = p});
+    return;
+  }
+  std::vector<float> f;
+  void* data = p;
+  if (e.bf16) {
+    f.resize(e.bytes / 2);
+    const auto* h = reinterpret_cast<const uint16_t*>(p);
+    const int64_t n = int64_t(f.size());
+#pragma omp parallel for schedule(static) if (n >= (1 << 20))
+    for (int64_t i = 0; i < n; ++i) f[size_t(i)] = bf16_to_f32(h[size_t(i)]);
+    data = f.data();
+  }
+  const HookTensor t{.name = e.name, .layer = e.layer, .dtype = e.dtype, .shape = e.shape, .data = data};
+  late_hooks_->fire_read(t);
+}
+
+template <class Elem>
+void CudaModelT<Elem>::deliver_ready() const {
+  while (!late_.empty() && event_done(late_.front().copied)) {
+    LateHook e = std::move(late_.front());
+    late_.pop_front();
+    deliver(e);
+  }
+  if (late_.empty()) late_arena_used_ = 0;
+}
+
+template <class Elem>
+void CudaModelT<Elem>::deliver_all() const {
+  while (!late_.empty()) {
+    event_synchronize(late_.front().copied);
+    LateHook e = std::move(late_.front());
+    late_.pop_front();
+    deliver(e);
+  }
+  late_arena_used_ = 0;
+}
+
+template <class Elem>
+void CudaModelT<Elem>::drop_late() const {
+  if (late_.empty()) return;
+  stream_synchronize(s_);
+  for (const LateHook& e : late_) free_events_.push_back(e.copied);
+  late_.clear();
+  late_arena_used_ = 0;
+}
+
+template <class Elem>
 void CudaModelT<Elem>::hook_bf16(const Hooks* hooks, const std::string& name, int64_t layer,
                                  std::vector<int64_t> shape, uint16_t* dev) const {
   if (!hooks) return;
-  if (!hooks->wants_tensor(name)) {
-    if (hooks->wants_digests(name)) hook_digests(*hooks, name, layer, shape, dev, nullptr);
-    return;
-  }
-  // A tensor observer wants it: the whole tensor comes to the host, and Hooks::fire digests it
-  // there for any digest observers (after the tensor observers ran).
   int64_t n = 1;
   for (auto d : shape) n *= d;
+  if (!hooks->wants_tensor(name)) {
+    if (hooks->wants_reader(name)) {  // readers (and digests, then from their copy)
+      if (defer_hook(*hooks, {.name = name, .layer = layer, .shape = shape, .bf16 = true}, dev, size_t(n) * 2)) return;
+    } else {
+      if (hooks->wants_digests(name)) hook_digests(*hooks, name, layer, shape, dev, nullptr);
+      return;
+    }
+  }
+  // A tensor observer wants it (or a reader, of a tensor too large to defer): the whole tensor
+  // comes to the host now, and Hooks::fire digests it there for any digest observers (after
+  // the tensor observers and readers ran).
+  deliver_all();
   std::vector<uint16_t> h(static_cast<size_t>(n));
   download(h.data(), dev, h.size() * 2);
   std::vector<float> f(h.size());
@@ -743,12 +879,17 @@ template <class Elem>
 void CudaModelT<Elem>::hook_f32(const Hooks* hooks, const std::string& name, int64_t layer,
                                 std::vector<int64_t> shape, float* dev) const {
   if (!hooks) return;
-  if (!hooks->wants_tensor(name)) {
-    if (hooks->wants_digests(name)) hook_digests(*hooks, name, layer, shape, nullptr, dev);
-    return;
-  }
   int64_t n = 1;
   for (auto d : shape) n *= d;
+  if (!hooks->wants_tensor(name)) {
+    if (hooks->wants_reader(name)) {
+      if (defer_hook(*hooks, {.name = name, .layer = layer, .shape = shape}, dev, size_t(n) * 4)) return;
+    } else {
+      if (hooks->wants_digests(name)) hook_digests(*hooks, name, layer, shape, nullptr, dev);
+      return;
+    }
+  }
+  deliver_all();
   std::vector<float> f(static_cast<size_t>(n));
   download(f.data(), dev, f.size() * 4);
   const std::vector<float> before = f;
@@ -879,8 +1020,9 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   const MoePermuteArgs permute{.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E),
                                .counts = b.counts, .offsets = b.offsets, .sorted_token = b.sorted,
                                .pair_slot = b.slot, .workspace = b.perm_ws, .stream = s_};
-  if (hooks && hooks->wants(names.topk_ids)) {
+  if (hooks && hooks->wants_tensor(names.topk_ids)) {
     // An observer may rewrite the routes between the router and the permutation.
+    deliver_all();
     router(route);
     std::vector<int32_t> ids(static_cast<size_t>(M * k));
     download(ids.data(), b.topk_ids, ids.size() * 4);
@@ -895,6 +1037,14 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
     moe_permute(permute);
   } else {
     moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
+    if (hooks && hooks->wants_reader(names.topk_ids) &&
+        !defer_hook(*hooks, {.name = names.topk_ids, .layer = l, .shape = {B, T, k}, .dtype = DType::I32},
+                    b.topk_ids, size_t(M * k) * 4)) {
+      deliver_all();
+      std::vector<int32_t> ids(static_cast<size_t>(M * k));
+      download(ids.data(), b.topk_ids, ids.size() * 4);
+      hooks->fire_read({.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()});
+    }
   }
   // (The permutation does not read the weights: an observer's change reaches the combine only.)
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
@@ -903,7 +1053,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).
   if (L.has_shared) join_side();  // side_ has nothing after the shared experts
-  // Digest observers of the residual sum only read it, and the fused launch leaves the sum in x
+  // Readers and digest observers of the residual sum only read it, and the fused launch leaves the sum in x
   // (as add_then_norm's fused launch does), so they do not keep the MoE tail apart: the traced
   // prefill digests every resid_post. A tensor observer could write the sum before the norm.
   if (next_norm && !(hooks && (hooks->wants(names.routed_out) || hooks->wants(names.shared_out) ||
@@ -912,7 +1062,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
                              .addend = L.has_shared ? b.shared : nullptr, .x = b.x, .weight = next_norm, .out = b.h,
                              .tokens = int(M), .k = int(k), .dim = int(H), .eps = float(c.rms_norm_eps),
                              .stream = s_});
-    hook_act(hooks, names.resid_post, l, {B, T, H}, b.x);  // digests only (or nothing)
+    hook_act(hooks, names.resid_post, l, {B, T, H}, b.x);  // readers and digests only (or nothing)
     return true;
   }
   const bool fuse_shared = L.has_shared && !(hooks && (hooks->wants_tensor(names.routed_out) ||
@@ -1056,6 +1206,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                    .cache_rows = b.qrow, .out = reinterpret_cast<float*>(probs.get()), .rows = int(M),
                    .heads = int(nh), .width = int(W), .slots = int(S), .scale = scale_, .stream = s_});
       std::vector<float> slot_probs(size_t(M * nh * S));
+      deliver_all();
       download(slot_probs.data(), probs.get(), slot_probs.size() * 4);
       std::vector<float> pat = pattern_to_timeline(slot_probs, *key_slot, qlen_host, B, T, nh, S, Tk);
       HookTensor t{.name = names.pattern, .layer = l, .dtype = DType::F32, .shape = {B, nh, T, Tk}, .data = pat.data()};
@@ -1118,6 +1269,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   if (cache->length_ + T > cache->capacity())
     fail("kv cache: " + std::to_string(cache->length_ + T) + " tokens exceed its capacity of " +
          std::to_string(cache->capacity()));
+  drop_late();  // deliveries an earlier, failed forward left behind (their observers may be gone)
   bool want_pattern = false;
   for (int64_t l = layers_.first; l <= layers_.last && hooks; ++l)
     want_pattern = want_pattern || hooks->wants(LayerHookNames(l).pattern);
@@ -1284,6 +1436,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     }
     std::vector<int32_t> greedy(static_cast<size_t>(in.logits_last_only ? B : 0));
     if (in.logits_last_only && !use_graph) copy_to_host_async(greedy.data(), b.greedy, greedy.size() * 4, s_);
+    deliver_all();  // the last hooks' values, while the head finishes
     stream_synchronize(s_);
     if (use_graph) std::memcpy(greedy.data(), ints + 5 * M, greedy.size() * 4);
     out.logits.resize(lb.size());
@@ -1312,6 +1465,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     }
     if (in.logits_last_only) out.greedy = std::move(greedy);
   }
+  deliver_all();  // (a model without the head: the last layers' hooks)
   check_device_errors();
   for (int64_t bb = 0; bb < B; ++bb)  // the timeline's slot map (the pattern hook's layout)
     for (int64_t t = 0; t < T; ++t) cache->key_slot_[size_t(bb)].push_back(slot_of(bb, t));

@@ -75,6 +75,11 @@ using Event = void*;
 Event event_create();
 void event_destroy(Event e);  // never throws
 void stream_wait(Stream waiter, Stream producer, Event event);
+// The event marks everything issued on `stream` so far; event_done() asks (without waiting)
+// whether that work has completed, event_synchronize() waits for it.
+void event_record(Event event, Stream stream);
+bool event_done(Event event);
+void event_synchronize(Event event);
 // A stream that runs GEMMs concurrently with others: gives it its own cuBLASLt workspace (the
 // fast path's; other streams share one, so two of them must not run cuBLASLt at once). Call it
 // outside captures, once per stream; stream_destroy() frees it.

@@ -178,6 +178,21 @@ void stream_wait(Stream waiter, Stream producer, Event event) {
              "cudaStreamWaitEvent");
 }
 
+void event_record(Event event, Stream stream) {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_of(stream)), "event_record", "cudaEventRecord");
+}
+
+bool event_done(Event event) {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (e == cudaErrorNotReady) return false;
+  check_cuda(e, "event_done", "cudaEventQuery");
+  return true;
+}
+
+void event_synchronize(Event event) {
+  check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "event_synchronize", "cudaEventSynchronize");
+}
+
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream) {
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(stream)), "copy_to_host_async",
              "cudaMemcpyAsync");

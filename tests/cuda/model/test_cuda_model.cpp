@@ -628,23 +628,33 @@ TEST_F(CudaTiny, ChunkedPrefillIsBitIdenticalToOneCall) {
 // observers too: the tensors come to the host, where Hooks::fire digests them. Both must give
 // the same [B*T][32] bytes, equal to the host digests (OpenSSL) of the downloaded tensors, for
 // bf16 hooks of rank 3 and 4 and the fp32 router hooks; the logits must not change.
-TEST_F(CudaTiny, DeviceDigestsEqualTheDigestsOfTheDownloadedTensors) {
-  const int64_t V = ck_->config().vocab_size, L = ck_->config().num_hidden_layers;
-  const auto rows = prompts(V);
-  int64_t Tp = 0;
-  for (const auto& r : rows) Tp = std::max<int64_t>(Tp, int64_t(r.size()));
+// Rows left-padded into one [B, T] prefill (the layout of bench and probe traces).
+struct PaddedBatch {
   std::vector<int32_t> ids, pos;
   std::vector<uint8_t> mask;
-  for (const auto& r : rows) {
-    const int64_t pad = Tp - int64_t(r.size());
-    for (int64_t t = 0; t < Tp; ++t) {
-      ids.push_back(t < pad ? 0 : r[size_t(t - pad)]);
-      pos.push_back(t < pad ? 0 : int32_t(t - pad));
-      mask.push_back(t < pad ? 0 : 1);
+  int64_t B = 0, T = 0;
+  explicit PaddedBatch(const std::vector<std::vector<int32_t>>& rows) : B(int64_t(rows.size())) {
+    for (const auto& r : rows) T = std::max<int64_t>(T, int64_t(r.size()));
+    for (const auto& r : rows) {
+      const int64_t pad = T - int64_t(r.size());
+      for (int64_t t = 0; t < T; ++t) {
+        ids.push_back(t < pad ? 0 : r[size_t(t - pad)]);
+        pos.push_back(t < pad ? 0 : int32_t(t - pad));
+        mask.push_back(t < pad ? 0 : 1);
+      }
     }
   }
-  const ForwardInput in{.batch = int64_t(rows.size()), .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
-                        .logits_last_only = true, .logits_rows = {}};
+  ForwardInput input() const {
+    return {.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
+            .logits_rows = {}};
+  }
+};
+
+TEST_F(CudaTiny, DeviceDigestsEqualTheDigestsOfTheDownloadedTensors) {
+  const int64_t V = ck_->config().vocab_size, L = ck_->config().num_hidden_layers;
+  const PaddedBatch batch(prompts(V));
+  const ForwardInput in = batch.input();
+  const int64_t Tp = batch.T;
   std::vector<std::string> names = {"embed", "final_norm", "blocks.1.attn.hook_q", "blocks.1.moe.hook_router_logits",
                                     "blocks.2.moe.hook_topk_weights", "blocks.3.moe.hook_routed_out"};
   for (int64_t l = 0; l < L; ++l) names.push_back(LayerHookNames(l).resid_post);
@@ -685,6 +695,65 @@ TEST_F(CudaTiny, DeviceDigestsEqualTheDigestsOfTheDownloadedTensors) {
     std::printf("  %-32s %lld token digests, %lld differ between device and host\n", n.c_str(),
                 (long long)(in.batch * Tp), (long long)bad);
   }
+}
+
+// Readers (copied out asynchronously and delivered late, model/hooks.h) see exactly what tensor
+// observers see, in the same order, all before forward() returns; with half of the hooks
+// read and half observed as tensors (each tensor observer first delivers every earlier
+// reader) the log is the same again, and so are the digests and the logits.
+TEST_F(CudaTiny, ReadersSeeWhatTensorObserversSeeInHookOrder) {
+  const int64_t V = ck_->config().vocab_size, L = ck_->config().num_hidden_layers;
+  const PaddedBatch batch(prompts(V));
+  const ForwardInput in = batch.input();
+  std::vector<std::string> names = {"embed", "final_norm"};
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerHookNames n(l);
+    for (const std::string* h : {&n.ln1, &n.q, &n.latent, &n.attn_out, &n.ln2, &n.mlp_out, &n.resid_post})
+      names.push_back(*h);
+    if (ck_->config().is_moe_layer(l))
+      for (const std::string* h : {&n.router_logits, &n.topk_ids, &n.topk_weights, &n.routed_out, &n.shared_out})
+        names.push_back(*h);
+  }
+  struct Seen {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+    bool operator==(const Seen&) const = default;
+  };
+  auto seen = [](const HookTensor& t) {
+    const auto* p = static_cast<const uint8_t*>(t.data);
+    return Seen{std::string(t.name), t.shape, std::vector<uint8_t>(p, p + t.numel() * 4)};
+  };
+  // mode 0: all tensor observers; 1: all readers; 2: alternating
+  std::vector<std::vector<Seen>> logs(3);
+  std::vector<std::map<std::string, std::vector<uint8_t>>> digests(3);
+  std::vector<ForwardOutput> outs;
+  for (int mode = 0; mode < 3; ++mode) {
+    Hooks h;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string& n = names[i];
+      if (mode == 0 || (mode == 2 && i % 2 == 0))
+        h.add(n, [&, mode](HookTensor& t) { logs[size_t(mode)].push_back(seen(t)); });
+      else
+        h.add_reader(n, [&, mode](const HookTensor& t) { logs[size_t(mode)].push_back(seen(t)); });
+      if (n.find("resid_post") != std::string::npos)
+        h.add_digests(n, [&, mode, n](const HookDigests& d) {
+          digests[size_t(mode)][n].assign(d.sha256, d.sha256 + d.rows * d.tokens * 32);
+        });
+    }
+    auto cache = model_->make_cache(in.batch, batch.T);
+    outs.push_back(model_->forward(in, *cache, &h));
+    ASSERT_EQ(logs[size_t(mode)].size(), names.size()) << "mode " << mode << ": not every hook delivered";
+  }
+  for (int mode = 1; mode < 3; ++mode) {
+    SCOPED_TRACE(::testing::Message() << "mode " << mode);
+    for (size_t i = 0; i < names.size(); ++i)
+      EXPECT_TRUE(logs[size_t(mode)][i] == logs[0][i]) << "entry " << i << ": " << logs[size_t(mode)][i].name
+                                                        << " vs " << logs[0][i].name;
+    EXPECT_EQ(digests[size_t(mode)], digests[0]);
+    EXPECT_EQ(outs[size_t(mode)].logits, outs[0].logits);
+  }
+  EXPECT_EQ(digests[0].size(), size_t(L));
 }
 
 // ---- the f32 checking mode through the cache: prefill of mixed lengths, then decode steps ----
