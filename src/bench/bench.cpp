@@ -25,6 +25,13 @@
 namespace atlas::bench {
 namespace {
 
+// The median of a non-empty list (the mean of the middle two for an even count).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -239,10 +246,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       else if (d.value(fingerprint, std::string()) != detail.value(fingerprint, std::string()))
         same = false;
     }
-    std::vector<double> sorted = figures;
-    std::sort(sorted.begin(), sorted.end());
-    const size_t n = sorted.size();
-    const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    const double mid = median(figures);
     if (o.repeat > 1) {
       detail["runs"] = figures;
       detail["statistic"] = "median of " + std::to_string(o.repeat) + " runs";
@@ -251,7 +255,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         std::fprintf(stderr, "atlas bench: warning: %s (%s): %s differs between runs (nondeterminism)\n",
                      workload.c_str(), mode.c_str(), fingerprint);
     }
-    record(workload, mode, median, unit, bound, std::move(detail));
+    record(workload, mode, mid, unit, bound, std::move(detail));
   };
 
   for (const auto& mode : modes) {
@@ -355,6 +359,18 @@ std::vector<Record> run_bench(const BenchOptions& o) {
                                   {"stages", stage_hashes.size()}, {"route_decisions_padded", decisions},
                                   {"stage_hashes_sha256", h.hex()}}};
       });
+      // What tracing costs: the same forward without hooks, as many times (median, seconds).
+      std::vector<double> untraced;
+      for (int i = 0; i < o.repeat; ++i) {
+        auto cache = model->make_cache(B, T);
+        const auto t0 = Clock::now();
+        model->forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
+                        .logits_rows = {}},
+                       *cache);
+        untraced.push_back(since(t0));
+      }
+      out.back().detail["untraced_s"] = median(untraced);
+      out.back().detail["untraced_runs"] = untraced;
     }
 
     if (wants("decode-b1")) {
