@@ -432,6 +432,7 @@ class CudaModelT final : public Model {
   // Queries per MLA block in a prefill (4: the cache tiles are read by four queries at once);
   // ATLAS_MLA_PREFILL_QPB=1|2|4 overrides it for measurements (any gives the same bits).
   int mla_prefill_qpb_ = 4;
+  int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
@@ -536,6 +537,16 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
         fail("ATLAS_MLA_PREFILL_QPB", {}, "must be 1, 2 or 4, got \"" + v + "\"");
       mla_prefill_qpb_ = std::stoi(v);
     }
+    // ATLAS_PREFILL_CHUNK_TOKENS=<n> overrides CudaModelOptions::max_tokens_per_call, for
+    // measurements (chunking never changes the bits; it bounds working memory).
+    const char* ct = std::getenv("ATLAS_PREFILL_CHUNK_TOKENS");
+    if (ct && *ct) {
+      const std::string v(ct);
+      const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stoll(v) < 1)
+        fail("ATLAS_PREFILL_CHUNK_TOKENS", {}, "must be a whole number of tokens from 1 to 999999999, got \"" + v + "\"");
+      chunk_tokens_env_ = std::stoll(v);
+    }
   }
   set_device(opts.device);
   s_ = stream_create();
@@ -548,7 +559,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   const char* env_graphs = std::getenv("ATLAS_CUDA_GRAPHS");
   graphs_ = opts.graphs && !(env_graphs && std::string(env_graphs) == "0");
-  max_tokens_ = std::max<int64_t>(1, opts.max_tokens_per_call);
+  max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
   const size_t margin = size_t(1) << 30;
   if (total + margin > mem.free)
