@@ -637,7 +637,7 @@ int gemm_chosen_config(const GemmArgs& a);
 // Whether the TMA config ("tma192x128x64/5", kernels/gemm_tma.cuh) can run here: sm_90a device
 // code, the driver's tensor-map encoder, ATLAS_GEMM_TMA not "0" (read once, at the first GEMM).
 // Where it cannot, or a call does not suit it (batch > 1, a grouped call without w_base, a
-// gather over 512 MiB, a refused tensor map), that config runs the cp.async wgmma kernel of the
+// gather over 1 GiB, a refused tensor map), that config runs the cp.async wgmma kernel of the
 // same tile instead: the same bits either way.
 bool gemm_tma_available();
 

@@ -669,7 +669,7 @@ struct ScratchBlock {
   size_t bytes = 0;
 };
 std::mutex scratch_mu;
-std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 512 MiB each
+std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 1 GiB each
 
 float* slice_scratch(size_t bytes, cudaStream_t stream) {
   int dev = 0;
