@@ -771,11 +771,11 @@ bool CudaModelT<Elem>::defer_hook(const Hooks& hooks, LateHookSpec spec, const v
   if (off + bytes > late_arena_bytes_) {
     deliver_all();  // every copy landed and was delivered: the arena is free again
     off = 0;
-    if (bytes > late_arena_bytes_) {
+    if (bytes > late_arena_bytes_) {  // grow (doubling, at least 64 MiB, at most kLateArenaMax)
+      const size_t want = std::min(kLateArenaMax, std::max({bytes, size_t(64) << 20, 2 * late_arena_bytes_}));
       if (late_arena_) host_free_pinned(late_arena_);
       late_arena_ = nullptr;
       late_arena_bytes_ = 0;
-      const size_t want = std::min(kLateArenaMax, std::max({bytes, size_t(64) << 20, 2 * late_arena_bytes_}));
       late_arena_ = static_cast<unsigned char*>(host_alloc_pinned(want));
       late_arena_bytes_ = want;
     }

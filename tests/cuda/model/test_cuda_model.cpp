@@ -257,25 +257,35 @@ std::vector<std::vector<int32_t>> prompts(int64_t V) {
   return out;
 }
 
+// Rows left-padded into one [B, T] prefill (the layout of bench and probe traces).
+struct PaddedBatch {
+  std::vector<int32_t> ids, pos;
+  std::vector<uint8_t> mask;
+  int64_t B = 0, T = 0;
+  explicit PaddedBatch(const std::vector<std::vector<int32_t>>& rows) : B(int64_t(rows.size())) {
+    for (const auto& r : rows) T = std::max<int64_t>(T, int64_t(r.size()));
+    for (const auto& r : rows) {
+      const int64_t pad = T - int64_t(r.size());
+      for (int64_t t = 0; t < T; ++t) {
+        ids.push_back(t < pad ? 0 : r[size_t(t - pad)]);
+        pos.push_back(t < pad ? 0 : int32_t(t - pad));
+        mask.push_back(t < pad ? 0 : 1);
+      }
+    }
+  }
+  ForwardInput input() const {
+    return {.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
+            .logits_rows = {}};
+  }
+};
+
 // Left-padded batch prefill; returns the cache and the last-token logits [B, V].
 std::vector<float> prefill(const Model& m, Cache& cache, const std::vector<std::vector<int32_t>>& rows,
                            const Hooks* hooks = nullptr, AttentionForm attention = AttentionForm::Expanded) {
-  int64_t Tp = 0;
-  for (const auto& r : rows) Tp = std::max<int64_t>(Tp, int64_t(r.size()));
-  std::vector<int32_t> ids, pos;
-  std::vector<uint8_t> mask;
-  for (const auto& r : rows) {
-    const int64_t pad = Tp - int64_t(r.size());
-    for (int64_t t = 0; t < Tp; ++t) {
-      ids.push_back(t < pad ? 0 : r[size_t(t - pad)]);
-      pos.push_back(t < pad ? 0 : int32_t(t - pad));
-      mask.push_back(t < pad ? 0 : 1);
-    }
-  }
-  return m.forward({.batch = int64_t(rows.size()), .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
-                    .logits_last_only = true, .attention = attention},
-                   cache, hooks)
-      .logits;
+  const PaddedBatch batch(rows);
+  ForwardInput in = batch.input();
+  in.attention = attention;
+  return m.forward(in, cache, hooks).logits;
 }
 
 std::vector<float> step(const Model& m, Cache& cache, const std::vector<int32_t>& ids, const std::vector<int32_t>& pos,
@@ -628,28 +638,6 @@ TEST_F(CudaTiny, ChunkedPrefillIsBitIdenticalToOneCall) {
 // observers too: the tensors come to the host, where Hooks::fire digests them. Both must give
 // the same [B*T][32] bytes, equal to the host digests (OpenSSL) of the downloaded tensors, for
 // bf16 hooks of rank 3 and 4 and the fp32 router hooks; the logits must not change.
-// Rows left-padded into one [B, T] prefill (the layout of bench and probe traces).
-struct PaddedBatch {
-  std::vector<int32_t> ids, pos;
-  std::vector<uint8_t> mask;
-  int64_t B = 0, T = 0;
-  explicit PaddedBatch(const std::vector<std::vector<int32_t>>& rows) : B(int64_t(rows.size())) {
-    for (const auto& r : rows) T = std::max<int64_t>(T, int64_t(r.size()));
-    for (const auto& r : rows) {
-      const int64_t pad = T - int64_t(r.size());
-      for (int64_t t = 0; t < T; ++t) {
-        ids.push_back(t < pad ? 0 : r[size_t(t - pad)]);
-        pos.push_back(t < pad ? 0 : int32_t(t - pad));
-        mask.push_back(t < pad ? 0 : 1);
-      }
-    }
-  }
-  ForwardInput input() const {
-    return {.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
-            .logits_rows = {}};
-  }
-};
-
 TEST_F(CudaTiny, DeviceDigestsEqualTheDigestsOfTheDownloadedTensors) {
   const int64_t V = ck_->config().vocab_size, L = ck_->config().num_hidden_layers;
   const PaddedBatch batch(prompts(V));
@@ -797,19 +785,12 @@ TEST_F(CudaTiny, F32PrefillAndDecodeMatchCpuF32) {
   const int steps = 4;
   auto gpu = load_model(*ck_, {.backend = "cuda", .compute = Compute::F32});
   auto cpu = load_model(*ck_, {.backend = "cpu", .compute = Compute::F32});
-  int64_t Tp = 0;
-  for (const auto& r : rows) Tp = std::max<int64_t>(Tp, int64_t(r.size()));
-  std::vector<int32_t> ids, pos, mask32;
-  std::vector<uint8_t> mask;
-  for (const auto& r : rows) {
-    const int64_t pad = Tp - int64_t(r.size());
-    for (int64_t t = 0; t < Tp; ++t) {
-      ids.push_back(t < pad ? 0 : r[size_t(t - pad)]);
-      pos.push_back(t < pad ? 0 : int32_t(t - pad));
-      mask.push_back(t < pad ? 0 : 1);
-      mask32.push_back(t < pad ? 0 : 1);
-    }
-  }
+  const PaddedBatch batch(rows);
+  const int64_t Tp = batch.T;
+  const std::vector<int32_t>& ids = batch.ids;
+  const std::vector<int32_t>& pos = batch.pos;
+  const std::vector<uint8_t>& mask = batch.mask;
+  const std::vector<int32_t> mask32(mask.begin(), mask.end());
   auto cg = gpu->make_cache(B, Tp + steps), cc = cpu->make_cache(B, Tp + steps);
   Captured g, c;
   std::map<std::string, int> fired_g, fired_c;

@@ -161,27 +161,10 @@ __global__ void __launch_bounds__(T::THREADS, 1)
     const int s = kt % T::STAGES;
     mbar_wait(full(s), uint32_t(kt / T::STAGES) & 1u);  // step kt's boxes have landed
     if (pending) {  // the previous slice is complete: total += slice, new slice from +0
-      wg_wait_all();
-#pragma unroll
-      for (int i = 0; i < T::NACC; ++i) {
-        tot[i] = __fadd_rn(tot[i], acc[i]);
-        acc[i] = 0.0f;
-      }
+      wg_fold_slice(tot, acc);
       pending = false;
     }
-    const uint32_t a_base = sA + uint32_t(s * T::TILE_A + wg * 64 * T::BK * 2);
-    const uint32_t b_base = sB + uint32_t(s * T::TILE_B);
-    wg_fence();
-    if ((kt + 1) * (T::BK / 16) <= KC) {  // a whole step (every step but a short last one)
-#pragma unroll
-      for (int kk = 0; kk < T::BK / 16; ++kk) wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < T::BK / 16; ++kk)
-        if (kt * (T::BK / 16) + kk < KC)  // uniform: chunks past K are not part of the contract
-          wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
-    }
-    wg_commit();
+    wg_issue_step<T>(acc, sA + uint32_t(s * T::TILE_A + wg * 64 * T::BK * 2), sB + uint32_t(s * T::TILE_B), kt, KC);
     wg_wait_one();  // this warpgroup's step kt - 1 is retired: it no longer reads that slot
     if (kt >= 1 && (tid & 127) == 0) mbar_arrive(empty((kt - 1) % T::STAGES));
     if (tid == 0 && kt >= 2 && kt - 2 + T::STAGES < KT) {
@@ -217,12 +200,7 @@ __global__ void __launch_bounds__(T::THREADS, 1)
         continue;
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < T::BN / 8; ++nt) {
-      const int col = n0 + nt * 8 + tig * 2;
-      if (col >= p.N) continue;
-      store_tile_pair<kOutF32>(p, o_row, col, tot[nt * 4 + half * 2], tot[nt * 4 + half * 2 + 1]);
-    }
+    wg_store_half<T, kOutF32>(p, tot, o_row, n0, tig, half);
   }
 #else
   __trap();  // the host runs this kernel only where the wgmma probe found sm_90a code

@@ -94,6 +94,49 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
 #endif
 }
 
+// One K step of a warpgroup's 64 x 128 accumulators (this kernel and kernels/gemm_tma.cuh): the
+// k16 chunks of step kt that lie inside K (KC chunks in all; chunks past K are not part of the
+// contract) from the ring slot's A rows at a_base and B rows at b_base, as one committed group.
+template <class T>
+__device__ __forceinline__ void wg_issue_step(float (&acc)[T::NACC], uint32_t a_base, uint32_t b_base, int kt,
+                                              int KC) {
+  wg_fence();
+  if ((kt + 1) * (T::BK / 16) <= KC) {  // a whole step (every step but a short last one)
+#pragma unroll
+    for (int kk = 0; kk < T::BK / 16; ++kk) wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < T::BK / 16; ++kk)
+      if (kt * (T::BK / 16) + kk < KC)  // uniform
+        wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
+  }
+  wg_commit();
+}
+
+// A finished K slice: once its groups retired, total += slice and the next slice starts from +0.
+template <int N>
+__device__ __forceinline__ void wg_fold_slice(float (&tot)[N], float (&acc)[N]) {
+  wg_wait_all();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    tot[i] = __fadd_rn(tot[i], acc[i]);
+    acc[i] = 0.0f;
+  }
+}
+
+// The epilogue's plain store of one accumulator row half (row gid + 8 half of the warp's 16):
+// columns n0 + 8 nt + 2 tig (+1) of n8 tiles nt, pairs of the 64 accumulators.
+template <class T, bool kOutF32>
+__device__ __forceinline__ void wg_store_half(const MmaGemmParams& p, const float (&tot)[T::NACC], int64_t o_row, int n0,
+                                              int tig, int half) {
+#pragma unroll
+  for (int nt = 0; nt < T::BN / 8; ++nt) {
+    const int col = n0 + nt * 8 + tig * 2;
+    if (col >= p.N) continue;
+    store_tile_pair<kOutF32>(p, o_row, col, tot[nt * 4 + half * 2], tot[nt * 4 + half * 2 + 1]);
+  }
+}
+
 // 1 where this binary's device code has the wgmma kernel (built for sm_90a), else 0.
 __global__ void gemm_wgmma_probe_kernel(int* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -175,27 +218,12 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_wgmma_kernel(const MmaGemm
       cp_async_commit();
     }
     if (pending) {  // the previous slice is complete: total += slice, new slice from +0
-      wg_wait_all();
-#pragma unroll
-      for (int i = 0; i < T::NACC; ++i) {
-        tot[i] = __fadd_rn(tot[i], acc[i]);
-        acc[i] = 0.0f;
-      }
+      wg_fold_slice(tot, acc);
       pending = false;
     }
     const uint32_t a_base = smem_u32(sA + (rel % T::STAGES) * (T::BM * T::BK)) + uint32_t(wg * 64 * T::BK * 2);
     const uint32_t b_base = smem_u32(sB + (rel % T::STAGES) * (T::BN * T::BK));
-    wg_fence();
-    if ((kt + 1) * (T::BK / 16) <= KC) {  // a whole step (every step but a short last one)
-#pragma unroll
-      for (int kk = 0; kk < T::BK / 16; ++kk) wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < T::BK / 16; ++kk)
-        if (kt * (T::BK / 16) + kk < KC)  // uniform: chunks past K are not part of the contract
-          wgmma_m64n128k16(acc, wg_desc(a_base + kk * 32), wg_desc(b_base + kk * 32));
-    }
-    wg_commit();
+    wg_issue_step<T>(acc, a_base, b_base, kt, KC);
     wg_wait_one();
     pending = (kt + 1) % (kSliceK / T::BK) == 0;
   }
@@ -211,13 +239,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_wgmma_kernel(const MmaGemm
   for (int half = 0; half < 2; ++half) {
     const int row = row_begin + wg * 64 + wq * 16 + gid + half * 8;
     if (row >= row_end) continue;
-    const int64_t o_row = out_base + int64_t(row) * p.os;
-#pragma unroll
-    for (int nt = 0; nt < T::BN / 8; ++nt) {
-      const int col = n0 + nt * 8 + tig * 2;
-      if (col >= p.N) continue;
-      store_tile_pair<kOutF32>(p, o_row, col, tot[nt * 4 + half * 2], tot[nt * 4 + half * 2 + 1]);
-    }
+    wg_store_half<T, kOutF32>(p, tot, out_base + int64_t(row) * p.os, n0, tig, half);
   }
 }
 
