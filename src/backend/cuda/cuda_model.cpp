@@ -1310,7 +1310,13 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
       part.ids = ids;
       part.positions = pos;
       part.mask = mask;
-      if (t0 + n < T) part.sampling = {};  // only the last chunk's tokens are the answer
+      // Only the last chunk's tokens are the answer: the others draw nothing and bring no logits
+      // rows to the host (every row's [V] logits, 26 MB at V = 102,400 and B = 128, per chunk).
+      const std::vector<uint8_t> no_rows(static_cast<size_t>(B), 0);
+      if (t0 + n < T) {
+        part.sampling = {};
+        part.logits_rows = no_rows;
+      }
       out = forward(part, cache_base, hooks);  // the last chunk holds every row's last token
     }
     return out;
