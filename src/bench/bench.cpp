@@ -340,15 +340,15 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         });
       }
       stage("final_norm");
+      const ForwardInput in{.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask,
+                            .logits_last_only = true, .logits_rows = {}};
       repeated("prefill-trace-128", mode, "s", std::nullopt, "stage_hashes_sha256", [&] {
         stage_hashes.clear();
         routes.clear();
         route_w.clear();
         auto cache = model->make_cache(B, T);
         const auto t0 = Clock::now();
-        model->forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
-                        .logits_rows = {}},
-                       *cache, &hooks);
+        model->forward(in, *cache, &hooks);
         const double s = since(t0);
         Sha256 h;
         for (const auto& [name, hs] : stage_hashes)
@@ -364,9 +364,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       for (int i = 0; i < o.repeat; ++i) {
         auto cache = model->make_cache(B, T);
         const auto t0 = Clock::now();
-        model->forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true,
-                        .logits_rows = {}},
-                       *cache);
+        model->forward(in, *cache);
         untraced.push_back(since(t0));
       }
       out.back().detail["untraced_s"] = median(untraced);

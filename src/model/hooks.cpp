@@ -86,25 +86,13 @@ void Hooks::add_digests(std::string pattern, DigestFn fn) {
   digest_subs_.push_back({std::move(pattern), std::move(fn)});
 }
 
-bool Hooks::wants_tensor(std::string_view name) const {
-  for (const auto& s : tensor_subs_)
-    if (glob_match(s.pattern, name)) return true;
-  return false;
-}
+bool Hooks::wants_tensor(std::string_view name) const { return any_matches(tensor_subs_, name); }
 
 void Hooks::add_reader(std::string pattern, ReadFn fn) { reader_subs_.push_back({std::move(pattern), std::move(fn)}); }
 
-bool Hooks::wants_reader(std::string_view name) const {
-  for (const auto& s : reader_subs_)
-    if (glob_match(s.pattern, name)) return true;
-  return false;
-}
+bool Hooks::wants_reader(std::string_view name) const { return any_matches(reader_subs_, name); }
 
-bool Hooks::wants_digests(std::string_view name) const {
-  for (const auto& s : digest_subs_)
-    if (glob_match(s.pattern, name)) return true;
-  return false;
-}
+bool Hooks::wants_digests(std::string_view name) const { return any_matches(digest_subs_, name); }
 
 void Hooks::fire(HookTensor& t) const {
   for (const auto& s : tensor_subs_)

@@ -69,6 +69,8 @@ struct HookDigests {
   std::span<const uint8_t> row(int64_t b, int64_t a, int64_t e) const;
 };
 
+bool glob_match(std::string_view pattern, std::string_view name);
+
 class Hooks {
  public:
   using Fn = std::function<void(HookTensor&)>;
@@ -106,12 +108,17 @@ class Hooks {
     std::string pattern;
     F fn;
   };
+  template <class F>
+  static bool any_matches(const std::vector<Sub<F>>& subs, std::string_view name) {
+    for (const auto& s : subs)
+      if (glob_match(s.pattern, name)) return true;
+    return false;
+  }
   std::vector<Sub<Fn>> tensor_subs_;
   std::vector<Sub<ReadFn>> reader_subs_;
   std::vector<Sub<DigestFn>> digest_subs_;
 };
 
-bool glob_match(std::string_view pattern, std::string_view name);
 
 // Every hook point of the model, for listing and for validating patterns.
 struct HookInfo {

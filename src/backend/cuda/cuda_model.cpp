@@ -376,19 +376,12 @@ class CudaModelT final : public Model {
     DType dtype = DType::F32;  // what readers see (bf16 values arrive as F32)
     bool digests = false;      // the bytes are [B*T][32] token digests (digest observers)
     bool bf16 = false;         // the bytes are bf16 values
-    size_t offset = 0, bytes = 0;  // in the arena
-    Event copied = nullptr;
+    size_t offset = 0, bytes = 0;  // in the arena (set by defer_hook)
+    Event copied = nullptr;        // (set by defer_hook)
   };
-  struct LateHookSpec {
-    const std::string& name;
-    int64_t layer = -1;
-    std::vector<int64_t> shape;
-    DType dtype = DType::F32;
-    bool digests = false;
-    bool bf16 = false;
-  };
-  // false: too large for the arena (kLateArenaMax): the caller delivers synchronously.
-  bool defer_hook(const Hooks& hooks, LateHookSpec spec, const void* dev, size_t bytes) const;
+  // Queues e, a copy of the `bytes` at dev. false: too large for the arena (kLateArenaMax): the
+  // caller delivers synchronously.
+  bool defer_hook(const Hooks& hooks, LateHook e, const void* dev, size_t bytes) const;
   void deliver_ready() const;
   void deliver_all() const;
   void deliver(LateHook& e) const;
@@ -764,7 +757,7 @@ void CudaModelT<Elem>::hook_digests(const Hooks& hooks, const std::string& name,
 }
 
 template <class Elem>
-bool CudaModelT<Elem>::defer_hook(const Hooks& hooks, LateHookSpec spec, const void* dev, size_t bytes) const {
+bool CudaModelT<Elem>::defer_hook(const Hooks& hooks, LateHook e, const void* dev, size_t bytes) const {
   if (bytes > kLateArenaMax) return false;
   const size_t align = 256;
   size_t off = (late_arena_used_ + align - 1) / align * align;
@@ -781,18 +774,18 @@ bool CudaModelT<Elem>::defer_hook(const Hooks& hooks, LateHookSpec spec, const v
     }
   }
   copy_to_host_async(late_arena_ + off, dev, bytes, s_);
-  Event e = nullptr;
   if (free_events_.empty()) {
-    e = event_create();
-    late_events_.push_back(e);
+    e.copied = event_create();
+    late_events_.push_back(e.copied);
   } else {
-    e = free_events_.back();
+    e.copied = free_events_.back();
     free_events_.pop_back();
   }
-  event_record(e, s_);
+  event_record(e.copied, s_);
+  e.offset = off;
+  e.bytes = bytes;
   late_hooks_ = &hooks;
-  late_.push_back({.name = spec.name, .layer = spec.layer, .shape = std::move(spec.shape), .dtype = spec.dtype,
-                   .digests = spec.digests, .bf16 = spec.bf16, .offset = off, .bytes = bytes, .copied = e});
+  late_.push_back(std::move(e));
   late_arena_used_ = off + bytes;
   deliver_ready();
   return true;
@@ -1293,6 +1286,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   // observers expect whole [B, T, ...] tensors) and with last-token logits.
   if (T > 1 && M > max_tokens_ && in.logits_last_only && (!hooks || hooks->empty())) {
     const int64_t tc = std::max<int64_t>(1, max_tokens_ / B);
+    const std::vector<uint8_t> no_rows(static_cast<size_t>(B), 0);  // the earlier chunks' logits_rows
     ForwardOutput out;
     for (int64_t t0 = 0; t0 < T; t0 += tc) {
       const int64_t n = std::min(tc, T - t0);
@@ -1312,7 +1306,6 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
       part.mask = mask;
       // Only the last chunk's tokens are the answer: the others draw nothing and bring no logits
       // rows to the host (every row's [V] logits, 26 MB at V = 102,400 and B = 128, per chunk).
-      const std::vector<uint8_t> no_rows(static_cast<size_t>(B), 0);
       if (t0 + n < T) {
         part.sampling = {};
         part.logits_rows = no_rows;

@@ -671,7 +671,7 @@ struct ScratchBlock {
 std::mutex scratch_mu;
 std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 1 GiB each
 
-float* slice_scratch(size_t bytes, cudaStream_t stream) {
+float* stream_scratch(size_t bytes, cudaStream_t stream) {
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
   std::lock_guard<std::mutex> lock(scratch_mu);
@@ -695,7 +695,7 @@ bool launch_sliced(const TileConfig& c, const kern::MmaGemmParams& p, int64_t ti
                    bool f32, bool async, void* out, int64_t os, const int32_t* rows_total, cudaStream_t stream,
                    const char* op) {
   const int64_t per_slice = int64_t(rows) * N;
-  float* ws = slice_scratch(size_t(slices) * size_t(per_slice) * 4, stream);
+  float* ws = stream_scratch(size_t(slices) * size_t(per_slice) * 4, stream);
   if (ws == nullptr) return false;
   kern::MmaGemmParams ps = p;
   ps.out = ws;
@@ -769,7 +769,7 @@ bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int
   if (a.x_rows != nullptr) {
     const size_t bytes = size_t(a.max_rows) * size_t(a.K) * 2;
     if (bytes > kTmaGatherMaxBytes) return false;
-    gathered = reinterpret_cast<uint16_t*>(slice_scratch(bytes, stream));
+    gathered = reinterpret_cast<uint16_t*>(stream_scratch(bytes, stream));
     if (gathered == nullptr) return false;  // inside a capture and the scratch too small
     ax = gathered;
     axs = a.K;
@@ -953,7 +953,7 @@ void gemm(const GemmArgs& a) {
       launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
                     nullptr, stream, op))
     return;
-  if (c.tma && async && !sliced && try_tma_dense(a, p, xs, ws, m_tiles * n_tiles, f32, stream)) {
+  if (c.tma && async && try_tma_dense(a, p, xs, ws, m_tiles * n_tiles, f32, stream)) {
     check_launch(op);
     return;
   }
