@@ -662,6 +662,94 @@ TEST_F(GroupedGemm, TmaKernelRunsAndChecksWBaseAgainstW) {
   }
 }
 
+// Caps the persistent TMA kernel's grid for the scope (gemm_set_tma_blocks).
+struct TmaBlocks {
+  explicit TmaBlocks(int n) { gemm_set_tma_blocks(n); }
+  ~TmaBlocks() { gemm_set_tma_blocks(0); }
+};
+
+// The persistent TMA kernel walks many tiles per block (here: grids capped at 1, 2 and 5 blocks,
+// and the default), carrying its ring slots and barrier phases from tile to tile: dense, a
+// strided batch whose entries have fewer tiles than there are blocks, the fused gate|up, and a
+// grouped call with gather and empty groups all give the bits of the cp.async kernel of the
+// same tile (wg192x128x64/4), which has no such state.
+TEST_F(Gemm, PersistentTmaKernelGivesTheBitsOfOneBlockPerTile) {
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no TMA kernel";
+  if (!gemm_tma_available()) GTEST_SKIP() << "no TMA kernel here (ATLAS_GEMM_TMA=0?)";
+  int tma = -1, wg = -1;
+  for (int c = 0; c < gemm_config_count(); ++c) {
+    if (gemm_config_name(c) == "tma192x128x64/5") tma = c;
+    if (gemm_config_name(c) == "wg192x128x64/4") wg = c;
+  }
+  ASSERT_GE(tma, 0);
+  ASSERT_GE(wg, 0);
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  // Runs `call` into a fresh buffer of `elems` under config c and grid cap `blocks`.
+  auto outputs = [&](int c, int blocks, size_t elems, const std::function<void(uint16_t*)>& call) {
+    ForceConfig force(c);
+    TmaBlocks cap(blocks);
+    DevBuf<uint16_t> out(elems);
+    call(out.get());
+    check_device_errors();
+    return out.download();
+  };
+  auto same_everywhere = [&](const std::string& what, size_t elems, const std::function<void(uint16_t*)>& call) {
+    SCOPED_TRACE(what);
+    const auto want = outputs(wg, 0, elems, call);
+    for (int blocks : {1, 2, 5, 0}) {
+      const auto got = outputs(tma, blocks, elems, call);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << "grid capped at " << blocks;
+    }
+  };
+
+  // Dense: 4 x 3 tiles, K of 3 slices with a short last step.
+  const int M = 700, N = 300, K = 600;
+  DevBuf<uint16_t> dx(random_bf16(size_t(M) * K, rng)), dw(random_bf16(size_t(N) * K, rng, 0.05f));
+  same_everywhere("dense", size_t(M) * N, [&](uint16_t* out) {
+    gemm({.x = dx.get(), .w = dw.get(), .out = out, .M = M, .N = N, .K = K});
+  });
+  // Strided batch of 7 entries of 2 tiles each (tiles of one block cross entries).
+  const int BM = 150, BN = 200, BK = 256, H = 7;
+  DevBuf<uint16_t> bx(random_bf16(size_t(BM) * H * BK, rng)), bw(random_bf16(size_t(H) * BN * BK, rng, 0.05f));
+  same_everywhere("strided batch", size_t(BM) * H * BN, [&](uint16_t* out) {
+    gemm({.x = bx.get(), .w = bw.get(), .out = out, .M = BM, .N = BN, .K = BK, .x_stride = H * BK,
+          .out_stride = H * BN, .batch = H, .x_batch_stride = BK, .w_batch_stride = int64_t(BN) * BK,
+          .out_batch_stride = BN});
+  });
+  // Fused gate|up: I = 200 (N = 400, 4 column tiles).
+  const int I = 200;
+  DevBuf<uint16_t> gw(random_bf16(size_t(2 * I) * K, rng, 0.05f)), scratch(size_t(M) * 2 * I);
+  same_everywhere("gated", size_t(M) * I, [&](uint16_t* out) {
+    gemm({.x = dx.get(), .w = gw.get(), .out = out, .M = M, .N = 2 * I, .K = K, .gated = I,
+          .gated_scratch = scratch.get()});
+  });
+  // Grouped with gather: groups over one to three 192-row tiles, empty ones between.
+  const std::vector<int> counts = {250, 0, 401, 7, 0, 30, 192};
+  const int G = int(counts.size()), GN = 136, GK = 520, x_count = 300;
+  std::vector<int32_t> offsets(size_t(G) + 1, 0);
+  for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + counts[size_t(g)];
+  const int rows = offsets.back();
+  std::vector<int32_t> x_rows(static_cast<size_t>(rows));
+  std::uniform_int_distribution<int> pick(0, x_count - 1);
+  for (auto& r : x_rows) r = pick(rng);
+  std::vector<std::vector<uint16_t>> w(static_cast<size_t>(G));
+  for (auto& wg_g : w) wg_g = random_bf16(size_t(GN) * GK, rng, 0.03f);
+  const SpacedWeights sw(w, size_t(GN) * GK);
+  DevBuf<uint16_t> gx(random_bf16(size_t(x_count) * GK, rng));
+  DevBuf<int32_t> doff(offsets), drows(x_rows);
+  DevBuf<const uint16_t*> dwptr(sw.ptrs);
+  same_everywhere("grouped", size_t(rows) * GN, [&](uint16_t* out) {
+    grouped_gemm({.x = gx.get(), .x_rows = drows.get(), .w = dwptr.get(), .offsets = doff.get(), .out = out,
+                  .groups = G, .max_rows = rows, .N = GN, .K = GK, .x_rows_limit = x_count, .w_base = sw.ptrs[0],
+                  .w_group_stride = sw.stride});
+  });
+  EXPECT_THROW(gemm_set_tma_blocks(-1), Error);
+}
+
 // On a Hopper GPU the cluster configs run as clusters (a silent fallback would keep the tests
 // green and lose the speed): the automatic choices for a batch-128 and a batch-1 decode
 // projection are cluster configs, and

@@ -636,10 +636,15 @@ void gemm_force_config(int config);
 int gemm_chosen_config(const GemmArgs& a);
 // Whether the TMA config ("tma192x128x64/5", kernels/gemm_tma.cuh) can run here: sm_90a device
 // code, the driver's tensor-map encoder, ATLAS_GEMM_TMA not "0" (read once, at the first GEMM).
-// Where it cannot, or a call does not suit it (batch > 1, a grouped call without w_base, a
+// Where it cannot, or a call does not suit it (a grouped call without w_base, a
 // gather over 1 GiB, a refused tensor map), that config runs the cp.async wgmma kernel of the
-// same tile instead: the same bits either way.
+// same tile instead: the same bits either way. ATLAS_GEMM_TMA_PERSISTENT=0 (read with it) runs
+// one block per tile instead of the persistent grid below (measurements; the same bits).
 bool gemm_tma_available();
+// The TMA kernel is persistent: at most one block per SM, each walking tiles blockIdx.x +
+// i * gridDim.x. Tests cap its grid at `blocks` (0: one per SM, the default) so that small
+// problems walk many tiles per block; process-wide, like gemm_force_config. Never bits.
+void gemm_set_tma_blocks(int blocks);
 
 // ---- grouped GEMM (MoE experts), routing stays on the device ------------------------------
 // Rows are sorted by group (expert); group g owns rows [offsets[g], offsets[g+1]) and

@@ -233,6 +233,7 @@ static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMan
               "config names");
 
 std::atomic<int> forced_config{-1};
+std::atomic<int> tma_blocks_cap{0};  // gemm_set_tma_blocks (tests)
 
 struct GemmSetup {
   int sm_count = 132;
@@ -240,6 +241,7 @@ struct GemmSetup {
   bool wgmma = false;  // the loaded device code has the wgmma kernel (an sm_90a build on a 9.0 GPU)
   // The TMA kernel may run: wgmma, the driver's tensor-map encoder found, ATLAS_GEMM_TMA not "0".
   PFN_cuTensorMapEncodeTiled_v12000 encode_map = nullptr;
+  bool tma_persistent = true;  // ATLAS_GEMM_TMA_PERSISTENT not "0" (launch_tma)
   // cluster_sizes[i]: the largest C such that config i's clusters of 1..C blocks all fit the
   // device (cudaOccupancyMaxActiveClusters > 0, both output types); 0: not a cluster config, or
   // no cluster launch here (device without it, or device code built for an older arch).
@@ -317,6 +319,8 @@ const GemmSetup& setup() {
         g.encode_map = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
       (void)cudaGetLastError();  // a driver without it is an answer (the cp.async kernel runs), not an error
     }
+    const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
+    g.tma_persistent = !(persistent_env && std::string(persistent_env) == "0");
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
                             reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true>)})
@@ -731,10 +735,19 @@ bool encode_map(CUtensorMap& m, const void* base, const cuuint64_t (&dims)[3], c
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, const kern::MmaGemmParams& p, int64_t tiles,
+// Persistent (the default): one block per SM walks the tiles blockIdx.x + i * gridDim.x, its
+// producer warp filling the ring with the next tile's first steps while the consumers store
+// the last one. ATLAS_GEMM_TMA_PERSISTENT=0: one block per tile (the same kernel and bits; for
+// measurements).
+void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, kern::MmaGemmParams p, int64_t tiles,
                 unsigned batch, bool f32, cudaStream_t stream) {
   using T = CfgTma192;
-  const dim3 grid(unsigned(tiles), 1, batch);
+  const int64_t total = tiles * int64_t(batch);
+  p.tiles_total = int(total);
+  const int cap = tma_blocks_cap.load();
+  const int64_t blocks =
+      setup().tma_persistent ? std::min<int64_t>(total, cap > 0 ? cap : setup().sm_count) : total;
+  const dim3 grid(unsigned(blocks), 1, 1);
   if (f32)
     launch(kern::gemm_tma_kernel<T, true>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
   else
@@ -746,7 +759,7 @@ void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, const kern::MmaGem
 // the driver refused a map).
 bool try_tma_dense(const GemmArgs& a, const kern::MmaGemmParams& p, int64_t xs, int64_t ws, int64_t tiles, bool f32,
                    cudaStream_t stream) {
-  if (!setup().encode_map) return false;
+  if (!setup().encode_map || tiles * a.batch > int64_t(INT32_MAX)) return false;  // (pids are int)
   CUtensorMap ma, mb;
   const cuuint64_t da[3] = {cuuint64_t(a.K), cuuint64_t(a.M), cuuint64_t(a.batch)};
   const cuuint64_t sa[2] = {cuuint64_t(xs) * 2, cuuint64_t(a.batch > 1 ? a.x_batch_stride : xs * a.M) * 2};
@@ -796,6 +809,11 @@ bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int
 }  // namespace
 
 bool gemm_tma_available() { return setup().encode_map != nullptr; }
+
+void gemm_set_tma_blocks(int blocks) {
+  require(blocks >= 0, "gemm_set_tma_blocks", "blocks", "must be >= 0, got " + std::to_string(blocks));
+  tma_blocks_cap.store(blocks);
+}
 
 void gemm_prepare_stream(Stream stream) {
   const cudaStream_t s = stream_of(stream);

@@ -102,6 +102,9 @@ struct MmaGemmParams {
   // is that address (device error "w" otherwise).
   const uint16_t* w_group_base = nullptr;
   int64_t w_group_stride = 0;
+  // The TMA kernel's tiles in all (dense: m_tiles * n_tiles per batch entry, batch entries one
+  // after the other; grouped: the host's bound): a block walks pids blockIdx.x + i * gridDim.x.
+  int tiles_total = 0;
 };
 // Fused gate|up (gated = I > 0, N = 2I): tile column n is weight row n / 2 (gate) for even n and
 // row I + n / 2 (up) for odd n, so a thread's column pair (2j, 2j+1) holds gate j and up j of a
@@ -183,9 +186,13 @@ struct TileSpot {
 // false: the block has no tile (past the last grouped tile, or an error it has flagged) and
 // must exit; the answer is the same for every thread of the block (and for every block with
 // the same `pid`). `pid` = the tile's index in the launch: blockIdx.x, or blockIdx.x / cluster
-// size where a cluster of blocks shares one tile (kernels/gemm_cluster.cuh).
+// size where a cluster of blocks shares one tile (kernels/gemm_cluster.cuh). The persistent TMA
+// kernel walks several tiles per block: it passes the dense batch index `z` (else blockIdx.z)
+// and a shared-memory copy of the grouped offsets table (else p.offsets).
 template <int BM, bool kAsync>
-__device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t) {
+__device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t, int z = -1,
+                                          const int32_t* offsets = nullptr) {
+  if (offsets == nullptr) offsets = p.offsets;
   t.x = p.x;
   if (p.offsets == nullptr) {
     const int per_group = kRasterGroup * p.n_tiles;
@@ -195,7 +202,7 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int t
     t.n_tile = (pid % per_group) / gm;
     t.row_begin = m_tile * BM;
     t.row_end = min(t.row_begin + BM, p.M);
-    const int64_t b = blockIdx.z;
+    const int64_t b = z >= 0 ? int64_t(z) : int64_t(blockIdx.z);
     t.x = p.x + b * p.x_bs;
     t.w = p.w + b * p.w_bs;
     t.out_base = b * p.o_bs;
@@ -212,8 +219,8 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int t
       const int g = g0 + lane;
       int lo = 0, hi = 0;
       if (g < p.groups) {
-        lo = p.offsets[g];
-        hi = p.offsets[g + 1];
+        lo = offsets[g];
+        hi = offsets[g + 1];
         bad |= (g == 0 && lo != 0) || hi < lo || hi > p.max_rows || lo < 0;
       }
       // Clamp so a corrupt table cannot overflow the tile arithmetic (the block exits anyway).
@@ -305,12 +312,12 @@ __device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, cons
 // wrote, so they wait first.
 template <int BM, int BN, bool kAsync>
 __device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t,
-                                           int k_begin, int k_end) {
+                                           int k_begin, int k_end, int z = -1) {
   if (p.offsets != nullptr) {
     pdl_begin();
     return find_tile<BM, kAsync>(p, pid, tid, lane, t);
   }
-  const bool found = find_tile<BM, kAsync>(p, pid, tid, lane, t);
+  const bool found = find_tile<BM, kAsync>(p, pid, tid, lane, t, z);
   if (kAsync && found && p.prefetch > 0) prefetch_weights_l2<BN>(p, t.w, t.n_tile * BN, k_begin, k_end);
   pdl_begin();
   return found;
