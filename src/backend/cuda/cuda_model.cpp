@@ -403,10 +403,6 @@ class CudaModelT final : public Model {
   float scale_ = 0.0f;
   DeviceBlock expert_ptrs_;  // the layers' gate_up_w / down_w pointer arrays
   DeviceBlock mla_counters_;  // [kMlaMaxRowsPerCall] ints, zero between launches (the fused MLA merge)
-  // The prefill's MLA merges inside the split kernel (its last block per query); a decode step
-  // keeps the merge launch (H200: one block merging all 16 heads of a batch-1 query is slower
-  // than the launch, 39.9 vs 32.2 us at 512 slots). ATLAS_MLA_FUSED_MERGE=0: never (measurements).
-  bool fused_merge_ = true;
   GemmMode dense_mode_ = GemmMode::batch_invariant;
   bool graphs_ = true;
   int64_t max_tokens_ = 8192;  // tokens per forward pass before a prefill is chunked
@@ -529,8 +525,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   {  // (before any device object exists: a bad value leaves nothing behind)
     const char* e = std::getenv("ATLAS_SIDE_STREAM");
     side_on_ = opts.side_stream && !(e && std::string(e) == "0");
-    const char* fm = std::getenv("ATLAS_MLA_FUSED_MERGE");
-    fused_merge_ = !(fm && std::string(fm) == "0");
     const char* q = std::getenv("ATLAS_MLA_PREFILL_QPB");
     if (q && *q) {
       const std::string v(q);
@@ -1209,9 +1203,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                   .lengths = b.qlen + r0, .cache_rows = b.qrow + r0, .max_length = int(ml), .out = b.olat + r0 * nh * dc,
                   .latent = int(dc), .rope = int(dr), .rows = int(n), .heads = int(nh), .scale = scale_,
                   .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_,
-                  .merge_counters = T > 1 && fused_merge_ && n <= kMlaMaxRowsPerCall
-                                        ? reinterpret_cast<int32_t*>(mla_counters_.get())
-                                        : nullptr,
+                  .merge_counters = n <= kMlaMaxRowsPerCall ? reinterpret_cast<int32_t*>(mla_counters_.get()) : nullptr,
                   // prefill: consecutive queries of one row share each cache tile; decode: one
                   // row per block (the bits are the same either way)
                   .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1});
