@@ -446,13 +446,11 @@ const char* mla_impl_name(int impl) { return impl == 0 ? "tensor_core" : "scalar
 // length). Each iteration reads a different copy of the caches (copies together >= 256 MB, well
 // past the 60 MB L2), as consecutive layers would: the figures are HBM reads, not L2 hits.
 // GB/s counts the cache bytes once; TFLOP/s counts q.K (576) and P.V (512) per head and token.
-// Args: rows, len, impl (0 tensor_core, 1 scalar), split_tokens, tile buffers (0 auto, 1, 2),
-// fused (1: merge_counters, the merge inside the split kernel; 0: the merge launch).
+// Args: rows, len, impl (0 tensor_core, 1 scalar), split_tokens, tile buffers (0 auto, 1, 2).
 void BM_MlaDecode(benchmark::State& state) {
   if (!have_gpu(state)) return;
   const int rows = int(state.range(0)), len = int(state.range(1)), split = int(state.range(3));
   const int bufs = int(state.range(4));
-  const bool fused = state.range(5) != 0;
   const MlaImpl impl = state.range(2) == 0 ? MlaImpl::tensor_core : MlaImpl::scalar;
   const size_t cache_elems = size_t(rows) * len * kMlaWidth;
   const int copies = int(std::clamp<size_t>((size_t(256) << 20) / (cache_elems * 2) + 1, 1, 4096));
@@ -460,16 +458,13 @@ void BM_MlaDecode(benchmark::State& state) {
       out(size_t(rows) * kMlaHeads * kMlaLatent);
   Dev<int32_t> lengths(rows);
   Dev<float> ws(mla_decode_workspace_floats(rows, kMlaHeads, len, split));
-  Dev<int32_t> counters(rows);
-  device_memset(counters.p, 0, size_t(rows) * 4);
   fill_bf16(q.p, size_t(rows) * kMlaHeads * kMlaWidth, 3, 0.5f);
   fill_fast(cache.p, cache_elems * copies, 4, 2.0f);  // uniform: timing ignores the distribution
   std::vector<int32_t> hl(rows, len);
   copy_to_device(lengths.p, hl.data(), rows * 4);
   MlaDecodeArgs a{.q = q.p, .latent_cache = cache.p, .cache_row_stride = int64_t(len) * kMlaWidth,
                   .lengths = lengths.p, .max_length = len, .out = out.p, .rows = rows, .heads = kMlaHeads,
-                  .scale = kMlaScale, .split_tokens = split, .workspace = ws.p, .impl = impl,
-                  .merge_counters = fused ? counters.p : nullptr, .tile_buffers = bufs};
+                  .scale = kMlaScale, .split_tokens = split, .workspace = ws.p, .impl = impl, .tile_buffers = bufs};
   mla_decode(a);
   synchronize();
   EventTimer t;
@@ -484,28 +479,23 @@ void BM_MlaDecode(benchmark::State& state) {
   state.counters["TFLOP/s"] = benchmark::Counter(2.0 * rows * kMlaHeads * double(len) * (kMlaWidth + kMlaLatent) / 1e12,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(mla_impl_name(int(state.range(2)))) + ", split " + std::to_string(split) + ", " +
-                 (bufs ? std::to_string(bufs) + " tile buffers, " : "") + (fused ? "fused merge, " : "") +
-                 std::to_string(copies) + " cache copies");
+                 (bufs ? std::to_string(bufs) + " tile buffers, " : "") + std::to_string(copies) + " cache copies");
 }
 BENCHMARK(BM_MlaDecode)
-    ->ArgNames({"rows", "len", "impl", "split", "bufs", "fused"})
-    ->Args({1, 512, 0, 256, 0, 0})
-    ->Args({1, 512, 0, 256, 0, 1})
-    ->Args({1, 4096, 0, 256, 0, 0})
-    ->Args({1, 4096, 0, 256, 0, 1})
-    ->Args({1, 4096, 0, 64, 0, 0})
-    ->Args({128, 512, 0, 256, 0, 0})
-    ->Args({128, 512, 0, 256, 0, 1})
-    ->Args({128, 512, 0, 256, 1, 0})
-    ->Args({128, 512, 0, 256, 2, 0})
-    ->Args({128, 1024, 0, 256, 0, 0})
-    ->Args({128, 1024, 0, 256, 0, 1})
-    ->Args({128, 1024, 0, 256, 1, 0})
-    ->Args({128, 1024, 0, 256, 2, 0})
-    ->Args({1, 512, 1, 256, 0, 0})
-    ->Args({1, 4096, 1, 256, 0, 0})
-    ->Args({128, 512, 1, 256, 0, 0})
-    ->Args({128, 1024, 1, 256, 0, 0})
+    ->ArgNames({"rows", "len", "impl", "split", "bufs"})
+    ->Args({1, 512, 0, 256, 0})
+    ->Args({1, 4096, 0, 256, 0})
+    ->Args({1, 4096, 0, 64, 0})
+    ->Args({128, 512, 0, 256, 0})
+    ->Args({128, 512, 0, 256, 1})
+    ->Args({128, 512, 0, 256, 2})
+    ->Args({128, 1024, 0, 256, 0})
+    ->Args({128, 1024, 0, 256, 1})
+    ->Args({128, 1024, 0, 256, 2})
+    ->Args({1, 512, 1, 256, 0})
+    ->Args({1, 4096, 1, 256, 0})
+    ->Args({128, 512, 1, 256, 0})
+    ->Args({128, 1024, 1, 256, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -61,9 +61,6 @@ struct Call {
   int split = 256;
   int max_length = 0;     // 0: the longest query
   bool misalign = false;  // q and cache one element off 16-byte alignment: the element-load path
-  // The fused merge (merge_counters): run twice on one zeroed counter array, which must come
-  // back zero after each call, with the same output both times.
-  bool counters = false;
 };
 
 std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
@@ -76,26 +73,13 @@ std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
   DevBuf<uint16_t> dq(qb), dc(cb), dout(size_t(Q) * sh.heads * sh.latent);
   DevBuf<int32_t> dl(p.lengths), dr(p.rows.empty() ? std::vector<int32_t>{0} : p.rows);
   DevBuf<float> ws(mla_decode_workspace_floats(Q, sh.heads, max_length, c.split));
-  DevBuf<int32_t> counters(std::vector<int32_t>(size_t(Q), 0));
-  const auto call = [&] {
-    mla_decode({.q = dq.get() + off, .latent_cache = dc.get() + off,
-                .cache_row_stride = int64_t(p.capacity) * sh.width(), .lengths = dl.get(),
-                .cache_rows = p.rows.empty() ? nullptr : dr.get(), .max_length = max_length, .out = dout.get(),
-                .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
-                .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
-                .merge_counters = c.counters ? counters.get() : nullptr, .queries_per_block = c.queries_per_block,
-                .tile_buffers = c.tile_buffers});
-    check_device_errors();
-    return dout.download();
-  };
-  const auto out = call();
-  if (c.counters) {
-    EXPECT_EQ(counters.download(), std::vector<int32_t>(size_t(Q), 0)) << "counters left zero";
-    dout.upload(std::vector<uint16_t>(out.size(), 0xffff));
-    EXPECT_EQ(call(), out) << "second call on the same counters";
-    EXPECT_EQ(counters.download(), std::vector<int32_t>(size_t(Q), 0)) << "counters left zero (second call)";
-  }
-  return out;
+  mla_decode({.q = dq.get() + off, .latent_cache = dc.get() + off, .cache_row_stride = int64_t(p.capacity) * sh.width(),
+              .lengths = dl.get(), .cache_rows = p.rows.empty() ? nullptr : dr.get(), .max_length = max_length,
+              .out = dout.get(), .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
+              .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
+              .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers});
+  check_device_errors();
+  return dout.download();
 }
 
 std::vector<uint16_t> run_ref(const Problem& p, MlaImpl impl = MlaImpl::tensor_core, int split = 256) {
@@ -216,8 +200,6 @@ TEST_F(Mla, RowResultIsBatchInvariant) {
   EXPECT_EQ(run_gpu(p, {.tile_buffers = 1}), batch) << "one cache tile buffer";
   EXPECT_EQ(run_gpu(p, {.tile_buffers = 2}), batch) << "two cache tile buffers";
   EXPECT_EQ(run_gpu(p, {.misalign = true}), batch) << "element loads instead of cp.async";
-  EXPECT_EQ(run_gpu(p, {.counters = true}), batch) << "the merge in the split kernel";
-  EXPECT_EQ(run_gpu(p, {.queries_per_block = 4, .counters = true}), batch) << "the fused merge, four queries per block";
   EXPECT_EQ(run_gpu(p), batch) << "second run";
 }
 
@@ -258,9 +240,6 @@ TEST_F(Mla, PrefillQueriesDoNotDependOnTheirNeighbours) {
   EXPECT_EQ(run_gpu(p, {.queries_per_block = 4}), batch) << "four queries per block";
   EXPECT_EQ(run_gpu(p, {.max_length = p.capacity}), batch) << "max_length = capacity";
   EXPECT_EQ(run_gpu(p, {.misalign = true}), batch) << "element loads instead of cp.async";
-  for (int g : {1, 2, 4})
-    EXPECT_EQ(run_gpu(p, {.queries_per_block = g, .counters = true}), batch) << "the fused merge, " << g << " per block";
-  EXPECT_EQ(run_gpu(p, {.misalign = true, .counters = true}), batch) << "the fused merge, element loads";
   EXPECT_EQ(run_gpu(p), batch) << "second run";
   // Pairs shifted by one: an extra query in front.
   {
@@ -308,8 +287,6 @@ TEST_F(Mla, SmallAndOddShapes) {
     expect_close_to_exact(batch, exact, sh.latent, p.lengths, sh.heads);
     EXPECT_EQ(run_gpu(p, {.queries_per_block = 1}), batch);
     EXPECT_EQ(run_gpu(p, {.misalign = true}), batch);
-    EXPECT_EQ(run_gpu(p, {.counters = true}), batch) << "the fused merge";
-    EXPECT_EQ(run_gpu(p, {.split = 64, .counters = true}), run_gpu(p, {.split = 64})) << "the fused merge, split 64";
     for (int b = 0; b < p.queries(); ++b) expect_query_bits(run_gpu(alone(p, b)), 0, batch, b, n, "alone");
     expect_close_to_scalar_ref(run_gpu(p, {.impl = MlaImpl::scalar}), run_ref(p, MlaImpl::scalar));
   }

@@ -29,7 +29,6 @@ namespace atlas::cuda {
 namespace {
 
 constexpr int kSplitTokens = 256;           // MLA split size: part of the numerics (docs/cuda.md)
-constexpr int64_t kMlaMaxRowsPerCall = 65535;  // queries per MLA launch (the prefill chunks to it)
 constexpr size_t kAlign = 256;              // device sub-allocation alignment (bytes)
 constexpr size_t kMlaWorkspaceBudget = 512u << 20;  // bytes of MLA partials per launch
 
@@ -402,7 +401,6 @@ class CudaModelT final : public Model {
   int max_positions_ = 0;
   float scale_ = 0.0f;
   DeviceBlock expert_ptrs_;  // the layers' gate_up_w / down_w pointer arrays
-  DeviceBlock mla_counters_;  // [kMlaMaxRowsPerCall] ints, zero between launches (the fused MLA merge)
   GemmMode dense_mode_ = GemmMode::batch_invariant;
   bool graphs_ = true;
   int64_t max_tokens_ = 8192;  // tokens per forward pass before a prefill is chunked
@@ -654,11 +652,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
       o += 2 * L.experts.size();
     }
   }
-
-  // The MLA launches' merge counters (MlaDecodeArgs::merge_counters): one per query of a launch
-  // (kMlaMaxRowsPerCall at most), zero now and after every launch.
-  mla_counters_ = DeviceBlock(size_t(kMlaMaxRowsPerCall) * 4);
-  device_memset(mla_counters_.get(), 0, size_t(kMlaMaxRowsPerCall) * 4);
 
   // RoPE tables: the same cos/sin values the CPU backend computes in the same mode (model/rope.h:
   // bf16-rounded for bf16, fp32 for f32), one row per position up to max_position_embeddings.
@@ -1203,7 +1196,6 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                   .lengths = b.qlen + r0, .cache_rows = b.qrow + r0, .max_length = int(ml), .out = b.olat + r0 * nh * dc,
                   .latent = int(dc), .rope = int(dr), .rows = int(n), .heads = int(nh), .scale = scale_,
                   .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_,
-                  .merge_counters = n <= kMlaMaxRowsPerCall ? reinterpret_cast<int32_t*>(mla_counters_.get()) : nullptr,
                   // prefill: consecutive queries of one row share each cache tile; decode: one
                   // row per block (the bits are the same either way)
                   .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1});
@@ -1415,7 +1407,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   } else {
     const int64_t per_query = int64_t(mla_decode_workspace_floats(1, int(nh), int(max_len), kSplitTokens)) * 4;
     const int64_t chunk =
-        std::clamp<int64_t>(int64_t(kMlaWorkspaceBudget) / per_query, 1, std::min<int64_t>(M, kMlaMaxRowsPerCall));
+        std::clamp<int64_t>(int64_t(kMlaWorkspaceBudget) / per_query, 1, std::min<int64_t>(M, 65535));
     b = carve(M, B, rows_out, chunk, max_len, sampling);
     copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
     if (sampling) copy_to_device_async(b.sample_params, sample_host, size_t(B) * sizeof(sample_core::RowParams), s_);

@@ -520,10 +520,6 @@ struct MlaDecodeArgsT {
   float* workspace = nullptr;  // mla_decode_workspace_floats(...) fp32
   Stream stream = nullptr;
   MlaImpl impl = std::is_same_v<T, float> ? MlaImpl::scalar : MlaImpl::tensor_core;
-  // tensor_core only, optional: [rows] device ints, zero before the call (the call leaves them
-  // zero again). With them the last split block of each query merges it in the same launch (no
-  // merge launch); the same bits (tested). Keep them for the next call; one call at a time.
-  int32_t* merge_counters = nullptr;
   // tensor_core only: consecutive queries per block, 1, 2 or 4 (0 = 2 when cache_rows is set,
   // else 1; 4 runs one tile buffer). Queries of one block that read the same cache row share its
   // tiles (prefill); for decode (every query its own row) pass 1. Never changes results (tested).

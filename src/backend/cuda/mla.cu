@@ -103,7 +103,6 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                             .out = a.out,
                             .ws_acc = a.workspace,
                             .ws_ml = a.workspace + acc_floats,
-                            .counters = a.merge_counters,
                             .error_flag = error_flag(),
                             .rows = a.rows,
                             .heads = a.heads,
@@ -126,7 +125,6 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   else
     vec ? launch_tc_kernel<4, true>(p, nst, s) : launch_tc_kernel<4, false>(p, nst, s);
   check_launch(op);
-  if (a.merge_counters) return;  // merged by the split kernel's last blocks
   // Merge: one (query, head) per block iteration; a grid-stride loop keeps the block count
   // bounded when most queries have one split (prefill), where each item is one length read.
   const int64_t items = int64_t(a.rows) * a.heads;

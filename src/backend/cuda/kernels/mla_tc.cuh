@@ -22,9 +22,6 @@
 //     zero is written as +0. With one split this is out = bf16(acc / l), which the split kernel
 //     writes directly (the merge of one split is the identity: f = 1, fmaf(x, 1, 0) = x).
 //   * len = 0: out = 0.
-//   The merge runs in its own launch (mla_tc_merge_kernel) or, with MlaTcParams::counters, in
-//   the split kernel: the last of a query's split blocks to finish (an arrival counter per
-//   query) merges it, with the same arithmetic (mla_merge_cols4), so the same bits.
 // The only differences to the CPU reference are the tensor core's fp32 accumulation order in
 // the two dot products and expf vs libm (tests state the tolerance). Nothing depends on other
 // queries: the split and tile boundaries are fixed per query, rows of an MMA never mix (padded
@@ -70,10 +67,6 @@ struct MlaTcParams {
   uint16_t* out;           // [rows, heads, latent]
   float* ws_acc;           // [rows, max_splits, heads, kMlaAccStride]
   float* ws_ml;            // [rows, max_splits, heads, 2] (m, l)
-  // [rows] or null: per-query arrival counters, zero on entry and left zero. With them the last
-  // split block of a query to finish merges it (and split 0 writes the zeros of length-0
-  // queries): no merge launch. Null: mla_tc_merge_kernel runs after this kernel.
-  int* counters;
   int* error_flag;
   int rows, heads, latent, width;
   int wp;                  // width rounded up to 16 (MMA k steps; the pad is zeros)
@@ -130,57 +123,6 @@ __device__ __forceinline__ uint16_t f2bf_out(float f) {
   return b == 0x8000u ? uint16_t(0) : b;
 }
 
-// The merge contract (header) for query `row`, head h, latent columns [d, d + 4) (d < latent)
-// over its n >= 2 splits. The partials may have been written by other blocks of the running
-// kernel (the fused merge): read through L2 (__ldcg), never a stale L1 line.
-__device__ __forceinline__ void mla_merge_cols4(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
-                                                int64_t row, int h, int heads, int latent, int n, int max_splits,
-                                                int d, uint16_t* __restrict__ out) {
-  const float* ml = ws_ml + (row * max_splits * heads + h) * 2;
-  const int64_t ml_step = int64_t(heads) * 2;
-  float M = -INFINITY;
-  for (int s = 0; s < n; ++s) M = fmaxf(M, __ldcg(ml + s * ml_step));
-  const float* acc = ws_acc + (row * max_splits * heads + h) * kMlaAccStride + d;
-  const int64_t acc_step = int64_t(heads) * kMlaAccStride;
-  float L = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-  for (int s0 = 0; s0 < n; s0 += 8) {
-    // Loads first (independent of the chain), then the fixed ascending fmaf chain.
-    float4 v[8];
-    float mm[8], ll[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (s0 + i < n) {
-        v[i] = __ldcg(reinterpret_cast<const float4*>(acc + (s0 + i) * acc_step));
-        mm[i] = __ldcg(ml + (s0 + i) * ml_step);
-        ll[i] = __ldcg(ml + (s0 + i) * ml_step + 1);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (s0 + i < n) {
-        const float f = expf(mm[i] - M);
-        L = __fmaf_rn(ll[i], f, L);
-        o0 = __fmaf_rn(v[i].x, f, o0);
-        o1 = __fmaf_rn(v[i].y, f, o1);
-        o2 = __fmaf_rn(v[i].z, f, o2);
-        o3 = __fmaf_rn(v[i].w, f, o3);
-      }
-    }
-  }
-  const float r[4] = {o0, o1, o2, o3};
-  uint16_t* o_dst = out + (row * heads + h) * latent;
-#pragma unroll
-  for (int e = 0; e < 4; ++e)
-    if (d + e < latent) o_dst[d + e] = f2bf_out(r[e] / L);
-}
-
-// The fused merge of query `row` (n splits) by one block.
-__device__ __forceinline__ void mla_merge_query(const MlaTcParams& p, int row, int n) {
-  const int cols = (p.latent + 3) / 4;
-  for (int i = int(threadIdx.x); i < p.heads * cols; i += kMlaTcThreads)
-    mla_merge_cols4(p.ws_acc, p.ws_ml, row, i / cols, p.heads, p.latent, n, p.max_splits, 4 * (i % cols), p.out);
-}
-
 // kVec: width % 8 == 0 and 16-byte aligned q / cache rows (the host checks): 16-byte cp.async
 // loads. Otherwise element loads (slower; the same values land in shared memory, so the same
 // bits come out; tested).
@@ -225,12 +167,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
     s_qi[tid] = qi;
   }
   __syncthreads();
-  if (p.counters != nullptr && split == 0) {  // (the fused merge) a query that sees no key: output 0
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-      if (s_len[g] == 0)
-        for (int i = tid; i < p.heads * p.latent; i += kMlaTcThreads) p.out[int64_t(s_qi[g]) * p.heads * p.latent + i] = 0;
-  }
   bool any = false;
 #pragma unroll
   for (int g = 0; g < G; ++g) any |= s_len[g] > j0;
@@ -504,36 +440,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
     }
     __syncthreads();  // l_s and the stages are reused by the next run
   }
-
-  // ---- the fused merge: the last of a multi-split query's split blocks to finish merges it ----
-  // Each block publishes its partials (fence, barrier), then thread 0 takes a ticket per such
-  // query; the block drawing ticket n - 1 (every split's partial is written) resets the counter
-  // and merges the query exactly as mla_tc_merge_kernel would.
-  if (p.counters != nullptr) {
-    __shared__ int s_last[G];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        s_last[g] = 0;
-        if (s_len[g] > j0 && s_len[g] > p.S) {
-          const int n = (s_len[g] + p.S - 1) / p.S;
-          if (atomicAdd(p.counters + s_qi[g], 1) == n - 1) {
-            p.counters[s_qi[g]] = 0;
-            s_last[g] = 1;
-          }
-        }
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (!s_last[g]) continue;  // block-uniform
-      __threadfence();
-      mla_merge_query(p, s_qi[g], (s_len[g] + p.S - 1) / p.S);
-    }
-  }
 }
 
 // Merge of the split partials of queries with more than one split (and zeros for length 0).
@@ -548,15 +454,50 @@ mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ 
     const int row = int(item / heads), h = int(item % heads);
     const int len = lengths[row];
     if (len < 0 || len > max_length) continue;  // reported by the split kernel
+    uint16_t* o_dst = out + (int64_t(row) * heads + h) * latent;
     if (len == 0) {  // a query that sees no key (padding): output 0, as the CPU backend
-      uint16_t* o_dst = out + (int64_t(row) * heads + h) * latent;
       for (int e = 0; e < 4; ++e)
         if (d + e < latent) o_dst[d + e] = 0;
       continue;
     }
     const int n = (len + S - 1) / S;
     if (n == 1) continue;  // written by the split kernel
-    if (d < latent) mla_merge_cols4(ws_acc, ws_ml, row, h, heads, latent, n, max_splits, d, out);
+    const float* ml = ws_ml + (int64_t(row) * max_splits * heads + h) * 2;
+    const int64_t ml_step = int64_t(heads) * 2;
+    float M = -INFINITY;
+    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * ml_step]);
+    if (d >= latent) continue;
+    const float* acc = ws_acc + (int64_t(row) * max_splits * heads + h) * kMlaAccStride + d;
+    const int64_t acc_step = int64_t(heads) * kMlaAccStride;
+    float L = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+    for (int s0 = 0; s0 < n; s0 += 8) {
+      // Loads first (independent of the chain), then the fixed ascending fmaf chain.
+      float4 v[8];
+      float mm[8], ll[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (s0 + i < n) {
+          v[i] = *reinterpret_cast<const float4*>(acc + (s0 + i) * acc_step);
+          mm[i] = ml[(s0 + i) * ml_step];
+          ll[i] = ml[(s0 + i) * ml_step + 1];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (s0 + i < n) {
+          const float f = expf(mm[i] - M);
+          L = __fmaf_rn(ll[i], f, L);
+          o0 = __fmaf_rn(v[i].x, f, o0);
+          o1 = __fmaf_rn(v[i].y, f, o1);
+          o2 = __fmaf_rn(v[i].z, f, o2);
+          o3 = __fmaf_rn(v[i].w, f, o3);
+        }
+      }
+    }
+    const float r[4] = {o0, o1, o2, o3};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (d + e < latent) o_dst[d + e] = f2bf_out(r[e] / L);
   }
 }
 
