@@ -77,9 +77,10 @@ using CfgC16 = kern::ClusterTile<16, 64, 1, 4>;    // 40 KB, 128 threads
 //                                   warpgroups  ring    threads
 using CfgWg192 = kern::WgTile<3>;  //  3         200 KB   384 (156 registers)
 using CfgWg128 = kern::WgTile<2>;  //  2         160 KB   256
-// The same 192 x 128 tile with TMA copies (kernels/gemm_tma.cuh, session 10): dense batch-1
-// problems and grouped ones whose group weights lie at one stride. Elsewhere (and with
-// ATLAS_GEMM_TMA=0) the config runs CfgWg192's cp.async kernel: same tile, same bits.
+// The same 192 x 128 tile with TMA copies (kernels/gemm_tma.cuh, session 10; a producer warp
+// and persistent blocks since session 11): dense problems (any strided batch) and grouped ones
+// whose group weights lie at one stride. Elsewhere (and with ATLAS_GEMM_TMA=0) the config runs
+// CfgWg192's cp.async kernel: same tile, same bits.
 using CfgTma192 = kern::TmaTile<3>;
 // (Session 9: a warp-specialised variant of the 192 x 128 tile, a producer warpgroup of cp.async
 // copies handing ring slots to three consumer warpgroups through mbarriers, setmaxnreg 56 / 152,
