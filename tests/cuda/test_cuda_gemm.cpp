@@ -669,12 +669,10 @@ struct TmaBlocks {
 };
 
 // The persistent TMA kernel walks many tiles per block (here: grids capped at 1, 2 and 5 blocks,
-// and the default), carrying its ring slots and barrier phases from tile to tile, and (on the
-// H200) runs in clusters of two blocks sharing the A rows of column-tile pairs: dense (three
-// column tiles: the last pair's second tile lies past N), a strided batch whose entries have
-// fewer tiles than there are blocks, the fused gate|up (three column tiles too), and a grouped
-// call with gather and empty groups all give the bits of the cp.async kernel of the same tile
-// (wg192x128x64/4), which has no such state.
+// and the default), carrying its ring slots and barrier phases from tile to tile: dense, a
+// strided batch whose entries have fewer tiles than there are blocks, the fused gate|up, and a
+// grouped call with gather and empty groups all give the bits of the cp.async kernel of the
+// same tile (wg192x128x64/4), which has no such state.
 TEST_F(Gemm, PersistentTmaKernelGivesTheBitsOfOneBlockPerTile) {
   int dev = 0, major = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
@@ -722,8 +720,8 @@ TEST_F(Gemm, PersistentTmaKernelGivesTheBitsOfOneBlockPerTile) {
           .out_stride = H * BN, .batch = H, .x_batch_stride = BK, .w_batch_stride = int64_t(BN) * BK,
           .out_batch_stride = BN});
   });
-  // Fused gate|up: I = 136 (N = 272, 3 column tiles).
-  const int I = 136;
+  // Fused gate|up: I = 200 (N = 400, 4 column tiles).
+  const int I = 200;
   DevBuf<uint16_t> gw(random_bf16(size_t(2 * I) * K, rng, 0.05f)), scratch(size_t(M) * 2 * I);
   same_everywhere("gated", size_t(M) * I, [&](uint16_t* out) {
     gemm({.x = dx.get(), .w = gw.get(), .out = out, .M = M, .N = 2 * I, .K = K, .gated = I,

@@ -243,7 +243,6 @@ struct GemmSetup {
   // The TMA kernel may run: wgmma, the driver's tensor-map encoder found, ATLAS_GEMM_TMA not "0".
   PFN_cuTensorMapEncodeTiled_v12000 encode_map = nullptr;
   bool tma_persistent = true;  // ATLAS_GEMM_TMA_PERSISTENT not "0" (launch_tma)
-  int tma_pairs = 0;           // clusters of two TMA blocks that fit at once; 0: single blocks
   // cluster_sizes[i]: the largest C such that config i's clusters of 1..C blocks all fit the
   // device (cudaOccupancyMaxActiveClusters > 0, both output types); 0: not a cluster config, or
   // no cluster launch here (device without it, or device code built for an older arch).
@@ -324,40 +323,14 @@ const GemmSetup& setup() {
     const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
     g.tma_persistent = !(persistent_env && std::string(persistent_env) == "0");
     if (g.encode_map)
-      for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false, 1>),
-                            reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true, 1>),
-                            reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false, 2>),
-                            reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true, 2>)})
+      for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
+                            reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true>)})
         check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, CfgTma192::SMEM_BYTES),
                    "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, TMA)");
     int cluster_launch = 0;
     check_cuda(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev), "gemm",
                "cudaDeviceGetAttribute(clusterLaunch)");
     if (cluster_launch) cluster_launch = probe_device_code(kern::gemm_cluster_probe_kernel, "cluster probe");
-    // The TMA kernel in clusters of two (A multicast): how many such clusters fit at once (the
-    // persistent grid); 0 (no cluster launch, or ATLAS_GEMM_TMA_CLUSTER=1): single blocks.
-    const char* pair_env = std::getenv("ATLAS_GEMM_TMA_CLUSTER");
-    if (g.encode_map && cluster_launch && !(pair_env && std::string(pair_env) == "1")) {
-      int fit = INT32_MAX;
-      for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false, 2>),
-                            reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true, 2>)}) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(2, 1, 1);
-        cfg.blockDim = dim3(unsigned(CfgTma192::THREADS), 1, 1);
-        cfg.dynamicSmemBytes = size_t(CfgTma192::SMEM_BYTES);
-        cudaLaunchAttribute attr{};
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = 2;
-        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, f, &cfg) != cudaSuccess) n = 0;
-        fit = std::min(fit, n);
-      }
-      (void)cudaGetLastError();  // a refusal is an answer (single blocks), not an error
-      g.tma_pairs = fit == INT32_MAX ? 0 : fit;
-    }
     for (size_t i = 0; cluster_launch && i < kConfigs.size(); ++i)
       if (kConfigs[i].cluster) g.cluster_sizes[i] = max_cluster_blocks(kConfigs[i]);
     return g;
@@ -763,35 +736,23 @@ bool encode_map(CUtensorMap& m, const void* base, const cuuint64_t (&dims)[3], c
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Blocks per cluster of the TMA kernel: 2 (A multicast to column-tile pairs) where clusters of
-// two fit, else 1. Decides the A tensor map's box rows (BM / cluster).
-int tma_cluster() { return setup().tma_pairs > 0 ? 2 : 1; }
-
-// Persistent (the default): one block per SM (in clusters of tma_cluster()) walks the launch
-// units blockIdx.x / C + i * gridDim.x / C, its producer warp filling the ring with the next
-// unit's first steps while the consumers store the last one. ATLAS_GEMM_TMA_PERSISTENT=0: one
-// cluster per unit (the same kernel and bits; for measurements). p.m_tiles x p.n_tiles: output
-// tiles of one batch entry.
-void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, kern::MmaGemmParams p, unsigned batch, bool f32,
-                cudaStream_t stream) {
+// Persistent (the default): one block per SM walks the tiles blockIdx.x + i * gridDim.x, its
+// producer warp filling the ring with the next tile's first steps while the consumers store
+// the last one. ATLAS_GEMM_TMA_PERSISTENT=0: one block per tile (the same kernel and bits; for
+// measurements).
+void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, kern::MmaGemmParams p, int64_t tiles,
+                unsigned batch, bool f32, cudaStream_t stream) {
   using T = CfgTma192;
-  const int C = tma_cluster();
-  const int64_t total = int64_t(p.m_tiles) * ceil_div(p.n_tiles, C) * int64_t(batch);  // units
+  const int64_t total = tiles * int64_t(batch);
   p.tiles_total = int(total);
   const int cap = tma_blocks_cap.load();
-  const int64_t fit = C == 2 ? setup().tma_pairs : setup().sm_count;
-  const int64_t units = setup().tma_persistent ? std::min<int64_t>(total, cap > 0 ? std::max(1, cap / C) : fit) : total;
-  const dim3 grid(unsigned(units * C), 1, 1);
-  if (C == 2) {
-    if (f32)
-      launch_clustered(2, kern::gemm_tma_kernel<T, true, 2>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
-    else
-      launch_clustered(2, kern::gemm_tma_kernel<T, false, 2>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
-  } else if (f32) {
-    launch(kern::gemm_tma_kernel<T, true, 1>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
-  } else {
-    launch(kern::gemm_tma_kernel<T, false, 1>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
-  }
+  const int64_t blocks =
+      setup().tma_persistent ? std::min<int64_t>(total, cap > 0 ? cap : setup().sm_count) : total;
+  const dim3 grid(unsigned(blocks), 1, 1);
+  if (f32)
+    launch(kern::gemm_tma_kernel<T, true>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
+  else
+    launch(kern::gemm_tma_kernel<T, false>, grid, T::THREADS, T::SMEM_BYTES, stream, ma, mb, p);
 }
 
 // Dense (the caller checked the async path): x [batch][M][K] (row stride xs, batch stride
@@ -799,21 +760,21 @@ void launch_tma(const CUtensorMap& ma, const CUtensorMap& mb, kern::MmaGemmParam
 // the driver refused a map).
 bool try_tma_dense(const GemmArgs& a, const kern::MmaGemmParams& p, int64_t xs, int64_t ws, int64_t tiles, bool f32,
                    cudaStream_t stream) {
-  if (!setup().encode_map || tiles * a.batch > int64_t(INT32_MAX)) return false;  // (units are int)
+  if (!setup().encode_map || tiles * a.batch > int64_t(INT32_MAX)) return false;  // (pids are int)
   CUtensorMap ma, mb;
   const cuuint64_t da[3] = {cuuint64_t(a.K), cuuint64_t(a.M), cuuint64_t(a.batch)};
   const cuuint64_t sa[2] = {cuuint64_t(xs) * 2, cuuint64_t(a.batch > 1 ? a.x_batch_stride : xs * a.M) * 2};
   const cuuint64_t db[3] = {cuuint64_t(a.K), cuuint64_t(a.N), cuuint64_t(a.batch)};
   const cuuint64_t sb[2] = {cuuint64_t(ws) * 2, cuuint64_t(a.batch > 1 ? a.w_batch_stride : ws * a.N) * 2};
-  if (!encode_map(ma, a.x, da, sa, CfgTma192::BM / tma_cluster()) || !encode_map(mb, a.w, db, sb, 64)) return false;
-  launch_tma(ma, mb, p, unsigned(a.batch), f32, stream);
+  if (!encode_map(ma, a.x, da, sa, CfgTma192::BM) || !encode_map(mb, a.w, db, sb, 64)) return false;
+  launch_tma(ma, mb, p, tiles, unsigned(a.batch), f32, stream);
   return true;
 }
 
 // Grouped (async path): group weights at a.w_base + g * a.w_group_stride; A rows gathered into
 // the stream's scratch first where x_rows is set (the tensor copy reads whole boxes of rows).
-bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int64_t xs, int64_t ws, bool f32,
-                     cudaStream_t stream, const char* op) {
+bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int64_t xs, int64_t ws, int64_t tiles,
+                     bool f32, cudaStream_t stream, const char* op) {
   const GemmSetup& s = setup();
   if (!s.encode_map || a.w_base == nullptr) return false;
   const void* ax = a.x;
@@ -833,8 +794,7 @@ bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int
   const cuuint64_t sa[2] = {cuuint64_t(axs) * 2, cuuint64_t(axs * a_rows) * 2};
   const cuuint64_t db[3] = {cuuint64_t(a.K), cuuint64_t(a.N), cuuint64_t(a.groups)};
   const cuuint64_t sb[2] = {cuuint64_t(ws) * 2, cuuint64_t(a.w_group_stride) * 2};
-  if (!encode_map(ma, ax, da, sa, CfgTma192::BM / tma_cluster()) || !encode_map(mb, a.w_base, db, sb, 64))
-    return false;
+  if (!encode_map(ma, ax, da, sa, CfgTma192::BM) || !encode_map(mb, a.w_base, db, sb, 64)) return false;
   if (gathered != nullptr) {
     launch(kern::gather_rows_kernel, unsigned(a.max_rows), 256, 0, stream, a.x, xs, a.x_rows, a.x_rows_limit,
            a.offsets + a.groups, a.K, gathered, s.error_flag);
@@ -843,7 +803,7 @@ bool try_tma_grouped(const GroupedGemmArgs& a, const kern::MmaGemmParams& p, int
   kern::MmaGemmParams q = p;
   q.w_group_base = a.w_base;
   q.w_group_stride = a.w_group_stride;
-  launch_tma(ma, mb, q, 1, f32, stream);
+  launch_tma(ma, mb, q, tiles, 1, f32, stream);
   return true;
 }
 
@@ -1073,7 +1033,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
       launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
                     stream_of(a.stream), op))
     return;
-  if (c.tma && async && try_tma_grouped(a, p, xs, ws, f32, stream_of(a.stream), op)) {
+  if (c.tma && async && try_tma_grouped(a, p, xs, ws, y_tiles * n_tiles, f32, stream_of(a.stream), op)) {
     check_launch(op);
     return;
   }

@@ -107,41 +107,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
-// The same copy multicast to the blocks of the cluster in `mask`: the box lands at offset dst of
-// each one's shared memory, completing the barrier at offset `bar` of each.
-__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
-                                                      int c1, int c2, uint16_t mask) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-      "[%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
-      : "memory");
-#endif
-}
-// This block's rank in its cluster.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-// An arrival on the barrier at shared offset `bar` of cluster block `rank` (release, cluster scope).
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-#endif
-}
-// Every thread of the cluster (not the .aligned form: warps may reach it from different paths).
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-
 // The grouped A operand for the TMA kernel: dst row r = x row x_rows[r] for r < *rows_total (16-byte
 // copies; K % 8 == 0 and aligned rows, as the async path requires). A bad x_rows entry raises
 // kErrGatherRows (as the other kernels' gather does) and leaves a zero row.
@@ -159,19 +124,10 @@ __global__ void gather_rows_kernel(const uint16_t* __restrict__ x, int64_t xs, c
   for (int c = int(threadIdx.x); c < K / 8; c += int(blockDim.x)) d[c] = ok ? s[c] : make_uint4(0, 0, 0, 0);
 }
 
-// The kernel in clusters of C = 1 or 2 blocks. With C = 2 the two blocks of a cluster compute
-// the tiles of one row tile (the same A rows) at column tiles 2j and 2j + 1: each loads half of
-// the A box (BM / 2 rows) and multicasts it into both blocks' rings, so a K step reads 28 KB
-// from L2 per block instead of 40 (session 11: at ~450 TFLOP/s the 192 x 128 tile already
-// streamed ~5.7 TB/s of operands from L2). A slot is refilled once the consumers of both blocks
-// released it (each consumer warpgroup arrives on its own block's and the peer's "empty"
-// barrier), and no block leaves before its peer (a cluster barrier at the end). A column tile
-// past N (odd tile counts) is computed from zeros and never stored.
-template <class T, bool kOutF32, int C>
+template <class T, bool kOutF32>
 __global__ void __launch_bounds__(T::THREADS, 1)
     gemm_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                     const MmaGemmParams p) {
-  static_assert(C == 1 || C == 2, "clusters of one or two blocks");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char tma_smem_raw[];
   const uint32_t ring = (smem_u32(tma_smem_raw) + 1023u) & ~1023u;  // the swizzle repeats every 1024 B
@@ -187,162 +143,139 @@ __global__ void __launch_bounds__(T::THREADS, 1)
   // Warpgroup (WGS: the producer), warp inside it; warp-uniform in the compiler's eyes too (a
   // shuffle of lane 0's value), so the wgmma below sit on a path the whole warpgroup takes.
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wq = warp & 3;
-  const int rank = C == 1 ? 0 : int(cluster_rank()), peer = rank ^ 1;
 
-  // Launch units (pids) are tiles (C = 1) or pairs of column tiles (C = 2): q describes them
-  // (n_tiles = column units) and a unit's column tile is C * unit column + rank. A dense
-  // launch's units are numbered batch entry after batch entry (one grid dimension).
-  MmaGemmParams q = p;
-  q.n_tiles = (p.n_tiles + C - 1) / C;
-  const int per_batch = q.m_tiles * q.n_tiles;
+  // The first tile as every table-driven kernel finds it (launch overlap, weight prefetch). A
+  // dense launch's tiles are numbered batch entry after batch entry (one grid dimension).
+  const int per_batch = p.m_tiles * p.n_tiles;
   const bool grouped = p.offsets != nullptr;
-  // The first unit as every table-driven kernel finds it (launch overlap, weight prefetch).
   TileSpot first;
-  const int first_pid = int(blockIdx.x) / C, units = int(gridDim.x) / C;
-  if (!start_tile<T::BM, T::BN, true>(q, grouped ? first_pid : first_pid % per_batch, tid, lane, first, 0, p.K,
+  const int first_pid = int(blockIdx.x);
+  if (!start_tile<T::BM, T::BN, true>(p, grouped ? first_pid : first_pid % per_batch, tid, lane, first, 0, p.K,
                                       grouped ? -1 : first_pid / per_batch))
-    return;  // the same answer for every thread of the cluster
+    return;  // the same answer for every thread
   const bool small_table = grouped && p.groups <= T::MAX_GROUPS;
   if (small_table)
     for (int i = tid; i <= p.groups; i += T::THREADS) s_off[i] = p.offsets[i];
   if (tid == 0) {
     for (int s = 0; s < T::STAGES; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), C * T::WGS);
+      mbar_init(empty(s), T::WGS);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine (and the peer)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
   }
-  if constexpr (C == 1)
-    __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves early
-  else
-    cluster_sync();  // both blocks' barriers exist before either copies or arrives into the other
+  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves early
 
-  // Unit `pid` of the launch (false: no more units for this block; the same answer in every
-  // warp of the cluster). Later units read the shared copy of the offsets; the first is `first`.
+  // Tile `pid` of the launch (false: no more tiles for this block; the same answer in every
+  // warp). Later tiles read the shared copy of the offsets; the first is `first`.
   auto tile_at = [&](int pid, TileSpot& t) {
     if (pid == first_pid) {
       t = first;
     } else if (pid >= p.tiles_total) {
       return false;
     } else if (!grouped) {
-      if (!find_tile<T::BM, true>(q, pid % per_batch, tid, lane, t, pid / per_batch)) return false;
-    } else if (!find_tile<T::BM, true>(q, pid, tid, lane, t, -1, small_table ? s_off : nullptr)) {
+      if (!find_tile<T::BM, true>(p, pid % per_batch, tid, lane, t, pid / per_batch)) return false;
+    } else if (!find_tile<T::BM, true>(p, pid, tid, lane, t, -1, small_table ? s_off : nullptr)) {
       return false;
     }
     if (grouped && t.w != p.w_group_base + int64_t(t.group) * p.w_group_stride) {  // the map would read another weight
       if (tid == 0 || tid == 128 * T::WGS) atomicOr(p.error_flag, kErrGroupWeight);
       return false;
     }
-    t.n_tile = C * t.n_tile + rank;
     return true;
   };
   const int K = p.K, KT = (K + T::BK - 1) / T::BK, KC = (K + 15) / 16;
-  constexpr int A_ROWS = T::BM / C;  // rows of A this block copies per step (multicast to the cluster)
 
   if (wg == T::WGS) {
     setmaxnreg_dec<T::PRODUCER_REGS>();
-    if (wq == 0) {
-      // ---- producer warp: the ring's copies for every K step of every unit of this block ----
-      // Step g (counted over the block's units) uses slot g % STAGES; its (g / STAGES)-th use
-      // waits for the consumers' release of the use before (empty barrier phase g / STAGES - 1;
-      // with C = 2 the consumers of both blocks, since the A half lands in both rings).
-      int g = 0;
-      for (int pid = first_pid;; pid += units) {
-        TileSpot t;
-        if (!tile_at(pid, t)) break;
-        const int n0 = t.n_tile * T::BN;
-        const int b_row0 = p.gated > 0 ? n0 / 2 : n0;
-        const int b_row1 = p.gated > 0 ? p.gated + n0 / 2 : n0 + 64;
-        const int a_z = grouped ? 0 : pid / per_batch, b_z = grouped ? t.group : pid / per_batch;
-        for (int kt = 0; kt < KT; ++kt, ++g) {
-          const int s = g % T::STAGES;
-          if (g >= T::STAGES) mbar_wait(empty(s), uint32_t(g / T::STAGES - 1) & 1u);
-          if (lane == 0) {
-            const int k0 = kt * T::BK;
-            const uint32_t a_dst = sA + uint32_t(s * T::TILE_A + rank * A_ROWS * T::BK * 2),
-                           b_dst = sB + uint32_t(s * T::TILE_B);
-            mbar_arrive_expect_tx(full(s), uint32_t(T::TILE_A + T::TILE_B));
-            if constexpr (C == 1)
-              tma_load_3d(a_dst, &map_a, full(s), k0, t.row_begin, a_z);
-            else
-              tma_load_3d_multicast(a_dst, &map_a, full(s), k0, t.row_begin + rank * A_ROWS, a_z, uint16_t(3));
-            tma_load_3d(b_dst, &map_b, full(s), k0, b_row0, b_z);
-            tma_load_3d(b_dst + 64 * T::BK * 2, &map_b, full(s), k0, b_row1, b_z);
-          }
-          __syncwarp();
-        }
-      }
-    }
-  } else {
-    // ---- consumer warpgroups: wgmma over the ring, then the tile's epilogue from registers ----
-    // (The epilogue touches no shared memory, so the producer fills the ring with the next
-    // unit's first steps meanwhile.)
-    setmaxnreg_inc<T::CONSUMER_REGS>();
-    // Release of slot s: this block's empty barrier and, with C = 2, the peer's.
-    const auto release = [&](int s) {
-      if ((tid & 127) != 0) return;
-      mbar_arrive(empty(s));
-      if constexpr (C == 2) mbar_arrive_remote(empty(s), uint32_t(peer));
-    };
-    const int gid = lane >> 2, tig = lane & 3;
+    if (wq != 0) return;
+    // ---- producer warp: the ring's copies for every K step of every tile of this block ----
+    // Step g (counted over the block's tiles) uses slot g % STAGES; its (g / STAGES)-th use
+    // waits for the consumers' release of the use before (empty barrier phase g / STAGES - 1).
     int g = 0;
-    for (int pid = first_pid;; pid += units) {
+    for (int pid = int(blockIdx.x);; pid += int(gridDim.x)) {
       TileSpot t;
-      if (!__shfl_sync(0xffffffffu, int(tile_at(pid, t)), 0)) break;  // (uniform for the compiler too)
-      const int row_begin = t.row_begin, row_end = t.row_end;
+      if (!tile_at(pid, t)) break;
       const int n0 = t.n_tile * T::BN;
-
-      float acc[T::NACC], tot[T::NACC];
-#pragma unroll
-      for (int i = 0; i < T::NACC; ++i) acc[i] = tot[i] = 0.0f;
-      // As in gemm_wgmma_kernel: a slice's last group stays in flight and the next step adds the
-      // finished slice into the total just before its own first wgmma (`pending`).
-      bool pending = false;
+      const int b_row0 = p.gated > 0 ? n0 / 2 : n0;
+      const int b_row1 = p.gated > 0 ? p.gated + n0 / 2 : n0 + 64;
+      const int a_z = grouped ? 0 : pid / per_batch, b_z = grouped ? t.group : pid / per_batch;
       for (int kt = 0; kt < KT; ++kt, ++g) {
         const int s = g % T::STAGES;
-        mbar_wait(full(s), uint32_t(g / T::STAGES) & 1u);  // step kt's boxes have landed
-        if (pending) {  // the previous slice is complete: total += slice, new slice from +0
-          wg_fold_slice(tot, acc);
-          pending = false;
+        if (g >= T::STAGES) mbar_wait(empty(s), uint32_t(g / T::STAGES - 1) & 1u);
+        if (lane == 0) {
+          const int k0 = kt * T::BK;
+          const uint32_t a_dst = sA + uint32_t(s * T::TILE_A), b_dst = sB + uint32_t(s * T::TILE_B);
+          mbar_arrive_expect_tx(full(s), uint32_t(T::TILE_A + T::TILE_B));
+          tma_load_3d(a_dst, &map_a, full(s), k0, t.row_begin, a_z);
+          tma_load_3d(b_dst, &map_b, full(s), k0, b_row0, b_z);
+          tma_load_3d(b_dst + 64 * T::BK * 2, &map_b, full(s), k0, b_row1, b_z);
         }
-        wg_issue_step<T>(acc, sA + uint32_t(s * T::TILE_A + wg * 64 * T::BK * 2), sB + uint32_t(s * T::TILE_B), kt,
-                         KC);
-        wg_wait_one();  // this warpgroup's step kt - 1 is retired: it no longer reads that slot
-        if (kt >= 1) release((g - 1) % T::STAGES);
-        pending = (kt + 1) % (kSliceK / T::BK) == 0;
-      }
-      wg_wait_all();  // the last slice (complete or short)
-      release((g - 1) % T::STAGES);
-#pragma unroll
-      for (int i = 0; i < T::NACC; ++i) tot[i] = __fadd_rn(tot[i], acc[i]);
-
-      // Accumulator i of a thread: n8 tile i / 4, row gid (+8 for i % 4 >= 2), column 2*tig + i % 2
-      // inside the tile; warp wq of warpgroup wg holds rows 64 wg + 16 wq .. +15.
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row_begin + wg * 64 + wq * 16 + gid + half * 8;
-        if (row >= row_end) continue;
-        const int64_t o_row = t.out_base + int64_t(row) * p.os;
-        if constexpr (!kOutF32) {
-          if (p.gated > 0) {  // gate j in n8 tile nt < 8, up j in tile nt + 8
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int j = n0 / 2 + nt * 8 + tig * 2 + e;
-                if (j < p.gated)
-                  static_cast<uint16_t*>(p.out)[o_row + j] =
-                      gated_value(tot[nt * 4 + half * 2 + e], tot[(nt + 8) * 4 + half * 2 + e]);
-              }
-            continue;
-          }
-        }
-        wg_store_half<T, kOutF32>(p, tot, o_row, n0, tig, half);
+        __syncwarp();
       }
     }
+    return;
   }
-  // No block leaves while its peer may still copy into its ring or arrive on its barriers.
-  if constexpr (C == 2) cluster_sync();
+
+  // ---- consumer warpgroups: wgmma over the ring, then the tile's epilogue from registers ----
+  // (The epilogue touches no shared memory, so the producer fills the ring with the next tile's
+  // first steps meanwhile.)
+  setmaxnreg_inc<T::CONSUMER_REGS>();
+  const int gid = lane >> 2, tig = lane & 3;
+  int g = 0;
+  for (int pid = int(blockIdx.x);; pid += int(gridDim.x)) {
+    TileSpot t;
+    if (!__shfl_sync(0xffffffffu, int(tile_at(pid, t)), 0)) break;  // (uniform for the compiler too)
+    const int row_begin = t.row_begin, row_end = t.row_end;
+    const int n0 = t.n_tile * T::BN;
+
+    float acc[T::NACC], tot[T::NACC];
+#pragma unroll
+    for (int i = 0; i < T::NACC; ++i) acc[i] = tot[i] = 0.0f;
+    // As in gemm_wgmma_kernel: a slice's last group stays in flight and the next step adds the
+    // finished slice into the total just before its own first wgmma (`pending`).
+    bool pending = false;
+    for (int kt = 0; kt < KT; ++kt, ++g) {
+      const int s = g % T::STAGES;
+      mbar_wait(full(s), uint32_t(g / T::STAGES) & 1u);  // step kt's boxes have landed
+      if (pending) {  // the previous slice is complete: total += slice, new slice from +0
+        wg_fold_slice(tot, acc);
+        pending = false;
+      }
+      wg_issue_step<T>(acc, sA + uint32_t(s * T::TILE_A + wg * 64 * T::BK * 2), sB + uint32_t(s * T::TILE_B), kt,
+                       KC);
+      wg_wait_one();  // this warpgroup's step kt - 1 is retired: it no longer reads that slot
+      if (kt >= 1 && (tid & 127) == 0) mbar_arrive(empty((g - 1) % T::STAGES));
+      pending = (kt + 1) % (kSliceK / T::BK) == 0;
+    }
+    wg_wait_all();  // the last slice (complete or short)
+    if ((tid & 127) == 0) mbar_arrive(empty((g - 1) % T::STAGES));
+#pragma unroll
+    for (int i = 0; i < T::NACC; ++i) tot[i] = __fadd_rn(tot[i], acc[i]);
+
+    // Accumulator i of a thread: n8 tile i / 4, row gid (+8 for i % 4 >= 2), column 2*tig + i % 2
+    // inside the tile; warp wq of warpgroup wg holds rows 64 wg + 16 wq .. +15.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row_begin + wg * 64 + wq * 16 + gid + half * 8;
+      if (row >= row_end) continue;
+      const int64_t o_row = t.out_base + int64_t(row) * p.os;
+      if constexpr (!kOutF32) {
+        if (p.gated > 0) {  // gate j in n8 tile nt < 8, up j in tile nt + 8
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = n0 / 2 + nt * 8 + tig * 2 + e;
+              if (j < p.gated)
+                static_cast<uint16_t*>(p.out)[o_row + j] =
+                    gated_value(tot[nt * 4 + half * 2 + e], tot[(nt + 8) * 4 + half * 2 + e]);
+            }
+          continue;
+        }
+      }
+      wg_store_half<T, kOutF32>(p, tot, o_row, n0, tig, half);
+    }
+  }
 #else
   __trap();  // the host runs this kernel only where the wgmma probe found sm_90a code
 #endif
