@@ -48,6 +48,14 @@ Registrar reg{{
           app.add_option("--seed", a.o.seed, "Prompt seed")->capture_default_str();
           app.add_option("--grid-prompts", a.o.grid_prompts, "Rows of the seed grid")->capture_default_str();
           app.add_option("--grid-new-tokens", a.o.grid_new_tokens, "New tokens per row")->capture_default_str();
+          app.add_option("--prompt-min", a.o.prompt_min,
+                         "Shortest grid / traced-prefill prompt (lengths uniform in [min, max]; the issue's workloads: "
+                         "200-300)")
+              ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+              ->capture_default_str();
+          app.add_option("--prompt-max", a.o.prompt_max, "Longest grid / traced-prefill prompt")
+              ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+              ->capture_default_str();
           app.add_option("--decode-steps", a.o.decode_steps, "Batch-1 decode steps")->capture_default_str();
           app.add_option("--mem-prefill", a.o.mem_prefill, "Prefill tokens of the memory workload")->capture_default_str();
           app.add_option("--mem-steps", a.o.mem_steps, "Decode steps of the memory workload")->capture_default_str();
@@ -57,6 +65,9 @@ Registrar reg{{
               ->check(CLI::Range(1, 1000))
               ->capture_default_str();
           app.callback([] {
+            if (a.o.prompt_max < a.o.prompt_min)
+              fail("--prompt-max", {}, "must be >= --prompt-min (" + std::to_string(a.o.prompt_min) + "), got " +
+                                           std::to_string(a.o.prompt_max));
             a.o.command = joined_argv();
             a.o.progress = progress_enabled();
             if (!a.save_prompts.empty()) {

@@ -105,4 +105,18 @@ echo '{"date": 5, "records": []}' >"$work/baddate.json"
 expect_error "reference date not a string" "baddate.json.*date" "$bin" bench --model "$model" --backend cpu --workload load --reference "$work/baddate.json" --json "$work/x.json"
 no_file "reference date not a string" "$work/x.json"
 expect_error "missing model" "nowhere" "$bin" bench --model "$work/nowhere" --backend cpu --json "$work/x.json"
+expect_error "prompt-max below prompt-min" "prompt-max.*>= --prompt-min" "$bin" bench --model "$model" --backend cpu \
+  --prompt-min 9 --prompt-max 8 --json "$work/x.json"
+no_file "prompt-max below prompt-min" "$work/x.json"
+expect_error "prompt-min 0" "prompt-min" "$bin" bench --model "$model" --backend cpu --prompt-min 0 --json "$work/x.json"
+no_file "prompt-min 0" "$work/x.json"
+
+# --prompt-min / --prompt-max bound the grid's (and so the traced prefill's) prompt lengths.
+"$bin" bench --model "$model" --backend cpu --grid-prompts 6 --prompt-min 7 --prompt-max 9 \
+  --save-prompts "$work/p79.json" >/dev/null 2>&1 || bad "save prompts 7-9"
+$py - "$work/p79.json" <<'PY' && ok "prompt lengths within --prompt-min/--prompt-max" || bad "prompt lengths"
+import json, sys
+p = json.load(open(sys.argv[1]))["prompts"]
+assert len(p) == 6 and all(7 <= len(r) <= 9 for r in p), [len(r) for r in p]
+PY
 finish
