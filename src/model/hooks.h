@@ -92,6 +92,7 @@ class Hooks {
   bool wants_reader(std::string_view name) const;
   bool wants_digests(std::string_view name) const;
   bool empty() const { return tensor_subs_.empty() && reader_subs_.empty() && digest_subs_.empty(); }
+  bool has_tensor_observers() const { return !tensor_subs_.empty(); }  // (observers that may write)
 
   // Calls the tensor observers, then fire_read(t). Backends without a deferred path of their
   // own need nothing else.

@@ -11,9 +11,11 @@
 #include "backend/cuda/cuda_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -428,6 +430,23 @@ class CudaModelT final : public Model {
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
+  // Padding computed once (forward): a prefill's padding tokens that would compute the same
+  // values (the same id, position, visible length and, when that is > 0, cache row) run as one
+  // row; rows_ is the rows the kernels see this call (B x T without it), expand_ the device map
+  // [B x T] -> computed row that hooks are expanded through (null: the identity), flat_rows_ =
+  // B x T. ATLAS_PAD_DEDUP=0 turns it off (measurements; the same bits either way).
+  bool pad_dedup_ = true;
+  mutable int64_t rows_ = 0, flat_rows_ = 0;
+
+ public:
+  int64_t computed_rows() const { return rows_; }  // (of the last forward; cuda::computed_rows)
+
+ private:
+  mutable const int32_t* expand_ = nullptr;
+  mutable DeviceBlock expand_map_, expand_buf_;  // grow-only: the map, hook tensors expanded through it
+  // `dev` ([rows_][width] of 2- or 4-byte values) as [flat_rows_][width] (dev itself without a map).
+  template <class V>
+  const V* expanded(const V* dev, int64_t width) const;
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
   mutable int32_t* pinned_ints_ = nullptr;  // grow-only staging for per-call int uploads
   mutable size_t pinned_ints_n_ = 0;
@@ -523,6 +542,8 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   {  // (before any device object exists: a bad value leaves nothing behind)
     const char* e = std::getenv("ATLAS_SIDE_STREAM");
     side_on_ = opts.side_stream && !(e && std::string(e) == "0");
+    const char* pd = std::getenv("ATLAS_PAD_DEDUP");
+    pad_dedup_ = opts.pad_dedup && !(pd && std::string(pd) == "0");
     const char* q = std::getenv("ATLAS_MLA_PREFILL_QPB");
     if (q && *q) {
       const std::string v(q);
@@ -732,6 +753,29 @@ void CudaModelT<Elem>::download(void* dst, const void* src, size_t bytes) const 
 }
 
 template <class Elem>
+template <class V>
+const V* CudaModelT<Elem>::expanded(const V* dev, int64_t width) const {
+  static_assert(sizeof(V) == 2 || sizeof(V) == 4, "2- or 4-byte values");
+  if (!expand_) return dev;
+  const size_t bytes = size_t(flat_rows_ * width) * sizeof(V);
+  if (expand_buf_.bytes() < bytes) {
+    deliver_all();  // no copy out of the old block is still in flight
+    expand_buf_ = DeviceBlock();
+    expand_buf_ = DeviceBlock(bytes);
+  }
+  // A gather of whole rows (the values' bits, whatever their type).
+  if constexpr (sizeof(V) == 2)
+    copy_rows({.src = reinterpret_cast<const uint16_t*>(dev), .dst = reinterpret_cast<uint16_t*>(expand_buf_.get()),
+               .src_rows = expand_, .rows = flat_rows_, .width = int(width), .src_limit = rows_,
+               .dst_limit = flat_rows_, .stream = s_});
+  else
+    copy_rows({.src = reinterpret_cast<const float*>(dev), .dst = reinterpret_cast<float*>(expand_buf_.get()),
+               .src_rows = expand_, .rows = flat_rows_, .width = int(width), .src_limit = rows_,
+               .dst_limit = flat_rows_, .stream = s_});
+  return reinterpret_cast<const V*>(expand_buf_.get());
+}
+
+template <class Elem>
 void CudaModelT<Elem>::hook_digests(const Hooks& hooks, const std::string& name, int64_t layer,
                                     const std::vector<int64_t>& shape, const uint16_t* bf16, const float* f32) const {
   const int64_t B = shape.at(0), T = shape.at(1), M = B * T;
@@ -743,11 +787,16 @@ void CudaModelT<Elem>::hook_digests(const Hooks& hooks, const std::string& name,
     digests_ = DeviceBlock();
     digests_ = DeviceBlock(bytes);
   }
-  auto* out = reinterpret_cast<uint8_t*>(digests_.get());
+  const uint8_t* out = reinterpret_cast<uint8_t*>(digests_.get());
+  // The computed rows' digests (rows_ of them; B x T unless padding ran once), then expanded.
+  const int64_t rows = expand_ ? rows_ : M;
   if (bf16)
-    token_digests_bf16({.x = bf16, .rows = M, .dim = int(width), .out = out, .stream = s_});
+    token_digests_bf16({.x = bf16, .rows = rows, .dim = int(width), .out = reinterpret_cast<uint8_t*>(digests_.get()),
+                        .stream = s_});
   else
-    token_digests_f32({.x = f32, .rows = M, .dim = int(width), .out = out, .stream = s_});
+    token_digests_f32({.x = f32, .rows = rows, .dim = int(width), .out = reinterpret_cast<uint8_t*>(digests_.get()),
+                        .stream = s_});
+  if (expand_) out = reinterpret_cast<const uint8_t*>(expanded(reinterpret_cast<const uint16_t*>(out), 16));
   // (digests_ is reused by the next digest hook: the stream orders its kernel after this copy.)
   if (defer_hook(hooks, {.name = name, .layer = layer, .shape = {B, T}, .digests = true}, out, bytes)) return;
   deliver_all();
@@ -849,6 +898,9 @@ void CudaModelT<Elem>::hook_bf16(const Hooks* hooks, const std::string& name, in
   if (!hooks) return;
   int64_t n = 1;
   for (auto d : shape) n *= d;
+  // Computed rows fewer than B x T (forward: padding once): readers see the expanded tensor (no
+  // tensor observer: they would write into a copy); digests are taken of the computed rows.
+  if (expand_ && hooks->wants_reader(name)) dev = const_cast<uint16_t*>(expanded(dev, n / flat_rows_));
   if (!hooks->wants_tensor(name)) {
     if (hooks->wants_reader(name)) {  // readers (and digests, then from their copy)
       if (defer_hook(*hooks, {.name = name, .layer = layer, .shape = shape, .bf16 = true}, dev, size_t(n) * 2)) return;
@@ -885,6 +937,7 @@ void CudaModelT<Elem>::hook_f32(const Hooks* hooks, const std::string& name, int
   if (!hooks) return;
   int64_t n = 1;
   for (auto d : shape) n *= d;
+  if (expand_ && hooks->wants_reader(name)) dev = const_cast<float*>(expanded(dev, n / flat_rows_));  // (as hook_bf16)
   if (!hooks->wants_tensor(name)) {
     if (hooks->wants_reader(name)) {
       if (defer_hook(*hooks, {.name = name, .layer = layer, .shape = shape}, dev, size_t(n) * 4)) return;
@@ -1002,7 +1055,7 @@ template <class Elem>
 bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
                     const Hooks* hooks, const Elem* next_norm) const {
   const ModelConfig& c = cfg_;
-  const int64_t M = B * T, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+  const int64_t M = rows_, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
   // The shared experts first, on side_ when it is on (they read h only and write b.shared,
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
@@ -1041,12 +1094,12 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
     moe_permute(permute);
   } else {
     moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
-    if (hooks && hooks->wants_reader(names.topk_ids) &&
-        !defer_hook(*hooks, {.name = names.topk_ids, .layer = l, .shape = {B, T, k}, .dtype = DType::I32},
-                    b.topk_ids, size_t(M * k) * 4)) {
+    const int32_t* ids_dev = hooks && hooks->wants_reader(names.topk_ids) ? expanded(b.topk_ids, k) : nullptr;
+    if (ids_dev && !defer_hook(*hooks, {.name = names.topk_ids, .layer = l, .shape = {B, T, k}, .dtype = DType::I32},
+                               ids_dev, size_t(B * T * k) * 4)) {
       deliver_all();
-      std::vector<int32_t> ids(static_cast<size_t>(M * k));
-      download(ids.data(), b.topk_ids, ids.size() * 4);
+      std::vector<int32_t> ids(static_cast<size_t>(B * T * k));
+      download(ids.data(), ids_dev, ids.size() * 4);
       hooks->fire_read({.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()});
     }
   }
@@ -1090,7 +1143,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                                const Hooks* hooks, bool sample, const std::vector<int32_t>* key_slot) const {
   auto& cache = static_cast<CudaCache&>(cache_base);
   const ModelConfig& c = cfg_;
-  const int64_t M = B * T, H = c.hidden_size, V = c.vocab_size;
+  const int64_t M = rows_, H = c.hidden_size, V = c.vocab_size;  // rows computed (B x T, or fewer: forward)
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
   const int64_t dc = c.kv_lora_rank, dq = dn + dr, W = dc + dr;
 
@@ -1274,6 +1327,8 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     fail("kv cache: " + std::to_string(cache->length_ + T) + " tokens exceed its capacity of " +
          std::to_string(cache->capacity()));
   drop_late();  // deliveries an earlier, failed forward left behind (their observers may be gone)
+  rows_ = flat_rows_ = M;  // every row computed, unless padding runs once (below)
+  expand_ = nullptr;
   bool want_pattern = false;
   for (int64_t l = layers_.first; l <= layers_.last && hooks; ++l)
     want_pattern = want_pattern || hooks->wants(LayerHookNames(l).pattern);
@@ -1372,14 +1427,60 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     }
     last[size_t(bb)] = int32_t(bb * T + T - 1);
   }
+  std::vector<int32_t> dst_flat;  // dst as above, kept where padding runs once (the arrays are packed)
   // The cache slot of this call's token (bb, t) inside its row, -1 for padding.
   const auto slot_of = [&](int64_t bb, int64_t t) {
-    const int32_t d = dst[bb * T + t];
+    const int32_t d = dst_flat.empty() ? dst[bb * T + t] : dst_flat[size_t(bb * T + t)];
     return d < 0 ? -1 : int32_t(d - bb * cache->capacity());
   };
   int32_t* sample_host = ints + 5 * M + B;
   if (sampling) std::memcpy(sample_host, in.sampling.data(), size_t(B) * sizeof(sample_core::RowParams));
   const int64_t rows_out = in.logits_last_only ? B : M;
+
+  // Padding once: a padding token's values depend on its id, its position, its visible length
+  // and (when that is > 0) its cache row only, since every operation is per row but attention,
+  // which reads the cache, and padding is never stored there. So the prefill computes one row
+  // per distinct (id, position, length, row if length > 0) among its padding tokens, and every
+  // other padding token is that row's copy: the same bits in every [B, T] hook, at a fraction of
+  // the work (the traced prefill: 128 prompts of 200-300 tokens, one in six of its
+  // 38,400 rows padding). Not with tensor observers (they may write a row; a copy would not pass
+  // it on), the attention pattern hook or logits of every row; never in a captured decode step.
+  int64_t Mc = M;
+  if (pad_dedup_ && T > 1 && !use_graph && in.logits_last_only && !want_pattern &&
+      !(hooks && hooks->has_tensor_observers())) {
+    std::vector<int32_t> src_of(static_cast<size_t>(M));
+    std::map<std::array<int32_t, 4>, int32_t> seen;
+    int32_t n = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      if (in.mask[size_t(m)]) {
+        src_of[size_t(m)] = n++;
+        continue;
+      }
+      const std::array<int32_t, 4> key{ids[m], pos[m], qlen[m], qlen[m] > 0 ? qrow[m] : -1};
+      const auto [it, fresh] = seen.emplace(key, n);
+      src_of[size_t(m)] = it->second;
+      if (fresh) ++n;
+    }
+    if (n < M) {
+      dst_flat.assign(dst, dst + M);
+      std::vector<int32_t> packed(static_cast<size_t>(5 * n));
+      for (int64_t m = 0, r = -1; m < M; ++m) {
+        if (src_of[size_t(m)] <= r) continue;  // a copy of an earlier row
+        r = src_of[size_t(m)];
+        for (int64_t a = 0; a < 5; ++a) packed[size_t(a * n + r)] = ints[a * M + m];
+      }
+      for (auto& l : last) l = src_of[size_t(l)];
+      std::memcpy(ints, packed.data(), packed.size() * 4);  // ids | pos | dst | qlen | qrow, n each
+      if (expand_map_.bytes() < size_t(M) * 4) {
+        stream_synchronize(s_);
+        expand_map_ = DeviceBlock();
+        expand_map_ = DeviceBlock(size_t(M) * 4);
+      }
+      upload(expand_map_.get(), src_of.data(), size_t(M) * 4);
+      expand_ = reinterpret_cast<const int32_t*>(expand_map_.get());
+      rows_ = Mc = n;
+    }
+  }
   Buffers b{};
   if (use_graph) {
     // Sized for the cache's capacity, so one capture serves every step of this cache.
@@ -1407,9 +1508,9 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   } else {
     const int64_t per_query = int64_t(mla_decode_workspace_floats(1, int(nh), int(max_len), kSplitTokens)) * 4;
     const int64_t chunk =
-        std::clamp<int64_t>(int64_t(kMlaWorkspaceBudget) / per_query, 1, std::min<int64_t>(M, 65535));
-    b = carve(M, B, rows_out, chunk, max_len, sampling);
-    copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
+        std::clamp<int64_t>(int64_t(kMlaWorkspaceBudget) / per_query, 1, std::min<int64_t>(Mc, 65535));
+    b = carve(Mc, B, rows_out, chunk, max_len, sampling);
+    copy_to_device_async(b.ids, ints, size_t(5 * Mc) * 4, s_);
     if (sampling) copy_to_device_async(b.sample_params, sample_host, size_t(B) * sizeof(sample_core::RowParams), s_);
     upload(b.last_rows, last.data(), size_t(B) * 4);
     std::vector<int32_t> key_slot;  // [B][Tk] for the pattern hook: the cache's history + this call
@@ -1422,7 +1523,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
         for (int64_t t = 0; t < T; ++t) key_slot.push_back(slot_of(bb, t));
       }
     }
-    layers_forward(B, T, *cache, b, chunk, qlen, max_len, in.logits_last_only, hooks, sampling,
+    layers_forward(B, T, *cache, b, chunk, ints + 3 * Mc, max_len, in.logits_last_only, hooks, sampling,
                    want_pattern ? &key_slot : nullptr);
   }
 
@@ -1485,6 +1586,12 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
 }
 
 }  // namespace
+
+int64_t computed_rows(const Model& model) {
+  if (const auto* m = dynamic_cast<const CudaModelT<uint16_t>*>(&model)) return m->computed_rows();
+  if (const auto* m = dynamic_cast<const CudaModelT<float>*>(&model)) return m->computed_rows();
+  fail("computed_rows: not a CUDA model");
+}
 
 std::unique_ptr<Model> make_cuda_model(const Checkpoint& ck, const CudaModelOptions& opts) {
   // A flag combination that no hardware can run: refused before looking for a GPU.

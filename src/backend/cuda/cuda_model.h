@@ -47,7 +47,16 @@ struct CudaModelOptions {
   // (the same kernels on the same inputs: the same bits). The env variable ATLAS_SIDE_STREAM=0
   // turns it off (for measuring what it saves).
   bool side_stream = true;
+  // A prefill computes each distinct padding token once (the same id, position, visible length
+  // and cache row compute the same values) and copies it to the others: the same bits in every
+  // output and hook (the forward pass in cuda_model.cpp says when it applies). The env
+  // variable ATLAS_PAD_DEDUP=0 turns it off (for measuring what it saves).
+  bool pad_dedup = true;
 };
+
+// Rows the last forward() of a CUDA model computed (B x T, or fewer where padding ran once);
+// for tests. Throws for a model of another backend.
+int64_t computed_rows(const Model& model);
 
 // Uploads the checkpoint's weights (converted to bf16, or widened to f32 for Compute::F32) to
 // the device. Throws atlas::Error when there is no GPU, when the device lacks memory (naming

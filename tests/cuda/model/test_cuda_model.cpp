@@ -542,6 +542,86 @@ TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
   }
 }
 
+// Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
+// computed: the same bits in every hook a trace reads (each stage as readers see it, and its
+// per-token digests), in the logits and in the decode steps that follow (the cache holds the
+// same values), for left padding (the bench's and probe's layout: every padding token alike)
+// and right padding with two padding ids (a padding token after real ones attends to its row:
+// one computed row per row and id). And padding did run once: fewer rows computed.
+TEST_F(CudaTiny, PaddingComputedOnceGivesTheSameBits) {
+  const int64_t V = ck_->config().vocab_size, L = ck_->config().num_hidden_layers;
+  const auto rows = prompts(V);
+  auto once = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  auto every = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .pad_dedup = false});
+  std::vector<std::string> names = {"embed", "final_norm"};
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerHookNames n(l);  // every per-layer hook but the attention pattern (it turns this off)
+    for (const std::string* s : {&n.ln1, &n.q, &n.latent, &n.latent_norm, &n.attn_out, &n.resid_mid, &n.ln2,
+                                 &n.router_logits, &n.topk_ids, &n.topk_weights, &n.shared_out, &n.routed_out,
+                                 &n.mlp_out, &n.resid_post})
+      names.push_back(*s);
+  }
+  // Left padding (PaddedBatch) and right padding: real tokens first, then padding ids 0 / 1 at
+  // position 0.
+  const PaddedBatch left(rows);
+  ForwardInput right_in = left.input();
+  std::vector<int32_t> rids, rpos;
+  std::vector<uint8_t> rmask;
+  for (const auto& r : rows)
+    for (int64_t t = 0; t < left.T; ++t) {
+      const bool real = t < int64_t(r.size());
+      rids.push_back(real ? r[size_t(t)] : int32_t(t % 2));
+      rpos.push_back(real ? int32_t(t) : 0);
+      rmask.push_back(real ? 1 : 0);
+    }
+  right_in.ids = rids;
+  right_in.positions = rpos;
+  right_in.mask = rmask;
+  for (const bool right : {false, true}) {
+    SCOPED_TRACE(right ? "right padding" : "left padding");
+    const ForwardInput in = right ? right_in : left.input();
+    for (const bool digests : {false, true}) {
+      SCOPED_TRACE(digests ? "digest observers" : "readers");
+      std::vector<std::map<std::string, std::vector<uint8_t>>> seen(2);
+      std::vector<std::vector<float>> logits(2);
+      for (int which = 0; which < 2; ++which) {
+        const Model& m = which == 0 ? *once : *every;
+        Hooks hooks;
+        auto& rec = seen[size_t(which)];
+        for (const auto& name : names) {
+          if (digests)
+            hooks.add_digests(name, [&rec](const HookDigests& d) {
+              rec[std::string(d.name)].assign(d.sha256, d.sha256 + d.rows * d.tokens * 32);
+            });
+          else
+            hooks.add_reader(name, [&rec](const HookTensor& t) {
+              const auto* p = static_cast<const uint8_t*>(t.data);
+              rec[std::string(t.name)].assign(p, p + t.numel() * 4);
+            });
+        }
+        auto cache = m.make_cache(left.B, left.T + 4);
+        logits[size_t(which)] = m.forward(in, *cache, &hooks).logits;
+        const int64_t computed = cuda::computed_rows(m);
+        if (which == 1) {
+          EXPECT_EQ(computed, left.B * left.T) << "every padding token computed";
+        } else {
+          EXPECT_LT(computed, left.B * left.T) << "padding computed once";
+        }
+        // The cache holds the same: a decode step from it gives the same logits.
+        std::vector<int32_t> ids(size_t(left.B), 7), pos(size_t(left.B));
+        for (int64_t b = 0; b < left.B; ++b) pos[size_t(b)] = int32_t(right ? left.T : int64_t(rows[size_t(b)].size()));
+        const auto lg = step(m, *cache, ids, pos);
+        logits[size_t(which)].insert(logits[size_t(which)].end(), lg.begin(), lg.end());
+      }
+      ASSERT_EQ(seen[0].size(), names.size()) << "every hook observed";
+      for (const auto& [name, bytes] : seen[1]) EXPECT_TRUE(seen[0].at(name) == bytes) << name;
+      EXPECT_EQ(logits[0], logits[1]);
+    }
+  }
+  // Without hooks (the chunked and unchunked prefill and the graph-replayed steps after it).
+  EXPECT_EQ(prefill_and_greedy_steps(*once, rows, V), prefill_and_greedy_steps(*every, rows, V));
+}
+
 // Decode steps replayed from the cache's CUDA graph (T = 1, no hooks) give the same logits and
 // greedy tokens as the same steps run op by op (graphs off), and the device argmax equals the
 // host argmax of the returned logits. Rows not asked for in logits_rows come back as zeros
