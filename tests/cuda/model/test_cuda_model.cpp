@@ -557,9 +557,11 @@ TEST_F(CudaTiny, PaddingComputedOnceGivesTheSameBits) {
   for (int64_t l = 0; l < L; ++l) {
     const LayerHookNames n(l);  // every per-layer hook but the attention pattern (it turns this off)
     for (const std::string* s : {&n.ln1, &n.q, &n.latent, &n.latent_norm, &n.attn_out, &n.resid_mid, &n.ln2,
-                                 &n.router_logits, &n.topk_ids, &n.topk_weights, &n.shared_out, &n.routed_out,
                                  &n.mlp_out, &n.resid_post})
       names.push_back(*s);
+    if (ck_->config().is_moe_layer(l))  // (a dense layer has no router, routes or expert outputs)
+      for (const std::string* s : {&n.router_logits, &n.topk_ids, &n.topk_weights, &n.shared_out, &n.routed_out})
+        names.push_back(*s);
   }
   // Left padding (PaddedBatch) and right padding: real tokens first, then padding ids 0 / 1 at
   // position 0.
@@ -614,6 +616,7 @@ TEST_F(CudaTiny, PaddingComputedOnceGivesTheSameBits) {
         logits[size_t(which)].insert(logits[size_t(which)].end(), lg.begin(), lg.end());
       }
       ASSERT_EQ(seen[0].size(), names.size()) << "every hook observed";
+      ASSERT_EQ(seen[1].size(), names.size()) << "every hook observed";
       for (const auto& [name, bytes] : seen[1]) EXPECT_TRUE(seen[0].at(name) == bytes) << name;
       EXPECT_EQ(logits[0], logits[1]);
     }
