@@ -11,16 +11,15 @@
 #include "backend/cuda/cuda_model.h"
 
 #include <algorithm>
-#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/pad_plan.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "decode/sample_core.h"
@@ -1448,35 +1447,22 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   int64_t Mc = M;
   if (pad_dedup_ && T > 1 && !use_graph && in.logits_last_only && !want_pattern &&
       !(hooks && hooks->has_tensor_observers())) {
-    std::vector<int32_t> src_of(static_cast<size_t>(M));
-    std::map<std::array<int32_t, 4>, int32_t> seen;
-    int32_t n = 0;
-    for (int64_t m = 0; m < M; ++m) {
-      if (in.mask[size_t(m)]) {
-        src_of[size_t(m)] = n++;
-        continue;
-      }
-      const std::array<int32_t, 4> key{ids[m], pos[m], qlen[m], qlen[m] > 0 ? qrow[m] : -1};
-      const auto [it, fresh] = seen.emplace(key, n);
-      src_of[size_t(m)] = it->second;
-      if (fresh) ++n;
-    }
-    if (n < M) {
+    const size_t Ms = size_t(M);
+    const PadPlan plan = plan_padding({ids, Ms}, {pos, Ms}, {qlen, Ms}, {qrow, Ms}, in.mask);
+    if (plan.rows < M) {
+      const int64_t n = plan.rows;
       dst_flat.assign(dst, dst + M);
       std::vector<int32_t> packed(static_cast<size_t>(5 * n));
-      for (int64_t m = 0, r = -1; m < M; ++m) {
-        if (src_of[size_t(m)] <= r) continue;  // a copy of an earlier row
-        r = src_of[size_t(m)];
-        for (int64_t a = 0; a < 5; ++a) packed[size_t(a * n + r)] = ints[a * M + m];
-      }
-      for (auto& l : last) l = src_of[size_t(l)];
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t a = 0; a < 5; ++a) packed[size_t(a * n + r)] = ints[a * M + plan.first[size_t(r)]];
+      for (auto& l : last) l = plan.src_of[size_t(l)];
       std::memcpy(ints, packed.data(), packed.size() * 4);  // ids | pos | dst | qlen | qrow, n each
-      if (expand_map_.bytes() < size_t(M) * 4) {
+      if (expand_map_.bytes() < Ms * 4) {
         stream_synchronize(s_);
         expand_map_ = DeviceBlock();
-        expand_map_ = DeviceBlock(size_t(M) * 4);
+        expand_map_ = DeviceBlock(Ms * 4);
       }
-      upload(expand_map_.get(), src_of.data(), size_t(M) * 4);
+      upload(expand_map_.get(), plan.src_of.data(), Ms * 4);
       expand_ = reinterpret_cast<const int32_t*>(expand_map_.get());
       rows_ = Mc = n;
     }
