@@ -762,15 +762,11 @@ const V* CudaModelT<Elem>::expanded(const V* dev, int64_t width) const {
     expand_buf_ = DeviceBlock();
     expand_buf_ = DeviceBlock(bytes);
   }
-  // A gather of whole rows (the values' bits, whatever their type).
-  if constexpr (sizeof(V) == 2)
-    copy_rows({.src = reinterpret_cast<const uint16_t*>(dev), .dst = reinterpret_cast<uint16_t*>(expand_buf_.get()),
-               .src_rows = expand_, .rows = flat_rows_, .width = int(width), .src_limit = rows_,
-               .dst_limit = flat_rows_, .stream = s_});
-  else
-    copy_rows({.src = reinterpret_cast<const float*>(dev), .dst = reinterpret_cast<float*>(expand_buf_.get()),
-               .src_rows = expand_, .rows = flat_rows_, .width = int(width), .src_limit = rows_,
-               .dst_limit = flat_rows_, .stream = s_});
+  // A gather of whole rows (the values' bits, whatever their type: copy_rows's 2- or 4-byte form).
+  using U = std::conditional_t<sizeof(V) == 2, uint16_t, float>;
+  copy_rows(CopyRowsArgsT<U>{.src = reinterpret_cast<const U*>(dev), .dst = reinterpret_cast<U*>(expand_buf_.get()),
+                             .src_rows = expand_, .rows = flat_rows_, .width = int(width), .src_limit = rows_,
+                             .dst_limit = flat_rows_, .stream = s_});
   return reinterpret_cast<const V*>(expand_buf_.get());
 }
 
@@ -786,16 +782,13 @@ void CudaModelT<Elem>::hook_digests(const Hooks& hooks, const std::string& name,
     digests_ = DeviceBlock();
     digests_ = DeviceBlock(bytes);
   }
-  const uint8_t* out = reinterpret_cast<uint8_t*>(digests_.get());
-  // The computed rows' digests (rows_ of them; B x T unless padding ran once), then expanded.
-  const int64_t rows = expand_ ? rows_ : M;
+  auto* computed = reinterpret_cast<uint8_t*>(digests_.get());
+  // The computed rows' digests (rows_ of them: B x T unless padding ran once), then expanded.
   if (bf16)
-    token_digests_bf16({.x = bf16, .rows = rows, .dim = int(width), .out = reinterpret_cast<uint8_t*>(digests_.get()),
-                        .stream = s_});
+    token_digests_bf16({.x = bf16, .rows = rows_, .dim = int(width), .out = computed, .stream = s_});
   else
-    token_digests_f32({.x = f32, .rows = rows, .dim = int(width), .out = reinterpret_cast<uint8_t*>(digests_.get()),
-                        .stream = s_});
-  if (expand_) out = reinterpret_cast<const uint8_t*>(expanded(reinterpret_cast<const uint16_t*>(out), 16));
+    token_digests_f32({.x = f32, .rows = rows_, .dim = int(width), .out = computed, .stream = s_});
+  const auto* out = reinterpret_cast<const uint8_t*>(expanded(reinterpret_cast<const uint16_t*>(computed), 16));
   // (digests_ is reused by the next digest hook: the stream orders its kernel after this copy.)
   if (defer_hook(hooks, {.name = name, .layer = layer, .shape = {B, T}, .digests = true}, out, bytes)) return;
   deliver_all();
@@ -1449,8 +1442,8 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
       !(hooks && hooks->has_tensor_observers())) {
     const size_t Ms = size_t(M);
     const PadPlan plan = plan_padding({ids, Ms}, {pos, Ms}, {qlen, Ms}, {qrow, Ms}, in.mask);
-    if (plan.rows < M) {
-      const int64_t n = plan.rows;
+    if (plan.rows() < M) {
+      const int64_t n = plan.rows();
       dst_flat.assign(dst, dst + M);
       std::vector<int32_t> packed(static_cast<size_t>(5 * n));
       for (int64_t r = 0; r < n; ++r)

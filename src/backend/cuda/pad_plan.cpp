@@ -35,7 +35,6 @@ PadPlan plan_padding(std::span<const int32_t> ids, std::span<const int32_t> posi
     }
     p.first.push_back(int32_t(m));
   }
-  p.rows = int64_t(p.first.size());
   return p;
 }
 

@@ -15,9 +15,9 @@
 namespace atlas::cuda {
 
 struct PadPlan {
-  int64_t rows = 0;             // rows computed
   std::vector<int32_t> src_of;  // [B x T]: the computed row that row m is (or is a copy of)
-  std::vector<int32_t> first;   // [rows]: the flat row computed row r is taken from (ascending)
+  std::vector<int32_t> first;   // [rows()]: the flat row computed row r is taken from (ascending)
+  int64_t rows() const { return int64_t(first.size()); }  // rows computed
 };
 
 // Every real row (mask != 0) is computed, in order; a padding row is a copy of the first padding

@@ -3,10 +3,10 @@
 // the same 64 WGS x 128 tile, the same 128-byte-swizzled K-major ring the wgmma descriptors read;
 // only the copies differ. Nsight (H200, session 9) found the cp.async kernel bound by its own
 // instruction stream, ~380 warp instructions per warp per 64-wide K step, most of them copy
-// address arithmetic, against 4 wgmma. Here a producer warp (of its own warpgroup) issues a K step's copies as three
-// tensor copies (the A box of BM rows and two B boxes of 64 rows, 64 columns each, the swizzle
-// done by the copy engine), which complete on the slot's "full" mbarrier with a byte count; there
-// is no block barrier per step. A consumer warpgroup that has retired its wgmma of step kt - 1
+// address arithmetic, against 4 wgmma. Here a producer warp (of its own warpgroup) issues a K
+// step's copies as three tensor copies (the A box of BM rows and two B boxes of 64 rows, 64
+// columns each, the swizzle done by the copy engine), which complete on the slot's "full"
+// mbarrier with a byte count; there is no block barrier per step. A consumer warpgroup that has retired its wgmma of step kt - 1
 // (wait_group 1 at step kt) arrives on that slot's "empty" mbarrier, and the producer refills a
 // slot as soon as all of them have (session 10's kernel had thread 0 of the first warpgroup
 // refill the slot of step kt - 2 at step kt: three steps of look-ahead of the five, and that
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(T::THREADS, 1)
     // Step g (counted over the block's tiles) uses slot g % STAGES; its (g / STAGES)-th use
     // waits for the consumers' release of the use before (empty barrier phase g / STAGES - 1).
     int g = 0;
-    for (int pid = int(blockIdx.x);; pid += int(gridDim.x)) {
+    for (int pid = first_pid;; pid += int(gridDim.x)) {
       TileSpot t;
       if (!tile_at(pid, t)) break;
       const int n0 = t.n_tile * T::BN;
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(T::THREADS, 1)
   setmaxnreg_inc<T::CONSUMER_REGS>();
   const int gid = lane >> 2, tig = lane & 3;
   int g = 0;
-  for (int pid = int(blockIdx.x);; pid += int(gridDim.x)) {
+  for (int pid = first_pid;; pid += int(gridDim.x)) {
     TileSpot t;
     if (!__shfl_sync(0xffffffffu, int(tile_at(pid, t)), 0)) break;  // (uniform for the compiler too)
     const int row_begin = t.row_begin, row_end = t.row_end;
