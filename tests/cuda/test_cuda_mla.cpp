@@ -58,6 +58,7 @@ struct Call {
   MlaImpl impl = MlaImpl::tensor_core;
   int queries_per_block = 0;
   int tile_buffers = 0;
+  int tile_parallel = 0;
   int split = 256;
   int max_length = 0;     // 0: the longest query
   bool misalign = false;  // q and cache one element off 16-byte alignment: the element-load path
@@ -77,7 +78,8 @@ std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
               .lengths = dl.get(), .cache_rows = p.rows.empty() ? nullptr : dr.get(), .max_length = max_length,
               .out = dout.get(), .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
               .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
-              .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers});
+              .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers,
+              .tile_parallel = c.tile_parallel});
   check_device_errors();
   return dout.download();
 }
@@ -292,6 +294,31 @@ TEST_F(Mla, SmallAndOddShapes) {
   }
 }
 
+// The tile-parallel kernel (a cluster of 4 blocks per split, one tile each in phase 1) against
+// the walk (one block per split), bit for bit: lengths at and around every tile and split
+// boundary, padded heads, latents that are not a multiple of 128 (blocks with few or no phase-2
+// columns) or of 8, splits with fewer than 4 tiles, queries sharing cache rows, max_length past
+// the longest query, repeated runs.
+TEST_F(Mla, TileParallelGivesTheBitsOfTheWalk) {
+  if (!mla_tile_parallel_available()) GTEST_SKIP() << "no cluster launch on this GPU / build";
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const std::vector<int32_t> lengths = {1, 17, 63, 64, 65, 128, 129, 200, 255, 256, 257, 300, 511, 512, 513, 700, 0};
+  for (const Shape& sh : std::vector<Shape>{{}, {5, 512, 64}, {16, 100, 12}, {4, 32, 16}, {2, 16, 16}, {3, 384, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << sh.heads << " latent " << sh.latent << " rope " << sh.rope);
+    const Problem p = make_problem(rng, sh, lengths, {}, 720);
+    const auto walk = run_gpu(p, {.tile_parallel = 1});
+    EXPECT_EQ(run_gpu(p, {.tile_parallel = 2}), walk);
+    EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .max_length = p.capacity}), walk) << "max_length = capacity";
+    EXPECT_EQ(run_gpu(p, {.tile_parallel = 2}), walk) << "second run";
+  }
+  // Queries sharing cache rows (one query per block: the decode form of a shared prompt).
+  const Problem p = make_problem(rng, {}, {300, 64, 257, 1, 513, 40}, {0, 0, 1, 1, 2, 2}, 600);
+  EXPECT_EQ(run_gpu(p, {.queries_per_block = 1, .tile_parallel = 2}),
+            run_gpu(p, {.queries_per_block = 1, .tile_parallel = 1}))
+      << "cache rows shared";
+}
+
 TEST_F(Mla, BadLengthIsReported) {
   std::mt19937 rng(test_seed());
   for (MlaImpl impl : {MlaImpl::tensor_core, MlaImpl::scalar}) {
@@ -300,6 +327,10 @@ TEST_F(Mla, BadLengthIsReported) {
       p.lengths = {bad};
       EXPECT_THROW(run_gpu(p, {.impl = impl, .max_length = 4}), Error);
       check_device_errors();  // the flag was cleared by the throw
+      if (impl == MlaImpl::tensor_core && mla_tile_parallel_available()) {
+        EXPECT_THROW(run_gpu(p, {.tile_parallel = 2, .max_length = 4}), Error) << "tile-parallel kernel";
+        check_device_errors();
+      }
     }
   }
 }
@@ -333,6 +364,13 @@ TEST(MlaArguments, BadSettingsNameTheirField) {
   a = base;
   a.tile_buffers = 3;
   EXPECT_NE(message(a).find("tile_buffers"), std::string::npos) << message(a);
+  a = base;
+  a.tile_parallel = 3;
+  EXPECT_NE(message(a).find("tile_parallel"), std::string::npos) << message(a);
+  a = base;
+  a.tile_parallel = 2;
+  a.split_tokens = 128;  // the cluster covers 4 tiles of 64: 256 only
+  EXPECT_NE(message(a).find("tile_parallel"), std::string::npos) << message(a);
   a = base;
   a.heads = 17;
   EXPECT_NE(message(a).find("heads"), std::string::npos) << message(a);

@@ -21,6 +21,10 @@ inline void require(bool ok, const char* op, const char* field, const std::strin
   if (!ok) arg_error(op, field, what);
 }
 
+// Whether the loaded device code has a feature (an sm_90 kernel in a build for older GPUs too):
+// the probe kernel writes 1 (has it) or 0. Synchronises: call once, outside any capture.
+bool probe_device_code(void (*probe)(int*), const char* what);
+
 // One device int per device, set by kernels that find bad data they cannot reject on the host
 // (out-of-range positions, expert ids, cache lengths); read by check_device_errors().
 int* error_flag();

@@ -426,6 +426,7 @@ class CudaModelT final : public Model {
   // Queries per MLA block in a prefill (4: the cache tiles are read by four queries at once);
   // ATLAS_MLA_PREFILL_QPB=1|2|4 overrides it for measurements (any gives the same bits).
   int mla_prefill_qpb_ = 4;
+  int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
@@ -549,6 +550,14 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
       if (v != "1" && v != "2" && v != "4")
         fail("ATLAS_MLA_PREFILL_QPB", {}, "must be 1, 2 or 4, got \"" + v + "\"");
       mla_prefill_qpb_ = std::stoi(v);
+    }
+    // ATLAS_MLA_TILE_PARALLEL=0: decode attention always walks a split's tiles in one block
+    // (MlaDecodeArgs::tile_parallel = 1), for measuring what the cluster kernel saves (same bits).
+    const char* tp = std::getenv("ATLAS_MLA_TILE_PARALLEL");
+    if (tp && *tp) {
+      const std::string v(tp);
+      if (v != "0" && v != "1") fail("ATLAS_MLA_TILE_PARALLEL", {}, "must be 0 (off) or 1 (auto), got \"" + v + "\"");
+      mla_tile_parallel_ = v == "0" ? 1 : 0;
     }
     // ATLAS_PREFILL_CHUNK_TOKENS=<n> overrides CudaModelOptions::max_tokens_per_call, for
     // measurements (chunking never changes the bits; it bounds working memory).
@@ -1243,7 +1252,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                   .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_,
                   // prefill: consecutive queries of one row share each cache tile; decode: one
                   // row per block (the bits are the same either way)
-                  .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1});
+                  .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1, .tile_parallel = mla_tile_parallel_});
     }
     if (key_slot && qlen_host && hooks->wants(names.pattern)) {
       // The official eager softmax over the same absorbed queries and cache slots (the attention

@@ -527,7 +527,15 @@ struct MlaDecodeArgsT {
   // tensor_core only: cache tile buffers per block, 1 or 2 (0 = 1 when there are at least two
   // blocks per SM, else 2). Never changes results (tested).
   int tile_buffers = 0;
+  // tensor_core, one query per block only: a split's 4 tiles walked by one block (1), or by the 4
+  // blocks of a cluster, one tile each (2; needs split_tokens 256, 16-byte aligned rows, width
+  // % 8 == 0 and mla_tile_parallel_available()); 0 = the cluster where the walk would leave
+  // most SMs idle (small batches). Never changes results (tested).
+  int tile_parallel = 0;
 };
+// Whether this GPU and build run the tile-parallel (cluster) MLA kernel. The first call
+// synchronises the device: make it outside any capture (mla_decode's first call does).
+bool mla_tile_parallel_available();
 using MlaDecodeArgs = MlaDecodeArgsT<uint16_t>;
 size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int split_tokens);
 void mla_decode(const MlaDecodeArgs& a);

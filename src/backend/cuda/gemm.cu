@@ -249,17 +249,6 @@ struct GemmSetup {
   std::array<int, kConfigs.size()> cluster_sizes{};
 };
 
-// Whether the loaded device code has a feature: the probe kernel writes 1 (has it) or 0.
-bool probe_device_code(void (*probe)(int*), const char* what) {
-  int* flag = nullptr;
-  int have = 0;
-  check_cuda(cudaMalloc(&flag, sizeof(int)), "gemm", what);
-  probe<<<1, 1>>>(flag);
-  const cudaError_t e = cudaMemcpy(&have, flag, sizeof(int), cudaMemcpyDeviceToHost);
-  cudaFree(flag);
-  check_cuda(e, "gemm", what);
-  return have == 1;
-}
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
 // device (cudaOccupancyMaxActiveClusters > 0 for both output types); 0 if none does.
@@ -1040,5 +1029,20 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream));
   check_launch(op);
 }
+
+namespace detail {
+
+bool probe_device_code(void (*probe)(int*), const char* what) {
+  int* flag = nullptr;
+  int have = 0;
+  check_cuda(cudaMalloc(&flag, sizeof(int)), what, "cudaMalloc");
+  probe<<<1, 1>>>(flag);
+  const cudaError_t e = cudaMemcpy(&have, flag, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(flag);
+  check_cuda(e, what, "probe kernel");
+  return have == 1;
+}
+
+}  // namespace detail
 
 }  // namespace atlas::cuda

@@ -85,6 +85,38 @@ int sm_count() {
   return n;
 }
 
+// The tile-parallel kernel's one-time setup: device code for sm_90, cluster launch, the shared
+// memory limit raised to what the widest cache needs, and a cluster of 4 such blocks placeable.
+bool tile_parallel_setup() {
+  static const bool ok = [] {
+    int dev = 0, cluster_launch = 0;
+    check_cuda(cudaGetDevice(&dev), "mla_decode", "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev), "mla_decode",
+               "cudaDeviceGetAttribute(clusterLaunch)");
+    if (!cluster_launch || !probe_device_code(kern::mla_tc_cluster_probe_kernel, "mla_decode")) return false;
+    const int smem = kern::mla_tc_cluster_smem_bytes(kMlaWidthMax);
+    check_cuda(cudaFuncSetAttribute(kern::mla_tc_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "mla_decode", "cudaFuncSetAttribute");
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kern::kMlaClusterTiles, 1, 1);
+    cfg.blockDim = dim3(kern::kMlaTcThreads, 1, 1);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kern::kMlaClusterTiles;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kern::mla_tc_cluster_kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // a device that cannot place it is an answer, not an error
+      return false;
+    }
+    return clusters > 0;
+  }();
+  return ok;
+}
+
 void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
   const char* op = "mla_decode";
   const int G = a.queries_per_block ? a.queries_per_block : (a.cache_rows ? 2 : 1);
@@ -117,8 +149,24 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.
   const int64_t blocks = int64_t((a.rows + G - 1) / G) * max_splits;
+  // Tile-parallel: each of those blocks becomes a cluster of 4 (one tile of the split each);
+  // automatic where the clusters fit the SMs in one wave (decode batches up to ~16 rows at two
+  // splits), where the walk leaves most SMs idle and each block runs its tiles one by one.
+  require(a.tile_parallel >= 0 && a.tile_parallel <= 2, op, "tile_parallel",
+          "must be 0 (auto), 1 (off) or 2 (on), got " + std::to_string(a.tile_parallel));
+  const bool tp_fits = G == 1 && vec && a.split_tokens == kern::kMlaTile * kern::kMlaClusterTiles;
+  require(a.tile_parallel != 2 || (tp_fits && tile_parallel_setup()), op, "tile_parallel",
+          "2 needs one query per block, split_tokens 256, width % 8 == 0, 16-byte aligned q and cache rows "
+          "and a GPU with cluster launch (mla_tile_parallel_available())");
+  const bool tp = a.tile_parallel == 2 ||
+                  (a.tile_parallel == 0 && tp_fits && blocks * kern::kMlaClusterTiles <= sm_count() &&
+                   tile_parallel_setup());
   const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sm_count()) ? 1 : 2);
-  if (G == 1)
+  if (tp) {
+    launch_clustered(unsigned(kern::kMlaClusterTiles), kern::mla_tc_cluster_kernel,
+                     dim3(unsigned(a.rows * kern::kMlaClusterTiles), unsigned(max_splits)), kern::kMlaTcThreads,
+                     size_t(kern::mla_tc_cluster_smem_bytes(wp)), s, p);
+  } else if (G == 1)
     vec ? launch_tc_kernel<1, true>(p, nst, s) : launch_tc_kernel<1, false>(p, nst, s);
   else if (G == 2)
     vec ? launch_tc_kernel<2, true>(p, nst, s) : launch_tc_kernel<2, false>(p, nst, s);
@@ -172,6 +220,7 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
 }  // namespace
 
 void mla_decode(const MlaDecodeArgs& a) { mla_decode_impl(a); }
+bool mla_tile_parallel_available() { return tile_parallel_setup(); }
 void mla_decode(const MlaDecodeArgsT<float>& a) { mla_decode_impl(a); }
 
 template <class T>

@@ -591,7 +591,8 @@ TEST_F(CudaTiny, PaddingComputedOnceGivesTheSameBits) {
         Hooks hooks;
         auto& rec = seen[size_t(which)];
         for (const auto& name : names) {
-          if (digests)
+          // Digests are defined for F32 hooks only: the I32 route ids are read in both passes.
+          if (digests && name.find("topk_ids") == std::string::npos)
             hooks.add_digests(name, [&rec](const HookDigests& d) {
               rec[std::string(d.name)].assign(d.sha256, d.sha256 + d.rows * d.tokens * 32);
             });

@@ -47,6 +47,8 @@
 // Dropped.)
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "common.cuh"
 
 namespace atlas::cuda::kern {
@@ -121,6 +123,108 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ uint16_t f2bf_out(float f) {
   const uint16_t b = f2bf(f);
   return b == 0x8000u ? uint16_t(0) : b;
+}
+
+// Rows [0, n_rows) x 16-byte chunks [0, cpr) of cache rows into shared memory (row stride ldd
+// elements) by cp.async: row r from src + r * sstride; rows >= live are zero-filled (finite
+// values that meet P = 0). (r, c) advance by a fixed step instead of a division per chunk: the
+// copies' address arithmetic was most of a batch-1 tile's instructions.
+__device__ __forceinline__ void mla_copy_tile(uint16_t* dst, int ldd, const uint16_t* src, int64_t sstride, int n_rows,
+                                              int live, int cpr, int tid) {
+  const int n_chunks = n_rows * cpr, dr = kMlaTcThreads / cpr, dc = kMlaTcThreads % cpr;
+  int r = tid / cpr, c = tid % cpr;
+  for (int i = tid; i < n_chunks; i += kMlaTcThreads) {
+    const bool ok = r < live;
+    cp_async16(dst + r * ldd + 8 * c, ok ? src + r * sstride + 8 * c : src, ok ? 16 : 0);
+    r += dr;
+    c += dc;
+    if (c >= cpr) {
+      c -= cpr;
+      ++r;
+    }
+  }
+}
+
+// Phase 1 of one warp: S[16 rows of query slot qg][8G slots from tok] = scale * Q . C^T over
+// the wp / 16 k steps in ascending order (one accumulator per n8 tile), written to Ss. Both
+// kernels run exactly this, so a score has the same bits whichever kernel computed it.
+template <int G>
+__device__ __forceinline__ void mla_scores(const uint16_t* Qs, const uint16_t* C, int ldq, int wp, int qg, int tok,
+                                           int lane, float scale, float* Ss) {
+  float sacc[G][4];
+#pragma unroll
+  for (int n = 0; n < G; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sacc[n][e] = 0.0f;
+  const uint16_t* qa = Qs + (qg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldq + (lane >> 4) * 8;
+#pragma unroll 4
+  for (int k0 = 0; k0 < wp; k0 += 16) {
+    uint32_t a[4];
+    ldsm_x4(a, qa + k0);
+    if constexpr (G == 1) {
+      uint32_t b[2];
+      ldsm_x2(b, C + (tok + (lane & 7)) * ldq + k0 + ((lane >> 3) & 1) * 8);
+      mma_bf16(sacc[0], a, b[0], b[1]);
+    } else {
+#pragma unroll
+      for (int np = 0; np < G / 2; ++np) {
+        uint32_t b[4];
+        ldsm_x4(b, C + (tok + np * 16 + (lane & 7) + (lane >> 4) * 8) * ldq + k0 + ((lane >> 3) & 1) * 8);
+        mma_bf16(sacc[2 * np], a, b[0], b[1]);
+        mma_bf16(sacc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  const int r = qg * 16 + (lane >> 2);
+#pragma unroll
+  for (int n = 0; n < G; ++n) {
+    const int c = tok + n * 8 + 2 * (lane & 3);
+    *reinterpret_cast<float2*>(Ss + r * kMlaSStride + c) = make_float2(sacc[n][0] * scale, sacc[n][1] * scale);
+    *reinterpret_cast<float2*>(Ss + (r + 8) * kMlaSStride + c) = make_float2(sacc[n][2] * scale, sacc[n][3] * scale);
+  }
+}
+
+// Online softmax, first half, in the 4 threads (quarters q = 0..3, consecutive lanes) of one MMA
+// row: the row's scores s[16] of quarter q of the tile, and the tile's row max over the nv
+// valid slots (-inf if none), the same in all 4 threads.
+__device__ __forceinline__ float mla_row_max(const float* srow, int q, int nv, float (&s)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; i += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(srow + q * 16 + i);
+    s[i] = v.x;
+    s[i + 1] = v.y;
+    s[i + 2] = v.z;
+    s[i + 3] = v.w;
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    if (q * 16 + i < nv) mx = fmaxf(mx, s[i]);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
+// Second half: p = bf16(expf(s - m_use)) into the quarter's 16 columns of the P row, and the
+// tile sum (q0 + q1) + (q2 + q3) of the rounded p (sequential within a quarter), the same in
+// all 4 threads.
+__device__ __forceinline__ float mla_row_p(const float (&s)[16], int q, int nv, float m_use, uint16_t* prow_q) {
+  float sum = 0.0f;
+  uint32_t packed[8];
+#pragma unroll
+  for (int i = 0; i < 16; i += 2) {
+    uint16_t b0 = 0, b1 = 0;
+    if (q * 16 + i < nv) b0 = f2bf(expf(s[i] - m_use));
+    if (q * 16 + i + 1 < nv) b1 = f2bf(expf(s[i + 1] - m_use));
+    sum += bf2f(b0);
+    sum += bf2f(b1);
+    packed[i / 2] = uint32_t(b0) | (uint32_t(b1) << 16);
+  }
+  uint4* prow = reinterpret_cast<uint4*>(prow_q);
+  prow[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  prow[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // (q0 + q1), (q2 + q3)
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // (q0 + q1) + (q2 + q3)
+  return sum;
 }
 
 // kVec: width % 8 == 0 and 16-byte aligned q / cache rows (the host checks): 16-byte cp.async
@@ -229,23 +333,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
       const int n_load = min(kMlaTile, run_end - t0);
       const uint16_t* src = cbase + int64_t(t0) * p.width;
       if constexpr (kVec) {
-        // Chunk i of the tile is slot r = i / cpr, column 8 (i % cpr): 8 i elements into the
-        // (unpadded) source, 8 i + r (ldq - width) into the padded stage. (r, c) advance by a
-        // fixed step per iteration instead of a division per chunk: the copies' address
-        // arithmetic was most of a batch-1 tile's instructions (one block per split).
-        const int cpr = p.width / 8, n_chunks = kMlaTile * cpr, live = n_load * cpr;
-        const int dr = kMlaTcThreads / cpr, dc = kMlaTcThreads % cpr, pad = ldq - p.width;
-        int r = tid / cpr, c = tid % cpr;
-        for (int i = tid; i < n_chunks; i += kMlaTcThreads) {
-          const bool ok = i < live;  // rows past the run's last slot: zeros (finite for P = 0)
-          cp_async16(dst + 8 * i + r * pad, ok ? src + 8 * i : src, ok ? 16 : 0);
-          r += dr;
-          c += dc;
-          if (c >= cpr) {
-            c -= cpr;
-            ++r;
-          }
-        }
+        mla_copy_tile(dst, ldq, src, p.width, kMlaTile, n_load, p.width / 8, tid);
       } else {
         for (int i = tid; i < kMlaTile * p.width; i += kMlaTcThreads) {
           const int r = i / p.width, c = i % p.width;
@@ -284,79 +372,17 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
       const uint16_t* C = Cs + (t % NST) * kMlaTile * ldq;
 
       // ---- phase 1: S = scale * Q . C^T for this warp's query and 8G slots ----
-      if (in_run(p1_g) && p1_tok < n_load) {
-        float sacc[G][4];
-#pragma unroll
-        for (int n = 0; n < G; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sacc[n][e] = 0.0f;
-        const uint16_t* qa = Qs + (p1_g * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldq + (lane >> 4) * 8;
-#pragma unroll 4
-        for (int k0 = 0; k0 < p.wp; k0 += 16) {
-          uint32_t a[4];
-          ldsm_x4(a, qa + k0);
-          if constexpr (G == 1) {
-            uint32_t b[2];
-            ldsm_x2(b, C + (p1_tok + (lane & 7)) * ldq + k0 + ((lane >> 3) & 1) * 8);
-            mma_bf16(sacc[0], a, b[0], b[1]);
-          } else {
-#pragma unroll
-            for (int np = 0; np < G / 2; ++np) {
-              uint32_t b[4];
-              ldsm_x4(b, C + (p1_tok + np * 16 + (lane & 7) + (lane >> 4) * 8) * ldq + k0 + ((lane >> 3) & 1) * 8);
-              mma_bf16(sacc[2 * np], a, b[0], b[1]);
-              mma_bf16(sacc[2 * np + 1], a, b[2], b[3]);
-            }
-          }
-        }
-        const int r = p1_g * 16 + (lane >> 2);
-#pragma unroll
-        for (int n = 0; n < G; ++n) {
-          const int c = p1_tok + n * 8 + 2 * (lane & 3);
-          *reinterpret_cast<float2*>(Ss + r * kMlaSStride + c) = make_float2(sacc[n][0] * p.scale, sacc[n][1] * p.scale);
-          *reinterpret_cast<float2*>(Ss + (r + 8) * kMlaSStride + c) =
-              make_float2(sacc[n][2] * p.scale, sacc[n][3] * p.scale);
-        }
-      }
+      if (in_run(p1_g) && p1_tok < n_load) mla_scores<G>(Qs, C, ldq, p.wp, p1_g, p1_tok, lane, p.scale, Ss);
       __syncthreads();
 
       // ---- online softmax: 4 threads per MMA row (warp-uniform branch: a warp = 8 rows of one query) ----
       if (tid < 4 * R && in_run(sm_g)) {
         const int nv = max(0, min(kMlaTile, min(s_len[sm_g], j0 + p.S) - t0));  // this query's valid slots
-        const float* srow = Ss + sm_row * kMlaSStride + sm_q * 16;
         float s[16];
-#pragma unroll
-        for (int i = 0; i < 16; i += 4) {
-          const float4 v = *reinterpret_cast<const float4*>(srow + i);
-          s[i] = v.x;
-          s[i + 1] = v.y;
-          s[i + 2] = v.z;
-          s[i + 3] = v.w;
-        }
-        float mx = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-          if (sm_q * 16 + i < nv) mx = fmaxf(mx, s[i]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mx = mla_row_max(Ss + sm_row * kMlaSStride, sm_q, nv, s);
         const float m_new = fmaxf(m_run, mx);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: avoid inf - inf
-        float sum = 0.0f;
-        uint32_t packed[8];
-#pragma unroll
-        for (int i = 0; i < 16; i += 2) {
-          uint16_t b0 = 0, b1 = 0;
-          if (sm_q * 16 + i < nv) b0 = f2bf(expf(s[i] - m_use));
-          if (sm_q * 16 + i + 1 < nv) b1 = f2bf(expf(s[i + 1] - m_use));
-          sum += bf2f(b0);
-          sum += bf2f(b1);
-          packed[i / 2] = uint32_t(b0) | (uint32_t(b1) << 16);
-        }
-        uint4* prow = reinterpret_cast<uint4*>(Ps + sm_row * kMlaPStride + sm_q * 16);
-        prow[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        prow[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // (q0 + q1), (q2 + q3)
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // (q0 + q1) + (q2 + q3)
+        const float sum = mla_row_p(s, sm_q, nv, m_use, Ps + sm_row * kMlaPStride + sm_q * 16);
         const float alpha = expf(m_run - m_use);      // 0 on the first tile, 1 if the max did not move
         l_run = __fmaf_rn(l_run, alpha, sum);
         m_run = m_new;
@@ -440,6 +466,232 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
     }
     __syncthreads();  // l_s and the stages are reused by the next run
   }
+}
+
+// ---- tile-parallel split: one query per cluster of kMlaClusterTiles blocks (sm_90) ----------
+// The kernel above walks a split's tiles in one block: at batch 1 that is one block per split,
+// bound by its own instruction latency (Nsight, session 9: 24 us on 2 SMs for a 512-slot
+// decode). Here the S / 64 = 4 blocks of a cluster share one (query, split) and compute the
+// same numbers with the work spread out:
+//   * block r runs phase 1 for tile r only (mla_scores, the same k order: the same scores) and
+//     its tile's row max;
+//   * after a cluster barrier each block reads the row maxima of tiles < r (distributed shared
+//     memory), so it has the running max m_{r-1} and m_r = fmaxf(m_{r-1}, max_r) exactly as the
+//     sequential walk has them, and computes its tile's P, tile sum and alpha = expf(m_{r-1} -
+//     m_use) (mla_row_p, the same formulas);
+//   * after a second barrier every block copies all tiles' P, alpha and sums, chains
+//     l = fmaf(l, alpha_t, sum_t) over t ascending (the walk's l), and runs phase 2 for latent
+//     columns [128 r, 128 r + 128) over all tiles in ascending order: o = o * alpha_t, then the
+//     tile's k steps through the same mma.sync as the walk; a column's chain depends only on P,
+//     alpha and that column of the cache, so every output has the walk's bits;
+//   * the epilogue is the walk's (direct output for one split, else the workspace for the merge
+//     kernel, m and l from rank 0).
+// Per block: the query, its own full-width tile (phase 1) and a 128-column latent slice of every
+// tile of the split (phase 2), ~173 KB of shared memory. Decode only (one query per block row,
+// 16-byte loads), split_tokens = 256, latent <= 512; the launcher picks it where the walk would
+// leave most SMs idle. Tested bit for bit against the walk (tests/cuda/test_cuda_mla.cpp).
+constexpr int kMlaClusterTiles = 4;                                    // blocks per cluster = tiles per split
+constexpr int kMlaClusterCols = kMlaAccStride / kMlaClusterTiles;       // latent columns per block (phase 2)
+constexpr int kMlaSliceStride = kMlaClusterCols + 8;                   // 272-byte rows: conflict-free ldmatrix
+__host__ __device__ constexpr int mla_tc_cluster_smem_bytes(int wp) {
+  return 2 * 16 * (wp + 8) + 2 * kMlaTile * (wp + 8) + 2 * kMlaClusterTiles * kMlaTile * kMlaSliceStride +
+         4 * 16 * kMlaSStride + 2 * kMlaClusterTiles * 16 * kMlaPStride + 4 * 3 * kMlaClusterTiles * 16 + 4 * 16;
+}
+
+// 1 where this binary's device code has the cluster kernel (sm_90 or later), else 0.
+__global__ void mla_tc_cluster_probe_kernel(int* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+// Grid (rows * kMlaClusterTiles, max_splits), clusters of (kMlaClusterTiles, 1, 1).
+__global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const MlaTcParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  pdl_begin();
+  constexpr int T = kMlaClusterTiles;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int ldq = p.wp + 8;
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);     // [16][ldq]
+  uint16_t* Ct = Qs + 16 * ldq;                              // [64][ldq]: this block's tile
+  uint16_t* Cl = Ct + kMlaTile * ldq;                        // [T][64][kMlaSliceStride]: latent slices
+  float* Ss = reinterpret_cast<float*>(Cl + T * kMlaTile * kMlaSliceStride);  // [16][kMlaSStride]
+  uint16_t* Pa = reinterpret_cast<uint16_t*>(Ss + 16 * kMlaSStride);          // [T][16][kMlaPStride]
+  float* mx_a = reinterpret_cast<float*>(Pa + T * 16 * kMlaPStride);          // [T][16] tile row maxima
+  float* al_a = mx_a + T * 16;                                                // [T][16] alpha
+  float* su_a = al_a + T * 16;                                                // [T][16] tile sums
+  float* l_s = su_a + T * 16;                                                 // [16]
+
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int qi = int(blockIdx.x) / T, split = blockIdx.y, j0 = split * p.S;
+
+  // Every block of the cluster reads the same length, so all of them leave here or none.
+  const int len = p.lengths[qi];
+  if (len < 0 || len > p.max_length) {
+    if (split == 0 && rank == 0 && tid == 0) atomicOr(p.error_flag, 4);
+    return;
+  }
+  if (len <= j0) return;  // no slot of this split
+  const int send = min(len, j0 + p.S);  // end slot of the split
+  const int ntiles = (send - j0 + kMlaTile - 1) / kMlaTile;
+  const int64_t crow = p.cache_rows ? p.cache_rows[qi] : qi;
+  const uint16_t* cbase = p.cache + crow * p.cache_row_stride;
+  const int c0 = rank * kMlaClusterCols;                 // this block's latent columns (phase 2)
+  const int dcols = (p.latent + 7) & ~7;                 // latent columns the MMAs cover (<= width)
+  const int slice_cpr = max(0, min(kMlaClusterCols, dcols - c0)) / 8;
+
+  // Copies: group 0 = the query (zeros for padded heads and the k pad) and this block's tile;
+  // group 1 = the latent slices of every tile (needed only after the softmax).
+  {
+    const int cpr = p.wp / 8;
+    const uint16_t* qrow = p.q + int64_t(qi) * p.heads * p.width;
+    for (int i = tid; i < 16 * cpr; i += kMlaTcThreads) {
+      const int h = i / cpr, c = (i % cpr) * 8;
+      const bool ok = h < p.heads && c < p.width;
+      cp_async16(Qs + h * ldq + c, ok ? qrow + h * p.width + c : qrow, ok ? 16 : 0);
+    }
+    const int pad = p.wp - p.width;  // the k pad of the tile: never copied, read by phase 1
+    for (int i = tid; i < kMlaTile * pad; i += kMlaTcThreads) Ct[(i / pad) * ldq + p.width + i % pad] = 0;
+    if (rank < ntiles) {
+      const int t0 = j0 + rank * kMlaTile;
+      mla_copy_tile(Ct, ldq, cbase + int64_t(t0) * p.width, p.width, kMlaTile, min(kMlaTile, send - t0), p.width / 8,
+                    tid);
+    }
+    cp_async_commit();
+    for (int t = 0; t < ntiles && slice_cpr > 0; ++t) {
+      const int t0 = j0 + t * kMlaTile;
+      mla_copy_tile(Cl + t * kMlaTile * kMlaSliceStride, kMlaSliceStride, cbase + int64_t(t0) * p.width + c0, p.width,
+                    kMlaTile, min(kMlaTile, send - t0), slice_cpr, tid);
+    }
+    cp_async_commit();
+  }
+
+  // ---- phase 1 and the tile's row maxima (block r: tile r) ----
+  const int sm_row = tid >> 2, sm_q = tid & 3;  // softmax: 4 threads per MMA row (tid < 64)
+  const int my_t0 = j0 + rank * kMlaTile;
+  const int my_nv = rank < ntiles ? min(kMlaTile, send - my_t0) : 0;
+  float s[16];
+  cp_async_wait<1>();
+  __syncthreads();
+  if (rank < ntiles && warp * 8 < my_nv) mla_scores<1>(Qs, Ct, ldq, p.wp, 0, warp * 8, lane, p.scale, Ss);
+  __syncthreads();
+  if (tid < 64 && rank < ntiles) {
+    const float mx = mla_row_max(Ss + sm_row * kMlaSStride, sm_q, my_nv, s);
+    if (sm_q == 0) mx_a[rank * 16 + sm_row] = mx;
+  }
+  cluster.sync();  // every tile's row maxima are visible to the cluster
+
+  // ---- softmax of tile r with the running max of tiles < r ----
+  if (tid < 64 && rank < ntiles) {
+    float m_run = -INFINITY;
+    for (int t = 0; t < rank; ++t) m_run = fmaxf(m_run, *cluster.map_shared_rank(mx_a + t * 16 + sm_row, t));
+    const float m_new = fmaxf(m_run, mx_a[rank * 16 + sm_row]);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: avoid inf - inf
+    const float sum = mla_row_p(s, sm_q, my_nv, m_use, Pa + (rank * 16 + sm_row) * kMlaPStride + sm_q * 16);
+    if (sm_q == 0) {
+      al_a[rank * 16 + sm_row] = expf(m_run - m_use);  // 0 on the split's first tile
+      su_a[rank * 16 + sm_row] = sum;
+    }
+  }
+  cluster.sync();  // every tile's P, alpha and sum are visible to the cluster
+
+  // Copy the other tiles' P (16 rows x 64 bf16 = 128 16-byte chunks per tile), maxima, alphas
+  // and sums into this block's shared memory.
+  for (int i = tid; i < ntiles * 128; i += kMlaTcThreads) {
+    const int t = i >> 7, r = (i >> 3) & 15, c = (i & 7) * 8;
+    if (t == rank) continue;
+    uint16_t* dst = Pa + (t * 16 + r) * kMlaPStride + c;
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(cluster.map_shared_rank(dst, t));
+  }
+  for (int i = tid; i < ntiles * 48; i += kMlaTcThreads) {
+    const int t = i / 48, a = (i % 48) / 16, r = i % 16;
+    if (t == rank) continue;
+    float* dst = (a == 0 ? mx_a : a == 1 ? al_a : su_a) + t * 16 + r;
+    *dst = *cluster.map_shared_rank(dst, t);
+  }
+  cp_async_wait<0>();
+  cluster.sync();  // copies done (no block leaves while another reads it) and visible in the block
+  float m_fin = -INFINITY;
+  if (tid < 16) {  // the walk's l and final m of row tid
+    float l = 0.0f;
+    for (int t = 0; t < ntiles; ++t) {
+      l = __fmaf_rn(l, al_a[t * 16 + tid], su_a[t * 16 + tid]);
+      m_fin = fmaxf(m_fin, mx_a[t * 16 + tid]);
+    }
+    l_s[tid] = l;
+  }
+
+  // ---- phase 2: columns c0 + 16 warp .. + 16 over all tiles, ascending ----
+  const int d0 = c0 + 16 * warp;
+  float o[2][4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+  if (d0 < dcols) {
+    for (int t = 0; t < ntiles; ++t) {
+      const float a_lo = al_a[t * 16 + (lane >> 2)], a_hi = al_a[t * 16 + (lane >> 2) + 8];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        o[nt][0] *= a_lo;
+        o[nt][1] *= a_lo;
+        o[nt][2] *= a_hi;
+        o[nt][3] *= a_hi;
+      }
+      const int ksteps = (min(kMlaTile, send - (j0 + t * kMlaTile)) + 15) / 16;
+      const uint16_t* C = Cl + t * kMlaTile * kMlaSliceStride;
+      const uint16_t* P = Pa + t * 16 * kMlaPStride;
+      for (int ks = 0; ks < ksteps; ++ks) {
+        uint32_t b[4], a[4];
+        ldsm_x4_trans(b, C + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kMlaSliceStride + 16 * warp +
+                             (lane >> 4) * 8);
+        ldsm_x4(a, P + ((lane & 7) + ((lane >> 3) & 1) * 8) * kMlaPStride + ks * 16 + (lane >> 4) * 8);
+        mma_bf16(o[0], a, b[0], b[1]);
+        if (d0 + 8 < dcols) mma_bf16(o[1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // ---- epilogue (the walk's) ----
+  const bool direct = len <= p.S;  // the query has exactly one split
+  if (!direct && rank == 0 && tid < p.heads) {
+    const int64_t base = ((int64_t(qi) * p.max_splits + split) * p.heads + tid) * 2;
+    p.ws_ml[base] = m_fin;
+    p.ws_ml[base + 1] = l_s[tid];
+  }
+  __syncthreads();  // l_s
+  if (d0 < dcols) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = (lane >> 2) + half * 8;
+      if (h >= p.heads) continue;
+      const float l = l_s[h];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int d = d0 + nt * 8 + 2 * (lane & 3);
+        const float v0 = o[nt][half * 2], v1 = o[nt][half * 2 + 1];
+        if (direct) {
+          uint16_t* dst = p.out + (int64_t(qi) * p.heads + h) * p.latent + d;
+          if (d < p.latent) dst[0] = f2bf_out(v0 / l);
+          if (d + 1 < p.latent) dst[1] = f2bf_out(v1 / l);
+        } else {
+          float* dst = p.ws_acc + ((int64_t(qi) * p.max_splits + split) * p.heads + h) * kMlaAccStride + d;
+          if (d + 1 < p.latent)
+            *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+          else if (d < p.latent)
+            dst[0] = v0;
+        }
+      }
+    }
+  }
+#else
+  __trap();  // the host never launches it without sm_90 device code (mla_tc_cluster_probe_kernel)
+#endif
 }
 
 // Merge of the split partials of queries with more than one split (and zeros for length 0).
