@@ -16,7 +16,9 @@
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
 # PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, env ENVCMP_ARGS,
-# compared with the bench step's figures), notests (skip the test binaries). GTEST_ONLY=<filter> runs that filter of
+# compared with the bench step's figures), ncukernel (Nsight Compute sections of single launches
+# of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), notests (skip the test binaries).
+# PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
 # CMP_ARGS="--atlas-f32 ..." gives
@@ -334,7 +336,7 @@ open("/tmp/p128.jsonl","w").write("".join(json.dumps({"id":str(i),"ids":p})+"\n"
   for spec in ${PROFILE_SPECS:-b1:/tmp/p1.jsonl:1 b128:/tmp/p128.jsonl:128}; do
     IFS=: read -r name prompts batch <<<"$spec"
     t0=$(date +%s)
-    ATLAS_CUDA_GRAPHS=0 timeout ${PROFILE_TIMEOUT:-240} "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum \
+    ATLAS_CUDA_GRAPHS=0 timeout ${PROFILE_TIMEOUT:-240} "$NCU" --clock-control none --cache-control ${PROFILE_CACHE:-all} --csv --metrics gpu__time_duration.sum \
       $B/atlas generate --backend cuda --compute bf16 --model $lite --prompts "$prompts" --out /tmp/prof.jsonl \
       --max-new-tokens ${PROFILE_TOKENS:-3} --batch "$batch" ${PROFILE_ARGS:-} >"$out/ncu_$name.csv" 2>"$out/ncu_$name.err"
     echo "   $name rc=$? in $(( $(date +%s) - t0 )) s"
@@ -371,6 +373,23 @@ open("/tmp/p1.jsonl","w").write(json.dumps({"id":"d","ids":d["decode_prompt"]})+
     --out /tmp/prof.jsonl --max-new-tokens 4 --batch $mb >"$out/ncu_mla.txt" 2>&1
   echo "   rc=$?"
   grep -E "Grid Size|Duration|Stall|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Compute \(SM\)|Block Limit|L2 Hit|Warp Cycles Per Issued|Dynamic Shared|spends" "$out/ncu_mla.txt" | head -30
+fi
+if has ncukernel; then
+  # Nsight Compute sections of single kernel launches of a batch-1 generation over the bench's
+  # decode prompt, graphs off: NCU_KERNELS="regex:skip ..." (skip = launches of that regex to
+  # pass over first, so a decode step's launch can be picked).
+  echo "== ncu sections of batch-1 generation launches"
+  [[ -f /tmp/p1.jsonl ]] || { $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); open("/tmp/p1.jsonl","w").write(json.dumps({"id":"d","ids":d["decode_prompt"]})+"\n")' "$out/prompts.json"; }
+  for spec in ${NCU_KERNELS:-gemm_mma_kernel:229}; do
+    IFS=: read -r kre skip <<<"$spec"
+    f="$out/ncu_kernel_${kre//[^A-Za-z0-9_]/_}_$skip.txt"
+    ATLAS_CUDA_GRAPHS=0 timeout 200 "$NCU" --clock-control none --kernel-name regex:"$kre" --launch-skip "$skip" --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+      $B/atlas generate --backend cuda --compute bf16 --model $lite --prompts /tmp/p1.jsonl --out /tmp/prof.jsonl --max-new-tokens 3 --batch 1 >"$f" 2>&1
+    echo "   $kre skip $skip rc=$?"
+    grep -E "^  [a-z_]+.*\(|Grid Size|Duration|Registers Per|Achieved Occupancy|Memory Throughput|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Warp|No Eligible|Dynamic Shared|spends|L2 Hit" "$f" | head -24
+  done
 fi
 if has compare; then
   echo "== full-size comparison with transformers"

@@ -572,6 +572,9 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   }
   set_device(opts.device);
   s_ = stream_create();
+  // The tile-parallel MLA kernel's one-time setup synchronises the device: here, never inside
+  // the decode step's graph capture.
+  if (mla_tile_parallel_ == 0) (void)mla_tile_parallel_available();
   if (side_on_) {
     side_ = stream_create();
     fork_ = event_create();
