@@ -309,15 +309,16 @@ TEST_F(Moe, BadExpertIdIsReported) {
   EXPECT_THROW(check_device_errors(), Error);
 }
 
-// moe_route (one launch for 1-8 tokens, else the two calls) against router() then
-// moe_permute() on the same logits: every output bit for bit, greedy and group-limited, with
-// and without the scores, at token counts on both sides of the fused path's bound.
+// moe_route (one launch for 1-8 tokens, else the two calls; up to 32 pairs permuted by one warp)
+// against router() then moe_permute() on the same logits: every output bit for bit, greedy and
+// group-limited, with and without the scores, at token counts on both sides of the fused path's
+// bound and of the one-warp permutation's.
 TEST_F(Moe, RouteEqualsRouterThenPermute) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
   for (const RouterCase c : {RouterCase{64, 6, TopkMethod::greedy, 1, 1, true, 1.0f},  // Lite
                              RouterCase{160, 6, TopkMethod::group_limited_greedy, 8, 3, false, 16.0f}}) {
-    for (int T : {1, 3, kMoeRouteFusedMaxTokens, kMoeRouteFusedMaxTokens + 1, 300}) {
+    for (int T : {1, 3, 5, 6, kMoeRouteFusedMaxTokens, kMoeRouteFusedMaxTokens + 1, 300}) {  // (<= 5: one warp)
       const int E = c.experts, k = c.k;
       const size_t P = size_t(T) * k;
       const auto logits = random_f32(size_t(T) * E, rng, 2.0f);

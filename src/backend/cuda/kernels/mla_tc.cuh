@@ -694,62 +694,96 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
 #endif
 }
 
+// One (query, head) item of the merge, 4 latent columns from d per thread.
+__device__ __forceinline__ void mla_merge_item(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+                                               const int32_t* __restrict__ lengths, int heads, int latent, int S,
+                                               int max_splits, uint16_t* __restrict__ out, int64_t item, int d) {
+  const int row = int(item / heads), h = int(item % heads);
+  const int len = lengths[row];
+  uint16_t* o_dst = out + (int64_t(row) * heads + h) * latent;
+  if (len == 0) {  // a query that sees no key (padding): output 0, as the CPU backend
+    for (int e = 0; e < 4; ++e)
+      if (d + e < latent) o_dst[d + e] = 0;
+    return;
+  }
+  const int n = (len + S - 1) / S;  // > 1: one split was written by the split kernel
+  const float* ml = ws_ml + (int64_t(row) * max_splits * heads + h) * 2;
+  const int64_t ml_step = int64_t(heads) * 2;
+  float M = -INFINITY;
+  for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * ml_step]);
+  if (d >= latent) return;
+  const float* acc = ws_acc + (int64_t(row) * max_splits * heads + h) * kMlaAccStride + d;
+  const int64_t acc_step = int64_t(heads) * kMlaAccStride;
+  float L = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+  for (int s0 = 0; s0 < n; s0 += 8) {
+    // Loads first (independent of the chain), then the fixed ascending fmaf chain.
+    float4 v[8];
+    float mm[8], ll[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (s0 + i < n) {
+        v[i] = *reinterpret_cast<const float4*>(acc + (s0 + i) * acc_step);
+        mm[i] = ml[(s0 + i) * ml_step];
+        ll[i] = ml[(s0 + i) * ml_step + 1];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (s0 + i < n) {
+        const float f = expf(mm[i] - M);
+        L = __fmaf_rn(ll[i], f, L);
+        o0 = __fmaf_rn(v[i].x, f, o0);
+        o1 = __fmaf_rn(v[i].y, f, o1);
+        o2 = __fmaf_rn(v[i].z, f, o2);
+        o3 = __fmaf_rn(v[i].w, f, o3);
+      }
+    }
+  }
+  const float r[4] = {o0, o1, o2, o3};
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (d + e < latent) o_dst[d + e] = f2bf_out(r[e] / L);
+}
+
 // Merge of the split partials of queries with more than one split (and zeros for length 0).
-// One (query, head) per block iteration, 4 latent columns per thread.
+// One (query, head) per block iteration, 4 latent columns per thread. Block b's items are b,
+// b + gridDim.x, ...; it reads the lengths of 128 of them at once (one per thread) and works
+// through the ones with work, in ascending order: a prefill's items are nearly all one-split
+// queries, which had cost one dependent length read each (131 us per launch on average in
+// session 11's traced-prefill profile, ~75 items per block).
 __global__ void __launch_bounds__(kMlaMergeThreads)
 mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                     const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
                     int max_splits, uint16_t* __restrict__ out) {
   pdl_begin();
-  const int d = 4 * threadIdx.x;
-  for (int64_t item = blockIdx.x; item < int64_t(rows) * heads; item += gridDim.x) {
-    const int row = int(item / heads), h = int(item % heads);
-    const int len = lengths[row];
-    if (len < 0 || len > max_length) continue;  // reported by the split kernel
-    uint16_t* o_dst = out + (int64_t(row) * heads + h) * latent;
-    if (len == 0) {  // a query that sees no key (padding): output 0, as the CPU backend
-      for (int e = 0; e < 4; ++e)
-        if (d + e < latent) o_dst[d + e] = 0;
-      continue;
+  __shared__ int s_cnt[kMlaMergeThreads / 32];
+  __shared__ int s_list[kMlaMergeThreads];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int d = 4 * tid;
+  const int64_t items = int64_t(rows) * heads, stride = gridDim.x;
+  for (int64_t c0 = blockIdx.x; c0 < items; c0 += stride * kMlaMergeThreads) {
+    const int64_t mine = c0 + int64_t(tid) * stride;
+    bool need = false;
+    if (mine < items) {
+      const int len = lengths[mine / heads];  // bad lengths: reported by the split kernel
+      need = len >= 0 && len <= max_length && (len == 0 || len > S);
     }
-    const int n = (len + S - 1) / S;
-    if (n == 1) continue;  // written by the split kernel
-    const float* ml = ws_ml + (int64_t(row) * max_splits * heads + h) * 2;
-    const int64_t ml_step = int64_t(heads) * 2;
-    float M = -INFINITY;
-    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * ml_step]);
-    if (d >= latent) continue;
-    const float* acc = ws_acc + (int64_t(row) * max_splits * heads + h) * kMlaAccStride + d;
-    const int64_t acc_step = int64_t(heads) * kMlaAccStride;
-    float L = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-    for (int s0 = 0; s0 < n; s0 += 8) {
-      // Loads first (independent of the chain), then the fixed ascending fmaf chain.
-      float4 v[8];
-      float mm[8], ll[8];
+    const unsigned ballot = __ballot_sync(0xffffffffu, need);
+    if (lane == 0) s_cnt[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, n_need = 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (s0 + i < n) {
-          v[i] = *reinterpret_cast<const float4*>(acc + (s0 + i) * acc_step);
-          mm[i] = ml[(s0 + i) * ml_step];
-          ll[i] = ml[(s0 + i) * ml_step + 1];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (s0 + i < n) {
-          const float f = expf(mm[i] - M);
-          L = __fmaf_rn(ll[i], f, L);
-          o0 = __fmaf_rn(v[i].x, f, o0);
-          o1 = __fmaf_rn(v[i].y, f, o1);
-          o2 = __fmaf_rn(v[i].z, f, o2);
-          o3 = __fmaf_rn(v[i].w, f, o3);
-        }
-      }
+    for (int w = 0; w < kMlaMergeThreads / 32; ++w) {
+      before += w < warp ? s_cnt[w] : 0;
+      n_need += s_cnt[w];
     }
-    const float r[4] = {o0, o1, o2, o3};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (d + e < latent) o_dst[d + e] = f2bf_out(r[e] / L);
+    if (need) s_list[before + __popc(ballot & ((1u << lane) - 1u))] = tid;
+    __syncthreads();
+    for (int i = 0; i < n_need; ++i) {
+      const int64_t item = c0 + int64_t(s_list[i]) * stride;
+      mla_merge_item(ws_acc, ws_ml, lengths, heads, latent, S, max_splits, out, item, d);
+    }
+    __syncthreads();  // s_cnt and s_list are rewritten for the next 128 items
   }
 }
 

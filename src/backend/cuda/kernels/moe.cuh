@@ -158,6 +158,51 @@ __device__ __forceinline__ void permute_one_chunk(const int32_t* __restrict__ id
   moe_scatter_rounds(ids, 0, tokens * k, k, E, run, run + E, sorted_token, pair_slot);
 }
 
+// The one-chunk permutation of at most 32 pairs by one warp, without block barriers (a batch-1
+// decode step: 6 pairs). Pair p (lane p) goes to offsets[e] plus the number of earlier pairs of
+// its expert, which is where one scatter round of one warp puts it (its rank among the
+// same-expert lanes); the counts are the histogram, the offsets its exclusive scan in expert
+// order. Integer results identical to permute_one_chunk's (tested); out-of-range ids flagged
+// (error bit 2) and not placed, as there. Every lane of the warp must call it.
+__device__ __forceinline__ void permute_one_warp(const int32_t* __restrict__ ids, int n, int k, int E,
+                                                 int32_t* __restrict__ counts, int32_t* __restrict__ offsets,
+                                                 int32_t* __restrict__ sorted_token, int32_t* __restrict__ pair_slot,
+                                                 int* error_flag) {
+  const unsigned full = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  int e = lane < n ? ids[lane] : -1;
+  if (lane < n && (e < 0 || e >= E)) {
+    atomicOr(error_flag, 2);
+    e = -1;
+  }
+  const unsigned same = __match_any_sync(full, e);
+  const int rank = __popc(same & ((1u << lane) - 1u));
+  int carry = 0, my_offset = 0;
+  for (int x0 = 0; x0 <= E; x0 += 32) {  // experts x0 + lane; offsets has E + 1 entries
+    const int x = x0 + lane;
+    int c = 0;
+    for (int q = 0; q < n; ++q) c += __shfl_sync(full, e, q) == x ? 1 : 0;
+    int incl = c;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(full, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const int excl = carry + incl - c;
+    if (x < E) counts[x] = c;
+    if (x <= E) offsets[x] = excl;
+    const bool here = e >= x0 && e < x0 + 32;
+    const int o = __shfl_sync(full, excl, here ? e - x0 : lane);
+    if (here) my_offset = o;
+    carry += __shfl_sync(full, incl, 31);
+  }
+  if (e >= 0) {
+    const int pos = my_offset + rank;
+    sorted_token[pos] = lane / k;
+    pair_slot[lane] = pos;
+  }
+}
+
 // Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
 __global__ void __launch_bounds__(kMoeChunk)
 moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E, int32_t* __restrict__ counts,
@@ -171,7 +216,9 @@ moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k,
 // The router and the permutation of its routes in one launch, for a few tokens (a batch-1 or
 // small-batch decode step): warp w routes tokens w, w + 8, ... exactly as router_kernel does
 // (route_token), the block barrier makes their ids visible, then the one-chunk permutation runs
-// as moe_permute_one_chunk_kernel does. The same results as the two launches, one launch fewer.
+// as moe_permute_one_chunk_kernel does (up to 32 pairs: by one warp, permute_one_warp; its block
+// barriers were most of a batch-1 launch's 8.5 us, Nsight session 12). The same results as the
+// two launches, one launch fewer.
 constexpr int kRoutePermuteWarps = kMoeChunk / 32;
 struct RoutePermuteParams {
   const float* logits;
@@ -197,6 +244,12 @@ __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePer
                 q.norm_topk_prob, q.scaling, sp[warp], scand[warp], sw[warp], lane);
   }
   __syncthreads();  // every token's ids written (global writes of this block, visible after it)
+  if (q.tokens * q.k <= 32) {  // (block-uniform) a warp's worth of pairs: no block barriers
+    if (warp == 0)
+      permute_one_warp(q.ids, q.tokens * q.k, q.k, q.E, q.counts, q.offsets, q.sorted_token, q.pair_slot,
+                       q.error_flag);
+    return;
+  }
   permute_one_chunk(q.ids, q.tokens, q.k, q.E, q.counts, q.offsets, q.sorted_token, q.pair_slot, q.error_flag,
                     permute_smem);
 }
