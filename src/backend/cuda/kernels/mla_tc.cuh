@@ -747,10 +747,11 @@ __device__ __forceinline__ void mla_merge_item(const float* __restrict__ ws_acc,
 
 // Merge of the split partials of queries with more than one split (and zeros for length 0).
 // One (query, head) per block iteration, 4 latent columns per thread. Block b's items are b,
-// b + gridDim.x, ...; it reads the lengths of 128 of them at once (one per thread) and works
-// through the ones with work, in ascending order: a prefill's items are nearly all one-split
-// queries, which had cost one dependent length read each (131 us per launch on average in
-// session 11's traced-prefill profile, ~75 items per block).
+// b + gridDim.x, ...; with more than one, it reads the lengths of 128 of them at once (one per
+// thread) and works through the ones with work, in ascending order: a prefill's items are
+// nearly all one-split queries, which had cost one dependent length read each (131 us per
+// launch on average in session 11's traced-prefill profile, ~75 items per block). A decode
+// step (one item per block) skips the list: its barriers cost ~0.9 us per launch at batch 1.
 __global__ void __launch_bounds__(kMlaMergeThreads)
 mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                     const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
@@ -761,6 +762,12 @@ mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int d = 4 * tid;
   const int64_t items = int64_t(rows) * heads, stride = gridDim.x;
+  if (items <= stride) {  // (launch-uniform) one item per block, a decode step: no list
+    const int len = lengths[blockIdx.x / heads];
+    if (len >= 0 && len <= max_length && (len == 0 || len > S))
+      mla_merge_item(ws_acc, ws_ml, lengths, heads, latent, S, max_splits, out, blockIdx.x, d);
+    return;
+  }
   for (int64_t c0 = blockIdx.x; c0 < items; c0 += stride * kMlaMergeThreads) {
     const int64_t mine = c0 + int64_t(tid) * stride;
     bool need = false;
