@@ -39,6 +39,8 @@
 //   softmax: 4 threads per MMA row (the fixed l order above), P to shared memory as bf16;
 //   phase 2: O[16G, latent] += P . C[:, :latent]: warp w owns latent columns [64w, 64w+64)
 //            for all G queries (accumulators stay in registers across the split).
+// Small decode batches run mla_tc_cluster_kernel (below) instead: the same numbers, a split's
+// four tiles spread over a cluster of four blocks.
 // (Session 9: the cache tiles through the bulk-copy engine, one copy per slot row on a per-stage
 // mbarrier, commit c0834d7: same bits, no gain: batch 1 at 512 slots 30.1 us against session 8's
 // 29.9 with cp.async, end to end within noise in the same run; Nsight 10.4
@@ -225,6 +227,24 @@ __device__ __forceinline__ float mla_row_p(const float (&s)[16], int q, int nv, 
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // (q0 + q1), (q2 + q3)
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // (q0 + q1) + (q2 + q3)
   return sum;
+}
+
+// The epilogue's store of latent columns d, d + 1 of query qi, head h (both kernels): bf16(v / l)
+// into the output when the query has one split (direct), else the fp32 partials into the merge's
+// workspace.
+__device__ __forceinline__ void mla_store_pair(const MlaTcParams& p, int qi, int split, int h, int d, float v0,
+                                               float v1, float l, bool direct) {
+  if (direct) {
+    uint16_t* dst = p.out + (int64_t(qi) * p.heads + h) * p.latent + d;
+    if (d < p.latent) dst[0] = f2bf_out(v0 / l);
+    if (d + 1 < p.latent) dst[1] = f2bf_out(v1 / l);
+  } else {
+    float* dst = p.ws_acc + ((int64_t(qi) * p.max_splits + split) * p.heads + h) * kMlaAccStride + d;
+    if (d + 1 < p.latent)
+      *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+    else if (d < p.latent)
+      dst[0] = v0;
+  }
 }
 
 // kVec: width % 8 == 0 and 16-byte aligned q / cache rows (the host checks): 16-byte cp.async
@@ -448,18 +468,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt) {
             const int d = d0 + nt * 8 + 2 * (lane & 3);
-            const float v0 = o[g][nt][half * 2], v1 = o[g][nt][half * 2 + 1];
-            if (direct) {
-              uint16_t* dst = p.out + (int64_t(qi) * p.heads + h) * p.latent + d;
-              if (d < p.latent) dst[0] = f2bf_out(v0 / l);
-              if (d + 1 < p.latent) dst[1] = f2bf_out(v1 / l);
-            } else {
-              float* dst = p.ws_acc + ((int64_t(qi) * p.max_splits + split) * p.heads + h) * kMlaAccStride + d;
-              if (d + 1 < p.latent)
-                *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-              else if (d < p.latent)
-                dst[0] = v0;
-            }
+            mla_store_pair(p, qi, split, h, d, o[g][nt][half * 2], o[g][nt][half * 2 + 1], l, direct);
           }
         }
       }
@@ -674,18 +683,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int d = d0 + nt * 8 + 2 * (lane & 3);
-        const float v0 = o[nt][half * 2], v1 = o[nt][half * 2 + 1];
-        if (direct) {
-          uint16_t* dst = p.out + (int64_t(qi) * p.heads + h) * p.latent + d;
-          if (d < p.latent) dst[0] = f2bf_out(v0 / l);
-          if (d + 1 < p.latent) dst[1] = f2bf_out(v1 / l);
-        } else {
-          float* dst = p.ws_acc + ((int64_t(qi) * p.max_splits + split) * p.heads + h) * kMlaAccStride + d;
-          if (d + 1 < p.latent)
-            *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-          else if (d < p.latent)
-            dst[0] = v0;
-        }
+        mla_store_pair(p, qi, split, h, d, o[nt][half * 2], o[nt][half * 2 + 1], l, direct);
       }
     }
   }
