@@ -126,6 +126,13 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   const int wp = (width + 15) / 16 * 16;
   const bool vec = width % 8 == 0 && a.cache_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(a.latent_cache) % 16 == 0;
+  // (Host checks before anything touches the device: the error flag below is a device buffer.)
+  require(a.tile_parallel >= 0 && a.tile_parallel <= 2, op, "tile_parallel",
+          "must be 0 (auto), 1 (off) or 2 (on), got " + std::to_string(a.tile_parallel));
+  const bool tp_fits = G == 1 && vec && a.split_tokens == kern::kMlaTile * kern::kMlaClusterTiles;
+  require(a.tile_parallel != 2 || (tp_fits && tile_parallel_setup()), op, "tile_parallel",
+          "2 needs one query per block, split_tokens 256, width % 8 == 0, 16-byte aligned q and cache rows "
+          "and a GPU with cluster launch (mla_tile_parallel_available())");
   const int64_t acc_floats = int64_t(a.rows) * max_splits * a.heads * kern::kMlaAccStride;
   const kern::MlaTcParams p{.q = a.q,
                             .cache = a.latent_cache,
@@ -152,12 +159,6 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   // Tile-parallel: each of those blocks becomes a cluster of 4 (one tile of the split each);
   // automatic where the clusters fit the SMs in one wave (decode batches up to ~16 rows at two
   // splits), where the walk leaves most SMs idle and each block runs its tiles one by one.
-  require(a.tile_parallel >= 0 && a.tile_parallel <= 2, op, "tile_parallel",
-          "must be 0 (auto), 1 (off) or 2 (on), got " + std::to_string(a.tile_parallel));
-  const bool tp_fits = G == 1 && vec && a.split_tokens == kern::kMlaTile * kern::kMlaClusterTiles;
-  require(a.tile_parallel != 2 || (tp_fits && tile_parallel_setup()), op, "tile_parallel",
-          "2 needs one query per block, split_tokens 256, width % 8 == 0, 16-byte aligned q and cache rows "
-          "and a GPU with cluster launch (mla_tile_parallel_available())");
   const bool tp = a.tile_parallel == 2 ||
                   (a.tile_parallel == 0 && tp_fits && blocks * kern::kMlaClusterTiles <= sm_count() &&
                    tile_parallel_setup());
