@@ -24,6 +24,9 @@ inline void require(bool ok, const char* op, const char* field, const std::strin
 // Whether the loaded device code has a feature (an sm_90 kernel in a build for older GPUs too):
 // the probe kernel writes 1 (has it) or 0. Synchronises: call once, outside any capture.
 bool probe_device_code(void (*probe)(int*), const char* what);
+// Whether the device can place at least one cluster of cluster_x blocks of `kernel` (threads per
+// block, dynamic shared memory bytes); cudaOccupancyMaxActiveClusters, a refusal being an answer.
+bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem);
 
 // One device int per device, set by kernels that find bad data they cannot reject on the host
 // (out-of-range positions, expert ids, cache lengths); read by check_device_errors().

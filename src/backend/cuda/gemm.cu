@@ -249,33 +249,18 @@ struct GemmSetup {
   std::array<int, kConfigs.size()> cluster_sizes{};
 };
 
-
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
-// device (cudaOccupancyMaxActiveClusters > 0 for both output types); 0 if none does.
+// device (cluster_fits for both output types); 0 if none does.
 int max_cluster_blocks(const TileConfig& c) {
   int fits = kern::kClusterMax;
   for (KernelFn f : {c.fn[0][1][0], c.fn[1][1][0]}) {
     check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
                "gemm", "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
-    for (int cs = 1; cs <= fits; ++cs) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(cs), 1, 1);
-      cfg.blockDim = dim3(unsigned(c.threads), 1, 1);
-      cfg.dynamicSmemBytes = size_t(c.smem);
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = unsigned(cs);
-      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(f), &cfg) != cudaSuccess ||
-          clusters < 1) {
-        (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+    for (int cs = 1; cs <= fits; ++cs)
+      if (!cluster_fits(reinterpret_cast<const void*>(f), cs, c.threads, c.smem)) {
         fits = cs - 1;
         break;
       }
-    }
   }
   return fits;
 }
@@ -1041,6 +1026,25 @@ bool probe_device_code(void (*probe)(int*), const char* what) {
   cudaFree(flag);
   check_cuda(e, what, "probe kernel");
   return have == 1;
+}
+
+bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(cluster_x), 1, 1);
+  cfg.blockDim = dim3(unsigned(threads), 1, 1);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(cluster_x);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+    return false;
+  }
+  return clusters > 0;
 }
 
 }  // namespace detail

@@ -97,22 +97,8 @@ bool tile_parallel_setup() {
     const int smem = kern::mla_tc_cluster_smem_bytes(kMlaWidthMax);
     check_cuda(cudaFuncSetAttribute(kern::mla_tc_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "mla_decode", "cudaFuncSetAttribute");
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(kern::kMlaClusterTiles, 1, 1);
-    cfg.blockDim = dim3(kern::kMlaTcThreads, 1, 1);
-    cfg.dynamicSmemBytes = size_t(smem);
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = kern::kMlaClusterTiles;
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kern::mla_tc_cluster_kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();  // a device that cannot place it is an answer, not an error
-      return false;
-    }
-    return clusters > 0;
+    return cluster_fits(reinterpret_cast<const void*>(kern::mla_tc_cluster_kernel), kern::kMlaClusterTiles,
+                        kern::kMlaTcThreads, smem);
   }();
   return ok;
 }
@@ -159,10 +145,10 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   // Tile-parallel: each of those blocks becomes a cluster of 4 (one tile of the split each);
   // automatic where the clusters fit the SMs in one wave (decode batches up to ~16 rows at two
   // splits), where the walk leaves most SMs idle and each block runs its tiles one by one.
+  const int sms = sm_count();
   const bool tp = a.tile_parallel == 2 ||
-                  (a.tile_parallel == 0 && tp_fits && blocks * kern::kMlaClusterTiles <= sm_count() &&
-                   tile_parallel_setup());
-  const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sm_count()) ? 1 : 2);
+                  (a.tile_parallel == 0 && tp_fits && blocks * kern::kMlaClusterTiles <= sms && tile_parallel_setup());
+  const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sms) ? 1 : 2);
   if (tp) {
     launch_clustered(unsigned(kern::kMlaClusterTiles), kern::mla_tc_cluster_kernel,
                      dim3(unsigned(a.rows * kern::kMlaClusterTiles), unsigned(max_splits)), kern::kMlaTcThreads,
@@ -221,8 +207,8 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
 }  // namespace
 
 void mla_decode(const MlaDecodeArgs& a) { mla_decode_impl(a); }
-bool mla_tile_parallel_available() { return tile_parallel_setup(); }
 void mla_decode(const MlaDecodeArgsT<float>& a) { mla_decode_impl(a); }
+bool mla_tile_parallel_available() { return tile_parallel_setup(); }
 
 template <class T>
 void mla_pattern_impl(const MlaPatternArgsT<T>& a) {
