@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/gemm_cluster.cuh"
+#include "backend/cuda/kernels/gemm_stream.cuh"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
 #include "backend/cuda/kernels/gemm_tma.cuh"
@@ -89,6 +90,11 @@ using CfgTma192 = kern::TmaTile<3>;
 // Split-K (M <= 16 / decode): 16 rows x 8*NI columns, 8 warps on different K slices.
 using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
+// Weight streaming (at most 8 rows per tile, kernels/gemm_stream.cuh): one 8 x 8 tile per warp
+// at a time, per-warp rings of 4 KB K slices, persistent blocks with even shares.
+//                                  warps stages   smem    blocks per SM
+using CfgSt8 = kern::StreamTile<8, 6>;  // 192 KB  1
+using CfgSt4 = kern::StreamTile<4, 6>;  //  96 KB  2 (room for a concurrent kernel's blocks)
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -102,6 +108,7 @@ struct TileConfig {
   bool grouped_only = false;  // never picked by choose_config (the grouped rule or a forced run may)
   bool cluster = false;  // one block per K slice in clusters (needs sm_90 code and K <= 16 slices)
   bool tma = false;      // gemm_tma_kernel<CfgTma192> where it can run, else fn (the cp.async wgmma kernel)
+  bool stream = false;   // persistent weight streaming: a grid of blocks per SM, not per tile
 };
 
 constexpr TileConfig grouped_only(TileConfig c) {
@@ -118,6 +125,13 @@ constexpr TileConfig async_only_config(const char* name, KernelFn bf16_out, Kern
     c.fn[0][1][h] = bf16_out;
     c.fn[1][1][h] = f32_out;
   }
+  return c;
+}
+
+template <class T>
+constexpr TileConfig make_stream_config(const char* name) {
+  TileConfig c = async_only_config<T>(name, kern::gemm_stream_kernel<T, false>, kern::gemm_stream_kernel<T, true>);
+  c.stream = true;
   return c;
 }
 
@@ -183,7 +197,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 24> kConfigs = {
+constexpr std::array<TileConfig, 26> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -200,7 +214,8 @@ constexpr std::array<TileConfig, 24> kConfigs = {
     make_cluster_config<CfgC16>("c16x64/4w"),
     sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices"),
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
-    grouped_only(make_config<CfgG16N128, false>("16x128x64/4"))};
+    grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
+    make_stream_config<CfgSt8>("stream8x8/8w6"), make_stream_config<CfgSt4>("stream8x8/4w6")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -224,6 +239,8 @@ constexpr int kClusterFallback = config_index("64x64x64/4");  // a cluster confi
 constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_index("c64x64/4w"),
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
+constexpr int kStream8 = config_index("stream8x8/8w6"), kStream4 = config_index("stream8x8/4w6");
+static_assert(kStream8 >= 0 && kStream4 >= 0, "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
@@ -247,6 +264,11 @@ struct GemmSetup {
   // device (cudaOccupancyMaxActiveClusters > 0, both output types); 0: not a cluster config, or
   // no cluster launch here (device without it, or device code built for an older arch).
   std::array<int, kConfigs.size()> cluster_sizes{};
+  // stream_blocks[i]: blocks per SM of stream config i (its persistent grid); 0 otherwise.
+  std::array<int, kConfigs.size()> stream_blocks{};
+  // The stream config the automatic choice picks for decode-sized problems (stream_config());
+  // -1: none. ATLAS_GEMM_STREAM: unset or "4" stream8x8/4w6, "8" stream8x8/8w6, "0" none.
+  int stream_choice = -1;
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -294,6 +316,21 @@ const GemmSetup& setup() {
         g.encode_map = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
       (void)cudaGetLastError();  // a driver without it is an answer (the cp.async kernel runs), not an error
     }
+    for (size_t i = 0; i < kConfigs.size(); ++i) {
+      if (!kConfigs[i].stream) continue;
+      int per_sm = 0;
+      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kConfigs[i].fn[0][1][0], kConfigs[i].threads,
+                                                               size_t(kConfigs[i].smem)),
+                 "gemm", "cudaOccupancyMaxActiveBlocksPerMultiprocessor (stream config)");
+      g.stream_blocks[i] = std::max(per_sm, 1);
+    }
+    const std::string stream_env = std::getenv("ATLAS_GEMM_STREAM") ? std::getenv("ATLAS_GEMM_STREAM") : "";
+    if (stream_env.empty() || stream_env == "4")
+      g.stream_choice = kStream4;
+    else if (stream_env == "8")
+      g.stream_choice = kStream8;
+    else if (stream_env != "0")
+      throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0, 4 or 8, got '" + stream_env + "'");
     const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
     g.tma_persistent = !(persistent_env && std::string(persistent_env) == "0");
     if (g.encode_map)
@@ -349,7 +386,8 @@ int choose_config(int64_t m_per_problem, int N, TilesOf tiles_of, int sm_count) 
   if (cap == 16) return kSplitK8;
   for (int i = 0; i < int(kConfigs.size()); ++i) {
     const TileConfig& c = kConfigs[size_t(i)];
-    if (c.splitk || c.sliced || c.grouped_only || c.cluster || c.bm > cap || c.bm == 16 || (c.wgmma && !wgmma_ok))
+    if (c.splitk || c.sliced || c.grouped_only || c.cluster || c.stream || c.bm > cap || c.bm == 16 ||
+        (c.wgmma && !wgmma_ok))
       continue;
     if (ceil_div(N, c.bn) * tiles_of(c.bm) >= int64_t(sm_count) * 3 / 4) return i;
   }
@@ -582,6 +620,13 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     // four warps instead (session 8, batch-1 decode: that GEMM 10.5 us per layer on split-K).
     ci = kTiled16;
   }
+  if (forced_config.load() < 0 && async && a.M <= 8 && setup().stream_choice >= 0 &&
+      ceil_div(a.N, 8) * a.batch >= setup().sm_count) {
+    // At most 8 rows and an 8-column tile for every SM at least (batch-1 decode's projections,
+    // the shared experts, the LM head; not the router's 64 columns): weight streaming
+    // (kernels/gemm_stream.cuh).
+    ci = setup().stream_choice;
+  }
   ci = cluster_or_fallback(ci, a.K);
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
@@ -619,6 +664,8 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // of 1 token (6 rows) 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
     ci = a.max_rows > 16 ? grouped_many_config() : kGroupedFew;
+  // At most 8 rows in all (a batch-1 decode step's experts, one row each): weight streaming.
+  if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_choice >= 0) ci = setup().stream_choice;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   ci = cluster_or_fallback(ci, a.K);
@@ -631,7 +678,14 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
                 bool async, bool rows8, int cluster, cudaStream_t stream) {
   const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
-  if (c.cluster)
+  if (c.stream) {
+    // Persistent: every block takes an even share of the tiles (dense: the batch flattened).
+    kern::MmaGemmParams q = p;
+    q.tiles_total = int(tiles * batch);
+    const int64_t per_sm = setup().stream_blocks[size_t(&c - kConfigs.data())];
+    launch(f, dim3(unsigned(std::min<int64_t>(tiles * batch, int64_t(setup().sm_count) * per_sm))), c.threads, c.smem,
+           stream, q);
+  } else if (c.cluster)
     launch_clustered(unsigned(cluster), f, dim3(unsigned(tiles * cluster), 1, batch), c.threads, c.smem, stream, p);
   else
     launch(f, dim3(unsigned(tiles), 1, batch), c.threads, c.smem, stream, p);
