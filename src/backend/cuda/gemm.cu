@@ -93,8 +93,9 @@ using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: mor
 // Weight streaming (at most 8 rows per tile, kernels/gemm_stream.cuh): one 8 x 8 tile per warp
 // at a time, per-warp rings of 4 KB K slices, persistent blocks with even shares.
 //                                  warps stages   smem    blocks per SM
-using CfgSt8 = kern::StreamTile<8, 6>;  // 192 KB  1
-using CfgSt4 = kern::StreamTile<4, 6>;  //  96 KB  2 (room for a concurrent kernel's blocks)
+//                                     warps stages tile slots   smem    blocks per SM
+using CfgSt8 = kern::StreamTile<8, 6, 8>;  //  8    6       8        224 KB  1
+using CfgSt4 = kern::StreamTile<4, 5, 4>;  //  4    5       4         96 KB  2 (room for a concurrent kernel)
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -215,7 +216,7 @@ constexpr std::array<TileConfig, 26> kConfigs = {
     sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices"),
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
-    make_stream_config<CfgSt8>("stream8x8/8w6"), make_stream_config<CfgSt4>("stream8x8/4w6")};
+    make_stream_config<CfgSt8>("stream8x8/8w"), make_stream_config<CfgSt4>("stream8x8/4w")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -239,7 +240,7 @@ constexpr int kClusterFallback = config_index("64x64x64/4");  // a cluster confi
 constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_index("c64x64/4w"),
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
-constexpr int kStream8 = config_index("stream8x8/8w6"), kStream4 = config_index("stream8x8/4w6");
+constexpr int kStream8 = config_index("stream8x8/8w"), kStream4 = config_index("stream8x8/4w");
 static_assert(kStream8 >= 0 && kStream4 >= 0, "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
@@ -267,7 +268,7 @@ struct GemmSetup {
   // stream_blocks[i]: blocks per SM of stream config i (its persistent grid); 0 otherwise.
   std::array<int, kConfigs.size()> stream_blocks{};
   // The stream config the automatic choice picks for decode-sized problems (stream_config());
-  // -1: none. ATLAS_GEMM_STREAM: unset or "4" stream8x8/4w6, "8" stream8x8/8w6, "0" none.
+  // -1: none. ATLAS_GEMM_STREAM: unset or "4" stream8x8/4w, "8" stream8x8/8w, "0" none.
   int stream_choice = -1;
 };
 
@@ -362,8 +363,10 @@ int cluster_blocks(int ci, int K) {
   const int slices = int(ceil_div(K, kern::kSliceK));
   return kConfigs[size_t(ci)].cluster && slices <= setup().cluster_sizes[size_t(ci)] ? slices : 0;
 }
-// A cluster config that cannot run at this K runs an ordinary tiled one (same bits).
+// A cluster config that cannot run at this K runs an ordinary tiled one, a stream config past
+// kStreamMaxSlices the split-K kernel (same bits).
 int cluster_or_fallback(int ci, int K) {
+  if (kConfigs[size_t(ci)].stream) return ceil_div(K, kern::kSliceK) <= kern::kStreamMaxSlices ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
 }
