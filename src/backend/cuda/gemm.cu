@@ -93,9 +93,9 @@ using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: mor
 // Weight streaming (at most 8 rows per tile, kernels/gemm_stream.cuh): one 8 x 8 tile per warp
 // at a time, per-warp rings of 4 KB K slices, persistent blocks with even shares.
 //                                  warps stages   smem    blocks per SM
-//                                     warps stages tile slots   smem    blocks per SM
-using CfgSt8 = kern::StreamTile<8, 6, 8>;  //  8    6       8        224 KB  1
-using CfgSt4 = kern::StreamTile<4, 5, 4>;  //  4    5       4         96 KB  2 (room for a concurrent kernel)
+//                                     warps stages   smem    blocks per SM
+using CfgSt8 = kern::StreamTile<8, 6>;  //  8    6     192 KB  1
+using CfgSt4 = kern::StreamTile<4, 6>;  //  4    6      96 KB  2 (room for a concurrent kernel)
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -363,10 +363,8 @@ int cluster_blocks(int ci, int K) {
   const int slices = int(ceil_div(K, kern::kSliceK));
   return kConfigs[size_t(ci)].cluster && slices <= setup().cluster_sizes[size_t(ci)] ? slices : 0;
 }
-// A cluster config that cannot run at this K runs an ordinary tiled one, a stream config past
-// kStreamMaxSlices the split-K kernel (same bits).
+// A cluster config that cannot run at this K runs an ordinary tiled one (same bits).
 int cluster_or_fallback(int ci, int K) {
-  if (kConfigs[size_t(ci)].stream) return ceil_div(K, kern::kSliceK) <= kern::kStreamMaxSlices ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
 }
