@@ -94,8 +94,8 @@ using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: mor
 // at a time, per-warp rings of 4 KB K slices, persistent blocks with even shares.
 //                                  warps stages   smem    blocks per SM
 //                                     warps stages   smem    blocks per SM
-using CfgSt8 = kern::StreamTile<8, 6>;  //  8    6     192 KB  1
-using CfgSt4 = kern::StreamTile<4, 6>;  //  4    6      96 KB  2 (room for a concurrent kernel)
+using CfgSt6 = kern::StreamTile<6, 4>;  //  6    4     198 KB  1
+using CfgSt3 = kern::StreamTile<3, 4>;  //  3    4      99 KB  2 (room for a concurrent kernel)
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -216,7 +216,7 @@ constexpr std::array<TileConfig, 26> kConfigs = {
     sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices"),
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
-    make_stream_config<CfgSt8>("stream8x8/8w"), make_stream_config<CfgSt4>("stream8x8/4w")};
+    make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -240,8 +240,8 @@ constexpr int kClusterFallback = config_index("64x64x64/4");  // a cluster confi
 constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_index("c64x64/4w"),
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
-constexpr int kStream8 = config_index("stream8x8/8w"), kStream4 = config_index("stream8x8/4w");
-static_assert(kStream8 >= 0 && kStream4 >= 0, "stream config names");
+constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("stream8x8/3w");
+static_assert(kStream6 >= 0 && kStream3 >= 0, "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
@@ -268,7 +268,7 @@ struct GemmSetup {
   // stream_blocks[i]: blocks per SM of stream config i (its persistent grid); 0 otherwise.
   std::array<int, kConfigs.size()> stream_blocks{};
   // The stream config the automatic choice picks for decode-sized problems (stream_config());
-  // -1: none. ATLAS_GEMM_STREAM: unset or "4" stream8x8/4w, "8" stream8x8/8w, "0" none.
+  // -1: none. ATLAS_GEMM_STREAM: unset or "3" stream8x8/3w, "6" stream8x8/6w, "0" none.
   int stream_choice = -1;
 };
 
@@ -326,12 +326,12 @@ const GemmSetup& setup() {
       g.stream_blocks[i] = std::max(per_sm, 1);
     }
     const std::string stream_env = std::getenv("ATLAS_GEMM_STREAM") ? std::getenv("ATLAS_GEMM_STREAM") : "";
-    if (stream_env.empty() || stream_env == "4")
-      g.stream_choice = kStream4;
-    else if (stream_env == "8")
-      g.stream_choice = kStream8;
+    if (stream_env.empty() || stream_env == "3")
+      g.stream_choice = kStream3;
+    else if (stream_env == "6")
+      g.stream_choice = kStream6;
     else if (stream_env != "0")
-      throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0, 4 or 8, got '" + stream_env + "'");
+      throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0, 3 or 6, got '" + stream_env + "'");
     const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
     g.tma_persistent = !(persistent_env && std::string(persistent_env) == "0");
     if (g.encode_map)
