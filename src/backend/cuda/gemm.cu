@@ -265,7 +265,8 @@ struct GemmSetup {
   // device (cudaOccupancyMaxActiveClusters > 0, both output types); 0: not a cluster config, or
   // no cluster launch here (device without it, or device code built for an older arch).
   std::array<int, kConfigs.size()> cluster_sizes{};
-  // stream_blocks[i]: blocks per SM of stream config i (its persistent grid); 0 otherwise.
+  // stream_blocks[i]: blocks per SM of stream config i (its persistent grid); 0 otherwise, or
+  // where this build's device code lacks the kernel (not sm_90a).
   std::array<int, kConfigs.size()> stream_blocks{};
   // The stream config the automatic choice picks for decode-sized problems (stream_config());
   // -1: none. ATLAS_GEMM_STREAM: unset or "3" stream8x8/3w, "6" stream8x8/6w, "0" none.
@@ -317,7 +318,8 @@ const GemmSetup& setup() {
         g.encode_map = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
       (void)cudaGetLastError();  // a driver without it is an answer (the cp.async kernel runs), not an error
     }
-    for (size_t i = 0; i < kConfigs.size(); ++i) {
+    const bool stream_code = probe_device_code(kern::gemm_stream_probe_kernel, "stream probe");
+    for (size_t i = 0; stream_code && i < kConfigs.size(); ++i) {
       if (!kConfigs[i].stream) continue;
       int per_sm = 0;
       check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kConfigs[i].fn[0][1][0], kConfigs[i].threads,
@@ -363,8 +365,10 @@ int cluster_blocks(int ci, int K) {
   const int slices = int(ceil_div(K, kern::kSliceK));
   return kConfigs[size_t(ci)].cluster && slices <= setup().cluster_sizes[size_t(ci)] ? slices : 0;
 }
-// A cluster config that cannot run at this K runs an ordinary tiled one (same bits).
+// A cluster config that cannot run at this K runs an ordinary tiled one, a stream config that
+// cannot (K % 16 != 0, no sm_90a device code) the split-K kernel (same bits).
 int cluster_or_fallback(int ci, int K) {
+  if (kConfigs[size_t(ci)].stream) return K % 16 == 0 && setup().stream_blocks[size_t(ci)] > 0 ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
 }
