@@ -160,6 +160,58 @@ TEST_F(Gemm, TensorCoreKernelIsExactOnIntegerDataInEveryConfig) {
   }
 }
 
+// The weight-streaming configs (kernels/gemm_stream.cuh) where they run (K % 16 == 0; elsewhere
+// they hand over to split-K): x rows past a tile's and weight rows past N come from stale shared
+// memory and must never reach the output; several 8-row tiles; one slice, an odd count, a short
+// last slice, sixteen; strided batches. Random data gives the split-K kernel's bits (the
+// contract), integer data the reference's.
+TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  struct Shape {
+    int M, N, K, batch;
+  };
+  const Shape shapes[] = {{1, 8, 16, 1},    {1, 33, 1408, 1},  {5, 40, 768, 1}, {8, 2048, 256, 1},
+                          {12, 72, 2048, 1}, {3, 17, 4096, 1}, {1, 100, 512, 3}, {2, 64, 128, 16}};
+  int split = -1;
+  std::vector<int> streams;
+  for (int c = 0; c < gemm_config_count(); ++c) {
+    if (gemm_config_name(c) == "splitk16x8/8w") split = c;
+    if (gemm_config_name(c).rfind("stream", 0) == 0) streams.push_back(c);
+  }
+  ASSERT_GE(split, 0);
+  ASSERT_FALSE(streams.empty());
+  for (const Shape& sh : shapes) {
+    const size_t xn = size_t(sh.batch) * sh.M * sh.K, wn = size_t(sh.batch) * sh.N * sh.K;
+    const size_t on = size_t(sh.batch) * sh.M * sh.N;
+    const auto x = random_bf16(xn, rng), w = random_bf16(wn, rng, 0.05f);
+    const auto xi = random_int_bf16(xn, rng), wi = random_int_bf16(wn, rng);
+    DevBuf<uint16_t> dx(x), dw(w), dxi(xi), dwi(wi);
+    const auto args = [&](const DevBuf<uint16_t>& ax, const DevBuf<uint16_t>& aw) {
+      return GemmArgs{.x = ax.get(), .w = aw.get(), .M = sh.M, .N = sh.N, .K = sh.K, .batch = sh.batch,
+                      .x_batch_stride = int64_t(sh.M) * sh.K, .w_batch_stride = int64_t(sh.N) * sh.K,
+                      .out_batch_stride = int64_t(sh.M) * sh.N};
+    };
+    std::vector<float> want_f;
+    std::vector<uint16_t> want_b;
+    {
+      ForceConfig force(split);
+      want_f = run<float>(args(dx, dw), on);
+      want_b = run<uint16_t>(args(dx, dw), on);
+    }
+    for (int c : streams) {
+      ForceConfig force(c);
+      SCOPED_TRACE(::testing::Message() << gemm_config_name(c) << " M=" << sh.M << " N=" << sh.N << " K=" << sh.K
+                                        << " batch=" << sh.batch);
+      ASSERT_EQ(run<float>(args(dx, dw), on), want_f);
+      ASSERT_EQ(run<uint16_t>(args(dx, dw), on), want_b);
+      if (sh.batch == 1) {
+        ASSERT_EQ(run<float>(args(dxi, dwi), on), (ref_gemm<float>(xi, wi, sh.M, sh.N, sh.K)));
+      }
+    }
+  }
+}
+
 TEST_F(Gemm, InvariantModeMatchesReferenceWithinTolerance) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
@@ -449,6 +501,9 @@ TEST_F(GroupedGemm, RowsEqualTheDenseGemmOfTheirGroup) {
   std::vector<int> busy(16, 0);
   for (int e = 0; e < 16; ++e) busy[size_t(e)] = (e * 7) % 13 + 6;
   check_grouped<float>({busy, 48, 2056, 64, 3}, rng);
+  // Groups over two 8-row tiles, odd N, a short last slice, gather (the stream configs run:
+  // K % 16 == 0).
+  check_grouped<uint16_t>({{9, 0, 1, 12, 0, 3}, 44, 1408, 30, 2}, rng);
   // Unaligned K (predicated path) with gather.
   check_grouped<float>({{4, 0, 9}, 24, 20, 7, 2}, rng);
 }
@@ -786,10 +841,14 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   GemmArgs m1 = m128;
   m1.M = 1;
   m1.N = 3072;
-  // Session 13: one row streams the weights (kernels/gemm_stream.cuh), unless ATLAS_GEMM_STREAM=0.
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(m1)), "c16x64/4w");
+  // Session 13: one row and N >= 4096 streams the weights (kernels/gemm_stream.cuh), unless
+  // ATLAS_GEMM_STREAM=0.
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");
   const std::string stream = stream_env == nullptr ? "" : stream_env;
-  EXPECT_EQ(gemm_config_name(gemm_chosen_config(m1)),
+  GemmArgs lm_head = m1;
+  lm_head.N = 102400;
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(lm_head)),
             stream == "0" ? "c16x64/4w" : stream == "6" ? "stream8x8/6w" : "stream8x8/3w");
   for (int c = 0; c < gemm_config_count(); ++c) {
     const std::string name = gemm_config_name(c);

@@ -625,11 +625,12 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     // four warps instead (session 8, batch-1 decode: that GEMM 10.5 us per layer on split-K).
     ci = kTiled16;
   }
-  if (forced_config.load() < 0 && async && a.M <= 8 && setup().stream_choice >= 0 &&
-      ceil_div(a.N, 8) * a.batch >= setup().sm_count) {
-    // At most 8 rows and an 8-column tile for every SM at least (batch-1 decode's projections,
-    // the shared experts, the LM head; not the router's 64 columns): weight streaming
-    // (kernels/gemm_stream.cuh).
+  if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1 && a.N >= 4096 && setup().stream_choice >= 0) {
+    // Weight streaming (kernels/gemm_stream.cuh) where it measured faster, H200, session 13
+    // (atlas_cuda_bench, M = 1, us): N x K = 5632 x 2048 (the shared experts' gate|up) 10.3 vs
+    // split-K 14.1, 21888 x 2048 30.0 vs c16x64 36.5, the LM head 102400 x 2048 113 vs 139
+    // (cuBLASLt 105). Narrower N stays where it was: 3072 x 2048 9.4 vs c16x64 9.2, 2048 x 2048
+    // 9.0 vs split-K 7.2, 576 x 2048 8.8 vs 5.0 (one wave of short tiles: the ramp dominates).
     ci = setup().stream_choice;
   }
   ci = cluster_or_fallback(ci, a.K);
@@ -669,8 +670,9 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // of 1 token (6 rows) 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
     ci = a.max_rows > 16 ? grouped_many_config() : kGroupedFew;
-  // At most 8 rows in all (a batch-1 decode step's experts, one row each): weight streaming.
-  if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_choice >= 0) ci = setup().stream_choice;
+  // (Weight streaming at one token, session 13: gate|up 28.7 vs 29.2 us, down 18.9 vs 20.0; not
+  // taken: at batch 1 these run beside the shared experts, whose blocks its 99-198 KB per
+  // block would keep off the SMs.)
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   ci = cluster_or_fallback(ci, a.K);
