@@ -271,6 +271,7 @@ struct GemmSetup {
   // The stream config the automatic choice picks for decode-sized problems (stream_config());
   // -1: none. ATLAS_GEMM_STREAM: unset or "3" stream8x8/3w, "6" stream8x8/6w, "0" none.
   int stream_choice = -1;
+  bool stream_grouped = false;  // ATLAS_GEMM_STREAM_GROUPED=1: also for grouped problems of <= 8 rows (measurements)
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -334,6 +335,8 @@ const GemmSetup& setup() {
       g.stream_choice = kStream6;
     else if (stream_env != "0")
       throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0, 3 or 6, got '" + stream_env + "'");
+    const char* stream_grouped_env = std::getenv("ATLAS_GEMM_STREAM_GROUPED");
+    g.stream_grouped = stream_grouped_env && std::string(stream_grouped_env) == "1";
     const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
     g.tma_persistent = !(persistent_env && std::string(persistent_env) == "0");
     if (g.encode_map)
@@ -672,7 +675,9 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
     ci = a.max_rows > 16 ? grouped_many_config() : kGroupedFew;
   // (Weight streaming at one token, session 13: gate|up 28.7 vs 29.2 us, down 18.9 vs 20.0; not
   // taken: at batch 1 these run beside the shared experts, whose blocks its 99-198 KB per
-  // block would keep off the SMs.)
+  // block would keep off the SMs. ATLAS_GEMM_STREAM_GROUPED=1 takes it, for end-to-end A/B runs.)
+  if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_grouped && setup().stream_choice >= 0)
+    ci = setup().stream_choice;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   ci = cluster_or_fallback(ci, a.K);
