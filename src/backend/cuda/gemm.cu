@@ -673,9 +673,10 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // of 1 token (6 rows) 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
     ci = a.max_rows > 16 ? grouped_many_config() : kGroupedFew;
-  // (Weight streaming at one token, session 13: gate|up 28.7 vs 29.2 us, down 18.9 vs 20.0; not
-  // taken: at batch 1 these run beside the shared experts, whose blocks its 99-198 KB per
-  // block would keep off the SMs. ATLAS_GEMM_STREAM_GROUPED=1 takes it, for end-to-end A/B runs.)
+  // (Weight streaming at one token, session 13: gate|up 28.7 vs 29.2 us, down 18.9 vs 20.0 in
+  // isolation, but batch-1 decode 287 vs 299 tok/s end to end: these run beside the shared
+  // experts on the side stream, whose blocks its 99-198 KB per block keep off the SMs.
+  // ATLAS_GEMM_STREAM_GROUPED=1 takes it, for end-to-end A/B runs.)
   if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_grouped && setup().stream_choice >= 0)
     ci = setup().stream_choice;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
