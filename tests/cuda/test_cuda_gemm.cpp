@@ -31,6 +31,7 @@
 #include <tuple>
 #include <utility>
 
+#include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/reference.h"
 #include "cuda_test_util.h"
 
@@ -208,6 +209,24 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
       if (sh.batch == 1) {
         ASSERT_EQ(run<float>(args(dxi, dwi), on), (ref_gemm<float>(xi, wi, sh.M, sh.N, sh.K)));
       }
+    }
+  }
+}
+
+// The weight-streaming switch (no GPU needed): the three settings, and a clear error otherwise.
+TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
+  EXPECT_EQ(detail::gemm_stream_setting(nullptr), 3);
+  EXPECT_EQ(detail::gemm_stream_setting(""), 3);
+  EXPECT_EQ(detail::gemm_stream_setting("3"), 3);
+  EXPECT_EQ(detail::gemm_stream_setting("6"), 6);
+  EXPECT_EQ(detail::gemm_stream_setting("0"), 0);
+  for (const char* bad : {"4", "yes", " 3", "8"}) {
+    try {
+      detail::gemm_stream_setting(bad);
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ATLAS_GEMM_STREAM"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
     }
   }
 }

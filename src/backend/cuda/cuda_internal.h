@@ -28,6 +28,11 @@ bool probe_device_code(void (*probe)(int*), const char* what);
 // block, dynamic shared memory bytes); cudaOccupancyMaxActiveClusters, a refusal being an answer.
 bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem);
 
+// ATLAS_GEMM_STREAM's value (null: unset): the warps per block of the weight-streaming GEMM
+// config the automatic choice uses for one-row problems (3, the default, or 6), 0 for none;
+// anything else throws an Error naming the variable. gemm.cu reads it once, at its setup.
+int gemm_stream_setting(const char* value);
+
 // One device int per device, set by kernels that find bad data they cannot reject on the host
 // (out-of-range positions, expert ids, cache lengths); read by check_device_errors().
 int* error_flag();

@@ -92,7 +92,6 @@ using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
 // Weight streaming (at most 8 rows per tile, kernels/gemm_stream.cuh): one 8 x 8 tile per warp
 // at a time, per-warp rings of 4 KB K slices, persistent blocks with even shares.
-//                                  warps stages   smem    blocks per SM
 //                                     warps stages   smem    blocks per SM
 using CfgSt6 = kern::StreamTile<6, 4>;  //  6    4     198 KB  1
 using CfgSt3 = kern::StreamTile<3, 4>;  //  3    4      99 KB  2 (room for a concurrent kernel)
@@ -268,8 +267,8 @@ struct GemmSetup {
   // stream_blocks[i]: blocks per SM of stream config i (its persistent grid); 0 otherwise, or
   // where this build's device code lacks the kernel (not sm_90a).
   std::array<int, kConfigs.size()> stream_blocks{};
-  // The stream config the automatic choice picks for decode-sized problems (stream_config());
-  // -1: none. ATLAS_GEMM_STREAM: unset or "3" stream8x8/3w, "6" stream8x8/6w, "0" none.
+  // The stream config dense_config picks for one-row problems; -1: none (ATLAS_GEMM_STREAM,
+  // detail::gemm_stream_setting).
   int stream_choice = -1;
   bool stream_grouped = false;  // ATLAS_GEMM_STREAM_GROUPED=1: also for grouped problems of <= 8 rows (measurements)
 };
@@ -328,13 +327,8 @@ const GemmSetup& setup() {
                  "gemm", "cudaOccupancyMaxActiveBlocksPerMultiprocessor (stream config)");
       g.stream_blocks[i] = std::max(per_sm, 1);
     }
-    const std::string stream_env = std::getenv("ATLAS_GEMM_STREAM") ? std::getenv("ATLAS_GEMM_STREAM") : "";
-    if (stream_env.empty() || stream_env == "3")
-      g.stream_choice = kStream3;
-    else if (stream_env == "6")
-      g.stream_choice = kStream6;
-    else if (stream_env != "0")
-      throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0, 3 or 6, got '" + stream_env + "'");
+    const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
+    g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
     const char* stream_grouped_env = std::getenv("ATLAS_GEMM_STREAM_GROUPED");
     g.stream_grouped = stream_grouped_env && std::string(stream_grouped_env) == "1";
     const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
@@ -370,7 +364,7 @@ int cluster_blocks(int ci, int K) {
 }
 // A cluster config that cannot run at this K runs an ordinary tiled one, a stream config that
 // cannot (K % 16 != 0, no sm_90a device code) the split-K kernel (same bits).
-int cluster_or_fallback(int ci, int K) {
+int config_or_fallback(int ci, int K) {
   if (kConfigs[size_t(ci)].stream) return K % 16 == 0 && setup().stream_blocks[size_t(ci)] > 0 ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
@@ -636,7 +630,7 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     // 9.0 vs split-K 7.2, 576 x 2048 8.8 vs 5.0 (one wave of short tiles: the ramp dominates).
     ci = setup().stream_choice;
   }
-  ci = cluster_or_fallback(ci, a.K);
+  ci = config_or_fallback(ci, a.K);
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
@@ -681,7 +675,7 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
     ci = setup().stream_choice;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
-  ci = cluster_or_fallback(ci, a.K);
+  ci = config_or_fallback(ci, a.K);
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
@@ -1083,6 +1077,14 @@ void grouped_gemm(const GroupedGemmArgs& a) {
 }
 
 namespace detail {
+
+int gemm_stream_setting(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "3") return 3;
+  if (v == "6") return 6;
+  if (v == "0") return 0;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0 (off), 3 or 6 (warps per block), got '" + v + "'");
+}
 
 bool probe_device_code(void (*probe)(int*), const char* what) {
   int* flag = nullptr;
