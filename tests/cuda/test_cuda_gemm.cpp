@@ -885,6 +885,39 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   }
 }
 
+// Launch overlap when the GEMM's x is the output of the kernel just before it (a model's chain:
+// the final norm, then the LM head): a kernel may fetch weights before its predecessor is done,
+// never x. Session 13's stream kernel first copied x rows with its first weight slices, before
+// pdl_begin(); this chain (the first GEMM long enough to still run when the second starts) is
+// what that race needs.
+TEST_F(Gemm, LaunchOverlapNeverReadsTheInputBeforeItIsWritten) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const bool was = launch_overlap();
+  const int M = 1, K = 2048, N1 = 2048, N2 = 8192;  // N2 >= 4096: the automatic choice streams
+  const auto x = random_bf16(size_t(M) * K, rng);
+  const auto w1 = random_bf16(size_t(N1) * K, rng, 0.05f), w2 = random_bf16(size_t(N2) * N1, rng, 0.05f);
+  DevBuf<uint16_t> dx(x), dw1(w1), dw2(w2);
+  for (int c = -1; c < gemm_config_count(); ++c) {
+    ForceConfig force(c);
+    SCOPED_TRACE(::testing::Message() << "config " << (c < 0 ? "auto" : gemm_config_name(c)));
+    std::vector<std::vector<uint16_t>> outs;
+    for (bool on : {false, true}) {
+      set_launch_overlap(on);
+      for (int rep = 0; rep < 4; ++rep) {
+        DevBuf<uint16_t> mid(std::vector<uint16_t>(size_t(M) * N1, 0x7fc0)), out(size_t(M) * N2);  // mid: NaN until written
+        gemm({.x = dx.get(), .w = dw1.get(), .out = mid.get(), .M = M, .N = N1, .K = K});
+        gemm({.x = mid.get(), .w = dw2.get(), .out = out.get(), .M = M, .N = N2, .K = N1});
+        synchronize();
+        outs.push_back(out.download());
+      }
+    }
+    set_launch_overlap(was);
+    for (size_t i = 1; i < outs.size(); ++i) ASSERT_EQ(outs[i], outs[0]) << "run " << i << " (overlap " << (i >= 4) << ")";
+  }
+  set_launch_overlap(was);
+}
+
 // ---- CUDA graphs: captured calls give the eager bits ---------------------------------------------
 
 TEST_F(Gemm, CapturedInACudaGraphGivesTheEagerResults) {

@@ -33,8 +33,9 @@
 // streamed at 2.1 TB/s, instruction-bound at two warps per scheduler; with 16-byte cp.async
 // copies of both operands ~490, 2.8 TB/s. Dealing a tile's slices over several warps, parked in
 // shared memory and folded by the last, was slower still: the fences drained the loads.)
-// Dense problems copy their first steps before pdl_begin(): weights are never an earlier
-// kernel's output (kernels/pdl.cuh). Grouped ones wait first (the offsets are).
+// Dense problems prefetch their first weight slices into L2 before pdl_begin() (weights are never
+// an earlier kernel's output, kernels/pdl.cuh); every copy into the ring comes after it, since it
+// carries x rows too. Grouped ones wait first (the offsets are an earlier kernel's output).
 // Async operands only (16-byte rows, K % 16 == 0); the host runs another config otherwise
 // (same bits).
 #pragma once
@@ -168,8 +169,17 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
     }
   };
   begin_issue_tile();
+  if (!grouped) {
+    // Dense: the first tile's weight slices into L2 while the kernel before this one finishes
+    // (weights are never an earlier kernel's output); the x rows may be, so every copy into the
+    // ring waits for pdl_begin().
+    if (lane < 8 && src != nullptr)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src),
+                   "r"(uint32_t(min(K, (T::STAGES - 2) * kSliceK)) * 2u)
+                   : "memory");
+    pdl_begin();
+  }
   for (int i = 0; i < T::STAGES - 2; ++i) issue_step();
-  if (!grouped) pdl_begin();  // dense: the first copies (model weights) went out before the wait
 
   // ldmatrix.x4 addresses: lanes 0-7 x rows 0-7 at k 0-7 of a chunk (a0a1), lanes 8-15 at k 8-15
   // (a2a3), lanes 16-23 weight rows 0-7 at k 0-7 (b0b1), lanes 24-31 at k 8-15 (b2b3).
