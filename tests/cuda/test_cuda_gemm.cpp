@@ -47,6 +47,13 @@ struct ForceConfig {
   ~ForceConfig() { gemm_force_config(-1); }
 };
 
+// The index of the config called `name` (-1: none).
+int config_named(const std::string& name) {
+  for (int c = 0; c < gemm_config_count(); ++c)
+    if (gemm_config_name(c) == name) return c;
+  return -1;
+}
+
 // Small integers in [-r, r]: every product and partial sum is exact in fp32.
 std::vector<uint16_t> random_int_bf16(size_t n, std::mt19937& rng, int r = 4) {
   std::uniform_int_distribution<int> d(-r, r);
@@ -174,12 +181,10 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
   };
   const Shape shapes[] = {{1, 8, 16, 1},    {1, 33, 1408, 1},  {5, 40, 768, 1}, {8, 2048, 256, 1},
                           {12, 72, 2048, 1}, {3, 17, 4096, 1}, {1, 100, 512, 3}, {2, 64, 128, 16}};
-  int split = -1;
+  const int split = config_named("splitk16x8/8w");
   std::vector<int> streams;
-  for (int c = 0; c < gemm_config_count(); ++c) {
-    if (gemm_config_name(c) == "splitk16x8/8w") split = c;
+  for (int c = 0; c < gemm_config_count(); ++c)
     if (gemm_config_name(c).rfind("stream", 0) == 0) streams.push_back(c);
-  }
   ASSERT_GE(split, 0);
   ASSERT_FALSE(streams.empty());
   for (const Shape& sh : shapes) {
@@ -706,9 +711,7 @@ TEST_F(GroupedGemm, TmaKernelRunsAndChecksWBaseAgainstW) {
   const char* env = std::getenv("ATLAS_GEMM_TMA");
   if (env && std::string(env) == "0") GTEST_SKIP() << "ATLAS_GEMM_TMA=0";
   ASSERT_TRUE(gemm_tma_available()) << "a 9.x GPU and this sm_90a build should run the TMA kernel";
-  int tma = -1;
-  for (int c = 0; c < gemm_config_count(); ++c)
-    if (gemm_config_name(c) == "tma192x128x64/5") tma = c;
+  const int tma = config_named("tma192x128x64/5");
   ASSERT_GE(tma, 0);
   std::mt19937 rng(test_seed());
   const int N = 128, K = 256, rows = 200;
@@ -753,11 +756,7 @@ TEST_F(Gemm, PersistentTmaKernelGivesTheBitsOfOneBlockPerTile) {
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
   if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no TMA kernel";
   if (!gemm_tma_available()) GTEST_SKIP() << "no TMA kernel here (ATLAS_GEMM_TMA=0?)";
-  int tma = -1, wg = -1;
-  for (int c = 0; c < gemm_config_count(); ++c) {
-    if (gemm_config_name(c) == "tma192x128x64/5") tma = c;
-    if (gemm_config_name(c) == "wg192x128x64/4") wg = c;
-  }
+  const int tma = config_named("tma192x128x64/5"), wg = config_named("wg192x128x64/4");
   ASSERT_GE(tma, 0);
   ASSERT_GE(wg, 0);
   std::mt19937 rng(test_seed());

@@ -132,11 +132,13 @@ __device__ __forceinline__ int swz(int r, int c) {
     return c ^ (r & 7);  // 128- or 256-byte rows
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+// `at`: an address in the shared window (smem_u32).
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t at) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
+               : "r"(at));
 }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4_at(r, smem_u32(p)); }
 __device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r0), "=r"(r1)
@@ -183,6 +185,13 @@ struct TileSpot {
   int64_t out_base = 0;  // element offset of this problem's out (batch)
 };
 
+// A group's rows [lo, hi) clamped to [0, max_rows], so a corrupt offsets table cannot overflow
+// the tile arithmetic (find_tile flags it; every reader of the table clamps the same way).
+__device__ __forceinline__ void clamp_group_rows(const MmaGemmParams& p, int& lo, int& hi) {
+  lo = min(max(lo, 0), p.max_rows);
+  hi = min(max(hi, lo), p.max_rows);
+}
+
 // false: the block has no tile (past the last grouped tile, or an error it has flagged) and
 // must exit; the answer is the same for every thread of the block (and for every block with
 // the same `pid`). `pid` = the tile's index in the launch: blockIdx.x, or blockIdx.x / cluster
@@ -223,9 +232,7 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int t
         hi = offsets[g + 1];
         bad |= (g == 0 && lo != 0) || hi < lo || hi > p.max_rows || lo < 0;
       }
-      // Clamp so a corrupt table cannot overflow the tile arithmetic (the block exits anyway).
-      lo = min(max(lo, 0), p.max_rows);
-      hi = min(max(hi, lo), p.max_rows);
+      clamp_group_rows(p, lo, hi);
       const int tiles = (hi - lo + BM - 1) / BM;
       int inc = tiles;
 #pragma unroll
@@ -291,6 +298,13 @@ __device__ __forceinline__ int64_t b_row_offset(const MmaGemmParams& p, int n) {
 // pdl_begin() then hit L2. Elements [k_begin, k_end) of the tile's BN weight rows, one bulk
 // prefetch per row (16-byte multiples: the async path's K % 8 == 0 and aligned rows). Timing
 // only: nothing is written, so never bits.
+// `bytes` (a multiple of 16, 16-byte aligned src) of global memory into L2 (sm_90 bulk prefetch).
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
+
 template <int BN>
 __device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, const uint16_t* w, int n0, int k_begin,
                                                     int k_end) {
@@ -300,8 +314,7 @@ __device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, cons
   const uint32_t bytes = uint32_t(k_end - k_begin) * 2u;
   for (int c = threadIdx.x; c < BN; c += blockDim.x) {
     const int64_t off = b_row_offset(p, n0 + c);
-    if (off >= 0)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(w + off + k_begin), "r"(bytes) : "memory");
+    if (off >= 0) prefetch_l2(w + off + k_begin, bytes);
   }
 #endif
 }

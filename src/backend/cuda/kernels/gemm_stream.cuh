@@ -65,15 +65,8 @@ __global__ void gemm_stream_probe_kernel(int* out) {
 #endif
 }
 
-// ldmatrix.x4 at a shared-window address.
-__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t at) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(at));
-}
-
-// Grouped problems: the real tiles sum_g ceil(rows_g / BM) * n_tiles, with find_tile's clamping
-// (a corrupt table is find_tile's to flag). Warp-wide; every lane gets the answer.
+// Grouped problems: the real tiles sum_g ceil(rows_g / BM) * n_tiles, rows clamped as find_tile
+// clamps them (a corrupt table is find_tile's to flag). Warp-wide; every lane gets the answer.
 template <int BM>
 __device__ __forceinline__ int grouped_tile_count(const MmaGemmParams& p, int lane) {
   int tiles = 0;
@@ -81,8 +74,8 @@ __device__ __forceinline__ int grouped_tile_count(const MmaGemmParams& p, int la
     const int g = g0 + lane;
     int t = 0;
     if (g < p.groups) {
-      const int lo = min(max(p.offsets[g], 0), p.max_rows);
-      const int hi = min(max(p.offsets[g + 1], lo), p.max_rows);
+      int lo = p.offsets[g], hi = p.offsets[g + 1];
+      clamp_group_rows(p, lo, hi);
       t = (hi - lo + BM - 1) / BM;
     }
 #pragma unroll
@@ -173,10 +166,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
     // Dense: the first tile's weight slices into L2 while the kernel before this one finishes
     // (weights are never an earlier kernel's output); the x rows may be, so every copy into the
     // ring waits for pdl_begin().
-    if (lane < 8 && src != nullptr)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src),
-                   "r"(uint32_t(min(K, (T::STAGES - 2) * kSliceK)) * 2u)
-                   : "memory");
+    if (lane < 8 && src != nullptr) prefetch_l2(src, uint32_t(min(K, (T::STAGES - 2) * kSliceK)) * 2u);
     pdl_begin();
   }
   for (int i = 0; i < T::STAGES - 2; ++i) issue_step();
@@ -207,27 +197,26 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
       const int live0 = min(kSliceChunks, KC - s * kSliceChunks);  // chunks of the slices inside K
       const int live1 = c == 2 ? min(kSliceChunks, KC - (s + 1) * kSliceChunks) : 0;
       float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-      if (live0 == kSliceChunks && live1 == kSliceChunks) {  // two whole slices: no per-chunk test
+      // Chunk ch of slice s + h: both operands' fragments by one ldmatrix.x4, one mma.
+      const auto chunk = [&](int ch, int h) {
+        uint32_t f[4];
+        ldmatrix_x4_at(f, (h == 0 ? at0 : at1) + uint32_t(ch * 32));
+        const uint32_t a[4] = {f[0], 0u, f[1], 0u};
+        mma_bf16_16816(acc[h], a, f[2], f[3]);
+      };
+      // Two whole slices (every full-K step): no per-chunk test. Kept as its own unrolled loop:
+      // folding the test into one loop put a branch on every chunk (session 13 review, PTX).
+      if (live0 == kSliceChunks && live1 == kSliceChunks) {
 #pragma unroll
         for (int ch = 0; ch < kSliceChunks; ++ch)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t f[4];
-            ldmatrix_x4_at(f, (h == 0 ? at0 : at1) + uint32_t(ch * 32));
-            const uint32_t a[4] = {f[0], 0u, f[1], 0u};
-            mma_bf16_16816(acc[h], a, f[2], f[3]);
-          }
+          for (int h = 0; h < 2; ++h) chunk(ch, h);
       } else {
 #pragma unroll
         for (int ch = 0; ch < kSliceChunks; ++ch)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            if (ch < (h == 0 ? live0 : live1)) {  // warp-uniform: chunks past K are not in the contract
-              uint32_t f[4];
-              ldmatrix_x4_at(f, (h == 0 ? at0 : at1) + uint32_t(ch * 32));
-              const uint32_t a[4] = {f[0], 0u, f[1], 0u};
-              mma_bf16_16816(acc[h], a, f[2], f[3]);
-            }
+            if (ch < (h == 0 ? live0 : live1)) chunk(ch, h);  // warp-uniform: chunks past K are not in the contract
       }
       tot0 = __fadd_rn(tot0, acc[0][0]);
       tot1 = __fadd_rn(tot1, acc[0][1]);
