@@ -236,6 +236,23 @@ TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
   }
 }
 
+TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
+  EXPECT_FALSE(detail::gemm_stream_grouped_setting(nullptr));
+  EXPECT_FALSE(detail::gemm_stream_grouped_setting(""));
+  EXPECT_FALSE(detail::gemm_stream_grouped_setting("0"));
+  EXPECT_TRUE(detail::gemm_stream_grouped_setting("1"));
+  for (const char* bad : {"yes", "2", "true"}) {
+    try {
+      detail::gemm_stream_grouped_setting(bad);
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ATLAS_GEMM_STREAM_GROUPED: expected 0 or 1, got '" + std::string(bad) + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST_F(Gemm, InvariantModeMatchesReferenceWithinTolerance) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());

@@ -32,6 +32,9 @@ bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem);
 // config the automatic choice uses for one-row problems (3, the default, or 6), 0 for none;
 // anything else throws an Error naming the variable. gemm.cu reads it once, at its setup.
 int gemm_stream_setting(const char* value);
+// ATLAS_GEMM_STREAM_GROUPED's value (null: unset): whether grouped problems of <= 8 rows take
+// that config too (for end-to-end measurements; "1" on, unset or "0" off); anything else throws.
+bool gemm_stream_grouped_setting(const char* value);
 
 // One device int per device, set by kernels that find bad data they cannot reject on the host
 // (out-of-range positions, expert ids, cache lengths); read by check_device_errors().

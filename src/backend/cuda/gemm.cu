@@ -329,8 +329,7 @@ const GemmSetup& setup() {
     }
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
     g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
-    const char* stream_grouped_env = std::getenv("ATLAS_GEMM_STREAM_GROUPED");
-    g.stream_grouped = stream_grouped_env && std::string(stream_grouped_env) == "1";
+    g.stream_grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
     const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
     g.tma_persistent = !(persistent_env && std::string(persistent_env) == "0");
     if (g.encode_map)
@@ -1084,6 +1083,13 @@ int gemm_stream_setting(const char* value) {
   if (v == "6") return 6;
   if (v == "0") return 0;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0 (off), 3 or 6 (warps per block), got '" + v + "'");
+}
+
+bool gemm_stream_grouped_setting(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0 or 1, got '" + v + "'");
 }
 
 bool probe_device_code(void (*probe)(int*), const char* what) {
