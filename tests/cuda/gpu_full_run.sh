@@ -17,7 +17,8 @@
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
 # PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, env ENVCMP_ARGS,
 # compared with the bench step's figures), ncukernel (Nsight Compute sections of single launches
-# of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), notests (skip the test binaries).
+# of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), ktrace (CUPTI kernel timeline of batch-1
+# decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS), notests (skip the test binaries).
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
@@ -214,7 +215,7 @@ if has ncustall; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla; then
+if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -266,6 +267,24 @@ if has envcmp; then
   env ${ENV_CMP:?set ENV_CMP} timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_envcmp.json" \
     ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -6
   compare_bench "default" "$ENV_CMP" "$out/bench.json" "$out/bench_envcmp.json"
+fi
+if has ktrace; then
+  # The kernel timeline of real batch-1 decode steps (CUDA graphs, side stream, warm caches):
+  # tools/profile/kernel_trace.cpp injected through CUPTI, summarised per step and per layer.
+  # KTRACE_ENVS: a space-separated list of runs, each "label:VAR=val,VAR=val" ("default:" = none).
+  echo "== kernel trace (CUPTI)"
+  cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
+  cupti_lib=$(dirname "$(find "$cuda_home"/ /usr/local/cuda/ -name 'libcupti.so' 2>/dev/null | head -1)")
+  g++ -O2 -shared -fPIC tools/profile/kernel_trace.cpp -I"$cuda_home/include" -I"$cuda_home/extras/CUPTI/include" \
+    -L"$cupti_lib" -Wl,-rpath,"$cupti_lib" -lcupti -o /tmp/libktrace.so || rc=1
+  for spec in ${KTRACE_ENVS:-default:}; do
+    label=${spec%%:*}; vars=${spec#*:}
+    env ${vars//,/ } CUDA_INJECTION64_PATH=/tmp/libktrace.so ATLAS_KERNEL_TRACE="$out/ktrace_$label.txt" \
+      timeout 300 $B/atlas bench --model $lite --json "$out/bench_ktrace_$label.json" ${KTRACE_ARGS:---workload decode-b1 --mode batch-invariant} 2>&1 | tail -3
+    echo "-- $label ($vars)"
+    python3 tools/profile/kernel_trace_summary.py "$out/ktrace_$label.txt" ${KTRACE_SUMMARY_ARGS:-} | tee "$out/ktrace_${label}_summary.txt" | head -${KTRACE_LINES:-90}
+    gzip -f "$out/ktrace_$label.txt"
+  done
 fi
 if has side; then
   # The shared experts on the model's one stream (ATLAS_SIDE_STREAM=0) for comparison with the

@@ -1,0 +1,175 @@
+// Launch-floor and L2-prefetch probe (a measurement, not part of atlas): what a chain of small
+// dependent launches costs inside a CUDA graph on this GPU, and what an L2 prefetch of the next
+// launch's weights buys a batch-1 GEMV-shaped kernel. Built and run by hand on the GPU machine:
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/cuda/launch_floor.cu -o /tmp/lf && /tmp/lf
+// Each figure is the median over 15 replays of one graph of `kChain` launches, per launch.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                       \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+constexpr int kChain = 64;      // launches per graph
+constexpr int kDim = 2048;      // row width (bf16)
+constexpr int kRows = 2048;     // GEMV output rows (an o_proj: 2048 x 2048, 8 MB)
+constexpr int kMats = 64;       // distinct weight matrices (512 MB: never all in L2)
+
+__device__ __forceinline__ void prefetch_range(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+__global__ void k_empty() {}
+
+// One block: out = in * w / rms(in) (an RMSNorm's shape: one dependent read, a block reduce).
+__global__ void k_norm(const float* in, float* out, const float* w, const char* next, unsigned next_bytes, int pdl) {
+  if (pdl) pdl_release();
+  if (next)  // 64 KB per prefetch, spread over the block's threads
+    for (unsigned off = threadIdx.x * 65536u; off < next_bytes; off += 256u * 65536u)
+      prefetch_range(next + off, min(65536u, next_bytes - off));
+  if (pdl) pdl_wait();
+  __shared__ float red[32];
+  float v[4], s = 0.f;
+  for (int j = 0; j < 4; ++j) {
+    v[j] = in[threadIdx.x + 256 * j] * w[threadIdx.x + 256 * j];
+    s += v[j] * v[j];
+  }
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  s = 0.f;
+  for (int i = 0; i < 8; ++i) s += red[i];
+  const float r = rsqrtf(s / 1024.f + 1e-6f);
+  for (int j = 0; j < 4; ++j) out[threadIdx.x + 256 * j] = v[j] * r;
+}
+
+// GEMV: out[n] = sum_k x[k] * W[n][k], a warp per row, 8 rows per block (256 blocks); `next`:
+// each block prefetches its share of the next launch's weights into L2 before it starts.
+__global__ void k_gemv(const unsigned short* W, const float* x, float* out, const unsigned short* next, int pdl) {
+  if (pdl) pdl_release();
+  const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (next && threadIdx.x < 8) prefetch_range(next + size_t(blockIdx.x * 8 + threadIdx.x) * kDim, kDim * 2);
+  const uint4* wr = reinterpret_cast<const uint4*>(W + size_t(row) * kDim);
+  uint4 wv[8];
+  for (int i = 0; i < 8; ++i) wv[i] = wr[lane + 32 * i];  // weights do not depend on the previous launch
+  if (pdl) pdl_wait();
+  float s = 0.f;
+  for (int i = 0; i < 8; ++i) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(&wv[i]);
+    const int k0 = 8 * (lane + 32 * i);
+    for (int j = 0; j < 8; ++j) s += __uint_as_float(unsigned(h[j]) << 16) * x[k0 + j];
+  }
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+  if (lane == 0) out[row] = s * 1e-3f;
+}
+
+template <class F>
+static float time_graph(cudaStream_t s, F&& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  body();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int r = 0; r < 18; ++r) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 3) t.push_back(ms * 1000.f / kChain);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return t[t.size() / 2];
+}
+
+template <class K, class... A>
+static void launch(cudaStream_t s, bool pdl, int grid, K kern, A... args) {
+  cudaLaunchConfig_t c{};
+  c.gridDim = dim3(grid);
+  c.blockDim = dim3(256);
+  c.stream = s;
+  cudaLaunchAttribute at{};
+  at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at.val.programmaticStreamSerializationAllowed = 1;
+  c.attrs = &at;
+  c.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&c, kern, args...));
+}
+
+int main() {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  float *act, *normw;
+  unsigned short* W;
+  CK(cudaMalloc(&act, 2 * kChain * kDim * sizeof(float)));
+  CK(cudaMalloc(&normw, size_t(kMats) * (2u << 20)));  // one 4 KB norm weight per 2 MB (cold pages)
+  CK(cudaMalloc(&W, size_t(kMats) * kRows * kDim * 2));
+  CK(cudaMemset(act, 0, 2 * kChain * kDim * sizeof(float)));
+  CK(cudaMemset(normw, 0, size_t(kMats) * (2u << 20)));
+  CK(cudaMemset(W, 0, size_t(kMats) * kRows * kDim * 2));
+  const auto nw = [&](int i) { return normw + size_t(i % kMats) * (512u << 10); };
+  const auto mat = [&](int i) { return W + size_t(i % kMats) * kRows * kDim; };
+  const auto a = [&](int i) { return act + size_t(i % (2 * kChain)) * kDim; };
+  std::printf("per launch, us (median of 15 graph replays of %d launches)\n", kChain);
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    std::printf("-- launch overlap %s\n", pdl ? "on" : "off");
+    std::printf("empty 1 block                        %6.2f\n", time_graph(s, [&] {
+                  for (int i = 0; i < kChain; ++i) launch(s, pdl, 1, k_empty);
+                }));
+    std::printf("norm, weight hot                     %6.2f\n", time_graph(s, [&] {
+                  for (int i = 0; i < kChain; ++i) launch(s, pdl, 1, k_norm, a(i), a(i + 1), nw(0), (const char*)nullptr, 0u, pdl);
+                }));
+    std::printf("norm, weight cold                    %6.2f\n", time_graph(s, [&] {
+                  for (int i = 0; i < kChain; ++i) launch(s, pdl, 1, k_norm, a(i), a(i + 1), nw(i), (const char*)nullptr, 0u, pdl);
+                }));
+    std::printf("norm, cold, next's weight prefetched %6.2f\n", time_graph(s, [&] {
+                  for (int i = 0; i < kChain; ++i)
+                    launch(s, pdl, 1, k_norm, a(i), a(i + 1), nw(i), (const char*)nw(i + 1), 4096u, pdl);
+                }));
+    std::printf("gemv 8 MB, weights hot (L2)          %6.2f\n", time_graph(s, [&] {
+                  for (int i = 0; i < kChain; ++i) launch(s, pdl, 256, k_gemv, (const unsigned short*)mat(0), (const float*)a(i), a(i + 1), (const unsigned short*)nullptr, pdl);
+                }));
+    std::printf("gemv 8 MB, weights cold              %6.2f\n", time_graph(s, [&] {
+                  for (int i = 0; i < kChain; ++i) launch(s, pdl, 256, k_gemv, (const unsigned short*)mat(i), (const float*)a(i), a(i + 1), (const unsigned short*)nullptr, pdl);
+                }));
+    std::printf("gemv cold, next's prefetched         %6.2f\n", time_graph(s, [&] {
+                  for (int i = 0; i < kChain; ++i) launch(s, pdl, 256, k_gemv, (const unsigned short*)mat(i), (const float*)a(i), a(i + 1), (const unsigned short*)mat(i + 1), pdl);
+                }));
+    // A layer-like alternation: norm (idle memory) then gemv; the norm prefetches the gemv's weights.
+    std::printf("norm+gemv pair, cold                 %6.2f\n", 2 * time_graph(s, [&] {
+                  for (int i = 0; i < kChain / 2; ++i) {
+                    launch(s, pdl, 1, k_norm, a(2 * i), a(2 * i + 1), nw(i), (const char*)nullptr, 0u, pdl);
+                    launch(s, pdl, 256, k_gemv, (const unsigned short*)mat(i), (const float*)a(2 * i + 1), a(2 * i + 2), (const unsigned short*)nullptr, pdl);
+                  }
+                }));
+    std::printf("norm+gemv pair, norm prefetches gemv %6.2f\n", 2 * time_graph(s, [&] {
+                  for (int i = 0; i < kChain / 2; ++i) {
+                    launch(s, pdl, 1, k_norm, a(2 * i), a(2 * i + 1), nw(i), (const char*)mat(i), unsigned(kRows) * kDim * 2, pdl);
+                    launch(s, pdl, 256, k_gemv, (const unsigned short*)mat(i), (const float*)a(2 * i + 1), a(2 * i + 2), (const unsigned short*)nullptr, pdl);
+                  }
+                }));
+  }
+  CK(cudaDeviceSynchronize());
+  return 0;
+}

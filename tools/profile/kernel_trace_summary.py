@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Where the wall time of replayed CUDA graphs goes, from a kernel_trace.cpp file.
+
+Graph replays (kernels with a graph id) are cut into steps after each kernel whose name holds
+--step-end (default: argmax, the last launch of a greedy decode step). Each step's wall time is
+split over the kernels running at each instant (an instant with two kernels gives each half)
+and the idle gaps, so the figures of a step add up to its wall time; per-kernel durations are
+given beside that. --layer prints one step's kernels between two occurrences of --anchor
+(default latent_cache_kernel, one per layer), in start order, with offsets.
+
+  python3 tools/profile/kernel_trace_summary.py /tmp/k.txt [--skip 3] [--layer 10]
+"""
+import argparse
+import collections
+import statistics
+import sys
+
+
+def load(path):
+    ks = []
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if len(p) < 9:
+                continue
+            start, end, stream, graph = int(p[0]), int(p[1]), int(p[2]), int(p[3])
+            ks.append(dict(start=start, end=end, stream=stream, graph=graph,
+                           key=f"{p[8]} ({p[4]},{p[5]},{p[6]})x{p[7]}"))
+    return ks
+
+
+def steps_of(ks, step_end):
+    g = sorted((k for k in ks if k["graph"] != 0), key=lambda k: k["start"])
+    steps, cur = [], []
+    for k in g:
+        cur.append(k)
+        if step_end in k["key"]:
+            steps.append(cur)
+            cur = []
+    return steps
+
+
+def attribute(step):
+    """Wall time of the step split over running kernels and idle gaps (sweep line)."""
+    ev = []
+    for i, k in enumerate(step):
+        ev.append((k["start"], 1, i))
+        ev.append((k["end"], -1, i))
+    ev.sort()
+    share = collections.Counter()
+    running = set()
+    last = ev[0][0]
+    for t, kind, i in ev:
+        if t > last:
+            if running:
+                for j in running:
+                    share[step[j]["key"]] += (t - last) / len(running)
+            else:
+                share["(idle: no kernel running)"] += t - last
+            last = t
+        if kind == 1:
+            running.add(i)
+        else:
+            running.discard(i)
+    return share
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("--step-end", default="argmax")
+    ap.add_argument("--skip", type=int, default=2, help="steps to pass over first (graph upload, warm-up)")
+    ap.add_argument("--layer", type=int, default=10)
+    ap.add_argument("--anchor", default="latent_cache_kernel")
+    a = ap.parse_args()
+    steps = steps_of(load(a.trace), a.step_end)[a.skip:]
+    if not steps:
+        sys.exit("no graph steps in " + a.trace)
+    walls = [s[-1]["end"] - s[0]["start"] for s in steps]
+    print(f"{len(steps)} steps, {len(steps[0])} kernels each; wall per step: median "
+          f"{statistics.median(walls) / 1e3:.1f} us (min {min(walls) / 1e3:.1f}, max {max(walls) / 1e3:.1f})")
+    shares = collections.Counter()
+    durs = collections.defaultdict(list)
+    for s in steps:
+        shares.update(attribute(s))
+        for k in s:
+            durs[k["key"]].append(k["end"] - k["start"])
+    n = len(steps)
+    total = sum(shares.values()) / n
+    print(f"\n{'wall us/step':>12} {'%':>5} {'calls':>5} {'us/call':>8}  kernel (grid)xblock")
+    for key, v in shares.most_common():
+        d = durs.get(key, [])
+        calls = len(d) / n
+        per = statistics.median(d) / 1e3 if d else 0.0
+        print(f"{v / n / 1e3:12.1f} {100 * v / n / total:5.1f} {calls:5.0f} {per:8.2f}  {key}")
+    s = steps[len(steps) // 2]
+    idx = [i for i, k in enumerate(s) if a.anchor in k["key"]]
+    if len(idx) > a.layer + 1:
+        lo, hi = idx[a.layer], idx[a.layer + 1]
+        t0 = s[lo]["start"]
+        print(f"\none step, kernels from {a.anchor} #{a.layer} to #{a.layer + 1} (start order; us from the first)")
+        print(f"{'start':>8} {'end':>8} {'dur':>7}  kernel")
+        for k in s[lo:hi + 1]:
+            print(f"{(k['start'] - t0) / 1e3:8.2f} {(k['end'] - t0) / 1e3:8.2f} {(k['end'] - k['start']) / 1e3:7.2f}  {k['key']}")
+
+
+if __name__ == "__main__":
+    main()
