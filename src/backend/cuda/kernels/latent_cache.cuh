@@ -37,6 +37,9 @@ __global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const Late
   pdl_begin();
   __shared__ float scratch[16];
   const int t = blockIdx.x, tid = threadIdx.x;
+  const T* src = p.lat + int64_t(t) * p.lat_stride;
+  // The norm's row and weights first: their loads overlap the rope's (nothing here writes them).
+  const RmsPre pre = rms_preload(src, p.norm_w, p.latent);
   const int pos = p.positions[t];
   const bool pos_ok = pos >= 0 && pos < p.max_positions;
   if (!pos_ok && tid == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
@@ -52,10 +55,10 @@ __global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const Late
     if (tid == 0) atomicOr(p.error_flag, 8);
     return;
   }
-  const T* src = p.lat + int64_t(t) * p.lat_stride;
   T* row = p.cache + d * int64_t(p.latent + 2 * p.half);
   // rmsnorm_row reads its x row through a writable pointer only when it adds a residual (kAdd).
-  rmsnorm_row<T, false>(const_cast<T*>(src), [](int, int) { return 0.0f; }, p.norm_w, row, p.latent, p.eps, scratch);
+  rmsnorm_row<T, false>(pre, const_cast<T*>(src), [](int, int) { return 0.0f; }, p.norm_w, row, p.latent, p.eps,
+                        scratch);
   if (pos_ok)
     for (int k = tid; k < p.half; k += kReduceThreads)
       rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);

@@ -306,6 +306,9 @@ __global__ void __launch_bounds__(kReduceThreads)
   __shared__ float scratch[16];
   const int64_t t = blockIdx.x;
   const int tid = threadIdx.x;
+  // The residual row and the norm's weights first: their loads (the weights come from HBM)
+  // overlap the slot loads and the gather below instead of following the combine.
+  const RmsPre pre = rms_preload(x + t * dim, norm_w, dim);
   int32_t sl[kCombineMaxK];
   float wt[kCombineMaxK];
 #pragma unroll
@@ -376,7 +379,7 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
   // Elements past the registers (dim > kRmsRegs * threads; never staged) are recomputed.
   rmsnorm_row<T, true>(
-      x + t * dim,
+      pre, x + t * dim,
       [&](int j, int i) { return j >= 0 ? yv[j] : finish(combine(i), addend ? to_f32(addend[t * dim + i]) : 0.0f); },
       norm_w, h + t * dim, dim, eps, scratch);
 }

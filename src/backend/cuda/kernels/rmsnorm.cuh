@@ -19,25 +19,43 @@ namespace atlas::cuda::kern {
 
 constexpr int kRmsRegs = 8;
 
+// The row's values a thread's register slots hold before the norm: x[i] and w[i] for
+// i = tid + j * kReduceThreads, j < kRmsRegs (0 past dim). Neither depends on anything the
+// norm computes, so a fused kernel loads them first (rms_preload), with its own loads, and
+// their memory latency overlaps the rest instead of following it.
+struct RmsPre {
+  float x[kRmsRegs], w[kRmsRegs];
+};
+template <class T>
+__device__ __forceinline__ RmsPre rms_preload(const T* xr, const T* __restrict__ w, int dim) {
+  RmsPre pre;
+#pragma unroll
+  for (int j = 0; j < kRmsRegs; ++j) {
+    const int i = threadIdx.x + j * kReduceThreads;
+    pre.x[j] = i < dim ? to_f32(xr[i]) : 0.0f;
+    pre.w[j] = i < dim ? to_f32(w[i]) : 0.0f;
+  }
+  return pre;
+}
+
 // One row by one block of kReduceThreads threads (the kernel below, and the fused kernels of
-// kernels/latent_cache.cuh and moe.cuh, which must give the same bits). kAdd: x[i] = bf16(x[i] +
+// kernels/latent_cache.cuh and moe.cuh, which must give the same bits), from the row's
+// preloaded slots `pre` (rms_preload of the same xr and w). kAdd: x[i] = bf16(x[i] +
 // y_at(j, i)) first: y_at(j, i) is the addend's element i as a float, j = i's register slot
 // (i = tid + j * kReduceThreads, a constant once unrolled, so a caller may hand back values it
 // loaded beforehand) or -1 past the register slots (rows wider than kRmsRegs * 256).
 // `scratch`: >= 16 floats.
 template <class T, bool kAdd, class YAt>
-__device__ __forceinline__ void rmsnorm_row(T* xr, YAt y_at, const T* __restrict__ w, T* orow, int dim, float eps,
-                                            float* scratch) {
+__device__ __forceinline__ void rmsnorm_row(const RmsPre& pre, T* xr, YAt y_at, const T* __restrict__ w, T* orow,
+                                            int dim, float eps, float* scratch) {
   const int tid = threadIdx.x;
   float v[kRmsRegs];
 #pragma unroll
   for (int j = 0; j < kRmsRegs; ++j) {
     const int i = tid + j * kReduceThreads;
-    v[j] = 0.0f;
-    if (i < dim) {
-      v[j] = to_f32(xr[i]);
-      if constexpr (kAdd) v[j] = round_as<T>(v[j] + y_at(j, i));
-    }
+    v[j] = pre.x[j];
+    if constexpr (kAdd)
+      if (i < dim) v[j] = round_as<T>(v[j] + y_at(j, i));
   }
   float ss = 0.0f;
 #pragma unroll
@@ -57,21 +75,13 @@ __device__ __forceinline__ void rmsnorm_row(T* xr, YAt y_at, const T* __restrict
     for (int j = 0; j < kRmsRegs; ++j)
       if (tid + j * kReduceThreads < dim) xr[tid + j * kReduceThreads] = from_f32<T>(v[j]);
   }
-  // The weights do not depend on the sum: their loads go out before the block's reduction
-  // (one memory round trip fewer after it; the arithmetic is unchanged).
-  float wv[kRmsRegs];
-#pragma unroll
-  for (int j = 0; j < kRmsRegs; ++j) {
-    const int i = tid + j * kReduceThreads;
-    wv[j] = i < dim ? to_f32(w[i]) : 0.0f;
-  }
   ss = block_sum(ss, scratch);
   const float r = 1.0f / sqrtf(ss / float(dim) + eps);
   // All reads of this row happened before block_sum's barriers, so out may alias x.
 #pragma unroll
   for (int j = 0; j < kRmsRegs; ++j) {
     const int i = tid + j * kReduceThreads;
-    if (i < dim) orow[i] = from_f32<T>(wv[j] * round_as<T>(v[j] * r));
+    if (i < dim) orow[i] = from_f32<T>(pre.w[j] * round_as<T>(v[j] * r));
   }
   for (int i = tid + kRmsRegs * kReduceThreads; i < dim; i += kReduceThreads)
     orow[i] = from_f32<T>(to_f32(w[i]) * round_as<T>(to_f32(xr[i]) * r));
@@ -83,7 +93,8 @@ __global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restric
   pdl_begin();
   __shared__ float scratch[16];
   const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
-  rmsnorm_row<T, kAdd>(x + int64_t(blockIdx.x) * x_stride, [yr](int, int i) { return to_f32(yr[i]); }, w,
+  T* xr = x + int64_t(blockIdx.x) * x_stride;
+  rmsnorm_row<T, kAdd>(rms_preload(xr, w, dim), xr, [yr](int, int i) { return to_f32(yr[i]); }, w,
                        out + int64_t(blockIdx.x) * out_stride, dim, eps, scratch);
 }
 
