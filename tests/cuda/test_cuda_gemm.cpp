@@ -253,54 +253,6 @@ TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
   }
 }
 
-// GemmArgs::sm_limit and l2_prefetch are hints: checked before anything runs (no GPU needed:
-// M = 0 returns right after the checks), and they never change what is computed (below).
-TEST(GemmSettings, HintsAreCheckedBeforeAnyLaunch) {
-  alignas(16) static uint16_t dummy[16];
-  const GemmArgs ok{.x = dummy, .w = dummy, .out = dummy, .M = 0, .N = 8, .K = 8};
-  const auto fails_naming = [](GemmArgs a, const std::string& field) {
-    try {
-      gemm(a);
-      ADD_FAILURE() << "no error for a bad " << field;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
-    }
-  };
-  GemmArgs a = ok;
-  a.sm_limit = -1;
-  fails_naming(a, "sm_limit");
-  a = ok;
-  a.l2_prefetch = reinterpret_cast<const char*>(dummy) + 8;
-  a.l2_prefetch_bytes = 64;
-  fails_naming(a, "l2_prefetch");
-  a.l2_prefetch = dummy;
-  a.l2_prefetch_bytes = 40;
-  fails_naming(a, "l2_prefetch");
-  a.l2_prefetch_bytes = 32;
-  a.sm_limit = 4;
-  EXPECT_NO_THROW(gemm(a));
-}
-
-TEST_F(Gemm, HintsNeverChangeTheBits) {
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  const int M = 1, N = 4096, K = 2048;
-  const auto x = random_bf16(size_t(M) * K, rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
-  const auto other = random_bf16(size_t(1) << 20, rng);  // the "next launch's weights": 2 MB
-  DevBuf<uint16_t> dx(x), dw(w), dother(other);
-  const GemmArgs plain{.x = dx.get(), .w = dw.get(), .M = M, .N = N, .K = K};
-  GemmArgs hinted = plain;
-  hinted.sm_limit = 7;
-  hinted.l2_prefetch = dother.get();
-  hinted.l2_prefetch_bytes = other.size() * 2 - 16;  // not a multiple of any block's share
-  for (int c = -1; c < gemm_config_count(); ++c) {
-    ForceConfig force(c);
-    SCOPED_TRACE(::testing::Message() << (c < 0 ? std::string("auto") : gemm_config_name(c)));
-    ASSERT_EQ(run<uint16_t>(hinted, size_t(M) * N), run<uint16_t>(plain, size_t(M) * N));
-  }
-  EXPECT_EQ(dother.download(), other);  // prefetching reads, never writes
-}
-
 TEST_F(Gemm, InvariantModeMatchesReferenceWithinTolerance) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());

@@ -333,8 +333,6 @@ class CudaModelT final : public Model {
     int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // 0 = dense
     int64_t batch = 1, x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
     Stream stream = nullptr;  // null: s_
-    const void* l2_prefetch = nullptr;  // GemmArgs::l2_prefetch (bf16 only; a hint)
-    size_t l2_prefetch_bytes = 0;
   };
   void matmul(const MatMul& m) const;
   void linear(const Elem* x, const Elem* w, Elem* out, int64_t M, int64_t N, int64_t K, int64_t xs = 0,
@@ -421,8 +419,6 @@ class CudaModelT final : public Model {
   // GemmArgs::sm_limit of the side stream's persistent GEMMs (0: every SM): the SM count less
   // ATLAS_SIDE_SM_RESERVE, the SMs left to the router and routing launches on s_.
   int side_sm_limit_ = 0;
-  // o_proj prefetches the router weights into L2 at a few rows (ATLAS_ROUTER_PREFETCH=0: off).
-  bool router_prefetch_ = true;
   // The stream for side work that may start now (side_ after it waits for s_'s work so far, or
   // s_ itself with the side stream off), and s_ waiting for everything issued on side_.
   Stream fork_side() const {
@@ -558,11 +554,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
       if (v != "router" && v != "after-router" && v != "after-route")
         fail("ATLAS_SHARED_FORK", {}, "must be router, after-router or after-route, got \"" + v + "\"");
       shared_fork_ = v == "router" ? 0 : v == "after-router" ? 1 : 2;
-    }
-    if (const char* rp = std::getenv("ATLAS_ROUTER_PREFETCH"); rp && *rp) {
-      const std::string v(rp);
-      if (v != "0" && v != "1") fail("ATLAS_ROUTER_PREFETCH", {}, "must be 0 (off) or 1 (on), got \"" + v + "\"");
-      router_prefetch_ = v == "1";
     }
     const char* pd = std::getenv("ATLAS_PAD_DEDUP");
     pad_dedup_ = opts.pad_dedup && !(pd && std::string(pd) == "0");
@@ -749,8 +740,7 @@ void CudaModelT<Elem>::matmul(const MatMul& m) const {
     gemm({.x = m.x, .w = m.w, .out = m.out, .out_type = OutType::bf16, .M = int(m.M), .N = int(m.N), .K = int(m.K),
           .x_stride = m.x_stride, .w_stride = m.w_stride, .out_stride = m.out_stride, .mode = dense_mode_,
           .batch = int(m.batch), .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
-          .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_,
-          .l2_prefetch = m.l2_prefetch, .l2_prefetch_bytes = m.l2_prefetch_bytes});
+          .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_});
   }
 }
 
@@ -1317,12 +1307,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     matmul({.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .M = M, .N = dv, .K = dc, .x_stride = nh * dc,
             .w_stride = dc, .out_stride = nh * dv, .batch = nh, .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc,
             .out_batch_stride = dv});
-    // o_proj; at a few rows its blocks also pull the router's weights into L2 (router_prefetch_):
-    // the router GEMM runs beside the shared experts' weight streaming, whose traffic would
-    // otherwise stretch each of its HBM round trips.
-    const bool pf = router_prefetch_ && L.moe && M <= 8;
-    matmul({.x = b.heads, .w = L.o, .out = b.y, .M = M, .N = H, .K = nh * dv, .l2_prefetch = pf ? L.router : nullptr,
-            .l2_prefetch_bytes = pf ? size_t(c.n_routed_experts * H) * kEs / 16 * 16 : 0});
+    linear(b.heads, L.o, b.y, M, H, nh * dv);
     hook_act(hooks, names.attn_out, l, {B, T, H}, b.y);
     // x = x + attn; h = post_attention_layernorm(x); x = x + mlp_or_moe(h)
     add_then_norm(names.resid_mid, L.ln2, l);

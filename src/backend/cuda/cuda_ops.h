@@ -633,13 +633,6 @@ struct GemmArgs {
   // (which its 99-198 KB blocks would otherwise keep off every SM). The bits do not change: a
   // tile is computed whole by one warp, whichever.
   int sm_limit = 0;
-  // A hint: l2_prefetch_bytes of memory that a later launch reads and no kernel writes (its
-  // weights), pulled into L2 by this launch's blocks as they start, so that a latency-bound
-  // kernel after it (the router GEMM behind the shared experts' streaming) finds them there.
-  // 16-byte aligned, bytes a multiple of 16. The tiled, split-K and cluster configs take it;
-  // the others (weight streaming, cuBLASLt) ignore it. Never changes bits.
-  const void* l2_prefetch = nullptr;
-  size_t l2_prefetch_bytes = 0;
 };
 void gemm(const GemmArgs& a);
 

@@ -943,8 +943,6 @@ void gemm(const GemmArgs& a) {
   require_gated(a, op);
   require(a.gated == 0 || a.batch == 1, op, "gated", "needs batch 1");
   require(a.sm_limit >= 0, op, "sm_limit", "must be >= 0 (0: every SM), got " + std::to_string(a.sm_limit));
-  require(reinterpret_cast<uintptr_t>(a.l2_prefetch) % 16 == 0 && a.l2_prefetch_bytes % 16 == 0, op, "l2_prefetch",
-          "needs a 16-byte aligned address and a multiple of 16 bytes");
   if (a.M == 0) return;
   const auto unfused = [&] { run_unfused_gated(a, a.M, [](const GemmArgs& b) { gemm(b); }); };
   if (a.gated > 0 && a.mode != GemmMode::batch_invariant) return unfused();
@@ -1002,10 +1000,6 @@ void gemm(const GemmArgs& a) {
   // Under launch overlap the blocks pull their weights into L2 while the kernel before them runs
   // (kern::prefetch_weights_l2): the weights of a dense GEMM are never an earlier kernel's output.
   p.prefetch = pdl_enabled() ? 1 : 0;
-  if (a.l2_prefetch && a.l2_prefetch_bytes > 0) {
-    p.l2_next = static_cast<const unsigned char*>(a.l2_prefetch);
-    p.l2_next_bytes = int64_t(a.l2_prefetch_bytes);
-  }
   if (a.gated > 0) {  // a fusing config in a plain launch (checked above): the activation out
     p.gated = a.gated;
     p.os = a.gated;

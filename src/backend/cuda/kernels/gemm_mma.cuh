@@ -97,10 +97,6 @@ struct MmaGemmParams {
   int64_t slice_stride = 0;                    // > 0: sliced launch (below), elements between slices
   int gated = 0;                               // > 0: fused gate|up + SiLU (below); bf16 out only
   int prefetch = 0;                            // > 0: dense weights into L2 before pdl_begin (below)
-  // Memory a later launch reads and no kernel writes (its weights), pulled into L2 by this
-  // launch's blocks as they start, an even 16-byte-aligned share each (GemmArgs::l2_prefetch).
-  const unsigned char* l2_next = nullptr;
-  int64_t l2_next_bytes = 0;
   // Grouped problems on the TMA kernel (kernels/gemm_tma.cuh): its tensor map reads group g's
   // weight at w_group_base + g * w_group_stride (elements); the kernel checks that w_groups[g]
   // is that address (device error "w" otherwise).
@@ -323,18 +319,6 @@ __device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, cons
 #endif
 }
 
-// This block's share of MmaGemmParams::l2_next into L2 (thread 0, bulk prefetches of <= 64 KB).
-__device__ __forceinline__ void prefetch_next_l2(const MmaGemmParams& p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.l2_next == nullptr || threadIdx.x != 0) return;
-  const int64_t blocks = int64_t(gridDim.x) * gridDim.y * gridDim.z;
-  const int64_t b = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-  const int64_t share = ((p.l2_next_bytes + blocks - 1) / blocks + 15) / 16 * 16;
-  const int64_t lo = b * share, hi = lo + share < p.l2_next_bytes ? lo + share : p.l2_next_bytes;
-  for (int64_t o = lo; o < hi; o += 65536) prefetch_l2(p.l2_next + o, uint32_t(hi - o < 65536 ? hi - o : 65536));
-#endif
-}
-
 // The start of a table-driven GEMM kernel: pdl_begin() and find_tile (its answer). Dense problems
 // find their tile from the parameters alone, so with p.prefetch (async path) the block prefetches
 // its weights [k_begin, k_end) before it waits; grouped ones read the offsets a kernel before them
@@ -342,7 +326,6 @@ __device__ __forceinline__ void prefetch_next_l2(const MmaGemmParams& p) {
 template <int BM, int BN, bool kAsync>
 __device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t,
                                            int k_begin, int k_end, int z = -1) {
-  prefetch_next_l2(p);
   if (p.offsets != nullptr) {
     pdl_begin();
     return find_tile<BM, kAsync>(p, pid, tid, lane, t);
