@@ -416,9 +416,6 @@ class CudaModelT final : public Model {
   // Where a MoE layer's shared experts fork off s_: 0 before the router GEMM, 1 after it, 2
   // after the routing (ATLAS_SHARED_FORK=router|after-router|after-route; the same bits).
   int shared_fork_ = 0;
-  // GemmArgs::sm_limit of the side stream's persistent GEMMs (0: every SM): the SM count less
-  // ATLAS_SIDE_SM_RESERVE, the SMs left to the router and routing launches on s_.
-  int side_sm_limit_ = 0;
   // The stream for side work that may start now (side_ after it waits for s_'s work so far, or
   // s_ itself with the side stream off), and s_ waiting for everything issued on side_.
   Stream fork_side() const {
@@ -584,15 +581,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     }
   }
   set_device(opts.device);
-  if (const char* r = std::getenv("ATLAS_SIDE_SM_RESERVE"); r && *r) {
-    const std::string v(r);
-    const int sms = device_info(opts.device).sm_count;
-    const bool digits = v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
-    if (!digits || std::stoi(v) >= sms)
-      fail("ATLAS_SIDE_SM_RESERVE", {}, "must be a whole number of SMs from 0 to " + std::to_string(sms - 1) +
-                                            " (this GPU has " + std::to_string(sms) + "), got \"" + v + "\"");
-    side_sm_limit_ = std::stoi(v) > 0 ? sms - std::stoi(v) : 0;
-  }
   s_ = stream_create();
   // The tile-parallel MLA kernel's one-time setup synchronises the device: here, never inside
   // the decode step's graph capture.
@@ -1072,8 +1060,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
                .stream = stream});
   } else {
     gemm({.x = x, .w = m.gate_up, .out = act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = dense_mode_,
-          .gated = int(I), .gated_scratch = gu, .stream = stream,
-          .sm_limit = side_on_ && stream == side_ ? side_sm_limit_ : 0});
+          .gated = int(I), .gated_scratch = gu, .stream = stream});
   }
   linear(act, m.down, out, M, H, I, 0, 0, stream);
 }

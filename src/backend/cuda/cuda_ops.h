@@ -628,11 +628,6 @@ struct GemmArgs {
   int gated = 0;
   uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
-  // Persistent configs (weight streaming) size their grid to at most this many SMs' worth of
-  // blocks, 0 = every SM: work on a side stream leaves the rest to the main stream's launches
-  // (which its 99-198 KB blocks would otherwise keep off every SM). The bits do not change: a
-  // tile is computed whole by one warp, whichever.
-  int sm_limit = 0;
 };
 void gemm(const GemmArgs& a);
 

@@ -682,16 +682,15 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
 // `rows8`: no tile holds more than 8 rows (the split-K kernel's 8-row variant may run).
 // `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
-                bool async, bool rows8, int cluster, cudaStream_t stream, int sm_limit = 0) {
+                bool async, bool rows8, int cluster, cudaStream_t stream) {
   const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
   if (c.stream) {
-    // Persistent: every block takes an even share of the tiles (dense: the batch flattened),
-    // on every SM or on sm_limit SMs' worth of blocks (GemmArgs::sm_limit).
+    // Persistent: every block takes an even share of the tiles (dense: the batch flattened).
     kern::MmaGemmParams q = p;
     q.tiles_total = int(tiles * batch);
     const int64_t per_sm = setup().stream_blocks[size_t(&c - kConfigs.data())];
-    const int64_t sms = sm_limit > 0 ? std::min<int64_t>(sm_limit, setup().sm_count) : setup().sm_count;
-    launch(f, dim3(unsigned(std::min<int64_t>(tiles * batch, sms * per_sm))), c.threads, c.smem, stream, q);
+    launch(f, dim3(unsigned(std::min<int64_t>(tiles * batch, int64_t(setup().sm_count) * per_sm))), c.threads, c.smem,
+           stream, q);
   } else if (c.cluster)
     launch_clustered(unsigned(cluster), f, dim3(unsigned(tiles * cluster), 1, batch), c.threads, c.smem, stream, p);
   else
@@ -942,7 +941,6 @@ void gemm(const GemmArgs& a) {
   require_gemm_args(a, op);
   require_gated(a, op);
   require(a.gated == 0 || a.batch == 1, op, "gated", "needs batch 1");
-  require(a.sm_limit >= 0, op, "sm_limit", "must be >= 0 (0: every SM), got " + std::to_string(a.sm_limit));
   if (a.M == 0) return;
   const auto unfused = [&] { run_unfused_gated(a, a.M, [](const GemmArgs& b) { gemm(b); }); };
   if (a.gated > 0 && a.mode != GemmMode::batch_invariant) return unfused();
@@ -1012,7 +1010,7 @@ void gemm(const GemmArgs& a) {
     check_launch(op);
     return;
   }
-  launch_mma(c, p, m_tiles * n_tiles, unsigned(a.batch), f32, async, a.M <= 8, cluster, stream, a.sm_limit);
+  launch_mma(c, p, m_tiles * n_tiles, unsigned(a.batch), f32, async, a.M <= 8, cluster, stream);
   check_launch(op);
 }
 
