@@ -413,9 +413,6 @@ class CudaModelT final : public Model {
   Stream side_ = nullptr;  // null with the side stream off
   Event fork_ = nullptr, join_ = nullptr;
   bool side_on_ = true;
-  // Where a MoE layer's shared experts fork off s_: 0 before the router GEMM, 1 after it, 2
-  // after the routing (ATLAS_SHARED_FORK=router|after-router|after-route; the same bits).
-  int shared_fork_ = 0;
   // The stream for side work that may start now (side_ after it waits for s_'s work so far, or
   // s_ itself with the side stream off), and s_ waiting for everything issued on side_.
   Stream fork_side() const {
@@ -545,13 +542,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   {  // (before any device object exists: a bad value leaves nothing behind)
     const char* e = std::getenv("ATLAS_SIDE_STREAM");
     side_on_ = opts.side_stream && !(e && std::string(e) == "0");
-    const char* sf = std::getenv("ATLAS_SHARED_FORK");
-    if (sf && *sf) {
-      const std::string v(sf);
-      if (v != "router" && v != "after-router" && v != "after-route")
-        fail("ATLAS_SHARED_FORK", {}, "must be router, after-router or after-route, got \"" + v + "\"");
-      shared_fork_ = v == "router" ? 0 : v == "after-router" ? 1 : 2;
-    }
     const char* pd = std::getenv("ATLAS_PAD_DEDUP");
     pad_dedup_ = opts.pad_dedup && !(pd && std::string(pd) == "0");
     const char* q = std::getenv("ATLAS_MLA_PREFILL_QPB");
@@ -1059,11 +1049,8 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
     silu_gate({.gate = gu, .up = gu + I, .out = act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
                .stream = stream});
   } else {
-    // Forked after the router (shared_fork_ > 0) they run beside the routed experts' launches:
-    // no persistent weight streaming then, which would hold every SM until its last tile.
     gemm({.x = x, .w = m.gate_up, .out = act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = dense_mode_,
-          .gated = int(I), .gated_scratch = gu, .stream = stream,
-          .allow_streaming = !(side_on_ && stream == side_ && shared_fork_ > 0)});
+          .gated = int(I), .gated_scratch = gu, .stream = stream});
   }
   linear(act, m.down, out, M, H, I, 0, 0, stream);
 }
@@ -1077,15 +1064,9 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // The shared experts first, on side_ when it is on (they read h only and write b.shared,
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
-  // Where they fork (shared_fork_, ATLAS_SHARED_FORK): before the router GEMM, after it, or
-  // after the routing; the same kernels on the same inputs wherever they start.
-  const auto shared_experts = [&](int at) {
-    if (L.has_shared && shared_fork_ == at) mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side());
-  };
-  shared_experts(0);
+  if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side());
   // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
   router_gemm(b.h, L.router, b.router_logits, M, E, H);
-  shared_experts(1);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
@@ -1126,7 +1107,6 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
       hooks->fire_read({.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()});
     }
   }
-  shared_experts(2);
   // (The permutation does not read the weights: an observer's change reaches the combine only.)
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
   expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up

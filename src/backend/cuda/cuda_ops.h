@@ -628,11 +628,6 @@ struct GemmArgs {
   int gated = 0;
   uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
-  // false: never a weight-streaming config for this call. Their persistent grid holds every SM
-  // until the last tile, so a launch that shares the GPU with another stream's chain of small
-  // launches (the shared experts beside the routed ones) takes a tiled config instead. The
-  // bits are the same either way (the contract).
-  bool allow_streaming = true;
 };
 void gemm(const GemmArgs& a);
 

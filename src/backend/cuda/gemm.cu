@@ -621,8 +621,7 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     // four warps instead (session 8, batch-1 decode: that GEMM 10.5 us per layer on split-K).
     ci = kTiled16;
   }
-  if (forced_config.load() < 0 && async && a.allow_streaming && a.M <= 8 && a.batch == 1 && a.N >= 4096 &&
-      setup().stream_choice >= 0) {
+  if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1 && a.N >= 4096 && setup().stream_choice >= 0) {
     // Weight streaming (kernels/gemm_stream.cuh) where it measured faster, H200, session 13
     // (atlas_cuda_bench, M = 1, us): N x K = 5632 x 2048 (the shared experts' gate|up) 10.3 vs
     // split-K 14.1, 21888 x 2048 30.0 vs c16x64 36.5, the LM head 102400 x 2048 113 vs 139
