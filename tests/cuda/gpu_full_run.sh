@@ -283,7 +283,8 @@ if has ktrace; then
       timeout 300 $B/atlas bench --model $lite --json "$out/bench_ktrace_$label.json" ${KTRACE_ARGS:---workload decode-b1 --mode batch-invariant} 2>&1 | tail -3
     echo "-- $label ($vars)"
     python3 -c 'import json,sys; [print("   %s %s %.2f %s, tokens %s" % (r["workload"], r["mode"], r["atlas"], r["unit"], r.get("detail", {}).get("tokens_sha256", "?")[:16])) for r in json.load(open(sys.argv[1]))]' "$out/bench_ktrace_$label.json" || rc=1
-    python3 tools/profile/kernel_trace_summary.py "$out/ktrace_$label.txt" ${KTRACE_SUMMARY_ARGS:-} | tee "$out/ktrace_${label}_summary.txt" | head -${KTRACE_LINES:-90}
+    python3 tools/profile/kernel_trace_summary.py "$out/ktrace_$label.txt" ${KTRACE_SUMMARY_ARGS:-} >"$out/ktrace_${label}_summary.txt" || rc=1
+    head -${KTRACE_LINES:-90} "$out/ktrace_${label}_summary.txt"
     gzip -f "$out/ktrace_$label.txt"
   done
 fi
