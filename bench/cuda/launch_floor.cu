@@ -1,7 +1,7 @@
 // Launch-floor and L2-prefetch probe (a measurement, not part of atlas): what a chain of small
 // dependent launches costs inside a CUDA graph on this GPU, and what an L2 prefetch of the next
 // launch's weights buys a batch-1 GEMV-shaped kernel. Built and run by hand on the GPU machine:
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/cuda/launch_floor.cu -o /tmp/lf && /tmp/lf
+//   build/bench/cuda/atlas_launch_floor   (or: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/cuda/launch_floor.cu)
 // Each figure is the median over 15 replays of one graph of `kChain` launches, per launch.
 #include <cuda_runtime.h>
 

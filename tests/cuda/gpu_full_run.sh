@@ -273,10 +273,13 @@ if has ktrace; then
   # tools/profile/kernel_trace.cpp injected through CUPTI, summarised per step and per layer.
   # KTRACE_ENVS: a space-separated list of runs, each "label:VAR=val,VAR=val" ("default:" = none).
   echo "== kernel trace (CUPTI)"
-  cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
-  cupti_lib=$(dirname "$(find "$cuda_home"/ /usr/local/cuda/ -name 'libcupti.so' 2>/dev/null | head -1)")
-  g++ -O2 -shared -fPIC tools/profile/kernel_trace.cpp -I"$cuda_home/include" -I"$cuda_home/extras/CUPTI/include" \
-    -L"$cupti_lib" -Wl,-rpath,"$cupti_lib" -lcupti -o /tmp/libktrace.so || rc=1
+  # The CMake target atlas_ktrace where the build made it (BUILD_TARGETS may leave it out), else by hand.
+  if [[ -f $B/bench/cuda/libatlas_ktrace.so ]]; then cp $B/bench/cuda/libatlas_ktrace.so /tmp/libktrace.so; else
+    cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
+    cupti_lib=$(dirname "$(find "$cuda_home"/ /usr/local/cuda/ -name 'libcupti.so' 2>/dev/null | head -1)")
+    g++ -O2 -shared -fPIC tools/profile/kernel_trace.cpp -I"$cuda_home/include" -I"$cuda_home/extras/CUPTI/include" \
+      -L"$cupti_lib" -Wl,-rpath,"$cupti_lib" -lcupti -o /tmp/libktrace.so || rc=1
+  fi
   for spec in ${KTRACE_ENVS:-default:}; do
     label=${spec%%:*}; vars=${spec#*:}
     env ${vars//,/ } CUDA_INJECTION64_PATH=/tmp/libktrace.so ATLAS_KERNEL_TRACE="$out/ktrace_$label.txt" \

@@ -3,6 +3,7 @@
 // start / end (GPU ns), stream, graph and grid go to the file ATLAS_KERNEL_TRACE names, one
 // line each. Unlike Nsight Compute it neither serialises launches nor flushes caches, so the
 // times are those of a real run (side stream overlap, warm L2, graph replays).
+//   build/bench/cuda/libatlas_ktrace.so (the CMake target atlas_ktrace), or by hand:
 //   g++ -O2 -shared -fPIC tools/profile/kernel_trace.cpp -I$CUDA/include -L$CUDA/lib64 -lcupti -o /tmp/libktrace.so
 //   CUDA_INJECTION64_PATH=/tmp/libktrace.so ATLAS_KERNEL_TRACE=/tmp/k.txt atlas bench ...
 //   python3 tools/profile/kernel_trace_summary.py /tmp/k.txt
