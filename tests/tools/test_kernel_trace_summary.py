@@ -1,0 +1,93 @@
+"""tools/profile/kernel_trace_summary.py on a synthetic kernel_trace file whose answers are known:
+graph replays cut into steps at the argmax launch (warm-up steps skipped, non-graph launches
+ignored), each step's wall time split over overlapping kernels and idle gaps so that the parts
+add up to the step, and one layer's launches listed between two anchors.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+SRC = os.environ.get("ATLAS_SOURCE_DIR", ".")
+TOOL = os.path.join(SRC, "tools", "profile", "kernel_trace_summary.py")
+sys.path.insert(0, os.path.dirname(TOOL))
+import kernel_trace_summary as kts  # noqa: E402
+
+US = 1000  # the trace is in ns
+
+
+def step_lines(t0):
+    """One decode-like step starting at t0 (ns): two layers, then the argmax."""
+    lines = []
+    t = t0
+    for _ in range(2):
+        # A alone 5 us, A beside B 5 us (each gets half), B alone 5 us, idle 5 us, then the anchor.
+        lines.append((t, t + 10 * US, "gemm_kernel", 616))
+        lines.append((t + 5 * US, t + 15 * US, "side_kernel", 264))
+        lines.append((t + 20 * US, t + 24 * US, "latent_cache_kernel", 1))
+        t += 24 * US
+    lines.append((t, t + 2 * US, "argmax_kernel", 1))
+    return lines, t + 2 * US
+
+
+def write_trace(path, steps):
+    t = 1_000_000
+    with open(path, "w") as f:
+        f.write("%d %d 7 0 1 1 1 256 prefill_kernel\n" % (t - 500_000, t - 400_000))  # not a graph launch
+        for _ in range(steps):
+            lines, end = step_lines(t)
+            for a, b, name, grid in lines:
+                f.write("%d %d 7 3 %d 1 1 128 %s\n" % (a, b, grid, name))
+            t = end + 50 * US  # host time between replays: not part of any step
+        f.write("garbage line\n")
+
+
+fails = []
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "k.txt")
+    write_trace(path, 5)
+    steps = kts.steps_of(kts.load(path), "argmax")
+    if len(steps) != 5 or any(len(s) != 7 for s in steps):
+        fails.append("steps: %s" % [len(s) for s in steps])
+    share = kts.attribute(steps[0])
+    want = {
+        "gemm_kernel (616,1,1)x128": 2 * 7.5 * US,
+        "side_kernel (264,1,1)x128": 2 * 7.5 * US,
+        "latent_cache_kernel (1,1,1)x128": 2 * 4 * US,
+        "argmax_kernel (1,1,1)x128": 2 * US,
+        "(idle: no kernel running)": 2 * 5 * US,
+    }
+    for key, v in want.items():
+        if abs(share.get(key, -1) - v) > 1e-6:
+            fails.append("share of %s: %s, want %s" % (key, share.get(key), v))
+    wall = steps[0][-1]["end"] - steps[0][0]["start"]
+    if abs(sum(share.values()) - wall) > 1e-6 or wall != 50 * US:
+        fails.append("parts %s do not add up to the step's wall %s" % (sum(share.values()), wall))
+
+    out = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--layer", "0"], capture_output=True, text=True)
+    if out.returncode != 0:
+        fails.append("summary failed: %s" % out.stderr)
+    text = out.stdout
+    if "3 steps, 7 kernels each; wall per step: median 50.0 us" not in text:
+        fails.append("header: %s" % text.splitlines()[:1])
+    # The side kernel: 15 us of each 50 us step (its halves of the overlap and its lone 5 us
+    # per layer), two launches of 10 us.
+    if not any(l.split()[:5] == ["15.0", "30.0", "2", "10.00", "side_kernel"] for l in text.splitlines()):
+        fails.append("side kernel row missing: %s" % text)
+    layer = text.split("one step, kernels from latent_cache_kernel #0 to #1")[-1].splitlines()
+    rows = [l.split() for l in layer if "kernel (" in l]
+    if [r[3] for r in rows] != ["latent_cache_kernel", "gemm_kernel", "side_kernel", "latent_cache_kernel"]:
+        fails.append("layer listing: %s" % rows)
+    elif rows[1][:3] != ["4.00", "14.00", "10.00"]:
+        fails.append("offsets from the anchor: %s" % rows[1])
+
+    empty = os.path.join(d, "empty.txt")
+    open(empty, "w").write("1 2 7 0 1 1 1 32 not_a_graph_kernel\n")
+    out = subprocess.run([sys.executable, TOOL, empty], capture_output=True, text=True)
+    if out.returncode == 0 or "no graph steps" not in out.stderr:
+        fails.append("a trace without graph replays should fail with a message: %s" % out.stderr)
+
+if fails:
+    print("\n".join(fails))
+    sys.exit(1)
+print("kernel_trace_summary: steps, wall split and layer listing as expected")
