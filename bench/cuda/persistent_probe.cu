@@ -1,0 +1,282 @@
+// Persistent-kernel probe (a measurement, not part of atlas; written in session 14 to decide the
+// next step of issue 5): can one persistent grid with grid-wide barriers run a batch-1 MoE
+// layer's expert work near the HBM bound, where today ~6 launches take ~70 us per layer?
+//
+// A "layer" here has the byte counts of DeepSeek-V2-Lite's routed experts at one token:
+//   phase A  y1 = W1 x     W1 [16896 x 2048] bf16 (6 experts' gate|up, 69 MB)
+//   phase B  y2 = W2 a     W2 [12288 x 1408] bf16 (6 experts' down, 35 MB); a = the first 1408
+//                          of each expert's 2816 outputs (a stand-in for silu(gate) * up)
+//   phase C  x  = rmsnorm(sum of the 6 experts' 2048-wide rows), one block
+// 26 such layers with distinct weights (2.7 GB: nothing stays in L2 between layers). The GEMVs
+// are plain FMA dot products (a warp per row, 16-byte loads, two rows in flight per warp): a
+// bandwidth question, not the contract's mma order (the weight-streaming GEMM showed that path
+// reaching 3.7 TB/s).
+// Variants, each timed as the median of 7 runs of all 26 layers:
+//   graph       3 launches per layer (GEMV grids of a warp per row, then one norm block) in a CUDA graph
+//   persistent  one cooperative launch for all 26 layers, phases separated by grid barriers
+//   barrier     the persistent grid doing only its barriers (the cost of one)
+//   build/bench/cuda/atlas_persistent_probe
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                       \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+constexpr int kLayers = 26, kExperts = 6, kHidden = 2048, kInter = 1408;
+constexpr int kRows1 = kExperts * 2 * kInter, kK1 = kHidden;  // 16896 x 2048
+constexpr int kRows2 = kExperts * kHidden, kK2 = kInter;      // 12288 x 1408
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+static_assert(kRows1 % 2 == 0 && kRows2 % 2 == 0 && kHidden % 2 == 0, "rows go two at a time");
+
+struct Layer {
+  const unsigned short* w1;  // [kRows1][kK1]
+  const unsigned short* w2;  // [kRows2][kK2]
+};
+struct Params {
+  const Layer* layers;
+  float* x;   // [kHidden] the layer input / output
+  float* y1;  // [kRows1]
+  float* y2;  // [kRows2]
+  unsigned* bar_count;
+  unsigned* bar_gen;
+  int layers_n;
+  int barrier_only;
+};
+
+__device__ __forceinline__ float bf(unsigned short h) { return __uint_as_float(unsigned(h) << 16); }
+
+// Dot products of rows r and r + 1 of W (width K, a compile-time constant so that every load
+// of both rows is issued before the first is used) with xs (shared memory), one warp. xstride:
+// phase B reads expert e's slice of the input (rows of expert e are [e*2048, (e+1)*2048)).
+template <int K>
+__device__ __forceinline__ void warp_rows(const unsigned short* W, int r, const float* xs, float* out, int xstride) {
+  constexpr int kChunks = K / 8, kPerLane = (kChunks + 31) / 32;  // 16-byte chunks
+  const int lane = threadIdx.x & 31;
+  const uint4* a = reinterpret_cast<const uint4*>(W + size_t(r) * K);
+  const uint4* b = a + kChunks;
+  const float* xr = xs + (xstride ? (r / 2048) * xstride : 0);
+  uint4 va[kPerLane], vb[kPerLane];
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int c = lane + 32 * u;
+    const bool in = u < kPerLane - 1 || c < kChunks;
+    va[u] = in ? a[c] : make_uint4(0, 0, 0, 0);
+    vb[u] = in ? b[c] : make_uint4(0, 0, 0, 0);
+  }
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int c = lane + 32 * u;
+    if (u == kPerLane - 1 && c >= kChunks) continue;
+    const unsigned short* ha = reinterpret_cast<const unsigned short*>(&va[u]);
+    const unsigned short* hb = reinterpret_cast<const unsigned short*>(&vb[u]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s0 += bf(ha[j]) * xr[8 * c + j];
+      s1 += bf(hb[j]) * xr[8 * c + j];
+    }
+  }
+  for (int o = 16; o; o >>= 1) {
+    s0 += __shfl_xor_sync(~0u, s0, o);
+    s1 += __shfl_xor_sync(~0u, s1, o);
+  }
+  if (lane == 0) {
+    out[r] = s0;
+    out[r + 1] = s1;
+  }
+}
+
+// Rows [0, rows) of one phase (rows even) over `nwarps` warps numbered `gwarp`, two per step.
+template <int K>
+__device__ __forceinline__ void phase_rows(const unsigned short* W, int rows, const float* xs, float* out, int xstride,
+                                           int gwarp, int nwarps) {
+  for (int r = 2 * gwarp; r < rows; r += 2 * nwarps) warp_rows<K>(W, r, xs, out, xstride);
+}
+
+// x = rmsnorm(sum over experts of y2's rows) by one block (phase C).
+__device__ __forceinline__ void phase_norm(const float* y2, float* x) {
+  __shared__ float red[kWarps];
+  float v[kHidden / kThreads], ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kHidden / kThreads; ++j) {
+    const int i = threadIdx.x + kThreads * j;
+    float s = 0.f;
+    for (int e = 0; e < kExperts; ++e) s += y2[e * kHidden + i];
+    v[j] = s;
+    ss += s * s;
+  }
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  ss = 0.f;
+  for (int w = 0; w < kWarps; ++w) ss += red[w];
+  const float r = rsqrtf(ss / kHidden + 1e-6f);
+#pragma unroll
+  for (int j = 0; j < kHidden / kThreads; ++j) x[threadIdx.x + kThreads * j] = v[j] * r;
+}
+
+// Sense-by-generation grid barrier: the last block to arrive resets the count and bumps the
+// generation; the others spin on it. Every block is resident (cooperative launch).
+__device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* gen) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* vgen = gen;
+    const unsigned g = *vgen;
+    __threadfence();
+    if (atomicAdd(count, 1u) == gridDim.x - 1) {
+      atomicExch(count, 0u);
+      __threadfence();
+      atomicAdd(gen, 1u);
+    } else {
+      while (*vgen == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void load_x(float* xs, const float* src, int n) {
+  for (int i = threadIdx.x; i < n; i += kThreads) xs[i] = src[i];
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) k_persistent(Params p) {
+  __shared__ float xs[kExperts * kInter];  // phase A's x (2048) or phase B's a (6 x 1408)
+  static_assert(kExperts * kInter >= kHidden, "xs holds either input");
+  const int gwarp = blockIdx.x * kWarps + (threadIdx.x >> 5), nwarps = gridDim.x * kWarps;
+  for (int l = 0; l < p.layers_n; ++l) {
+    if (!p.barrier_only) {
+      load_x(xs, p.x, kHidden);
+      phase_rows<kK1>(p.layers[l].w1, kRows1, xs, p.y1, 0, gwarp, nwarps);
+    }
+    grid_barrier(p.bar_count, p.bar_gen);
+    if (!p.barrier_only) {
+      for (int i = threadIdx.x; i < kExperts * kInter; i += kThreads)
+        xs[i] = p.y1[(i / kInter) * 2 * kInter + i % kInter];
+      __syncthreads();
+      phase_rows<kK2>(p.layers[l].w2, kRows2, xs, p.y2, kInter, gwarp, nwarps);
+    }
+    grid_barrier(p.bar_count, p.bar_gen);
+    if (!p.barrier_only && blockIdx.x == 0) phase_norm(p.y2, p.x);
+    grid_barrier(p.bar_count, p.bar_gen);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) k_phase_a(Params p, int l) {
+  __shared__ float xs[kHidden];
+  load_x(xs, p.x, kHidden);
+  phase_rows<kK1>(p.layers[l].w1, kRows1, xs, p.y1, 0, blockIdx.x * kWarps + (threadIdx.x >> 5), gridDim.x * kWarps);
+}
+__global__ void __launch_bounds__(kThreads) k_phase_b(Params p, int l) {
+  __shared__ float xs[kExperts * kInter];
+  for (int i = threadIdx.x; i < kExperts * kInter; i += kThreads) xs[i] = p.y1[(i / kInter) * 2 * kInter + i % kInter];
+  __syncthreads();
+  phase_rows<kK2>(p.layers[l].w2, kRows2, xs, p.y2, kInter, blockIdx.x * kWarps + (threadIdx.x >> 5),
+                  gridDim.x * kWarps);
+}
+__global__ void __launch_bounds__(kThreads) k_phase_c(Params p) { phase_norm(p.y2, p.x); }
+
+int main() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_persistent, kThreads, 0));
+  const size_t b1 = size_t(kRows1) * kK1 * 2, b2 = size_t(kRows2) * kK2 * 2;
+  std::printf("%s, %d SMs, persistent blocks per SM %d; per layer %.1f MB (A %.1f + B %.1f), %d layers\n", prop.name,
+              prop.multiProcessorCount, per_sm, (b1 + b2) / 1e6, b1 / 1e6, b2 / 1e6, kLayers);
+  unsigned short* wbuf;
+  CK(cudaMalloc(&wbuf, (b1 + b2) * kLayers));
+  CK(cudaMemset(wbuf, 0x3c, (b1 + b2) * kLayers));  // bf16 ~0.011: finite sums
+  std::vector<Layer> hl(kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    hl[l].w1 = wbuf + (b1 + b2) / 2 * l;
+    hl[l].w2 = hl[l].w1 + b1 / 2;
+  }
+  Layer* dl;
+  CK(cudaMalloc(&dl, sizeof(Layer) * kLayers));
+  CK(cudaMemcpy(dl, hl.data(), sizeof(Layer) * kLayers, cudaMemcpyHostToDevice));
+  Params p{};
+  p.layers = dl;
+  p.layers_n = kLayers;
+  CK(cudaMalloc(&p.x, kHidden * 4));
+  CK(cudaMalloc(&p.y1, kRows1 * 4));
+  CK(cudaMalloc(&p.y2, kRows2 * 4));
+  CK(cudaMalloc(&p.bar_count, 8));
+  p.bar_gen = p.bar_count + 1;
+  CK(cudaMemset(p.bar_count, 0, 8));
+  std::vector<float> ones(kHidden, 1.0f);
+  CK(cudaMemcpy(p.x, ones.data(), kHidden * 4, cudaMemcpyHostToDevice));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const auto median_us = [&](auto&& run) {
+    std::vector<float> t;
+    for (int r = 0; r < 9; ++r) {
+      CK(cudaEventRecord(e0, s));
+      run();
+      CK(cudaEventRecord(e1, s));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 2) t.push_back(ms * 1000.f);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const double bytes = double(b1 + b2) * kLayers;
+  const auto report = [&](const char* what, float us, int barriers) {
+    std::printf("%-34s %9.1f us for %d layers: %6.2f us per layer, %5.2f TB/s", what, us, kLayers, us / kLayers,
+                barriers ? 0.0 : bytes / (us * 1e-6) / 1e12);
+    if (barriers) std::printf(", %.2f us per barrier", us / barriers);
+    std::printf("\n");
+  };
+
+  // Graph: a warp per row pair, 3 launches per layer.
+  const int grid_a = (kRows1 / 2 + kWarps - 1) / kWarps, grid_b = (kRows2 / 2 + kWarps - 1) / kWarps;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int l = 0; l < kLayers; ++l) {
+    k_phase_a<<<grid_a, kThreads, 0, s>>>(p, l);
+    k_phase_b<<<grid_b, kThreads, 0, s>>>(p, l);
+    k_phase_c<<<1, kThreads, 0, s>>>(p);
+  }
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  report("graph (3 launches per layer)", median_us([&] { CK(cudaGraphLaunch(ge, s)); }), 0);
+
+  for (int mult : {1, 2, per_sm}) {
+    if (mult > per_sm) continue;
+    const int blocks = prop.multiProcessorCount * mult;
+    for (int only : {0, 1}) {
+      Params q = p;
+      q.barrier_only = only;
+      void* args[] = {&q};
+      char label[64];
+      std::snprintf(label, sizeof label, "persistent %s, %d blocks", only ? "barriers only" : "layers", blocks);
+      const float us = median_us([&] {
+        CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(k_persistent), dim3(blocks), dim3(kThreads), args, 0, s));
+      });
+      report(label, us, only ? 3 * kLayers : 0);
+    }
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<float> x(kHidden);
+  CK(cudaMemcpy(x.data(), p.x, kHidden * 4, cudaMemcpyDeviceToHost));
+  std::printf("x[0] = %g (finite: the phases ran)\n", x[0]);
+  return 0;
+}
