@@ -18,7 +18,8 @@
 # PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, env ENVCMP_ARGS,
 # compared with the bench step's figures), ncukernel (Nsight Compute sections of single launches
 # of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), ktrace (CUPTI kernel timeline of batch-1
-# decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS), notests (skip the test binaries).
+# decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS), probes (bench/cuda's launch-floor and
+# persistent-grid probes), notests (skip the test binaries).
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
@@ -267,6 +268,16 @@ if has envcmp; then
   env ${ENV_CMP:?set ENV_CMP} timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_envcmp.json" \
     ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -6
   compare_bench "default" "$ENV_CMP" "$out/bench.json" "$out/bench_envcmp.json"
+fi
+if has probes; then
+  # The standalone probes of bench/cuda: launch cost in a graph (atlas_launch_floor) and the
+  # persistent-grid MoE layer (atlas_persistent_probe), built here whatever BUILD_TARGETS said.
+  echo "== probes"
+  cmake --build "$B" -j"$(nproc)" --target atlas_launch_floor atlas_persistent_probe >"$out/probes_build.log" 2>&1 || { echo "   probe build failed"; rc=1; }
+  for p in atlas_launch_floor atlas_persistent_probe; do
+    timeout 300 $B/bench/cuda/$p >"$out/$p.txt" 2>&1 || { echo "   $p rc=$?"; rc=1; }
+    echo "-- $p"; cat "$out/$p.txt"
+  done
 fi
 if has ktrace; then
   # The kernel timeline of real batch-1 decode steps (CUDA graphs, side stream, warm caches):
