@@ -1,34 +1,18 @@
 // Launch-floor and L2-prefetch probe (a measurement, not part of atlas): what a chain of small
 // dependent launches costs inside a CUDA graph on this GPU, and what an L2 prefetch of the next
 // launch's weights buys a batch-1 GEMV-shaped kernel. Built and run by hand on the GPU machine:
-//   build/bench/cuda/atlas_launch_floor   (or: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/cuda/launch_floor.cu)
+//   build/bench/cuda/atlas_launch_floor   (or: nvcc -O3 -std=c++20 -Isrc -gencode=arch=compute_90a,code=sm_90a bench/cuda/launch_floor.cu)
 // Each figure is the median over 15 replays of one graph of `kChain` launches, per launch.
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
+#include "backend/cuda/kernels/common.cuh"  // kern::prefetch_l2
+#include "probe_util.h"
 
 constexpr int kChain = 64;      // launches per graph
 constexpr int kDim = 2048;      // row width (bf16)
 constexpr int kRows = 2048;     // GEMV output rows (an o_proj: 2048 x 2048, 8 MB)
 constexpr int kMats = 64;       // distinct weight matrices (512 MB: never all in L2)
 
-__device__ __forceinline__ void prefetch_range(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
+using atlas::cuda::kern::prefetch_l2;
+// Release and wait apart (kern::pdl_begin does both at once): the probe places work between them.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
@@ -39,7 +23,7 @@ __global__ void k_norm(const float* in, float* out, const float* w, const char* 
   if (pdl) pdl_release();
   if (next)  // 64 KB per prefetch, spread over the block's threads
     for (unsigned off = threadIdx.x * 65536u; off < next_bytes; off += 256u * 65536u)
-      prefetch_range(next + off, min(65536u, next_bytes - off));
+      prefetch_l2(next + off, min(65536u, next_bytes - off));
   if (pdl) pdl_wait();
   __shared__ float red[32];
   float v[4], s = 0.f;
@@ -61,7 +45,7 @@ __global__ void k_norm(const float* in, float* out, const float* w, const char* 
 __global__ void k_gemv(const unsigned short* W, const float* x, float* out, const unsigned short* next, int pdl) {
   if (pdl) pdl_release();
   const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (next && threadIdx.x < 8) prefetch_range(next + size_t(blockIdx.x * 8 + threadIdx.x) * kDim, kDim * 2);
+  if (next && threadIdx.x < 8) prefetch_l2(next + size_t(blockIdx.x * 8 + threadIdx.x) * kDim, kDim * 2);
   const uint4* wr = reinterpret_cast<const uint4*>(W + size_t(row) * kDim);
   uint4 wv[8];
   for (int i = 0; i < 8; ++i) wv[i] = wr[lane + 32 * i];  // weights do not depend on the previous launch
@@ -76,6 +60,7 @@ __global__ void k_gemv(const unsigned short* W, const float* x, float* out, cons
   if (lane == 0) out[row] = s * 1e-3f;
 }
 
+// Per launch: the median of 15 replays (after 3) of one graph of kChain launches of body().
 template <class F>
 static float time_graph(cudaStream_t s, F&& body) {
   cudaGraph_t g;
@@ -84,23 +69,10 @@ static float time_graph(cudaStream_t s, F&& body) {
   body();
   CK(cudaStreamEndCapture(s, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < 18; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 3) t.push_back(ms * 1000.f / kChain);
-  }
-  std::sort(t.begin(), t.end());
+  const float us = median_us(s, 3, 15, [&] { CK(cudaGraphLaunch(ge, s)); }) / kChain;
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));
-  return t[t.size() / 2];
+  return us;
 }
 
 template <class K, class... A>

@@ -16,22 +16,8 @@
 //   persistent  one cooperative launch for all 26 layers, phases separated by grid barriers
 //   barrier     the persistent grid doing only its barriers (the cost of one)
 //   build/bench/cuda/atlas_persistent_probe
-#include <cooperative_groups.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
+#include "backend/cuda/kernels/common.cuh"  // kern::bf2f
+#include "probe_util.h"
 
 constexpr int kLayers = 26, kExperts = 6, kHidden = 2048, kInter = 1408;
 constexpr int kRows1 = kExperts * 2 * kInter, kK1 = kHidden;  // 16896 x 2048
@@ -54,7 +40,7 @@ struct Params {
   int barrier_only;
 };
 
-__device__ __forceinline__ float bf(unsigned short h) { return __uint_as_float(unsigned(h) << 16); }
+using atlas::cuda::kern::bf2f;
 
 // Dot products of rows r and r + 1 of W (width K, a compile-time constant so that every load
 // of both rows is issued before the first is used) with xs (shared memory), one warp. xstride:
@@ -83,8 +69,8 @@ __device__ __forceinline__ void warp_rows(const unsigned short* W, int r, const 
     const unsigned short* hb = reinterpret_cast<const unsigned short*>(&vb[u]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      s0 += bf(ha[j]) * xr[8 * c + j];
-      s1 += bf(hb[j]) * xr[8 * c + j];
+      s0 += bf2f(ha[j]) * xr[8 * c + j];
+      s1 += bf2f(hb[j]) * xr[8 * c + j];
     }
   }
   for (int o = 16; o; o >>= 1) {
@@ -220,23 +206,7 @@ int main() {
   CK(cudaMemcpy(p.x, ones.data(), kHidden * 4, cudaMemcpyHostToDevice));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  const auto median_us = [&](auto&& run) {
-    std::vector<float> t;
-    for (int r = 0; r < 9; ++r) {
-      CK(cudaEventRecord(e0, s));
-      run();
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 2) t.push_back(ms * 1000.f);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
+  const auto median = [&](auto&& run) { return median_us(s, 2, 7, run); };
   const double bytes = double(b1 + b2) * kLayers;
   const auto report = [&](const char* what, float us, int barriers) {
     std::printf("%-34s %9.1f us for %d layers: %6.2f us per layer, %5.2f TB/s", what, us, kLayers, us / kLayers,
@@ -257,7 +227,7 @@ int main() {
   }
   CK(cudaStreamEndCapture(s, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
-  report("graph (3 launches per layer)", median_us([&] { CK(cudaGraphLaunch(ge, s)); }), 0);
+  report("graph (3 launches per layer)", median([&] { CK(cudaGraphLaunch(ge, s)); }), 0);
 
   for (int mult : {1, 2, per_sm}) {
     if (mult > per_sm) continue;
@@ -268,7 +238,7 @@ int main() {
       void* args[] = {&q};
       char label[64];
       std::snprintf(label, sizeof label, "persistent %s, %d blocks", only ? "barriers only" : "layers", blocks);
-      const float us = median_us([&] {
+      const float us = median([&] {
         CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(k_persistent), dim3(blocks), dim3(kThreads), args, 0, s));
       });
       report(label, us, only ? 3 * kLayers : 0);

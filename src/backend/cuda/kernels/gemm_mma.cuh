@@ -298,13 +298,6 @@ __device__ __forceinline__ int64_t b_row_offset(const MmaGemmParams& p, int n) {
 // pdl_begin() then hit L2. Elements [k_begin, k_end) of the tile's BN weight rows, one bulk
 // prefetch per row (16-byte multiples: the async path's K % 8 == 0 and aligned rows). Timing
 // only: nothing is written, so never bits.
-// `bytes` (a multiple of 16, 16-byte aligned src) of global memory into L2 (sm_90 bulk prefetch).
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 template <int BN>
 __device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, const uint16_t* w, int n0, int k_begin,
                                                     int k_end) {
