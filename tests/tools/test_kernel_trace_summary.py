@@ -87,6 +87,15 @@ with tempfile.TemporaryDirectory() as d:
     if out.returncode == 0 or "no graph steps" not in out.stderr:
         fails.append("a trace without graph replays should fail with a message: %s" % out.stderr)
 
+    bad = os.path.join(d, "bad.txt")
+    open(bad, "w").write("1 2 7 3 1 1 1 32 ok_kernel\n1 x 7 3 1 1 1 32 broken_kernel\n")
+    out = subprocess.run([sys.executable, TOOL, bad], capture_output=True, text=True)
+    if out.returncode == 0 or bad + ":2:" not in out.stderr or "Traceback" in out.stderr:
+        fails.append("a non-number field should fail naming the file and line: %s" % out.stderr)
+    out = subprocess.run([sys.executable, TOOL, os.path.join(d, "missing.txt")], capture_output=True, text=True)
+    if out.returncode == 0 or "cannot read" not in out.stderr or "Traceback" in out.stderr:
+        fails.append("a missing file should fail with one clear line: %s" % out.stderr)
+
 if fails:
     print("\n".join(fails))
     sys.exit(1)

@@ -1,7 +1,7 @@
 // Kernel timeline of any CUDA program, CUDA graphs included, through CUPTI's activity API: the
 // driver loads this library at start when CUDA_INJECTION64_PATH names it, and every kernel's
 // start / end (GPU ns), stream, graph and grid go to the file ATLAS_KERNEL_TRACE names, one
-// line each. Unlike Nsight Compute it neither serialises launches nor flushes caches, so the
+// line each (written to <file>.tmp, renamed at exit). Unlike Nsight Compute it neither serialises launches nor flushes caches, so the
 // times are those of a real run (side stream overlap, warm L2, graph replays).
 //   build/bench/cuda/libatlas_ktrace.so (the CMake target atlas_ktrace), or by hand:
 //   g++ -O2 -shared -fPIC tools/profile/kernel_trace.cpp -I$CUDA/include -L$CUDA/lib64 -lcupti -o /tmp/libktrace.so
@@ -17,7 +17,10 @@
 
 namespace {
 
+// The trace goes to <path>.tmp and is renamed to <path> at exit: a run that dies leaves no
+// file that looks like a whole trace.
 std::FILE* g_out = nullptr;
+std::string g_path;
 std::mutex g_mu;
 constexpr size_t kBufBytes = 8u << 20;
 
@@ -59,19 +62,33 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 void flush_at_exit() {
   cuptiActivityFlushAll(1);
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_out) std::fclose(g_out);
+  if (!g_out) return;
+  const bool ok = std::fclose(g_out) == 0;
   g_out = nullptr;
+  const std::string tmp = g_path + ".tmp";
+  if (!ok || std::rename(tmp.c_str(), g_path.c_str()) != 0) {
+    std::fprintf(stderr, "kernel_trace: could not finish %s (writing or renaming %s failed)\n", g_path.c_str(),
+                 tmp.c_str());
+    std::remove(tmp.c_str());
+  }
 }
 
 }  // namespace
 
 extern "C" int InitializeInjection(void) {
   const char* path = std::getenv("ATLAS_KERNEL_TRACE");
-  g_out = std::fopen(path ? path : "kernel_trace.txt", "w");
-  if (!g_out) return 0;
+  g_path = path && *path ? path : "kernel_trace.txt";
+  g_out = std::fopen((g_path + ".tmp").c_str(), "w");
+  if (!g_out) {
+    std::fprintf(stderr, "kernel_trace: cannot write %s.tmp (ATLAS_KERNEL_TRACE): no trace\n", g_path.c_str());
+    return 0;
+  }
   if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
       cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
-    std::fprintf(stderr, "kernel_trace: CUPTI activity setup failed\n");
+    std::fprintf(stderr, "kernel_trace: CUPTI activity setup failed: no trace\n");
+    std::fclose(g_out);
+    g_out = nullptr;
+    std::remove((g_path + ".tmp").c_str());
     return 0;
   }
   std::atexit(flush_at_exit);

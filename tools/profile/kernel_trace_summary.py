@@ -17,13 +17,24 @@ import sys
 
 
 def load(path):
+    """The trace's kernels; lines with fewer than 9 fields are passed over, a field that should be
+    a number and is not ends the run with the file and line named."""
     ks = []
-    with open(path) as f:
-        for line in f:
+    try:
+        f = open(path)
+    except OSError as e:
+        sys.exit(f"kernel_trace_summary: cannot read {path}: {e.strerror}")
+    with f:
+        for n, line in enumerate(f, 1):
             p = line.split()
             if len(p) < 9:
                 continue
-            start, end, stream, graph = int(p[0]), int(p[1]), int(p[2]), int(p[3])
+            try:
+                start, end, stream, graph = int(p[0]), int(p[1]), int(p[2]), int(p[3])
+                int(p[4]), int(p[5]), int(p[6]), int(p[7])
+            except ValueError:
+                sys.exit(f"kernel_trace_summary: {path}:{n}: expected 'start end stream graph gx gy gz block name', "
+                         f"got {line.strip()!r}")
             ks.append(dict(start=start, end=end, stream=stream, graph=graph,
                            key=f"{p[8]} ({p[4]},{p[5]},{p[6]})x{p[7]}"))
     return ks
