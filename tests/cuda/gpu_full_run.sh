@@ -18,8 +18,8 @@
 # PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, env ENVCMP_ARGS,
 # compared with the bench step's figures), ncukernel (Nsight Compute sections of single launches
 # of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), ktrace (CUPTI kernel timeline of batch-1
-# decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS), probes (bench/cuda's launch-floor and
-# persistent-grid probes), notests (skip the test binaries).
+# decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS), probes (bench/cuda's launch-floor,
+# persistent-grid and TLB probes; env PROBES picks some), notests (skip the test binaries).
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
@@ -216,7 +216,7 @@ if has ncustall; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace; then
+if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace || has ncukernel || has envcmp; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -271,10 +271,12 @@ if has envcmp; then
 fi
 if has probes; then
   # The standalone probes of bench/cuda: launch cost in a graph (atlas_launch_floor) and the
-  # persistent-grid MoE layer (atlas_persistent_probe), built here whatever BUILD_TARGETS said.
+  # persistent-grid MoE layer (atlas_persistent_probe), TLB misses of small kernels
+  # (atlas_tlb_probe); built here whatever BUILD_TARGETS said. PROBES: a subset (default all).
   echo "== probes"
-  cmake --build "$B" -j"$(nproc)" --target atlas_launch_floor atlas_persistent_probe >"$out/probes_build.log" 2>&1 || { echo "   probe build failed"; rc=1; }
-  for p in atlas_launch_floor atlas_persistent_probe; do
+  probes=${PROBES:-atlas_launch_floor atlas_persistent_probe atlas_tlb_probe}
+  cmake --build "$B" -j"$(nproc)" --target $probes >"$out/probes_build.log" 2>&1 || { echo "   probe build failed"; rc=1; }
+  for p in $probes; do
     timeout 300 $B/bench/cuda/$p >"$out/$p.txt" 2>&1 || { echo "   $p rc=$?"; rc=1; }
     echo "-- $p"; cat "$out/$p.txt"
   done
@@ -413,13 +415,14 @@ if has ncukernel; then
   # Nsight Compute sections of single kernel launches of a batch-1 generation over the bench's
   # decode prompt, graphs off: NCU_KERNELS="regex:skip ..." (skip = launches of that regex to
   # pass over first, so a decode step's launch can be picked).
+  # NCU_CACHE=none: keep the caches warm between launches (default: flushed before each).
   echo "== ncu sections of batch-1 generation launches"
   [[ -f /tmp/p1.jsonl ]] || { $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); open("/tmp/p1.jsonl","w").write(json.dumps({"id":"d","ids":d["decode_prompt"]})+"\n")' "$out/prompts.json"; }
   for spec in ${NCU_KERNELS:-gemm_mma_kernel:229}; do
     IFS=: read -r kre skip <<<"$spec"
     f="$out/ncu_kernel_${kre//[^A-Za-z0-9_]/_}_$skip.txt"
-    ATLAS_CUDA_GRAPHS=0 timeout 200 "$NCU" --clock-control none --kernel-name regex:"$kre" --launch-skip "$skip" --launch-count 1 \
+    ATLAS_CUDA_GRAPHS=0 timeout 200 "$NCU" --clock-control none ${NCU_CACHE:+--cache-control $NCU_CACHE} --kernel-name regex:"$kre" --launch-skip "$skip" --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
       $B/atlas generate --backend cuda --compute bf16 --model $lite --prompts /tmp/p1.jsonl --out /tmp/prof.jsonl --max-new-tokens 3 --batch 1 >"$f" 2>&1
     echo "   $kre skip $skip rc=$?"
