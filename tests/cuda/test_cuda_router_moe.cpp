@@ -1,5 +1,7 @@
 // Router (softmax, top-k, weights) and MoE permutation / gather / combine.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -197,7 +199,8 @@ TEST_F(Moe, PermuteGatherCombineMatchReference) {
 // moe_combine_add_rmsnorm: the bits of moe_combine (with or without the shared addend), then
 // add_rmsnorm of the residual stream with its sum: x updated in place and the normed rows, in
 // bf16 and f32, at V2-Lite's width and at one past the kernel's register rows (2304), on both
-// bf16 variants (staged and not).
+// bf16 variants of the 256-thread kernel (staged and not) and the wide one. (add_rmsnorm itself
+// is checked against the host reference in test_cuda_elementwise.cpp, on both its kernels.)
 template <class T>
 void combine_norm_matches_two_calls(std::mt19937& rng, int tokens, int k, int dim, bool with_shared) {
   const size_t P = size_t(tokens) * k;
@@ -252,6 +255,13 @@ TEST_F(Moe, CombineAddRmsNormIsCombineThenAddRmsNorm) {
   for (const int k : {1, 8, 10}) {
     SCOPED_TRACE(::testing::Message() << "k " << k);
     combine_norm_matches_two_calls<uint16_t>(rng, 9, k, 2048, true);
+  }
+  // Up to 256 tokens the wide kernel (one 1024-thread block per token) runs both sides where
+  // k <= 8 and dim <= 2048; 300 tokens: the 256-thread kernels.
+  for (const bool shared : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "300 tokens" << (shared ? " with" : " without") << " shared");
+    combine_norm_matches_two_calls<uint16_t>(rng, 300, 6, 2048, shared);
+    combine_norm_matches_two_calls<float>(rng, 300, 6, 1000, shared);
   }
   DevBuf<uint16_t> d(16);
   DevBuf<int32_t> ds(16);
@@ -362,6 +372,87 @@ TEST_F(Moe, RouteEqualsRouterThenPermute) {
         EXPECT_EQ(a->slot.download(), b->slot.download());
       }
     }
+  }
+}
+
+// The one-token path of moe_route (greedy, E <= 64: selection by rank, no block barrier) against
+// router() then moe_permute(): expert counts on both sides of a warp's 32, k from 1 to E, the
+// weights normalised or scaled, scores tied in value (ties go to the lower id in both), and
+// logits that make a score NaN (+inf, NaN, all -inf), where the fused kernel falls back to the
+// general code: the same outputs and the same device error either way.
+TEST_F(Moe, RouteOneTokenEqualsRouterThenPermute) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    int E, k;
+    bool norm;
+    float scale;
+    int kind;  // 0 random, 1 ties (logits in steps of 1, few values), 2 one +inf, 3 one NaN, 4 all -inf
+  };
+  std::vector<Case> cases;
+  for (int E : {6, 31, 32, 33, 40, 64})
+    for (int k : {1, 2, 6})
+      if (k <= E)
+        for (int kind = 0; kind < 5; ++kind) cases.push_back({E, k, kind % 2 == 0, kind % 2 ? 2.5f : 1.0f, kind});
+  cases.push_back({8, 8, true, 1.0f, 1});  // k = E: every expert picked
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "E=" << c.E << " k=" << c.k << " kind=" << c.kind);
+    auto logits = random_f32(size_t(c.E), rng, 2.0f);
+    if (c.kind == 1)
+      for (float& v : logits) v = std::floor(v);  // about four distinct values over E experts
+    if (c.kind == 2) logits[size_t(c.E / 2)] = inf;
+    if (c.kind == 3) logits[size_t(c.E - 1)] = nan;
+    if (c.kind == 4) std::fill(logits.begin(), logits.end(), -inf);
+    DevBuf<float> dl(logits);
+    struct Out {
+      std::vector<int32_t> ids, counts, offsets, sorted, slot;
+      std::vector<float> w, scores;
+      bool error;
+    };
+    auto run = [&](bool fused) {
+      const int E = c.E, k = c.k;
+      DevBuf<int32_t> ids{size_t(k)}, counts{size_t(E)}, offsets{size_t(E + 1)}, sorted{size_t(k)}, slot{size_t(k)},
+          ws{moe_permute_workspace_ints(1, E)};
+      DevBuf<float> w{size_t(k)}, scores{size_t(E)};
+      // (DevBuf's poison is where nothing is written: the error cases leave slots unplaced.)
+      const RouterArgs r{.logits = dl.get(), .topk_ids = ids.get(), .topk_weights = w.get(), .scores = scores.get(),
+                         .tokens = 1, .experts = E, .k = k, .method = TopkMethod::greedy, .n_group = 1,
+                         .topk_group = 1, .norm_topk_prob = c.norm, .routed_scaling_factor = c.scale};
+      const MoePermuteArgs p{.topk_ids = ids.get(), .tokens = 1, .k = k, .experts = E, .counts = counts.get(),
+                             .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
+                             .workspace = ws.get()};
+      if (fused) {
+        moe_route(r, p);
+      } else {
+        router(r);
+        moe_permute(p);
+      }
+      bool error = false;
+      try {
+        check_device_errors();
+      } catch (const Error&) {
+        error = true;
+      }
+      return Out{ids.download(), counts.download(), offsets.download(), sorted.download(), slot.download(),
+                 w.download(), scores.download(), error};
+    };
+    const Out a = run(true), b = run(false);
+    EXPECT_EQ(a.error, b.error);
+    EXPECT_EQ(a.error, c.kind >= 2);  // a NaN score: nothing routable, an id out of range flagged
+    EXPECT_EQ(a.ids, b.ids);
+    EXPECT_EQ(a.counts, b.counts);
+    EXPECT_EQ(a.offsets, b.offsets);
+    EXPECT_EQ(a.sorted, b.sorted);
+    EXPECT_EQ(a.slot, b.slot);
+    // Bit patterns (NaN != NaN as floats).
+    const auto bits = [](const std::vector<float>& v) {
+      std::vector<uint32_t> u(v.size());
+      std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
+      return u;
+    };
+    EXPECT_EQ(bits(a.w), bits(b.w));
+    EXPECT_EQ(bits(a.scores), bits(b.scores));
   }
 }
 

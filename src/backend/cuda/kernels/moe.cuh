@@ -230,6 +230,98 @@ struct RoutePermuteParams {
   int32_t *counts, *offsets, *sorted_token, *pair_slot;
   int* error_flag;
 };
+
+// One token, greedy, E <= 64 experts (two per lane), k <= E: the route and its permutation by
+// one warp with nothing between them but registers and this warp's shared scratch (a batch-1
+// decode step; the general path below took ~6 us at one token on the H200, Nsight session 15:
+// 6 rounds of a shuffle arg-max, a block barrier, the ids read back from memory). The same
+// results bit for bit:
+//  - max, exp and the ascending-order softmax sum are route_token's expressions (every lane sums
+//    the same 64 values in the same order, so every lane holds lane 0's sum);
+//  - selection by rank: the k picks of route_token's repeated arg-max (higher score, ties to the
+//    lower id) are the candidates beaten by fewer than k others under that same strict order,
+//    and pick j is the one beaten by exactly j. That needs a total order: a NaN score (a NaN or
+//    +inf logit) sends the warp back to route_token itself (`return false`, nothing written);
+//  - the weights' normalisation sums the picks in pick order, as lane 0 does there;
+//  - the permutation of one token's k distinct experts: counts[x] = 1 if x was picked,
+//    offsets[x] = the picks below x, pair j at offsets[its expert] (permute_one_warp's result for
+//    distinct experts: rank 0 among its expert's pairs).
+// p, w: this warp's scratch ([E] and [k] floats).
+__device__ __forceinline__ bool route_permute_one_token(const RoutePermuteParams& q, float* p, float* w, int lane) {
+  const unsigned full = 0xffffffffu;
+  const int E = q.E, k = q.k;
+  const bool in0 = lane < E, in1 = lane + 32 < E;
+  const float l0 = in0 ? q.logits[lane] : 0.0f, l1 = in1 ? q.logits[lane + 32] : 0.0f;
+  // route_token: m = l[0], then fmaxf over this lane's experts in order, then the warp max.
+  float m = __shfl_sync(full, l0, 0);
+  if (in0) m = fmaxf(m, l0);
+  if (in1) m = fmaxf(m, l1);
+  m = warp_max(m);
+  if (in0) p[lane] = expf(l0 - m);
+  if (in1) p[lane + 32] = expf(l1 - m);
+  __syncwarp();
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += p[e];
+  const float v0 = in0 ? p[lane] / sum : 0.0f, v1 = in1 ? p[lane + 32] / sum : 0.0f;
+  if (__any_sync(full, (in0 && isnan(v0)) || (in1 && isnan(v1)))) return false;
+  __syncwarp();  // every lane's reads of p[] are done
+  if (in0) p[lane] = v0;
+  if (in1) p[lane + 32] = v1;
+  if (q.scores) {
+    if (in0) q.scores[lane] = v0;
+    if (in1) q.scores[lane + 32] = v1;
+  }
+  __syncwarp();
+  // Rank of expert e with score v: the experts e2 with p[e2] > v, or == v and e2 < e.
+  int r0 = 0, r1 = 0;
+  for (int e2 = 0; e2 < E; ++e2) {
+    const float u = p[e2];
+    r0 += (u > v0 || (u == v0 && e2 < lane)) ? 1 : 0;
+    r1 += (u > v1 || (u == v1 && e2 < lane + 32)) ? 1 : 0;
+  }
+  const bool s0 = in0 && r0 < k, s1 = in1 && r1 < k;
+  if (s0) {
+    q.ids[r0] = lane;
+    w[r0] = v0;
+  }
+  if (s1) {
+    q.ids[r1] = lane + 32;
+    w[r1] = v1;
+  }
+  __syncwarp();
+  // The weights, as route_token's lane 0 computes them, pick j by lane j.
+  if (q.norm_topk_prob && k > 1) {
+    float s = 0.0f;
+    for (int j = 0; j < k; ++j) s += w[j];
+    s += 1e-20f;
+    if (lane < k) q.weights[lane] = w[lane] / s;
+  } else if (lane < k) {
+    q.weights[lane] = w[lane] * q.scaling;
+  }
+  // The permutation: expert x = lane (+ 32) picked or not; offsets = picks below x.
+  const unsigned b0 = __ballot_sync(full, s0), b1 = __ballot_sync(full, s1);
+  const unsigned below = (1u << lane) - 1u;
+  const int o0 = __popc(b0 & below), o1 = __popc(b0) + __popc(b1 & below);
+  if (in0) {
+    q.counts[lane] = s0 ? 1 : 0;
+    q.offsets[lane] = o0;
+  }
+  if (in1) {
+    q.counts[lane + 32] = s1 ? 1 : 0;
+    q.offsets[lane + 32] = o1;
+  }
+  if (lane == 0) q.offsets[E] = k;
+  if (s0) {
+    q.sorted_token[o0] = 0;
+    q.pair_slot[r0] = o0;
+  }
+  if (s1) {
+    q.sorted_token[o1] = 0;
+    q.pair_slot[r1] = o1;
+  }
+  return true;
+}
+
 // Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
 __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePermuteParams q) {
   pdl_begin();
@@ -238,6 +330,15 @@ __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePer
   __shared__ float sw[kRoutePermuteWarps][kRouterMaxK];
   extern __shared__ int32_t permute_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (q.tokens == 1 && !q.grouped && q.E <= 64 && q.k <= q.E) {  // block-uniform
+    if (warp != 0 || route_permute_one_token(q, sp[0], sw[0], lane)) return;
+    // A NaN score: route_token and permute_one_warp exactly as below, by this warp alone.
+    route_token(q.logits, q.ids, q.weights, q.scores, 0, q.E, q.k, q.grouped, q.n_group, q.topk_group,
+                q.norm_topk_prob, q.scaling, sp[0], scand[0], sw[0], lane);
+    __syncwarp();  // the ids lane 0 wrote, visible to the warp
+    permute_one_warp(q.ids, q.k, q.k, q.E, q.counts, q.offsets, q.sorted_token, q.pair_slot, q.error_flag);
+    return;
+  }
   for (int t = warp; t < q.tokens; t += kRoutePermuteWarps) {
     __syncwarp();  // the previous token's reads of this warp's scratch are done
     route_token(q.logits, q.ids, q.weights, q.scores, t, q.E, q.k, q.grouped, q.n_group, q.topk_group,
@@ -382,6 +483,61 @@ __global__ void __launch_bounds__(kReduceThreads)
       pre, x + t * dim,
       [&](int j, int i) { return j >= 0 ? yv[j] : finish(combine(i), addend ? to_f32(addend[t * dim + i]) : 0.0f); },
       norm_w, h + t * dim, dim, eps, scratch);
+}
+
+// moe_combine_add_rmsnorm_kernel for rows of at most kWideDim and k <= kCombineStageK, one block
+// of kWideThreads per token (rmsnorm.cuh, "wide norms"): each thread combines its kWideRegs
+// elements (every gathered load issued before the first sum: the k rounds are predicated, not
+// left early), in the same order, with the same roundings; the norm is rmsnorm_wide_finish.
+// The same bits as the 256-thread kernel.
+template <class T>
+__global__ void __launch_bounds__(kWideThreads)
+    moe_combine_add_rmsnorm_wide_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
+                                        const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
+                                        const T* __restrict__ norm_w, T* h, int dim, float eps) {
+  pdl_begin();
+  __shared__ float scratch[16];
+  __shared__ float sq[kWideDim];
+  const int64_t t = blockIdx.x;
+  const int tid = threadIdx.x;
+  T* xr = x + t * dim;
+  float xv[kWideRegs], wv[kWideRegs], av[kWideRegs];
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = tid + m * kWideThreads;
+    xv[m] = i < dim ? to_f32(xr[i]) : 0.0f;
+    wv[m] = i < dim ? to_f32(norm_w[i]) : 0.0f;
+    av[m] = addend && i < dim ? to_f32(addend[t * dim + i]) : 0.0f;
+  }
+  int32_t sl[kCombineStageK];
+  float wt[kCombineStageK];
+#pragma unroll
+  for (int q = 0; q < kCombineStageK; ++q) {
+    sl[q] = q < k ? slot[t * k + q] : 0;
+    wt[q] = q < k ? w[t * k + q] : 0.0f;
+  }
+  float yq[kCombineStageK][kWideRegs];
+#pragma unroll
+  for (int q = 0; q < kCombineStageK; ++q)
+#pragma unroll
+    for (int m = 0; m < kWideRegs; ++m) {
+      const int i = tid + m * kWideThreads;
+      yq[q][m] = q < k && i < dim ? to_f32(ys[int64_t(sl[q]) * dim + i]) : 0.0f;
+    }
+  float v[kWideRegs];
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = tid + m * kWideThreads;
+    float acc = 0.0f;  // moe_combine_kernel's order: slots ascending from +0
+#pragma unroll
+    for (int q = 0; q < kCombineStageK; ++q)
+      if (q < k) acc += wt[q] * yq[q][m];
+    const T routed = from_f32<T>(acc);
+    const float y = addend ? to_f32(from_f32<T>(to_f32(routed) + av[m])) : to_f32(routed);
+    v[m] = round_as<T>(xv[m] + y);  // the residual add, as rmsnorm_row<T, true>
+    if (i < dim) xr[i] = from_f32<T>(v[m]);
+  }
+  rmsnorm_wide_finish<T>(v, wv, h + t * dim, dim, eps, sq, scratch);
 }
 
 }  // namespace atlas::cuda::kern
