@@ -5,6 +5,7 @@
 #include <numbers>
 #include <numeric>
 
+#include "backend/cuda/cuda_internal.h"  // detail::wide_norm_setting
 #include "backend/cuda/reference.h"
 #include "cuda_test_util.h"
 
@@ -60,8 +61,9 @@ class Elementwise : public CudaTest {};
 TEST_F(Elementwise, RmsNormBitExactAndInPlace) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  for (int dim : {2048, 512, 100, 3000}) {  // 3000: past the 8 elements per thread kept in registers
-    const int rows = 37;
+  // 3000: past the 8 elements per thread kept in registers; rows 37: the wide kernel (one
+  // 1024-thread block per row) where dim <= 2048, 300: the 256-thread kernel.
+  for (const auto& [dim, rows] : {std::pair{2048, 37}, {512, 37}, {100, 37}, {3000, 37}, {2048, 300}, {100, 300}}) {
     const int64_t stride = dim == 512 ? 576 : dim;  // kv_a output: 512 latent of a 576 row
     auto x = random_bf16(rows * stride, rng, 3.0f);
     auto w = random_bf16(dim, rng, 0.5f);
@@ -72,7 +74,7 @@ TEST_F(Elementwise, RmsNormBitExactAndInPlace) {
     rmsnorm({.x = dx.get(), .weight = dw.get(), .out = dout.get(), .rows = rows, .dim = dim,
              .x_stride = stride});
     check_device_errors();
-    EXPECT_EQ(dout.download(), want) << "dim " << dim;
+    EXPECT_EQ(dout.download(), want) << "dim " << dim << " rows " << rows;
     // Independent check of the formula in double (bf16 output: 2 roundings, <= 2^-7 relative).
     for (int r = 0; r < rows; r += 9) {
       double ss = 0;
@@ -137,12 +139,13 @@ TEST_F(Elementwise, RopeBitExactOnQAndKpeLayouts) {
 }
 
 // The residual add fused with the next norm: x and out are the bits of add() then rmsnorm(),
-// bf16 and f32, at the model's widths and one past the register-resident part (3000).
+// bf16 and f32, at the model's widths and one past the register-resident part (3000), on the
+// wide kernel (19 rows) and the 256-thread one (300 rows).
 TEST_F(Elementwise, AddRmsNormIsAddThenRmsNorm) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  for (int dim : {2048, 512, 100, 3000}) {
-    const int rows = 19;
+  for (const auto& [dim, rows] : {std::pair{2048, 19}, {512, 19}, {100, 19}, {3000, 19}, {2048, 300}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows);
     const int64_t n = int64_t(rows) * dim;
     auto x = random_bf16(size_t(n), rng, 3.0f), y = random_bf16(size_t(n), rng, 1.0f);
     auto w = random_bf16(dim, rng, 0.5f);
@@ -169,6 +172,24 @@ TEST_F(Elementwise, AddRmsNormIsAddThenRmsNorm) {
   }
   DevBuf<uint16_t> d(8);
   EXPECT_THROW(add_rmsnorm({.x = d.get(), .y = d.get(), .weight = d.get(), .out = d.get(), .rows = 1, .dim = 8}), Error);
+}
+
+// The wide-norm switch (no GPU needed): on by default, "0" off, a clear error otherwise.
+TEST(NormSettings, WideSwitchNamesItselfOnBadValues) {
+  EXPECT_TRUE(detail::wide_norm_setting(nullptr));
+  EXPECT_TRUE(detail::wide_norm_setting(""));
+  EXPECT_TRUE(detail::wide_norm_setting("1"));
+  EXPECT_FALSE(detail::wide_norm_setting("0"));
+  for (const char* bad : {"yes", "2", " 1"}) {
+    try {
+      detail::wide_norm_setting(bad);
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ATLAS_WIDE_NORM: expected 0 or 1, got '" + std::string(bad) + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // rope2: the queries' rope parts rotated out of place into the absorbed-query layout and the
@@ -280,9 +301,11 @@ TEST_F(Elementwise, AddBitExact) {
 // cache rows named by dst_rows (a -1 row is skipped), every other cache row untouched, the
 // queries' rope parts in the absorbed-query layout. A position or a cache row out of range
 // raises the same device errors as the unfused kernels.
+// nh: query heads (16 x 32 query pairs = the kernel's register slots exactly; 21 x 32 runs its
+// loop past them too).
 template <class T>
-void latent_to_cache_matches_unfused(std::mt19937& rng) {
-  const int T_ = 37, max_pos = 300, nh = 16, dq = 192, dn = 128, W = 576, dc = 512, slots = 64;
+void latent_to_cache_matches_unfused(std::mt19937& rng, int nh) {
+  const int T_ = 37, max_pos = 300, dq = 192, dn = 128, W = 576, dc = 512, slots = 64;
   const RopeTable tab = build_rope_table(YarnParams{}, max_pos);
   std::vector<T> cos_t(tab.cos.size()), sin_t(tab.sin.size()), norm_w(dc), q(size_t(T_) * nh * dq),
       lat(size_t(T_) * W), qt0(size_t(T_) * nh * W), cache0(size_t(slots) * W);
@@ -363,18 +386,25 @@ void latent_to_cache_matches_unfused(std::mt19937& rng) {
   LatentCacheArgsT<T> narrow = fused;
   narrow.lat_stride = W - 1;
   EXPECT_THROW(latent_to_cache(narrow), Error);
+  LatentCacheArgsT<T> wide_rope = fused;
+  wide_rope.rope_dim = 514;
+  wide_rope.lat_stride = dc + 514;
+  EXPECT_THROW(latent_to_cache(wide_rope), Error);
 }
 
 TEST_F(Elementwise, LatentToCacheEqualsTheUnfusedKernels) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  {
-    SCOPED_TRACE("bf16");
-    latent_to_cache_matches_unfused<uint16_t>(rng);
-  }
-  {
-    SCOPED_TRACE("f32");
-    latent_to_cache_matches_unfused<float>(rng);
+  for (int nh : {16, 21}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << nh);
+    {
+      SCOPED_TRACE("bf16");
+      latent_to_cache_matches_unfused<uint16_t>(rng, nh);
+    }
+    {
+      SCOPED_TRACE("f32");
+      latent_to_cache_matches_unfused<float>(rng, nh);
+    }
   }
 }
 

@@ -35,6 +35,12 @@ int gemm_stream_setting(const char* value);
 // ATLAS_GEMM_STREAM_GROUPED's value (null: unset): whether grouped problems of <= 8 rows take
 // that config too (for end-to-end measurements; "1" on, unset or "0" off); anything else throws.
 bool gemm_stream_grouped_setting(const char* value);
+// ATLAS_WIDE_NORM's value (null: unset): whether the norms of at most kWideNormMaxRows rows (and
+// the fused MoE combine + norm) run one 1024-thread block per row (kernels/rmsnorm.cuh, "wide
+// norms"; the same bits) — unset or "1" yes, "0" no (for A/B runs); anything else throws an
+// Error naming the variable. ops.cu reads it once.
+bool wide_norm_setting(const char* value);
+constexpr int kWideNormMaxRows = 256;
 
 // One device int per device, set by kernels that find bad data they cannot reject on the host
 // (out-of-range positions, expert ids, cache lengths); read by check_device_errors().

@@ -2,6 +2,7 @@
 // MoE permutation / gather / combine. The templated ones run on bf16 (uint16_t) or f32 (the
 // checking mode): one implementation per op, two public overloads.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -18,7 +19,25 @@ namespace atlas::cuda {
 
 using namespace detail;
 
+namespace detail {
+
+bool wide_norm_setting(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "1") return true;
+  if (v == "0") return false;
+  throw Error("cuda: ATLAS_WIDE_NORM: expected 0 or 1, got '" + v + "'");
+}
+
+}  // namespace detail
+
 namespace {
+
+// The wide norms (one 1024-thread block per row) for few rows: a decode step's norms are single
+// rows whose 256-thread blocks were instruction chains; many rows fill the GPU either way.
+bool use_wide_norm(int rows, int dim) {
+  static const bool on = wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
+  return on && rows <= kWideNormMaxRows && dim <= kern::kWideDim;
+}
 
 template <class T>
 void rmsnorm_impl(const RmsNormArgsT<T>& a) {
@@ -30,8 +49,12 @@ void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   require(a.x && a.weight && a.out, op, "pointers", "x, weight and out must be set");
   if (a.rows == 0) return;
   // The kernel writes x only in its fused-add form.
-  launch(kern::rmsnorm_kernel<T, false>, a.rows, kern::kReduceThreads, 0, stream_of(a.stream),
-      const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
+  if (use_wide_norm(a.rows, a.dim))
+    launch(kern::rmsnorm_wide_kernel<T, false>, a.rows, kern::kWideThreads, 0, stream_of(a.stream),
+        const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
+  else
+    launch(kern::rmsnorm_kernel<T, false>, a.rows, kern::kReduceThreads, 0, stream_of(a.stream),
+        const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
@@ -43,8 +66,12 @@ void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
   require(a.x && a.y && a.weight && a.out, op, "pointers", "x, y, weight and out must be set");
   require(a.out != a.x && a.out != a.y, op, "out", "must not alias x or y");
   if (a.rows == 0) return;
-  launch(kern::rmsnorm_kernel<T, true>, a.rows, kern::kReduceThreads, 0, stream_of(a.stream),
-      a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
+  if (use_wide_norm(a.rows, a.dim))
+    launch(kern::rmsnorm_wide_kernel<T, true>, a.rows, kern::kWideThreads, 0, stream_of(a.stream),
+        a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
+  else
+    launch(kern::rmsnorm_kernel<T, true>, a.rows, kern::kReduceThreads, 0, stream_of(a.stream),
+        a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
   check_launch(op);
 }
 
@@ -128,7 +155,8 @@ void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
   const char* op = "latent_to_cache";
   require(a.tokens >= 0, op, "tokens", "must be >= 0");
   require(a.latent > 0, op, "latent", "must be > 0");
-  require(a.rope_dim > 0 && a.rope_dim % 2 == 0, op, "rope_dim", "must be even and > 0");
+  require(a.rope_dim > 0 && a.rope_dim % 2 == 0 && a.rope_dim <= 2 * kern::kReduceThreads, op, "rope_dim",
+          "must be even, > 0 and <= 512 (one key pair per thread)");
   require(a.heads > 0, op, "heads", "must be > 0");
   const int64_t width = int64_t(a.latent) + a.rope_dim, ls = a.lat_stride ? a.lat_stride : width;
   require(ls >= width, op, "lat_stride", "smaller than latent + rope_dim");
@@ -193,11 +221,13 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
   require(a.out != a.x, op, "out", "must not alias x");
   if (a.tokens == 0) return;
   const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  const auto run = [&](auto kernel) {
-    launch(kernel, unsigned(a.tokens), kern::kReduceThreads, 0, stream_of(a.stream), a.y_sorted, a.pair_slot,
-           a.topk_weights, a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
+  const auto run = [&](auto kernel, int threads = kern::kReduceThreads) {
+    launch(kernel, unsigned(a.tokens), threads, 0, stream_of(a.stream), a.y_sorted, a.pair_slot, a.topk_weights,
+           a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
   };
-  if constexpr (std::is_same_v<T, uint16_t>) {
+  if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim))
+    run(kern::moe_combine_add_rmsnorm_wide_kernel<T>, kern::kWideThreads);
+  else if constexpr (std::is_same_v<T, uint16_t>) {
     const bool stage = a.k <= kern::kCombineStageK && a.dim <= kern::kCombineStageDim && a.dim % 8 == 0 &&
                        a16(a.y_sorted) && (!a.addend || a16(a.addend));
     stage ? run(kern::moe_combine_add_rmsnorm_kernel<T, true>) : run(kern::moe_combine_add_rmsnorm_kernel<T, false>);

@@ -66,12 +66,14 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// `scratch` holds at least 8 floats; the block must have exactly kReduceThreads threads.
+// `scratch` holds at least 9 floats. The block has kReduceThreads threads, or more (the wide
+// norms of rmsnorm.cuh: 1024), in which case only the first kReduceThreads threads' values
+// count: the order is the same whatever the block size.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
   v = warp_sum(v);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
+  if (lane == 0 && warp < kReduceThreads / 32) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
     float s = lane < 8 ? scratch[lane] : 0.0f;

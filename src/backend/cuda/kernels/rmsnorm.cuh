@@ -87,6 +87,77 @@ __device__ __forceinline__ void rmsnorm_row(const RmsPre& pre, T* xr, YAt y_at, 
     orow[i] = from_f32<T>(to_f32(w[i]) * round_as<T>(to_f32(xr[i]) * r));
 }
 
+// ---- wide norms: one row by kWideThreads threads (rows of at most kWideDim) ----
+// The same arithmetic as rmsnorm_row, spread over four times the threads: thread T holds the
+// elements T + m * kWideThreads (m < kWideRegs) in registers. Only the sum of squares has an
+// order across elements (thread i < kReduceThreads adds the squares of i, i + 256, ... in turn,
+// then block_sum), so the squares go through shared memory and the first kReduceThreads threads
+// add them in that order; everything else is per element. Why: at one row (a batch-1 decode
+// step) a 256-thread norm is a chain of dependent instructions per thread (8 elements each, the
+// bf16 roundings of every step); Nsight (H200, session 15) saw a fused combine + norm issue ~1400
+// instructions per warp with 2 warps per scheduler, 4 us of its 5.5.
+constexpr int kWideThreads = 4 * kReduceThreads, kWideRegs = kRmsRegs / 4;
+constexpr int kWideDim = kWideThreads * kWideRegs;  // = kRmsRegs * kReduceThreads (2048)
+
+// v: this thread's elements of the row to normalise (already rounded as rmsnorm_row's v), w: the
+// weights at the same elements; out[i] = w * round(v * r). sq: kWideDim floats of shared memory.
+template <class T>
+__device__ __forceinline__ void rmsnorm_wide_finish(const float (&v)[kWideRegs], const float (&w)[kWideRegs], T* orow,
+                                                    int dim, float eps, float* sq, float* scratch) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = tid + m * kWideThreads;
+    if (i < dim) sq[i] = v[m] * v[m];  // the product rmsnorm_row adds, rounded as it is there
+  }
+  __syncthreads();
+  float ss = 0.0f;
+  if (tid < kReduceThreads) {
+#pragma unroll
+    for (int j = 0; j < kRmsRegs; ++j)
+      if (tid + j * kReduceThreads < dim) ss += sq[tid + j * kReduceThreads];
+  }
+  ss = block_sum(ss, scratch);
+  const float r = 1.0f / sqrtf(ss / float(dim) + eps);
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = tid + m * kWideThreads;
+    if (i < dim) orow[i] = from_f32<T>(w[m] * round_as<T>(v[m] * r));
+  }
+}
+
+// rmsnorm_kernel<T, kAdd> for dim <= kWideDim, one block of kWideThreads per row: the same bits.
+template <class T, bool kAdd>
+__global__ void __launch_bounds__(kWideThreads)
+    rmsnorm_wide_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim, int64_t x_stride,
+                        int64_t out_stride, float eps) {
+  pdl_begin();
+  __shared__ float scratch[16];
+  __shared__ float sq[kWideDim];
+  T* xr = x + int64_t(blockIdx.x) * x_stride;
+  const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
+  float v[kWideRegs], wv[kWideRegs], yv[kWideRegs];
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = threadIdx.x + m * kWideThreads;
+    v[m] = i < dim ? to_f32(xr[i]) : 0.0f;
+    wv[m] = i < dim ? to_f32(w[i]) : 0.0f;
+    yv[m] = kAdd && i < dim ? to_f32(yr[i]) : 0.0f;
+  }
+  if constexpr (kAdd) {
+#pragma unroll
+    for (int m = 0; m < kWideRegs; ++m) {
+      const int i = threadIdx.x + m * kWideThreads;
+      if (i < dim) {
+        v[m] = round_as<T>(v[m] + yv[m]);
+        xr[i] = from_f32<T>(v[m]);
+      }
+    }
+  }
+  // out may alias x (rmsnorm): every read of the row is above, before the barriers.
+  rmsnorm_wide_finish<T>(v, wv, out + int64_t(blockIdx.x) * out_stride, dim, eps, sq, scratch);
+}
+
 template <class T, bool kAdd>
 __global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim,
                                int64_t x_stride, int64_t out_stride, float eps) {
