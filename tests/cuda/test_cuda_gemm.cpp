@@ -236,37 +236,6 @@ TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
   }
 }
 
-TEST(GemmSettings, StreamOneRowAndMinNSwitchesNameThemselvesOnBadValues) {
-  EXPECT_TRUE(detail::gemm_stream_one_row_setting(nullptr));
-  EXPECT_TRUE(detail::gemm_stream_one_row_setting("1"));
-  EXPECT_FALSE(detail::gemm_stream_one_row_setting("0"));
-  EXPECT_EQ(detail::gemm_stream_min_n_setting(nullptr), 4096);
-  EXPECT_EQ(detail::gemm_stream_min_n_setting(""), 4096);
-  EXPECT_EQ(detail::gemm_stream_min_n_setting("2048"), 2048);
-  EXPECT_EQ(detail::gemm_stream_min_n_setting("1"), 1);
-  for (const char* bad : {"yes", "2", "on"}) {
-    try {
-      detail::gemm_stream_one_row_setting(bad);
-      ADD_FAILURE() << "no error for '" << bad << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("ATLAS_GEMM_STREAM_ONE_ROW: expected 0 or 1, got '" + std::string(bad) + "'"),
-                std::string::npos)
-          << e.what();
-    }
-  }
-  for (const char* bad : {"0", "-5", "2k", "+7", " 8", "4096 ", "99999999999", "x"}) {
-    try {
-      detail::gemm_stream_min_n_setting(bad);
-      ADD_FAILURE() << "no error for '" << bad << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("ATLAS_GEMM_STREAM_MIN_N: expected a whole number of columns >= 1, got '" +
-                                           std::string(bad) + "'"),
-                std::string::npos)
-          << e.what();
-    }
-  }
-}
-
 TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
   EXPECT_FALSE(detail::gemm_stream_grouped_setting(nullptr));
   EXPECT_FALSE(detail::gemm_stream_grouped_setting(""));
@@ -908,24 +877,14 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   m1.M = 1;
   m1.N = 3072;
   EXPECT_EQ(gemm_config_name(gemm_chosen_config(m1)), "c16x64/4w");
-  // Session 13: up to 8 rows and N >= 4096 (ATLAS_GEMM_STREAM_MIN_N) stream the weights
-  // (kernels/gemm_stream.cuh), unless ATLAS_GEMM_STREAM=0; session 15: one row takes the
-  // one-row tiles unless ATLAS_GEMM_STREAM_ONE_ROW=0.
-  const auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return std::string(v == nullptr ? "" : v);
-  };
-  const std::string stream = env("ATLAS_GEMM_STREAM"), one_row = env("ATLAS_GEMM_STREAM_ONE_ROW");
-  const std::string warps = stream == "6" ? "6w" : "3w";
-  if (env("ATLAS_GEMM_STREAM_MIN_N").empty()) {
-    GemmArgs lm_head = m1;
-    lm_head.N = 102400;
-    EXPECT_EQ(gemm_config_name(gemm_chosen_config(lm_head)),
-              stream == "0" ? "c16x64/4w" : (one_row == "0" ? "stream8x8/" : "stream1x8/") + warps);
-    GemmArgs lm_head4 = lm_head;
-    lm_head4.M = 4;
-    EXPECT_EQ(gemm_config_name(gemm_chosen_config(lm_head4)), stream == "0" ? "c16x64/4w" : "stream8x8/" + warps);
-  }
+  // Session 13: one row and N >= 4096 streams the weights (kernels/gemm_stream.cuh), unless
+  // ATLAS_GEMM_STREAM=0.
+  const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");
+  const std::string stream = stream_env == nullptr ? "" : stream_env;
+  GemmArgs lm_head = m1;
+  lm_head.N = 102400;
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(lm_head)),
+            stream == "0" ? "c16x64/4w" : stream == "6" ? "stream8x8/6w" : "stream8x8/3w");
   for (int c = 0; c < gemm_config_count(); ++c) {
     const std::string name = gemm_config_name(c);
     if (name[0] != 'c') continue;

@@ -35,12 +35,6 @@ int gemm_stream_setting(const char* value);
 // ATLAS_GEMM_STREAM_GROUPED's value (null: unset): whether grouped problems of <= 8 rows take
 // that config too (for end-to-end measurements; "1" on, unset or "0" off); anything else throws.
 bool gemm_stream_grouped_setting(const char* value);
-// ATLAS_GEMM_STREAM_ONE_ROW (null: unset): whether one-row problems take the stream config's
-// one-row-tile variant (unset or "1" yes, "0" no); ATLAS_GEMM_STREAM_MIN_N: the narrowest N the
-// stream config takes at <= 8 rows (unset: 4096; a whole number >= 1). Anything else throws an
-// Error naming the variable. For A/B measurements; gemm.cu reads them once.
-bool gemm_stream_one_row_setting(const char* value);
-int gemm_stream_min_n_setting(const char* value);
 // ATLAS_WIDE_NORM's value (null: unset): whether the norms of at most kWideNormMaxRows rows (and
 // the fused MoE combine + norm) run one 1024-thread block per row (kernels/rmsnorm.cuh, "wide
 // norms"; the same bits) — unset or "1" yes, "0" no (for A/B runs); anything else throws an

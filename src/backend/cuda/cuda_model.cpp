@@ -344,10 +344,9 @@ class CudaModelT final : public Model {
   // Expert GEMM over the rows sorted by expert (device offsets), optional gather of A rows.
   // gated = I > 0: the gate|up GEMM (N = 2I) with SiLU, out = act [max_rows, I], scratch
   // [max_rows, 2I] (GroupedGemmArgs::gated; the f32 mode runs the GEMM into scratch, then silu_gate).
-  // one_row_groups: GroupedGemmArgs::one_row_groups (a hint).
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
-                   int64_t gated = 0, Elem* scratch = nullptr, bool one_row_groups = false) const;
+                   int64_t gated = 0, Elem* scratch = nullptr) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -736,7 +735,7 @@ template <class Elem>
 void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit,
                                    const ExpertWeightsT<Elem>& w,
                                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
-                                   int64_t K, int64_t gated, Elem* scratch, bool one_row_groups) const {
+                                   int64_t K, int64_t gated, Elem* scratch) const {
   if constexpr (kF32) {
     grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = gated ? scratch : out,
                       .groups = int(groups), .max_rows = int(max_rows), .N = int(N), .K = int(K),
@@ -748,7 +747,7 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
     grouped_gemm({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
                   .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
                   .w_base = w.base, .w_group_stride = w.stride,
-                  .gated = int(gated), .gated_scratch = scratch, .one_row_groups = one_row_groups, .stream = s_});
+                  .gated = int(gated), .gated_scratch = scratch, .stream = s_});
   }
 }
 
@@ -1110,9 +1109,8 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   }
   // (The permutation does not read the weights: an observer's change reaches the combine only.)
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
-  // One token: its k experts are distinct, so every group holds at most one row (a config hint).
-  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, M == 1);  // act = silu(gate) * up
-  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I, 0, nullptr, M == 1);
+  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
+  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).
   if (L.has_shared) join_side();  // side_ has nothing after the shared experts

@@ -694,9 +694,6 @@ struct GroupedGemmArgs {
   // bf16 out, batch 1.
   int gated = 0;
   uint16_t* gated_scratch = nullptr;
-  // A hint: no group holds more than one row (one token's distinct experts). It only steers the
-  // choice of config (one-row tiles); every config gives every row the same bits.
-  bool one_row_groups = false;
   Stream stream = nullptr;
 };
 void grouped_gemm(const GroupedGemmArgs& a);

@@ -95,9 +95,6 @@ using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: mor
 //                                     warps stages   smem    blocks per SM
 using CfgSt6 = kern::StreamTile<6, 4>;  //  6    4     198 KB  1
 using CfgSt3 = kern::StreamTile<3, 4>;  //  3    4      99 KB  2 (room for a concurrent kernel)
-// One-row tiles (session 15): slots of one x row, a ring of 7 in the same shared memory.
-using CfgSt6R1 = kern::StreamTile<6, 7, true>;  //  6    7     195 KB  1
-using CfgSt3R1 = kern::StreamTile<3, 7, true>;  //  3    7      97 KB  2
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -200,7 +197,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 28> kConfigs = {
+constexpr std::array<TileConfig, 26> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -218,8 +215,7 @@ constexpr std::array<TileConfig, 28> kConfigs = {
     sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices"),
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
-    make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
-    make_stream_config<CfgSt6R1>("stream1x8/6w"), make_stream_config<CfgSt3R1>("stream1x8/3w")};
+    make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -244,8 +240,7 @@ constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_inde
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
 constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("stream8x8/3w");
-constexpr int kStream6R1 = config_index("stream1x8/6w"), kStream3R1 = config_index("stream1x8/3w");
-static_assert(kStream6 >= 0 && kStream3 >= 0 && kStream6R1 >= 0 && kStream3R1 >= 0, "stream config names");
+static_assert(kStream6 >= 0 && kStream3 >= 0, "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
@@ -275,9 +270,6 @@ struct GemmSetup {
   // The stream config dense_config picks for one-row problems; -1: none (ATLAS_GEMM_STREAM,
   // detail::gemm_stream_setting).
   int stream_choice = -1;
-  // Its one-row variant for problems of one row per problem (-1: none; ATLAS_GEMM_STREAM_ONE_ROW).
-  int stream_one_row = -1;
-  int stream_min_n = 4096;  // the narrowest N it takes at one row (ATLAS_GEMM_STREAM_MIN_N)
   bool stream_grouped = false;  // ATLAS_GEMM_STREAM_GROUPED=1: also for grouped problems of <= 8 rows (measurements)
 };
 
@@ -337,9 +329,6 @@ const GemmSetup& setup() {
     }
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
     g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
-    if (gemm_stream_one_row_setting(std::getenv("ATLAS_GEMM_STREAM_ONE_ROW")))
-      g.stream_one_row = stream_warps == 3 ? kStream3R1 : stream_warps == 6 ? kStream6R1 : -1;
-    g.stream_min_n = gemm_stream_min_n_setting(std::getenv("ATLAS_GEMM_STREAM_MIN_N"));
     g.stream_grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
     const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
     g.tma_persistent = !(persistent_env && std::string(persistent_env) == "0");
@@ -632,15 +621,13 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     // four warps instead (session 8, batch-1 decode: that GEMM 10.5 us per layer on split-K).
     ci = kTiled16;
   }
-  if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1 && a.N >= setup().stream_min_n &&
-      setup().stream_choice >= 0) {
+  if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1 && a.N >= 4096 && setup().stream_choice >= 0) {
     // Weight streaming (kernels/gemm_stream.cuh) where it measured faster, H200, session 13
     // (atlas_cuda_bench, M = 1, us): N x K = 5632 x 2048 (the shared experts' gate|up) 10.3 vs
     // split-K 14.1, 21888 x 2048 30.0 vs c16x64 36.5, the LM head 102400 x 2048 113 vs 139
     // (cuBLASLt 105). Narrower N stays where it was: 3072 x 2048 9.4 vs c16x64 9.2, 2048 x 2048
     // 9.0 vs split-K 7.2, 576 x 2048 8.8 vs 5.0 (one wave of short tiles: the ramp dominates).
-    // One row: the one-row tiles' deeper ring (session 15).
-    ci = a.M == 1 && setup().stream_one_row >= 0 ? setup().stream_one_row : setup().stream_choice;
+    ci = setup().stream_choice;
   }
   ci = config_or_fallback(ci, a.K);
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
@@ -683,9 +670,8 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // isolation, but batch-1 decode 287 vs 299 tok/s end to end: these run beside the shared
   // experts on the side stream, whose blocks its 99-198 KB per block keep off the SMs.
   // ATLAS_GEMM_STREAM_GROUPED=1 takes it, for end-to-end A/B runs.)
-  // A batch-1 step's groups hold one row each (max_rows = k <= 8, one token): the one-row tiles.
   if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_grouped && setup().stream_choice >= 0)
-    ci = a.one_row_groups && setup().stream_one_row >= 0 ? setup().stream_one_row : setup().stream_choice;
+    ci = setup().stream_choice;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   ci = config_or_fallback(ci, a.K);
@@ -1097,28 +1083,6 @@ int gemm_stream_setting(const char* value) {
   if (v == "6") return 6;
   if (v == "0") return 0;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0 (off), 3 or 6 (warps per block), got '" + v + "'");
-}
-
-bool gemm_stream_one_row_setting(const char* value) {
-  const std::string v = value == nullptr ? "" : value;
-  if (v.empty() || v == "1") return true;
-  if (v == "0") return false;
-  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_ONE_ROW: expected 0 or 1, got '" + v + "'");
-}
-
-int gemm_stream_min_n_setting(const char* value) {
-  const std::string v = value == nullptr ? "" : value;
-  if (v.empty()) return 4096;
-  size_t used = 0;
-  long n = -1;
-  try {
-    n = std::stol(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || n < 1 || n > (1 << 30) || v[0] == '+' || v[0] == ' ')
-    throw Error("cuda: gemm: ATLAS_GEMM_STREAM_MIN_N: expected a whole number of columns >= 1, got '" + v + "'");
-  return int(n);
 }
 
 bool gemm_stream_grouped_setting(const char* value) {

@@ -44,21 +44,13 @@
 
 namespace atlas::cuda::kern {
 
-// ONE_ROW: tiles of one output row (BM = 1) whose slots hold that one x row and the 8 weight
-// rows (4.6 KB instead of 8.3), so the same shared memory holds a ring almost twice as deep: at
-// one row per problem (a batch-1 decode step) a warp is latency-bound, two 4 KB steps in flight
-// per memory round trip, and the deeper ring keeps five in flight. The ldmatrix lanes of x rows
-// 1-7 all address row 0 (output rows 1-7 of the m8 block are never stored, so what they hold does
-// not matter). Correct for any M (a tile per row), fast only where rows per problem are 1.
-template <int WARPS_, int STAGES_, bool ONE_ROW_ = false>
+template <int WARPS_, int STAGES_>
 struct StreamTile {
   static constexpr int WARPS = WARPS_, STAGES = STAGES_;
-  static constexpr bool ONE_ROW = ONE_ROW_;
-  static constexpr int BM = ONE_ROW ? 1 : 8, BN = 8;
-  static constexpr int X_ROWS = BM;  // x rows per slot, before the 8 weight rows
+  static constexpr int BM = 8, BN = 8;
   static constexpr int THREADS = 32 * WARPS;
   static constexpr int ROW = kSliceK + 8;  // bf16 elements of a padded slot row (528 bytes)
-  static constexpr int SLOT = (X_ROWS + 8) * ROW;  // x rows [0, X_ROWS), then the weight rows
+  static constexpr int SLOT = 2 * 8 * ROW;  // x rows [0, 8), then weight rows [8, 16)
   static constexpr int SMEM_BYTES = WARPS * STAGES * SLOT * 2;
   static_assert(kSliceK == 256, "a slot row is 32 chunks of 16 bytes");
   static_assert(STAGES >= 4, "two slots computed while two are refilled");
@@ -135,7 +127,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
       if (lane < 8) {
         const int64_t off = b_row_offset(p, t.n_tile * T::BN + lane);
         src = off >= 0 ? t.w + off : nullptr;
-      } else if (lane < 8 + T::X_ROWS) {
+      } else if (lane < 16) {
         const int64_t off = a_row_offset(p, t.row_begin + lane - 8, t.row_end);
         src = off >= 0 ? t.x + off : nullptr;
       }
@@ -145,7 +137,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
     rows = __popc(__ballot_sync(0xffffffffu, src != nullptr));
   };
   // This lane's destination row in a slot (bytes): x rows first, then weight rows.
-  const uint32_t dst_row = uint32_t(((lane < 8 ? T::X_ROWS : 0) + (lane & 7)) * T::ROW * 2);
+  const uint32_t dst_row = uint32_t(((lane < 8 ? 8 : 0) + (lane & 7)) * T::ROW * 2);
   int issued = 0;  // steps copied so far: the next one's slot is issued % STAGES
   const auto issue_step = [&]() {
     if (ipid >= last) return;
@@ -180,10 +172,8 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
   for (int i = 0; i < T::STAGES - 2; ++i) issue_step();
 
   // ldmatrix.x4 addresses: lanes 0-7 x rows 0-7 at k 0-7 of a chunk (a0a1), lanes 8-15 at k 8-15
-  // (a2a3), lanes 16-23 weight rows 0-7 at k 0-7 (b0b1), lanes 24-31 at k 8-15 (b2b3). ONE_ROW:
-  // every x lane addresses row 0.
-  const int frag_row = lane < 16 ? (T::ONE_ROW ? 0 : lane & 7) : T::X_ROWS + (lane & 7);
-  const uint32_t frag_at = ring_at + uint32_t(frag_row * T::ROW * 2 + ((lane >> 3) & 1) * 16);
+  // (a2a3), lanes 16-23 weight rows 0-7 at k 0-7 (b0b1), lanes 24-31 at k 8-15 (b2b3).
+  const uint32_t frag_at = ring_at + uint32_t(((lane >> 4) * 8 + (lane & 7)) * T::ROW * 2 + ((lane >> 3) & 1) * 16);
   const int gid = lane >> 2, tig = lane & 3;
 
   // Compute side: the same steps in pairs of slices (s, s + 1) of a tile (an odd S ends with a
