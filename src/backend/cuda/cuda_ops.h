@@ -246,7 +246,7 @@ struct LatentCacheArgsT {
   int64_t cache_rows = 0;
   int tokens = 0;
   int latent = 0;
-  int rope_dim = 64;  // <= 512: one key pair per thread of the one block per token
+  int rope_dim = 64;
   const T* q = nullptr;  // queries' rope parts (heads per token)
   T* q_out = nullptr;
   int heads = 0;

@@ -155,8 +155,7 @@ void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
   const char* op = "latent_to_cache";
   require(a.tokens >= 0, op, "tokens", "must be >= 0");
   require(a.latent > 0, op, "latent", "must be > 0");
-  require(a.rope_dim > 0 && a.rope_dim % 2 == 0 && a.rope_dim <= 2 * kern::kReduceThreads, op, "rope_dim",
-          "must be even, > 0 and <= 512 (one key pair per thread)");
+  require(a.rope_dim > 0 && a.rope_dim % 2 == 0, op, "rope_dim", "must be even and > 0");
   require(a.heads > 0, op, "heads", "must be > 0");
   const int64_t width = int64_t(a.latent) + a.rope_dim, ls = a.lat_stride ? a.lat_stride : width;
   require(ls >= width, op, "lat_stride", "smaller than latent + rope_dim");

@@ -22,21 +22,16 @@ struct RopeJob {
 
 // Pair k of a head at position p: (r[0], r[1]) rotated into (o[0], o[1]) (o may equal r). Shared
 // with the fused latent-to-cache kernel (kernels/latent_cache.cuh).
-// rope_rotate: the rotation of the pair (a, b) by (c, s), stored to o (callers that load their
-// pairs ahead of time).
-template <class T>
-__device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, T* o) {
-  const float even = round_as<T>(round_as<T>(a * c) - round_as<T>(b * s));
-  const float odd = round_as<T>(round_as<T>(b * c) + round_as<T>(a * s));
-  o[0] = from_f32<T>(even);
-  o[1] = from_f32<T>(odd);
-}
 template <class T>
 __device__ __forceinline__ void rope_pair(const T* r, T* o, int p, int k, int half, const T* __restrict__ cos_t,
                                           const T* __restrict__ sin_t) {
   const float c = to_f32(cos_t[int64_t(p) * half + k]);
   const float s = to_f32(sin_t[int64_t(p) * half + k]);
-  rope_rotate<T>(to_f32(r[0]), to_f32(r[1]), c, s, o);
+  const float a = to_f32(r[0]), b = to_f32(r[1]);
+  const float even = round_as<T>(round_as<T>(a * c) - round_as<T>(b * s));
+  const float odd = round_as<T>(round_as<T>(b * c) + round_as<T>(a * s));
+  o[0] = from_f32<T>(even);
+  o[1] = from_f32<T>(odd);
 }
 
 template <class T>
