@@ -301,10 +301,12 @@ TEST_F(Elementwise, AddBitExact) {
 // cache rows named by dst_rows (a -1 row is skipped), every other cache row untouched, the
 // queries' rope parts in the absorbed-query layout. A position or a cache row out of range
 // raises the same device errors as the unfused kernels.
-// nh: query heads (16: V2-Lite's 512 query pairs, two per thread; 21: 672, a partial round).
+// nh: query heads (16: V2-Lite's 512 query pairs; 21: 672, a partial round of the 256-thread
+// kernel's threads). T_ tokens: up to 256 the wide kernel (one 1024-thread block per token), more
+// the 256-thread one.
 template <class T>
-void latent_to_cache_matches_unfused(std::mt19937& rng, int nh) {
-  const int T_ = 37, max_pos = 300, dq = 192, dn = 128, W = 576, dc = 512, slots = 64;
+void latent_to_cache_matches_unfused(std::mt19937& rng, int nh, int T_) {
+  const int max_pos = 300, dq = 192, dn = 128, W = 576, dc = 512, slots = T_ + 27;
   const RopeTable tab = build_rope_table(YarnParams{}, max_pos);
   std::vector<T> cos_t(tab.cos.size()), sin_t(tab.sin.size()), norm_w(dc), q(size_t(T_) * nh * dq),
       lat(size_t(T_) * W), qt0(size_t(T_) * nh * W), cache0(size_t(slots) * W);
@@ -390,15 +392,15 @@ void latent_to_cache_matches_unfused(std::mt19937& rng, int nh) {
 TEST_F(Elementwise, LatentToCacheEqualsTheUnfusedKernels) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  for (int nh : {16, 21}) {
-    SCOPED_TRACE(::testing::Message() << "heads " << nh);
+  for (const auto& [nh, tokens] : {std::pair{16, 37}, {21, 37}, {16, 300}, {21, 300}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << nh << " tokens " << tokens);
     {
       SCOPED_TRACE("bf16");
-      latent_to_cache_matches_unfused<uint16_t>(rng, nh);
+      latent_to_cache_matches_unfused<uint16_t>(rng, nh, tokens);
     }
     {
       SCOPED_TRACE("f32");
-      latent_to_cache_matches_unfused<float>(rng, nh);
+      latent_to_cache_matches_unfused<float>(rng, nh, tokens);
     }
   }
 }

@@ -36,9 +36,10 @@ int gemm_stream_setting(const char* value);
 // that config too (for end-to-end measurements; "1" on, unset or "0" off); anything else throws.
 bool gemm_stream_grouped_setting(const char* value);
 // ATLAS_WIDE_NORM's value (null: unset): whether the norms of at most kWideNormMaxRows rows (and
-// the fused MoE combine + norm) run one 1024-thread block per row (kernels/rmsnorm.cuh, "wide
-// norms"; the same bits) — unset or "1" yes, "0" no (for A/B runs); anything else throws an
-// Error naming the variable. ops.cu reads it once.
+// the kernels with a norm fused in: the MoE combine + norm, the latent to the MLA cache) run one
+// 1024-thread block per row (kernels/rmsnorm.cuh, "wide norms"; the same bits) — unset or "1"
+// yes, "0" no (for A/B runs); anything else throws an Error naming the variable. ops.cu reads
+// it once.
 bool wide_norm_setting(const char* value);
 constexpr int kWideNormMaxRows = 256;
 

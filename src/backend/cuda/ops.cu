@@ -170,7 +170,10 @@ void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
                                      .qo_ts = a.q_out_token_stride, .qo_hs = a.q_out_head_stride,
                                      .positions = a.positions, .cos_t = a.cos, .sin_t = a.sin,
                                      .max_positions = a.max_positions, .error_flag = error_flag()};
-  launch(kern::latent_cache_kernel<T>, unsigned(a.tokens), kern::kReduceThreads, 0, stream_of(a.stream), p);
+  if (use_wide_norm(a.tokens, a.latent))
+    launch(kern::latent_cache_wide_kernel<T>, unsigned(a.tokens), kern::kWideThreads, 0, stream_of(a.stream), p);
+  else
+    launch(kern::latent_cache_kernel<T>, unsigned(a.tokens), kern::kReduceThreads, 0, stream_of(a.stream), p);
   check_launch(op);
 }
 

@@ -3,7 +3,7 @@
 // parts rotated into the absorbed queries. Exactly rmsnorm_kernel, then rope_kernel (two jobs),
 // then copy_rows_kernel (the same device functions, the same error bits), without the
 // intermediate row: two launches fewer per layer and step. Used where no hook reads that row.
-// One block of kReduceThreads threads per token.
+// One block of kReduceThreads threads per token (latent_cache_wide_kernel below: 1024).
 #pragma once
 
 #include "common.cuh"
@@ -61,6 +61,47 @@ __global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const Late
                         scratch);
   if (pos_ok)
     for (int k = tid; k < p.half; k += kReduceThreads)
+      rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+}
+
+// latent_cache_kernel for latents of at most kWideDim, one block of kWideThreads per token
+// (rmsnorm.cuh, "wide norms"): the same steps in the same order, each pair and element by the
+// same expressions, the norm by rmsnorm_wide_finish; four times the threads, so at V2-Lite's
+// shape every query pair and latent element has a thread of its own instead of two in turn.
+// The same bits.
+template <class T>
+__global__ void __launch_bounds__(kWideThreads) latent_cache_wide_kernel(const LatentCacheParams<T> p) {
+  pdl_begin();
+  __shared__ float scratch[16];
+  __shared__ float sq[kWideDim];
+  const int t = blockIdx.x, tid = threadIdx.x;
+  const T* src = p.lat + int64_t(t) * p.lat_stride;
+  float v[kWideRegs], wv[kWideRegs];  // the norm's row and weights first, as rms_preload
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = tid + m * kWideThreads;
+    v[m] = i < p.latent ? to_f32(src[i]) : 0.0f;
+    wv[m] = i < p.latent ? to_f32(p.norm_w[i]) : 0.0f;
+  }
+  const int pos = p.positions[t];
+  const bool pos_ok = pos >= 0 && pos < p.max_positions;
+  if (!pos_ok && tid == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
+  if (pos_ok)
+    for (int i = tid; i < p.heads * p.half; i += kWideThreads) {
+      const int h = i / p.half, k = i % p.half;
+      rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
+                   p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+    }
+  const int64_t d = p.dst_rows[t];  // block-uniform: the early returns keep the barriers whole
+  if (d < 0) return;                // a padding token: no cache slot
+  if (d >= p.cache_rows) {
+    if (tid == 0) atomicOr(p.error_flag, 8);
+    return;
+  }
+  T* row = p.cache + d * int64_t(p.latent + 2 * p.half);
+  rmsnorm_wide_finish<T>(v, wv, row, p.latent, p.eps, sq, scratch);
+  if (pos_ok)
+    for (int k = tid; k < p.half; k += kWideThreads)
       rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
 }
 
