@@ -74,12 +74,18 @@ with tempfile.TemporaryDirectory() as d:
     # per layer), two launches of 10 us.
     if not any(l.split()[:5] == ["15.0", "30.0", "2", "10.00", "side_kernel"] for l in text.splitlines()):
         fails.append("side kernel row missing: %s" % text)
-    layer = text.split("one step, kernels from latent_cache_kernel #0 to #1")[-1].splitlines()
+    layer = text.split("one step, kernels from latent_cache #0 to #1")[-1].splitlines()
     rows = [l.split() for l in layer if "kernel (" in l]
     if [r[3] for r in rows] != ["latent_cache_kernel", "gemm_kernel", "side_kernel", "latent_cache_kernel"]:
         fails.append("layer listing: %s" % rows)
     elif rows[1][:3] != ["4.00", "14.00", "10.00"]:
         fails.append("offsets from the anchor: %s" % rows[1])
+
+    # An anchor that matches too few kernels says so instead of printing nothing.
+    out = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--anchor", "no_such_kernel"], capture_output=True,
+                         text=True)
+    if out.returncode != 0 or "no layer listing: 0 kernels per step match --anchor 'no_such_kernel'" not in out.stdout:
+        fails.append("a missing anchor should be reported: %s %s" % (out.stdout[-300:], out.stderr))
 
     empty = os.path.join(d, "empty.txt")
     open(empty, "w").write("1 2 7 0 1 1 1 32 not_a_graph_kernel\n")
