@@ -7,7 +7,7 @@
 #include "probe_util.h"
 
 constexpr int kChain = 64;      // launches per graph
-constexpr int kDim = 2048;      // row width (bf16)
+constexpr int kDim = kProbeRowDim;  // row width (bf16)
 constexpr int kRows = 2048;     // GEMV output rows (an o_proj: 2048 x 2048, 8 MB)
 constexpr int kMats = 64;       // distinct weight matrices (512 MB: never all in L2)
 
@@ -25,19 +25,7 @@ __global__ void k_norm(const float* in, float* out, const float* w, const char* 
     for (unsigned off = threadIdx.x * 65536u; off < next_bytes; off += 256u * 65536u)
       prefetch_l2(next + off, min(65536u, next_bytes - off));
   if (pdl) pdl_wait();
-  __shared__ float red[32];
-  float v[4], s = 0.f;
-  for (int j = 0; j < 4; ++j) {
-    v[j] = in[threadIdx.x + 256 * j] * w[threadIdx.x + 256 * j];
-    s += v[j] * v[j];
-  }
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  s = 0.f;
-  for (int i = 0; i < 8; ++i) s += red[i];
-  const float r = rsqrtf(s / 1024.f + 1e-6f);
-  for (int j = 0; j < 4; ++j) out[threadIdx.x + 256 * j] = v[j] * r;
+  probe_norm(in, out, w);
 }
 
 // GEMV: out[n] = sum_k x[k] * W[n][k], a warp per row, 8 rows per block (256 blocks); `next`:
@@ -46,33 +34,17 @@ __global__ void k_gemv(const unsigned short* W, const float* x, float* out, cons
   if (pdl) pdl_release();
   const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (next && threadIdx.x < 8) prefetch_l2(next + size_t(blockIdx.x * 8 + threadIdx.x) * kDim, kDim * 2);
-  const uint4* wr = reinterpret_cast<const uint4*>(W + size_t(row) * kDim);
   uint4 wv[8];
-  for (int i = 0; i < 8; ++i) wv[i] = wr[lane + 32 * i];  // weights do not depend on the previous launch
+  probe_load_row(W, row, lane, wv);  // weights do not depend on the previous launch
   if (pdl) pdl_wait();
-  float s = 0.f;
-  for (int i = 0; i < 8; ++i) {
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(&wv[i]);
-    const int k0 = 8 * (lane + 32 * i);
-    for (int j = 0; j < 8; ++j) s += __uint_as_float(unsigned(h[j]) << 16) * x[k0 + j];
-  }
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+  const float s = probe_dot_row(wv, x, lane);
   if (lane == 0) out[row] = s * 1e-3f;
 }
 
 // Per launch: the median of 15 replays (after 3) of one graph of kChain launches of body().
 template <class F>
 static float time_graph(cudaStream_t s, F&& body) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  body();
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  const float us = median_us(s, 3, 15, [&] { CK(cudaGraphLaunch(ge, s)); }) / kChain;
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return us;
+  return graph_us_per_launch(s, kChain, body);
 }
 
 template <class K, class... A>

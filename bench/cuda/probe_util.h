@@ -1,5 +1,6 @@
-// What the standalone probes of bench/cuda (launch_floor.cu, persistent_probe.cu) share: a
-// CUDA-call check that names the call site and exits, and the median of timed runs.
+// What the standalone probes of bench/cuda (launch_floor.cu, persistent_probe.cu, tlb_probe.cu)
+// share: a CUDA-call check that names the call site and exits, the median of timed runs, and the
+// bodies of the small kernels they time.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,3 +40,57 @@ float median_us(cudaStream_t s, int warm, int reps, F&& run) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
+
+// Per launch: the median device time (us) of 15 replays (after 3) of one CUDA graph captured from
+// body(), which launches `launches` kernels on s.
+template <class F>
+float graph_us_per_launch(cudaStream_t s, int launches, F&& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  body();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  const float us = median_us(s, 3, 15, [&] { CK(cudaGraphLaunch(ge, s)); }) / float(launches);
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return us;
+}
+
+#ifdef __CUDACC__
+// One block of 256 threads: out = in * w / rms(in * w) over 1024 floats (an RMSNorm's shape: one
+// dependent read, a block reduce, a write).
+__device__ inline void probe_norm(const float* in, float* out, const float* w) {
+  __shared__ float red[32];
+  float v[4], s = 0.f;
+  for (int j = 0; j < 4; ++j) {
+    v[j] = in[threadIdx.x + 256 * j] * w[threadIdx.x + 256 * j];
+    s += v[j] * v[j];
+  }
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  s = 0.f;
+  for (int i = 0; i < 8; ++i) s += red[i];
+  const float r = rsqrtf(s / 1024.f + 1e-6f);
+  for (int j = 0; j < 4; ++j) out[threadIdx.x + 256 * j] = v[j] * r;
+}
+
+// A warp's share of a 2048-wide bf16 weight row: 8 x 16 bytes per lane.
+constexpr int kProbeRowDim = 2048;
+__device__ inline void probe_load_row(const unsigned short* W, int row, int lane, uint4 (&wv)[8]) {
+  const uint4* wr = reinterpret_cast<const uint4*>(W + size_t(row) * kProbeRowDim);
+  for (int i = 0; i < 8; ++i) wv[i] = wr[lane + 32 * i];
+}
+// The row's dot product with x (fp32, 2048), every lane getting the sum.
+__device__ inline float probe_dot_row(const uint4 (&wv)[8], const float* x, int lane) {
+  float s = 0.f;
+  for (int i = 0; i < 8; ++i) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(&wv[i]);
+    const int k0 = 8 * (lane + 32 * i);
+    for (int j = 0; j < 8; ++j) s += __uint_as_float(unsigned(h[j]) << 16) * x[k0 + j];
+  }
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+  return s;
+}
+#endif

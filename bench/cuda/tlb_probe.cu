@@ -18,7 +18,7 @@
 #include <cstdint>
 
 constexpr int kChain = 48;
-constexpr int kDim = 2048, kRows = 2048;
+constexpr int kDim = kProbeRowDim, kRows = 2048;
 constexpr size_t kPage = size_t(2) << 20;
 constexpr int kTouch = 12288;           // pages the "far" touch kernel loads from
 constexpr size_t kFar = kTouch * kPage;  // 24 GB
@@ -53,57 +53,24 @@ __global__ void k_touch(const char* base, size_t stride, unsigned* sink) {
 
 __global__ void k_norm(const float* in, float* out, const float* w, Span* span) {
   span_begin(span);
-  __shared__ float red[32];
-  float v[4], s = 0.f;
-  for (int j = 0; j < 4; ++j) {
-    v[j] = in[threadIdx.x + 256 * j] * w[threadIdx.x + 256 * j];
-    s += v[j] * v[j];
-  }
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  s = 0.f;
-  for (int i = 0; i < 8; ++i) s += red[i];
-  const float r = rsqrtf(s / 1024.f + 1e-6f);
-  for (int j = 0; j < 4; ++j) out[threadIdx.x + 256 * j] = v[j] * r;
+  probe_norm(in, out, w);
   span_end(span);
 }
 
+// kSmem: the GEMV holding dynamic shared memory (as atlas's GEMMs do: 48-198 KB), so that the
+// SM's L1 / shared split differs from the norm's; its span is not recorded.
+template <bool kSmem>
 __global__ void k_gemv(const unsigned short* W, const float* x, float* out, Span* span) {
-  span_begin(span);
-  const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const uint4* wr = reinterpret_cast<const uint4*>(W + size_t(row) * kDim);
-  uint4 wv[8];
-  for (int i = 0; i < 8; ++i) wv[i] = wr[lane + 32 * i];
-  float s = 0.f;
-  for (int i = 0; i < 8; ++i) {
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(&wv[i]);
-    const int k0 = 8 * (lane + 32 * i);
-    for (int j = 0; j < 8; ++j) s += __uint_as_float(unsigned(h[j]) << 16) * x[k0 + j];
-  }
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
-  if (lane == 0) out[row] = s * 1e-3f;
-  span_end(span);
-}
-
-// The GEMV again, holding `smem` bytes of dynamic shared memory (as atlas's GEMMs do: 48-198 KB),
-// so that the SM's L1 / shared split differs from the norm's.
-__global__ void k_gemv_smem(const unsigned short* W, const float* x, float* out, Span* span) {
   extern __shared__ float big[];
-  if (threadIdx.x == 0) big[0] = x[0];
+  if (kSmem && threadIdx.x == 0) big[0] = x[0];
+  if (!kSmem) span_begin(span);
   const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const uint4* wr = reinterpret_cast<const uint4*>(W + size_t(row) * kDim);
   uint4 wv[8];
-  for (int i = 0; i < 8; ++i) wv[i] = wr[lane + 32 * i];
-  float s = 0.f;
-  for (int i = 0; i < 8; ++i) {
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(&wv[i]);
-    const int k0 = 8 * (lane + 32 * i);
-    for (int j = 0; j < 8; ++j) s += __uint_as_float(unsigned(h[j]) << 16) * x[k0 + j];
-  }
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
-  __syncthreads();
-  if (lane == 0) out[row] = s * 1e-3f + big[0] * 0.f;
+  probe_load_row(W, row, lane, wv);
+  const float s = probe_dot_row(wv, x, lane);
+  if (kSmem) __syncthreads();
+  if (lane == 0) out[row] = s * 1e-3f + (kSmem ? big[0] * 0.f : 0.f);
+  if (!kSmem) span_end(span);
 }
 
 int main() {
@@ -133,7 +100,7 @@ int main() {
       for (int i = 0; i < kChain; ++i) {
         if (touch) k_touch<<<kTouch / 256, 256, 0, s>>>(far, touch == 2 ? kPage : 2048, sink);
         if (gemv)
-          k_gemv<<<kRows / 8, 256, 0, s>>>(reinterpret_cast<const unsigned short*>(wt(i)), a(i), a(i + 1), spans + i);
+          k_gemv<false><<<kRows / 8, 256, 0, s>>>(reinterpret_cast<const unsigned short*>(wt(i)), a(i), a(i + 1), spans + i);
         else
           k_norm<<<1, 256, 0, s>>>(a(i), a(i + 1), reinterpret_cast<const float*>(wt(i)), spans + i);
       }
@@ -163,24 +130,19 @@ int main() {
   // Shared-memory configuration: pairs [GEMV, norm] in a graph, per pair; the GEMV without
   // shared memory, with 160 KB (the SM's split must change between the two kernels unless the
   // norm asks for the same carveout), and with the norm's carveout set to max shared.
-  CK(cudaFuncSetAttribute(k_gemv_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 << 10));
+  CK(cudaFuncSetAttribute(k_gemv<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 << 10));
   const auto pairs = [&](int smem) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < kChain; ++i) {
-      if (smem)
-        k_gemv_smem<<<kRows / 8, 256, smem, s>>>(reinterpret_cast<const unsigned short*>(wt(i)), a(i), a(i + 1), spans + i);
-      else
-        k_gemv<<<kRows / 8, 256, 0, s>>>(reinterpret_cast<const unsigned short*>(wt(i)), a(i), a(i + 1), spans + i);
-      k_norm<<<1, 256, 0, s>>>(a(i + 1), a(i + 2), reinterpret_cast<const float*>(wt(i) + kPage), spans + i);
-    }
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    const float us = median_us(s, 3, 15, [&] { CK(cudaGraphLaunch(ge, s)); }) / kChain;
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    return us;
+    return graph_us_per_launch(s, kChain, [&] {  // per pair
+      for (int i = 0; i < kChain; ++i) {
+        if (smem)
+          k_gemv<true><<<kRows / 8, 256, smem, s>>>(reinterpret_cast<const unsigned short*>(wt(i)), a(i), a(i + 1),
+                                                    spans + i);
+        else
+          k_gemv<false><<<kRows / 8, 256, 0, s>>>(reinterpret_cast<const unsigned short*>(wt(i)), a(i), a(i + 1),
+                                                  spans + i);
+        k_norm<<<1, 256, 0, s>>>(a(i + 1), a(i + 2), reinterpret_cast<const float*>(wt(i) + kPage), spans + i);
+      }
+    });
   };
   std::printf("graph of [gemv, norm] pairs, us per pair:\n");
   std::printf("  gemv without shared memory            %7.2f\n", pairs(0));

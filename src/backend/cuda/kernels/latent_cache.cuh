@@ -32,36 +32,46 @@ struct LatentCacheParams {
   int* error_flag;    // bit 1: a position out of range (rope's), bit 8: a cache row out of range (copy_rows')
 };
 
+// The rope steps both kernels below share, for a block of kThreads threads on token t.
+// The queries' rope pairs, pair i by thread i mod kThreads.
+template <class T, int kThreads>
+__device__ __forceinline__ void latent_rope_queries(const LatentCacheParams<T>& p, int t, int pos) {
+  for (int i = threadIdx.x; i < p.heads * p.half; i += kThreads) {
+    const int h = i / p.half, k = i % p.half;
+    rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
+                 p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+  }
+}
+// The key's rope pairs from the latent row src into the cache row.
+template <class T, int kThreads>
+__device__ __forceinline__ void latent_rope_key(const LatentCacheParams<T>& p, const T* src, T* row, int pos) {
+  for (int k = threadIdx.x; k < p.half; k += kThreads)
+    rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+}
+
 template <class T>
 __global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const LatentCacheParams<T> p) {
   pdl_begin();
   __shared__ float scratch[16];
-  const int t = blockIdx.x, tid = threadIdx.x;
+  const int t = blockIdx.x;
   const T* src = p.lat + int64_t(t) * p.lat_stride;
   // The norm's row and weights first: their loads overlap the rope's (nothing here writes them).
   const RmsPre pre = rms_preload(src, p.norm_w, p.latent);
   const int pos = p.positions[t];
   const bool pos_ok = pos >= 0 && pos < p.max_positions;
-  if (!pos_ok && tid == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
-  if (pos_ok)
-    for (int i = tid; i < p.heads * p.half; i += kReduceThreads) {
-      const int h = i / p.half, k = i % p.half;
-      rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
-                   p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
-    }
-  const int64_t d = p.dst_rows[t];  // block-uniform: the early returns keep block_sum's barriers whole
+  if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
+  if (pos_ok) latent_rope_queries<T, kReduceThreads>(p, t, pos);
+  const int64_t d = p.dst_rows[t];  // block-uniform: the early returns keep the barriers whole
   if (d < 0) return;                // a padding token: no cache slot
   if (d >= p.cache_rows) {
-    if (tid == 0) atomicOr(p.error_flag, 8);
+    if (threadIdx.x == 0) atomicOr(p.error_flag, 8);
     return;
   }
   T* row = p.cache + d * int64_t(p.latent + 2 * p.half);
   // rmsnorm_row reads its x row through a writable pointer only when it adds a residual (kAdd).
   rmsnorm_row<T, false>(pre, const_cast<T*>(src), [](int, int) { return 0.0f; }, p.norm_w, row, p.latent, p.eps,
                         scratch);
-  if (pos_ok)
-    for (int k = tid; k < p.half; k += kReduceThreads)
-      rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+  if (pos_ok) latent_rope_key<T, kReduceThreads>(p, src, row, pos);
 }
 
 // latent_cache_kernel for latents of at most kWideDim, one block of kWideThreads per token
@@ -74,35 +84,28 @@ __global__ void __launch_bounds__(kWideThreads) latent_cache_wide_kernel(const L
   pdl_begin();
   __shared__ float scratch[16];
   __shared__ float sq[kWideDim];
-  const int t = blockIdx.x, tid = threadIdx.x;
+  const int t = blockIdx.x;
   const T* src = p.lat + int64_t(t) * p.lat_stride;
   float v[kWideRegs], wv[kWideRegs];  // the norm's row and weights first, as rms_preload
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
-    const int i = tid + m * kWideThreads;
+    const int i = threadIdx.x + m * kWideThreads;
     v[m] = i < p.latent ? to_f32(src[i]) : 0.0f;
     wv[m] = i < p.latent ? to_f32(p.norm_w[i]) : 0.0f;
   }
   const int pos = p.positions[t];
   const bool pos_ok = pos >= 0 && pos < p.max_positions;
-  if (!pos_ok && tid == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
-  if (pos_ok)
-    for (int i = tid; i < p.heads * p.half; i += kWideThreads) {
-      const int h = i / p.half, k = i % p.half;
-      rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
-                   p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
-    }
+  if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
+  if (pos_ok) latent_rope_queries<T, kWideThreads>(p, t, pos);
   const int64_t d = p.dst_rows[t];  // block-uniform: the early returns keep the barriers whole
   if (d < 0) return;                // a padding token: no cache slot
   if (d >= p.cache_rows) {
-    if (tid == 0) atomicOr(p.error_flag, 8);
+    if (threadIdx.x == 0) atomicOr(p.error_flag, 8);
     return;
   }
   T* row = p.cache + d * int64_t(p.latent + 2 * p.half);
   rmsnorm_wide_finish<T>(v, wv, row, p.latent, p.eps, sq, scratch);
-  if (pos_ok)
-    for (int k = tid; k < p.half; k += kWideThreads)
-      rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+  if (pos_ok) latent_rope_key<T, kWideThreads>(p, src, row, pos);
 }
 
 }  // namespace atlas::cuda::kern
