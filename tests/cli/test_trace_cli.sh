@@ -34,6 +34,17 @@ assert h["router.1.topk_ids"]["dtype"] == "I32" and h["router.1.topk_ids"]["shap
 assert h["mla.0.latent"]["shape"] == [12, 40] and h["logits"]["shape"] == [12, 1024]
 PY
 
+# A bad ATLAS_* switch of the CUDA backend: one error naming it, before any GPU is looked for
+# (so on this machine too), no output file. Skipped where atlas was built without CUDA.
+err="$(ATLAS_WIDE_NORM=2 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json" 2>&1 >/dev/null)"
+if grep -q "built without CUDA" <<<"$err"; then
+  echo "skip bad CUDA switch: this atlas was built without CUDA"
+else
+  expect_error "bad CUDA switch" "ATLAS_WIDE_NORM: expected 0 or 1, got '2'" \
+    env ATLAS_WIDE_NORM=2 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad CUDA switch" "$work/env.json"
+fi
+
 # --layers 0-1: three hidden stages equal to the full run's, no logits.
 "$bin" trace --model "$model" --ids "$ids" --layers 0-1 --json "$work/p.json" >/dev/null
 /usr/bin/python3 - "$work/a.json" "$work/p.json" <<'PY' && ok "partial layers" || bad "partial layers"

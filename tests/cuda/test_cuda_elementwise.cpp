@@ -1,9 +1,12 @@
 // RMSNorm, RoPE (+ YaRN tables), SiLU gate and bf16 add on the GPU against the CPU references.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numbers>
 #include <numeric>
+#include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_internal.h"  // detail::wide_norm_setting
 #include "backend/cuda/reference.h"
@@ -172,6 +175,56 @@ TEST_F(Elementwise, AddRmsNormIsAddThenRmsNorm) {
   }
   DevBuf<uint16_t> d(8);
   EXPECT_THROW(add_rmsnorm({.x = d.get(), .y = d.get(), .weight = d.get(), .out = d.get(), .rows = 1, .dim = 8}), Error);
+}
+
+// check_environment (no GPU needed): every switch of the CUDA backend parsed at once, a bad value
+// one Error naming the variable; good values pass. The variables are restored afterwards (the
+// kernels read them once, at their first launch).
+TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
+  struct Saved {
+    std::string name;
+    bool set;
+    std::string value;
+  };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      // name, {good values..., then one bad value}
+      {"ATLAS_GEMM_STREAM", {"0", "3", "6", "5"}},
+      {"ATLAS_GEMM_STREAM_GROUPED", {"0", "1", "yes"}},
+      {"ATLAS_GEMM_GROUPED_MANY", {"32x64x64/4", "splitk16x8/8w"}},
+      {"ATLAS_WIDE_NORM", {"0", "1", "2"}},
+      {"ATLAS_GEMM_TMA", {"0", "1", "off"}},
+      {"ATLAS_GEMM_TMA_PERSISTENT", {"0", "1", "-1"}},
+      {"ATLAS_PDL", {"0", "1", "true"}},
+      {"ATLAS_SIDE_STREAM", {"0", "1", " 0"}},
+      {"ATLAS_PAD_DEDUP", {"0", "1", "no"}},
+      {"ATLAS_CUDA_GRAPHS", {"0", "1", "00"}},
+  };
+  std::vector<Saved> saved;
+  for (const auto& c : cases) {
+    const char* v = std::getenv(c.first.c_str());
+    saved.push_back({c.first, v != nullptr, v ? v : ""});
+    unsetenv(c.first.c_str());
+  }
+  EXPECT_NO_THROW(check_environment());
+  for (const auto& [name, values] : cases) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      setenv(name.c_str(), values[i].c_str(), 1);
+      const bool last = i + 1 == values.size();
+      try {
+        check_environment();
+        if (last) ADD_FAILURE() << name << "='" << values[i] << "' passed";
+      } catch (const Error& e) {
+        if (!last) ADD_FAILURE() << name << "='" << values[i] << "': " << e.what();
+        else
+          EXPECT_NE(std::string(e.what()).find(name + ": "), std::string::npos) << e.what();
+      }
+    }
+    unsetenv(name.c_str());
+  }
+  EXPECT_FALSE(env_switch("ATLAS_WIDE_NORM", false));  // unset: the default
+  EXPECT_TRUE(env_switch("ATLAS_WIDE_NORM", true));
+  for (const Saved& s : saved)
+    if (s.set) setenv(s.name.c_str(), s.value.c_str(), 1);
 }
 
 // The wide-norm switch (no GPU needed): on by default, "0" off, a clear error otherwise.

@@ -41,6 +41,10 @@ bool gemm_stream_grouped_setting(const char* value);
 // yes, "0" no (for A/B runs); anything else throws an Error naming the variable. ops.cu reads
 // it once.
 bool wide_norm_setting(const char* value);
+// ATLAS_GEMM_GROUPED_MANY's value (null or empty: unset): the config it names for grouped GEMMs
+// of many small groups, -1 where unset; a name that is not a tiled config throws an Error
+// naming the variable.
+int gemm_grouped_many_setting(const char* value);
 constexpr int kWideNormMaxRows = 256;
 
 // One device int per device, set by kernels that find bad data they cannot reject on the host

@@ -540,10 +540,8 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
 
   // Memory: the weights plus a margin for activations and the cache must fit.
   {  // (before any device object exists: a bad value leaves nothing behind)
-    const char* e = std::getenv("ATLAS_SIDE_STREAM");
-    side_on_ = opts.side_stream && !(e && std::string(e) == "0");
-    const char* pd = std::getenv("ATLAS_PAD_DEDUP");
-    pad_dedup_ = opts.pad_dedup && !(pd && std::string(pd) == "0");
+    side_on_ = opts.side_stream && env_switch("ATLAS_SIDE_STREAM", true);
+    pad_dedup_ = opts.pad_dedup && env_switch("ATLAS_PAD_DEDUP", true);
     const char* q = std::getenv("ATLAS_MLA_PREFILL_QPB");
     if (q && *q) {
       const std::string v(q);
@@ -582,8 +580,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
   }
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
-  const char* env_graphs = std::getenv("ATLAS_CUDA_GRAPHS");
-  graphs_ = opts.graphs && !(env_graphs && std::string(env_graphs) == "0");
+  graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
   const size_t margin = size_t(1) << 30;
@@ -1585,7 +1582,9 @@ int64_t computed_rows(const Model& model) {
 }
 
 std::unique_ptr<Model> make_cuda_model(const Checkpoint& ck, const CudaModelOptions& opts) {
-  // A flag combination that no hardware can run: refused before looking for a GPU.
+  // A bad ATLAS_* switch, or a flag combination that no hardware can run: refused before
+  // looking for a GPU.
+  check_environment();
   if (opts.compute == Compute::F32 && !opts.batch_invariant)
     fail("--fast", {}, "the fast mode (cuBLASLt) is bf16-only; --compute f32 is the f32 checking mode with its own "
                        "kernels (drop --fast, or use --compute bf16)");

@@ -91,6 +91,16 @@ void gemm_prepare_stream(Stream s);
 // traced prefill 2% slower); ATLAS_PDL=1 or set_launch_overlap(true) turns it on where
 // supported (launches after the call; captured graphs keep theirs).
 void set_launch_overlap(bool on);
+
+// An on/off switch from the environment (the A/B switches of docs/cuda.md): unset or empty ->
+// dflt, "0" off, "1" on; any other value throws an Error naming the variable.
+bool env_switch(const char* name, bool dflt);
+// Every ATLAS_* switch the CUDA backend reads (the GEMM configs' ATLAS_GEMM_STREAM,
+// _STREAM_GROUPED, _GROUPED_MANY, _TMA, _TMA_PERSISTENT; ATLAS_WIDE_NORM; ATLAS_PDL; the model's
+// ATLAS_SIDE_STREAM, ATLAS_PAD_DEDUP, ATLAS_CUDA_GRAPHS), parsed at once: a bad value is one
+// Error naming the variable before any work. The kernels read most of them lazily, at their
+// first launch; make_cuda_model calls this first, before it looks for a GPU.
+void check_environment();
 bool launch_overlap();
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
 

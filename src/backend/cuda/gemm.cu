@@ -308,8 +308,7 @@ const GemmSetup& setup() {
                          "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
-    const char* tma_env = std::getenv("ATLAS_GEMM_TMA");
-    if (g.wgmma && !(tma_env && std::string(tma_env) == "0")) {
+    if (g.wgmma && env_switch("ATLAS_GEMM_TMA", true)) {
       void* fn = nullptr;
       cudaDriverEntryPointQueryResult q{};
       if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
@@ -330,8 +329,7 @@ const GemmSetup& setup() {
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
     g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
     g.stream_grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
-    const char* persistent_env = std::getenv("ATLAS_GEMM_TMA_PERSISTENT");
-    g.tma_persistent = !(persistent_env && std::string(persistent_env) == "0");
+    g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
                             reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true>)})
@@ -646,13 +644,8 @@ bool grouped_async(const GroupedGemmArgs& a, int64_t xs, int64_t ws) {
 // name> overrides it for end-to-end measurements of the candidates (any config: the same bits).
 int grouped_many_config() {
   static const int ci = [] {
-    const char* e = std::getenv("ATLAS_GEMM_GROUPED_MANY");
-    if (!e || !*e) return kGroupedMany;
-    const int i = config_index(e);
-    if (i < 0 || kConfigs[size_t(i)].splitk || kConfigs[size_t(i)].sliced || kConfigs[size_t(i)].wgmma)
-      throw Error(std::string("cuda: gemm: ATLAS_GEMM_GROUPED_MANY: '") + e +
-                  "' is not a tiled config name (see atlas_cuda_bench's sweep)");
-    return i;
+    const int i = gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
+    return i < 0 ? kGroupedMany : i;
   }();
   return ci;
 }
@@ -1090,6 +1083,15 @@ bool gemm_stream_grouped_setting(const char* value) {
   if (v.empty() || v == "0") return false;
   if (v == "1") return true;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0 or 1, got '" + v + "'");
+}
+
+int gemm_grouped_many_setting(const char* value) {
+  if (value == nullptr || *value == '\0') return -1;
+  const int i = config_index(value);
+  if (i < 0 || kConfigs[size_t(i)].splitk || kConfigs[size_t(i)].sliced || kConfigs[size_t(i)].wgmma)
+    throw Error(std::string("cuda: gemm: ATLAS_GEMM_GROUPED_MANY: '") + value +
+                "' is not a tiled config name (see atlas_cuda_bench's sweep)");
+  return i;
 }
 
 bool probe_device_code(void (*probe)(int*), const char* what) {

@@ -40,8 +40,7 @@ bool pdl_enabled() {
     // (docs/cuda.md "Launch overlap", and session 9 with kernels releasing their dependents
     // first and the dense GEMMs prefetching weights): grid 7.51 -> 7.39 s, batch-1 decode
     // 267 -> 272 tok/s, traced prefill 0.855 -> 0.870 s; no gain worth a default.
-    const char* env = std::getenv("ATLAS_PDL");
-    v = (env && std::string(env) == "1") ? int(pdl_supported()) : 0;
+    v = env_switch("ATLAS_PDL", false) ? int(pdl_supported()) : 0;
     g_pdl.store(v, std::memory_order_relaxed);
   }
   return v == 1;
@@ -145,6 +144,25 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
   check_cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice,
                                stream_of(stream)),
              "copy_2d", "cudaMemcpy2DAsync");
+}
+
+bool env_switch(const char* name, bool dflt) {
+  const char* value = std::getenv(name);
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty()) return dflt;
+  if (v == "0") return false;
+  if (v == "1") return true;
+  throw Error(std::string("cuda: ") + name + ": expected 0 or 1, got '" + v + "'");
+}
+
+void check_environment() {
+  (void)detail::gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
+  (void)detail::gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
+  (void)detail::gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
+  (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
+  for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_PDL", "ATLAS_SIDE_STREAM",
+                           "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS"})
+    (void)env_switch(name, true);
 }
 
 void set_launch_overlap(bool on) { detail::g_pdl.store(on && detail::pdl_supported() ? 1 : 0); }
