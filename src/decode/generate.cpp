@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <string>
 
 #include "core/error.h"
 #include "core/sha256.h"
@@ -41,9 +42,12 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
   // decode/sample_core.h), so their [V] logits never travel to the host. An observer of the
   // logits needs them on the host anyway; ATLAS_DEVICE_SAMPLING=0 forces the host path (for
   // checking one against the other).
+  // Unset, "1": allowed; "0": off; anything else is an error naming the variable.
   const char* env_dev = std::getenv("ATLAS_DEVICE_SAMPLING");
-  const bool device_sampling =
-      model.supports_device_sampling() && !opts.on_logits && !(env_dev && std::strcmp(env_dev, "0") == 0);
+  const std::string dev_switch = env_dev == nullptr ? "" : env_dev;
+  if (!dev_switch.empty() && dev_switch != "0" && dev_switch != "1")
+    fail("ATLAS_DEVICE_SAMPLING", {}, "expected 0 or 1, got '" + dev_switch + "'");
+  const bool device_sampling = model.supports_device_sampling() && !opts.on_logits && dev_switch != "0";
   std::vector<GeneratedRow> results(rows.size());
   const auto t_start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;

@@ -239,4 +239,15 @@ TEST(Generate, SamplingInForwardEqualsHostSampling) {
   decode::generate(dev, mixed_rows(base), greedy_opts(m.ck.config(), 4, 3));
   unsetenv("ATLAS_DEVICE_SAMPLING");
   EXPECT_EQ(dev.draws, before);
+  // Any other value is one error naming the variable, before anything is generated.
+  setenv("ATLAS_DEVICE_SAMPLING", "no", 1);
+  try {
+    decode::generate(dev, mixed_rows(base), greedy_opts(m.ck.config(), 4, 3));
+    ADD_FAILURE() << "ATLAS_DEVICE_SAMPLING=no accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ATLAS_DEVICE_SAMPLING"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected 0 or 1, got 'no'"), std::string::npos) << e.what();
+  }
+  unsetenv("ATLAS_DEVICE_SAMPLING");
+  EXPECT_EQ(dev.draws, before);
 }
