@@ -32,6 +32,9 @@ bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem);
 // config the automatic choice uses for one-row problems (3, the default, or 6), 0 for none;
 // anything else throws an Error naming the variable. gemm.cu reads it once, at its setup.
 int gemm_stream_setting(const char* value);
+// An on/off switch's value (null: unset): dflt where unset or empty, "0" off, "1" on; anything
+// else throws an Error naming the variable (env_switch reads the environment through it).
+bool switch_setting(const char* name, const char* value, bool dflt);
 // ATLAS_GEMM_STREAM_GROUPED's value (null: unset): whether grouped problems of <= 8 rows take
 // that config too (for end-to-end measurements; "1" on, unset or "0" off); anything else throws.
 bool gemm_stream_grouped_setting(const char* value);

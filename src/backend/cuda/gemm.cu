@@ -1079,10 +1079,7 @@ int gemm_stream_setting(const char* value) {
 }
 
 bool gemm_stream_grouped_setting(const char* value) {
-  const std::string v = value == nullptr ? "" : value;
-  if (v.empty() || v == "0") return false;
-  if (v == "1") return true;
-  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0 or 1, got '" + v + "'");
+  return switch_setting("ATLAS_GEMM_STREAM_GROUPED", value, false);
 }
 
 int gemm_grouped_many_setting(const char* value) {

@@ -21,12 +21,7 @@ using namespace detail;
 
 namespace detail {
 
-bool wide_norm_setting(const char* value) {
-  const std::string v = value == nullptr ? "" : value;
-  if (v.empty() || v == "1") return true;
-  if (v == "0") return false;
-  throw Error("cuda: ATLAS_WIDE_NORM: expected 0 or 1, got '" + v + "'");
-}
+bool wide_norm_setting(const char* value) { return switch_setting("ATLAS_WIDE_NORM", value, true); }
 
 }  // namespace detail
 

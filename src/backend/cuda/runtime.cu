@@ -19,6 +19,14 @@ void check_cuda(cudaError_t e, const char* op, const char* what) {
 
 void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "kernel launch"); }
 
+bool switch_setting(const char* name, const char* value, bool dflt) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty()) return dflt;
+  if (v == "0") return false;
+  if (v == "1") return true;
+  throw Error(std::string("cuda: ") + name + ": expected 0 or 1, got '" + v + "'");
+}
+
 namespace {
 // -1: not decided yet; 0 / 1: off / on.
 std::atomic<int> g_pdl{-1};
@@ -146,14 +154,7 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
              "copy_2d", "cudaMemcpy2DAsync");
 }
 
-bool env_switch(const char* name, bool dflt) {
-  const char* value = std::getenv(name);
-  const std::string v = value == nullptr ? "" : value;
-  if (v.empty()) return dflt;
-  if (v == "0") return false;
-  if (v == "1") return true;
-  throw Error(std::string("cuda: ") + name + ": expected 0 or 1, got '" + v + "'");
-}
+bool env_switch(const char* name, bool dflt) { return detail::switch_setting(name, std::getenv(name), dflt); }
 
 void check_environment() {
   (void)detail::gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
