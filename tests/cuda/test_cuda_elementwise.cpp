@@ -198,6 +198,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_SIDE_STREAM", {"0", "1", " 0"}},
       {"ATLAS_PAD_DEDUP", {"0", "1", "no"}},
       {"ATLAS_CUDA_GRAPHS", {"0", "1", "00"}},
+      {"ATLAS_STREAM_PRIORITY", {"0", "1", "high"}},
   };
   std::vector<Saved> saved;
   for (const auto& c : cases) {

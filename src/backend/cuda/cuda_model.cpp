@@ -569,12 +569,13 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     }
   }
   set_device(opts.device);
-  s_ = stream_create();
+  const bool prio = opts.stream_priority && env_switch("ATLAS_STREAM_PRIORITY", true);
+  s_ = stream_create(prio ? StreamPriority::high : StreamPriority::normal);
   // The tile-parallel MLA kernel's one-time setup synchronises the device: here, never inside
   // the decode step's graph capture.
   if (mla_tile_parallel_ == 0) (void)mla_tile_parallel_available();
   if (side_on_) {
-    side_ = stream_create();
+    side_ = stream_create(prio ? StreamPriority::low : StreamPriority::normal);
     fork_ = event_create();
     join_ = event_create();
     gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)

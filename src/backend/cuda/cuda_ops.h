@@ -65,7 +65,10 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
              Stream stream = nullptr);
 // A non-blocking stream of its own (a model's work is issued on one, so that it can be captured
 // into a CUDA graph; the legacy default stream cannot be captured).
-Stream stream_create();
+// The block scheduler dispatches pending blocks of a higher-priority stream first (running blocks
+// are never preempted); high / low are the device's extremes, normal its default.
+enum class StreamPriority { normal, high, low };
+Stream stream_create(StreamPriority priority = StreamPriority::normal);
 void stream_destroy(Stream s);
 // Fork / join between two streams: `waiter`'s later work waits for everything issued on
 // `producer` so far (an event recorded there). Inside a capture this adds graph edges (both
@@ -97,7 +100,7 @@ void set_launch_overlap(bool on);
 bool env_switch(const char* name, bool dflt);
 // Every ATLAS_* switch the CUDA backend reads (the GEMM configs' ATLAS_GEMM_STREAM,
 // _STREAM_GROUPED, _GROUPED_MANY, _TMA, _TMA_PERSISTENT; ATLAS_WIDE_NORM; ATLAS_PDL; the model's
-// ATLAS_SIDE_STREAM, ATLAS_PAD_DEDUP, ATLAS_CUDA_GRAPHS), parsed at once: a bad value is one
+// ATLAS_SIDE_STREAM, ATLAS_PAD_DEDUP, ATLAS_CUDA_GRAPHS, ATLAS_STREAM_PRIORITY), parsed at once: a bad value is one
 // Error naming the variable before any work. The kernels read most of them lazily, at their
 // first launch; make_cuda_model calls this first, before it looks for a GPU.
 void check_environment();

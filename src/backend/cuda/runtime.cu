@@ -162,16 +162,19 @@ void check_environment() {
   (void)detail::gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_PDL", "ATLAS_SIDE_STREAM",
-                           "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS"})
+                           "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY"})
     (void)env_switch(name, true);
 }
 
 void set_launch_overlap(bool on) { detail::g_pdl.store(on && detail::pdl_supported() ? 1 : 0); }
 bool launch_overlap() { return detail::pdl_enabled(); }
 
-Stream stream_create() {
+Stream stream_create(StreamPriority priority) {
   cudaStream_t s = nullptr;
-  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream_create", "cudaStreamCreateWithFlags");
+  int least = 0, greatest = 0;
+  check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream_create", "cudaDeviceGetStreamPriorityRange");
+  const int p = priority == StreamPriority::high ? greatest : priority == StreamPriority::low ? least : 0;
+  check_cuda(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, p), "stream_create", "cudaStreamCreateWithPriority");
   return s;
 }
 
@@ -234,7 +237,9 @@ void Graph::end(Stream stream) {
   check_cuda(cudaStreamEndCapture(stream_of(stream), &g), "graph", "end capture");
   graph_ = g;
   cudaGraphExec_t e = nullptr;
-  check_cuda(cudaGraphInstantiate(&e, g, 0), "graph", "instantiate");
+  // Kernel nodes keep the priority of the stream they were captured from (stream_create): the
+  // graph runs them so (a graph captured from default-priority streams runs as before).
+  check_cuda(cudaGraphInstantiate(&e, g, cudaGraphInstantiateFlagUseNodePriority), "graph", "instantiate");
   exec_ = e;
 }
 

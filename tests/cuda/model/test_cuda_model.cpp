@@ -542,6 +542,20 @@ TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
   }
 }
 
+// Stream priorities (CudaModelOptions::stream_priority: the main stream high, the side stream
+// low) on (the default) or off: the same bits in a prefill and in eager and graph-replayed decode
+// steps (the graph keeps its nodes' priorities).
+TEST_F(CudaTiny, StreamPriorityGivesTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  std::vector<std::vector<float>> runs;
+  for (bool prio : {true, false}) {
+    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .stream_priority = prio});
+    runs.push_back(prefill_and_greedy_steps(*m, rows, V));
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its
 // per-token digests), in the logits and in the decode steps that follow (the cache holds the
