@@ -15,6 +15,13 @@
 //   graph       3 launches per layer (GEMV grids of a warp per row, then one norm block) in a CUDA graph
 //   persistent  one cooperative launch for all 26 layers, phases separated by grid barriers
 //   barrier     the persistent grid doing only its barriers (the cost of one)
+//   graph, mma  (session 16) as `graph`, with phases A and B shaped like the contract's kernels:
+//               a warp owns one n8 tile (8 weight rows) at one x row and walks K in 256-wide
+//               slices of 16 mma.sync m16n8k16 (acc = +0 per slice, slices added in order), its B
+//               fragments loaded straight from global memory in the fragment layout (4-byte
+//               loads, two slices in flight: ~8 KB per warp, 16 warps per SM); x as bf16 in
+//               shared memory. Does the plain GEMV's memory parallelism survive the contract's
+//               arithmetic shape? (Timing only: the sums are not the contract's bits.)
 //   build/bench/cuda/atlas_persistent_probe
 #include "backend/cuda/kernels/common.cuh"  // kern::bf2f
 #include "probe_util.h"
@@ -174,6 +181,81 @@ __global__ void __launch_bounds__(kThreads) k_phase_b(Params p, int l) {
 }
 __global__ void __launch_bounds__(kThreads) k_phase_c(Params p) { phase_norm(p.y2, p.x); }
 
+// ---- the contract-shaped variant ("graph, mma") ----
+__device__ __forceinline__ unsigned bf16_pair(const unsigned short* p) { return *reinterpret_cast<const unsigned*>(p); }
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One n8 tile (weight rows [8 t, 8 t + 8) of width K) at one x row (xs: bf16 in shared memory):
+// lane l holds the B fragment of row 8 t + l / 4 at k = 2 (l % 4) (+1, +8, +9) of each k16 chunk;
+// lanes 0-3 hold the A fragment's row 0 (the other 15 rows are zero) and the tile's 8 outputs.
+template <int K>
+__device__ __forceinline__ void warp_tile_mma(const unsigned short* W, int t, const unsigned short* xs, float* out) {
+  constexpr int kSlices = (K + 255) / 256;
+  const int lane = threadIdx.x & 31, q = lane & 3;
+  const unsigned short* wr = W + size_t(8 * t + (lane >> 2)) * K + 2 * q;
+  const unsigned short* xr = xs + 2 * q;
+  float t0 = 0.f, t1 = 0.f;
+#pragma unroll
+  for (int s0 = 0; s0 < kSlices; s0 += 2) {
+    unsigned b[2][16][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        const int k0 = (s0 + h) * 256 + 16 * c;
+        if (s0 + h < kSlices && k0 < K) {
+          // volatile: issued in this order, all before the first mma (volatile too), so both
+          // slices' loads are in flight together (plain loads were sunk next to their use).
+          asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(b[h][c][0]) : "l"(wr + k0));
+          asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(b[h][c][1]) : "l"(wr + k0 + 8));
+        }
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (s0 + h >= kSlices) continue;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        const int k0 = (s0 + h) * 256 + 16 * c;
+        if (k0 >= K) continue;
+        const unsigned a[4] = {lane < 4 ? bf16_pair(xr + k0) : 0u, 0u, lane < 4 ? bf16_pair(xr + k0 + 8) : 0u, 0u};
+        mma_16816(acc, a, b[h][c][0], b[h][c][1]);
+      }
+      t0 += acc[0];
+      t1 += acc[1];
+    }
+  }
+  if (lane < 4) {
+    out[8 * t + 2 * q] = t0;
+    out[8 * t + 2 * q + 1] = t1;
+  }
+}
+
+__device__ __forceinline__ unsigned short to_bf16_bits(float f) { return (unsigned short)(__float_as_uint(f) >> 16); }
+
+__global__ void __launch_bounds__(kThreads) k_mma_a(Params p, int l) {
+  __shared__ __align__(16) unsigned short xs[kHidden];
+  for (int i = threadIdx.x; i < kHidden; i += kThreads) xs[i] = to_bf16_bits(p.x[i]);
+  __syncthreads();
+  const int t = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (t < kRows1 / 8) warp_tile_mma<kK1>(p.layers[l].w1, t, xs, p.y1);
+}
+__global__ void __launch_bounds__(kThreads) k_mma_b(Params p, int l) {
+  __shared__ __align__(16) unsigned short as[kExperts * kInter];
+  for (int i = threadIdx.x; i < kExperts * kInter; i += kThreads)
+    as[i] = to_bf16_bits(p.y1[(i / kInter) * 2 * kInter + i % kInter]);
+  __syncthreads();
+  const int t = blockIdx.x * kWarps + (threadIdx.x >> 5);  // expert t / 256 (2048 rows = 256 tiles each)
+  if (t < kRows2 / 8) warp_tile_mma<kK2>(p.layers[l].w2, t, as + (t / (kHidden / 8)) * kInter, p.y2);
+}
+
 int main() {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -228,6 +310,24 @@ int main() {
   CK(cudaStreamEndCapture(s, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
   report("graph (3 launches per layer)", median([&] { CK(cudaGraphLaunch(ge, s)); }), 0);
+
+  // The contract-shaped phases: a warp per n8 tile.
+  {
+    const int tiles_a = kRows1 / 8, tiles_b = kRows2 / 8;
+    cudaGraph_t gm;
+    cudaGraphExec_t gme;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int l = 0; l < kLayers; ++l) {
+      k_mma_a<<<(tiles_a + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
+      k_mma_b<<<(tiles_b + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
+      k_phase_c<<<1, kThreads, 0, s>>>(p);
+    }
+    CK(cudaStreamEndCapture(s, &gm));
+    CK(cudaGraphInstantiate(&gme, gm, 0));
+    report("graph, mma n8 tiles (contract-shaped)", median([&] { CK(cudaGraphLaunch(gme, s)); }), 0);
+    CK(cudaGraphExecDestroy(gme));
+    CK(cudaGraphDestroy(gm));
+  }
 
   for (int mult : {1, 2, per_sm}) {
     if (mult > per_sm) continue;
