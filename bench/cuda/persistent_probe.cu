@@ -238,22 +238,69 @@ __device__ __forceinline__ void warp_tile_mma(const unsigned short* W, int t, co
   }
 }
 
+// The same tile with the weights stored in fragment order (a layout a loader could write once):
+// per (tile, slice) 4 KB where lane l's 32 B-fragment words (16 chunks x 2) are 128 contiguous
+// bytes, so a warp reads each slice with eight 16-byte loads per lane (512 contiguous bytes per
+// instruction) instead of 32 four-byte loads.
+template <int K>
+__device__ __forceinline__ void warp_tile_mma_frag(const unsigned short* W, int t, const unsigned short* xs, float* out) {
+  constexpr int kSlices = (K + 255) / 256;
+  const int lane = threadIdx.x & 31, q = lane & 3;
+  const uint4* wt = reinterpret_cast<const uint4*>(W + size_t(8 * t) * K) + lane * 8;  // 8 x 16 B per lane per slice
+  const unsigned short* xr = xs + 2 * q;
+  float t0 = 0.f, t1 = 0.f;
+#pragma unroll
+  for (int s0 = 0; s0 < kSlices; s0 += 2) {
+    uint4 v[2][8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (s0 + h < kSlices) v[h][j] = __ldg(wt + (s0 + h) * 256 + j);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (s0 + h >= kSlices) continue;
+      const unsigned* b = reinterpret_cast<const unsigned*>(v[h]);
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        const int k0 = (s0 + h) * 256 + 16 * c;
+        if (k0 >= K) continue;
+        const unsigned a[4] = {lane < 4 ? bf16_pair(xr + k0) : 0u, 0u, lane < 4 ? bf16_pair(xr + k0 + 8) : 0u, 0u};
+        mma_16816(acc, a, b[2 * c], b[2 * c + 1]);
+      }
+      t0 += acc[0];
+      t1 += acc[1];
+    }
+  }
+  if (lane < 4) {
+    out[8 * t + 2 * q] = t0;
+    out[8 * t + 2 * q + 1] = t1;
+  }
+}
+
 __device__ __forceinline__ unsigned short to_bf16_bits(float f) { return (unsigned short)(__float_as_uint(f) >> 16); }
 
+template <bool kFrag>
 __global__ void __launch_bounds__(kThreads) k_mma_a(Params p, int l) {
   __shared__ __align__(16) unsigned short xs[kHidden];
   for (int i = threadIdx.x; i < kHidden; i += kThreads) xs[i] = to_bf16_bits(p.x[i]);
   __syncthreads();
   const int t = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (t < kRows1 / 8) warp_tile_mma<kK1>(p.layers[l].w1, t, xs, p.y1);
+  if (t >= kRows1 / 8) return;
+  if (kFrag) warp_tile_mma_frag<kK1>(p.layers[l].w1, t, xs, p.y1);
+  else warp_tile_mma<kK1>(p.layers[l].w1, t, xs, p.y1);
 }
+template <bool kFrag>
 __global__ void __launch_bounds__(kThreads) k_mma_b(Params p, int l) {
   __shared__ __align__(16) unsigned short as[kExperts * kInter];
   for (int i = threadIdx.x; i < kExperts * kInter; i += kThreads)
     as[i] = to_bf16_bits(p.y1[(i / kInter) * 2 * kInter + i % kInter]);
   __syncthreads();
   const int t = blockIdx.x * kWarps + (threadIdx.x >> 5);  // expert t / 256 (2048 rows = 256 tiles each)
-  if (t < kRows2 / 8) warp_tile_mma<kK2>(p.layers[l].w2, t, as + (t / (kHidden / 8)) * kInter, p.y2);
+  if (t >= kRows2 / 8) return;
+  if (kFrag) warp_tile_mma_frag<kK2>(p.layers[l].w2, t, as + (t / (kHidden / 8)) * kInter, p.y2);
+  else warp_tile_mma<kK2>(p.layers[l].w2, t, as + (t / (kHidden / 8)) * kInter, p.y2);
 }
 
 int main() {
@@ -265,7 +312,9 @@ int main() {
   std::printf("%s, %d SMs, persistent blocks per SM %d; per layer %.1f MB (A %.1f + B %.1f), %d layers\n", prop.name,
               prop.multiProcessorCount, per_sm, (b1 + b2) / 1e6, b1 / 1e6, b2 / 1e6, kLayers);
   unsigned short* wbuf;
-  CK(cudaMalloc(&wbuf, (b1 + b2) * kLayers));
+  // + 64 KB: the fragment-order variant reads whole 4 KB slice blocks, and the down's K (1408)
+  // ends half-way through its last one (the last tile's read may pass the last layer's bytes).
+  CK(cudaMalloc(&wbuf, (b1 + b2) * kLayers + 65536));
   CK(cudaMemset(wbuf, 0x3c, (b1 + b2) * kLayers));  // bf16 ~0.011: finite sums
   std::vector<Layer> hl(kLayers);
   for (int l = 0; l < kLayers; ++l) {
@@ -311,20 +360,26 @@ int main() {
   CK(cudaGraphInstantiate(&ge, g, 0));
   report("graph (3 launches per layer)", median([&] { CK(cudaGraphLaunch(ge, s)); }), 0);
 
-  // The contract-shaped phases: a warp per n8 tile.
-  {
+  // The contract-shaped phases: a warp per n8 tile, weights row-major or in fragment order.
+  for (bool frag : {false, true}) {
     const int tiles_a = kRows1 / 8, tiles_b = kRows2 / 8;
     cudaGraph_t gm;
     cudaGraphExec_t gme;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int l = 0; l < kLayers; ++l) {
-      k_mma_a<<<(tiles_a + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
-      k_mma_b<<<(tiles_b + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
+      if (frag) {
+        k_mma_a<true><<<(tiles_a + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
+        k_mma_b<true><<<(tiles_b + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
+      } else {
+        k_mma_a<false><<<(tiles_a + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
+        k_mma_b<false><<<(tiles_b + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
+      }
       k_phase_c<<<1, kThreads, 0, s>>>(p);
     }
     CK(cudaStreamEndCapture(s, &gm));
     CK(cudaGraphInstantiate(&gme, gm, 0));
-    report("graph, mma n8 tiles (contract-shaped)", median([&] { CK(cudaGraphLaunch(gme, s)); }), 0);
+    report(frag ? "graph, mma n8 tiles, fragment order" : "graph, mma n8 tiles (contract-shaped)",
+           median([&] { CK(cudaGraphLaunch(gme, s)); }), 0);
     CK(cudaGraphExecDestroy(gme));
     CK(cudaGraphDestroy(gm));
   }
