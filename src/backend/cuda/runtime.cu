@@ -171,8 +171,9 @@ bool launch_overlap() { return detail::pdl_enabled(); }
 
 Stream stream_create(StreamPriority priority) {
   cudaStream_t s = nullptr;
-  int least = 0, greatest = 0;
-  check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream_create", "cudaDeviceGetStreamPriorityRange");
+  int least = 0, greatest = 0;  // e.g. 0 and -5: numerically lower is more urgent
+  if (priority != StreamPriority::normal)
+    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream_create", "cudaDeviceGetStreamPriorityRange");
   const int p = priority == StreamPriority::high ? greatest : priority == StreamPriority::low ? least : 0;
   check_cuda(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, p), "stream_create", "cudaStreamCreateWithPriority");
   return s;
