@@ -242,35 +242,49 @@ __device__ __forceinline__ void warp_tile_mma(const unsigned short* W, int t, co
 // per (tile, slice) 4 KB where lane l's 32 B-fragment words (16 chunks x 2) are 128 contiguous
 // bytes, so a warp reads each slice with eight 16-byte loads per lane (512 contiguous bytes per
 // instruction) instead of 32 four-byte loads.
-template <int K>
+template <int K, int F>  // F slices per group, the next group's loads issued before this one's mma
 __device__ __forceinline__ void warp_tile_mma_frag(const unsigned short* W, int t, const unsigned short* xs, float* out) {
-  constexpr int kSlices = (K + 255) / 256;
+  constexpr int kSlices = (K + 255) / 256, kGroups = (kSlices + F - 1) / F;
   const int lane = threadIdx.x & 31, q = lane & 3;
   const uint4* wt = reinterpret_cast<const uint4*>(W + size_t(8 * t) * K) + lane * 8;  // 8 x 16 B per lane per slice
   const unsigned short* xr = xs + 2 * q;
   float t0 = 0.f, t1 = 0.f;
+  const auto load = [&](uint4 (&v)[F][8], int g) {
 #pragma unroll
-  for (int s0 = 0; s0 < kSlices; s0 += 2) {
-    uint4 v[2][8];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < F; ++h)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        if (s0 + h < kSlices) v[h][j] = __ldg(wt + (s0 + h) * 256 + j);
+        if (g * F + h < kSlices) v[h][j] = __ldg(wt + (g * F + h) * 256 + j);
+  };
+  const auto compute = [&](const uint4 (&v)[F][8], int g) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (s0 + h >= kSlices) continue;
+    for (int h = 0; h < F; ++h) {
+      const int sl = g * F + h;
+      if (sl >= kSlices) continue;
       const unsigned* b = reinterpret_cast<const unsigned*>(v[h]);
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int c = 0; c < 16; ++c) {
-        const int k0 = (s0 + h) * 256 + 16 * c;
+        const int k0 = sl * 256 + 16 * c;
         if (k0 >= K) continue;
         const unsigned a[4] = {lane < 4 ? bf16_pair(xr + k0) : 0u, 0u, lane < 4 ? bf16_pair(xr + k0 + 8) : 0u, 0u};
         mma_16816(acc, a, b[2 * c], b[2 * c + 1]);
       }
       t0 += acc[0];
       t1 += acc[1];
+    }
+  };
+  // Ping-pong over two register sets in a rolled loop: a group's loads are issued a whole group
+  // of mma ahead of their use and cannot be sunk past the loop's back edge.
+  uint4 v0[F][8], v1[F][8];
+  load(v0, 0);
+#pragma unroll 1
+  for (int g = 0; g < kGroups; g += 2) {
+    if (g + 1 < kGroups) load(v1, g + 1);
+    compute(v0, g);
+    if (g + 1 < kGroups) {
+      if (g + 2 < kGroups) load(v0, g + 2);
+      compute(v1, g + 1);
     }
   }
   if (lane < 4) {
@@ -281,26 +295,57 @@ __device__ __forceinline__ void warp_tile_mma_frag(const unsigned short* W, int 
 
 __device__ __forceinline__ unsigned short to_bf16_bits(float f) { return (unsigned short)(__float_as_uint(f) >> 16); }
 
-template <bool kFrag>
-__global__ void __launch_bounds__(kThreads) k_mma_a(Params p, int l) {
-  __shared__ __align__(16) unsigned short xs[kHidden];
-  for (int i = threadIdx.x; i < kHidden; i += kThreads) xs[i] = to_bf16_bits(p.x[i]);
-  __syncthreads();
-  const int t = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (t >= kRows1 / 8) return;
-  if (kFrag) warp_tile_mma_frag<kK1>(p.layers[l].w1, t, xs, p.y1);
-  else warp_tile_mma<kK1>(p.layers[l].w1, t, xs, p.y1);
+// kMode 0: row-major weights, four-byte fragment loads (the compiler keeps ~40 registers: the
+// loads go out shortly before their mma); 1: fragment order, groups of one slice, the next
+// group's loads a group ahead (~8 KB per warp in flight); 2: groups of two slices (~16 KB).
+template <int kMode>
+__device__ __forceinline__ void tile_mma(const unsigned short* W, int t, const unsigned short* xs, float* out, int K1) {
+  if (K1 == kK1) {
+    if (kMode == 0) warp_tile_mma<kK1>(W, t, xs, out);
+    else warp_tile_mma_frag<kK1, kMode == 1 ? 1 : 2>(W, t, xs, out);
+  } else {
+    if (kMode == 0) warp_tile_mma<kK2>(W, t, xs, out);
+    else warp_tile_mma_frag<kK2, kMode == 1 ? 1 : 2>(W, t, xs, out);
+  }
 }
-template <bool kFrag>
-__global__ void __launch_bounds__(kThreads) k_mma_b(Params p, int l) {
+
+template <int kMode, int kT>
+__global__ void __launch_bounds__(kT) k_mma_a(Params p, int l) {
+  __shared__ __align__(16) unsigned short xs[kHidden];
+  for (int i = threadIdx.x; i < kHidden; i += kT) xs[i] = to_bf16_bits(p.x[i]);
+  __syncthreads();
+  const int t = blockIdx.x * (kT / 32) + (threadIdx.x >> 5);
+  if (t < kRows1 / 8) tile_mma<kMode>(p.layers[l].w1, t, xs, p.y1, kK1);
+}
+template <int kMode, int kT>
+__global__ void __launch_bounds__(kT) k_mma_b(Params p, int l) {
   __shared__ __align__(16) unsigned short as[kExperts * kInter];
-  for (int i = threadIdx.x; i < kExperts * kInter; i += kThreads)
+  for (int i = threadIdx.x; i < kExperts * kInter; i += kT)
     as[i] = to_bf16_bits(p.y1[(i / kInter) * 2 * kInter + i % kInter]);
   __syncthreads();
-  const int t = blockIdx.x * kWarps + (threadIdx.x >> 5);  // expert t / 256 (2048 rows = 256 tiles each)
-  if (t >= kRows2 / 8) return;
-  if (kFrag) warp_tile_mma_frag<kK2>(p.layers[l].w2, t, as + (t / (kHidden / 8)) * kInter, p.y2);
-  else warp_tile_mma<kK2>(p.layers[l].w2, t, as + (t / (kHidden / 8)) * kInter, p.y2);
+  const int t = blockIdx.x * (kT / 32) + (threadIdx.x >> 5);  // expert t / 256 (2048 rows = 256 tiles each)
+  if (t < kRows2 / 8) tile_mma<kMode>(p.layers[l].w2, t, as + (t / (kHidden / 8)) * kInter, p.y2, kK2);
+}
+
+// One graph of the contract-shaped phases (A, B, norm per layer) for a kernel variant.
+template <int kMode, int kT>
+float time_mma_graph(const Params& p, cudaStream_t s) {
+  constexpr int kW = kT / 32;
+  const int tiles_a = kRows1 / 8, tiles_b = kRows2 / 8;
+  cudaGraph_t gm;
+  cudaGraphExec_t gme;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int l = 0; l < kLayers; ++l) {
+    k_mma_a<kMode, kT><<<(tiles_a + kW - 1) / kW, kT, 0, s>>>(p, l);
+    k_mma_b<kMode, kT><<<(tiles_b + kW - 1) / kW, kT, 0, s>>>(p, l);
+    k_phase_c<<<1, kThreads, 0, s>>>(p);
+  }
+  CK(cudaStreamEndCapture(s, &gm));
+  CK(cudaGraphInstantiate(&gme, gm, 0));
+  const float us = median_us(s, 2, 7, [&] { CK(cudaGraphLaunch(gme, s)); });
+  CK(cudaGraphExecDestroy(gme));
+  CK(cudaGraphDestroy(gm));
+  return us;
 }
 
 int main() {
@@ -361,28 +406,9 @@ int main() {
   report("graph (3 launches per layer)", median([&] { CK(cudaGraphLaunch(ge, s)); }), 0);
 
   // The contract-shaped phases: a warp per n8 tile, weights row-major or in fragment order.
-  for (bool frag : {false, true}) {
-    const int tiles_a = kRows1 / 8, tiles_b = kRows2 / 8;
-    cudaGraph_t gm;
-    cudaGraphExec_t gme;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int l = 0; l < kLayers; ++l) {
-      if (frag) {
-        k_mma_a<true><<<(tiles_a + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
-        k_mma_b<true><<<(tiles_b + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
-      } else {
-        k_mma_a<false><<<(tiles_a + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
-        k_mma_b<false><<<(tiles_b + kWarps - 1) / kWarps, kThreads, 0, s>>>(p, l);
-      }
-      k_phase_c<<<1, kThreads, 0, s>>>(p);
-    }
-    CK(cudaStreamEndCapture(s, &gm));
-    CK(cudaGraphInstantiate(&gme, gm, 0));
-    report(frag ? "graph, mma n8 tiles, fragment order" : "graph, mma n8 tiles (contract-shaped)",
-           median([&] { CK(cudaGraphLaunch(gme, s)); }), 0);
-    CK(cudaGraphExecDestroy(gme));
-    CK(cudaGraphDestroy(gm));
-  }
+  report("graph, mma n8 tiles (contract-shaped)", time_mma_graph<0, 256>(p, s), 0);
+  report("graph, mma n8, fragment order, 1 slice", time_mma_graph<1, 256>(p, s), 0);
+  report("graph, mma n8, fragment order, 2 slices", time_mma_graph<2, 128>(p, s), 0);
 
   for (int mult : {1, 2, per_sm}) {
     if (mult > per_sm) continue;
