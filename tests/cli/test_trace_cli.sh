@@ -43,6 +43,10 @@ else
   expect_error "bad CUDA switch" "ATLAS_WIDE_NORM: expected 0 or 1, got '2'" \
     env ATLAS_WIDE_NORM=2 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad CUDA switch" "$work/env.json"
+  # The model's measurement settings too (parsed with the switches, before the GPU lookup).
+  expect_error "bad chunk setting" "ATLAS_PREFILL_CHUNK_TOKENS: expected a whole number of tokens from 1 to 999999999, got '0'" \
+    env ATLAS_PREFILL_CHUNK_TOKENS=0 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad chunk setting" "$work/env.json"
 fi
 
 # --layers 0-1: three hidden stages equal to the full run's, no logits.

@@ -542,31 +542,14 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   {  // (before any device object exists: a bad value leaves nothing behind)
     side_on_ = opts.side_stream && env_switch("ATLAS_SIDE_STREAM", true);
     pad_dedup_ = opts.pad_dedup && env_switch("ATLAS_PAD_DEDUP", true);
-    const char* q = std::getenv("ATLAS_MLA_PREFILL_QPB");
-    if (q && *q) {
-      const std::string v(q);
-      if (v != "1" && v != "2" && v != "4")
-        fail("ATLAS_MLA_PREFILL_QPB", {}, "must be 1, 2 or 4, got \"" + v + "\"");
-      mla_prefill_qpb_ = std::stoi(v);
-    }
+    const ModelEnv env = model_env();
+    if (env.mla_prefill_qpb > 0) mla_prefill_qpb_ = env.mla_prefill_qpb;
     // ATLAS_MLA_TILE_PARALLEL=0: decode attention always walks a split's tiles in one block
     // (MlaDecodeArgs::tile_parallel = 1), for measuring what the cluster kernel saves (same bits).
-    const char* tp = std::getenv("ATLAS_MLA_TILE_PARALLEL");
-    if (tp && *tp) {
-      const std::string v(tp);
-      if (v != "0" && v != "1") fail("ATLAS_MLA_TILE_PARALLEL", {}, "must be 0 (off) or 1 (auto), got \"" + v + "\"");
-      mla_tile_parallel_ = v == "0" ? 1 : 0;
-    }
+    if (env.mla_tile_parallel_off) mla_tile_parallel_ = 1;
     // ATLAS_PREFILL_CHUNK_TOKENS=<n> overrides CudaModelOptions::max_tokens_per_call, for
     // measurements (chunking never changes the bits; it bounds working memory).
-    const char* ct = std::getenv("ATLAS_PREFILL_CHUNK_TOKENS");
-    if (ct && *ct) {
-      const std::string v(ct);
-      const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
-      if (!digits || std::stoll(v) < 1)
-        fail("ATLAS_PREFILL_CHUNK_TOKENS", {}, "must be a whole number of tokens from 1 to 999999999, got \"" + v + "\"");
-      chunk_tokens_env_ = std::stoll(v);
-    }
+    chunk_tokens_env_ = env.prefill_chunk_tokens;
   }
   set_device(opts.device);
   const bool prio = opts.stream_priority && env_switch("ATLAS_STREAM_PRIORITY", true);

@@ -100,10 +100,21 @@ void set_launch_overlap(bool on);
 bool env_switch(const char* name, bool dflt);
 // Every ATLAS_* switch the CUDA backend reads (the GEMM configs' ATLAS_GEMM_STREAM,
 // _STREAM_GROUPED, _GROUPED_MANY, _TMA, _TMA_PERSISTENT; ATLAS_WIDE_NORM; ATLAS_PDL; the model's
-// ATLAS_SIDE_STREAM, ATLAS_PAD_DEDUP, ATLAS_CUDA_GRAPHS, ATLAS_STREAM_PRIORITY), parsed at once: a bad value is one
+// ATLAS_SIDE_STREAM, ATLAS_PAD_DEDUP, ATLAS_CUDA_GRAPHS, ATLAS_STREAM_PRIORITY and model_env's
+// three), parsed at once: a bad value is one
 // Error naming the variable before any work. The kernels read most of them lazily, at their
 // first launch; make_cuda_model calls this first, before it looks for a GPU.
 void check_environment();
+// The model's measurement settings from the environment (each unset -> 0 / false):
+// ATLAS_MLA_PREFILL_QPB (1, 2 or 4 queries per MLA prefill block), ATLAS_MLA_TILE_PARALLEL ("0":
+// decode attention without the cluster kernel, "1": automatic), ATLAS_PREFILL_CHUNK_TOKENS (1 to
+// 999999999 tokens per prefill chunk). A bad value throws an Error naming the variable.
+struct ModelEnv {
+  int mla_prefill_qpb = 0;
+  bool mla_tile_parallel_off = false;
+  int64_t prefill_chunk_tokens = 0;
+};
+ModelEnv model_env();
 bool launch_overlap();
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
 

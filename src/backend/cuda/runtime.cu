@@ -156,7 +156,34 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
 
 bool env_switch(const char* name, bool dflt) { return detail::switch_setting(name, std::getenv(name), dflt); }
 
+ModelEnv model_env() {
+  ModelEnv e;
+  const auto value = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  const auto bad = [](const char* name, const std::string& what, const std::string& v) {
+    throw Error(std::string("cuda: ") + name + ": " + what + ", got '" + v + "'");
+  };
+  if (const std::string v = value("ATLAS_MLA_PREFILL_QPB"); !v.empty()) {
+    if (v != "1" && v != "2" && v != "4") bad("ATLAS_MLA_PREFILL_QPB", "expected 1, 2 or 4", v);
+    e.mla_prefill_qpb = v[0] - '0';
+  }
+  if (const std::string v = value("ATLAS_MLA_TILE_PARALLEL"); !v.empty()) {
+    if (v != "0" && v != "1") bad("ATLAS_MLA_TILE_PARALLEL", "expected 0 (off) or 1 (automatic)", v);
+    e.mla_tile_parallel_off = v == "0";
+  }
+  if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
+    const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoll(v) < 1)
+      bad("ATLAS_PREFILL_CHUNK_TOKENS", "expected a whole number of tokens from 1 to 999999999", v);
+    e.prefill_chunk_tokens = std::stoll(v);
+  }
+  return e;
+}
+
 void check_environment() {
+  (void)model_env();
   (void)detail::gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
   (void)detail::gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
   (void)detail::gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
