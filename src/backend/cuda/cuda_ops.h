@@ -66,7 +66,8 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
 // A non-blocking stream of its own (a model's work is issued on one, so that it can be captured
 // into a CUDA graph; the legacy default stream cannot be captured).
 // The block scheduler dispatches pending blocks of a higher-priority stream first (running blocks
-// are never preempted); high / low are the device's extremes, normal its default.
+// are never preempted); high / low are the device's extremes, normal its default (on current
+// NVIDIA GPUs the default is also the lowest).
 enum class StreamPriority { normal, high, low };
 Stream stream_create(StreamPriority priority = StreamPriority::normal);
 void stream_destroy(Stream s);
@@ -101,9 +102,9 @@ bool env_switch(const char* name, bool dflt);
 // Every ATLAS_* switch the CUDA backend reads (the GEMM configs' ATLAS_GEMM_STREAM,
 // _STREAM_GROUPED, _GROUPED_MANY, _TMA, _TMA_PERSISTENT; ATLAS_WIDE_NORM; ATLAS_PDL; the model's
 // ATLAS_SIDE_STREAM, ATLAS_PAD_DEDUP, ATLAS_CUDA_GRAPHS, ATLAS_STREAM_PRIORITY and model_env's
-// three), parsed at once: a bad value is one
-// Error naming the variable before any work. The kernels read most of them lazily, at their
-// first launch; make_cuda_model calls this first, before it looks for a GPU.
+// three), parsed at once: a bad value is one Error naming the variable before any work. The
+// kernels read most of them lazily, at their first launch; make_cuda_model calls this first,
+// before it looks for a GPU.
 void check_environment();
 // The model's measurement settings from the environment (each unset -> 0 / false):
 // ATLAS_MLA_PREFILL_QPB (1, 2 or 4 queries per MLA prefill block), ATLAS_MLA_TILE_PARALLEL ("0":
