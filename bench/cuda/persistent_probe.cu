@@ -293,18 +293,94 @@ __device__ __forceinline__ void warp_tile_mma_frag(const unsigned short* W, int 
   }
 }
 
+// 4 x 4 transpose of 32-bit words across the 4 lanes of a quad (lane q holds row q of M, w[0..3]);
+// after it lane q holds column q: w[i] = M[i][q]. Two shuffle stages of two words each.
+__device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int q) {
+  const bool hi = q & 2, odd = q & 1;
+  unsigned r0 = __shfl_xor_sync(~0u, hi ? w[0] : w[2], 2), r1 = __shfl_xor_sync(~0u, hi ? w[1] : w[3], 2);
+  if (hi) {
+    w[0] = r0;
+    w[1] = r1;
+  } else {
+    w[2] = r0;
+    w[3] = r1;
+  }  // rows now: top lanes [A | C], bottom lanes [B | D] (2 x 2 blocks)
+  r0 = __shfl_xor_sync(~0u, odd ? w[0] : w[1], 1);
+  r1 = __shfl_xor_sync(~0u, odd ? w[2] : w[3], 1);
+  if (odd) {
+    w[0] = r0;
+    w[2] = r1;
+  } else {
+    w[1] = r0;
+    w[3] = r1;
+  }
+}
+
+// The tile with row-major weights read by 16-byte loads: lane (n, q) of a quad loads 16-byte units
+// 4 r + q (r = 0..7) of row n's slice, and a quad transpose per r turns them into the B fragments
+// (lane q then holds word q of units 4 r .. 4 r + 3: chunks 2 r and 2 r + 1). One-slice groups,
+// the next loaded a group ahead as in warp_tile_mma_frag.
+template <int K>
+__device__ __forceinline__ void warp_tile_mma_shfl(const unsigned short* W, int t, const unsigned short* xs, float* out) {
+  constexpr int kSlices = (K + 255) / 256;
+  const int lane = threadIdx.x & 31, q = lane & 3;
+  const uint4* wr = reinterpret_cast<const uint4*>(W + size_t(8 * t + (lane >> 2)) * K) + q;
+  const unsigned short* xr = xs + 2 * q;
+  float t0 = 0.f, t1 = 0.f;
+  const auto load = [&](uint4 (&v)[8], int sl) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+      if (sl * 256 + 32 * r < K) v[r] = __ldg(wr + sl * 32 + 4 * r);
+  };
+  const auto compute = [&](const uint4 (&v)[8], int sl) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      if (sl * 256 + 32 * r >= K) continue;
+      unsigned w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+      quad_transpose(w, q);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k0 = sl * 256 + 16 * (2 * r + h);
+        const unsigned a[4] = {lane < 4 ? bf16_pair(xr + k0) : 0u, 0u, lane < 4 ? bf16_pair(xr + k0 + 8) : 0u, 0u};
+        mma_16816(acc, a, w[2 * h], w[2 * h + 1]);
+      }
+    }
+    t0 += acc[0];
+    t1 += acc[1];
+  };
+  uint4 v0[8], v1[8];
+  load(v0, 0);
+#pragma unroll 1
+  for (int sl = 0; sl < kSlices; sl += 2) {
+    if (sl + 1 < kSlices) load(v1, sl + 1);
+    compute(v0, sl);
+    if (sl + 1 < kSlices) {
+      if (sl + 2 < kSlices) load(v0, sl + 2);
+      compute(v1, sl + 1);
+    }
+  }
+  if (lane < 4) {
+    out[8 * t + 2 * q] = t0;
+    out[8 * t + 2 * q + 1] = t1;
+  }
+}
+
 __device__ __forceinline__ unsigned short to_bf16_bits(float f) { return (unsigned short)(__float_as_uint(f) >> 16); }
 
 // kMode 0: row-major weights, four-byte fragment loads (the compiler keeps ~40 registers: the
 // loads go out shortly before their mma); 1: fragment order, groups of one slice, the next
-// group's loads a group ahead (~8 KB per warp in flight); 2: groups of two slices (~16 KB).
+// group's loads a group ahead (~8 KB per warp in flight); 2: groups of two slices (~16 KB);
+// 3: row-major weights by 16-byte loads, fragments made by quad transposes, one-slice groups.
 template <int kMode>
 __device__ __forceinline__ void tile_mma(const unsigned short* W, int t, const unsigned short* xs, float* out, int K1) {
   if (K1 == kK1) {
     if (kMode == 0) warp_tile_mma<kK1>(W, t, xs, out);
+    else if (kMode == 3) warp_tile_mma_shfl<kK1>(W, t, xs, out);
     else warp_tile_mma_frag<kK1, kMode == 1 ? 1 : 2>(W, t, xs, out);
   } else {
     if (kMode == 0) warp_tile_mma<kK2>(W, t, xs, out);
+    else if (kMode == 3) warp_tile_mma_shfl<kK2>(W, t, xs, out);
     else warp_tile_mma_frag<kK2, kMode == 1 ? 1 : 2>(W, t, xs, out);
   }
 }
@@ -409,6 +485,7 @@ int main() {
   report("graph, mma n8 tiles (contract-shaped)", time_mma_graph<0, 256>(p, s), 0);
   report("graph, mma n8, fragment order, 1 slice", time_mma_graph<1, 256>(p, s), 0);
   report("graph, mma n8, fragment order, 2 slices", time_mma_graph<2, 128>(p, s), 0);
+  report("graph, mma n8, row-major, quad transposes", time_mma_graph<3, 256>(p, s), 0);
 
   for (int mult : {1, 2, per_sm}) {
     if (mult > per_sm) continue;
