@@ -23,7 +23,7 @@
 //               shared memory. Does the plain GEMV's memory parallelism survive the contract's
 //               arithmetic shape? (Timing only: the sums are not the contract's bits.)
 //   build/bench/cuda/atlas_persistent_probe
-#include "backend/cuda/kernels/common.cuh"  // kern::bf2f
+#include "backend/cuda/kernels/gemm_mma.cuh"  // kern::bf2f, kern::mma_bf16_16816
 #include "probe_util.h"
 
 constexpr int kLayers = 26, kExperts = 6, kHidden = 2048, kInter = 1408;
@@ -48,6 +48,7 @@ struct Params {
 };
 
 using atlas::cuda::kern::bf2f;
+using atlas::cuda::kern::mma_bf16_16816;
 
 // Dot products of rows r and r + 1 of W (width K, a compile-time constant so that every load
 // of both rows is issued before the first is used) with xs (shared memory), one warp. xstride:
@@ -184,13 +185,6 @@ __global__ void __launch_bounds__(kThreads) k_phase_c(Params p) { phase_norm(p.y
 // ---- the contract-shaped variant ("graph, mma") ----
 __device__ __forceinline__ unsigned bf16_pair(const unsigned short* p) { return *reinterpret_cast<const unsigned*>(p); }
 
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // One n8 tile (weight rows [8 t, 8 t + 8) of width K) at one x row (xs: bf16 in shared memory):
 // lane l holds the B fragment of row 8 t + l / 4 at k = 2 (l % 4) (+1, +8, +9) of each k16 chunk;
@@ -226,7 +220,7 @@ __device__ __forceinline__ void warp_tile_mma(const unsigned short* W, int t, co
         const int k0 = (s0 + h) * 256 + 16 * c;
         if (k0 >= K) continue;
         const unsigned a[4] = {lane < 4 ? bf16_pair(xr + k0) : 0u, 0u, lane < 4 ? bf16_pair(xr + k0 + 8) : 0u, 0u};
-        mma_16816(acc, a, b[h][c][0], b[h][c][1]);
+        mma_bf16_16816(acc, a, b[h][c][0], b[h][c][1]);
       }
       t0 += acc[0];
       t1 += acc[1];
@@ -242,6 +236,24 @@ __device__ __forceinline__ void warp_tile_mma(const unsigned short* W, int t, co
 // per (tile, slice) 4 KB where lane l's 32 B-fragment words (16 chunks x 2) are 128 contiguous
 // bytes, so a warp reads each slice with eight 16-byte loads per lane (512 contiguous bytes per
 // instruction) instead of 32 four-byte loads.
+// Ping-pong over two register sets in a rolled loop: group g + 1's loads are issued before
+// group g's mma, and cannot be sunk past the loop's back edge (ptxas sinks loads of a fully
+// unrolled loop to just before their use). load(v, g) / compute(v, g) over groups [0, groups).
+template <class V, class Load, class Compute>
+__device__ __forceinline__ void ping_pong(int groups, Load&& load, Compute&& compute) {
+  V v0, v1;
+  load(v0, 0);
+#pragma unroll 1
+  for (int g = 0; g < groups; g += 2) {
+    if (g + 1 < groups) load(v1, g + 1);
+    compute(v0, g);
+    if (g + 1 < groups) {
+      if (g + 2 < groups) load(v0, g + 2);
+      compute(v1, g + 1);
+    }
+  }
+}
+
 template <int K, int F>  // F slices per group, the next group's loads issued before this one's mma
 __device__ __forceinline__ void warp_tile_mma_frag(const unsigned short* W, int t, const unsigned short* xs, float* out) {
   constexpr int kSlices = (K + 255) / 256, kGroups = (kSlices + F - 1) / F;
@@ -268,25 +280,14 @@ __device__ __forceinline__ void warp_tile_mma_frag(const unsigned short* W, int 
         const int k0 = sl * 256 + 16 * c;
         if (k0 >= K) continue;
         const unsigned a[4] = {lane < 4 ? bf16_pair(xr + k0) : 0u, 0u, lane < 4 ? bf16_pair(xr + k0 + 8) : 0u, 0u};
-        mma_16816(acc, a, b[2 * c], b[2 * c + 1]);
+        mma_bf16_16816(acc, a, b[2 * c], b[2 * c + 1]);
       }
       t0 += acc[0];
       t1 += acc[1];
     }
   };
-  // Ping-pong over two register sets in a rolled loop: a group's loads are issued a whole group
-  // of mma ahead of their use and cannot be sunk past the loop's back edge.
-  uint4 v0[F][8], v1[F][8];
-  load(v0, 0);
-#pragma unroll 1
-  for (int g = 0; g < kGroups; g += 2) {
-    if (g + 1 < kGroups) load(v1, g + 1);
-    compute(v0, g);
-    if (g + 1 < kGroups) {
-      if (g + 2 < kGroups) load(v0, g + 2);
-      compute(v1, g + 1);
-    }
-  }
+  using Group = uint4[F][8];
+  ping_pong<Group>(kGroups, load, compute);
   if (lane < 4) {
     out[8 * t + 2 * q] = t0;
     out[8 * t + 2 * q + 1] = t1;
@@ -343,23 +344,14 @@ __device__ __forceinline__ void warp_tile_mma_shfl(const unsigned short* W, int 
       for (int h = 0; h < 2; ++h) {
         const int k0 = sl * 256 + 16 * (2 * r + h);
         const unsigned a[4] = {lane < 4 ? bf16_pair(xr + k0) : 0u, 0u, lane < 4 ? bf16_pair(xr + k0 + 8) : 0u, 0u};
-        mma_16816(acc, a, w[2 * h], w[2 * h + 1]);
+        mma_bf16_16816(acc, a, w[2 * h], w[2 * h + 1]);
       }
     }
     t0 += acc[0];
     t1 += acc[1];
   };
-  uint4 v0[8], v1[8];
-  load(v0, 0);
-#pragma unroll 1
-  for (int sl = 0; sl < kSlices; sl += 2) {
-    if (sl + 1 < kSlices) load(v1, sl + 1);
-    compute(v0, sl);
-    if (sl + 1 < kSlices) {
-      if (sl + 2 < kSlices) load(v0, sl + 2);
-      compute(v1, sl + 1);
-    }
-  }
+  using Slice = uint4[8];
+  ping_pong<Slice>(kSlices, load, compute);
   if (lane < 4) {
     out[8 * t + 2 * q] = t0;
     out[8 * t + 2 * q + 1] = t1;
