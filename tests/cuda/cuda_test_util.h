@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -76,5 +77,19 @@ inline int bf16_ulp_diff(uint16_t a, uint16_t b) {
 }
 
 inline float bf(uint16_t h) { return bf16_to_f32(h); }
+
+// Each value of `bad` makes `parse` (a setting's parser) throw an Error whose message contains
+// every string of want(value): the variable's name and the value, at least.
+template <class Parse, class Want>
+void expect_each_rejected(Parse parse, std::initializer_list<const char*> bad, Want want) {
+  for (const char* b : bad) {
+    try {
+      parse(b);
+      ADD_FAILURE() << "no error for '" << b << "'";
+    } catch (const Error& e) {
+      for (const std::string& part : want(b)) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+}
 
 }  // namespace atlas::cuda::test

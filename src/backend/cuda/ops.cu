@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/argmax.cuh"
@@ -34,6 +35,16 @@ bool use_wide_norm(int rows, int dim) {
   return on && rows <= kWideNormMaxRows && dim <= kern::kWideDim;
 }
 
+// One block per row: the wide kernel (kWideThreads) where use_wide_norm says so, else the
+// 256-thread one; both take the same arguments.
+template <class Wide, class Narrow, class... Args>
+void launch_row_norm(int rows, int dim, Wide wide, Narrow narrow, cudaStream_t stream, Args&&... args) {
+  if (use_wide_norm(rows, dim))
+    launch(wide, unsigned(rows), kern::kWideThreads, 0, stream, std::forward<Args>(args)...);
+  else
+    launch(narrow, unsigned(rows), kern::kReduceThreads, 0, stream, std::forward<Args>(args)...);
+}
+
 template <class T>
 void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   const char* op = "rmsnorm";
@@ -44,12 +55,8 @@ void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   require(a.x && a.weight && a.out, op, "pointers", "x, weight and out must be set");
   if (a.rows == 0) return;
   // The kernel writes x only in its fused-add form.
-  if (use_wide_norm(a.rows, a.dim))
-    launch(kern::rmsnorm_wide_kernel<T, false>, a.rows, kern::kWideThreads, 0, stream_of(a.stream),
-        const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
-  else
-    launch(kern::rmsnorm_kernel<T, false>, a.rows, kern::kReduceThreads, 0, stream_of(a.stream),
-        const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
+  launch_row_norm(a.rows, a.dim, kern::rmsnorm_wide_kernel<T, false>, kern::rmsnorm_kernel<T, false>,
+                  stream_of(a.stream), const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
@@ -61,12 +68,8 @@ void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
   require(a.x && a.y && a.weight && a.out, op, "pointers", "x, y, weight and out must be set");
   require(a.out != a.x && a.out != a.y, op, "out", "must not alias x or y");
   if (a.rows == 0) return;
-  if (use_wide_norm(a.rows, a.dim))
-    launch(kern::rmsnorm_wide_kernel<T, true>, a.rows, kern::kWideThreads, 0, stream_of(a.stream),
-        a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
-  else
-    launch(kern::rmsnorm_kernel<T, true>, a.rows, kern::kReduceThreads, 0, stream_of(a.stream),
-        a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
+  launch_row_norm(a.rows, a.dim, kern::rmsnorm_wide_kernel<T, true>, kern::rmsnorm_kernel<T, true>,
+                  stream_of(a.stream), a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
   check_launch(op);
 }
 
@@ -165,10 +168,8 @@ void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
                                      .qo_ts = a.q_out_token_stride, .qo_hs = a.q_out_head_stride,
                                      .positions = a.positions, .cos_t = a.cos, .sin_t = a.sin,
                                      .max_positions = a.max_positions, .error_flag = error_flag()};
-  if (use_wide_norm(a.tokens, a.latent))
-    launch(kern::latent_cache_wide_kernel<T>, unsigned(a.tokens), kern::kWideThreads, 0, stream_of(a.stream), p);
-  else
-    launch(kern::latent_cache_kernel<T>, unsigned(a.tokens), kern::kReduceThreads, 0, stream_of(a.stream), p);
+  launch_row_norm(a.tokens, a.latent, kern::latent_cache_wide_kernel<T>, kern::latent_cache_kernel<T>,
+                  stream_of(a.stream), p);
   check_launch(op);
 }
 

@@ -169,10 +169,7 @@ ModelEnv model_env() {
     if (v != "1" && v != "2" && v != "4") bad("ATLAS_MLA_PREFILL_QPB", "expected 1, 2 or 4", v);
     e.mla_prefill_qpb = v[0] - '0';
   }
-  if (const std::string v = value("ATLAS_MLA_TILE_PARALLEL"); !v.empty()) {
-    if (v != "0" && v != "1") bad("ATLAS_MLA_TILE_PARALLEL", "expected 0 (off) or 1 (automatic)", v);
-    e.mla_tile_parallel_off = v == "0";
-  }
+  e.mla_tile_parallel_off = !env_switch("ATLAS_MLA_TILE_PARALLEL", true);  // "0": off, "1": automatic
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || std::stoll(v) < 1)

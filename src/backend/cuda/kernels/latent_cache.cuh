@@ -49,6 +49,22 @@ __device__ __forceinline__ void latent_rope_key(const LatentCacheParams<T>& p, c
     rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
 }
 
+// Both kernels' middle: a bad position flagged (the rope pairs are then left unwritten), the
+// queries' rope parts rotated, and the token's cache row (null: a padding token, or a slot past
+// the cache, flagged). dst_rows[t] is block-uniform, so every thread gets the same answer.
+template <class T, int kThreads>
+__device__ __forceinline__ T* latent_queries_then_row(const LatentCacheParams<T>& p, int t, int pos, bool pos_ok) {
+  if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);
+  if (pos_ok) latent_rope_queries<T, kThreads>(p, t, pos);
+  const int64_t d = p.dst_rows[t];
+  if (d < 0) return nullptr;  // a padding token: no cache slot
+  if (d >= p.cache_rows) {
+    if (threadIdx.x == 0) atomicOr(p.error_flag, 8);
+    return nullptr;
+  }
+  return p.cache + d * int64_t(p.latent + 2 * p.half);
+}
+
 template <class T>
 __global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const LatentCacheParams<T> p) {
   pdl_begin();
@@ -59,15 +75,8 @@ __global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const Late
   const RmsPre pre = rms_preload(src, p.norm_w, p.latent);
   const int pos = p.positions[t];
   const bool pos_ok = pos >= 0 && pos < p.max_positions;
-  if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
-  if (pos_ok) latent_rope_queries<T, kReduceThreads>(p, t, pos);
-  const int64_t d = p.dst_rows[t];  // block-uniform: the early returns keep the barriers whole
-  if (d < 0) return;                // a padding token: no cache slot
-  if (d >= p.cache_rows) {
-    if (threadIdx.x == 0) atomicOr(p.error_flag, 8);
-    return;
-  }
-  T* row = p.cache + d * int64_t(p.latent + 2 * p.half);
+  T* row = latent_queries_then_row<T, kReduceThreads>(p, t, pos, pos_ok);
+  if (row == nullptr) return;  // block-uniform: the early return keeps the barriers whole
   // rmsnorm_row reads its x row through a writable pointer only when it adds a residual (kAdd).
   rmsnorm_row<T, false>(pre, const_cast<T*>(src), [](int, int) { return 0.0f; }, p.norm_w, row, p.latent, p.eps,
                         scratch);
@@ -95,15 +104,8 @@ __global__ void __launch_bounds__(kWideThreads) latent_cache_wide_kernel(const L
   }
   const int pos = p.positions[t];
   const bool pos_ok = pos >= 0 && pos < p.max_positions;
-  if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);  // rope: the pairs are left unwritten
-  if (pos_ok) latent_rope_queries<T, kWideThreads>(p, t, pos);
-  const int64_t d = p.dst_rows[t];  // block-uniform: the early returns keep the barriers whole
-  if (d < 0) return;                // a padding token: no cache slot
-  if (d >= p.cache_rows) {
-    if (threadIdx.x == 0) atomicOr(p.error_flag, 8);
-    return;
-  }
-  T* row = p.cache + d * int64_t(p.latent + 2 * p.half);
+  T* row = latent_queries_then_row<T, kWideThreads>(p, t, pos, pos_ok);
+  if (row == nullptr) return;  // block-uniform: the early return keeps the barriers whole
   rmsnorm_wide_finish<T>(v, wv, row, p.latent, p.eps, sq, scratch);
   if (pos_ok) latent_rope_key<T, kWideThreads>(p, src, row, pos);
 }
