@@ -260,6 +260,7 @@ struct GemmSetup {
   // The TMA kernel may run: wgmma, the driver's tensor-map encoder found, ATLAS_GEMM_TMA not "0".
   PFN_cuTensorMapEncodeTiled_v12000 encode_map = nullptr;
   bool tma_persistent = true;  // ATLAS_GEMM_TMA_PERSISTENT not "0" (launch_tma)
+  bool l2_evict_first = false;  // ATLAS_L2_EVICT_FIRST=1 (measurement, session 17): weight copies marked evict_first
   // cluster_sizes[i]: the largest C such that config i's clusters of 1..C blocks all fit the
   // device (cudaOccupancyMaxActiveClusters > 0, both output types); 0: not a cluster config, or
   // no cluster launch here (device without it, or device code built for an older arch).
@@ -330,6 +331,7 @@ const GemmSetup& setup() {
     g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
     g.stream_grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
+    g.l2_evict_first = env_switch("ATLAS_L2_EVICT_FIRST", false);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
                             reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true>)})
@@ -991,6 +993,7 @@ void gemm(const GemmArgs& a) {
   // Under launch overlap the blocks pull their weights into L2 while the kernel before them runs
   // (kern::prefetch_weights_l2): the weights of a dense GEMM are never an earlier kernel's output.
   p.prefetch = pdl_enabled() ? 1 : 0;
+  p.l2_evict_first = s.l2_evict_first ? 1 : 0;
   if (a.gated > 0) {  // a fusing config in a plain launch (checked above): the activation out
     p.gated = a.gated;
     p.os = a.gated;
@@ -1050,6 +1053,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.max_rows = a.max_rows;
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
+  p.l2_evict_first = s.l2_evict_first ? 1 : 0;
   if (a.gated > 0) {  // a fusing config (never sliced): the activation out
     p.gated = a.gated;
     p.os = a.gated;

@@ -119,6 +119,29 @@ __device__ __forceinline__ void cp_async16_at(uint32_t dst, const void* src, int
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   cp_async16_at(smem_u32(dst), src, src_bytes);
 }
+// Streamed weights and L2 (session 17, measurement): a batch-1 decode step reads ~5 GB through
+// a 50 MB L2, so whatever a kernel left there (its own code, the activations, the cache rows) is
+// evicted long before the next layer's kernel of the same kind runs. Copies of weight rows may
+// carry an evict_first policy, so the L2 gives up those lines first and keeps the rest.
+// L2Hint{} (on = false): the plain copy.
+struct L2Hint {
+  bool on = false;
+  uint64_t policy = 0;
+};
+__device__ __forceinline__ L2Hint l2_evict_first_hint(bool on) {
+  L2Hint h;
+  h.on = on;
+  if (on) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(h.policy));
+  return h;
+}
+__device__ __forceinline__ void cp_async16_at(uint32_t dst, const void* src, int src_bytes, L2Hint h) {
+  if (h.on)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes), "l"(h.policy)
+                 : "memory");
+  else
+    cp_async16_at(dst, src, src_bytes);
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

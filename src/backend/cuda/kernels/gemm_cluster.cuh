@@ -90,13 +90,14 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   // its copies in flight at once, one ring slot per step.
   const int K = p.K;
   const int KC = (K + 15) / 16;
+  const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
   const int kt_begin = rank * T::STAGES;
   const int nsteps = min((K + T::BK - 1) / T::BK, kt_begin + T::STAGES) - kt_begin;
 #pragma unroll
   for (int i = 0; i < T::STAGES; ++i) {
     if (i < nsteps)
       load_tile_step<T, true>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
-                              (kt_begin + i) * T::BK, K, true, tid);
+                              (kt_begin + i) * T::BK, K, true, tid, w_hint);
     cp_async_commit();
   }
   static_assert(T::STAGES == 4, "cp_async_wait<3> below: 4 groups in flight");

@@ -97,6 +97,7 @@ struct MmaGemmParams {
   int64_t slice_stride = 0;                    // > 0: sliced launch (below), elements between slices
   int gated = 0;                               // > 0: fused gate|up + SiLU (below); bf16 out only
   int prefetch = 0;                            // > 0: dense weights into L2 before pdl_begin (below)
+  int l2_evict_first = 0;                      // > 0: weight copies carry an L2 evict_first policy (common.cuh)
   // Grouped problems on the TMA kernel (kernels/gemm_tma.cuh): its tensor map reads group g's
   // weight at w_group_base + g * w_group_stride (elements); the kernel checks that w_groups[g]
   // is that address (device error "w" otherwise).
@@ -158,10 +159,11 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 // row) into shared memory. kAsync requires K % 8 == 0 and 16-byte aligned rows, so a chunk is
 // either wholly inside K or wholly outside.
 template <bool kAsync>
-__device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* base, int64_t off, int gk, int K) {
+__device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* base, int64_t off, int gk, int K,
+                                           L2Hint hint = {}) {
   if constexpr (kAsync) {
     const bool ok = off >= 0 && gk < K;
-    cp_async16(dst, ok ? base + off + gk : base, ok ? 16 : 0);
+    cp_async16_at(smem_u32(dst), ok ? base + off + gk : base, ok ? 16 : 0, hint);
   } else {
     uint32_t v[4];
 #pragma unroll
@@ -337,7 +339,7 @@ __device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int 
 template <class T, bool kAsync>
 __device__ __forceinline__ void load_tile_step(uint16_t* sa, uint16_t* sb, const int64_t* a_off, const int64_t* b_off,
                                                const uint16_t* x, const uint16_t* w, int k0, int K, bool first_fill,
-                                               int tid) {
+                                               int tid, L2Hint w_hint = {}) {
 #pragma unroll
   for (int i0 = 0; i0 < T::BM * T::CH; i0 += T::THREADS) {
     const int i = i0 + tid;
@@ -353,7 +355,7 @@ __device__ __forceinline__ void load_tile_step(uint16_t* sa, uint16_t* sb, const
     if (T::BN * T::CH % T::THREADS == 0 || i < T::BN * T::CH) {
       const int r = i / T::CH, c = i % T::CH;
       const int64_t off = b_off[r];
-      if (off >= 0 || first_fill) load_chunk<kAsync>(sb + r * T::BK + swz<T::CH>(r, c) * 8, w, off, k0 + c * 8, K);
+      if (off >= 0 || first_fill) load_chunk<kAsync>(sb + r * T::BK + swz<T::CH>(r, c) * 8, w, off, k0 + c * 8, K, w_hint);
     }
   }
 }
@@ -395,14 +397,14 @@ struct TileCopies {
   }
   // Step k0 into ring slot `slot`; zero rows are written on a slot's first use only (see
   // load_tile_step). `any`: a valid global address for the zero-fill copies.
-  __device__ __forceinline__ void issue(int slot, int k0, int K, bool first_fill, const void* any) const {
+  __device__ __forceinline__ void issue(int slot, int k0, int K, bool first_fill, const void* any, L2Hint w_hint = {}) const {
     const bool in_k = k0 + kc < K;  // kAsync: K % 8 == 0, a chunk is wholly inside K or outside
 #pragma unroll
     for (int j = 0; j < NA + NB; ++j) {
       if (!real[j]) continue;
       const uint32_t at = dst[j] + uint32_t(slot) * uint32_t((j < NA ? T::BM : T::BN) * T::BK * 2);
       if (src[j] != nullptr)
-        cp_async16_at(at, in_k ? src[j] + k0 : src[j], in_k ? 16 : 0);
+        cp_async16_at(at, in_k ? src[j] + k0 : src[j], in_k ? 16 : 0, j < NA ? L2Hint{} : w_hint);
       else if (first_fill)
         cp_async16_at(at, any, 0);
     }
@@ -543,10 +545,11 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   }
 
   TileCopies<T> copies;
+  const L2Hint w_hint = l2_evict_first_hint(kAsync && p.l2_evict_first > 0);
   if constexpr (kAsync) copies.plan(sA, sB, a_off, b_off, x, w, tid);
   auto load_stage = [&](int slot, int kt) {
     if constexpr (kAsync)
-      copies.issue(slot, kt * T::BK, K, kt - kt_begin < T::STAGES, x);
+      copies.issue(slot, kt * T::BK, K, kt - kt_begin < T::STAGES, x, w_hint);
     else
       load_tile_step<T, kAsync>(sA + slot * (T::BM * T::BK), sB + slot * (T::BN * T::BK), a_off, b_off, x, w,
                                 kt * T::BK, K, kt - kt_begin < T::STAGES, tid);
@@ -641,8 +644,14 @@ __global__ void gemm_slice_reduce_kernel(const float* __restrict__ ws, int64_t s
 // fragment register, low half = k. kVec: one 4-byte load (needs K even and an even, 4-byte
 // aligned row start, which the host's 16-byte fast-path conditions imply); else element loads.
 template <bool kVec>
-__device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K) {
+__device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K, L2Hint hint = {}) {
   if constexpr (kVec) {
+    if (hint.on) {
+      uint32_t v = 0u;
+      if (row != nullptr && k < K)
+        asm volatile("ld.global.nc.L2::cache_hint.b32 %0, [%1], %2;\n" : "=r"(v) : "l"(row + k), "l"(hint.policy));
+      return v;
+    }
     return (row != nullptr && k < K) ? __ldg(reinterpret_cast<const unsigned int*>(row + k)) : 0u;
   } else {
     const uint32_t lo = (row != nullptr && k < K) ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(row + k))) : 0u;
@@ -682,6 +691,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
   const int K = p.K;
   const int KC = (K + 15) / 16;
   const int S = (K + kSliceK - 1) / kSliceK;
+  const L2Hint w_hint = l2_evict_first_hint(kVec && p.l2_evict_first > 0);
   float tot[T::ELEMS];
 #pragma unroll
   for (int e = 0; e < T::ELEMS; ++e) tot[e] = 0.0f;
@@ -706,8 +716,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
         }
 #pragma unroll
         for (int ni = 0; ni < T::NI; ++ni) {
-          bf[c][ni][0] = load_pair<kVec>(br[ni], k, K);
-          bf[c][ni][1] = load_pair<kVec>(br[ni], k + 8, K);
+          bf[c][ni][0] = load_pair<kVec>(br[ni], k, K, w_hint);
+          bf[c][ni][1] = load_pair<kVec>(br[ni], k + 8, K, w_hint);
         }
       }
       float acc[T::NI][4];

@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
   // This lane's destination row in a slot (bytes): x rows first, then weight rows.
   const uint32_t dst_row = uint32_t(((lane < 8 ? 8 : 0) + (lane & 7)) * T::ROW * 2);
   int issued = 0;  // steps copied so far: the next one's slot is issued % STAGES
+  const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
   const auto issue_step = [&]() {
     if (ipid >= last) return;
     const int slot = issued % T::STAGES;
@@ -149,10 +150,17 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
     if (src != nullptr) {
       // This lane's earlier reads of the slot (ldmatrix, generic proxy) before the copy's writes.
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                       ring_at + uint32_t(slot * T::SLOT * 2) + dst_row),
-                   "l"(src + k0), "r"(bytes), "r"(bar)
-                   : "memory");
+      if (lane < 8 && w_hint.on)  // lanes 0-7 copy weight rows
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+                ring_at + uint32_t(slot * T::SLOT * 2) + dst_row),
+            "l"(src + k0), "r"(bytes), "r"(bar), "l"(w_hint.policy)
+            : "memory");
+      else
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                         ring_at + uint32_t(slot * T::SLOT * 2) + dst_row),
+                     "l"(src + k0), "r"(bytes), "r"(bar)
+                     : "memory");
     }
     ++issued;
     if (++islice == S) {

@@ -187,7 +187,8 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_wgmma_kernel(const MmaGemm
   // ~380 instructions per warp per K step that Nsight counted here (session 9).
   TileCopies<T> copies;
   copies.plan(sA, sB, a_off, b_off, x, w, tid);
-  auto load_stage = [&](int slot, int kt) { copies.issue(slot, kt * T::BK, K, kt - kt_begin < T::STAGES, x); };
+  const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
+  auto load_stage = [&](int slot, int kt) { copies.issue(slot, kt * T::BK, K, kt - kt_begin < T::STAGES, x, w_hint); };
 
   float acc[T::NACC], tot[T::NACC];
 #pragma unroll
