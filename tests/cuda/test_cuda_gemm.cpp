@@ -618,6 +618,66 @@ TEST_F(Gemm, LaunchOverlapWithWeightPrefetchGivesTheSameBits) {
   set_launch_overlap(was);
 }
 
+// The weight copies' L2 evict_first policy is a caching hint: every config, dense (plain, gated,
+// strided batch) and grouped (gathered rows, empty groups, gated), gives the same bits with it
+// off and on.
+TEST_F(Gemm, WeightEvictFirstGivesTheSameBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const bool was = gemm_weight_evict_first();
+  const std::vector<int> counts = {0, 3, 1, 0, 70, 9};
+  const int G = int(counts.size());
+  std::vector<int32_t> offsets(size_t(G) + 1, 0);
+  for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + counts[size_t(g)];
+  const int rows = offsets.back();
+  for (const auto& [M, N, K] : {std::tuple{1, 200, 520}, std::tuple{130, 136, 1032}, std::tuple{8, 2816, 2048}}) {
+    const auto x = random_bf16(size_t(M) * K * 2, rng);
+    const auto w = random_bf16(size_t(N) * K * 2, rng, 0.1f);
+    DevBuf<uint16_t> dx(x), dw(w), scratch(size_t(std::max(M, rows)) * N * 2);
+    std::vector<int32_t> x_rows(static_cast<size_t>(rows));
+    std::uniform_int_distribution<int> pick(0, M - 1);
+    for (auto& r : x_rows) r = pick(rng);
+    std::vector<std::vector<uint16_t>> gw;
+    for (int g = 0; g < G; ++g) gw.push_back(random_bf16(size_t(N) * K, rng, 0.1f));
+    const SpacedWeights sw(gw, size_t(N) * K);
+    DevBuf<int32_t> doff(offsets), drows(x_rows);
+    DevBuf<const uint16_t*> dwptr(sw.ptrs);
+    for (int c = -1; c < gemm_config_count(); ++c) {
+      ForceConfig force(c);
+      SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K << " config "
+                                        << (c < 0 ? "auto" : gemm_config_name(c)));
+      std::vector<std::vector<uint16_t>> outs[2];
+      for (int on = 0; on < 2; ++on) {
+        set_gemm_weight_evict_first(on == 1);
+        DevBuf<uint16_t> plain(size_t(M) * N), gated(size_t(M) * N / 2), batched(size_t(M) * N * 2);
+        DevBuf<uint16_t> grouped(size_t(rows) * N), ggated(size_t(rows) * N / 2);
+        gemm({.x = dx.get(), .w = dw.get(), .out = plain.get(), .M = M, .N = N, .K = K});
+        gemm({.x = dx.get(), .w = dw.get(), .out = gated.get(), .M = M, .N = N, .K = K, .gated = N / 2,
+              .gated_scratch = scratch.get()});
+        gemm({.x = dx.get(), .w = dw.get(), .out = batched.get(), .M = M, .N = N, .K = K, .batch = 2,
+              .x_batch_stride = int64_t(M) * K, .w_batch_stride = int64_t(N) * K, .out_batch_stride = int64_t(M) * N});
+        const GroupedGemmArgs base{.x = dx.get(), .x_rows = drows.get(), .w = dwptr.get(), .offsets = doff.get(),
+                                   .groups = G, .max_rows = rows, .N = N, .K = K, .x_rows_limit = M,
+                                   .w_base = sw.ptrs[0], .w_group_stride = sw.stride};
+        GroupedGemmArgs ga = base;
+        ga.out = grouped.get();
+        grouped_gemm(ga);
+        GroupedGemmArgs gg = base;
+        gg.out = ggated.get();
+        gg.gated = N / 2;
+        gg.gated_scratch = scratch.get();
+        grouped_gemm(gg);
+        synchronize();
+        for (DevBuf<uint16_t>* b : {&plain, &gated, &batched, &grouped, &ggated}) outs[on].push_back(b->download());
+      }
+      set_gemm_weight_evict_first(was);
+      const char* what[] = {"plain", "gated", "batched", "grouped", "grouped gated"};
+      for (size_t i = 0; i < outs[0].size(); ++i) EXPECT_EQ(outs[0][i], outs[1][i]) << what[i];
+    }
+  }
+  set_gemm_weight_evict_first(was);
+}
+
 TEST_F(GroupedGemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());

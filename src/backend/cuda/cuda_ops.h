@@ -100,7 +100,7 @@ void set_launch_overlap(bool on);
 // dflt, "0" off, "1" on; any other value throws an Error naming the variable.
 bool env_switch(const char* name, bool dflt);
 // Every ATLAS_* switch the CUDA backend reads (the GEMM configs' ATLAS_GEMM_STREAM,
-// _STREAM_GROUPED, _GROUPED_MANY, _TMA, _TMA_PERSISTENT; ATLAS_WIDE_NORM; ATLAS_PDL; the model's
+// _STREAM_GROUPED, _GROUPED_MANY, _TMA, _TMA_PERSISTENT; ATLAS_L2_EVICT_FIRST; ATLAS_WIDE_NORM; ATLAS_PDL; the model's
 // ATLAS_SIDE_STREAM, ATLAS_PAD_DEDUP, ATLAS_CUDA_GRAPHS, ATLAS_STREAM_PRIORITY and model_env's
 // three), parsed at once: a bad value is one Error naming the variable before any work. The
 // kernels read most of them lazily, at their first launch; make_cuda_model calls this first,
@@ -664,6 +664,11 @@ int gemm_config_count();
 std::string gemm_config_name(int config);  // "128x128x32/4" = BM x BN x BK / stages; "splitk16x8/8w" = split-K
                                           // 16 x 8 tile, 8 warps on K slices
 void gemm_force_config(int config);
+// Whether the batch-invariant GEMMs' weight copies carry an L2 evict_first policy (on by default;
+// ATLAS_L2_EVICT_FIRST=0 or set_gemm_weight_evict_first(false) turns it off for launches after
+// the call; captured graphs keep theirs). A caching hint only: the same bits either way.
+void set_gemm_weight_evict_first(bool on);
+bool gemm_weight_evict_first();
 // The config a batch_invariant gemm() / grouped_gemm() with these arguments would run (for
 // benchmark labels and tuning; -1 for an empty grouped problem).
 int gemm_chosen_config(const GemmArgs& a);

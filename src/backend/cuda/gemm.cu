@@ -251,6 +251,22 @@ static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMan
               "config names");
 
 std::atomic<int> forced_config{-1};
+
+// The weight copies' L2 policy (kern::L2Hint): -1 not decided yet (ATLAS_L2_EVICT_FIRST at the
+// first GEMM), 0 plain, 1 evict_first. Session 17 (H200, batch-1 decode, CUPTI per step): 2896
+// vs 3187 us with plain copies; the expert GEMMs gain most (routed gate|up 30.6 -> 25.3 us,
+// shared gate|up 16.8 -> 12.6, routed down 20.0 -> 18.3): a decode step streams ~5 GB through
+// the 50 MB L2, and lines marked evict_first are replaced before the activations, cache rows
+// and code that the next kernels read again.
+std::atomic<int> g_weight_evict_first{-1};
+bool weight_evict_first() {
+  int v = g_weight_evict_first.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = env_switch("ATLAS_L2_EVICT_FIRST", true) ? 1 : 0;
+    g_weight_evict_first.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 std::atomic<int> tma_blocks_cap{0};  // gemm_set_tma_blocks (tests)
 
 struct GemmSetup {
@@ -260,7 +276,6 @@ struct GemmSetup {
   // The TMA kernel may run: wgmma, the driver's tensor-map encoder found, ATLAS_GEMM_TMA not "0".
   PFN_cuTensorMapEncodeTiled_v12000 encode_map = nullptr;
   bool tma_persistent = true;  // ATLAS_GEMM_TMA_PERSISTENT not "0" (launch_tma)
-  bool l2_evict_first = false;  // ATLAS_L2_EVICT_FIRST=1 (measurement, session 17): weight copies marked evict_first
   // cluster_sizes[i]: the largest C such that config i's clusters of 1..C blocks all fit the
   // device (cudaOccupancyMaxActiveClusters > 0, both output types); 0: not a cluster config, or
   // no cluster launch here (device without it, or device code built for an older arch).
@@ -331,7 +346,6 @@ const GemmSetup& setup() {
     g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
     g.stream_grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
-    g.l2_evict_first = env_switch("ATLAS_L2_EVICT_FIRST", false);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
                             reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true>)})
@@ -896,6 +910,9 @@ void gemm_force_config(int config) {
   forced_config.store(config);
 }
 
+void set_gemm_weight_evict_first(bool on) { g_weight_evict_first.store(on ? 1 : 0); }
+bool gemm_weight_evict_first() { return weight_evict_first(); }
+
 int gemm_chosen_config(const GemmArgs& a) {
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
   return dense_config(a, dense_async(a, xs, ws), setup().sm_count);
@@ -993,7 +1010,7 @@ void gemm(const GemmArgs& a) {
   // Under launch overlap the blocks pull their weights into L2 while the kernel before them runs
   // (kern::prefetch_weights_l2): the weights of a dense GEMM are never an earlier kernel's output.
   p.prefetch = pdl_enabled() ? 1 : 0;
-  p.l2_evict_first = s.l2_evict_first ? 1 : 0;
+  p.l2_evict_first = weight_evict_first() ? 1 : 0;
   if (a.gated > 0) {  // a fusing config in a plain launch (checked above): the activation out
     p.gated = a.gated;
     p.os = a.gated;
@@ -1053,7 +1070,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.max_rows = a.max_rows;
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
-  p.l2_evict_first = s.l2_evict_first ? 1 : 0;
+  p.l2_evict_first = weight_evict_first() ? 1 : 0;
   if (a.gated > 0) {  // a fusing config (never sliced): the activation out
     p.gated = a.gated;
     p.os = a.gated;

@@ -186,7 +186,7 @@ void check_environment() {
   (void)detail::gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_PDL", "ATLAS_SIDE_STREAM",
-                           "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY"})
+                           "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST"})
     (void)env_switch(name, true);
 }
 

@@ -119,10 +119,10 @@ __device__ __forceinline__ void cp_async16_at(uint32_t dst, const void* src, int
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   cp_async16_at(smem_u32(dst), src, src_bytes);
 }
-// Streamed weights and L2 (session 17, measurement): a batch-1 decode step reads ~5 GB through
-// a 50 MB L2, so whatever a kernel left there (its own code, the activations, the cache rows) is
-// evicted long before the next layer's kernel of the same kind runs. Copies of weight rows may
-// carry an evict_first policy, so the L2 gives up those lines first and keeps the rest.
+// Streamed weights and L2 (session 17): a batch-1 decode step reads ~5 GB of weights through a
+// 50 MB L2, each byte once. The GEMMs' weight copies carry an evict_first policy (MmaGemmParams::
+// l2_evict_first, on by default), so the L2 gives up those lines first and keeps what is read
+// again (activations, cache rows, code). A caching hint only: the same bits either way.
 // L2Hint{} (on = false): the plain copy.
 struct L2Hint {
   bool on = false;
