@@ -1010,7 +1010,10 @@ void gemm(const GemmArgs& a) {
   // Under launch overlap the blocks pull their weights into L2 while the kernel before them runs
   // (kern::prefetch_weights_l2): the weights of a dense GEMM are never an earlier kernel's output.
   p.prefetch = pdl_enabled() ? 1 : 0;
-  p.l2_evict_first = weight_evict_first() ? 1 : 0;
+  // Only where each weight row is read by one block row (one m-tile): with two or more, a line
+  // marked evict_first may leave before the second tile reads it (session 17, the seed grid's
+  // M = 128 steps on 64-row tiles: 7.32 s with the hint on every dense GEMM vs 7.12 without).
+  p.l2_evict_first = weight_evict_first() && m_tiles == 1 ? 1 : 0;
   if (a.gated > 0) {  // a fusing config in a plain launch (checked above): the activation out
     p.gated = a.gated;
     p.os = a.gated;
