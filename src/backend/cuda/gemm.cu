@@ -255,9 +255,10 @@ std::atomic<int> forced_config{-1};
 // The weight copies' L2 policy (kern::L2Hint): -1 not decided yet (ATLAS_L2_EVICT_FIRST at the
 // first GEMM), 0 plain, 1 evict_first. Session 17 (H200, batch-1 decode, CUPTI per step): 2896
 // vs 3187 us with plain copies; the expert GEMMs gain most (routed gate|up 30.6 -> 25.3 us,
-// shared gate|up 16.8 -> 12.6, routed down 20.0 -> 18.3): a decode step streams ~5 GB through
-// the 50 MB L2, and lines marked evict_first are replaced before the activations, cache rows
-// and code that the next kernels read again.
+// shared gate|up 16.8 -> 12.6, routed down 20.0 -> 18.3; the small kernels barely move). A
+// decode step streams ~5 GB of weights through the 50 MB L2, each byte once; lines marked
+// evict_first are the first replaced. Why the streaming kernels themselves gain this much (the
+// L2's sets, DRAM traffic) was not measured. The TMA configs' copies stay plain.
 std::atomic<int> g_weight_evict_first{-1};
 bool weight_evict_first() {
   int v = g_weight_evict_first.load(std::memory_order_relaxed);
