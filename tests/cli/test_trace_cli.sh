@@ -47,6 +47,10 @@ else
   expect_error "bad chunk setting" "ATLAS_PREFILL_CHUNK_TOKENS: expected a whole number of tokens from 1 to 999999999, got '0'" \
     env ATLAS_PREFILL_CHUNK_TOKENS=0 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad chunk setting" "$work/env.json"
+  # A GEMM config override that names a config the grouped GEMM may not take.
+  expect_error "bad grouped config" "ATLAS_GEMM_GROUPED_FEW_DOWN: 'wg128x128x64/4' is not the name of a config with mma.sync tiles" \
+    env ATLAS_GEMM_GROUPED_FEW_DOWN=wg128x128x64/4 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad grouped config" "$work/env.json"
 fi
 
 # --layers 0-1: three hidden stages equal to the full run's, no logits.

@@ -48,6 +48,11 @@ bool wide_norm_setting(const char* value);
 // of many small groups, -1 where unset; a name that is not a tiled config throws an Error
 // naming the variable.
 int gemm_grouped_many_setting(const char* value);
+// ATLAS_GEMM_GROUPED_FEW_DOWN's value (null or empty: unset): the config it names for grouped
+// GEMMs of a few rows in all without the fused gate (the MoE down projection at batch 1), -1
+// where unset; a wgmma / TMA config or an unknown name throws an Error naming the variable. For
+// A/B measurements.
+int gemm_grouped_few_down_setting(const char* value);
 constexpr int kWideNormMaxRows = 256;
 
 // One device int per device, set by kernels that find bad data they cannot reject on the host

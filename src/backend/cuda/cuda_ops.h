@@ -100,7 +100,8 @@ void set_launch_overlap(bool on);
 // dflt, "0" off, "1" on; any other value throws an Error naming the variable.
 bool env_switch(const char* name, bool dflt);
 // Every ATLAS_* switch the CUDA backend reads (the GEMM configs' ATLAS_GEMM_STREAM,
-// _STREAM_GROUPED, _GROUPED_MANY, _TMA, _TMA_PERSISTENT; ATLAS_L2_EVICT_FIRST; ATLAS_WIDE_NORM; ATLAS_PDL; the model's
+// _STREAM_GROUPED, _GROUPED_MANY, _GROUPED_FEW_DOWN, _TMA, _TMA_PERSISTENT; ATLAS_L2_EVICT_FIRST;
+// ATLAS_WIDE_NORM; ATLAS_PDL; the model's
 // ATLAS_SIDE_STREAM, ATLAS_PAD_DEDUP, ATLAS_CUDA_GRAPHS, ATLAS_STREAM_PRIORITY and model_env's
 // three), parsed at once: a bad value is one Error naming the variable before any work. The
 // kernels read most of them lazily, at their first launch; make_cuda_model calls this first,

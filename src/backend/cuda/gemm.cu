@@ -666,6 +666,17 @@ int grouped_many_config() {
   }();
   return ci;
 }
+// The config for a few rows in all (one token's routed experts) without the fused gate: the MoE
+// down projection of a batch-1 decode step. ATLAS_GEMM_GROUPED_FEW_DOWN=<config name> overrides
+// it for end-to-end measurements (session 17: that GEMM moves 34.6 MB in 18.3 us, ~1.9 TB/s,
+// where the gate|up beside it reaches ~3.2; any config gives the same bits).
+int grouped_few_down_config() {
+  static const int ci = [] {
+    const int i = gemm_grouped_few_down_setting(std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN"));
+    return i < 0 ? kGroupedFew : i;
+  }();
+  return ci;
+}
 int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.groups, a.max_rows); }
 int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   const int64_t busy = busy_groups(a), m_avg = ceil_div(a.max_rows, busy);
@@ -675,7 +686,7 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // 32x128x64/8 209 / 107 us (32x64x64/4 219 / 114, split-K 786 / 416, 16x32x128/4 314 / 156);
   // of 1 token (6 rows) 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
-    ci = a.max_rows > 16 ? grouped_many_config() : kGroupedFew;
+    ci = a.max_rows > 16 ? grouped_many_config() : a.gated == 0 ? grouped_few_down_config() : kGroupedFew;
   // (Weight streaming at one token, session 13: gate|up 28.7 vs 29.2 us, down 18.9 vs 20.0 in
   // isolation, but batch-1 decode 287 vs 299 tok/s end to end: these run beside the shared
   // experts on the side stream, whose blocks its 99-198 KB per block keep off the SMs.
@@ -1113,6 +1124,16 @@ int gemm_grouped_many_setting(const char* value) {
   if (i < 0 || kConfigs[size_t(i)].splitk || kConfigs[size_t(i)].sliced || kConfigs[size_t(i)].wgmma)
     throw Error(std::string("cuda: gemm: ATLAS_GEMM_GROUPED_MANY: '") + value +
                 "' is not a tiled config name (see atlas_cuda_bench's sweep)");
+  return i;
+}
+
+int gemm_grouped_few_down_setting(const char* value) {
+  if (value == nullptr || *value == '\0') return -1;
+  const int i = config_index(value);
+  if (i < 0 || kConfigs[size_t(i)].wgmma || kConfigs[size_t(i)].tma)
+    throw Error(std::string("cuda: gemm: ATLAS_GEMM_GROUPED_FEW_DOWN: '") + value +
+                "' is not the name of a config with mma.sync tiles (tiled, split-K, sliced, cluster or stream; see "
+                "atlas_cuda_bench's sweep)");
   return i;
 }
 
