@@ -49,6 +49,21 @@ class DevBuf {
   T* p_;
 };
 
+// A grouped GEMM's offsets [groups + 1]: the running sum of the rows per group, from 0.
+inline std::vector<int32_t> group_offsets(const std::vector<int>& counts) {
+  std::vector<int32_t> offsets(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) offsets[g + 1] = offsets[g] + counts[g];
+  return offsets;
+}
+
+// n row indices drawn uniformly from [0, limit) in order (a grouped GEMM's gathered x rows).
+inline std::vector<int32_t> random_rows(int n, int limit, std::mt19937& rng) {
+  std::uniform_int_distribution<int> pick(0, limit - 1);
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  for (auto& r : rows) r = pick(rng);
+  return rows;
+}
+
 // Fresh random inputs for every test, from a seed printed on failure.
 inline std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float sigma = 1.0f) {
   std::normal_distribution<float> d(0.0f, sigma);

@@ -253,16 +253,12 @@ TEST_F(F32Kernels, GroupedRowsEqualTheDenseGemmOfTheirGroup) {
                                    {decode, 40, 256, 1, 0}};
   for (const Case& c : cases) {
     const int G = int(c.counts.size());
-    std::vector<int32_t> offsets(size_t(G) + 1, 0);
-    for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + c.counts[size_t(g)];
+    const std::vector<int32_t> offsets = group_offsets(c.counts);
     const int rows = offsets.back(), max_rows = rows + c.slack;
     SCOPED_TRACE(::testing::Message() << "groups " << G << " rows " << rows << " N " << c.N << " K " << c.K);
     const int x_count = c.x_count > 0 ? c.x_count : std::max(rows, 1);
     std::vector<int32_t> x_rows;
-    if (c.x_count > 0) {
-      std::uniform_int_distribution<int> pick(0, c.x_count - 1);
-      for (int r = 0; r < rows; ++r) x_rows.push_back(pick(rng));
-    }
+    if (c.x_count > 0) x_rows = random_rows(rows, c.x_count, rng);
     const auto x = random_f32(size_t(x_count) * c.K, rng);
     std::vector<std::vector<float>> w;
     for (int g = 0; g < G; ++g) w.push_back(random_f32(size_t(c.N) * c.K, rng));

@@ -457,17 +457,12 @@ struct SpacedWeights {
 template <class T>
 void check_grouped(const GroupedCase& gc, std::mt19937& rng) {
   const int G = int(gc.counts.size()), N = gc.N, K = gc.K;
-  std::vector<int32_t> offsets(size_t(G) + 1, 0);
-  for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + gc.counts[size_t(g)];
+  const std::vector<int32_t> offsets = group_offsets(gc.counts);
   const int rows = offsets.back(), max_rows = rows + gc.slack;
   const int x_count = gc.x_rows_total > 0 ? gc.x_rows_total : std::max(rows, 1);
   auto x = random_bf16(size_t(x_count) * K, rng);
   std::vector<int32_t> x_rows;
-  if (gc.x_rows_total > 0) {
-    std::uniform_int_distribution<int> pick(0, gc.x_rows_total - 1);
-    x_rows.resize(size_t(std::max(max_rows, 1)));
-    for (auto& r : x_rows) r = pick(rng);
-  }
+  if (gc.x_rows_total > 0) x_rows = random_rows(std::max(max_rows, 1), gc.x_rows_total, rng);
   std::vector<std::vector<uint16_t>> w(static_cast<size_t>(G));
   for (int g = 0; g < G; ++g) w[size_t(g)] = random_bf16(size_t(N) * K, rng, 0.03f);
   const SpacedWeights sw(w, size_t(N) * K);
@@ -627,16 +622,13 @@ TEST_F(Gemm, WeightEvictFirstGivesTheSameBits) {
   const bool was = gemm_weight_evict_first();
   const std::vector<int> counts = {0, 3, 1, 0, 70, 9};
   const int G = int(counts.size());
-  std::vector<int32_t> offsets(size_t(G) + 1, 0);
-  for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + counts[size_t(g)];
+  const std::vector<int32_t> offsets = group_offsets(counts);
   const int rows = offsets.back();
   for (const auto& [M, N, K] : {std::tuple{1, 200, 520}, std::tuple{130, 136, 1032}, std::tuple{8, 2816, 2048}}) {
     const auto x = random_bf16(size_t(M) * K * 2, rng);
     const auto w = random_bf16(size_t(N) * K * 2, rng, 0.1f);
     DevBuf<uint16_t> dx(x), dw(w), scratch(size_t(std::max(M, rows)) * N * 2);
-    std::vector<int32_t> x_rows(static_cast<size_t>(rows));
-    std::uniform_int_distribution<int> pick(0, M - 1);
-    for (auto& r : x_rows) r = pick(rng);
+    const std::vector<int32_t> x_rows = random_rows(rows, M, rng);
     std::vector<std::vector<uint16_t>> gw;
     for (int g = 0; g < G; ++g) gw.push_back(random_bf16(size_t(N) * K, rng, 0.1f));
     const SpacedWeights sw(gw, size_t(N) * K);
@@ -684,13 +676,10 @@ TEST_F(GroupedGemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
   // Empty groups, a group of 1, a group over two 192-row tiles, gathered rows.
   const std::vector<int> counts = {0, 5, 1, 0, 400, 13};
   const int G = int(counts.size()), I = 72, N = 2 * I, K = 264, x_count = 300;
-  std::vector<int32_t> offsets(size_t(G) + 1, 0);
-  for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + counts[size_t(g)];
+  const std::vector<int32_t> offsets = group_offsets(counts);
   const int rows = offsets.back();
   const auto x = random_bf16(size_t(x_count) * K, rng);
-  std::vector<int32_t> x_rows(static_cast<size_t>(rows));
-  std::uniform_int_distribution<int> pick(0, x_count - 1);
-  for (auto& r : x_rows) r = pick(rng);
+  const std::vector<int32_t> x_rows = random_rows(rows, x_count, rng);
   std::vector<std::vector<uint16_t>> w;
   for (int g = 0; g < G; ++g) w.push_back(random_bf16(size_t(N) * K, rng, 0.1f));
   const SpacedWeights sw(w, size_t(N) * K);
@@ -870,12 +859,9 @@ TEST_F(Gemm, PersistentTmaKernelGivesTheBitsOfOneBlockPerTile) {
   // Grouped with gather: groups over one to three 192-row tiles, empty ones between.
   const std::vector<int> counts = {250, 0, 401, 7, 0, 30, 192};
   const int G = int(counts.size()), GN = 136, GK = 520, x_count = 300;
-  std::vector<int32_t> offsets(size_t(G) + 1, 0);
-  for (int g = 0; g < G; ++g) offsets[size_t(g) + 1] = offsets[size_t(g)] + counts[size_t(g)];
+  const std::vector<int32_t> offsets = group_offsets(counts);
   const int rows = offsets.back();
-  std::vector<int32_t> x_rows(static_cast<size_t>(rows));
-  std::uniform_int_distribution<int> pick(0, x_count - 1);
-  for (auto& r : x_rows) r = pick(rng);
+  const std::vector<int32_t> x_rows = random_rows(rows, x_count, rng);
   std::vector<std::vector<uint16_t>> w(static_cast<size_t>(G));
   for (auto& wg_g : w) wg_g = random_bf16(size_t(GN) * GK, rng, 0.03f);
   const SpacedWeights sw(w, size_t(GN) * GK);

@@ -657,13 +657,25 @@ bool grouped_async(const GroupedGemmArgs& a, int64_t xs, int64_t ws) {
   // on the async path (device error "w") instead.
   return a.K % 8 == 0 && xs % 8 == 0 && ws % 8 == 0 && aligned16(a.x);
 }
+// A config-name override's value (null or empty: unset, -1): the config it names, where `fits`
+// accepts it; anything else throws an Error naming the variable and what it may name (`kinds`).
+int config_override_setting(const char* var, const char* value, bool (*fits)(const TileConfig&), const char* kinds) {
+  if (value == nullptr || *value == '\0') return -1;
+  const int i = config_index(value);
+  if (i < 0 || !fits(kConfigs[size_t(i)]))
+    throw Error(std::string("cuda: gemm: ") + var + ": '" + value + "' is not " + kinds);
+  return i;
+}
+// The override's config where the variable is set, else dflt (read once per variable: the callers
+// keep the result in a static).
+int config_or_override(const char* var, int (*setting)(const char*), int dflt) {
+  const int i = setting(std::getenv(var));
+  return i < 0 ? dflt : i;
+}
 // The config for many small groups (a decode step of many tokens); ATLAS_GEMM_GROUPED_MANY=<config
 // name> overrides it for end-to-end measurements of the candidates (any config: the same bits).
 int grouped_many_config() {
-  static const int ci = [] {
-    const int i = gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
-    return i < 0 ? kGroupedMany : i;
-  }();
+  static const int ci = config_or_override("ATLAS_GEMM_GROUPED_MANY", gemm_grouped_many_setting, kGroupedMany);
   return ci;
 }
 // The config for a few rows in all (one token's routed experts) without the fused gate: the MoE
@@ -671,10 +683,7 @@ int grouped_many_config() {
 // it for end-to-end measurements (session 17: that GEMM moves 34.6 MB in 18.3 us, ~1.9 TB/s,
 // where the gate|up beside it reaches ~3.2; any config gives the same bits).
 int grouped_few_down_config() {
-  static const int ci = [] {
-    const int i = gemm_grouped_few_down_setting(std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN"));
-    return i < 0 ? kGroupedFew : i;
-  }();
+  static const int ci = config_or_override("ATLAS_GEMM_GROUPED_FEW_DOWN", gemm_grouped_few_down_setting, kGroupedFew);
   return ci;
 }
 int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.groups, a.max_rows); }
@@ -1119,22 +1128,16 @@ bool gemm_stream_grouped_setting(const char* value) {
 }
 
 int gemm_grouped_many_setting(const char* value) {
-  if (value == nullptr || *value == '\0') return -1;
-  const int i = config_index(value);
-  if (i < 0 || kConfigs[size_t(i)].splitk || kConfigs[size_t(i)].sliced || kConfigs[size_t(i)].wgmma)
-    throw Error(std::string("cuda: gemm: ATLAS_GEMM_GROUPED_MANY: '") + value +
-                "' is not a tiled config name (see atlas_cuda_bench's sweep)");
-  return i;
+  return config_override_setting(
+      "ATLAS_GEMM_GROUPED_MANY", value, [](const TileConfig& c) { return !c.splitk && !c.sliced && !c.wgmma; },
+      "a tiled config name (see atlas_cuda_bench's sweep)");
 }
 
 int gemm_grouped_few_down_setting(const char* value) {
-  if (value == nullptr || *value == '\0') return -1;
-  const int i = config_index(value);
-  if (i < 0 || kConfigs[size_t(i)].wgmma || kConfigs[size_t(i)].tma)
-    throw Error(std::string("cuda: gemm: ATLAS_GEMM_GROUPED_FEW_DOWN: '") + value +
-                "' is not the name of a config with mma.sync tiles (tiled, split-K, sliced, cluster or stream; see "
-                "atlas_cuda_bench's sweep)");
-  return i;
+  return config_override_setting(
+      "ATLAS_GEMM_GROUPED_FEW_DOWN", value, [](const TileConfig& c) { return !c.wgmma && !c.tma; },
+      "the name of a config with mma.sync tiles (tiled, split-K, sliced, cluster or stream; see atlas_cuda_bench's "
+      "sweep)");
 }
 
 bool probe_device_code(void (*probe)(int*), const char* what) {

@@ -85,6 +85,22 @@ __device__ __forceinline__ int grouped_tile_count(const MmaGemmParams& p, int la
   return tiles * p.n_tiles;
 }
 
+// One bulk copy of `bytes` from global src to shared address dst, completing on the mbarrier at
+// bar; with h.on it carries h's L2 policy (kern::L2Hint).
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const uint16_t* src, uint32_t bytes, uint32_t bar,
+                                                    L2Hint h) {
+  if (h.on)
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(h.policy)
+        : "memory");
+  else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 template <class T, bool kOutF32>
 __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -150,17 +166,11 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
     if (src != nullptr) {
       // This lane's earlier reads of the slot (ldmatrix, generic proxy) before the copy's writes.
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      const uint32_t dst = ring_at + uint32_t(slot * T::SLOT * 2) + dst_row;
       if (lane < 8 && w_hint.on)  // lanes 0-7 copy weight rows
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-                ring_at + uint32_t(slot * T::SLOT * 2) + dst_row),
-            "l"(src + k0), "r"(bytes), "r"(bar), "l"(w_hint.policy)
-            : "memory");
+        bulk_copy_to_shared(dst, src + k0, bytes, bar, w_hint);
       else
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                         ring_at + uint32_t(slot * T::SLOT * 2) + dst_row),
-                     "l"(src + k0), "r"(bytes), "r"(bar)
-                     : "memory");
+        bulk_copy_to_shared(dst, src + k0, bytes, bar, L2Hint{});
     }
     ++issued;
     if (++islice == S) {
