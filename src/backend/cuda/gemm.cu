@@ -254,8 +254,8 @@ std::atomic<int> forced_config{-1};
 
 // The weight copies' L2 policy (kern::L2Hint): -1 not decided yet (ATLAS_L2_EVICT_FIRST at the
 // first GEMM), 0 plain, 1 evict_first. Session 17 (H200, batch-1 decode, CUPTI per step): 2896
-// vs 3187 us with plain copies; the expert GEMMs gain most (routed gate|up 30.6 -> 25.3 us,
-// shared gate|up 16.8 -> 12.6, routed down 20.0 -> 18.3; the small kernels barely move). A
+// vs 3187 us with plain copies; the expert GEMMs gain most (per call: routed gate|up 30.8 -> 25.6
+// us, shared gate|up 16.8 -> 12.8, routed down 20.0 -> 18.8; the small kernels barely move). A
 // decode step streams ~5 GB of weights through the 50 MB L2, each byte once; lines marked
 // evict_first are the first replaced. Why the streaming kernels themselves gain this much (the
 // L2's sets, DRAM traffic) was not measured. The TMA configs' copies stay plain.
@@ -680,7 +680,7 @@ int grouped_many_config() {
 }
 // The config for a few rows in all (one token's routed experts) without the fused gate: the MoE
 // down projection of a batch-1 decode step. ATLAS_GEMM_GROUPED_FEW_DOWN=<config name> overrides
-// it for end-to-end measurements (session 17: that GEMM moves 34.6 MB in 18.3 us, ~1.9 TB/s,
+// it for end-to-end measurements (session 17: that GEMM moves 34.6 MB in 18.8 us, ~1.8 TB/s,
 // where the gate|up beside it reaches ~3.2; any config gives the same bits).
 int grouped_few_down_config() {
   static const int ci = config_or_override("ATLAS_GEMM_GROUPED_FEW_DOWN", gemm_grouped_few_down_setting, kGroupedFew);
