@@ -41,17 +41,31 @@ bool pdl_supported() {
 }
 }  // namespace
 
+thread_local int t_gemm_launches = 0;  // GemmLaunchScope nesting on this thread
+
+int pdl_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "0") return 0;
+  if (v == "1" || v == "2" || v == "3") return v[0] - '0';
+  throw Error("cuda: ATLAS_PDL: expected 0, 1, 2 (all but the GEMMs) or 3 (the GEMMs only), got '" + v + "'");
+}
+
+GemmLaunchScope::GemmLaunchScope() { ++t_gemm_launches; }
+GemmLaunchScope::~GemmLaunchScope() { --t_gemm_launches; }
+
 bool pdl_enabled() {
   int v = g_pdl.load(std::memory_order_relaxed);
   if (v < 0) {
-    // First launch: off unless ATLAS_PDL=1 and the device supports it. Measured on the H200
+    // First launch: off unless ATLAS_PDL is set and the device supports it. Measured on the H200
     // (docs/cuda.md "Launch overlap", and session 9 with kernels releasing their dependents
     // first and the dense GEMMs prefetching weights): grid 7.51 -> 7.39 s, batch-1 decode
     // 267 -> 272 tok/s, traced prefill 0.855 -> 0.870 s; no gain worth a default.
-    v = env_switch("ATLAS_PDL", false) ? int(pdl_supported()) : 0;
+    v = pdl_setting(std::getenv("ATLAS_PDL"));
+    if (v && !pdl_supported()) v = 0;
     g_pdl.store(v, std::memory_order_relaxed);
   }
-  return v == 1;
+  // 2 / 3 (measurements): only the launches outside / inside a GEMM call carry the attribute.
+  return v == 1 || (v == 2 && t_gemm_launches == 0) || (v == 3 && t_gemm_launches > 0);
 }
 
 void arg_error(const char* op, const char* field, const std::string& what) {
@@ -186,7 +200,8 @@ void check_environment() {
   (void)detail::gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
   (void)detail::gemm_grouped_few_down_setting(std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN"));
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
-  for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_PDL", "ATLAS_SIDE_STREAM",
+  (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
+  for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST"})
     (void)env_switch(name, true);
 }
