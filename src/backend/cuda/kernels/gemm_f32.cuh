@@ -44,7 +44,7 @@ struct F32GemmParams {
 };
 
 __global__ void __launch_bounds__(kF32Threads) gemm_f32_kernel(const F32GemmParams p) {
-  pdl_begin();
+  pdl_begin_gemm();
   __shared__ float As[kF32BK][kF32Tile + 4];
   __shared__ float Bs[kF32BK][kF32Tile + 4];
   __shared__ int64_t a_off[kF32Tile];  // element offset in x of each tile row's A row; -1 = zero row

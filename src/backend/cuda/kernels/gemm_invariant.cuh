@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kGemmThreads)
 gemm_invariant_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, void* out,
                       int M, int N, int K, int64_t xs, int64_t ws, int64_t os, int64_t xbs,
                       int64_t wbs, int64_t obs) {
-  pdl_begin();
+  pdl_begin_gemm();
   x += int64_t(blockIdx.z) * xbs;
   w += int64_t(blockIdx.z) * wbs;
   out = kOutF32 ? static_cast<void*>(static_cast<float*>(out) + int64_t(blockIdx.z) * obs)

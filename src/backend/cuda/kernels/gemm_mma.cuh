@@ -295,9 +295,9 @@ __device__ __forceinline__ int64_t b_row_offset(const MmaGemmParams& p, int n) {
 
 // Launch overlap (kernels/pdl.cuh) and MmaGemmParams::prefetch: a dense problem's weights are
 // model weights that no kernel of the stream writes, so a block may pull its share into L2 before
-// pdl_begin(), while the kernel before it still runs (a batch-1 decode step is a chain of small
+// pdl_begin_gemm(), while the kernel before it still runs (a batch-1 decode step is a chain of small
 // launches: the MoE combine's one block, then the 7.5 MB q|kv_a GEMM). Its loads after
-// pdl_begin() then hit L2. Elements [k_begin, k_end) of the tile's BN weight rows, one bulk
+// pdl_begin_gemm() then hit L2. Elements [k_begin, k_end) of the tile's BN weight rows, one bulk
 // prefetch per row (16-byte multiples: the async path's K % 8 == 0 and aligned rows). Timing
 // only: nothing is written, so never bits.
 template <int BN>
@@ -314,7 +314,7 @@ __device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, cons
 #endif
 }
 
-// The start of a table-driven GEMM kernel: pdl_begin() and find_tile (its answer). Dense problems
+// The start of a table-driven GEMM kernel: pdl_begin_gemm() and find_tile (its answer). Dense problems
 // find their tile from the parameters alone, so with p.prefetch (async path) the block prefetches
 // its weights [k_begin, k_end) before it waits; grouped ones read the offsets a kernel before them
 // wrote, so they wait first.
@@ -322,12 +322,12 @@ template <int BM, int BN, bool kAsync>
 __device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t,
                                            int k_begin, int k_end, int z = -1) {
   if (p.offsets != nullptr) {
-    pdl_begin();
+    pdl_begin_gemm();
     return find_tile<BM, kAsync>(p, pid, tid, lane, t);
   }
   const bool found = find_tile<BM, kAsync>(p, pid, tid, lane, t, z);
   if (kAsync && found && p.prefetch > 0) prefetch_weights_l2<BN>(p, t.w, t.n_tile * BN, k_begin, k_end);
-  pdl_begin();
+  pdl_begin_gemm();
   return found;
 }
 
@@ -627,7 +627,7 @@ template <bool kOutF32>
 __global__ void gemm_slice_reduce_kernel(const float* __restrict__ ws, int64_t slice_stride, int slices, int M,
                                          int N, void* __restrict__ out, int64_t os,
                                          const int32_t* __restrict__ rows_total) {
-  pdl_begin();
+  pdl_begin_gemm();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(M) * N) return;
   const int64_t m = idx / N, n = idx % N;

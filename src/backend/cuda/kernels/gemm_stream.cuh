@@ -33,7 +33,7 @@
 // streamed at 2.1 TB/s, instruction-bound at two warps per scheduler; with 16-byte cp.async
 // copies of both operands ~490, 2.8 TB/s. Dealing a tile's slices over several warps, parked in
 // shared memory and folded by the last, was slower still: the fences drained the loads.)
-// Dense problems prefetch their first weight slices into L2 before pdl_begin() (weights are never
+// Dense problems prefetch their first weight slices into L2 before pdl_begin_gemm() (weights are never
 // an earlier kernel's output, kernels/pdl.cuh); every copy into the ring comes after it, since it
 // carries x rows too. Grouped ones wait first (the offsets are an earlier kernel's output).
 // Async operands only (16-byte rows, K % 16 == 0); the host runs another config otherwise
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
   }
   __syncwarp();
   const bool grouped = p.offsets != nullptr;
-  if (grouped) pdl_begin();
+  if (grouped) pdl_begin_gemm();
   const int per_batch = p.m_tiles * p.n_tiles;  // dense
   const int total = grouped ? grouped_tile_count<T::BM>(p, lane) : p.tiles_total;
   const int first = int(int64_t(blockIdx.x) * total / gridDim.x);
@@ -183,9 +183,9 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
   if (!grouped) {
     // Dense: the first tile's weight slices into L2 while the kernel before this one finishes
     // (weights are never an earlier kernel's output); the x rows may be, so every copy into the
-    // ring waits for pdl_begin().
+    // ring waits for pdl_begin_gemm().
     if (lane < 8 && src != nullptr) prefetch_l2(src, uint32_t(min(K, (T::STAGES - 2) * kSliceK)) * 2u);
-    pdl_begin();
+    pdl_begin_gemm();
   }
   for (int i = 0; i < T::STAGES - 2; ++i) issue_step();
 

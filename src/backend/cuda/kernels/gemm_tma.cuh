@@ -113,7 +113,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 __global__ void gather_rows_kernel(const uint16_t* __restrict__ x, int64_t xs, const int32_t* __restrict__ x_rows,
                                    int64_t x_rows_limit, const int32_t* __restrict__ rows_total, int K,
                                    uint16_t* __restrict__ dst, int* error_flag) {
-  pdl_begin();
+  pdl_begin_gemm();
   const int r = int(blockIdx.x);
   if (r >= *rows_total) return;
   const int64_t src = x_rows[r];

@@ -148,7 +148,7 @@ __global__ void gemm_wgmma_probe_kernel(int* out) {
 
 template <class T, bool kOutF32>
 __global__ void __launch_bounds__(T::THREADS, 1) gemm_wgmma_kernel(const MmaGemmParams p) {
-  pdl_begin();
+  pdl_begin_gemm();
   extern __shared__ unsigned char wg_smem_raw[];
   // The ring must start 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B).
   const uint32_t raw = smem_u32(wg_smem_raw);

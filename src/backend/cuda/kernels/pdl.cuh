@@ -15,10 +15,24 @@
 
 namespace atlas::cuda::kern {
 
-__device__ __forceinline__ void pdl_begin() {
+// The GEMM kernels' (gemm_*.cuh): release, then wait, so the next kernel's blocks may become
+// resident while this one still waits for its predecessor.
+__device__ __forceinline__ void pdl_begin_gemm() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Every other kernel (session 18): wait, then release. A chain of small launches is then
+// scheduled one kernel ahead, not as far as the SMs have room: under ATLAS_PDL=1 a small
+// kernel released early by a GEMM had released the next GEMM in turn, whose blocks then
+// prefetched their weights beside the GEMM still running (ATLAS_PDL=1 measured slower than
+// off in sessions 9 and 14 and 18; the GEMMs' launches alone, ATLAS_PDL=3, faster).
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 
