@@ -196,7 +196,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_WIDE_NORM", {"0", "1", "2"}},
       {"ATLAS_GEMM_TMA", {"0", "1", "off"}},
       {"ATLAS_GEMM_TMA_PERSISTENT", {"0", "1", "-1"}},
-      {"ATLAS_PDL", {"0", "1", "2", "3", "true"}},
+      {"ATLAS_PDL", {"0", "1", "decode", "2"}},
       {"ATLAS_SIDE_STREAM", {"0", "1", " 0"}},
       {"ATLAS_PAD_DEDUP", {"0", "1", "no"}},
       {"ATLAS_CUDA_GRAPHS", {"0", "1", "00"}},

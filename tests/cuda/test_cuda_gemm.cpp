@@ -581,7 +581,7 @@ TEST_F(Gemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
 TEST_F(Gemm, LaunchOverlapWithWeightPrefetchGivesTheSameBits) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  const bool was = launch_overlap();
+  const LaunchOverlap was = launch_overlap_mode();
   for (const auto& [M, N, K] : {std::tuple{1, 200, 520}, std::tuple{130, 136, 1032}, std::tuple{16, 2816, 2048}}) {
     const auto x = random_bf16(size_t(M) * K, rng);
     const auto w = random_bf16(size_t(N) * K, rng, 0.1f);
@@ -945,7 +945,7 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
 TEST_F(Gemm, LaunchOverlapNeverReadsTheInputBeforeItIsWritten) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  const bool was = launch_overlap();
+  const LaunchOverlap was = launch_overlap_mode();
   const int M = 1, K = 2048, N1 = 2048, N2 = 8192;  // N2 >= 4096: the automatic choice streams
   const auto x = random_bf16(size_t(M) * K, rng);
   const auto w1 = random_bf16(size_t(N1) * K, rng, 0.05f), w2 = random_bf16(size_t(N2) * N1, rng, 0.05f);

@@ -96,20 +96,13 @@ void gemm_release_stream(cudaStream_t s) noexcept;
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
-// Programmatic dependent launch (kernels/pdl.cuh): off by default (measured: +-2%, no default);
-// ATLAS_PDL=1 or set_launch_overlap(true) turns it on where the device supports it (compute
-// capability >= 9.0). The same bits either way.
+// Programmatic dependent launch (kernels/pdl.cuh): whether this launch carries the attribute:
+// by default inside a decode step (DecodeLaunchScope), everywhere with ATLAS_PDL=1 or
+// set_launch_overlap(LaunchOverlap::on), nowhere with 0 / off or on GPUs before compute
+// capability 9.0. The same bits either way.
 bool pdl_enabled();
-// ATLAS_PDL's value: 0 (unset or "0"), 1, 2 (every launch but the GEMMs') or 3 (the GEMMs'
-// launches only); anything else throws an Error naming the variable. 2 and 3 are measurements.
+// ATLAS_PDL's value: 0, 1 or 2 (unset or "decode"); anything else throws an Error naming it.
 int pdl_setting(const char* value);
-// Marks the launches of one GEMM call (gemm(), grouped_gemm()) on this thread, for ATLAS_PDL=2/3.
-struct GemmLaunchScope {
-  GemmLaunchScope();
-  ~GemmLaunchScope();
-  GemmLaunchScope(const GemmLaunchScope&) = delete;
-  GemmLaunchScope& operator=(const GemmLaunchScope&) = delete;
-};
 
 // Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the
 // programmatic-serialization attribute when pdl_enabled(), and clusters of (cluster_x, 1, 1)

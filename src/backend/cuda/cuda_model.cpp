@@ -1312,6 +1312,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     fail("kv cache: " + std::to_string(cache->length_ + T) + " tokens exceed its capacity of " +
          std::to_string(cache->capacity()));
   drop_late();  // deliveries an earlier, failed forward left behind (their observers may be gone)
+  const DecodeLaunchScope overlap(T == 1);  // launch overlap's default covers decode steps (cuda_ops.h)
   rows_ = flat_rows_ = M;  // every row computed, unless padding runs once (below)
   expand_ = nullptr;
   bool want_pattern = false;

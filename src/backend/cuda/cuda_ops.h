@@ -90,11 +90,28 @@ void event_synchronize(Event event);
 void gemm_prepare_stream(Stream s);
 // Launch overlap (programmatic dependent launch, sm_90+): kernels' launches overlap the runs of
 // the ones before them, each waiting for its predecessor before touching anything an earlier
-// kernel may write (kernels/pdl.cuh), so the results are the same bits either way. Off by
-// default (measured on the H200, session 9: the seed grid and batch-1 decode 2% faster, the
-// traced prefill 2% slower); ATLAS_PDL=1 or set_launch_overlap(true) turns it on where
-// supported (launches after the call; captured graphs keep theirs).
-void set_launch_overlap(bool on);
+// kernel may write (kernels/pdl.cuh), so the results are the same bits either way. By default
+// (`decode`) only the launches of decode steps (forward calls of one token per row, marked by
+// DecodeLaunchScope) carry it: measured on the H200 in session 18 (kernels waiting before they
+// release, the GEMMs releasing first), batch-1 decode 362-364 against 344 tok/s and the seed
+// grid 7.01 against 7.36 s, but the traced prefill 0.522 against 0.483 s. ATLAS_PDL=0 / 1 /
+// decode or set_launch_overlap() choose (launches after the call; captured graphs keep theirs).
+enum class LaunchOverlap { off = 0, on = 1, decode = 2 };
+void set_launch_overlap(LaunchOverlap mode);
+inline void set_launch_overlap(bool on) { set_launch_overlap(on ? LaunchOverlap::on : LaunchOverlap::off); }
+LaunchOverlap launch_overlap_mode();
+// Marks the launches of one forward call on this thread as a decode step's (or not) while it
+// lives (nests: the destructor restores the enclosing value).
+class DecodeLaunchScope {
+ public:
+  explicit DecodeLaunchScope(bool decode);
+  ~DecodeLaunchScope();
+  DecodeLaunchScope(const DecodeLaunchScope&) = delete;
+  DecodeLaunchScope& operator=(const DecodeLaunchScope&) = delete;
+
+ private:
+  bool was_;
+};
 
 // An on/off switch from the environment (the A/B switches of docs/cuda.md): unset or empty ->
 // dflt, "0" off, "1" on; any other value throws an Error naming the variable.
@@ -117,7 +134,7 @@ struct ModelEnv {
   int64_t prefill_chunk_tokens = 0;
 };
 ModelEnv model_env();
-bool launch_overlap();
+bool launch_overlap();  // whether a launch issued here and now would carry the attribute
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
 
 // A CUDA graph captured from the work issued on one stream between begin() and end(), then

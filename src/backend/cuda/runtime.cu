@@ -41,31 +41,24 @@ bool pdl_supported() {
 }
 }  // namespace
 
-thread_local int t_gemm_launches = 0;  // GemmLaunchScope nesting on this thread
+thread_local bool t_decode_step = false;  // inside a DecodeLaunchScope(true) on this thread
 
 int pdl_setting(const char* value) {
   const std::string v = value ? value : "";
-  if (v.empty() || v == "0") return 0;
-  if (v == "1" || v == "2" || v == "3") return v[0] - '0';
-  throw Error("cuda: ATLAS_PDL: expected 0, 1, 2 (all but the GEMMs) or 3 (the GEMMs only), got '" + v + "'");
+  if (v.empty() || v == "decode") return 2;
+  if (v == "0" || v == "1") return v[0] - '0';
+  throw Error("cuda: ATLAS_PDL: expected 0, 1 or decode, got '" + v + "'");
 }
-
-GemmLaunchScope::GemmLaunchScope() { ++t_gemm_launches; }
-GemmLaunchScope::~GemmLaunchScope() { --t_gemm_launches; }
 
 bool pdl_enabled() {
   int v = g_pdl.load(std::memory_order_relaxed);
   if (v < 0) {
-    // First launch: off unless ATLAS_PDL is set and the device supports it. Measured on the H200
-    // (docs/cuda.md "Launch overlap", and session 9 with kernels releasing their dependents
-    // first and the dense GEMMs prefetching weights): grid 7.51 -> 7.39 s, batch-1 decode
-    // 267 -> 272 tok/s, traced prefill 0.855 -> 0.870 s; no gain worth a default.
+    // First launch: ATLAS_PDL (default: decode steps only), where the device supports it.
     v = pdl_setting(std::getenv("ATLAS_PDL"));
     if (v && !pdl_supported()) v = 0;
     g_pdl.store(v, std::memory_order_relaxed);
   }
-  // 2 / 3 (measurements): only the launches outside / inside a GEMM call carry the attribute.
-  return v == 1 || (v == 2 && t_gemm_launches == 0) || (v == 3 && t_gemm_launches > 0);
+  return v == 1 || (v == 2 && t_decode_step);
 }
 
 void arg_error(const char* op, const char* field, const std::string& what) {
@@ -206,8 +199,16 @@ void check_environment() {
     (void)env_switch(name, true);
 }
 
-void set_launch_overlap(bool on) { detail::g_pdl.store(on && detail::pdl_supported() ? 1 : 0); }
+void set_launch_overlap(LaunchOverlap mode) {
+  detail::g_pdl.store(mode != LaunchOverlap::off && detail::pdl_supported() ? int(mode) : 0);
+}
+LaunchOverlap launch_overlap_mode() {
+  (void)detail::pdl_enabled();  // (decides the mode at the first call)
+  return LaunchOverlap(detail::g_pdl.load());
+}
 bool launch_overlap() { return detail::pdl_enabled(); }
+DecodeLaunchScope::DecodeLaunchScope(bool decode) : was_(detail::t_decode_step) { detail::t_decode_step = decode; }
+DecodeLaunchScope::~DecodeLaunchScope() { detail::t_decode_step = was_; }
 
 Stream stream_create(StreamPriority priority) {
   cudaStream_t s = nullptr;

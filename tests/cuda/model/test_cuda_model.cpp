@@ -508,19 +508,32 @@ std::vector<float> prefill_and_greedy_steps(const Model& m, const std::vector<st
 }  // namespace
 
 // Launch overlap (programmatic dependent launch) changes when a kernel's launch starts, never
-// what it computes: prefill and graph-replayed decode steps with it off and on, bit for bit.
+// what it computes: prefill and graph-replayed decode steps with it off, on every launch and on
+// the decode steps' launches only (the default), bit for bit. The decode mode's scope covers a
+// decode step's forward and nothing else.
 TEST_F(CudaTiny, LaunchOverlapGivesTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
-  const bool was = cuda::launch_overlap();
+  const cuda::LaunchOverlap was = cuda::launch_overlap_mode();
   std::vector<std::vector<float>> runs;
-  for (bool on : {false, true}) {
-    cuda::set_launch_overlap(on);
+  for (auto mode : {cuda::LaunchOverlap::off, cuda::LaunchOverlap::on, cuda::LaunchOverlap::decode}) {
+    cuda::set_launch_overlap(mode);
     auto m = load_model(*ck_, {.backend = "cuda", .compute = Compute::BF16});
     runs.push_back(prefill_and_greedy_steps(*m, rows, V));
+    if (mode == cuda::LaunchOverlap::decode && cuda::launch_overlap_mode() == mode) {
+      EXPECT_FALSE(cuda::launch_overlap()) << "outside a decode step";
+      {
+        const cuda::DecodeLaunchScope step(true);
+        EXPECT_TRUE(cuda::launch_overlap());
+        const cuda::DecodeLaunchScope prefill(false);
+        EXPECT_FALSE(cuda::launch_overlap()) << "a nested prefill scope";
+      }
+      EXPECT_FALSE(cuda::launch_overlap()) << "after the scope";
+    }
   }
   cuda::set_launch_overlap(was);
-  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(runs[0], runs[1]) << "on";
+  EXPECT_EQ(runs[0], runs[2]) << "decode steps only";
 }
 
 // The side stream (the shared experts and the absorbed-query GEMM) on (the default) or off: the
