@@ -254,12 +254,13 @@ for r in json.load(open(sys.argv[4])):
         r["atlas"], r["unit"], "identical" if t1==t0 else "DIFFER %s %s" % (t1,t0)))' "$1" "$2" "$3" "$4"
 }
 if has pdl; then
-  # Launch overlap on (ATLAS_PDL=1) for comparison with the bench step's default (off):
-  # PDL_ARGS workloads, batch-invariant; tokens_sha256 must equal the bench step's.
-  echo "== atlas bench, launch overlap on"
+  # Launch overlap on every launch (ATLAS_PDL=1) for comparison with the bench step's default
+  # (decode steps only, since session 18): PDL_ARGS workloads, batch-invariant; tokens_sha256
+  # must equal the bench step's.
+  echo "== atlas bench, launch overlap on every launch"
   ATLAS_PDL=1 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_pdl.json" --mode batch-invariant \
     ${PDL_ARGS:---workload decode-b1} 2>&1 | tail -6
-  compare_bench "overlap off" "on" "$out/bench.json" "$out/bench_pdl.json"
+  compare_bench "overlap on decode steps" "everywhere" "$out/bench.json" "$out/bench_pdl.json"
 fi
 if has envcmp; then
   # `atlas bench` under ENV_CMP (e.g. "ATLAS_MLA_BULK=0": a switch that keeps the bits) for
