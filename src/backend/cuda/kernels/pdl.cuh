@@ -20,11 +20,11 @@ __device__ __forceinline__ void pdl_begin_gemm() {
 #endif
 }
 
-// Every other kernel (session 18): wait, then release. A chain of small launches is then
-// scheduled one kernel ahead, not as far as the SMs have room: under ATLAS_PDL=1 a small
-// kernel released early by a GEMM had released the next GEMM in turn, whose blocks then
-// prefetched their weights beside the GEMM still running (ATLAS_PDL=1 measured slower than
-// off in sessions 9 and 14 and 18; the GEMMs' launches alone, ATLAS_PDL=3, faster).
+// Every other kernel (since session 18): wait, then release, so the chain runs one kernel
+// ahead. When these released first too, a small kernel released early by a GEMM released the
+// next GEMM in turn, whose blocks then prefetched their weights beside the GEMM still running:
+// overlap on every launch measured slower than off at batch-1 decode (sessions 14 and 18), while
+// the GEMMs' launches alone, or every launch but theirs, were faster (session 18, docs/cuda.md).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
