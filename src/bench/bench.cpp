@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <unistd.h>  // environ
 
 #include "core/error.h"
 #include "core/json.h"
@@ -202,6 +203,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
   const Device dev = device_of(o.backend, o.device);
   const std::string commit = build_provenance().value("git_commit", "unknown");
   const std::string date = utc_now();
+  const ojson environment = atlas_environment();
 
   // Page cache first, so `load` measures page cache -> ready (as the issue asks).
   Checkpoint ck = Checkpoint::open(o.model_dir);
@@ -223,7 +225,8 @@ std::vector<Record> run_bench(const BenchOptions& o) {
   auto record = [&](const std::string& workload, const std::string& mode, double v, const std::string& unit,
                     std::optional<double> bound, ojson detail) {
     Record r{.workload = workload, .mode = mode, .unit = unit, .gpu = dev.name, .commit = commit, .date = date,
-             .command = o.command, .atlas = v, .reference = std::nullopt, .bound = bound, .detail = std::move(detail)};
+             .command = o.command, .atlas = v, .reference = std::nullopt, .bound = bound, .detail = std::move(detail),
+             .environment = environment};
     if (auto it = reference.values.find(workload); it != reference.values.end()) r.reference = it->second;
     r.reference_source = reference.source;
     out.push_back(std::move(r));
@@ -444,6 +447,20 @@ std::vector<Record> run_bench(const BenchOptions& o) {
   return out;
 }
 
+ojson atlas_environment() {
+  std::map<std::string, std::string> vars;  // sorted by name: the same environment, the same bytes
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || kv.rfind("ATLAS_", 0) != 0) continue;
+    const std::string name = kv.substr(0, eq);
+    if (name != "ATLAS_GIT_COMMIT") vars[name] = kv.substr(eq + 1);
+  }
+  ojson j = ojson::object();
+  for (const auto& [k, v] : vars) j[k] = v;
+  return j;
+}
+
 ojson to_json(const std::vector<Record>& records) {
   ojson a = ojson::array();
   for (const auto& r : records) {
@@ -457,6 +474,7 @@ ojson to_json(const std::vector<Record>& records) {
     j["commit"] = r.commit;
     j["date"] = r.date;
     j["command"] = r.command;
+    j["environment"] = r.environment;
     j["reference_name"] = "transformers (tools/reference/bench_transformers.py)";
     // Which run of it: the file, its hash, and the device and date it recorded (a file from
     // another session or machine is visible here; the bench cannot tell on its own).

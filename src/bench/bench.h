@@ -56,7 +56,12 @@ struct Record {
   ojson reference_source;           // the --reference file: path, sha256, its device and date; null if none
   std::optional<double> bound;      // bandwidth bound where one applies (same unit)
   ojson detail;                     // workload facts (tokens, shapes, timings of parts)
+  // Every ATLAS_* variable set in the bench's environment (name -> value; ATLAS_GIT_COMMIT is in
+  // `commit`): the A/B switches of docs/cuda.md a record was measured under.
+  ojson environment = ojson::object();
 };
+// The ATLAS_* variables of this process's environment but ATLAS_GIT_COMMIT, by name.
+ojson atlas_environment();
 
 // The grid's prompts: n rows of lengths in [min, max], ids in [16, vocab) (deterministic).
 std::vector<std::vector<int32_t>> bench_prompts(uint64_t seed, int64_t n, int64_t min_len, int64_t max_len,

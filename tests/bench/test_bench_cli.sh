@@ -92,6 +92,20 @@ assert abs(g["detail"]["tokens_per_s"] - g["detail"]["new_tokens"] / g["atlas"])
 assert "runs" not in once["seed-grid-128x512"]["detail"]
 assert all(x["reference_source"] is None and x["reference"] is None for x in r.values())
 PY
+# The records name the ATLAS_* switches they were measured under (every one set, but
+# ATLAS_GIT_COMMIT, which is the commit field's), sorted by name.
+ATLAS_WIDE_NORM=1 ATLAS_PDL=0 "$bin" bench --model "$model" --backend cpu "${small[@]}" --workload load \
+  --json "$work/env.json" >/dev/null 2>"$work/err" && ok "bench under switches ran" || bad "bench under switches: $(cat "$work/err")"
+check_env='
+import json, os, sys
+want = {k: v for k, v in sorted(os.environ.items()) if k.startswith("ATLAS_") and k != "ATLAS_GIT_COMMIT"}
+for x in json.load(open(sys.argv[1])):
+    assert x["environment"] == want, (x["environment"], want)
+    assert list(x["environment"]) == sorted(x["environment"]), x["environment"]
+print(want.get("ATLAS_PDL"), want.get("ATLAS_WIDE_NORM"))
+'
+[[ "$(ATLAS_WIDE_NORM=1 ATLAS_PDL=0 $py -c "$check_env" "$work/env.json")" == "0 1" ]] && $py -c "$check_env" "$work/b.json" >/dev/null \
+  && ok "records name the ATLAS_* switches" || bad "records' environment"
 expect_error "repeat 0" "repeat" "$bin" bench --model "$model" --backend cpu --repeat 0 --json "$work/x.json"
 no_file "repeat 0" "$work/x.json"
 
