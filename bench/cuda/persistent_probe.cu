@@ -185,7 +185,6 @@ __global__ void __launch_bounds__(kThreads) k_phase_c(Params p) { phase_norm(p.y
 // ---- the contract-shaped variant ("graph, mma") ----
 __device__ __forceinline__ unsigned bf16_pair(const unsigned short* p) { return *reinterpret_cast<const unsigned*>(p); }
 
-
 // One n8 tile (weight rows [8 t, 8 t + 8) of width K) at one x row (xs: bf16 in shared memory):
 // lane l holds the B fragment of row 8 t + l / 4 at k = 2 (l % 4) (+1, +8, +9) of each k16 chunk;
 // lanes 0-3 hold the A fragment's row 0 (the other 15 rows are zero) and the tile's 8 outputs.
@@ -364,17 +363,16 @@ __device__ __forceinline__ unsigned short to_bf16_bits(float f) { return (unsign
 // loads go out shortly before their mma); 1: fragment order, groups of one slice, the next
 // group's loads a group ahead (~8 KB per warp in flight); 2: groups of two slices (~16 KB);
 // 3: row-major weights by 16-byte loads, fragments made by quad transposes, one-slice groups.
+template <int kMode, int K>
+__device__ __forceinline__ void tile_mma_k(const unsigned short* W, int t, const unsigned short* xs, float* out) {
+  if constexpr (kMode == 0) warp_tile_mma<K>(W, t, xs, out);
+  else if constexpr (kMode == 3) warp_tile_mma_shfl<K>(W, t, xs, out);
+  else warp_tile_mma_frag<K, kMode == 1 ? 1 : 2>(W, t, xs, out);
+}
 template <int kMode>
 __device__ __forceinline__ void tile_mma(const unsigned short* W, int t, const unsigned short* xs, float* out, int K1) {
-  if (K1 == kK1) {
-    if (kMode == 0) warp_tile_mma<kK1>(W, t, xs, out);
-    else if (kMode == 3) warp_tile_mma_shfl<kK1>(W, t, xs, out);
-    else warp_tile_mma_frag<kK1, kMode == 1 ? 1 : 2>(W, t, xs, out);
-  } else {
-    if (kMode == 0) warp_tile_mma<kK2>(W, t, xs, out);
-    else if (kMode == 3) warp_tile_mma_shfl<kK2>(W, t, xs, out);
-    else warp_tile_mma_frag<kK2, kMode == 1 ? 1 : 2>(W, t, xs, out);
-  }
+  if (K1 == kK1) tile_mma_k<kMode, kK1>(W, t, xs, out);
+  else tile_mma_k<kMode, kK2>(W, t, xs, out);
 }
 
 template <int kMode, int kT>
