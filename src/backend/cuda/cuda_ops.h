@@ -93,7 +93,7 @@ void gemm_prepare_stream(Stream s);
 // kernel may write (kernels/pdl.cuh), so the results are the same bits either way. By default
 // (`decode`) only the launches of decode steps (forward calls of one token per row, marked by
 // DecodeLaunchScope) carry it: measured on the H200 in session 18 (kernels waiting before they
-// release, the GEMMs releasing first), batch-1 decode 361-364 against 344-346 tok/s and the
+// release, the GEMMs releasing first), batch-1 decode 360-364 against 344-346 tok/s and the
 // seed grid 7.02 against 7.36 s, but the traced prefill 0.522 against 0.483 s. ATLAS_PDL=0 / 1 /
 // decode or set_launch_overlap() choose (launches after the call; captured graphs keep theirs).
 enum class LaunchOverlap { off = 0, on = 1, decode = 2 };
