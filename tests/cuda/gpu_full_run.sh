@@ -19,7 +19,8 @@
 # compared with the bench step's figures), ncukernel (Nsight Compute sections of single launches
 # of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), ktrace (CUPTI kernel timeline of batch-1
 # decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS), probes (bench/cuda's launch-floor,
-# persistent-grid and TLB probes; env PROBES picks some), notests (skip the test binaries).
+# persistent-grid and TLB probes; env PROBES picks some, PROBE_ENVS runs each under several
+# environments), notests (skip the test binaries).
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
@@ -277,9 +278,14 @@ if has probes; then
   echo "== probes"
   probes=${PROBES:-atlas_launch_floor atlas_persistent_probe atlas_tlb_probe}
   cmake --build "$B" -j"$(nproc)" --target $probes >"$out/probes_build.log" 2>&1 || { echo "   probe build failed"; rc=1; }
+  # PROBE_ENVS: run each probe once per "label:VAR=val,VAR=val" (as KTRACE_ENVS; default: once
+  # with nothing set), e.g. the one-launch MoE kernel's switches for atlas_moe_probe.
   for p in $probes; do
-    timeout 300 $B/bench/cuda/$p >"$out/$p.txt" 2>&1 || { echo "   $p rc=$?"; rc=1; }
-    echo "-- $p"; cat "$out/$p.txt"
+    for spec in ${PROBE_ENVS:-default:}; do
+      label=${spec%%:*}; vars=${spec#*:}
+      env ${vars//,/ } timeout 300 $B/bench/cuda/$p >"$out/${p}_$label.txt" 2>&1 || { echo "   $p ($label) rc=$?"; rc=1; }
+      echo "-- $p $label ($vars)"; cat "$out/${p}_$label.txt"
+    done
   done
 fi
 if has ktrace; then
