@@ -101,7 +101,8 @@ inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + thread
 // set_launch_overlap(LaunchOverlap::on), nowhere with 0 / off or on GPUs before compute
 // capability 9.0. The same bits either way.
 bool pdl_enabled();
-// ATLAS_PDL's value: 0, 1 or 2 (unset or "decode"); anything else throws an Error naming it.
+// ATLAS_PDL's value as an int(LaunchOverlap): 0 off, 1 on, 2 decode (unset or "decode");
+// anything else throws an Error naming it.
 int pdl_setting(const char* value);
 
 // Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the

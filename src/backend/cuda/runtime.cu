@@ -45,8 +45,9 @@ thread_local bool t_decode_step = false;  // inside a DecodeLaunchScope(true) on
 
 int pdl_setting(const char* value) {
   const std::string v = value ? value : "";
-  if (v.empty() || v == "decode") return 2;
-  if (v == "0" || v == "1") return v[0] - '0';
+  if (v.empty() || v == "decode") return int(LaunchOverlap::decode);
+  if (v == "0") return int(LaunchOverlap::off);
+  if (v == "1") return int(LaunchOverlap::on);
   throw Error("cuda: ATLAS_PDL: expected 0, 1 or decode, got '" + v + "'");
 }
 
@@ -58,7 +59,7 @@ bool pdl_enabled() {
     if (v && !pdl_supported()) v = 0;
     g_pdl.store(v, std::memory_order_relaxed);
   }
-  return v == 1 || (v == 2 && t_decode_step);
+  return v == int(LaunchOverlap::on) || (v == int(LaunchOverlap::decode) && t_decode_step);
 }
 
 void arg_error(const char* op, const char* field, const std::string& what) {
