@@ -515,9 +515,10 @@ __device__ __forceinline__ void store_tile_pair(const MmaGemmParams& p, int64_t 
 // form's K loop differently (72 registers against 52 on the batch-1 expert config 16x32x128/4),
 // and it streams faster. The same arithmetic in the kernel's body with the epilogue after the
 // loop (sessions 3-19): CUPTI 28.3 / 22.3 us per call for the batch-1 routed gate|up / down
-// against 27.2 / 17.3 in this form; one H200, the same binary but this file (session 20, run
-// s20-6): decode-b1 359.4 tok/s against 374.8 / 368.5 before and after it, the seed grid 7.31 s
-// against 7.10 / 7.10, the traced prefill 0.487 s against 0.476 / 0.486; the same bits.
+// against 27.2 / 17.3 in this form. One H200, the same binary but this file, old form between two
+// runs of this one (session 20, run s20-6): decode-b1 359.4 tok/s against 374.8 / 368.5, the
+// seed grid 7.31 s against 7.10 / 7.10, the traced prefill 0.487 s against 0.476 / 0.486; the
+// same bits.
 template <class T, bool kOutF32, bool kAsync>
 __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot& t, int slice, uint16_t* sA,
                                          uint16_t* sB, int64_t* a_off, int64_t* b_off) {
