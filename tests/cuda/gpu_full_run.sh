@@ -20,7 +20,9 @@
 # of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), ktrace (CUPTI kernel timeline of batch-1
 # decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS), probes (bench/cuda's launch-floor,
 # persistent-grid and TLB probes; env PROBES picks some, PROBE_ENVS runs each under several
-# environments), notests (skip the test binaries).
+# environments), aba (a code A/B on one machine: `atlas bench` ABA_ARGS with the tree as it is,
+# then with the files ABA_SWAP="dst=src ..." swapped in and atlas rebuilt, then as it was again;
+# src files travel in the working tree, untracked), notests (skip the test binaries).
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
@@ -217,7 +219,7 @@ if has ncustall; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace || has ncukernel || has envcmp; then
+if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace || has ncukernel || has envcmp || has aba; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -270,6 +272,30 @@ if has envcmp; then
   env ${ENV_CMP:?set ENV_CMP} timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_envcmp.json" \
     ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -6
   compare_bench "default" "$ENV_CMP" "$out/bench.json" "$out/bench_envcmp.json"
+fi
+if has aba; then
+  # Same machine, same build directory: A (the tree), B (ABA_SWAP's files in place), A again, each
+  # `atlas bench ABA_ARGS` after an incremental rebuild of atlas; bench figures move between
+  # machines of one kind as much as many code changes do (session 20), so a code A/B belongs on
+  # one machine. Every record's `commit` field is the tree's; B's files are named here.
+  echo "== code A/B/A on one machine: ${ABA_SWAP:?set ABA_SWAP}"
+  aba_bench() {  # aba_bench LABEL
+    echo "-- $1"
+    timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/aba_$1.json" \
+      ${ABA_ARGS:---workload decode-b1 --repeat 3 --mode batch-invariant} 2>&1 | tail -4
+  }
+  aba_build() {
+    cmake --build "$B" -j"$(nproc)" --target atlas >"$out/aba_build_$1.log" 2>&1 || { echo "   rebuild $1 failed"; rc=1; return 1; }
+  }
+  aba_bench 1-tree
+  for pair in $ABA_SWAP; do cp "${pair%%=*}" "${pair%%=*}.aba-orig" && cp "${pair#*=}" "${pair%%=*}"; done
+  aba_build 2 && aba_bench 2-swapped
+  # (cp, not mv: the restored file must be newer than the objects built from B, or the
+  # incremental build would keep them)
+  for pair in $ABA_SWAP; do cp "${pair%%=*}.aba-orig" "${pair%%=*}" && rm "${pair%%=*}.aba-orig"; done
+  aba_build 3 && aba_bench 3-tree
+  compare_bench "tree" "swapped" "$out/aba_1-tree.json" "$out/aba_2-swapped.json"
+  compare_bench "tree-again" "swapped" "$out/aba_3-tree.json" "$out/aba_2-swapped.json"
 fi
 if has probes; then
   # The standalone probes of bench/cuda: launch cost in a graph (atlas_launch_floor) and the
