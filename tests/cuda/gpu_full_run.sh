@@ -287,15 +287,24 @@ if has aba; then
   aba_build() {
     cmake --build "$B" -j"$(nproc)" --target atlas >"$out/aba_build_$1.log" 2>&1 || { echo "   rebuild $1 failed"; rc=1; return 1; }
   }
-  aba_bench 1-tree
-  for pair in $ABA_SWAP; do cp "${pair%%=*}" "${pair%%=*}.aba-orig" && cp "${pair#*=}" "${pair%%=*}"; done
-  aba_build 2 && aba_bench 2-swapped
-  # (cp, not mv: the restored file must be newer than the objects built from B, or the
-  # incremental build would keep them)
-  for pair in $ABA_SWAP; do cp "${pair%%=*}.aba-orig" "${pair%%=*}" && rm "${pair%%=*}.aba-orig"; done
-  aba_build 3 && aba_bench 3-tree
-  compare_bench "tree" "swapped" "$out/aba_1-tree.json" "$out/aba_2-swapped.json"
-  compare_bench "tree-again" "swapped" "$out/aba_3-tree.json" "$out/aba_2-swapped.json"
+  # Every pair checked before anything is swapped: a half-swapped tree would bench as "B".
+  aba_ok=1
+  for pair in $ABA_SWAP; do
+    if [[ $pair != *=* || ! -f ${pair%%=*} || ! -f ${pair#*=} ]]; then
+      echo "   ABA_SWAP: '$pair' is not dst=src with both files in the tree"; aba_ok=0; rc=1
+    fi
+  done
+  if [[ $aba_ok == 1 ]]; then
+    aba_bench 1-tree
+    for pair in $ABA_SWAP; do cp "${pair%%=*}" "${pair%%=*}.aba-orig" && cp "${pair#*=}" "${pair%%=*}"; done
+    aba_build 2 && aba_bench 2-swapped
+    # (cp, not mv: the restored file must be newer than the objects built from B, or the
+    # incremental build would keep them)
+    for pair in $ABA_SWAP; do cp "${pair%%=*}.aba-orig" "${pair%%=*}" && rm "${pair%%=*}.aba-orig"; done
+    aba_build 3 && aba_bench 3-tree
+    compare_bench "tree" "swapped" "$out/aba_1-tree.json" "$out/aba_2-swapped.json"
+    compare_bench "tree-again" "swapped" "$out/aba_3-tree.json" "$out/aba_2-swapped.json"
+  fi
 fi
 if has probes; then
   # The standalone probes of bench/cuda: launch cost in a graph (atlas_launch_floor) and the
