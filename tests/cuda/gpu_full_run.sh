@@ -458,6 +458,7 @@ if has ncukernel; then
   # decode prompt, graphs off: NCU_KERNELS="regex:skip ..." (skip = launches of that regex to
   # pass over first, so a decode step's launch can be picked).
   # NCU_CACHE=none: keep the caches warm between launches (default: flushed before each).
+  # NCU_EXTRA: more ncu arguments (e.g. --metrics with the warp stall reasons, word-split).
   echo "== ncu sections of batch-1 generation launches"
   [[ -f /tmp/p1.jsonl ]] || { $B/atlas bench --model $lite --save-prompts "$out/prompts.json" >/dev/null
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); open("/tmp/p1.jsonl","w").write(json.dumps({"id":"d","ids":d["decode_prompt"]})+"\n")' "$out/prompts.json"; }
@@ -465,7 +466,7 @@ if has ncukernel; then
     IFS=: read -r kre skip <<<"$spec"
     f="$out/ncu_kernel_${kre//[^A-Za-z0-9_]/_}_$skip.txt"
     ATLAS_CUDA_GRAPHS=0 timeout 200 "$NCU" --clock-control none ${NCU_CACHE:+--cache-control $NCU_CACHE} --kernel-name regex:"$kre" --launch-skip "$skip" --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats ${NCU_EXTRA:-} \
       $B/atlas generate --backend cuda --compute bf16 --model $lite --prompts /tmp/p1.jsonl --out /tmp/prof.jsonl --max-new-tokens 3 --batch 1 >"$f" 2>&1
     echo "   $kre skip $skip rc=$?"
     grep -E "^  [a-z_]+.*\(|Grid Size|Duration|Registers Per|Achieved Occupancy|Memory Throughput|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Warp|No Eligible|Dynamic Shared|spends|L2 Hit" "$f" | head -24
