@@ -53,6 +53,9 @@ int gemm_grouped_many_setting(const char* value);
 // where unset; a wgmma / TMA config or an unknown name throws an Error naming the variable. For
 // A/B measurements.
 int gemm_grouped_few_down_setting(const char* value);
+// ATLAS_GEMM_SPLITK's value (null or empty: unset): the split-K config dense problems run where
+// the chooser picks split-K; -1 where unset. Anything else throws naming the variable. EXPERIMENT.
+int gemm_splitk_setting(const char* value);
 constexpr int kWideNormMaxRows = 256;
 
 // One device int per device, set by kernels that find bad data they cannot reject on the host

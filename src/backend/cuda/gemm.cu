@@ -192,12 +192,25 @@ constexpr TileConfig make_splitk_config(const char* name) {
   return c;
 }
 
+// The staged split-K variant (kernels/gemm_mma.cuh, kStaged): 16-byte copies only, so the
+// predicated path runs kSyncSmall (the plain split-K kernel: the same bits). EXPERIMENT: picked
+// only by a forced run or ATLAS_GEMM_SPLITK.
+template <class T>
+constexpr TileConfig make_splitk_staged_config(const char* name) {
+  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, true, {}};
+  c.fn[0][1][0] = kern::gemm_splitk_kernel<T, false, true, false, true>;
+  c.fn[1][1][0] = kern::gemm_splitk_kernel<T, true, true, false, true>;
+  c.fn[0][1][1] = kern::gemm_splitk_kernel<T, false, true, true, true>;
+  c.fn[1][1][1] = kern::gemm_splitk_kernel<T, true, true, true, true>;
+  return c;
+}
+
 // Order = the chooser's preference for M > 16. 128x64 before 128x128: the K-slice contract's
 // running total doubles the accumulator registers (128x128: ~163 per thread, one block per SM;
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 26> kConfigs = {
+constexpr std::array<TileConfig, 27> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -215,7 +228,8 @@ constexpr std::array<TileConfig, 26> kConfigs = {
     sliced(make_wgmma_config<CfgWg128>(""), "wg128x128x64/4+slices"),
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
-    make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w")};
+    make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
+    make_splitk_staged_config<CfgS8>("splitk16x8/8w+staged")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -583,6 +597,7 @@ bool use_sliced(const GemmArgs& a, const TileConfig& c, bool async, int sm_count
          size_t(slices) * size_t(a.M) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&
          ceil_div(a.M, c.bm) * ceil_div(a.N, c.bn) * slices <= int64_t(INT32_MAX) && sm_count > 0;
 }
+int dense_splitk_config();  // (below, with the other config overrides)
 int dense_config(const GemmArgs& a, bool async, int sm_count) {
   int ci = choose_config(a.M, a.N, [&](int bm) { return ceil_div(a.M, bm) * a.batch; }, sm_count);
   if (forced_config.load() < 0 && a.M > 16 && a.M <= kSlicedMaxM) {
@@ -645,6 +660,7 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     ci = setup().stream_choice;
   }
   ci = config_or_fallback(ci, a.K);
+  if (forced_config.load() < 0 && ci == kSplitK8) ci = dense_splitk_config();
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
@@ -684,6 +700,13 @@ int grouped_many_config() {
 // where the gate|up beside it reaches ~3.2; any config gives the same bits).
 int grouped_few_down_config() {
   static const int ci = config_or_override("ATLAS_GEMM_GROUPED_FEW_DOWN", gemm_grouped_few_down_setting, kGroupedFew);
+  return ci;
+}
+// The split-K config of dense problems where the chooser picks split-K (one-row GEMMs: o_proj,
+// the shared down, the router, the value GEMM). EXPERIMENT: ATLAS_GEMM_SPLITK=<a split-K config
+// name> overrides it for end-to-end measurements (any config gives the same bits).
+int dense_splitk_config() {
+  static const int ci = config_or_override("ATLAS_GEMM_SPLITK", gemm_splitk_setting, kSplitK8);
   return ci;
 }
 int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.groups, a.max_rows); }
@@ -1138,6 +1161,11 @@ int gemm_grouped_few_down_setting(const char* value) {
       "ATLAS_GEMM_GROUPED_FEW_DOWN", value, [](const TileConfig& c) { return !c.wgmma && !c.tma; },
       "the name of a config with mma.sync tiles (tiled, split-K, sliced, cluster or stream; see atlas_cuda_bench's "
       "sweep)");
+}
+
+int gemm_splitk_setting(const char* value) {
+  return config_override_setting("ATLAS_GEMM_SPLITK", value, [](const TileConfig& c) { return c.splitk; },
+                                 "a split-K config name (splitk16x8/8w, splitk16x16/8w, splitk16x8/8w+staged)");
 }
 
 bool probe_device_code(void (*probe)(int*), const char* what) {

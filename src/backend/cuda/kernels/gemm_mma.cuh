@@ -682,11 +682,28 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K,
 // Split-K small-M kernel (see the header comment): a 16 x BN tile, KW warps on K slices.
 // kHalf: the tile has at most 8 rows (host-guaranteed: M <= 8, or grouped max_rows <= 8), so the
 // fragment registers of rows 8-15 are constant zeros (fewer registers, no loads).
-template <class T, bool kOutF32, bool kVec, bool kHalf>
+// kStaged (16-byte copies only, kVec): a warp's weight slice comes in through shared memory
+// instead of 4-byte fragment loads: 16-byte cp.async copies of whole row segments (a weight
+// row's 256-wide slice is 512 contiguous bytes: one warp instruction, four 128-byte lines, where
+// a 4-byte fragment load touches eight rows' lines for 128 bytes), then ldmatrix into the very
+// registers load_pair fills (rows n, k pairs 2*tig and 2*tig + 8 of each chunk; chunks past K or
+// columns past N zero-filled as load_pair reads zeros). The same fragments, the same mma order
+// and the same reduce: the same bits (Gemm.EveryConfig*). EXPERIMENT (session 20, not yet run on
+// a GPU): config "splitk16x8/8w+staged", ATLAS_GEMM_SPLITK.
+constexpr int kStagedChunks = kSliceK / 8;  // 16-byte chunks of a weight row's slice (32)
+template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
+  static_assert(!kStaged || kVec, "the staged copies are 16-byte copies");
   __shared__ float part[T::KW][T::BM][T::BN];  // one round's slice sums, [warp][row][col]
   __shared__ int64_t a_off[T::BM];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // kStaged: this warp's slice of the tile's BN weight rows, [row][chunk ^ (row & 7)][8] (the
+  // XOR spreads ldmatrix's eight rows of one chunk over distinct banks).
+  uint16_t* sb = nullptr;
+  if constexpr (kStaged) {
+    __shared__ __align__(128) uint16_t staged[T::KW][T::BN * kSliceK];
+    sb = staged[warp];
+  }
 
   TileSpot t;
   if (!start_tile<T::BM, T::BN, kVec>(p, int(blockIdx.x), tid, lane, t, 0, p.K)) return;
@@ -718,6 +735,18 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
     const int s = s0 + warp;
     if (s < S) {
       const int c0 = s * kSliceChunks;
+      if constexpr (kStaged) {
+        // Row j's 16-byte chunk `lane` of this slice (K % 8 == 0: a chunk is wholly inside K or
+        // not), every row's copy in flight before the A loads below.
+#pragma unroll
+        for (int j = 0; j < T::BN; ++j) {
+          const int k = s * kSliceK + lane * 8;
+          const bool in = n0 + j < p.N && k < K;
+          cp_async16_at(smem_u32(sb + j * kSliceK + (lane ^ (j & 7)) * 8), in ? t.w + int64_t(n0 + j) * p.ws + k : t.w,
+                        in ? 16 : 0, w_hint);
+        }
+        cp_async_commit();
+      }
       // The whole slice's fragments first (independent loads, all in flight), then the mma.
       uint32_t af[kSliceChunks][4];
       uint32_t bf[kSliceChunks][T::NI][2];
@@ -732,11 +761,26 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
           af[c][1] = load_pair<kVec>(ar1, k, K);
           af[c][3] = load_pair<kVec>(ar1, k + 8, K);
         }
+        if constexpr (!kStaged) {
 #pragma unroll
-        for (int ni = 0; ni < T::NI; ++ni) {
-          bf[c][ni][0] = load_pair<kVec>(br[ni], k, K, w_hint);
-          bf[c][ni][1] = load_pair<kVec>(br[ni], k + 8, K, w_hint);
+          for (int ni = 0; ni < T::NI; ++ni) {
+            bf[c][ni][0] = load_pair<kVec>(br[ni], k, K, w_hint);
+            bf[c][ni][1] = load_pair<kVec>(br[ni], k + 8, K, w_hint);
+          }
         }
+      }
+      if constexpr (kStaged) {
+        cp_async_wait<0>();
+        __syncwarp();  // every lane's copies of this warp's slice landed
+        // ldmatrix.x2: lanes 0-7 address rows ni*8 + 0-7 at the chunk's k 0-7 (-> b0), lanes 8-15
+        // the same rows at k 8-15 (-> b1); thread (gid, tig) gets row gid's pairs 2*tig.
+#pragma unroll
+        for (int c = 0; c < kSliceChunks; ++c)
+#pragma unroll
+          for (int ni = 0; ni < T::NI; ++ni) {
+            const int r = ni * 8 + (lane & 7), q = 2 * c + ((lane >> 3) & 1);
+            ldmatrix_x2(bf[c][ni][0], bf[c][ni][1], sb + r * kSliceK + (q ^ (r & 7)) * 8);
+          }
       }
       float acc[T::NI][4];
 #pragma unroll
