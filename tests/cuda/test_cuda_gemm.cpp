@@ -937,6 +937,23 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   }
 }
 
+// Session 21: the one-row dense GEMMs the chooser gives split-K (o_proj, the router, the shared
+// down) run the staged split-K kernel, unless ATLAS_GEMM_SPLITK names another; operands without
+// 16-byte alignment run the plain one (the staged kernel has no predicated path). The bits are
+// the same either way (EveryConfig*); this guards the speed.
+TEST_F(Gemm, OneRowSplitKProblemsRunTheStagedKernel) {
+  DevBuf<uint16_t> dx(size_t(4) * 2816), dw(size_t(2048) * 2816);
+  const char* env = std::getenv("ATLAS_GEMM_SPLITK");
+  const std::string want = env != nullptr && *env != '\0' ? env : "splitk16x8/8w+staged";
+  for (const auto& [N, K] : {std::pair{2048, 2048}, std::pair{64, 2048}, std::pair{2048, 2816}}) {
+    const GemmArgs a{.x = dx.get(), .w = dw.get(), .M = 1, .N = N, .K = K};
+    EXPECT_EQ(gemm_config_name(gemm_chosen_config(a)), want) << "N=" << N << " K=" << K;
+    GemmArgs odd = a;
+    odd.x_stride = K + 1;  // rows not 16-byte aligned: no 16-byte copies
+    EXPECT_EQ(gemm_config_name(gemm_chosen_config(odd)), "splitk16x8/8w") << "N=" << N << " K=" << K;
+  }
+}
+
 // Launch overlap when the GEMM's x is the output of the kernel just before it (a model's chain:
 // the final norm, then the LM head): a kernel may fetch weights before its predecessor is done,
 // never x. Session 13's stream kernel first copied x rows with its first weight slices, before

@@ -54,7 +54,8 @@ int gemm_grouped_many_setting(const char* value);
 // A/B measurements.
 int gemm_grouped_few_down_setting(const char* value);
 // ATLAS_GEMM_SPLITK's value (null or empty: unset): the split-K config dense problems run where
-// the chooser picks split-K; -1 where unset. Anything else throws naming the variable. EXPERIMENT.
+// the chooser picks split-K; -1 where unset (the staged config). Anything else throws naming the
+// variable. For A/B measurements.
 int gemm_splitk_setting(const char* value);
 constexpr int kWideNormMaxRows = 256;
 

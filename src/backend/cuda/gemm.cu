@@ -193,8 +193,8 @@ constexpr TileConfig make_splitk_config(const char* name) {
 }
 
 // The staged split-K variant (kernels/gemm_mma.cuh, kStaged): 16-byte copies only, so the
-// predicated path runs kSyncSmall (the plain split-K kernel: the same bits). EXPERIMENT: picked
-// only by a forced run or ATLAS_GEMM_SPLITK.
+// predicated path runs kSyncSmall (the plain split-K kernel: the same bits). The dense split-K
+// problems' default since session 21 (dense_splitk_config).
 template <class T>
 constexpr TileConfig make_splitk_staged_config(const char* name) {
   TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, true, {}};
@@ -242,6 +242,7 @@ constexpr int config_index(std::string_view name) {
 // another config with unaligned operands runs one of these (same bits).
 constexpr int kSyncLarge = config_index("64x64x64/4"), kSyncSmall = config_index("splitk16x8/8w");
 constexpr int kSplitK8 = config_index("splitk16x8/8w");
+constexpr int kSplitK8Staged = config_index("splitk16x8/8w+staged");
 // Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
 // Many: 32x128x64/8 since session 4 (H200: 209 / 107 us vs 32x64x64/4's 219 / 114 for the
 // batch-128 step's gate|up / down; seed grid 8.98 vs 9.22 s, same tokens).
@@ -260,7 +261,7 @@ static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
 static_assert(kClusterFallback >= 0 && kCluster128 >= 0 && kCluster64 >= 0 && kCluster16 >= 0,
               "cluster config names");
-static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
+static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Staged >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
                   kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
               "config names");
 
@@ -703,10 +704,15 @@ int grouped_few_down_config() {
   return ci;
 }
 // The split-K config of dense problems where the chooser picks split-K (one-row GEMMs: o_proj,
-// the shared down, the router, the value GEMM). EXPERIMENT: ATLAS_GEMM_SPLITK=<a split-K config
-// name> overrides it for end-to-end measurements (any config gives the same bits).
+// the shared down, the router, the value GEMM): the staged variant, whose weight slices come in
+// as whole 512-byte row segments (H200 session 21, s21-1, CUPTI timelines of batch-1 decode
+// steps: 2537 against 2652 us per step, o_proj 6.1 -> 4.6 us after its predecessor, the router
+// 3.0 -> 2.3, the shared down's tail 5.1 -> 3.2; splitk16x16/8w 2712). ATLAS_GEMM_SPLITK=<a
+// split-K config name> overrides it for A/B measurements (any config gives the same bits;
+// splitk16x8/8w is the one before session 21). Problems without 16-byte aligned operands run
+// the plain kernel (the staged one has no predicated path).
 int dense_splitk_config() {
-  static const int ci = config_or_override("ATLAS_GEMM_SPLITK", gemm_splitk_setting, kSplitK8);
+  static const int ci = config_or_override("ATLAS_GEMM_SPLITK", gemm_splitk_setting, kSplitK8Staged);
   return ci;
 }
 int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.groups, a.max_rows); }
