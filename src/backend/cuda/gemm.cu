@@ -303,6 +303,9 @@ struct GemmSetup {
   // detail::gemm_stream_setting).
   int stream_choice = -1;
   bool stream_grouped = false;  // ATLAS_GEMM_STREAM_GROUPED=1: also for grouped problems of <= 8 rows (measurements)
+  // ATLAS_GEMM_STAGE_EARLY (default 1; 0 for A/B runs): the staged split-K kernel's first weight
+  // slices into shared memory before its launch-overlap wait (MmaGemmParams::prefetch = 2).
+  bool stage_early = true;
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -361,6 +364,7 @@ const GemmSetup& setup() {
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
     g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
     g.stream_grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
+    g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
@@ -1059,7 +1063,9 @@ void gemm(const GemmArgs& a) {
                  (a.batch == 1 || a.out_batch_stride % 2 == 0);
   // Under launch overlap the blocks pull their weights into L2 while the kernel before them runs
   // (kern::prefetch_weights_l2): the weights of a dense GEMM are never an earlier kernel's output.
-  p.prefetch = pdl_enabled() ? 1 : 0;
+  // The staged split-K kernel copies its first slices into shared memory then (2,
+  // ATLAS_GEMM_STAGE_EARLY; the other kernels read any value > 0 as 1).
+  p.prefetch = pdl_enabled() ? (setup().stage_early ? 2 : 1) : 0;
   // Only where each weight row is read by one block row (one m-tile): with two or more, a line
   // marked evict_first may leave before the second tile reads it (session 17, the seed grid's
   // M = 128 steps on 64-row tiles: 7.32 s with the hint on every dense GEMM vs 7.12 without).

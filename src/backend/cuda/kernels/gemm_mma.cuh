@@ -705,8 +705,44 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
     sb = staged[warp];
   }
 
+  const int K = p.K;
+  const int KC = (K + 15) / 16;
+  const int S = (K + kSliceK - 1) / kSliceK;
+  const L2Hint w_hint = l2_evict_first_hint(kVec && p.l2_evict_first > 0);
   TileSpot t;
-  if (!start_tile<T::BM, T::BN, kVec>(p, int(blockIdx.x), tid, lane, t, 0, p.K)) return;
+  // kStaged: copy slice s of the tile's BN weight rows into this warp's buffer, row j's 16-byte
+  // chunk `lane` (K % 8 == 0: a chunk is wholly inside K or not), one commit group.
+  const auto stage_slice = [&](int s) {
+    if constexpr (kStaged) {
+      const int n0 = t.n_tile * T::BN, k = s * kSliceK + lane * 8;
+#pragma unroll
+      for (int j = 0; j < T::BN; ++j) {
+        const bool in = n0 + j < p.N && k < K;
+        cp_async16_at(smem_u32(sb + j * kSliceK + (lane ^ (j & 7)) * 8), in ? t.w + int64_t(n0 + j) * p.ws + k : t.w,
+                      in ? 16 : 0, w_hint);
+      }
+      cp_async_commit();
+    }
+  };
+  // kStaged, dense, under launch overlap with p.prefetch > 1 (ATLAS_GEMM_STAGE_EARLY): the first
+  // round's weight slices are copied into shared memory before pdl_begin_gemm(), while the kernel
+  // before this one still runs (a dense GEMM's weights are never an earlier kernel's output;
+  // prefetch_weights_l2), the later rounds' pulled into L2. x is read only after the wait, as
+  // always. Timing only: the same data reaches the same registers.
+  bool staged_early = false;
+  if constexpr (kStaged) {
+    if (p.offsets == nullptr && p.prefetch > 1) {
+      const bool found = find_tile<T::BM, kVec>(p, int(blockIdx.x), tid, lane, t);
+      if (found) {
+        if (warp < S) stage_slice(warp);
+        prefetch_weights_l2<T::BN>(p, t.w, t.n_tile * T::BN, T::KW * kSliceK, K);
+      }
+      pdl_begin_gemm();
+      if (!found) return;
+      staged_early = true;
+    }
+  }
+  if (!staged_early && !start_tile<T::BM, T::BN, kVec>(p, int(blockIdx.x), tid, lane, t, 0, p.K)) return;
   const int n0 = t.n_tile * T::BN;
   if (tid < T::BM) a_off[tid] = a_row_offset(p, t.row_begin + tid, t.row_end);
   __syncthreads();
@@ -723,10 +759,6 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
     br[ni] = col < p.N ? t.w + int64_t(col) * p.ws : nullptr;
   }
 
-  const int K = p.K;
-  const int KC = (K + 15) / 16;
-  const int S = (K + kSliceK - 1) / kSliceK;
-  const L2Hint w_hint = l2_evict_first_hint(kVec && p.l2_evict_first > 0);
   float tot[T::ELEMS];
 #pragma unroll
   for (int e = 0; e < T::ELEMS; ++e) tot[e] = 0.0f;
@@ -735,18 +767,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
     const int s = s0 + warp;
     if (s < S) {
       const int c0 = s * kSliceChunks;
-      if constexpr (kStaged) {
-        // Row j's 16-byte chunk `lane` of this slice (K % 8 == 0: a chunk is wholly inside K or
-        // not), every row's copy in flight before the A loads below.
-#pragma unroll
-        for (int j = 0; j < T::BN; ++j) {
-          const int k = s * kSliceK + lane * 8;
-          const bool in = n0 + j < p.N && k < K;
-          cp_async16_at(smem_u32(sb + j * kSliceK + (lane ^ (j & 7)) * 8), in ? t.w + int64_t(n0 + j) * p.ws + k : t.w,
-                        in ? 16 : 0, w_hint);
-        }
-        cp_async_commit();
-      }
+      // kStaged: every row's copy in flight before the A loads below (the first round's
+      // already are where they were copied early).
+      if (kStaged && !(staged_early && s0 == 0)) stage_slice(s);
       // The whole slice's fragments first (independent loads, all in flight), then the mma.
       uint32_t af[kSliceChunks][4];
       uint32_t bf[kSliceChunks][T::NI][2];
