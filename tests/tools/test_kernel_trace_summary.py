@@ -1,7 +1,7 @@
 """tools/profile/kernel_trace_summary.py on a synthetic kernel_trace file whose answers are known:
 graph replays cut into steps at the argmax launch (warm-up steps skipped, non-graph launches
 ignored), each step's wall time split over overlapping kernels and idle gaps so that the parts
-add up to the step, and one layer's launches listed between two anchors.
+add up to the step, and one layer's launches listed between two anchors, then with medians over every matching layer.
 """
 import os
 import subprocess
@@ -74,12 +74,21 @@ with tempfile.TemporaryDirectory() as d:
     # per layer), two launches of 10 us.
     if not any(l.split()[:5] == ["15.0", "30.0", "2", "10.00", "side_kernel"] for l in text.splitlines()):
         fails.append("side kernel row missing: %s" % text)
-    layer = text.split("one step, kernels from latent_cache #0 to #1")[-1].splitlines()
+    layer = text.split("one step, kernels from latent_cache #0 to #1")[-1].split("the same kernels")[0].splitlines()
     rows = [l.split() for l in layer if "kernel (" in l]
     if [r[3] for r in rows] != ["latent_cache_kernel", "gemm_kernel", "side_kernel", "latent_cache_kernel"]:
         fails.append("layer listing: %s" % rows)
     elif rows[1][:3] != ["4.00", "14.00", "10.00"]:
         fails.append("offsets from the anchor: %s" % rows[1])
+    # Per layer over every matching layer (one per step here, 3 steps): gemm ends 10 us after the
+    # anchor, side 5 us after gemm, the next anchor 9 us after side; 24 us a layer.
+    tail = text.split("the same kernels in every matching layer")[-1]
+    if "(3 layers of 3 steps): median layer 24.00 us" not in tail:
+        fails.append("per-layer header: %s" % tail.splitlines()[:1])
+    hop_rows = [l.split() for l in tail.splitlines()[2:] if "kernel (" in l]
+    if [(r[0], r[3]) for r in hop_rows] != [("10.00", "gemm_kernel"), ("5.00", "side_kernel"),
+                                            ("9.00", "latent_cache_kernel")]:
+        fails.append("per-layer hops: %s" % hop_rows)
 
     # An anchor that matches too few kernels says so instead of printing nothing.
     out = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--anchor", "no_such_kernel"], capture_output=True,

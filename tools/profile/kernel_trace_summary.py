@@ -7,7 +7,11 @@ split over the kernels running at each instant (an instant with two kernels give
 and the idle gaps, so the figures of a step add up to its wall time; per-kernel durations are
 given beside that. --layer prints one step's kernels between two occurrences of --anchor
 (default latent_cache, a substring of both latent-cache kernels' names: one per layer), in
-start order, with offsets.
+start order, with offsets. Then the same layer's kernels with medians over every layer of every
+step whose launches match it (the same kernels in the same start order): each kernel's end minus
+the latest earlier end among the layer's kernels (the first anchor included), so one sampled
+layer's noise does not make the figures; the column adds up to the layer's time in each layer
+(its medians need not add up exactly).
 
   python3 tools/profile/kernel_trace_summary.py /tmp/k.txt [--skip 3] [--layer 10]
 """
@@ -77,6 +81,26 @@ def attribute(step):
     return share
 
 
+def hops(steps, anchor, ref_keys):
+    """For every layer (kernels from one anchor to the next, start order) whose keys equal ref_keys:
+    per position j >= 1, the kernel's end minus the latest end before it among the layer's kernels
+    (0 where none is earlier); and the layer's span, last anchor end minus first anchor end."""
+    gaps = collections.defaultdict(list)
+    spans = []
+    for st in steps:
+        idx = [i for i, k in enumerate(st) if anchor in k["key"]]
+        for lo, hi in zip(idx, idx[1:]):
+            ks = st[lo:hi + 1]
+            if [k["key"] for k in ks] != ref_keys:
+                continue
+            ends = [k["end"] for k in ks]
+            for j in range(1, len(ks)):
+                earlier = [e for e in ends if e < ks[j]["end"]]
+                gaps[j].append(ks[j]["end"] - max(earlier) if earlier else 0)
+            spans.append(ks[-1]["end"] - ks[0]["end"])
+    return gaps, spans
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
@@ -115,6 +139,15 @@ def main():
         print(f"{'start':>8} {'end':>8} {'dur':>7}  kernel")
         for k in s[lo:hi + 1]:
             print(f"{(k['start'] - t0) / 1e3:8.2f} {(k['end'] - t0) / 1e3:8.2f} {(k['end'] - k['start']) / 1e3:7.2f}  {k['key']}")
+        ref = s[lo:hi + 1]
+        gaps, spans = hops(steps, a.anchor, [k["key"] for k in ref])
+        print(f"\nthe same kernels in every matching layer ({len(spans)} layers of {len(steps)} steps): median layer "
+              f"{statistics.median(spans) / 1e3:.2f} us ({a.anchor} end to the next one's end); per kernel, its end "
+              f"minus the latest earlier end in its layer (median, min, max)")
+        print(f"{'after':>8} {'min':>7} {'max':>7}  kernel")
+        for j in range(1, len(ref)):
+            g = gaps[j]
+            print(f"{statistics.median(g) / 1e3:8.2f} {min(g) / 1e3:7.2f} {max(g) / 1e3:7.2f}  {ref[j]['key']}")
     else:
         print(f"\nno layer listing: {len(idx)} kernels per step match --anchor {a.anchor!r}, --layer {a.layer} needs "
               f"{a.layer + 2}")
