@@ -952,6 +952,13 @@ TEST_F(Gemm, OneRowSplitKProblemsRunTheStagedKernel) {
     odd.x_stride = K + 1;  // rows not 16-byte aligned: no 16-byte copies
     EXPECT_EQ(gemm_config_name(gemm_chosen_config(odd)), "splitk16x8/8w") << "N=" << N << " K=" << K;
   }
+  // At most two K slices (the MLA value GEMM: K = 512, 16 heads): the two-warp staged config
+  // unless ATLAS_GEMM_SPLITK names one.
+  const GemmArgs value{.x = dx.get(), .w = dw.get(), .M = 1, .N = 128, .K = 512, .x_stride = 16 * 512,
+                       .w_stride = 512, .out_stride = 16 * 128, .batch = 16, .x_batch_stride = 512,
+                       .w_batch_stride = 256 * 512, .out_batch_stride = 128};
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(value)),
+            env != nullptr && *env != '\0' ? want : std::string("splitk16x8/2w+staged"));
 }
 
 // Launch overlap when the GEMM's x is the output of the kernel just before it (a model's chain:

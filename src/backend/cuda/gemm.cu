@@ -90,6 +90,7 @@ using CfgTma192 = kern::TmaTile<3>;
 // Split-K (M <= 16 / decode): 16 rows x 8*NI columns, 8 warps on different K slices.
 using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
+using CfgS8W2 = kern::SplitKTile<1, 2>;  // 8 columns, 64 threads: K <= 512 (two slices, two warps)
 // Weight streaming (at most 8 rows per tile, kernels/gemm_stream.cuh): one 8 x 8 tile per warp
 // at a time, per-warp rings of 4 KB K slices, persistent blocks with even shares.
 //                                     warps stages   smem    blocks per SM
@@ -210,7 +211,7 @@ constexpr TileConfig make_splitk_staged_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 27> kConfigs = {
+constexpr std::array<TileConfig, 28> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -229,7 +230,7 @@ constexpr std::array<TileConfig, 27> kConfigs = {
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
     make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
-    make_splitk_staged_config<CfgS8>("splitk16x8/8w+staged")};
+    make_splitk_staged_config<CfgS8>("splitk16x8/8w+staged"), make_splitk_staged_config<CfgS8W2>("splitk16x8/2w+staged")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -243,6 +244,7 @@ constexpr int config_index(std::string_view name) {
 constexpr int kSyncLarge = config_index("64x64x64/4"), kSyncSmall = config_index("splitk16x8/8w");
 constexpr int kSplitK8 = config_index("splitk16x8/8w");
 constexpr int kSplitK8Staged = config_index("splitk16x8/8w+staged");
+constexpr int kSplitK8W2Staged = config_index("splitk16x8/2w+staged");
 // Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
 // Many: 32x128x64/8 since session 4 (H200: 209 / 107 us vs 32x64x64/4's 219 / 114 for the
 // batch-128 step's gate|up / down; seed grid 8.98 vs 9.22 s, same tokens).
@@ -261,7 +263,7 @@ static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
 static_assert(kClusterFallback >= 0 && kCluster128 >= 0 && kCluster64 >= 0 && kCluster16 >= 0,
               "cluster config names");
-static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Staged >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
+static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Staged >= 0 && kSplitK8W2Staged >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
                   kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
               "config names");
 
@@ -603,6 +605,7 @@ bool use_sliced(const GemmArgs& a, const TileConfig& c, bool async, int sm_count
          ceil_div(a.M, c.bm) * ceil_div(a.N, c.bn) * slices <= int64_t(INT32_MAX) && sm_count > 0;
 }
 int dense_splitk_config();  // (below, with the other config overrides)
+bool splitk_overridden();
 int dense_config(const GemmArgs& a, bool async, int sm_count) {
   int ci = choose_config(a.M, a.N, [&](int bm) { return ceil_div(a.M, bm) * a.batch; }, sm_count);
   if (forced_config.load() < 0 && a.M > 16 && a.M <= kSlicedMaxM) {
@@ -665,7 +668,14 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     ci = setup().stream_choice;
   }
   ci = config_or_fallback(ci, a.K);
-  if (forced_config.load() < 0 && ci == kSplitK8) ci = dense_splitk_config();
+  if (forced_config.load() < 0 && ci == kSplitK8) {
+    ci = dense_splitk_config();
+    // EXPERIMENT (session 21, not yet run on a GPU): at most two K slices (the MLA value GEMM,
+    // K = 512) on two-warp blocks: the 8-warp blocks' six idle warps held registers that kept the
+    // next GEMM's blocks (o_proj) from becoming resident and staging their weights early. Only
+    // where ATLAS_GEMM_SPLITK is unset (naming a config forces it everywhere); the same bits.
+    if (ci == kSplitK8Staged && !splitk_overridden() && ceil_div(a.K, kern::kSliceK) <= 2) ci = kSplitK8W2Staged;
+  }
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }
@@ -719,6 +729,10 @@ int grouped_few_down_config() {
 int dense_splitk_config() {
   static const int ci = config_or_override("ATLAS_GEMM_SPLITK", gemm_splitk_setting, kSplitK8Staged);
   return ci;
+}
+bool splitk_overridden() {
+  static const bool set = gemm_splitk_setting(std::getenv("ATLAS_GEMM_SPLITK")) >= 0;
+  return set;
 }
 int64_t busy_groups(const GroupedGemmArgs& a) { return std::min<int64_t>(a.groups, a.max_rows); }
 int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
@@ -1178,7 +1192,8 @@ int gemm_grouped_few_down_setting(const char* value) {
 
 int gemm_splitk_setting(const char* value) {
   return config_override_setting("ATLAS_GEMM_SPLITK", value, [](const TileConfig& c) { return c.splitk; },
-                                 "a split-K config name (splitk16x8/8w, splitk16x16/8w, splitk16x8/8w+staged)");
+                                 "a split-K config name (splitk16x8/8w, splitk16x16/8w, splitk16x8/8w+staged, "
+                                 "splitk16x8/2w+staged)");
 }
 
 bool probe_device_code(void (*probe)(int*), const char* what) {
