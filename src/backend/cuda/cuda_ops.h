@@ -649,7 +649,10 @@ enum class GemmMode { batch_invariant, fast, cublaslt_pinned, fma_chain };
 enum class OutType { bf16, f32 };
 struct GemmArgs {
   const uint16_t* x = nullptr;  // [M, K] bf16, row-major, row stride x_stride
-  const uint16_t* w = nullptr;  // [N, K] bf16, row-major, row stride w_stride
+  // [N, K] bf16, row-major, row stride w_stride. A weight no kernel of the stream writes: under
+  // launch overlap a dense GEMM reads it before its predecessor is done (the L2 prefetch, and
+  // since session 21 the staged split-K kernel's first slices into shared memory).
+  const uint16_t* w = nullptr;
   void* out = nullptr;          // [M, N] bf16 or fp32, row stride out_stride
   OutType out_type = OutType::bf16;
   int M = 0, N = 0, K = 0;

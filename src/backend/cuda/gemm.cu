@@ -710,8 +710,9 @@ int grouped_few_down_config() {
 // The split-K config of dense problems where the chooser picks split-K (one-row GEMMs: o_proj,
 // the shared down, the router, the value GEMM): the staged variant, whose weight slices come in
 // as whole 512-byte row segments (H200 session 21, s21-1, CUPTI timelines of batch-1 decode
-// steps: 2537 against 2652 us per step, o_proj 6.1 -> 4.6 us after its predecessor, the router
-// 3.0 -> 2.3, the shared down's tail 5.1 -> 3.2; splitk16x16/8w 2712). ATLAS_GEMM_SPLITK=<a
+// steps: 2537 against 2652 us per step; medians over every layer of each kernel's end after the
+// latest earlier end: o_proj 6.2 -> 4.5 us, the router 3.0 -> 2.3, the shared down 5.4 -> 3.4;
+// splitk16x16/8w 2712). ATLAS_GEMM_SPLITK=<a
 // split-K config name> overrides it for A/B measurements (any config gives the same bits;
 // splitk16x8/8w is the one before session 21). Problems without 16-byte aligned operands run
 // the plain kernel (the staged one has no predicated path).
