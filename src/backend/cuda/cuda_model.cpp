@@ -403,6 +403,15 @@ class CudaModelT final : public Model {
   float scale_ = 0.0f;
   DeviceBlock expert_ptrs_;  // the layers' gate_up_w / down_w pointer arrays
   GemmMode dense_mode_ = GemmMode::batch_invariant;
+  // EXPERIMENT (session 21, not yet run on a GPU): the fast mode's dense GEMMs of <= 16 rows (a
+  // decode step of a few rows) on the batch-invariant kernels, which decode faster than cuBLASLt
+  // since session 21 (393.6 vs 371.9 tok/s); ATLAS_FAST_SMALL_M=0 keeps cuBLASLt. The fast mode
+  // promises a tolerance, not bits: its decode tokens may change (hash ec29be1c).
+  bool fast_small_m_invariant_ = true;
+  GemmMode mode_for(int64_t M) const {
+    return dense_mode_ == GemmMode::fast && fast_small_m_invariant_ && M <= 16 ? GemmMode::batch_invariant
+                                                                              : dense_mode_;
+  }
   bool graphs_ = true;
   int64_t max_tokens_ = 8192;  // tokens per forward pass before a prefill is chunked
   Stream s_ = nullptr;  // every launch goes here (capturable, unlike the legacy default stream)
@@ -564,6 +573,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
   }
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
+  fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -697,7 +707,7 @@ void CudaModelT<Elem>::matmul(const MatMul& m) const {
               .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_});
   } else {
     gemm({.x = m.x, .w = m.w, .out = m.out, .out_type = OutType::bf16, .M = int(m.M), .N = int(m.N), .K = int(m.K),
-          .x_stride = m.x_stride, .w_stride = m.w_stride, .out_stride = m.out_stride, .mode = dense_mode_,
+          .x_stride = m.x_stride, .w_stride = m.w_stride, .out_stride = m.out_stride, .mode = mode_for(m.M),
           .batch = int(m.batch), .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
           .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_});
   }
@@ -709,7 +719,7 @@ void CudaModelT<Elem>::router_gemm(const Elem* x, const Elem* w, float* out, int
     gemm_f32({.x = x, .w = w, .out = out, .M = int(M), .N = int(E), .K = int(K), .stream = s_});
   else
     gemm({.x = x, .w = w, .out = out, .out_type = OutType::f32, .M = int(M), .N = int(E), .K = int(K),
-          .mode = dense_mode_, .stream = s_});
+          .mode = mode_for(M), .stream = s_});
 }
 
 template <class Elem>
@@ -1030,7 +1040,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
     silu_gate({.gate = gu, .up = gu + I, .out = act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
                .stream = stream});
   } else {
-    gemm({.x = x, .w = m.gate_up, .out = act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = dense_mode_,
+    gemm({.x = x, .w = m.gate_up, .out = act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = mode_for(M),
           .gated = int(I), .gated_scratch = gu, .stream = stream});
   }
   linear(act, m.down, out, M, H, I, 0, 0, stream);
