@@ -58,6 +58,13 @@ float graph_us_per_launch(cudaStream_t s, int launches, F&& body) {
 }
 
 #ifdef __CUDACC__
+// The global nanosecond timer (%globaltimer), comparable across blocks and SMs.
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // One block of 256 threads: out = in * w / rms(in * w) over 1024 floats (an RMSNorm's shape: one
 // dependent read, a block reduce, a write).
 __device__ inline void probe_norm(const float* in, float* out, const float* w) {

@@ -27,11 +27,6 @@ struct Span {
   unsigned long long start, end;
 };
 
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ void span_begin(Span* s) {
   if (threadIdx.x == 0) atomicMin(&s->start, gtimer());
 }

@@ -51,6 +51,13 @@ else
   expect_error "bad grouped config" "ATLAS_GEMM_GROUPED_FEW_DOWN: 'wg128x128x64/4' is not the name of a config with mma.sync tiles" \
     env ATLAS_GEMM_GROUPED_FEW_DOWN=wg128x128x64/4 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad grouped config" "$work/env.json"
+  # Session 21's switches: the dense split-K config and the early weight staging.
+  expect_error "bad split-K config" "ATLAS_GEMM_SPLITK: '16x32x128/4' is not a split-K config name" \
+    env ATLAS_GEMM_SPLITK=16x32x128/4 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad split-K config" "$work/env.json"
+  expect_error "bad stage-early switch" "ATLAS_GEMM_STAGE_EARLY: expected 0 or 1, got 'yes'" \
+    env ATLAS_GEMM_STAGE_EARLY=yes "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad stage-early switch" "$work/env.json"
 fi
 
 # --layers 0-1: three hidden stages equal to the full run's, no logits.

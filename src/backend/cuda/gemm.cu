@@ -178,30 +178,22 @@ constexpr TileConfig make_cluster_config(const char* name) {
 }
 
 // Split-K configs always have their predicated (element-load) variant: it is the same loop.
-template <class T>
+// kStaged (kernels/gemm_mma.cuh): 16-byte copies only, so only the async entries are its own;
+// the predicated path runs kSyncSmall (the plain split-K kernel: the same bits). The staged
+// config is the dense split-K problems' default since session 21 (dense_splitk_config).
+template <class T, bool kStaged = false>
 constexpr TileConfig make_splitk_config(const char* name) {
   TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, true, {}};
-  c.fn[0][1][0] = kern::gemm_splitk_kernel<T, false, true, false>;
-  c.fn[1][1][0] = kern::gemm_splitk_kernel<T, true, true, false>;
-  c.fn[0][0][0] = kern::gemm_splitk_kernel<T, false, false, false>;
-  c.fn[1][0][0] = kern::gemm_splitk_kernel<T, true, false, false>;
-  c.fn[0][1][1] = kern::gemm_splitk_kernel<T, false, true, true>;
-  c.fn[1][1][1] = kern::gemm_splitk_kernel<T, true, true, true>;
-  c.fn[0][0][1] = kern::gemm_splitk_kernel<T, false, false, true>;
-  c.fn[1][0][1] = kern::gemm_splitk_kernel<T, true, false, true>;
-  return c;
-}
-
-// The staged split-K variant (kernels/gemm_mma.cuh, kStaged): 16-byte copies only, so the
-// predicated path runs kSyncSmall (the plain split-K kernel: the same bits). The dense split-K
-// problems' default since session 21 (dense_splitk_config).
-template <class T>
-constexpr TileConfig make_splitk_staged_config(const char* name) {
-  TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, true, {}};
-  c.fn[0][1][0] = kern::gemm_splitk_kernel<T, false, true, false, true>;
-  c.fn[1][1][0] = kern::gemm_splitk_kernel<T, true, true, false, true>;
-  c.fn[0][1][1] = kern::gemm_splitk_kernel<T, false, true, true, true>;
-  c.fn[1][1][1] = kern::gemm_splitk_kernel<T, true, true, true, true>;
+  c.fn[0][1][0] = kern::gemm_splitk_kernel<T, false, true, false, kStaged>;
+  c.fn[1][1][0] = kern::gemm_splitk_kernel<T, true, true, false, kStaged>;
+  c.fn[0][1][1] = kern::gemm_splitk_kernel<T, false, true, true, kStaged>;
+  c.fn[1][1][1] = kern::gemm_splitk_kernel<T, true, true, true, kStaged>;
+  if constexpr (!kStaged) {
+    c.fn[0][0][0] = kern::gemm_splitk_kernel<T, false, false, false>;
+    c.fn[1][0][0] = kern::gemm_splitk_kernel<T, true, false, false>;
+    c.fn[0][0][1] = kern::gemm_splitk_kernel<T, false, false, true>;
+    c.fn[1][0][1] = kern::gemm_splitk_kernel<T, true, false, true>;
+  }
   return c;
 }
 
@@ -229,7 +221,7 @@ constexpr std::array<TileConfig, 27> kConfigs = {
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
     make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
-    make_splitk_staged_config<CfgS8>("splitk16x8/8w+staged")};
+    make_splitk_config<CfgS8, true>("splitk16x8/8w+staged")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -712,10 +704,10 @@ int grouped_few_down_config() {
 // as whole 512-byte row segments (H200 session 21, s21-1, CUPTI timelines of batch-1 decode
 // steps: 2537 against 2652 us per step; medians over every layer of each kernel's end after the
 // latest earlier end: o_proj 6.2 -> 4.5 us, the router 3.0 -> 2.3, the shared down 5.4 -> 3.4;
-// splitk16x16/8w 2712). ATLAS_GEMM_SPLITK=<a
-// split-K config name> overrides it for A/B measurements (any config gives the same bits;
-// splitk16x8/8w is the one before session 21). Problems without 16-byte aligned operands run
-// the plain kernel (the staged one has no predicated path).
+// splitk16x16/8w 2712). ATLAS_GEMM_SPLITK=<a split-K config name> overrides it for A/B
+// measurements (any config gives the same bits; splitk16x8/8w is the one before session 21).
+// Problems without 16-byte aligned operands run the plain kernel (the staged one has no
+// predicated path).
 int dense_splitk_config() {
   static const int ci = config_or_override("ATLAS_GEMM_SPLITK", gemm_splitk_setting, kSplitK8Staged);
   return ci;

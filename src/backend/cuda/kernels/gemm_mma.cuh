@@ -690,7 +690,6 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K,
 // columns past N zero-filled as load_pair reads zeros). The same fragments, the same mma order
 // and the same reduce: the same bits (Gemm.EveryConfig*). Config "splitk16x8/8w+staged", the
 // dense split-K default since session 21 (gemm.cu, dense_splitk_config; ATLAS_GEMM_SPLITK).
-constexpr int kStagedChunks = kSliceK / 8;  // 16-byte chunks of a weight row's slice (32)
 template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
   static_assert(!kStaged || kVec, "the staged copies are 16-byte copies");
