@@ -58,6 +58,9 @@ else
   expect_error "bad stage-early switch" "ATLAS_GEMM_STAGE_EARLY: expected 0 or 1, got 'yes'" \
     env ATLAS_GEMM_STAGE_EARLY=yes "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad stage-early switch" "$work/env.json"
+  expect_error "bad cluster-early switch" "ATLAS_GEMM_CLUSTER_EARLY: expected 0 or 1, got 'on'" \
+    env ATLAS_GEMM_CLUSTER_EARLY=on "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad cluster-early switch" "$work/env.json"
 fi
 
 # --layers 0-1: three hidden stages equal to the full run's, no logits.

@@ -300,6 +300,10 @@ struct GemmSetup {
   // ATLAS_GEMM_STAGE_EARLY (default 1; 0 for A/B runs): the staged split-K kernel's first weight
   // slices into shared memory before its launch-overlap wait (MmaGemmParams::prefetch = 2).
   bool stage_early = true;
+  // ATLAS_GEMM_CLUSTER_EARLY (default 1; 0 for A/B runs): the cluster kernel (a dense problem)
+  // copies its whole weight slice into shared memory before its launch-overlap wait too
+  // (MmaGemmParams::cluster_early; only where stage_early is on).
+  bool cluster_early = true;
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -359,6 +363,7 @@ const GemmSetup& setup() {
     g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
     g.stream_grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
+    g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
@@ -1073,6 +1078,7 @@ void gemm(const GemmArgs& a) {
   // The staged split-K kernel copies its first slices into shared memory then (2,
   // ATLAS_GEMM_STAGE_EARLY; the other kernels read any value > 0 as 1).
   p.prefetch = pdl_enabled() ? (setup().stage_early ? 2 : 1) : 0;
+  p.cluster_early = setup().cluster_early ? 1 : 0;
   // Only where each weight row is read by one block row (one m-tile): with two or more, a line
   // marked evict_first may leave before the second tile reads it (session 17, the seed grid's
   // M = 128 steps on 64-row tiles: 7.32 s with the hint on every dense GEMM vs 7.12 without).

@@ -27,6 +27,8 @@
 
 #include <cooperative_groups.h>
 
+#include <type_traits>
+
 #include "gemm_mma.cuh"
 
 namespace atlas::cuda::kern {
@@ -77,15 +79,6 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
 
-  TileSpot t;  // the whole cluster finds the same tile (or none); rank r runs K slice r
-  if (!start_tile<T::BM, T::BN, true>(p, int(blockIdx.x) / C, tid, lane, t, rank * kSliceK, (rank + 1) * kSliceK))
-    return;
-  const int row_begin = t.row_begin, row_end = t.row_end;
-  const int n0 = t.n_tile * T::BN;
-  for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
-  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, n0 + r);
-  __syncthreads();
-
   // This block's K slice: steps [kt_begin, kt_end) (a short last slice has fewer steps), all of
   // its copies in flight at once, one ring slot per step.
   const int K = p.K;
@@ -93,13 +86,54 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
   const int kt_begin = rank * T::STAGES;
   const int nsteps = min((K + T::BK - 1) / T::BK, kt_begin + T::STAGES) - kt_begin;
+  TileSpot t;  // the whole cluster finds the same tile (or none); rank r runs K slice r
+  const auto copy_steps = [&](auto parts) {
 #pragma unroll
-  for (int i = 0; i < T::STAGES; ++i) {
-    if (i < nsteps)
-      load_tile_step<T, true>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
-                              (kt_begin + i) * T::BK, K, true, tid, w_hint);
-    cp_async_commit();
+    for (int i = 0; i < T::STAGES; ++i) {
+      if (i < nsteps)
+        load_tile_step<T, true, decltype(parts)::value>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off,
+                                                         b_off, t.x, t.w, (kt_begin + i) * T::BK, K, true, tid, w_hint);
+      cp_async_commit();
+    }
+  };
+
+  // A dense problem under launch overlap with p.prefetch > 1 (ATLAS_GEMM_STAGE_EARLY, as the
+  // staged split-K kernel) and p.cluster_early (ATLAS_GEMM_CLUSTER_EARLY): the block copies its whole weight slice (BN rows x 256) into the
+  // ring before pdl_begin_gemm(), while the kernel before it still runs (a dense GEMM's weights
+  // are never an earlier kernel's output), one commit group ahead of the per-step groups; x only
+  // after the wait. At a batch-1 decode step that is the q|kv_a GEMM (7.5 MB) staged during the
+  // MoE combine's one-block launch. The same data in the same ring slots: the same bits.
+  const bool early = p.offsets == nullptr && p.prefetch > 1 && p.cluster_early > 0;
+  if (early) {
+    const bool found = find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t);
+    if (found) {
+      for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, t.n_tile * T::BN + r);
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < T::STAGES; ++i)
+        if (i < nsteps)
+          load_tile_step<T, true, kTileB>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
+                                          (kt_begin + i) * T::BK, K, true, tid, w_hint);
+      cp_async_commit();
+    }
+    pdl_begin_gemm();
+    if (!found) return;
+  } else if (!start_tile<T::BM, T::BN, true>(p, int(blockIdx.x) / C, tid, lane, t, rank * kSliceK,
+                                             (rank + 1) * kSliceK)) {
+    return;
   }
+  const int row_begin = t.row_begin, row_end = t.row_end;
+  const int n0 = t.n_tile * T::BN;
+  for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
+  if (!early)
+    for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, n0 + r);
+  __syncthreads();
+  // One commit group per step (the early weights' group, if any, was committed before them, so
+  // the waits below cover it too).
+  if (early)
+    copy_steps(std::integral_constant<int, kTileA>{});
+  else
+    copy_steps(std::integral_constant<int, kTileA | kTileB>{});
   static_assert(T::STAGES == 4, "cp_async_wait<3> below: 4 groups in flight");
 
   float acc[T::MI][T::NI][4];
@@ -110,7 +144,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
   for (int i = 0; i < nsteps; ++i) {
-    cp_async_wait<3>();  // groups committed: 4 + i; step i's is complete
+    cp_async_wait<3>();  // groups committed: 4 + i (5 + i with the early weights); step i's is complete
     __syncthreads();
     mma_step<T>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), acc, kt_begin + i, KC, wm, wn, lane);
     cp_async_commit();   // an empty group: keeps the count of the wait above

@@ -97,6 +97,7 @@ struct MmaGemmParams {
   int64_t slice_stride = 0;                    // > 0: sliced launch (below), elements between slices
   int gated = 0;                               // > 0: fused gate|up + SiLU (below); bf16 out only
   int prefetch = 0;                            // > 0: dense weights into L2 before pdl_begin (below)
+  int cluster_early = 0;                       // > 0 (with prefetch > 1): the cluster kernel stages its weights early
   int l2_evict_first = 0;                      // > 0: weight copies carry an L2 evict_first policy (common.cuh)
   // Grouped problems on the TMA kernel (kernels/gemm_tma.cuh): its tensor map reads group g's
   // weight at w_group_base + g * w_group_stride (elements); the kernel checks that w_groups[g]
@@ -335,13 +336,16 @@ __device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int 
 // ring slots sa [BM][BK] and sb [BN][BK]. Rows past M (or N) are zero in every slice: each slot
 // zero-fills them on its first use (first_fill: the slot's first step) and nothing overwrites
 // them later, so later fills skip them (a 1-row decode tile then copies 1 A row instead of 16).
-// Shared by the mma.sync and wgmma kernels (any T with BM, BN, BK, CH, THREADS).
-template <class T, bool kAsync>
+// Shared by the mma.sync and wgmma kernels (any T with BM, BN, BK, CH, THREADS). kParts: which
+// operands to copy (kTileA | kTileB; the cluster kernel copies a dense problem's weights before
+// its launch-overlap wait and x after it).
+constexpr int kTileA = 1, kTileB = 2;
+template <class T, bool kAsync, int kParts = kTileA | kTileB>
 __device__ __forceinline__ void load_tile_step(uint16_t* sa, uint16_t* sb, const int64_t* a_off, const int64_t* b_off,
                                                const uint16_t* x, const uint16_t* w, int k0, int K, bool first_fill,
                                                int tid, L2Hint w_hint = {}) {
 #pragma unroll
-  for (int i0 = 0; i0 < T::BM * T::CH; i0 += T::THREADS) {
+  for (int i0 = 0; (kParts & kTileA) && i0 < T::BM * T::CH; i0 += T::THREADS) {
     const int i = i0 + tid;
     if (T::BM * T::CH % T::THREADS == 0 || i < T::BM * T::CH) {
       const int r = i / T::CH, c = i % T::CH;
@@ -350,7 +354,7 @@ __device__ __forceinline__ void load_tile_step(uint16_t* sa, uint16_t* sb, const
     }
   }
 #pragma unroll
-  for (int i0 = 0; i0 < T::BN * T::CH; i0 += T::THREADS) {
+  for (int i0 = 0; (kParts & kTileB) && i0 < T::BN * T::CH; i0 += T::THREADS) {
     const int i = i0 + tid;
     if (T::BN * T::CH % T::THREADS == 0 || i < T::BN * T::CH) {
       const int r = i / T::CH, c = i % T::CH;
