@@ -90,17 +90,23 @@ __global__ void __launch_bounds__(kReduceThreads) latent_cache_kernel(const Late
 // The same bits.
 template <class T>
 __global__ void __launch_bounds__(kWideThreads) latent_cache_wide_kernel(const LatentCacheParams<T> p) {
-  pdl_begin();
   __shared__ float scratch[16];
   __shared__ float sq[kWideDim];
   const int t = blockIdx.x;
   const T* src = p.lat + int64_t(t) * p.lat_stride;
   float v[kWideRegs], wv[kWideRegs];  // the norm's row and weights first, as rms_preload
+  // The norm weights before the launch-overlap wait (a model weight, never a kernel's output:
+  // kernels/pdl.cuh), the row after it.
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = threadIdx.x + m * kWideThreads;
+    wv[m] = i < p.latent ? to_f32(p.norm_w[i]) : 0.0f;
+  }
+  pdl_begin();
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = threadIdx.x + m * kWideThreads;
     v[m] = i < p.latent ? to_f32(src[i]) : 0.0f;
-    wv[m] = i < p.latent ? to_f32(p.norm_w[i]) : 0.0f;
   }
   const int pos = p.positions[t];
   const bool pos_ok = pos >= 0 && pos < p.max_positions;

@@ -495,18 +495,24 @@ __global__ void __launch_bounds__(kWideThreads)
     moe_combine_add_rmsnorm_wide_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
                                         const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
                                         const T* __restrict__ norm_w, T* h, int dim, float eps) {
-  pdl_begin();
   __shared__ float scratch[16];
   __shared__ float sq[kWideDim];
   const int64_t t = blockIdx.x;
   const int tid = threadIdx.x;
   T* xr = x + t * dim;
   float xv[kWideRegs], wv[kWideRegs], av[kWideRegs];
+  // The norm weights before the launch-overlap wait (a model weight, never a kernel's output:
+  // kernels/pdl.cuh), everything else after it.
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = tid + m * kWideThreads;
+    wv[m] = i < dim ? to_f32(norm_w[i]) : 0.0f;
+  }
+  pdl_begin();
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = tid + m * kWideThreads;
     xv[m] = i < dim ? to_f32(xr[i]) : 0.0f;
-    wv[m] = i < dim ? to_f32(norm_w[i]) : 0.0f;
     av[m] = addend && i < dim ? to_f32(addend[t * dim + i]) : 0.0f;
   }
   int32_t sl[kCombineStageK];

@@ -5,8 +5,10 @@
 // to be scheduled (griddepcontrol.launch_dependents). No kernel reads or writes anything an
 // earlier kernel may write before its predecessor is done, and a kernel's predecessor completes
 // only after passing its own wait: the order of completion, and the bits, are those of plain
-// stream order. (The dense GEMMs prefetch their model weights into L2 before the wait:
-// kern::start_tile in gemm_mma.cuh.) Launched without the attribute both instructions are no-ops.
+// stream order. Model weights are the one exception, since no kernel writes them: the dense GEMMs
+// stage or prefetch theirs before the wait (kern::start_tile in gemm_mma.cuh, the staged split-K
+// and the cluster kernels), the wide norms, the latent cache and the MoE combine load their norm
+// weights before it. Launched without the attribute both instructions are no-ops.
 #pragma once
 
 namespace atlas::cuda::kern {

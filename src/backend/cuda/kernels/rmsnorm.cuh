@@ -131,17 +131,23 @@ template <class T, bool kAdd>
 __global__ void __launch_bounds__(kWideThreads)
     rmsnorm_wide_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim, int64_t x_stride,
                         int64_t out_stride, float eps) {
-  pdl_begin();
   __shared__ float scratch[16];
   __shared__ float sq[kWideDim];
   T* xr = x + int64_t(blockIdx.x) * x_stride;
   const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
   float v[kWideRegs], wv[kWideRegs], yv[kWideRegs];
+  // The norm weights before the launch-overlap wait (a model weight, never a kernel's output:
+  // kernels/pdl.cuh), the rows after it.
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = threadIdx.x + m * kWideThreads;
+    wv[m] = i < dim ? to_f32(w[i]) : 0.0f;
+  }
+  pdl_begin();
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = threadIdx.x + m * kWideThreads;
     v[m] = i < dim ? to_f32(xr[i]) : 0.0f;
-    wv[m] = i < dim ? to_f32(w[i]) : 0.0f;
     yv[m] = kAdd && i < dim ? to_f32(yr[i]) : 0.0f;
   }
   if constexpr (kAdd) {

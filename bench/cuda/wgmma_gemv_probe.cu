@@ -1,0 +1,293 @@
+// atlas_wgmma_gemv_probe (session 22): can a one-row GEMM run on wgmma with the operands swapped
+// (64 weight rows as the instruction's A operand, the x rows as its 8-wide B operand:
+// wgmma.m64n8k16, D = W . X^T) and still give the batch-invariant contract's bits, and how fast
+// does such a kernel stream weights? Why: the decode step's expert GEMMs (mma.sync m16n8k16 with
+// the x row as A, 15 of its 16 rows zero) move their bytes at ~3 TB/s and Nsight has the stream
+// kernel instruction-bound (docs/cuda.md, session 13: ~490 instructions per 4 KB step); a
+// wgmma.m64n8k16 takes 2 KB of weights per instruction from shared memory.
+//
+// Part 1 (bits): the contract's reference (kernels/gemm_mma.cuh: per 256-wide K slice an fp32
+// chain of m16n8k16 mma over the k16 chunks from +0, the slices added in order) on mma.sync with
+// fragments loaded from global memory, against the swapped wgmma kernel below; every output
+// compared bit for bit (M = 1 and 5, K = 2048 and 1408).
+// Part 2 (speed): the swapped kernel as a persistent grid over the routed experts' bytes of a
+// batch-1 MoE layer (gate|up: N = 16896, K = 2048, 69 MB; down: N = 12288, K = 1408, 35 MB),
+// ring depths 4 / 6 / 8, with and without the wgmma (without: the copy pattern's ceiling).
+// Standalone: includes the kernels' wgmma helpers only.
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/kernels/gemm_wgmma.cuh"
+#include "probe_util.h"
+
+namespace {
+
+using namespace atlas::cuda::kern;
+
+constexpr int kBK = 64;                       // k per ring step (one 128-byte swizzled row)
+constexpr int kRowsW = 64;                    // weight rows per tile (wgmma M)
+constexpr int kRowsX = 8;                     // x rows (wgmma N)
+constexpr int kTileW = kRowsW * kBK * 2;      // 8 KB per step
+constexpr int kTileX = kRowsX * kBK * 2;      // 1 KB per step
+constexpr int kStepsPerSlice = kSliceK / kBK;  // 4
+
+__device__ __forceinline__ uint32_t ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The contract on mma.sync, one warp per n8 tile, M <= 8 (A rows 8-15 zero), K % 16 == 0.
+__global__ void ref_kernel(const uint16_t* x, const uint16_t* w, float* out, int M, int N, int K) {
+  const int lane = threadIdx.x & 31;
+  const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 8;
+  if (n0 >= N) return;
+  const int g = lane >> 2, t = lane & 3;
+  float tot[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int s0 = 0; s0 < K; s0 += kSliceK) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k = s0; k < min(K, s0 + kSliceK); k += 16) {
+      uint32_t a[4] = {g < M ? ld32(x + size_t(g) * K + k + 2 * t) : 0u, 0u,
+                       g < M ? ld32(x + size_t(g) * K + k + 8 + 2 * t) : 0u, 0u};
+      const uint16_t* wr = w + size_t(n0 + g) * K + k;
+      mma16816(acc, a, ld32(wr + 2 * t), ld32(wr + 8 + 2 * t));
+    }
+    for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
+  }
+  if (g < M) {
+    out[size_t(g) * N + n0 + 2 * t] = tot[0];
+    out[size_t(g) * N + n0 + 2 * t + 1] = tot[1];
+  }
+}
+
+// D(64 x 8) += A(64 x 16) . B(16 x 8), both K-major in shared memory (128-byte swizzle).
+__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t da, uint64_t db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(1));
+#else
+  __trap();
+#endif
+}
+
+// Persistent: block b takes 64-row tiles [b T / B, (b + 1) T / B) and walks their K steps as one
+// sequence through a STAGES-deep cp.async ring (STAGES - 2 steps ahead; a slot is refilled two
+// steps after its last read, whose wgmma group was retired by wait_group 1). Slice sums folded
+// into the total when a slice's last group has retired (the contract's order); M <= 8.
+template <int STAGES, bool kMath>
+__global__ void __launch_bounds__(128) wg_gemv_kernel(const uint16_t* x, const uint16_t* w, float* out, int M, int N,
+                                                      int K, int tiles) {
+  extern __shared__ unsigned char raw[];
+  const uint32_t raw_addr = smem_u32(raw);
+  unsigned char* ring = raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  uint16_t* sW = reinterpret_cast<uint16_t*>(ring);                   // [STAGES][64][64]
+  uint16_t* sX = reinterpret_cast<uint16_t*>(ring + STAGES * kTileW);  // [STAGES][8][64]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < STAGES * kTileX / 2; i += 128) sX[i] = 0;  // x rows >= M stay zero
+  __syncthreads();
+  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
+  const int KT = (K + kBK - 1) / kBK, total = (t1 - t0) * KT;
+  const auto load = [&](int slot, int i) {
+    const int n0 = (t0 + i / KT) * kRowsW, k0 = (i % KT) * kBK;
+#pragma unroll
+    for (int q = 0; q < kRowsW * 8 / 128; ++q) {
+      const int j = tid + 128 * q, r = j >> 3, c = j & 7;
+      const bool in = k0 + c * 8 < K;
+      cp_async16(sW + slot * (kTileW / 2) + r * kBK + ((c ^ (r & 7)) * 8), in ? w + size_t(n0 + r) * K + k0 + c * 8 : w,
+                 in ? 16 : 0);
+    }
+    if (tid < M * 8) {
+      const int r = tid >> 3, c = tid & 7;
+      const bool in = k0 + c * 8 < K;
+      cp_async16(sX + slot * (kTileX / 2) + r * kBK + ((c ^ (r & 7)) * 8), in ? x + size_t(r) * K + k0 + c * 8 : x,
+                 in ? 16 : 0);
+    }
+  };
+  constexpr int kAhead = STAGES - 2;
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < total) load(s, s);
+    cp_async_commit();
+  }
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, tot[4] = {0.f, 0.f, 0.f, 0.f};
+  const int g = lane >> 2, t = lane & 3;
+  const auto store = [&](int tile) {
+    const int n = tile * kRowsW + warp * 16 + g;
+    if (2 * t < M) {
+      out[size_t(2 * t) * N + n] = tot[0];
+      out[size_t(2 * t) * N + n + 8] = tot[2];
+    }
+    if (2 * t + 1 < M) {
+      out[size_t(2 * t + 1) * N + n] = tot[1];
+      out[size_t(2 * t + 1) * N + n + 8] = tot[3];
+    }
+  };
+  bool pending = false;
+  for (int i = 0; i < total; ++i) {
+    cp_async_wait<kAhead - 1>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    if (i + kAhead < total) load((i + kAhead) % STAGES, i + kAhead);
+    cp_async_commit();
+    const int kt = i % KT;
+    if (pending) {  // a slice is complete: total += slice, a new slice from +0
+      wg_wait_all();
+      for (int e = 0; e < 4; ++e) {
+        tot[e] = __fadd_rn(tot[e], acc[e]);
+        acc[e] = 0.f;
+      }
+      pending = false;
+      if (kt == 0) {  // ... and it was the tile's last
+        store(t0 + (i - 1) / KT);
+        for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+      }
+    }
+    if constexpr (kMath) {
+      const uint32_t wb = smem_u32(sW + (i % STAGES) * (kTileW / 2)), xb = smem_u32(sX + (i % STAGES) * (kTileX / 2));
+      wg_fence();
+      const int kc = min(4, (K - kt * kBK) / 16);  // k16 chunks inside K (K % 16 == 0)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        if (kk < kc) wgmma_m64n8k16(acc, wg_desc(wb + kk * 32), wg_desc(xb + kk * 32));
+      wg_commit();
+      wg_wait_one();
+    }
+    pending = (kt + 1) % kStepsPerSlice == 0 || kt + 1 == KT;
+  }
+  wg_wait_all();
+  cp_async_wait<0>();
+  if (total > 0) {
+    for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
+    store(t1 - 1);
+  }
+}
+
+__global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    // bf16 in about [-0.5, 0.5): sign, exponent 117..125, random mantissa
+    p[i] = uint16_t(((h >> 31) << 15) | ((117u + (h >> 8) % 9u) << 7) | (h & 0x7fu));
+  }
+}
+
+template <int STAGES, bool kMath>
+int smem_bytes() {
+  return STAGES * (kTileW + kTileX) + 1024;
+}
+
+template <int STAGES, bool kMath>
+float run_wg(const uint16_t* x, const uint16_t* w, float* out, int M, int N, int K, int sms, int* blocks_out,
+             bool time_it) {
+  auto f = wg_gemv_kernel<STAGES, kMath>;
+  const int smem = smem_bytes<STAGES, kMath>();
+  CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 128, size_t(smem)));
+  const int tiles = N / kRowsW;
+  const int blocks = std::min(tiles, sms * std::max(per_sm, 1));
+  *blocks_out = blocks;
+  const auto go = [&] { f<<<blocks, 128, smem>>>(x, w, out, M, N, K, tiles); };
+  if (!time_it) {
+    go();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    return 0.f;
+  }
+  return median_us(nullptr, 3, 20, go);
+}
+
+}  // namespace
+
+int main() {
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  if (prop.major < 9) {
+    std::printf("wgmma probe: needs sm_90 (this GPU is sm_%d%d); skipped\n", prop.major, prop.minor);
+    return 0;
+  }
+  // Part 1: bits.
+  bool all_equal = true;
+  for (const auto& [M, N, K] : std::vector<std::array<int, 3>>{{1, 5632, 2048}, {5, 5632, 2048}, {1, 4096, 1408},
+                                                                {8, 4096, 1408}}) {
+    uint16_t *x, *w;
+    float *o_ref, *o_wg;
+    CK(cudaMalloc(&x, size_t(M) * K * 2));
+    CK(cudaMalloc(&w, size_t(N) * K * 2));
+    CK(cudaMalloc(&o_ref, size_t(M) * N * 4));
+    CK(cudaMalloc(&o_wg, size_t(M) * N * 4));
+    fill_bf16<<<256, 256>>>(x, size_t(M) * K, 0x1234u + M);
+    fill_bf16<<<1024, 256>>>(w, size_t(N) * K, 0xabcdu + K);
+    CK(cudaMemset(o_wg, 0xff, size_t(M) * N * 4));
+    ref_kernel<<<(N / 8 * 32 + 255) / 256, 256>>>(x, w, o_ref, M, N, K);
+    CK(cudaGetLastError());
+    int blocks = 0;
+    run_wg<6, true>(x, w, o_wg, M, N, K, sms, &blocks, false);
+    std::vector<uint32_t> a(size_t(M) * N), b(size_t(M) * N);
+    CK(cudaMemcpy(a.data(), o_ref, a.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), o_wg, b.size() * 4, cudaMemcpyDeviceToHost));
+    size_t diff = 0, first = size_t(-1);
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i]) {
+        ++diff;
+        if (first == size_t(-1)) first = i;
+      }
+    all_equal &= diff == 0;
+    std::printf("bits M=%d N=%d K=%d: %zu of %zu outputs differ", M, N, K, diff, a.size());
+    if (diff) {
+      float fa, fb;
+      std::memcpy(&fa, &a[first], 4);
+      std::memcpy(&fb, &b[first], 4);
+      std::printf(" (first at %zu: contract %.9g, wgmma %.9g)", first, fa, fb);
+    }
+    std::printf("\n");
+    CK(cudaFree(x));
+    CK(cudaFree(w));
+    CK(cudaFree(o_ref));
+    CK(cudaFree(o_wg));
+  }
+  std::printf("bits: %s\n", all_equal ? "the swapped wgmma kernel gives the contract's bits" : "DIFFERENT");
+
+  // Part 2: speed, M = 1.
+  for (const auto& [name, N, K] : std::vector<std::tuple<const char*, int, int>>{{"routed gate|up", 16896, 2048},
+                                                                               {"routed down", 12288, 1408}}) {
+    uint16_t *x, *w;
+    float* o;
+    CK(cudaMalloc(&x, size_t(K) * 2));
+    CK(cudaMalloc(&w, size_t(N) * K * 2));
+    CK(cudaMalloc(&o, size_t(N) * 4));
+    fill_bf16<<<256, 256>>>(x, size_t(K), 7u);
+    fill_bf16<<<1024, 256>>>(w, size_t(N) * K, 9u);
+    const double mb = double(N) * K * 2 / 1e6;
+    int blocks = 0;
+    const auto report = [&](const char* what, float us) {
+      std::printf("%-15s %6.1f MB  %-26s %4d blocks  %8.2f us  %5.2f TB/s\n", name, mb, what, blocks, us,
+                  mb / us);  // MB per us = TB/s
+    };
+    report("wgmma, 4 stages", run_wg<4, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("wgmma, 6 stages", run_wg<6, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("wgmma, 8 stages", run_wg<8, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("copies only, 6 stages", run_wg<6, false>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("copies only, 8 stages", run_wg<8, false>(x, w, o, 1, N, K, sms, &blocks, true));
+    CK(cudaFree(x));
+    CK(cudaFree(w));
+    CK(cudaFree(o));
+  }
+  return all_equal ? 0 : 1;
+}
