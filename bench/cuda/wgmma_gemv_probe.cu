@@ -28,12 +28,11 @@ namespace {
 
 using namespace atlas::cuda::kern;
 
-constexpr int kBK = 64;                       // k per ring step (one 128-byte swizzled row)
-constexpr int kRowsW = 64;                    // weight rows per tile (wgmma M)
-constexpr int kRowsX = 8;                     // x rows (wgmma N)
-constexpr int kTileW = kRowsW * kBK * 2;      // 8 KB per step
-constexpr int kTileX = kRowsX * kBK * 2;      // 1 KB per step
-constexpr int kStepsPerSlice = kSliceK / kBK;  // 4
+constexpr int kAtomK = 64;                 // k per swizzle atom (one 128-byte swizzled row)
+constexpr int kRowsW = 64;                 // weight rows per tile (wgmma M)
+constexpr int kRowsX = 8;                  // x rows (wgmma N)
+constexpr int kAtomW = kRowsW * kAtomK * 2;  // 8 KB: one [64][64] atom of weights
+constexpr int kAtomX = kRowsX * kAtomK * 2;  // 1 KB: one [8][64] atom of x
 
 __device__ __forceinline__ uint32_t ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
@@ -81,37 +80,44 @@ __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t da, uint6
 #endif
 }
 
-// Persistent: block b takes 64-row tiles [b T / B, (b + 1) T / B) and walks their K steps as one
-// sequence through a STAGES-deep cp.async ring (STAGES - 2 steps ahead; a slot is refilled two
-// steps after its last read, whose wgmma group was retired by wait_group 1). Slice sums folded
-// into the total when a slice's last group has retired (the contract's order); M <= 8.
-template <int STAGES, bool kMath>
+// Persistent: block b takes 64-row tiles [b T / B, (b + 1) T / B) and walks their K steps (BK =
+// 64, 128 or 256: each weight row's run per step is 2 BK bytes) as one sequence through a
+// STAGES-deep cp.async ring (STAGES - 2 steps ahead; a slot is refilled two steps after its last
+// read, whose wgmma group was retired by wait_group 1). A step's slot holds BK / 64 swizzle atoms.
+// Slice sums folded into the total when a slice's last group has retired (the contract's
+// order); M <= 8.
+template <int BK, int STAGES, bool kMath>
 __global__ void __launch_bounds__(128) wg_gemv_kernel(const uint16_t* x, const uint16_t* w, float* out, int M, int N,
                                                       int K, int tiles) {
   extern __shared__ unsigned char raw[];
   const uint32_t raw_addr = smem_u32(raw);
   unsigned char* ring = raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
-  uint16_t* sW = reinterpret_cast<uint16_t*>(ring);                   // [STAGES][64][64]
-  uint16_t* sX = reinterpret_cast<uint16_t*>(ring + STAGES * kTileW);  // [STAGES][8][64]
+  constexpr int kAtoms = BK / kAtomK, kTileW = kAtoms * kAtomW, kTileX = kAtoms * kAtomX;
+  constexpr int kStepsPerSlice = kSliceK / BK;
+  uint16_t* sW = reinterpret_cast<uint16_t*>(ring);                   // [STAGES][atoms][64][64]
+  uint16_t* sX = reinterpret_cast<uint16_t*>(ring + STAGES * kTileW);  // [STAGES][atoms][8][64]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int i = tid; i < STAGES * kTileX / 2; i += 128) sX[i] = 0;  // x rows >= M stay zero
   __syncthreads();
   const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
-  const int KT = (K + kBK - 1) / kBK, total = (t1 - t0) * KT;
+  const int KT = (K + BK - 1) / BK, total = (t1 - t0) * KT;
+  // Chunk j of a step: row j / CPR, 16-byte chunk j % CPR of the row's BK (consecutive threads
+  // take consecutive chunks of one row: 2 BK contiguous bytes), in atom c / 8 at chunk c % 8.
+  constexpr int CPR = BK / 8;
   const auto load = [&](int slot, int i) {
-    const int n0 = (t0 + i / KT) * kRowsW, k0 = (i % KT) * kBK;
+    const int n0 = (t0 + i / KT) * kRowsW, k0 = (i % KT) * BK;
 #pragma unroll
-    for (int q = 0; q < kRowsW * 8 / 128; ++q) {
-      const int j = tid + 128 * q, r = j >> 3, c = j & 7;
+    for (int q = 0; q < kRowsW * CPR / 128; ++q) {
+      const int j = tid + 128 * q, r = j / CPR, c = j % CPR, a = c >> 3, cc = c & 7;
       const bool in = k0 + c * 8 < K;
-      cp_async16(sW + slot * (kTileW / 2) + r * kBK + ((c ^ (r & 7)) * 8), in ? w + size_t(n0 + r) * K + k0 + c * 8 : w,
-                 in ? 16 : 0);
+      cp_async16(sW + slot * (kTileW / 2) + a * (kAtomW / 2) + r * kAtomK + ((cc ^ (r & 7)) * 8),
+                 in ? w + size_t(n0 + r) * K + k0 + c * 8 : w, in ? 16 : 0);
     }
-    if (tid < M * 8) {
-      const int r = tid >> 3, c = tid & 7;
+    for (int j = tid; j < M * CPR; j += 128) {
+      const int r = j / CPR, c = j % CPR, a = c >> 3, cc = c & 7;
       const bool in = k0 + c * 8 < K;
-      cp_async16(sX + slot * (kTileX / 2) + r * kBK + ((c ^ (r & 7)) * 8), in ? x + size_t(r) * K + k0 + c * 8 : x,
-                 in ? 16 : 0);
+      cp_async16(sX + slot * (kTileX / 2) + a * (kAtomX / 2) + r * kAtomK + ((cc ^ (r & 7)) * 8),
+                 in ? x + size_t(r) * K + k0 + c * 8 : x, in ? 16 : 0);
     }
   };
   constexpr int kAhead = STAGES - 2;
@@ -156,10 +162,12 @@ __global__ void __launch_bounds__(128) wg_gemv_kernel(const uint16_t* x, const u
     if constexpr (kMath) {
       const uint32_t wb = smem_u32(sW + (i % STAGES) * (kTileW / 2)), xb = smem_u32(sX + (i % STAGES) * (kTileX / 2));
       wg_fence();
-      const int kc = min(4, (K - kt * kBK) / 16);  // k16 chunks inside K (K % 16 == 0)
+      const int kc = min(BK / 16, (K - kt * BK) / 16);  // k16 chunks inside K (K % 16 == 0)
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        if (kk < kc) wgmma_m64n8k16(acc, wg_desc(wb + kk * 32), wg_desc(xb + kk * 32));
+      for (int kk = 0; kk < BK / 16; ++kk)
+        if (kk < kc)
+          wgmma_m64n8k16(acc, wg_desc(wb + (kk >> 2) * kAtomW + (kk & 3) * 32),
+                         wg_desc(xb + (kk >> 2) * kAtomX + (kk & 3) * 32));
       wg_commit();
       wg_wait_one();
     }
@@ -184,16 +192,11 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
   }
 }
 
-template <int STAGES, bool kMath>
-int smem_bytes() {
-  return STAGES * (kTileW + kTileX) + 1024;
-}
-
-template <int STAGES, bool kMath>
+template <int BK, int STAGES, bool kMath>
 float run_wg(const uint16_t* x, const uint16_t* w, float* out, int M, int N, int K, int sms, int* blocks_out,
              bool time_it) {
-  auto f = wg_gemv_kernel<STAGES, kMath>;
-  const int smem = smem_bytes<STAGES, kMath>();
+  auto f = wg_gemv_kernel<BK, STAGES, kMath>;
+  const int smem = STAGES * (BK / kAtomK) * (kAtomW + kAtomX) + 1024;
   CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 128, size_t(smem)));
@@ -238,18 +241,22 @@ int main() {
     ref_kernel<<<(N / 8 * 32 + 255) / 256, 256>>>(x, w, o_ref, M, N, K);
     CK(cudaGetLastError());
     int blocks = 0;
-    run_wg<6, true>(x, w, o_wg, M, N, K, sms, &blocks, false);
+    run_wg<64, 6, true>(x, w, o_wg, M, N, K, sms, &blocks, false);
+    std::vector<uint32_t> c(size_t(M) * N);
+    CK(cudaMemcpy(c.data(), o_wg, c.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(o_wg, 0xff, size_t(M) * N * 4));
+    run_wg<256, 3, true>(x, w, o_wg, M, N, K, sms, &blocks, false);
     std::vector<uint32_t> a(size_t(M) * N), b(size_t(M) * N);
     CK(cudaMemcpy(a.data(), o_ref, a.size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(b.data(), o_wg, b.size() * 4, cudaMemcpyDeviceToHost));
     size_t diff = 0, first = size_t(-1);
     for (size_t i = 0; i < a.size(); ++i)
-      if (a[i] != b[i]) {
+      if (a[i] != b[i] || a[i] != c[i]) {
         ++diff;
         if (first == size_t(-1)) first = i;
       }
     all_equal &= diff == 0;
-    std::printf("bits M=%d N=%d K=%d: %zu of %zu outputs differ", M, N, K, diff, a.size());
+    std::printf("bits M=%d N=%d K=%d: %zu of %zu outputs differ (BK 64 or 256)", M, N, K, diff, a.size());
     if (diff) {
       float fa, fb;
       std::memcpy(&fa, &a[first], 4);
@@ -280,11 +287,15 @@ int main() {
       std::printf("%-15s %6.1f MB  %-26s %4d blocks  %8.2f us  %5.2f TB/s\n", name, mb, what, blocks, us,
                   mb / us);  // MB per us = TB/s
     };
-    report("wgmma, 4 stages", run_wg<4, true>(x, w, o, 1, N, K, sms, &blocks, true));
-    report("wgmma, 6 stages", run_wg<6, true>(x, w, o, 1, N, K, sms, &blocks, true));
-    report("wgmma, 8 stages", run_wg<8, true>(x, w, o, 1, N, K, sms, &blocks, true));
-    report("copies only, 6 stages", run_wg<6, false>(x, w, o, 1, N, K, sms, &blocks, true));
-    report("copies only, 8 stages", run_wg<8, false>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("wgmma, BK 64 x 6 stages", run_wg<64, 6, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("wgmma, BK 64 x 8 stages", run_wg<64, 8, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("wgmma, BK 128 x 4 stages", run_wg<128, 4, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("wgmma, BK 128 x 6 stages", run_wg<128, 6, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("wgmma, BK 256 x 3 stages", run_wg<256, 3, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("wgmma, BK 256 x 4 stages", run_wg<256, 4, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("copies, BK 64 x 8 stages", run_wg<64, 8, false>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("copies, BK 128 x 6 stages", run_wg<128, 6, false>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("copies, BK 256 x 3 stages", run_wg<256, 3, false>(x, w, o, 1, N, K, sms, &blocks, true));
     CK(cudaFree(x));
     CK(cudaFree(w));
     CK(cudaFree(o));
