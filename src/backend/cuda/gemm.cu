@@ -302,7 +302,8 @@ struct GemmSetup {
   bool stage_early = true;
   // ATLAS_GEMM_CLUSTER_EARLY (default 1; 0 for A/B runs): the cluster kernel (a dense problem)
   // copies its whole weight slice into shared memory before its launch-overlap wait too
-  // (MmaGemmParams::cluster_early; only where stage_early is on).
+  // (MmaGemmParams::cluster_early; only where stage_early is on, and for one-tile problems of at
+  // most 16 rows).
   bool cluster_early = true;
 };
 
@@ -1078,7 +1079,9 @@ void gemm(const GemmArgs& a) {
   // The staged split-K kernel copies its first slices into shared memory then (2,
   // ATLAS_GEMM_STAGE_EARLY; the other kernels read any value > 0 as 1).
   p.prefetch = pdl_enabled() ? (setup().stage_early ? 2 : 1) : 0;
-  p.cluster_early = setup().cluster_early ? 1 : 0;
+  // ... and the cluster kernel its whole slice, at decode sizes only: on the seed grid's M = 128
+  // steps it measured slower (7.20 vs 7.08 s, session 22), where several m-tiles read each slice.
+  p.cluster_early = setup().cluster_early && m_tiles == 1 && a.M <= 16 ? 1 : 0;
   // Only where each weight row is read by one block row (one m-tile): with two or more, a line
   // marked evict_first may leave before the second tile reads it (session 17, the seed grid's
   // M = 128 steps on 64-row tiles: 7.32 s with the hint on every dense GEMM vs 7.12 without).
