@@ -12,7 +12,9 @@
 // compared bit for bit (M = 1 and 5, K = 2048 and 1408).
 // Part 2 (speed): the swapped kernel as a persistent grid over the routed experts' bytes of a
 // batch-1 MoE layer (gate|up: N = 16896, K = 2048, 69 MB; down: N = 12288, K = 1408, 35 MB),
-// ring depths 4 / 6 / 8, with and without the wgmma (without: the copy pattern's ceiling).
+// ring depths and steps of 64 / 128 / 256 k, with and without the wgmma (without: the copy
+// pattern's ceiling), and the same over a tile-major weight layout (one contiguous run per step;
+// speed only, the engine stores weights row-major).
 // Standalone: includes the kernels' wgmma helpers only.
 #include <array>
 #include <cstdint>
@@ -86,7 +88,7 @@ __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t da, uint6
 // read, whose wgmma group was retired by wait_group 1). A step's slot holds BK / 64 swizzle atoms.
 // Slice sums folded into the total when a slice's last group has retired (the contract's
 // order); M <= 8.
-template <int BK, int STAGES, bool kMath>
+template <int BK, int STAGES, bool kMath, bool kTiled = false>
 __global__ void __launch_bounds__(128) wg_gemv_kernel(const uint16_t* x, const uint16_t* w, float* out, int M, int N,
                                                       int K, int tiles) {
   extern __shared__ unsigned char raw[];
@@ -110,8 +112,14 @@ __global__ void __launch_bounds__(128) wg_gemv_kernel(const uint16_t* x, const u
     for (int q = 0; q < kRowsW * CPR / 128; ++q) {
       const int j = tid + 128 * q, r = j / CPR, c = j % CPR, a = c >> 3, cc = c & 7;
       const bool in = k0 + c * 8 < K;
-      cp_async16(sW + slot * (kTileW / 2) + a * (kAtomW / 2) + r * kAtomK + ((cc ^ (r & 7)) * 8),
-                 in ? w + size_t(n0 + r) * K + k0 + c * 8 : w, in ? 16 : 0);
+      // kTiled (speed only: a layout the engine does not have): the weights stored tile-major,
+      // each (tile, step) block of 64 rows x BK contiguous, so a step reads one 8-32 KB run
+      // instead of 64 runs of 2 BK bytes.
+      const int bk = min(BK, K - k0);  // a short last step's block is 64 x bk
+      const uint16_t* src = kTiled ? w + size_t(n0) * K + size_t(k0) * kRowsW + r * bk + c * 8
+                                   : w + size_t(n0 + r) * K + k0 + c * 8;
+      cp_async16(sW + slot * (kTileW / 2) + a * (kAtomW / 2) + r * kAtomK + ((cc ^ (r & 7)) * 8), in ? src : w,
+                 in ? 16 : 0);
     }
     for (int j = tid; j < M * CPR; j += 128) {
       const int r = j / CPR, c = j % CPR, a = c >> 3, cc = c & 7;
@@ -192,10 +200,10 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
   }
 }
 
-template <int BK, int STAGES, bool kMath>
+template <int BK, int STAGES, bool kMath, bool kTiled = false>
 float run_wg(const uint16_t* x, const uint16_t* w, float* out, int M, int N, int K, int sms, int* blocks_out,
              bool time_it) {
-  auto f = wg_gemv_kernel<BK, STAGES, kMath>;
+  auto f = wg_gemv_kernel<BK, STAGES, kMath, kTiled>;
   const int smem = STAGES * (BK / kAtomK) * (kAtomW + kAtomX) + 1024;
   CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
@@ -296,6 +304,11 @@ int main() {
     report("copies, BK 64 x 8 stages", run_wg<64, 8, false>(x, w, o, 1, N, K, sms, &blocks, true));
     report("copies, BK 128 x 6 stages", run_wg<128, 6, false>(x, w, o, 1, N, K, sms, &blocks, true));
     report("copies, BK 256 x 3 stages", run_wg<256, 3, false>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("tiled: wgmma, BK 64 x 8", run_wg<64, 8, true, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("tiled: wgmma, BK 128 x 6", run_wg<128, 6, true, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("tiled: wgmma, BK 256 x 3", run_wg<256, 3, true, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("tiled: copies, BK 128 x 6", run_wg<128, 6, false, true>(x, w, o, 1, N, K, sms, &blocks, true));
+    report("tiled: copies, BK 256 x 3", run_wg<256, 3, false, true>(x, w, o, 1, N, K, sms, &blocks, true));
     CK(cudaFree(x));
     CK(cudaFree(w));
     CK(cudaFree(o));
