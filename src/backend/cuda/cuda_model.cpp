@@ -403,10 +403,11 @@ class CudaModelT final : public Model {
   float scale_ = 0.0f;
   DeviceBlock expert_ptrs_;  // the layers' gate_up_w / down_w pointer arrays
   GemmMode dense_mode_ = GemmMode::batch_invariant;
-  // EXPERIMENT (session 21, not yet run on a GPU): the fast mode's dense GEMMs of <= 16 rows (a
-  // decode step of a few rows) on the batch-invariant kernels, which decode faster than cuBLASLt
-  // since session 21 (393.6 vs 371.9 tok/s); ATLAS_FAST_SMALL_M=0 keeps cuBLASLt. The fast mode
-  // promises a tolerance, not bits: its decode tokens may change (hash ec29be1c).
+  // The fast mode's dense GEMMs of <= 16 rows (a decode step of a few rows) on the
+  // batch-invariant kernels, which decode faster than cuBLASLt since session 21: fast batch-1
+  // decode 396.9 vs 370.8 tok/s on one machine (session 22, s22-1); ATLAS_FAST_SMALL_M=0 keeps
+  // cuBLASLt. The fast mode promises a tolerance, not bits: its decode hash went from ec29be1c
+  // to 64147f26 (CudaTiny.FastModeIsCloseToInvariantMode checks the tolerance).
   bool fast_small_m_invariant_ = true;
   GemmMode mode_for(int64_t M) const {
     return dense_mode_ == GemmMode::fast && fast_small_m_invariant_ && M <= 16 ? GemmMode::batch_invariant

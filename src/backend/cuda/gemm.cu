@@ -668,10 +668,11 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
   ci = config_or_fallback(ci, a.K);
   if (forced_config.load() < 0 && ci == kSplitK8) {
     ci = dense_splitk_config();
-    // EXPERIMENT (session 21, not yet run on a GPU): at most two K slices (the MLA value GEMM,
-    // K = 512) on two-warp blocks: the 8-warp blocks' six idle warps held registers that kept the
-    // next GEMM's blocks (o_proj) from becoming resident and staging their weights early. Only
-    // where ATLAS_GEMM_SPLITK is unset (naming a config forces it everywhere); the same bits.
+    // At most two K slices (the MLA value GEMM, K = 512) on two-warp blocks: the 8-warp blocks'
+    // six idle warps held registers that kept the next GEMM's blocks (o_proj) from becoming
+    // resident and staging their weights early. 2500.9 vs 2515.2 us per decode step (session 22,
+    // s22-1). Only where ATLAS_GEMM_SPLITK is unset (naming a config forces it everywhere); the
+    // same bits.
     if (ci == kSplitK8Staged && !splitk_overridden() && ceil_div(a.K, kern::kSliceK) <= 2) ci = kSplitK8W2Staged;
   }
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
