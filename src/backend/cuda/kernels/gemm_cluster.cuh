@@ -98,11 +98,13 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   };
 
   // A dense problem under launch overlap with p.prefetch > 1 (ATLAS_GEMM_STAGE_EARLY, as the
-  // staged split-K kernel) and p.cluster_early (ATLAS_GEMM_CLUSTER_EARLY): the block copies its whole weight slice (BN rows x 256) into the
-  // ring before pdl_begin_gemm(), while the kernel before it still runs (a dense GEMM's weights
-  // are never an earlier kernel's output), one commit group ahead of the per-step groups; x only
-  // after the wait. At a batch-1 decode step that is the q|kv_a GEMM (7.5 MB) staged during the
-  // MoE combine's one-block launch. The same data in the same ring slots: the same bits.
+  // staged split-K kernel) and p.cluster_early (ATLAS_GEMM_CLUSTER_EARLY; the host sets it for
+  // one-tile problems of <= 16 rows): the block copies its whole weight slice (BN rows x 256)
+  // into the ring before pdl_begin_gemm(), while the kernel before it still runs (a dense GEMM's
+  // weights are never an earlier kernel's output), one commit group ahead of the per-step
+  // groups; x only after the wait. At a batch-1 decode step that is the q|kv_a GEMM (14.9 MB)
+  // staged during the MoE combine's one-block launch: 2516 -> 2475 us per step (session 22).
+  // The same data in the same ring slots: the same bits.
   const bool early = p.offsets == nullptr && p.prefetch > 1 && p.cluster_early > 0;
   if (early) {
     const bool found = find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t);

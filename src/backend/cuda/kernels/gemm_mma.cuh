@@ -297,7 +297,7 @@ __device__ __forceinline__ int64_t b_row_offset(const MmaGemmParams& p, int n) {
 // Launch overlap (kernels/pdl.cuh) and MmaGemmParams::prefetch: a dense problem's weights are
 // model weights that no kernel of the stream writes, so a block may pull its share into L2 before
 // pdl_begin_gemm(), while the kernel before it still runs (a batch-1 decode step is a chain of small
-// launches: the MoE combine's one block, then the 7.5 MB q|kv_a GEMM). Its loads after
+// launches: the MoE combine's one block, then the 14.9 MB q|kv_a GEMM). Its loads after
 // pdl_begin_gemm() then hit L2. Elements [k_begin, k_end) of the tile's BN weight rows, one bulk
 // prefetch per row (16-byte multiples: the async path's K % 8 == 0 and aligned rows). Timing
 // only: nothing is written, so never bits.
