@@ -38,14 +38,6 @@ constexpr int kAtomX = kRowsX * kAtomK * 2;  // 1 KB: one [8][64] atom of x
 
 __device__ __forceinline__ uint32_t ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // The contract on mma.sync, one warp per n8 tile, M <= 8 (A rows 8-15 zero), K % 16 == 0.
 __global__ void ref_kernel(const uint16_t* x, const uint16_t* w, float* out, int M, int N, int K) {
   const int lane = threadIdx.x & 31;
@@ -59,7 +51,7 @@ __global__ void ref_kernel(const uint16_t* x, const uint16_t* w, float* out, int
       uint32_t a[4] = {g < M ? ld32(x + size_t(g) * K + k + 2 * t) : 0u, 0u,
                        g < M ? ld32(x + size_t(g) * K + k + 8 + 2 * t) : 0u, 0u};
       const uint16_t* wr = w + size_t(n0 + g) * K + k;
-      mma16816(acc, a, ld32(wr + 2 * t), ld32(wr + 8 + 2 * t));
+      mma_bf16_16816(acc, a, ld32(wr + 2 * t), ld32(wr + 8 + 2 * t));  // gemm_mma.cuh's
     }
     for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
   }
