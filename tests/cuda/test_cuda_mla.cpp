@@ -62,6 +62,7 @@ struct Call {
   int split = 256;
   int max_length = 0;     // 0: the longest query
   bool misalign = false;  // q and cache one element off 16-byte alignment: the element-load path
+  bool stable_prefix = false;  // the cluster kernel's decode-step copy order (MlaDecodeArgs)
 };
 
 std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
@@ -79,7 +80,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
               .out = dout.get(), .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
               .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
               .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers,
-              .tile_parallel = c.tile_parallel});
+              .tile_parallel = c.tile_parallel, .stable_prefix = c.stable_prefix});
   check_device_errors();
   return dout.download();
 }
@@ -298,7 +299,7 @@ TEST_F(Mla, SmallAndOddShapes) {
 // the walk (one block per split), bit for bit: lengths at and around every tile and split
 // boundary, padded heads, latents that are not a multiple of 128 (blocks with few or no phase-2
 // columns) or of 8, splits with fewer than 4 tiles, queries sharing cache rows, max_length past
-// the longest query, repeated runs.
+// the longest query, repeated runs, the decode step's early copies.
 TEST_F(Mla, TileParallelGivesTheBitsOfTheWalk) {
   if (!mla_tile_parallel_available()) GTEST_SKIP() << "no cluster launch on this GPU / build";
   std::mt19937 rng(test_seed());
@@ -311,6 +312,10 @@ TEST_F(Mla, TileParallelGivesTheBitsOfTheWalk) {
     EXPECT_EQ(run_gpu(p, {.tile_parallel = 2}), walk);
     EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .max_length = p.capacity}), walk) << "max_length = capacity";
     EXPECT_EQ(run_gpu(p, {.tile_parallel = 2}), walk) << "second run";
+    // A decode step's order: every slot but the newest copied first, then the newest and the
+    // query (under launch overlap: before and after the wait; CudaTiny's overlap tests run it
+    // behind the latent cache kernel).
+    EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .stable_prefix = true}), walk) << "stable prefix";
   }
   // Queries sharing cache rows (one query per block: the decode form of a shared prompt).
   const Problem p = make_problem(rng, {}, {300, 64, 257, 1, 513, 40}, {0, 0, 1, 1, 2, 2}, 600);

@@ -437,6 +437,7 @@ class CudaModelT final : public Model {
   // ATLAS_MLA_PREFILL_QPB=1|2|4 overrides it for measurements (any gives the same bits).
   int mla_prefill_qpb_ = 4;
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
+  bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
@@ -575,6 +576,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   }
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
+  mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -1247,7 +1249,10 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                   .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_,
                   // prefill: consecutive queries of one row share each cache tile; decode: one
                   // row per block (the bits are the same either way)
-                  .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1, .tile_parallel = mla_tile_parallel_});
+                  .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1, .tile_parallel = mla_tile_parallel_,
+                  // one token per row: the latent cache kernel just above wrote each row's newest
+                  // slot only, so the older ones may be copied before the launch-overlap wait
+                  .stable_prefix = T == 1 && mla_early_cache_});
     }
     if (key_slot && qlen_host && hooks->wants(names.pattern)) {
       // The official eager softmax over the same absorbed queries and cache slots (the attention

@@ -575,6 +575,10 @@ struct MlaDecodeArgsT {
   // % 8 == 0 and mla_tile_parallel_available()); 0 = the cluster where the walk would leave
   // most SMs idle (small batches). Never changes results (tested).
   int tile_parallel = 0;
+  // A decode step's launch right after the latent cache kernel (one query per cache row, which
+  // wrote slot lengths[q] - 1 and nothing else): the cluster kernel copies the older slots before
+  // its launch-overlap wait (kern::MlaTcParams::stable_prefix). Never changes results.
+  bool stable_prefix = false;
 };
 // Whether this GPU and build run the tile-parallel (cluster) MLA kernel. The first call
 // synchronises the device: make it outside any capture (mla_decode's first call does).

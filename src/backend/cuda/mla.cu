@@ -137,7 +137,8 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                             .max_length = a.max_length,
                             .S = a.split_tokens,
                             .max_splits = max_splits,
-                            .scale = a.scale};
+                            .scale = a.scale,
+                            .stable_prefix = a.stable_prefix ? 1 : 0};
   // One tile buffer (two blocks per SM) where the blocks outnumber the SMs (a batch-128 decode
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.

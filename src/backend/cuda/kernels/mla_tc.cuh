@@ -76,6 +76,11 @@ struct MlaTcParams {
   int wp;                  // width rounded up to 16 (MMA k steps; the pad is zeros)
   int max_length, S, max_splits;
   float scale;
+  // 1: a decode step's launch (one query per cache row): slots [0, lengths[q] - 1) of each
+  // query's row were written before the kernel this launch follows in its stream, whose last
+  // step (the latent cache kernel) writes slot lengths[q] - 1 only; the cluster kernel then
+  // copies those slots, and reads lengths and cache_rows, before its launch-overlap wait.
+  int stable_prefix = 0;
 };
 
 // Shared memory: Q [16G][wp+8], C [NST][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
@@ -131,13 +136,15 @@ __device__ __forceinline__ uint16_t f2bf_out(float f) {
 // elements) by cp.async: row r from src + r * sstride; rows >= live are zero-filled (finite
 // values that meet P = 0). (r, c) advance by a fixed step instead of a division per chunk: the
 // copies' address arithmetic was most of a batch-1 tile's instructions.
+// skip >= 0: that row is left out (the cluster kernel copies a decode step's fresh slot after
+// its launch-overlap wait, mla_copy_row).
 __device__ __forceinline__ void mla_copy_tile(uint16_t* dst, int ldd, const uint16_t* src, int64_t sstride, int n_rows,
-                                              int live, int cpr, int tid) {
+                                              int live, int cpr, int tid, int skip = -1) {
   const int n_chunks = n_rows * cpr, dr = kMlaTcThreads / cpr, dc = kMlaTcThreads % cpr;
   int r = tid / cpr, c = tid % cpr;
   for (int i = tid; i < n_chunks; i += kMlaTcThreads) {
     const bool ok = r < live;
-    cp_async16(dst + r * ldd + 8 * c, ok ? src + r * sstride + 8 * c : src, ok ? 16 : 0);
+    if (r != skip) cp_async16(dst + r * ldd + 8 * c, ok ? src + r * sstride + 8 * c : src, ok ? 16 : 0);
     r += dr;
     c += dc;
     if (c >= cpr) {
@@ -145,6 +152,12 @@ __device__ __forceinline__ void mla_copy_tile(uint16_t* dst, int ldd, const uint
       ++r;
     }
   }
+}
+
+// Row r (a live one) of a tile, as mla_copy_tile copies it.
+__device__ __forceinline__ void mla_copy_row(uint16_t* dst, int ldd, const uint16_t* src, int64_t sstride, int r,
+                                             int cpr, int tid) {
+  for (int c = tid; c < cpr; c += kMlaTcThreads) cp_async16(dst + r * ldd + 8 * c, src + r * sstride + 8 * c, 16);
 }
 
 // Phase 1 of one warp: S[16 rows of query slot qg][8G slots from tok] = scale * Q . C^T over
@@ -520,7 +533,12 @@ __global__ void mla_tc_cluster_probe_kernel(int* out) {
 __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const MlaTcParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  pdl_begin();
+  // p.stable_prefix (a decode step): everything up to the copies of the slots before the
+  // query's newest one runs before the launch-overlap wait (the lengths, the cache rows and
+  // those slots were written before the kernel this one follows: MlaTcParams), the newest slot
+  // and the query after it. The same rows land in the same places: the same bits.
+  const bool early = p.stable_prefix != 0;
+  if (!early) pdl_begin();
   constexpr int T = kMlaClusterTiles;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ldq = p.wp + 8;
@@ -542,10 +560,14 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // Every block of the cluster reads the same length, so all of them leave here or none.
   const int len = p.lengths[qi];
   if (len < 0 || len > p.max_length) {
+    if (early) pdl_begin();
     if (split == 0 && rank == 0 && tid == 0) atomicOr(p.error_flag, 4);
     return;
   }
-  if (len <= j0) return;  // no slot of this split
+  if (len <= j0) {  // no slot of this split
+    if (early) pdl_begin();
+    return;
+  }
   const int send = min(len, j0 + p.S);  // end slot of the split
   const int ntiles = (send - j0 + kMlaTile - 1) / kMlaTile;
   const int64_t crow = p.cache_rows ? p.cache_rows[qi] : qi;
@@ -555,29 +577,49 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   const int slice_cpr = max(0, min(kMlaClusterCols, dcols - c0)) / 8;
 
   // Copies: group 0 = the query (zeros for padded heads and the k pad) and this block's tile;
-  // group 1 = the latent slices of every tile (needed only after the softmax).
+  // group 1 = the latent slices of every tile (needed only after the softmax). Early (a decode
+  // step): group 0 = the tile and group 1 = the slices without the newest slot (len - 1), before
+  // the wait; group 2 = the query and the newest slot's rows after it.
   {
-    const int cpr = p.wp / 8;
-    const uint16_t* qrow = p.q + int64_t(qi) * p.heads * p.width;
-    for (int i = tid; i < 16 * cpr; i += kMlaTcThreads) {
-      const int h = i / cpr, c = (i % cpr) * 8;
-      const bool ok = h < p.heads && c < p.width;
-      cp_async16(Qs + h * ldq + c, ok ? qrow + h * p.width + c : qrow, ok ? 16 : 0);
-    }
+    const int fresh = early ? len - 1 : -1;  // slot copied after the wait (early only)
+    const auto fresh_row = [&](int t) { return fresh - (j0 + t * kMlaTile); };  // its row in tile t
     const int pad = p.wp - p.width;  // the k pad of the tile: never copied, read by phase 1
     for (int i = tid; i < kMlaTile * pad; i += kMlaTcThreads) Ct[(i / pad) * ldq + p.width + i % pad] = 0;
+    const auto copy_query = [&] {
+      const int cpr = p.wp / 8;
+      const uint16_t* qrow = p.q + int64_t(qi) * p.heads * p.width;
+      for (int i = tid; i < 16 * cpr; i += kMlaTcThreads) {
+        const int h = i / cpr, c = (i % cpr) * 8;
+        const bool ok = h < p.heads && c < p.width;
+        cp_async16(Qs + h * ldq + c, ok ? qrow + h * p.width + c : qrow, ok ? 16 : 0);
+      }
+    };
+    if (!early) copy_query();
     if (rank < ntiles) {
       const int t0 = j0 + rank * kMlaTile;
       mla_copy_tile(Ct, ldq, cbase + int64_t(t0) * p.width, p.width, kMlaTile, min(kMlaTile, send - t0), p.width / 8,
-                    tid);
+                    tid, early ? fresh_row(rank) : -1);
     }
     cp_async_commit();
     for (int t = 0; t < ntiles && slice_cpr > 0; ++t) {
       const int t0 = j0 + t * kMlaTile;
       mla_copy_tile(Cl + t * kMlaTile * kMlaSliceStride, kMlaSliceStride, cbase + int64_t(t0) * p.width + c0, p.width,
-                    kMlaTile, min(kMlaTile, send - t0), slice_cpr, tid);
+                    kMlaTile, min(kMlaTile, send - t0), slice_cpr, tid, early ? fresh_row(t) : -1);
     }
     cp_async_commit();
+    if (early) {
+      pdl_begin();
+      copy_query();
+      const int ft = (fresh - j0) / kMlaTile;  // the newest slot's tile, if in this split
+      if (fresh >= j0 && fresh < send) {
+        const int64_t t0 = j0 + int64_t(ft) * kMlaTile;
+        if (ft == rank) mla_copy_row(Ct, ldq, cbase + t0 * p.width, p.width, fresh_row(ft), p.width / 8, tid);
+        if (slice_cpr > 0)
+          mla_copy_row(Cl + ft * kMlaTile * kMlaSliceStride, kMlaSliceStride, cbase + t0 * p.width + c0, p.width,
+                       fresh_row(ft), slice_cpr, tid);
+      }
+      cp_async_commit();
+    }
   }
 
   // ---- phase 1 and the tile's row maxima (block r: tile r) ----
@@ -585,7 +627,10 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   const int my_t0 = j0 + rank * kMlaTile;
   const int my_nv = rank < ntiles ? min(kMlaTile, send - my_t0) : 0;
   float s[16];
-  cp_async_wait<1>();
+  if (early)
+    cp_async_wait<0>();  // the query came last
+  else
+    cp_async_wait<1>();
   __syncthreads();
   if (rank < ntiles && warp * 8 < my_nv) mla_scores<1>(Qs, Ct, ldq, p.wp, 0, warp * 8, lane, p.scale, Ss);
   __syncthreads();
