@@ -313,8 +313,8 @@ TEST_F(Mla, TileParallelGivesTheBitsOfTheWalk) {
     EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .max_length = p.capacity}), walk) << "max_length = capacity";
     EXPECT_EQ(run_gpu(p, {.tile_parallel = 2}), walk) << "second run";
     // A decode step's order: every slot but the newest copied first, then the newest and the
-    // query (under launch overlap: before and after the wait; CudaTiny's overlap tests run it
-    // behind the latent cache kernel).
+    // query (under launch overlap: before and after the wait; the model tests' overlap runs take
+    // this order wherever their decode attention runs the cluster kernel).
     EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .stable_prefix = true}), walk) << "stable prefix";
   }
   // Queries sharing cache rows (one query per block: the decode form of a shared prompt).
