@@ -61,6 +61,9 @@ else
   expect_error "bad cluster-early switch" "ATLAS_GEMM_CLUSTER_EARLY: expected 0 or 1, got 'on'" \
     env ATLAS_GEMM_CLUSTER_EARLY=on "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad cluster-early switch" "$work/env.json"
+  expect_error "bad MLA early-cache switch" "ATLAS_MLA_EARLY_CACHE: expected 0 or 1, got 'true'" \
+    env ATLAS_MLA_EARLY_CACHE=true "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad MLA early-cache switch" "$work/env.json"
 fi
 
 # --layers 0-1: three hidden stages equal to the full run's, no logits.
