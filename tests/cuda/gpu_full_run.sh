@@ -310,10 +310,11 @@ if has probes; then
   # The standalone probes of bench/cuda: launch cost in a graph (atlas_launch_floor) and the
   # persistent-grid MoE layer (atlas_persistent_probe), TLB misses of small kernels
   # (atlas_tlb_probe), where the routed GEMM's blocks run beside the stream GEMM's
-  # (atlas_coresidency_probe), one-row GEMMs on swapped wgmma (atlas_wgmma_gemv_probe); built here
+  # (atlas_coresidency_probe), one-row GEMMs on swapped wgmma (atlas_wgmma_gemv_probe), the
+  # weight-streaming ceiling by copy path and grid shape (atlas_stream_sweep_probe); built here
   # whatever BUILD_TARGETS said. PROBES: a subset (default all).
   echo "== probes"
-  probes=${PROBES:-atlas_launch_floor atlas_persistent_probe atlas_tlb_probe atlas_coresidency_probe atlas_wgmma_gemv_probe}
+  probes=${PROBES:-atlas_launch_floor atlas_persistent_probe atlas_tlb_probe atlas_coresidency_probe atlas_wgmma_gemv_probe atlas_stream_sweep_probe}
   cmake --build "$B" -j"$(nproc)" --target $probes >"$out/probes_build.log" 2>&1 || { echo "   probe build failed"; rc=1; }
   # PROBE_ENVS: run each probe once per "label:VAR=val,VAR=val" (as KTRACE_ENVS; default: once
   # with nothing set), e.g. the one-launch MoE kernel's switches for atlas_moe_probe.
