@@ -65,6 +65,30 @@ __device__ __forceinline__ unsigned long long gtimer() {
   return t;
 }
 
+// A kernel's own span: the first block's start and the last block's end (%globaltimer, ns); every
+// block calls span_begin first and span_end last (span_end has a block barrier). Null: off.
+struct KernelSpan {
+  unsigned long long start, end;
+};
+__device__ __forceinline__ void span_begin(KernelSpan* s) {
+  if (s != nullptr && threadIdx.x == 0) atomicMin(&s->start, gtimer());
+}
+__device__ __forceinline__ void span_end(KernelSpan* s) {
+  __syncthreads();
+  if (s != nullptr && threadIdx.x == 0) atomicMax(&s->end, gtimer());
+}
+// The span (us) of one more launch by launch(d), d a device KernelSpan.
+template <class F>
+double kernel_span_us(KernelSpan* d, F&& launch) {
+  const KernelSpan init{~0ull, 0ull};
+  CK(cudaMemcpy(d, &init, sizeof(KernelSpan), cudaMemcpyHostToDevice));
+  launch(d);
+  CK(cudaGetLastError());
+  KernelSpan got{};
+  CK(cudaMemcpy(&got, d, sizeof(KernelSpan), cudaMemcpyDeviceToHost));
+  return double(got.end - got.start) / 1e3;
+}
+
 // One block of 256 threads: out = in * w / rms(in * w) over 1024 floats (an RMSNorm's shape: one
 // dependent read, a block reduce, a write).
 __device__ inline void probe_norm(const float* in, float* out, const float* w) {

@@ -27,18 +27,6 @@ namespace {
 
 using namespace atlas::cuda::kern;
 
-struct Span {
-  unsigned long long start, end;
-};
-
-__device__ __forceinline__ void span_begin(Span* s) {
-  if (threadIdx.x == 0) atomicMin(&s->start, gtimer());
-}
-__device__ __forceinline__ void span_end(Span* s) {
-  __syncthreads();
-  if (threadIdx.x == 0) atomicMax(&s->end, gtimer());
-}
-
 // The byte range [lo, hi) of block b (16-byte aligned).
 __device__ __forceinline__ void block_range(size_t bytes, size_t& lo, size_t& hi) {
   const size_t chunks = bytes / 16;
@@ -47,7 +35,7 @@ __device__ __forceinline__ void block_range(size_t bytes, size_t& lo, size_t& hi
 }
 
 template <int STAGES>
-__global__ void cpasync_kernel(const unsigned char* pool, size_t bytes, int stage, unsigned* sink, Span* span) {
+__global__ void cpasync_kernel(const unsigned char* pool, size_t bytes, int stage, unsigned* sink, KernelSpan* span) {
   span_begin(span);
   extern __shared__ __align__(128) unsigned char ring[];
   size_t lo, hi;
@@ -78,7 +66,7 @@ __global__ void cpasync_kernel(const unsigned char* pool, size_t bytes, int stag
 
 // One producer thread issues a bulk copy per step; every thread waits on the slot's barrier.
 template <int STAGES>
-__global__ void bulk_kernel(const unsigned char* pool, size_t bytes, int stage, unsigned* sink, Span* span) {
+__global__ void bulk_kernel(const unsigned char* pool, size_t bytes, int stage, unsigned* sink, KernelSpan* span) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   span_begin(span);
   extern __shared__ __align__(128) unsigned char ring[];
@@ -114,7 +102,7 @@ __global__ void bulk_kernel(const unsigned char* pool, size_t bytes, int stage, 
 #endif
 }
 
-__global__ void ldg_kernel(const unsigned char* pool, size_t bytes, int, unsigned* sink, Span* span) {
+__global__ void ldg_kernel(const unsigned char* pool, size_t bytes, int, unsigned* sink, KernelSpan* span) {
   span_begin(span);
   size_t lo, hi;
   block_range(bytes, lo, hi);
@@ -140,7 +128,7 @@ __global__ void ldg_kernel(const unsigned char* pool, size_t bytes, int, unsigne
   span_end(span);
 }
 
-using Kernel = void (*)(const unsigned char*, size_t, int, unsigned*, Span*);
+using Kernel = void (*)(const unsigned char*, size_t, int, unsigned*, KernelSpan*);
 
 struct Variant {
   const char* name;
@@ -163,11 +151,11 @@ int main() {
   const size_t max_bytes = size_t(138) << 20;
   unsigned char* pool = nullptr;
   unsigned* sink = nullptr;
-  Span* span = nullptr;
+  KernelSpan* span = nullptr;
   CK(cudaMalloc(&pool, max_bytes));
   CK(cudaMemset(pool, 0x5a, max_bytes));
   CK(cudaMalloc(&sink, 4));
-  CK(cudaMalloc(&span, sizeof(Span)));
+  CK(cudaMalloc(&span, sizeof(KernelSpan)));
   const std::vector<Variant> variants = {
       {"cpasync 128t x1 16K x4", cpasync_kernel<4>, 128, 1, 16384, 4 * 16384},
       {"cpasync 256t x1 32K x4", cpasync_kernel<4>, 256, 1, 32768, 4 * 32768},
@@ -197,7 +185,7 @@ int main() {
         continue;
       }
       const unsigned grid = unsigned(sms * v.blocks_per_sm);
-      const auto go = [&](cudaStream_t s) { v.kernel<<<grid, v.threads, v.smem, s>>>(pool, bytes, v.stage, sink, span); };
+      const auto go = [&](cudaStream_t s) { v.kernel<<<grid, v.threads, v.smem, s>>>(pool, bytes, v.stage, sink, nullptr); };
       const float single = median_us(nullptr, 3, 15, [&] { go(nullptr); });
       cudaStream_t s;
       CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -205,14 +193,9 @@ int main() {
         for (int i = 0; i < 8; ++i) go(s);
       });
       CK(cudaStreamDestroy(s));
-      // The span of one more launch.
-      const Span init{~0ull, 0ull};
-      CK(cudaMemcpy(span, &init, sizeof(Span), cudaMemcpyHostToDevice));
-      go(nullptr);
-      CK(cudaGetLastError());
-      Span got{};
-      CK(cudaMemcpy(&got, span, sizeof(Span), cudaMemcpyDeviceToHost));
-      const double span_us = double(got.end - got.start) / 1e3;
+      const double span_us = kernel_span_us(span, [&](KernelSpan* d) {
+        v.kernel<<<grid, v.threads, v.smem>>>(pool, bytes, v.stage, sink, d);
+      });
       std::printf("%6.1f MB  %-24s  %4u blocks  single %7.2f us %5.2f TB/s  graph %7.2f us %5.2f TB/s  span %7.2f us %5.2f TB/s\n",
                   mb, v.name, grid, single, mb / single, in_graph, mb / in_graph, span_us, mb / span_us);
     }

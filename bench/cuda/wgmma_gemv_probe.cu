@@ -15,6 +15,9 @@
 // ring depths and steps of 64 / 128 / 256 k, with and without the wgmma (without: the copy
 // pattern's ceiling), and the same over a tile-major weight layout (one contiguous run per step;
 // speed only, the engine stores weights row-major).
+// Timing: each configuration as a single launch between CUDA events (launch and ramp included:
+// the figures of session 22's runs s22-3, s22-4, s22-7) and, added after s22-7, by the kernel's
+// own span (%globaltimer, first block's start to last block's end).
 // Standalone: includes the kernels' wgmma helpers only.
 #include <array>
 #include <cstdint>
@@ -82,7 +85,8 @@ __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t da, uint6
 // order); M <= 8.
 template <int BK, int STAGES, bool kMath, bool kTiled = false>
 __global__ void __launch_bounds__(128) wg_gemv_kernel(const uint16_t* x, const uint16_t* w, float* out, int M, int N,
-                                                      int K, int tiles) {
+                                                      int K, int tiles, KernelSpan* span) {
+  span_begin(span);
   extern __shared__ unsigned char raw[];
   const uint32_t raw_addr = smem_u32(raw);
   unsigned char* ring = raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
@@ -179,6 +183,7 @@ __global__ void __launch_bounds__(128) wg_gemv_kernel(const uint16_t* x, const u
     for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
     store(t1 - 1);
   }
+  span_end(span);
 }
 
 __global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
@@ -192,9 +197,16 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
   }
 }
 
+// A timed configuration: the median event-timed single launch (launch and ramp included) and the
+// kernel's own span (probe_util.h).
+struct Timing {
+  float single_us = 0.f;
+  double span_us = 0.0;
+};
+
 template <int BK, int STAGES, bool kMath, bool kTiled = false>
-float run_wg(const uint16_t* x, const uint16_t* w, float* out, int M, int N, int K, int sms, int* blocks_out,
-             bool time_it) {
+Timing run_wg(const uint16_t* x, const uint16_t* w, float* out, int M, int N, int K, int sms, int* blocks_out,
+              bool time_it) {
   auto f = wg_gemv_kernel<BK, STAGES, kMath, kTiled>;
   const int smem = STAGES * (BK / kAtomK) * (kAtomW + kAtomX) + 1024;
   CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -203,14 +215,19 @@ float run_wg(const uint16_t* x, const uint16_t* w, float* out, int M, int N, int
   const int tiles = N / kRowsW;
   const int blocks = std::min(tiles, sms * std::max(per_sm, 1));
   *blocks_out = blocks;
-  const auto go = [&] { f<<<blocks, 128, smem>>>(x, w, out, M, N, K, tiles); };
+  const auto go = [&] { f<<<blocks, 128, smem>>>(x, w, out, M, N, K, tiles, nullptr); };
   if (!time_it) {
     go();
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
-    return 0.f;
+    return {};
   }
-  return median_us(nullptr, 3, 20, go);
+  static KernelSpan* span = nullptr;
+  if (span == nullptr) CK(cudaMalloc(&span, sizeof(KernelSpan)));
+  Timing t;
+  t.single_us = median_us(nullptr, 3, 20, go);
+  t.span_us = kernel_span_us(span, [&](KernelSpan* d) { f<<<blocks, 128, smem>>>(x, w, out, M, N, K, tiles, d); });
+  return t;
 }
 
 }  // namespace
@@ -283,9 +300,9 @@ int main() {
     fill_bf16<<<1024, 256>>>(w, size_t(N) * K, 9u);
     const double mb = double(N) * K * 2 / 1e6;
     int blocks = 0;
-    const auto report = [&](const char* what, float us) {
-      std::printf("%-15s %6.1f MB  %-26s %4d blocks  %8.2f us  %5.2f TB/s\n", name, mb, what, blocks, us,
-                  mb / us);  // MB per us = TB/s
+    const auto report = [&](const char* what, Timing t) {  // MB per us = TB/s
+      std::printf("%-15s %6.1f MB  %-26s %4d blocks  single %8.2f us %5.2f TB/s  span %8.2f us %5.2f TB/s\n", name,
+                  mb, what, blocks, t.single_us, mb / t.single_us, t.span_us, mb / t.span_us);
     };
     report("wgmma, BK 64 x 6 stages", run_wg<64, 6, true>(x, w, o, 1, N, K, sms, &blocks, true));
     report("wgmma, BK 64 x 8 stages", run_wg<64, 8, true>(x, w, o, 1, N, K, sms, &blocks, true));
