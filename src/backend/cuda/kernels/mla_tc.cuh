@@ -76,10 +76,10 @@ struct MlaTcParams {
   int wp;                  // width rounded up to 16 (MMA k steps; the pad is zeros)
   int max_length, S, max_splits;
   float scale;
-  // 1: a decode step's launch (one query per cache row): slots [0, lengths[q] - 1) of each
-  // query's row were written before the kernel this launch follows in its stream, whose last
-  // step (the latent cache kernel) writes slot lengths[q] - 1 only; the cluster kernel then
-  // copies those slots, and reads lengths and cache_rows, before its launch-overlap wait.
+  // 1: a decode step's launch (one query per cache row) right after the latent cache kernel,
+  // which writes slot lengths[q] - 1 of each row only and releases this launch after its own
+  // wait (everything before it complete, kernels/pdl.cuh): slots [0, lengths[q] - 1), lengths
+  // and cache_rows are final, so the cluster kernel reads them before its launch-overlap wait.
   int stable_prefix = 0;
 };
 
