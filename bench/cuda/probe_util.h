@@ -19,6 +19,19 @@
     }                                                                               \
   } while (0)
 
+// The current GPU's SM count, or 0 (after saying so on stdout) where it is older than sm_90,
+// which the probes built on Hopper instructions need: they then exit 0, skipped.
+inline int hopper_sm_count(const char* probe) {
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  if (prop.major >= 9) return sms;
+  std::printf("%s: needs sm_90 (this GPU is sm_%d%d); skipped\n", probe, prop.major, prop.minor);
+  return 0;
+}
+
 // Median device time (us, CUDA events on `s`) of run() over `reps` runs after `warm` untimed ones.
 template <class F>
 float median_us(cudaStream_t s, int warm, int reps, F&& run) {

@@ -139,15 +139,8 @@ struct Variant {
 }  // namespace
 
 int main() {
-  int dev = 0, sms = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, dev));
-  if (prop.major < 9) {
-    std::printf("stream sweep probe: needs sm_90 (this GPU is sm_%d%d); skipped\n", prop.major, prop.minor);
-    return 0;
-  }
+  const int sms = hopper_sm_count("stream sweep probe");
+  if (sms == 0) return 0;
   const size_t max_bytes = size_t(138) << 20;
   unsigned char* pool = nullptr;
   unsigned* sink = nullptr;

@@ -233,15 +233,8 @@ Timing run_wg(const uint16_t* x, const uint16_t* w, float* out, int M, int N, in
 }  // namespace
 
 int main() {
-  int dev = 0, sms = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, dev));
-  if (prop.major < 9) {
-    std::printf("wgmma probe: needs sm_90 (this GPU is sm_%d%d); skipped\n", prop.major, prop.minor);
-    return 0;
-  }
+  const int sms = hopper_sm_count("wgmma probe");
+  if (sms == 0) return 0;
   // Part 1: bits.
   bool all_equal = true;
   for (const auto& [M, N, K] : std::vector<std::array<int, 3>>{{1, 5632, 2048}, {5, 5632, 2048}, {1, 4096, 1408},
