@@ -225,20 +225,22 @@ TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
   EXPECT_EQ(detail::gemm_stream_setting("3"), 3);
   EXPECT_EQ(detail::gemm_stream_setting("6"), 6);
   EXPECT_EQ(detail::gemm_stream_setting("0"), 0);
-  expect_each_rejected([](const char* v) { detail::gemm_stream_setting(v); }, {"4", "yes", " 3", "8"},
+  EXPECT_EQ(detail::gemm_stream_setting("wg"), 1);
+  expect_each_rejected([](const char* v) { detail::gemm_stream_setting(v); }, {"4", "yes", " 3", "8", "1", "WG"},
                        [](const char* v) {
                          return std::vector<std::string>{"ATLAS_GEMM_STREAM", "'" + std::string(v) + "'"};
                        });
 }
 
 TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
-  EXPECT_FALSE(detail::gemm_stream_grouped_setting(nullptr));
-  EXPECT_FALSE(detail::gemm_stream_grouped_setting(""));
-  EXPECT_FALSE(detail::gemm_stream_grouped_setting("0"));
-  EXPECT_TRUE(detail::gemm_stream_grouped_setting("1"));
-  expect_each_rejected([](const char* v) { detail::gemm_stream_grouped_setting(v); }, {"yes", "2", "true"},
+  EXPECT_EQ(detail::gemm_stream_grouped_setting(nullptr), 0);
+  EXPECT_EQ(detail::gemm_stream_grouped_setting(""), 0);
+  EXPECT_EQ(detail::gemm_stream_grouped_setting("0"), 0);
+  EXPECT_EQ(detail::gemm_stream_grouped_setting("1"), 1);
+  EXPECT_EQ(detail::gemm_stream_grouped_setting("wg"), 2);
+  expect_each_rejected([](const char* v) { detail::gemm_stream_grouped_setting(v); }, {"yes", "2", "true", "WG"},
                        [](const char* v) {
-                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_GROUPED: expected 0 or 1, got '" +
+                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_GROUPED: expected 0, 1 or wg, got '" +
                                                          std::string(v) + "'"};
                        });
 }

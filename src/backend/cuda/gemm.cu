@@ -28,6 +28,7 @@
 #include "backend/cuda/kernels/gemm_mma.cuh"
 #include "backend/cuda/kernels/gemm_tma.cuh"
 #include "backend/cuda/kernels/gemm_wgmma.cuh"
+#include "backend/cuda/kernels/gemm_wgstream.cuh"
 
 namespace atlas::cuda {
 
@@ -96,6 +97,11 @@ using CfgS8W2 = kern::SplitKTile<1, 2>;  // 8 columns, 64 threads: K <= 512 (two
 //                                     warps stages   smem    blocks per SM
 using CfgSt6 = kern::StreamTile<6, 4>;  //  6    4     198 KB  1
 using CfgSt3 = kern::StreamTile<3, 4>;  //  3    4      99 KB  2 (room for a concurrent kernel)
+// The same persistent streaming with wgmma.m64n8k16 as the consumer (kernels/gemm_wgstream.cuh,
+// session 23): 64 weight rows x 8 x rows per tile, one warpgroup, 128-wide K steps, 4-deep ring
+// (atlas_wgmma_gemv_probe's best span on the routed gate|up's 69 MB: 3.94 TB/s, s23-1).
+//                                          BK  stages   smem    blocks per SM
+using CfgWs128 = kern::WgStreamTile<128, 4>;  // 128    4      73 KB   3
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -110,6 +116,9 @@ struct TileConfig {
   bool cluster = false;  // one block per K slice in clusters (needs sm_90 code and K <= 16 slices)
   bool tma = false;      // gemm_tma_kernel<CfgTma192> where it can run, else fn (the cp.async wgmma kernel)
   bool stream = false;   // persistent weight streaming: a grid of blocks per SM, not per tile
+  // [out f32]: where set, the instance for K % tail_k != 0 (fn's assume K % tail_k == 0).
+  KernelFn tail[2] = {nullptr, nullptr};
+  int tail_k = 0;
 };
 
 constexpr TileConfig grouped_only(TileConfig c) {
@@ -133,6 +142,18 @@ template <class T>
 constexpr TileConfig make_stream_config(const char* name) {
   TileConfig c = async_only_config<T>(name, kern::gemm_stream_kernel<T, false>, kern::gemm_stream_kernel<T, true>);
   c.stream = true;
+  return c;
+}
+
+// The wgmma streaming kernel: fn for K % BK == 0 (every V2-Lite shape), tail for the rest.
+template <class T>
+constexpr TileConfig make_wgstream_config(const char* name) {
+  TileConfig c = async_only_config<T>(name, kern::gemm_wgstream_kernel<T, false, false>,
+                                      kern::gemm_wgstream_kernel<T, true, false>);
+  c.stream = true;
+  c.tail[0] = kern::gemm_wgstream_kernel<T, false, true>;
+  c.tail[1] = kern::gemm_wgstream_kernel<T, true, true>;
+  c.tail_k = T::BK;
   return c;
 }
 
@@ -203,7 +224,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 28> kConfigs = {
+constexpr std::array<TileConfig, 29> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -222,7 +243,8 @@ constexpr std::array<TileConfig, 28> kConfigs = {
     grouped_only(make_config<CfgG32N128S5, false>("32x128x64/8x5")),
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
     make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
-    make_splitk_config<CfgS8, true>("splitk16x8/8w+staged"), make_splitk_config<CfgS8W2, true>("splitk16x8/2w+staged")};
+    make_splitk_config<CfgS8, true>("splitk16x8/8w+staged"), make_splitk_config<CfgS8W2, true>("splitk16x8/2w+staged"),
+    make_wgstream_config<CfgWs128>("streamwg64x8/4")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -249,7 +271,8 @@ constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_inde
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
 constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("stream8x8/3w");
-static_assert(kStream6 >= 0 && kStream3 >= 0, "stream config names");
+constexpr int kStreamWg = config_index("streamwg64x8/4");
+static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0, "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
@@ -296,7 +319,9 @@ struct GemmSetup {
   // The stream config dense_config picks for one-row problems; -1: none (ATLAS_GEMM_STREAM,
   // detail::gemm_stream_setting).
   int stream_choice = -1;
-  bool stream_grouped = false;  // ATLAS_GEMM_STREAM_GROUPED=1: also for grouped problems of <= 8 rows (measurements)
+  // The stream config grouped problems of <= 8 rows take (ATLAS_GEMM_STREAM_GROUPED: "1" the
+  // dense one's, "wg" the wgmma one; -1: none, the default, the tiled configs).
+  int stream_grouped = -1;
   // ATLAS_GEMM_STAGE_EARLY (default 1; 0 for A/B runs): the staged split-K kernel's first weight
   // slices into shared memory before its launch-overlap wait (MmaGemmParams::prefetch = 2).
   bool stage_early = true;
@@ -332,14 +357,18 @@ const GemmSetup& setup() {
     check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&g.sm_count, cudaDevAttrMultiProcessorCount, dev), "gemm",
                "cudaDeviceGetAttribute(multiProcessorCount)");
-    for (const TileConfig& c : kConfigs)
+    const auto raise_smem = [](KernelFn f, int smem) {
+      if (f && smem > 0)
+        check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem),
+                   "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    };
+    for (const TileConfig& c : kConfigs) {
       for (auto& per_out : c.fn)
         for (auto& per_async : per_out)
-          for (KernelFn f : per_async)
-            if (f && c.smem > 0)
-              check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f),
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem),
-                         "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+          for (KernelFn f : per_async) raise_smem(f, c.smem);
+      for (KernelFn f : c.tail) raise_smem(f, c.smem);
+    }
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
     if (g.wgmma && env_switch("ATLAS_GEMM_TMA", true)) {
@@ -361,8 +390,12 @@ const GemmSetup& setup() {
       g.stream_blocks[i] = std::max(per_sm, 1);
     }
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
-    g.stream_choice = stream_warps == 3 ? kStream3 : stream_warps == 6 ? kStream6 : -1;
-    g.stream_grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
+    g.stream_choice = stream_warps == 3    ? kStream3
+                      : stream_warps == 6  ? kStream6
+                      : stream_warps == 1  ? kStreamWg
+                                           : -1;
+    const int grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
+    g.stream_grouped = grouped == 1 ? g.stream_choice : grouped == 2 ? kStreamWg : -1;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
@@ -747,8 +780,8 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // isolation, but batch-1 decode 287 vs 299 tok/s end to end: these run beside the shared
   // experts on the side stream, whose blocks its 99-198 KB per block keep off the SMs.
   // ATLAS_GEMM_STREAM_GROUPED=1 takes it, for end-to-end A/B runs.)
-  if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_grouped && setup().stream_choice >= 0)
-    ci = setup().stream_choice;
+  if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_grouped >= 0)
+    ci = setup().stream_grouped;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   ci = config_or_fallback(ci, a.K);
@@ -760,7 +793,7 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
 // `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
                 bool async, bool rows8, int cluster, cudaStream_t stream) {
-  const KernelFn f = c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
+  const KernelFn f = c.tail_k > 0 && p.K % c.tail_k != 0 ? c.tail[f32 ? 1 : 0] : c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
   if (c.stream) {
     // Persistent: every block takes an even share of the tiles (dense: the batch flattened).
     kern::MmaGemmParams q = p;
@@ -1172,11 +1205,17 @@ int gemm_stream_setting(const char* value) {
   if (v.empty() || v == "3") return 3;
   if (v == "6") return 6;
   if (v == "0") return 0;
-  throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0 (off), 3 or 6 (warps per block), got '" + v + "'");
+  if (v == "wg") return 1;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0 (off), 3 or 6 (warps per block) or wg (the wgmma config), got '" +
+              v + "'");
 }
 
-bool gemm_stream_grouped_setting(const char* value) {
-  return switch_setting("ATLAS_GEMM_STREAM_GROUPED", value, false);
+int gemm_stream_grouped_setting(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "0") return 0;
+  if (v == "1") return 1;
+  if (v == "wg") return 2;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1 or wg, got '" + v + "'");
 }
 
 int gemm_grouped_many_setting(const char* value) {

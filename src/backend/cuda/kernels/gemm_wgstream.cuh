@@ -1,0 +1,245 @@
+// Batch-invariant GEMM for at most 8 rows per tile on wgmma with the operands swapped (session
+// 23): 64 weight rows are the instruction's A operand and the tile's x rows its 8-wide B operand,
+// wgmma.m64n8k16, D = W . X^T. Same numerics contract as kernels/gemm_mma.cuh (read it first),
+// so the same bits as every other config: per output, the k16 chunks of a 256-wide K slice are
+// chained into an fp32 accumulator from +0 (each wgmma updates an output by its own 16-term
+// product, as mma.m16n8k16 does; chunks past K are never issued), and each finished slice is
+// added to the running total in slice order. atlas_wgmma_gemv_probe (bench/cuda) showed those
+// bits equal to the mma.sync reference (sessions 22-23) and this shape streaming the batch-1
+// routed gate|up's 69 MB at ~3.9 TB/s by its span, where the 8 x 8 mma.sync tiles of
+// kernels/gemm_stream.cuh issue ~490 instructions per 4 KB (session 13) and reach ~3.
+//
+// Work: a tile is up to 8 output rows (BM) x 64 columns (BN: 64 weight rows), the whole K; tiles
+// numbered as in find_tile (grouped: group after group, n-tiles innermost; dense: the raster,
+// then the batch). Persistent: block b takes tiles [b T / B, (b + 1) T / B) of the T real tiles
+// (grouped: counted on the device from the offsets) and walks their BK-wide K steps as one
+// sequence through a STAGES-deep cp.async ring, STAGES - 2 steps ahead across tile boundaries
+// (a slot is refilled two steps after its last read, whose wgmma group wait_group 1 retired).
+// A slot holds BK / 64 swizzle atoms of the 64 weight rows ([64][64] bf16, 128-byte rows, the
+// 16-byte chunks XOR-swizzled by row: the hardware's 128-byte swizzle, as kernels/gemm_wgmma.cuh)
+// and of the tile's 8 x rows ([8][64]); x rows past the tile's and weight rows past N are copied
+// as zeros. One warpgroup (128 threads) per block.
+// Fused gate|up (p.gated): b_row_offset interleaves the weight rows (tile row 2j gate j, 2j + 1
+// up j), so a thread's D rows n (gate) and n + 1 (up, the lane four above) pair up by a shuffle,
+// and the epilogue writes gated_value as the other kernels' fused epilogue does.
+// Dense problems copy their first steps' weights before pdl_begin_gemm() (weights are never an
+// earlier kernel's output, kernels/pdl.cuh; MmaGemmParams::prefetch 2, or an L2 prefetch with 1);
+// every x copy comes after it. Grouped ones wait first (the offsets are an earlier kernel's).
+// Async operands only (16-byte rows, K % 16 == 0); the host runs another config otherwise (same
+// bits). Compiled only into sm_90a code; the host asks gemm_stream_probe_kernel first.
+#pragma once
+
+#include "gemm_stream.cuh"  // grouped_tile_count, gemm_stream_probe_kernel
+#include "gemm_wgmma.cuh"   // wg_desc, wg_fence, wg_commit, wg_wait_*
+
+namespace atlas::cuda::kern {
+
+template <int BK_, int STAGES_>
+struct WgStreamTile {
+  static constexpr int BK = BK_, STAGES = STAGES_;
+  static constexpr int BM = 8, BN = 64, THREADS = 128;
+  static constexpr int ATOMS = BK / 64;                   // swizzle atoms per step (64 k each)
+  static constexpr int ATOM_W = 64 * 64 * 2, ATOM_X = 8 * 64 * 2;  // bytes
+  static constexpr int SLOT_W = ATOMS * ATOM_W, SLOT_X = ATOMS * ATOM_X;
+  static constexpr int CPR = BK / 8;                      // 16-byte chunks per row and step
+  static constexpr int W_PER_THREAD = BN * CPR / THREADS;  // weight chunks per thread and step
+  static constexpr int SMEM_BYTES = STAGES * (SLOT_W + SLOT_X) + 1024;  // + aligning the ring to 1 KB
+  static_assert(BK == 64 || BK == 128 || BK == 256, "whole atoms, whole steps per K slice");
+  static_assert(kSliceK % BK == 0, "a K slice must be whole BK steps");
+  static_assert(STAGES >= 3, "a slot is refilled two steps after its last read");
+  static_assert(BN * CPR % THREADS == 0 && BM * CPR <= THREADS, "copy plan");
+};
+
+// D(64 x 8) += A(64 x 16) . B(16 x 8), both K-major in shared memory (128-byte swizzle).
+__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t da, uint64_t db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(1));
+#endif
+}
+
+// kTail: K % BK != 0 (the host picks the instance): the last step of a tile has fewer chunks.
+// Its own instance because a wgmma under a data-dependent test makes ptxas serialise every wgmma
+// of the kernel (C7520); every V2-Lite shape has K % 128 == 0.
+template <class T, bool kOutF32, bool kTail>
+__global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemmParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) unsigned char gemm_smem[];
+  const uint32_t raw = smem_u32(gemm_smem);
+  const uint32_t ring_w = (raw + 1023u) & ~1023u;            // [STAGES][ATOMS][64][64]
+  const uint32_t ring_x = ring_w + uint32_t(T::STAGES * T::SLOT_W);  // [STAGES][ATOMS][8][64]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool grouped = p.offsets != nullptr;
+  if (grouped) pdl_begin_gemm();
+  const int per_batch = p.m_tiles * p.n_tiles;  // dense
+  const int total = grouped ? grouped_tile_count<T::BM>(p, lane) : p.tiles_total;
+  const int first = int(int64_t(blockIdx.x) * total / gridDim.x);
+  const int last = int(int64_t(blockIdx.x + 1) * total / gridDim.x);
+  const int K = p.K;
+  const int KT = (K + T::BK - 1) / T::BK;
+  const int steps = (last - first) * KT;
+  constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
+  constexpr int kAhead = T::STAGES - 2;
+
+  // The tile of pid (false: none, or a bad table / weight find_tile flagged).
+  const auto tile_of = [&](int pid, TileSpot& t) {
+    if (grouped) return find_tile<T::BM, true>(p, pid, tid, lane, t);
+    if (per_batch == p.tiles_total) return find_tile<T::BM, true>(p, pid, tid, lane, t, 0);
+    return find_tile<T::BM, true>(p, pid % per_batch, tid, lane, t, pid / per_batch);
+  };
+
+  // Issue side. This thread copies chunk c = tid % CPR of weight rows tid / CPR + q (THREADS /
+  // CPR) and, for tid < BM * CPR, chunk c of x row tid / CPR. Offsets of the issue tile (-1: a
+  // zero row), refreshed when the issue side enters a tile.
+  const int c = tid % T::CPR, r0 = tid / T::CPR;
+  constexpr int kRowStep = T::THREADS / T::CPR;
+  int64_t w_off[T::W_PER_THREAD];
+  int64_t x_off = -1;
+  const uint16_t* iw = p.w;
+  const uint16_t* ix = p.x;
+  int itile = -1;  // tile index (from first) whose offsets are loaded; -1: none, -2: no tile (stop)
+  const auto enter_issue_tile = [&](int i) {
+    TileSpot t;
+    if (!tile_of(first + i, t)) {
+      itile = -2;
+      return;
+    }
+    itile = i;
+    iw = t.w;
+    ix = t.x;
+#pragma unroll
+    for (int q = 0; q < T::W_PER_THREAD; ++q) w_off[q] = b_row_offset(p, t.n_tile * T::BN + r0 + q * kRowStep);
+    x_off = r0 < T::BM ? a_row_offset(p, t.row_begin + r0, t.row_end) : -1;
+  };
+  const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
+  // Step s's chunk of this thread in slot `slot`: weights (kW) and / or x (kX).
+  const auto copy_step = [&](int slot, int s, bool kW, bool kX) {
+    if (s >= steps) return;
+    if (s / KT != itile && itile != -2) enter_issue_tile(s / KT);
+    if (itile == -2) return;
+    const int k = (s % KT) * T::BK + c * 8;
+    const int atom = c >> 3, cc = c & 7;
+    if (kW) {
+#pragma unroll
+      for (int q = 0; q < T::W_PER_THREAD; ++q) {
+        const int r = r0 + q * kRowStep;
+        const bool in = w_off[q] >= 0 && k < K;
+        const uint32_t dst = ring_w + uint32_t(slot * T::SLOT_W + atom * T::ATOM_W + r * 128 + ((cc ^ (r & 7)) * 16));
+        cp_async16_at(dst, in ? iw + w_off[q] + k : iw, in ? 16 : 0, w_hint);
+      }
+    }
+    if (kX && r0 < T::BM) {
+      const bool in = x_off >= 0 && k < K;
+      const uint32_t dst = ring_x + uint32_t(slot * T::SLOT_X + atom * T::ATOM_X + r0 * 128 + ((cc ^ (r0 & 7)) * 16));
+      cp_async16_at(dst, in ? ix + x_off + k : ix, in ? 16 : 0);
+    }
+  };
+
+  // Prologue: steps [0, kAhead). Dense weights before the wait (staged, or pulled into L2).
+  if (!grouped && p.prefetch > 1) {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) copy_step(s % T::STAGES, s, true, false);
+  } else if (!grouped && p.prefetch == 1 && steps > 0) {
+    enter_issue_tile(0);
+    if (itile == 0 && c == 0)
+#pragma unroll
+      for (int q = 0; q < T::W_PER_THREAD; ++q)
+        if (w_off[q] >= 0) prefetch_l2(iw + w_off[q], uint32_t(min(K, kAhead * T::BK)) * 2u);
+  }
+  if (!grouped) pdl_begin_gemm();
+  const bool early = !grouped && p.prefetch > 1;
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    copy_step(s % T::STAGES, s, !early, true);
+    cp_async_commit();
+  }
+
+  // Compute side. Thread (warp w, lane l) holds D rows n = 16 w + l / 4 and n + 8 (weight rows,
+  // i.e. output columns) for x rows m = 2 (l % 4) and m + 1: acc[0] = (n, m), [1] = (n, m + 1),
+  // [2] = (n + 8, m), [3] = (n + 8, m + 1).
+  const int g = lane >> 2, tq = lane & 3;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, tot[4] = {0.f, 0.f, 0.f, 0.f};
+  // Store the finished tile `tile` (from first); nothing where find_tile finds none (a bad table
+  // or weight it flagged: the issue side copied nothing for it either).
+  const auto store = [&](int tile) {
+    TileSpot ct;
+    if (!tile_of(first + tile, ct)) return;
+    const int n = ct.n_tile * T::BN + warp * 16 + g;
+    if (p.gated > 0 && !kOutF32) {
+      // Rows n and n + 8 pair with n + 1 and n + 9 (up), held by lane + 4: even g takes them.
+      float up[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) up[e] = __shfl_xor_sync(0xffffffffu, tot[e], 4);
+      if ((g & 1) != 0) return;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
+        if (row < ct.row_end && col < p.N)
+          static_cast<uint16_t*>(p.out)[ct.out_base + int64_t(row) * p.os + (col >> 1)] = gated_value(tot[e], up[e]);
+      }
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
+      if (row < ct.row_end && col < p.N) store_out_pair<kOutF32>(p, ct.out_base + int64_t(row) * p.os + col, tot[e], 0.f, false);
+    }
+  };
+  bool pending = false;  // a slice's last group is in flight: fold it into the total first
+  for (int i = 0; i < steps; ++i) {
+    cp_async_wait<kAhead - 1>();
+    fence_proxy_async_smem();  // the copies' writes (generic proxy) before the wgmma's reads
+    __syncthreads();
+    copy_step((i + kAhead) % T::STAGES, i + kAhead, true, true);
+    cp_async_commit();
+    const int kt = i % KT;
+    if (pending) {
+      wg_wait_all();
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        tot[e] = __fadd_rn(tot[e], acc[e]);
+        acc[e] = 0.f;
+      }
+      pending = false;
+      if (kt == 0) {  // ... and it was the tile's last
+        store(i / KT - 1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+      }
+    }
+    const uint32_t wb = ring_w + uint32_t((i % T::STAGES) * T::SLOT_W);
+    const uint32_t xb = ring_x + uint32_t((i % T::STAGES) * T::SLOT_X);
+    const auto chunk = [&](int kk) {
+      wgmma_m64n8k16(acc, wg_desc(wb + uint32_t((kk >> 2) * T::ATOM_W + (kk & 3) * 32)),
+                     wg_desc(xb + uint32_t((kk >> 2) * T::ATOM_X + (kk & 3) * 32)));
+    };
+    wg_fence();
+    if constexpr (kTail) {
+      const int kc = min(T::BK / 16, (K - kt * T::BK) / 16);  // k16 chunks inside K (K % 16 == 0)
+#pragma unroll
+      for (int kk = 0; kk < T::BK / 16; ++kk)
+        if (kk < kc) chunk(kk);  // chunks past K are not in the contract
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < T::BK / 16; ++kk) chunk(kk);
+    }
+    wg_commit();
+    wg_wait_one();
+    pending = (kt + 1) % kSteps == 0 || kt + 1 == KT;
+  }
+  wg_wait_all();
+  cp_async_wait<0>();  // nothing in flight when the block's shared memory is released
+  if (pending) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
+    store(steps / KT - 1);
+  }
+#else
+  __trap();  // the host never launches it without sm_90a device code (gemm_stream_probe_kernel)
+#endif
+}
+
+}  // namespace atlas::cuda::kern
