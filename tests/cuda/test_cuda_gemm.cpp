@@ -238,9 +238,10 @@ TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
   EXPECT_EQ(detail::gemm_stream_grouped_setting("0"), 0);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("1"), 1);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("wg"), 2);
-  expect_each_rejected([](const char* v) { detail::gemm_stream_grouped_setting(v); }, {"yes", "2", "true", "WG"},
-                       [](const char* v) {
-                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_GROUPED: expected 0, 1 or wg, got '" +
+  EXPECT_EQ(detail::gemm_stream_grouped_setting("wg-gate"), 3);
+  expect_each_rejected([](const char* v) { detail::gemm_stream_grouped_setting(v); },
+                       {"yes", "2", "true", "WG", "wg-down"}, [](const char* v) {
+                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg or wg-gate, got '" +
                                                          std::string(v) + "'"};
                        });
 }

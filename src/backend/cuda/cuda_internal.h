@@ -38,7 +38,8 @@ int gemm_stream_setting(const char* value);
 bool switch_setting(const char* name, const char* value, bool dflt);
 // ATLAS_GEMM_STREAM_GROUPED's value (null: unset): which stream config grouped problems of <= 8
 // rows take: 0 none (unset or "0": the tiled configs), 1 ("1") the dense problems' stream
-// config, 2 ("wg") the wgmma streaming config; anything else throws an Error naming the variable.
+// config, 2 ("wg") the wgmma streaming config, 3 ("wg-gate") that config for the fused gate|up
+// only; anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);
 // ATLAS_WIDE_NORM's value (null: unset): whether the norms of at most kWideNormMaxRows rows (and
 // the kernels with a norm fused in: the MoE combine + norm, the latent to the MLA cache) run one

@@ -320,8 +320,10 @@ struct GemmSetup {
   // detail::gemm_stream_setting).
   int stream_choice = -1;
   // The stream config grouped problems of <= 8 rows take (ATLAS_GEMM_STREAM_GROUPED: "1" the
-  // dense one's, "wg" the wgmma one; -1: none, the default, the tiled configs).
+  // dense one's, "wg" the wgmma one, "wg-gate" the wgmma one for the fused gate|up only; -1:
+  // none, the default, the tiled configs).
   int stream_grouped = -1;
+  bool stream_grouped_gated_only = false;
   // ATLAS_GEMM_STAGE_EARLY (default 1; 0 for A/B runs): the staged split-K kernel's first weight
   // slices into shared memory before its launch-overlap wait (MmaGemmParams::prefetch = 2).
   bool stage_early = true;
@@ -395,7 +397,8 @@ const GemmSetup& setup() {
                       : stream_warps == 1  ? kStreamWg
                                            : -1;
     const int grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
-    g.stream_grouped = grouped == 1 ? g.stream_choice : grouped == 2 ? kStreamWg : -1;
+    g.stream_grouped = grouped == 1 ? g.stream_choice : grouped >= 2 ? kStreamWg : -1;
+    g.stream_grouped_gated_only = grouped == 3;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
@@ -780,7 +783,8 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // isolation, but batch-1 decode 287 vs 299 tok/s end to end: these run beside the shared
   // experts on the side stream, whose blocks its 99-198 KB per block keep off the SMs.
   // ATLAS_GEMM_STREAM_GROUPED=1 takes it, for end-to-end A/B runs.)
-  if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_grouped >= 0)
+  if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_grouped >= 0 &&
+      (a.gated > 0 || !setup().stream_grouped_gated_only))
     ci = setup().stream_grouped;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
@@ -1215,7 +1219,8 @@ int gemm_stream_grouped_setting(const char* value) {
   if (v.empty() || v == "0") return 0;
   if (v == "1") return 1;
   if (v == "wg") return 2;
-  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1 or wg, got '" + v + "'");
+  if (v == "wg-gate") return 3;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg or wg-gate, got '" + v + "'");
 }
 
 int gemm_grouped_many_setting(const char* value) {
