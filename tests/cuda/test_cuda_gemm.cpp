@@ -220,8 +220,8 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
 
 // The weight-streaming switch (no GPU needed): the three settings, and a clear error otherwise.
 TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
-  EXPECT_EQ(detail::gemm_stream_setting(nullptr), 3);
-  EXPECT_EQ(detail::gemm_stream_setting(""), 3);
+  EXPECT_EQ(detail::gemm_stream_setting(nullptr), 1);
+  EXPECT_EQ(detail::gemm_stream_setting(""), 1);
   EXPECT_EQ(detail::gemm_stream_setting("3"), 3);
   EXPECT_EQ(detail::gemm_stream_setting("6"), 6);
   EXPECT_EQ(detail::gemm_stream_setting("0"), 0);
@@ -233,8 +233,8 @@ TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
 }
 
 TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
-  EXPECT_EQ(detail::gemm_stream_grouped_setting(nullptr), 0);
-  EXPECT_EQ(detail::gemm_stream_grouped_setting(""), 0);
+  EXPECT_EQ(detail::gemm_stream_grouped_setting(nullptr), 3);
+  EXPECT_EQ(detail::gemm_stream_grouped_setting(""), 3);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("0"), 0);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("1"), 1);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("wg"), 2);
@@ -917,13 +917,15 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   m1.N = 3072;
   EXPECT_EQ(gemm_config_name(gemm_chosen_config(m1)), "c16x64/4w");
   // Session 13: one row and N >= 4096 streams the weights (kernels/gemm_stream.cuh), unless
-  // ATLAS_GEMM_STREAM=0.
+  // ATLAS_GEMM_STREAM=0; since session 23 on the wgmma streaming config unless it names 3 or 6.
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");
   const std::string stream = stream_env == nullptr ? "" : stream_env;
   GemmArgs lm_head = m1;
   lm_head.N = 102400;
-  EXPECT_EQ(gemm_config_name(gemm_chosen_config(lm_head)),
-            stream == "0" ? "c16x64/4w" : stream == "6" ? "stream8x8/6w" : "stream8x8/3w");
+  EXPECT_EQ(gemm_config_name(gemm_chosen_config(lm_head)), stream == "0"   ? "c16x64/4w"
+                                                           : stream == "6" ? "stream8x8/6w"
+                                                           : stream == "3" ? "stream8x8/3w"
+                                                                           : "streamwg64x8/4");
   for (int c = 0; c < gemm_config_count(); ++c) {
     const std::string name = gemm_config_name(c);
     if (name[0] != 'c') continue;
@@ -938,6 +940,34 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
     big.K = 4360;
     EXPECT_NE(gemm_config_name(gemm_chosen_config(big)), name) << "K=4360 cannot be one cluster";
   }
+}
+
+// Session 23: one token's routed experts (6 rows over 64 groups) take the wgmma streaming
+// config for the fused gate|up, the tiled one for the down (ATLAS_GEMM_STREAM_GROUPED=wg-gate,
+// the default; "wg" puts the down there too, "0" neither). The bits are the same either way
+// (EveryConfig*, StreamConfigsGiveTheContractBits); this guards the speed.
+TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
+  DevBuf<uint16_t> dx(size_t(8) * 2048);
+  const char* env = std::getenv("ATLAS_GEMM_STREAM_GROUPED");
+  const std::string grouped = env == nullptr ? "" : env;
+  const char* down_env = std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN");
+  const std::string down_name = down_env != nullptr && *down_env != '\0' ? down_env : "16x32x128/4";
+  const GroupedGemmArgs gate_up{.x = dx.get(), .groups = 64, .max_rows = 6, .N = 2816, .K = 2048, .gated = 1408};
+  const GroupedGemmArgs down{.x = dx.get(), .groups = 64, .max_rows = 6, .N = 2048, .K = 1408};
+  const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");  // "1": the dense problems' stream config
+  const std::string stream = stream_env == nullptr ? "" : stream_env;
+  const std::string dense_stream = stream == "0"   ? "16x32x128/4"
+                                   : stream == "3" ? "stream8x8/3w"
+                                   : stream == "6" ? "stream8x8/6w"
+                                                   : "streamwg64x8/4";
+  EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(gate_up)),
+            grouped == "0" ? "16x32x128/4" : grouped == "1" ? dense_stream : "streamwg64x8/4");
+  EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(down)),
+            grouped == "wg" ? "streamwg64x8/4" : grouped == "1" && stream != "0" ? dense_stream : down_name);
+  // Many tokens (a batch-128 step: 768 rows) keep the tiled configs.
+  GroupedGemmArgs many = gate_up;
+  many.max_rows = 768;
+  EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(many)).rfind("stream", 0), std::string::npos);
 }
 
 // Session 21: the one-row dense GEMMs the chooser gives split-K (o_proj, the router, the shared

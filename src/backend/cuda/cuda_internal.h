@@ -28,18 +28,20 @@ bool probe_device_code(void (*probe)(int*), const char* what);
 // block, dynamic shared memory bytes); cudaOccupancyMaxActiveClusters, a refusal being an answer.
 bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem);
 
-// ATLAS_GEMM_STREAM's value (null: unset): the warps per block of the weight-streaming GEMM
-// config the automatic choice uses for one-row problems (3, the default, or 6), 0 for none, 1
-// for "wg" (the wgmma streaming config, kernels/gemm_wgstream.cuh); anything else throws an
-// Error naming the variable. gemm.cu reads it once, at its setup.
+// ATLAS_GEMM_STREAM's value (null: unset): the weight-streaming GEMM config the automatic choice
+// uses for one-row problems: 1 for "wg" (the wgmma streaming config, kernels/gemm_wgstream.cuh;
+// the default since session 23), 3 or 6 (the mma.sync stream config with that many warps per
+// block, kernels/gemm_stream.cuh; 3 was the default before), 0 for none; anything else throws
+// an Error naming the variable. gemm.cu reads it once, at its setup.
 int gemm_stream_setting(const char* value);
 // An on/off switch's value (null: unset): dflt where unset or empty, "0" off, "1" on; anything
 // else throws an Error naming the variable (env_switch reads the environment through it).
 bool switch_setting(const char* name, const char* value, bool dflt);
 // ATLAS_GEMM_STREAM_GROUPED's value (null: unset): which stream config grouped problems of <= 8
-// rows take: 0 none (unset or "0": the tiled configs), 1 ("1") the dense problems' stream
-// config, 2 ("wg") the wgmma streaming config, 3 ("wg-gate") that config for the fused gate|up
-// only; anything else throws an Error naming the variable.
+// rows take: 3 ("wg-gate", the default since session 23) the wgmma streaming config for the
+// fused gate|up only (the routed experts' down stays on the tiled config), 2 ("wg") that config
+// for both, 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs, the default
+// before); anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);
 // ATLAS_WIDE_NORM's value (null: unset): whether the norms of at most kWideNormMaxRows rows (and
 // the kernels with a norm fused in: the MoE combine + norm, the latent to the MLA cache) run one

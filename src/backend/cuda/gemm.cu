@@ -1206,20 +1206,20 @@ namespace detail {
 
 int gemm_stream_setting(const char* value) {
   const std::string v = value == nullptr ? "" : value;
-  if (v.empty() || v == "3") return 3;
+  if (v.empty() || v == "wg") return 1;
+  if (v == "3") return 3;
   if (v == "6") return 6;
   if (v == "0") return 0;
-  if (v == "wg") return 1;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0 (off), 3 or 6 (warps per block) or wg (the wgmma config), got '" +
               v + "'");
 }
 
 int gemm_stream_grouped_setting(const char* value) {
   const std::string v = value == nullptr ? "" : value;
-  if (v.empty() || v == "0") return 0;
+  if (v.empty() || v == "wg-gate") return 3;
+  if (v == "0") return 0;
   if (v == "1") return 1;
   if (v == "wg") return 2;
-  if (v == "wg-gate") return 3;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg or wg-gate, got '" + v + "'");
 }
 
