@@ -55,8 +55,16 @@ else
   expect_error "bad split-K config" "ATLAS_GEMM_SPLITK: '16x32x128/4' is not a split-K config name" \
     env ATLAS_GEMM_SPLITK=16x32x128/4 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad split-K config" "$work/env.json"
-  # On/off switches of sessions 21-22 (env_switch): one error naming the variable, no file.
-  for bad_switch in ATLAS_GEMM_STAGE_EARLY=yes ATLAS_GEMM_CLUSTER_EARLY=on ATLAS_MLA_EARLY_CACHE=true; do
+  # Session 23's values of the stream switches: a near miss is one error naming the variable.
+  expect_error "bad stream config" "ATLAS_GEMM_STREAM: expected 0 .* or wg .*, got 'WG'" \
+    env ATLAS_GEMM_STREAM=WG "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad stream config" "$work/env.json"
+  expect_error "bad grouped stream config" "ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg or wg-gate, got 'wg-down'" \
+    env ATLAS_GEMM_STREAM_GROUPED=wg-down "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad grouped stream config" "$work/env.json"
+  # On/off switches of sessions 21-23 (env_switch): one error naming the variable, no file.
+  for bad_switch in ATLAS_GEMM_STAGE_EARLY=yes ATLAS_GEMM_CLUSTER_EARLY=on ATLAS_MLA_EARLY_CACHE=true \
+    ATLAS_GEMM_STREAM_BALANCE=even; do
     expect_error "bad ${bad_switch%%=*} switch" "${bad_switch%%=*}: expected 0 or 1, got '${bad_switch#*=}'" \
       env "$bad_switch" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
     no_file "bad ${bad_switch%%=*} switch" "$work/env.json"

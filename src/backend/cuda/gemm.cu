@@ -332,6 +332,10 @@ struct GemmSetup {
   // (MmaGemmParams::cluster_early; only where stage_early is on, and for one-tile problems of at
   // most 16 rows).
   bool cluster_early = true;
+  // ATLAS_GEMM_STREAM_BALANCE (default 1; 0 for A/B runs): a stream config's persistent grid of
+  // more tiles than resident blocks takes ceil(T / ceil(T / slots)) blocks, so that every block
+  // walks the same number of tiles (launch_mma).
+  bool stream_balance = true;
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -401,6 +405,7 @@ const GemmSetup& setup() {
     g.stream_grouped_gated_only = grouped == 3;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
+    g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
@@ -800,11 +805,15 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
   const KernelFn f = c.tail_k > 0 && p.K % c.tail_k != 0 ? c.tail[f32 ? 1 : 0] : c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
   if (c.stream) {
     // Persistent: every block takes an even share of the tiles (dense: the batch flattened).
+    // Balanced where there are more tiles than resident blocks: the LM head's 1,600 tiles of the
+    // wgmma config on 396 slots would give 16 blocks a fifth tile, walked alone at the end; 320
+    // blocks walk five each. Which block walks which tile never changes a bit.
     kern::MmaGemmParams q = p;
-    q.tiles_total = int(tiles * batch);
-    const int64_t per_sm = setup().stream_blocks[size_t(&c - kConfigs.data())];
-    launch(f, dim3(unsigned(std::min<int64_t>(tiles * batch, int64_t(setup().sm_count) * per_sm))), c.threads, c.smem,
-           stream, q);
+    const int64_t t = tiles * batch;
+    q.tiles_total = int(t);
+    const int64_t slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(&c - kConfigs.data())];
+    const int64_t blocks = setup().stream_balance && t > slots ? ceil_div(t, ceil_div(t, slots)) : std::min(t, slots);
+    launch(f, dim3(unsigned(blocks)), c.threads, c.smem, stream, q);
   } else if (c.cluster)
     launch_clustered(unsigned(cluster), f, dim3(unsigned(tiles * cluster), 1, batch), c.threads, c.smem, stream, p);
   else
