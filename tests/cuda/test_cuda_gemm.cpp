@@ -232,6 +232,29 @@ TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
                        });
 }
 
+// The stream configs' persistent grid (no GPU needed): never more blocks than tiles or resident
+// slots; balanced, no block walks more tiles than ceil(T / slots), the fewest blocks that allow
+// it, so the last round is never walked by a few blocks alone (the LM head: 1,600 tiles on 396
+// slots, 320 blocks of five instead of 396 blocks of which 16 walk a fifth).
+TEST(GemmSettings, StreamGridsAreBalanced) {
+  EXPECT_EQ(detail::stream_grid_blocks(1600, 396, true), 320);
+  EXPECT_EQ(detail::stream_grid_blocks(1600, 396, false), 396);
+  EXPECT_EQ(detail::stream_grid_blocks(308, 396, true), 308);
+  EXPECT_EQ(detail::stream_grid_blocks(0, 396, true), 0);
+  for (int64_t slots : {1, 7, 264, 396})
+    for (int64_t t = 1; t <= 3000; t += 7) {
+      const int64_t b = detail::stream_grid_blocks(t, slots, true);
+      ASSERT_GE(b, 1);
+      ASSERT_LE(b, std::min(t, slots)) << "t=" << t << " slots=" << slots;
+      const int64_t rounds = (t + slots - 1) / slots;  // the fewest tiles per block possible
+      int64_t most = 0;
+      for (int64_t i = 0; i < b; ++i) most = std::max(most, (i + 1) * t / b - i * t / b);
+      ASSERT_EQ(most, rounds) << "t=" << t << " slots=" << slots;
+      ASSERT_GE(b * rounds, t);  // every tile has a block
+      if (b > 1) ASSERT_LT((b - 1) * rounds, t) << "fewer blocks would do: t=" << t << " slots=" << slots;
+    }
+}
+
 TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
   EXPECT_EQ(detail::gemm_stream_grouped_setting(nullptr), 3);
   EXPECT_EQ(detail::gemm_stream_grouped_setting(""), 3);

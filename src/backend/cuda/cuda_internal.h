@@ -34,6 +34,11 @@ bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem);
 // block, kernels/gemm_stream.cuh; 3 was the default before), 0 for none; anything else throws
 // an Error naming the variable. gemm.cu reads it once, at its setup.
 int gemm_stream_setting(const char* value);
+// The persistent grid of a stream config with `tiles` tiles and `slots` resident blocks (SMs x
+// blocks per SM): min(tiles, slots), or with `balance` (ATLAS_GEMM_STREAM_BALANCE) and more
+// tiles than slots ceil(tiles / ceil(tiles / slots)), so that every block's even share
+// [b T / B, (b + 1) T / B) holds the same number of tiles give or take one less.
+int64_t stream_grid_blocks(int64_t tiles, int64_t slots, bool balance);
 // An on/off switch's value (null: unset): dflt where unset or empty, "0" off, "1" on; anything
 // else throws an Error naming the variable (env_switch reads the environment through it).
 bool switch_setting(const char* name, const char* value, bool dflt);

@@ -812,8 +812,7 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
     const int64_t t = tiles * batch;
     q.tiles_total = int(t);
     const int64_t slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(&c - kConfigs.data())];
-    const int64_t blocks = setup().stream_balance && t > slots ? ceil_div(t, ceil_div(t, slots)) : std::min(t, slots);
-    launch(f, dim3(unsigned(blocks)), c.threads, c.smem, stream, q);
+    launch(f, dim3(unsigned(stream_grid_blocks(t, slots, setup().stream_balance))), c.threads, c.smem, stream, q);
   } else if (c.cluster)
     launch_clustered(unsigned(cluster), f, dim3(unsigned(tiles * cluster), 1, batch), c.threads, c.smem, stream, p);
   else
@@ -1212,6 +1211,11 @@ void grouped_gemm(const GroupedGemmArgs& a) {
 }
 
 namespace detail {
+
+int64_t stream_grid_blocks(int64_t tiles, int64_t slots, bool balance) {
+  if (tiles <= slots || !balance) return std::min(tiles, slots);
+  return ceil_div(tiles, ceil_div(tiles, slots));
+}
 
 int gemm_stream_setting(const char* value) {
   const std::string v = value == nullptr ? "" : value;
