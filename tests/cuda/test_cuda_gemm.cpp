@@ -251,7 +251,9 @@ TEST(GemmSettings, StreamGridsAreBalanced) {
       for (int64_t i = 0; i < b; ++i) most = std::max(most, (i + 1) * t / b - i * t / b);
       ASSERT_EQ(most, rounds) << "t=" << t << " slots=" << slots;
       ASSERT_GE(b * rounds, t);  // every tile has a block
-      if (b > 1) ASSERT_LT((b - 1) * rounds, t) << "fewer blocks would do: t=" << t << " slots=" << slots;
+      if (b > 1) {
+        ASSERT_LT((b - 1) * rounds, t) << "fewer blocks would do: t=" << t << " slots=" << slots;
+      }
     }
 }
 
@@ -962,6 +964,64 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
     GemmArgs big = m128;
     big.K = 4360;
     EXPECT_NE(gemm_config_name(gemm_chosen_config(big)), name) << "K=4360 cannot be one cluster";
+  }
+}
+
+// Session 23: o_proj's launch with the add + norm in its last block (gemm_add_rmsnorm) gives the
+// bits of gemm() followed by add_rmsnorm(): the GEMM's output, the updated residual row and the
+// normed row, over repeated launches (the block counter is reset by each launch's last block),
+// with launch overlap off and on. Where the staged split-K config would not run it launches
+// nothing and says so (more rows, N != dim, the tails off).
+TEST_F(Gemm, AddRmsNormTailGivesTheBitsOfGemmThenAddRmsNorm) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const LaunchOverlap was = launch_overlap_mode();
+  for (const auto& [N, K] : {std::pair{2048, 2048}, std::pair{64, 2048}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " K=" << K);
+    const auto x = random_bf16(size_t(K), rng), w = random_bf16(size_t(N) * K, rng, 0.02f);
+    const auto resid = random_bf16(size_t(N), rng), norm_w = random_bf16(size_t(N), rng, 0.5f);
+    DevBuf<uint16_t> dx(x), dw(w), dnorm(norm_w);
+    // The two launches.
+    DevBuf<uint16_t> y_ref(static_cast<size_t>(N)), x_ref(resid), h_ref(static_cast<size_t>(N));
+    gemm({.x = dx.get(), .w = dw.get(), .out = y_ref.get(), .M = 1, .N = N, .K = K});
+    add_rmsnorm({.x = x_ref.get(), .y = y_ref.get(), .weight = dnorm.get(), .out = h_ref.get(), .rows = 1, .dim = N,
+                 .eps = 1e-6f});
+    synchronize();
+    const auto want_y = y_ref.download(), want_x = x_ref.download(), want_h = h_ref.download();
+    gemm_set_tails(1);
+    for (auto mode : {LaunchOverlap::off, LaunchOverlap::on}) {
+      set_launch_overlap(mode);
+      for (int rep = 0; rep < 3; ++rep) {
+        SCOPED_TRACE(::testing::Message() << "overlap " << int(mode) << " launch " << rep);
+        DevBuf<uint16_t> y(static_cast<size_t>(N)), xr(resid), h(static_cast<size_t>(N));
+        const int64_t before = gemm_tailed_launches();
+        ASSERT_TRUE(gemm_add_rmsnorm({.x = dx.get(), .w = dw.get(), .out = y.get(), .M = 1, .N = N, .K = K},
+                                     {.x = xr.get(), .weight = dnorm.get(), .out = h.get(), .dim = N, .eps = 1e-6f}));
+        synchronize();
+        check_device_errors();
+        EXPECT_EQ(gemm_tailed_launches(), before + 1);
+        ASSERT_EQ(y.download(), want_y) << "the GEMM's output";
+        ASSERT_EQ(xr.download(), want_x) << "the residual row";
+        ASSERT_EQ(h.download(), want_h) << "the normed row";
+      }
+    }
+    set_launch_overlap(was);
+    // Where the tail does not apply nothing is launched (the outputs keep their poison).
+    DevBuf<uint16_t> y(size_t(2) * N), xr(resid), h(static_cast<size_t>(N));
+    DevBuf<uint16_t> dx2(random_bf16(size_t(2) * K, rng));
+    EXPECT_FALSE(gemm_add_rmsnorm({.x = dx2.get(), .w = dw.get(), .out = y.get(), .M = 2, .N = N, .K = K},
+                                  {.x = xr.get(), .weight = dnorm.get(), .out = h.get(), .dim = N}))
+        << "two rows";
+    EXPECT_FALSE(gemm_add_rmsnorm({.x = dx.get(), .w = dw.get(), .out = y.get(), .M = 1, .N = N, .K = K},
+                                  {.x = xr.get(), .weight = dnorm.get(), .out = h.get(), .dim = N - 8}))
+        << "dim != N";
+    gemm_set_tails(0);
+    EXPECT_FALSE(gemm_add_rmsnorm({.x = dx.get(), .w = dw.get(), .out = y.get(), .M = 1, .N = N, .K = K},
+                                  {.x = xr.get(), .weight = dnorm.get(), .out = h.get(), .dim = N}))
+        << "the tails off";
+    gemm_set_tails(-1);
+    synchronize();
+    EXPECT_EQ(xr.download(), resid) << "a call that launched nothing changed the residual row";
   }
 }
 

@@ -1274,10 +1274,22 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     matmul({.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .M = M, .N = dv, .K = dc, .x_stride = nh * dc,
             .w_stride = dc, .out_stride = nh * dv, .batch = nh, .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc,
             .out_batch_stride = dv});
-    linear(b.heads, L.o, b.y, M, H, nh * dv);
+    // x = x + attn; h = post_attention_layernorm(x); x = x + mlp_or_moe(h). At one row o_proj's
+    // own launch may add and norm (gemm_add_rmsnorm, ATLAS_GEMM_TAILS), unless a tensor observer
+    // of attn_out or resid_mid could change a value in between.
+    bool tailed = false;
+    if constexpr (!kF32) {
+      if (M == 1 && L.ln2 && !(hooks && (hooks->wants_tensor(names.attn_out) || hooks->wants_tensor(names.resid_mid))))
+        tailed = gemm_add_rmsnorm({.x = b.heads, .w = L.o, .out = b.y, .out_type = OutType::bf16, .M = 1, .N = int(H),
+                                   .K = int(nh * dv), .mode = mode_for(1), .stream = s_},
+                                  {.x = b.x, .weight = L.ln2, .out = b.h, .dim = int(H), .eps = eps});
+    }
+    if (!tailed) linear(b.heads, L.o, b.y, M, H, nh * dv);
     hook_act(hooks, names.attn_out, l, {B, T, H}, b.y);
-    // x = x + attn; h = post_attention_layernorm(x); x = x + mlp_or_moe(h)
-    add_then_norm(names.resid_mid, L.ln2, l);
+    if (tailed)
+      hook_act(hooks, names.resid_mid, l, {B, T, H}, b.x);
+    else
+      add_then_norm(names.resid_mid, L.ln2, l);
     hook_act(hooks, names.ln2, l, {B, T, H}, b.h);
     // ... and the next layer's input_layernorm (or the final norm) in the same launch.
     const Elem* next_norm = li + 1 < int64_t(blocks_.size()) ? blocks_[size_t(li + 1)].ln1 : has_head_ ? final_ln_ : nullptr;

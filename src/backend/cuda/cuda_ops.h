@@ -681,6 +681,28 @@ struct GemmArgs {
 };
 void gemm(const GemmArgs& a);
 
+// o_proj and the add + norm after it in one launch (session 23; written after the session's GPU
+// time was spent, so off unless ATLAS_GEMM_TAILS=1 until its tests have run on a GPU):
+// gemm(a), then add_rmsnorm({.x = t.x, .y = a.out, .weight = t.weight, .out = t.out, .rows = 1,
+// .dim = t.dim, .eps = t.eps}), the same bits, where gemm(a) would run the staged 8-warp split-K
+// kernel on one row (o_proj at a batch-1 decode step): its last block adds and norms the
+// finished row (kernels/gemm_tail.cuh). Returns false and launches nothing otherwise (the
+// switch off, another config, more rows, f32 or fast mode, a capture before the stream's first
+// eager call): the caller runs the two launches.
+struct GemmAddRmsNormArgs {
+  uint16_t* x = nullptr;             // [dim] the residual stream row, updated in place
+  const uint16_t* weight = nullptr;  // [dim] the norm's weight
+  uint16_t* out = nullptr;           // [dim] the normed row (must not alias x or the GEMM's out)
+  int dim = 0;                       // must equal the GEMM's N
+  float eps = 1e-6f;
+};
+bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t);
+// How many tailed launches gemm_add_rmsnorm made in this process (tests check that the tail ran).
+int64_t gemm_tailed_launches();
+// Tests: 1 lets gemm_add_rmsnorm launch its tail, 0 never, -1 (the default) as ATLAS_GEMM_TAILS
+// says; process-wide, like gemm_force_config. Never bits.
+void gemm_set_tails(int mode);
+
 // Tile configurations of the batch_invariant kernel (largest first). Every one gives the same
 // bits by the contract above; they differ in speed only. gemm() and grouped_gemm() pick one
 // from the shape (never from the data); tests and benchmarks force one to check that claim and

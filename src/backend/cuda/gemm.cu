@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/gemm_cluster.cuh"
 #include "backend/cuda/kernels/gemm_stream.cuh"
+#include "backend/cuda/kernels/gemm_tail.cuh"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
 #include "backend/cuda/kernels/gemm_tma.cuh"
@@ -301,6 +302,8 @@ bool weight_evict_first() {
   return v == 1;
 }
 std::atomic<int> tma_blocks_cap{0};  // gemm_set_tma_blocks (tests)
+std::atomic<int64_t> tailed_launches{0};  // gemm_tailed_launches (tests)
+std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
 
 struct GemmSetup {
   int sm_count = 132;
@@ -336,6 +339,9 @@ struct GemmSetup {
   // more tiles than resident blocks takes ceil(T / ceil(T / slots)) blocks, so that every block
   // walks the same number of tiles (launch_mma).
   bool stream_balance = true;
+  // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
+  // its tailed kernel.
+  bool tails = false;
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -406,6 +412,7 @@ const GemmSetup& setup() {
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
+    g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
@@ -828,6 +835,7 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
 struct ScratchBlock {
   void* p = nullptr;
   size_t bytes = 0;
+  int* tail_counter = nullptr;  // gemm_add_rmsnorm's block counter (zero between launches)
 };
 std::mutex scratch_mu;
 std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 1 GiB each
@@ -843,10 +851,27 @@ float* stream_scratch(size_t bytes, cudaStream_t stream) {
   if (cap != cudaStreamCaptureStatusNone) return nullptr;
   check_cuda(cudaStreamSynchronize(stream), "gemm", "cudaStreamSynchronize (slice scratch)");
   if (b.p) check_cuda(cudaFree(b.p), "gemm", "cudaFree (slice scratch)");
-  b = ScratchBlock{};
+  b.p = nullptr;
+  b.bytes = 0;
   check_cuda(cudaMalloc(&b.p, bytes), "gemm", "cudaMalloc (slice scratch)");
   b.bytes = bytes;
   return static_cast<float*>(b.p);
+}
+
+// The stream's tail counter (kern::splitk_body's tails), zeroed once; null inside a capture
+// before the stream's first eager call made it (the caller then runs the plain launches).
+int* stream_tail_counter(cudaStream_t stream) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(scratch_mu);
+  ScratchBlock& b = scratch_blocks[{dev, stream}];
+  if (b.tail_counter != nullptr) return b.tail_counter;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &cap), "gemm", "cudaStreamIsCapturing");
+  if (cap != cudaStreamCaptureStatusNone) return nullptr;
+  check_cuda(cudaMalloc(&b.tail_counter, sizeof(int)), "gemm", "cudaMalloc (tail counter)");
+  check_cuda(cudaMemset(b.tail_counter, 0, sizeof(int)), "gemm", "cudaMemset (tail counter)");
+  return b.tail_counter;
 }
 
 // A sliced launch (kern::MmaGemmParams::slice_stride): fp32 slice sums [slices][rows][N] in the
@@ -1002,6 +1027,7 @@ void detail::gemm_release_stream(cudaStream_t s) noexcept {
     if (it == scratch_blocks.end()) return;
     cudaStreamSynchronize(s);
     cudaFree(it->second.p);
+    cudaFree(it->second.tail_counter);
     scratch_blocks.erase(it);
   } catch (...) {
   }
@@ -1061,6 +1087,48 @@ void run_unfused_gated(const A& a, int rows, Run run) {
              .rows = rows, .width = a.gated, .in_stride = a.N, .stream = a.stream});
 }
 
+// The kernel parameters of a dense batch-invariant gemm() (`m_tiles` x `n_tiles` tiles of the
+// chosen config; strides resolved).
+kern::MmaGemmParams dense_params(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, int64_t m_tiles,
+                                 int64_t n_tiles) {
+  const size_t elt = a.out_type == OutType::f32 ? 4 : 2;
+  kern::MmaGemmParams p;
+  p.x = a.x;
+  p.w = a.w;
+  p.out = a.out;
+  p.xs = xs;
+  p.ws = ws;
+  p.os = os;
+  p.x_bs = a.x_batch_stride;
+  p.w_bs = a.w_batch_stride;
+  p.o_bs = a.out_batch_stride;
+  p.M = a.M;
+  p.N = a.N;
+  p.K = a.K;
+  p.m_tiles = int(m_tiles);
+  p.n_tiles = int(n_tiles);
+  p.error_flag = setup().error_flag;
+  p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
+                 (a.batch == 1 || a.out_batch_stride % 2 == 0);
+  // Under launch overlap the blocks pull their weights into L2 while the kernel before them runs
+  // (kern::prefetch_weights_l2): the weights of a dense GEMM are never an earlier kernel's output.
+  // The staged split-K kernel copies its first slices into shared memory then (2,
+  // ATLAS_GEMM_STAGE_EARLY; the other kernels read any value > 0 as 1).
+  p.prefetch = pdl_enabled() ? (setup().stage_early ? 2 : 1) : 0;
+  // ... and the cluster kernel its whole slice, at decode sizes only: on the seed grid's M = 128
+  // steps it measured slower (7.20 vs 7.08 s, session 22), where several m-tiles read each slice.
+  p.cluster_early = setup().cluster_early && m_tiles == 1 && a.M <= 16 ? 1 : 0;
+  // Only where each weight row is read by one block row (one m-tile): with two or more, a line
+  // marked evict_first may leave before the second tile reads it (session 17, the seed grid's
+  // M = 128 steps on 64-row tiles: 7.32 s with the hint on every dense GEMM vs 7.12 without).
+  p.l2_evict_first = weight_evict_first() && m_tiles == 1 ? 1 : 0;
+  if (a.gated > 0) {  // a fusing config in a plain launch (the caller checked): the activation out
+    p.gated = a.gated;
+    p.os = a.gated;
+  }
+  return p;
+}
+
 void gemm(const GemmArgs& a) {
   const char* op = "gemm";
   require_gemm_args(a, op);
@@ -1101,41 +1169,7 @@ void gemm(const GemmArgs& a) {
   const int cluster = cluster_blocks(ci, a.K);  // 0 unless a cluster config
   const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
   require(m_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "M", "too many tiles for one launch");
-  const size_t elt = f32 ? 4 : 2;
-  kern::MmaGemmParams p;
-  p.x = a.x;
-  p.w = a.w;
-  p.out = a.out;
-  p.xs = xs;
-  p.ws = ws;
-  p.os = os;
-  p.x_bs = a.x_batch_stride;
-  p.w_bs = a.w_batch_stride;
-  p.o_bs = a.out_batch_stride;
-  p.M = a.M;
-  p.N = a.N;
-  p.K = a.K;
-  p.m_tiles = int(m_tiles);
-  p.n_tiles = int(n_tiles);
-  p.error_flag = s.error_flag;
-  p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0 &&
-                 (a.batch == 1 || a.out_batch_stride % 2 == 0);
-  // Under launch overlap the blocks pull their weights into L2 while the kernel before them runs
-  // (kern::prefetch_weights_l2): the weights of a dense GEMM are never an earlier kernel's output.
-  // The staged split-K kernel copies its first slices into shared memory then (2,
-  // ATLAS_GEMM_STAGE_EARLY; the other kernels read any value > 0 as 1).
-  p.prefetch = pdl_enabled() ? (setup().stage_early ? 2 : 1) : 0;
-  // ... and the cluster kernel its whole slice, at decode sizes only: on the seed grid's M = 128
-  // steps it measured slower (7.20 vs 7.08 s, session 22), where several m-tiles read each slice.
-  p.cluster_early = setup().cluster_early && m_tiles == 1 && a.M <= 16 ? 1 : 0;
-  // Only where each weight row is read by one block row (one m-tile): with two or more, a line
-  // marked evict_first may leave before the second tile reads it (session 17, the seed grid's
-  // M = 128 steps on 64-row tiles: 7.32 s with the hint on every dense GEMM vs 7.12 without).
-  p.l2_evict_first = weight_evict_first() && m_tiles == 1 ? 1 : 0;
-  if (a.gated > 0) {  // a fusing config in a plain launch (checked above): the activation out
-    p.gated = a.gated;
-    p.os = a.gated;
-  }
+  kern::MmaGemmParams p = dense_params(a, xs, ws, os, m_tiles, n_tiles);
   if (sliced &&
       launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
                     nullptr, stream, op))
@@ -1209,6 +1243,39 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream));
   check_launch(op);
 }
+
+// o_proj's launch that also adds and norms (kernels/gemm_tail.cuh): where gemm(a) would run the
+// staged 8-warp split-K kernel on one row (o_proj at a batch-1 decode step), that kernel with
+// AddRmsNormTail; the last block runs add_rmsnorm's arithmetic on the finished row.
+bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
+  const char* op = "gemm_add_rmsnorm";
+  require_gemm_args(a, op);
+  require(t.x && t.weight && t.out, op, "pointers", "x, weight and out must be set");
+  require(t.out != t.x && t.out != a.out && t.x != a.out, op, "out", "x, out and the GEMM's out must not alias");
+  const int forced = tails_override.load();
+  if (!(forced >= 0 ? forced == 1 : setup().tails) || a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 ||
+      a.out_type != OutType::bf16 || t.dim != a.N || a.out_stride > a.N)
+    return false;
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+  const int64_t os = a.out_stride ? a.out_stride : a.N;
+  const bool async = dense_async(a, xs, ws);
+  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
+  const cudaStream_t stream = stream_of(a.stream);
+  int* counter = stream_tail_counter(stream);
+  if (counter == nullptr) return false;
+  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
+  const int64_t n_tiles = ceil_div(a.N, c.bn);
+  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
+  const kern::AddRmsNormTail tail{.x = t.x, .w = t.weight, .out = t.out, .dim = t.dim, .eps = t.eps, .counter = counter};
+  launch(kern::gemm_splitk_tail_kernel<CfgS8, kern::AddRmsNormTail>, dim3(unsigned(n_tiles)), c.threads, 0, stream, p,
+         tail);
+  check_launch(op);
+  ++tailed_launches;
+  return true;
+}
+
+int64_t gemm_tailed_launches() { return tailed_launches.load(); }
+void gemm_set_tails(int mode) { tails_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
 
 namespace detail {
 

@@ -505,6 +505,17 @@ std::vector<float> prefill_and_greedy_steps(const Model& m, const std::vector<st
   }
   return all;
 }
+
+// The same for one row (M = 1 in every decode step: where the GEMM tails apply).
+std::vector<float> one_row_greedy_steps(const Model& m, const std::vector<int32_t>& row, int64_t V) {
+  auto c = m.make_cache(1, 310);
+  std::vector<float> all = prefill(m, *c, {row}), lg = all;
+  for (int s = 0; s < 4; ++s) {
+    lg = step(m, *c, {argmax(lg.data(), V)}, {int32_t(row.size()) + s});
+    all.insert(all.end(), lg.begin(), lg.end());
+  }
+  return all;
+}
 }  // namespace
 
 // Launch overlap (programmatic dependent launch) changes when a kernel's launch starts, never
@@ -566,6 +577,34 @@ TEST_F(CudaTiny, StreamPriorityGivesTheSameBits) {
     auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .stream_priority = prio});
     runs.push_back(prefill_and_greedy_steps(*m, rows, V));
   }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+// o_proj's launch adding and norming in its last block (cuda::gemm_add_rmsnorm, session 23) gives
+// the bits of the two launches: a one-row prefill and eager and graph-replayed batch-1 steps with
+// the tails on and off. The tiny model's GEMMs would take other configs, so every GEMM is forced
+// onto the staged split-K config the tail belongs to; the tailed launches are counted.
+TEST_F(CudaTiny, GemmTailsGiveTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  int staged = -1;
+  for (int c = 0; c < cuda::gemm_config_count(); ++c)
+    if (cuda::gemm_config_name(c) == "splitk16x8/8w+staged") staged = c;
+  ASSERT_GE(staged, 0);
+  cuda::gemm_force_config(staged);
+  std::vector<std::vector<float>> runs;
+  for (int tails : {0, 1}) {
+    cuda::gemm_set_tails(tails);
+    const int64_t before = cuda::gemm_tailed_launches();
+    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+    runs.push_back(one_row_greedy_steps(*m, rows[0], V));
+    if (tails == 1)
+      EXPECT_GT(cuda::gemm_tailed_launches(), before) << "no tailed launch ran";
+    else
+      EXPECT_EQ(cuda::gemm_tailed_launches(), before) << "a tailed launch ran with the tails off";
+  }
+  cuda::gemm_set_tails(-1);
+  cuda::gemm_force_config(-1);
   EXPECT_EQ(runs[0], runs[1]);
 }
 

@@ -37,6 +37,8 @@
 // column group, where the tiled kernel had one serial chain of ceil(K/16) mma per accumulator.
 #pragma once
 
+#include <type_traits>
+
 #include <cstdint>
 
 #include "common.cuh"
@@ -694,8 +696,12 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K,
 // columns past N zero-filled as load_pair reads zeros). The same fragments, the same mma order
 // and the same reduce: the same bits (Gemm.EveryConfig*). Config "splitk16x8/8w+staged", the
 // dense split-K default since session 21 (gemm.cu, dense_splitk_config; ATLAS_GEMM_SPLITK).
-template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged = false>
-__global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
+// The body of gemm_splitk_kernel, with a tail: NoSplitKTail (the kernel), or a kernels/
+// gemm_tail.cuh functor that the launch's last block runs on the whole output once every block's
+// stores are done (gemm_splitk_tail_kernel; dense problems only, where every block has a tile).
+struct NoSplitKTail {};
+template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged, class Tail>
+__device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& tail) {
   static_assert(!kStaged || kVec, "the staged copies are 16-byte copies");
   __shared__ float part[T::KW][T::BM][T::BN];  // one round's slice sums, [warp][row][col]
   __shared__ int64_t a_off[T::BM];
@@ -858,6 +864,25 @@ __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmPa
         static_cast<uint16_t*>(p.out)[o] = f2bf(tot[e]);
     }
   }
+  if constexpr (!std::is_same_v<Tail, NoSplitKTail>) {
+    // Every block counts itself after its stores (made visible first); the last one to count
+    // runs the tail over the whole output, read through L2, and resets the counter for the next
+    // launch of the stream.
+    __shared__ int last_block;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last_block = atomicAdd(tail.counter, 1) == int(gridDim.x * gridDim.y * gridDim.z) - 1;
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    tail(p);
+    if (tid == 0) *tail.counter = 0;
+  }
+}
+
+template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged = false>
+__global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
+  splitk_body<T, kOutF32, kVec, kHalf, kStaged, NoSplitKTail>(p, NoSplitKTail{});
 }
 
 }  // namespace atlas::cuda::kern

@@ -1,0 +1,43 @@
+// Tails of the split-K kernel (kernels/gemm_mma.cuh, splitk_body): the op that follows a GEMM at a
+// batch-1 decode step, run by the GEMM launch's last block on the finished output instead of by
+// a launch of its own (session 23; gemm_add_rmsnorm in gemm.cu, ATLAS_GEMM_TAILS). Why: at one
+// row that op moves a few KB, and its own launch costs a boundary (the wait for the GEMM's end,
+// the release of the next kernel) of ~2.3 us per layer (CUPTI, sessions 22-23).
+// The tail runs the op's own arithmetic in its own order, so the bits are those of the two
+// launches (tests/cuda/test_cuda_gemm.cpp, Gemm.AddRmsNormTail*).
+#pragma once
+
+#include "gemm_mma.cuh"
+#include "rmsnorm.cuh"
+
+namespace atlas::cuda::kern {
+
+// o_proj's tail: x = bf16(x + y) (the residual stream, one row; y = the GEMM's bf16 output) and
+// out = rmsnorm(x) * w: rmsnorm_row's arithmetic on kReduceThreads threads, the bits of
+// add_rmsnorm's kernels (the wide one gives the same bits by construction, kernels/rmsnorm.cuh).
+// The GEMM's output is read through L2 (__ldcg): the other blocks wrote it.
+struct AddRmsNormTail {
+  uint16_t* x = nullptr;
+  const uint16_t* w = nullptr;
+  uint16_t* out = nullptr;
+  int dim = 0;
+  float eps = 0.0f;
+  int* counter = nullptr;  // zero between launches (splitk_body resets it)
+  __device__ void operator()(const MmaGemmParams& p) const {
+    __shared__ float scratch[16];
+    const uint16_t* y = static_cast<const uint16_t*>(p.out);
+    rmsnorm_row<uint16_t, true>(rms_preload<uint16_t>(x, w, dim), x,
+                                [y](int, int i) { return bf2f(__ldcg(reinterpret_cast<const unsigned short*>(y) + i)); },
+                                w, out, dim, eps, scratch);
+  }
+};
+
+// The staged split-K kernel (bf16 out, at most 8 rows, 16-byte copies) with a tail: dense
+// problems only (every block has a tile, so every block counts itself).
+template <class T, class Tail>
+__global__ void __launch_bounds__(T::THREADS) gemm_splitk_tail_kernel(const MmaGemmParams p, const Tail tail) {
+  static_assert(T::THREADS == kReduceThreads, "the tails' norms run rmsnorm_row's kReduceThreads order");
+  splitk_body<T, false, true, true, true, Tail>(p, tail);
+}
+
+}  // namespace atlas::cuda::kern
