@@ -18,7 +18,8 @@
 // Timing: each configuration as a single launch between CUDA events (launch and ramp included:
 // the figures of session 22's runs s22-3, s22-4, s22-7) and, added after s22-7, by the kernel's
 // own span (%globaltimer, first block's start to last block's end).
-// Standalone: includes the kernels' wgmma helpers only.
+// Standalone: includes the kernels' wgmma helpers only (since session 23 the m64n8k16 wrapper of
+// kernels/gemm_wgstream.cuh, the production kernel built on this probe).
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -26,7 +27,7 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/cuda/kernels/gemm_wgmma.cuh"
+#include "backend/cuda/kernels/gemm_wgstream.cuh"  // wgmma_m64n8k16 (the production kernel's), wg_desc, ...
 #include "probe_util.h"
 
 namespace {
@@ -62,19 +63,6 @@ __global__ void ref_kernel(const uint16_t* x, const uint16_t* w, float* out, int
     out[size_t(g) * N + n0 + 2 * t] = tot[0];
     out[size_t(g) * N + n0 + 2 * t + 1] = tot[1];
   }
-}
-
-// D(64 x 8) += A(64 x 16) . B(16 x 8), both K-major in shared memory (128-byte swizzle).
-__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t da, uint64_t db) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(1));
-#else
-  __trap();
-#endif
 }
 
 // Persistent: block b takes 64-row tiles [b T / B, (b + 1) T / B) and walks their K steps (BK =

@@ -322,11 +322,10 @@ struct GemmSetup {
   // The stream config dense_config picks for one-row problems; -1: none (ATLAS_GEMM_STREAM,
   // detail::gemm_stream_setting).
   int stream_choice = -1;
-  // The stream config grouped problems of <= 8 rows take (ATLAS_GEMM_STREAM_GROUPED: "1" the
-  // dense one's, "wg" the wgmma one, "wg-gate" the wgmma one for the fused gate|up only; -1:
-  // none, the default, the tiled configs).
-  int stream_grouped = -1;
-  bool stream_grouped_gated_only = false;
+  // The stream configs grouped problems of <= 8 rows take, with the fused gate|up and without it
+  // (ATLAS_GEMM_STREAM_GROUPED: "1" the dense one's for both, "wg" the wgmma one for both,
+  // "wg-gate" the wgmma one for the gate|up only; -1: none, the tiled configs).
+  int stream_grouped_gate = -1, stream_grouped_down = -1;
   // ATLAS_GEMM_STAGE_EARLY (default 1; 0 for A/B runs): the staged split-K kernel's first weight
   // slices into shared memory before its launch-overlap wait (MmaGemmParams::prefetch = 2).
   bool stage_early = true;
@@ -407,8 +406,8 @@ const GemmSetup& setup() {
                       : stream_warps == 1  ? kStreamWg
                                            : -1;
     const int grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
-    g.stream_grouped = grouped == 1 ? g.stream_choice : grouped >= 2 ? kStreamWg : -1;
-    g.stream_grouped_gated_only = grouped == 3;
+    g.stream_grouped_gate = grouped == 1 ? g.stream_choice : grouped >= 2 ? kStreamWg : -1;
+    g.stream_grouped_down = grouped == 3 ? -1 : g.stream_grouped_gate;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
@@ -795,9 +794,8 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // isolation, but batch-1 decode 287 vs 299 tok/s end to end: these run beside the shared
   // experts on the side stream, whose blocks its 99-198 KB per block keep off the SMs.
   // ATLAS_GEMM_STREAM_GROUPED=1 takes it, for end-to-end A/B runs.)
-  if (forced_config.load() < 0 && async && a.max_rows <= 8 && setup().stream_grouped >= 0 &&
-      (a.gated > 0 || !setup().stream_grouped_gated_only))
-    ci = setup().stream_grouped;
+  const int stream_ci = a.gated > 0 ? setup().stream_grouped_gate : setup().stream_grouped_down;
+  if (forced_config.load() < 0 && async && a.max_rows <= 8 && stream_ci >= 0) ci = stream_ci;
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   ci = config_or_fallback(ci, a.K);
@@ -1249,12 +1247,14 @@ void grouped_gemm(const GroupedGemmArgs& a) {
 // AddRmsNormTail; the last block runs add_rmsnorm's arithmetic on the finished row.
 bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
   const char* op = "gemm_add_rmsnorm";
+  // Off (the default): nothing to check here, the caller's gemm() checks its arguments.
+  const int forced = tails_override.load();
+  if (!(forced >= 0 ? forced == 1 : setup().tails)) return false;
   require_gemm_args(a, op);
   require(t.x && t.weight && t.out, op, "pointers", "x, weight and out must be set");
   require(t.out != t.x && t.out != a.out && t.x != a.out, op, "out", "x, out and the GEMM's out must not alias");
-  const int forced = tails_override.load();
-  if (!(forced >= 0 ? forced == 1 : setup().tails) || a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 ||
-      a.out_type != OutType::bf16 || t.dim != a.N || a.out_stride > a.N)
+  if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::bf16 ||
+      t.dim != a.N || a.out_stride > a.N)
     return false;
   const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
   const int64_t os = a.out_stride ? a.out_stride : a.N;
