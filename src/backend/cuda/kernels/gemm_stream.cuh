@@ -85,6 +85,28 @@ __device__ __forceinline__ int grouped_tile_count(const MmaGemmParams& p, int la
   return tiles * p.n_tiles;
 }
 
+// One block's share of a persistent stream kernel's tiles: [first, last) of the problem's real
+// tiles (grouped: counted on the device, after pdl_begin_gemm(); dense: p.tiles_total), dealt
+// evenly over the grid. Both stream kernels (this file's and kernels/gemm_wgstream.cuh's).
+struct StreamShare {
+  int first, last;
+};
+template <int BM>
+__device__ __forceinline__ StreamShare stream_share(const MmaGemmParams& p, int lane) {
+  const int total = p.offsets != nullptr ? grouped_tile_count<BM>(p, lane) : p.tiles_total;
+  return {int(int64_t(blockIdx.x) * total / gridDim.x), int(int64_t(blockIdx.x + 1) * total / gridDim.x)};
+}
+
+// The tile numbered pid (grouped: group after group, n-tiles innermost; dense: the raster, then
+// the batch). False: none, or a bad table / weight find_tile flagged (thread `reporter` reports).
+template <int BM>
+__device__ __forceinline__ bool stream_tile(const MmaGemmParams& p, int pid, int reporter, int lane, TileSpot& t) {
+  if (p.offsets != nullptr) return find_tile<BM, true>(p, pid, reporter, lane, t);
+  const int per_batch = p.m_tiles * p.n_tiles;
+  if (per_batch == p.tiles_total) return find_tile<BM, true>(p, pid, reporter, lane, t, 0);
+  return find_tile<BM, true>(p, pid % per_batch, reporter, lane, t, pid / per_batch);
+}
+
 // One bulk copy of `bytes` from global src to shared address dst, completing on the mbarrier at
 // bar; with h.on it carries h's L2 policy (kern::L2Hint).
 __device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const uint16_t* src, uint32_t bytes, uint32_t bar,
@@ -116,20 +138,14 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
   __syncwarp();
   const bool grouped = p.offsets != nullptr;
   if (grouped) pdl_begin_gemm();
-  const int per_batch = p.m_tiles * p.n_tiles;  // dense
-  const int total = grouped ? grouped_tile_count<T::BM>(p, lane) : p.tiles_total;
-  const int first = int(int64_t(blockIdx.x) * total / gridDim.x);
-  const int last = int(int64_t(blockIdx.x + 1) * total / gridDim.x);
+  const auto [first, last] = stream_share<T::BM>(p, lane);
   const int K = p.K;
   const int KC = K / 16;
   const int S = (K + kSliceK - 1) / kSliceK;
 
   // The tile of pid (false: none; find_tile flags bad tables and weights, lane 0 reporting).
   const auto tile_of = [&](int pid, TileSpot& t) {
-    if (pid >= last) return false;
-    if (grouped) return find_tile<T::BM, true>(p, pid, lane, lane, t);
-    if (per_batch == p.tiles_total) return find_tile<T::BM, true>(p, pid, lane, lane, t, 0);
-    return find_tile<T::BM, true>(p, pid % per_batch, lane, lane, t, pid / per_batch);
+    return pid < last && stream_tile<T::BM>(p, pid, lane, lane, t);
   };
 
   // Issue side: the next step to copy (tile ipid, slice islice). Lane r < 8 holds weight row r

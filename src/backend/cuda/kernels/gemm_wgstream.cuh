@@ -74,10 +74,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const bool grouped = p.offsets != nullptr;
   if (grouped) pdl_begin_gemm();
-  const int per_batch = p.m_tiles * p.n_tiles;  // dense
-  const int total = grouped ? grouped_tile_count<T::BM>(p, lane) : p.tiles_total;
-  const int first = int(int64_t(blockIdx.x) * total / gridDim.x);
-  const int last = int(int64_t(blockIdx.x + 1) * total / gridDim.x);
+  const auto [first, last] = stream_share<T::BM>(p, lane);
   const int K = p.K;
   const int KT = (K + T::BK - 1) / T::BK;
   const int steps = (last - first) * KT;
@@ -86,9 +83,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
 
   // The tile of pid (false: none, or a bad table / weight find_tile flagged).
   const auto tile_of = [&](int pid, TileSpot& t) {
-    if (grouped) return find_tile<T::BM, true>(p, pid, tid, lane, t);
-    if (per_batch == p.tiles_total) return find_tile<T::BM, true>(p, pid, tid, lane, t, 0);
-    return find_tile<T::BM, true>(p, pid % per_batch, tid, lane, t, pid / per_batch);
+    return stream_tile<T::BM>(p, pid, tid, lane, t);
   };
 
   // Issue side. This thread copies chunk c = tid % CPR of weight rows tid / CPR + q (THREADS /
