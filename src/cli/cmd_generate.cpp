@@ -25,6 +25,7 @@ namespace {
 struct GenerateArgs {
   std::string backend = "cpu", model, prompts, out, compute = "f32", decode_attention = "absorbed", manifest;
   int64_t max_new_tokens = 0, batch = 8, top_k = 0;
+  int64_t chain_steps = decode::GenerateOptions{}.chain_steps;
   bool greedy = false, fast = false;
   int device = 0;
   std::optional<double> temperature, top_p;
@@ -142,7 +143,8 @@ void run_generate(const GenerateArgs& a) {
                                .stop_strings = a.stop,
                                .pad_id = int32_t(cfg.eos_token_id.value_or(0)),
                                .decode_attention = decode_form,
-                               .progress = progress_enabled()};
+                               .progress = progress_enabled(),
+                               .chain_steps = a.chain_steps};
   if (tok)
     opts.detokenize = [&](std::span<const int32_t> ids) {
       // Generated ids the tokenizer lacks (the model's vocabulary may be larger) are left out
@@ -193,6 +195,7 @@ void run_generate(const GenerateArgs& a) {
   meta["stops"] = {{"eos", n_eos}, {"length", n_len}, {"stop_string", n_stop}};
   meta["runtime"] = runtime_section(clock);
   meta["runtime"]["batch"] = a.batch;
+  meta["runtime"]["chain_steps"] = a.chain_steps;
   const std::string meta_text = meta.dump(2) + "\n";
   out.commit();
   write_file_atomic(a.out + ".meta.json", meta_text);
@@ -219,6 +222,11 @@ Registrar reg{{
           app.add_option("--crn-tape", a.crn_tape, "Common-random-number tape seed (rows keyed by crn_key or id)");
           app.add_option("--stop", a.stop, "Stop string (repeatable; needs a tokenizer)");
           app.add_option("--batch", a.batch, "Rows per batch (results do not depend on it)")->capture_default_str();
+          app.add_option("--chain-steps", a.chain_steps,
+                         "Decode steps per device round trip where no row needs its logits on the host (results do "
+                         "not depend on it; 1: one forward call per step)")
+              ->check(CLI::Range(int64_t(1), int64_t(4096)))
+              ->capture_default_str();
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--device", a.device, "CUDA device index")->capture_default_str();
           app.add_option("--compute", a.compute, "f32 or bf16")->capture_default_str();

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <string>
 
@@ -117,13 +118,21 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
     }
     std::vector<uint8_t> done(nb, 0);
     size_t n_done = 0;
+    // Tokens of decode steps already run by one decode_chain call, oldest first: while any are
+    // left, a step's tokens come from here instead of a forward call.
+    std::deque<std::vector<int32_t>> ahead;
     for (int64_t step = 0; n_done < nb; ++step) {
+      std::vector<int32_t> chained;
+      if (!ahead.empty()) {
+        chained = std::move(ahead.front());
+        ahead.pop_front();
+      }
       std::vector<int32_t> step_ids(nb, opts.pad_id), step_pos(nb, 0);
       std::vector<uint8_t> step_mask(nb, 1);
       // Sampled rows draw in parallel (each RowSampler is a pure function of its own row, so
       // the threads change nothing); an observer of the logits keeps the loop sequential.
       std::vector<int32_t> drawn(nb, 0);
-      if (!opts.on_logits) {
+      if (!opts.on_logits && chained.empty()) {
         std::vector<std::exception_ptr> errors(nb);
 #pragma omp parallel for schedule(dynamic)
         for (int64_t r = 0; r < int64_t(nb); ++r) {
@@ -142,7 +151,10 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
         if (done[r]) continue;
         GeneratedRow& g = results[start + r];
         int32_t tok = 0;
-        if (want[r] && opts.on_logits) {
+        if (!chained.empty()) {
+          tok = chained[r];  // (a chain runs only where no live row wants its logits)
+          if (on_device[r]) samplers[r].advance();
+        } else if (want[r] && opts.on_logits) {
           std::span<const float> logits(out.logits.data() + r * size_t(V), size_t(V));
           opts.on_logits(start + r, step, logits);
           tok = int32_t(samplers[r].next(logits));
@@ -179,6 +191,40 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
                      rows.size(), (long long)step + 1, s > 0 ? double(tokens_done) / s : 0.0);
       }
       if (n_done == nb) break;
+      if (!ahead.empty()) continue;  // this step already ran in the chain
+      // The next steps in one decode_chain call where no live row needs its logits on the host:
+      // every live row is greedy or drawn on the device, so a step's ids are the previous step's
+      // tokens and can be fed on the device. As many steps as the longest live row may still
+      // need (all live rows have step + 1 tokens). A row that stops inside the chain keeps
+      // computing to its end, fed its own tokens; nothing it computes is read (as with the pad id
+      // a finished row gets otherwise), and a row's tokens do not depend on its batch.
+      bool host_logits = opts.on_logits != nullptr;
+      for (size_t r = 0; r < nb; ++r) host_logits = host_logits || (!done[r] && want[r]);
+      const int64_t k = host_logits ? 1 : std::min<int64_t>(std::max<int64_t>(opts.chain_steps, 1),
+                                                            opts.max_new_tokens - (step + 1));
+      if (k >= 2) {
+        std::vector<int32_t> chain_pos(size_t(k) * nb, 0);
+        std::vector<sample_core::RowParams> chain_params;
+        if (device_sampling && any_sampled) chain_params.resize(size_t(k) * nb);  // kGreedy by default
+        for (size_t r = 0; r < nb; ++r) {
+          if (done[r]) continue;  // position 0, greedy: as the pad id's steps
+          for (int64_t j = 0; j < k; ++j) {
+            chain_pos[size_t(j) * nb + r] = step_pos[r] + int32_t(j);
+            if (!chain_params.empty() && on_device[r]) {
+              const SamplingParams& sp = samplers[r].params();
+              chain_params[size_t(j) * nb + r] = sample_core::make_row_params(
+                  sp.temperature, sp.top_p, sp.top_k, samplers[r].uniform_at(samplers[r].step() + uint64_t(j)));
+            }
+          }
+        }
+        const std::vector<int32_t> toks =
+            model.decode_chain({.batch = B, .steps = k, .first_ids = step_ids, .positions = chain_pos,
+                                .attention = opts.decode_attention, .sampling = chain_params},
+                               *cache);
+        for (int64_t j = 0; j < k; ++j)
+          ahead.emplace_back(toks.begin() + j * B, toks.begin() + (j + 1) * B);
+        continue;
+      }
       fill_dev_params(done);
       out = model.forward({.batch = B, .tokens = 1, .ids = step_ids, .positions = step_pos, .mask = step_mask,
                            .logits_last_only = true, .logits_rows = want, .attention = opts.decode_attention,

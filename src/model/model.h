@@ -58,6 +58,20 @@ struct ForwardOutput {
   std::vector<int32_t> greedy;  // [B]
 };
 
+// A run of decode steps that feed themselves (Model::decode_chain): step 0 gives each row
+// first_ids[b]; step j > 0 gives it the token step j - 1 produced for it (its greedy argmax, or
+// its drawn token where sampling[j - 1][b] samples). Every token is a real one (mask 1).
+struct DecodeChainInput {
+  int64_t batch = 1;                   // B
+  int64_t steps = 0;                   // S
+  std::span<const int32_t> first_ids;  // [B]
+  std::span<const int32_t> positions;  // [S, B]: RoPE position of row b's token at step j
+  AttentionForm attention = AttentionForm::Absorbed;
+  // [S, B] per-row parameters of each step (ForwardInput::sampling's meaning), or empty: all
+  // greedy. Needs Model::supports_device_sampling() where any row samples.
+  std::span<const sample_core::RowParams> sampling;
+};
+
 // argmax of each of `rows` rows of `vocab` logits, ties to the lower id; throws on a NaN.
 std::vector<int32_t> greedy_rows(std::span<const float> logits, int64_t rows, int64_t vocab);
 
@@ -69,6 +83,9 @@ class Cache {
   virtual int64_t capacity() const = 0;
   virtual int64_t length() const = 0;  // tokens stored so far
 };
+
+// decode_chain's argument checks (every backend's): shapes, the cache's batch and room, ids.
+void check_chain_input(const DecodeChainInput& in, const Cache& cache, int64_t vocab);
 
 class Model {
  public:
@@ -84,6 +101,12 @@ class Model {
   virtual std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const = 0;
   // Runs the batch through the loaded layers, appending its latents to the cache.
   virtual ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const = 0;
+  // S decode steps that feed themselves (DecodeChainInput), appended to the cache: [S, B] tokens,
+  // the bits of S forward() calls (tokens = 1, mask 1, logits_last_only, no logits rows) each fed
+  // the previous call's ForwardOutput::greedy. This implementation makes those calls; a backend
+  // may run the steps without a host round trip between them (the CUDA one: one graph launch).
+  // A drawn token that is an error (negative, ForwardOutput::greedy's convention) is an error.
+  virtual std::vector<int32_t> decode_chain(const DecodeChainInput& in, Cache& cache) const;
   // Convenience: a fresh cache sized for this call alone.
   ForwardOutput forward(const ForwardInput& in, const Hooks* hooks = nullptr) const {
     auto cache = make_cache(in.batch, in.tokens);

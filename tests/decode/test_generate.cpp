@@ -198,7 +198,13 @@ class SamplingInForward final : public Model {
     return out;
   }
   using Model::forward;
-  mutable int64_t draws = 0, logits_requested = 0;
+  // Model's own chain (forward() calls fed back), counted.
+  std::vector<int32_t> decode_chain(const DecodeChainInput& in, Cache& cache) const override {
+    ++chains;
+    chained_steps += in.steps;
+    return Model::decode_chain(in, cache);
+  }
+  mutable int64_t draws = 0, logits_requested = 0, chains = 0, chained_steps = 0;
 
  private:
   const Model& m_;
@@ -250,4 +256,107 @@ TEST(Generate, SamplingInForwardEqualsHostSampling) {
   }
   unsetenv("ATLAS_DEVICE_SAMPLING");
   EXPECT_EQ(dev.draws, before);
+}
+
+// Decode chains (GenerateOptions::chain_steps) give the tokens of one forward call per step:
+// greedy and device-sampled rows, rows that stop on EOS inside a chain (their chain runs on,
+// unread), chains cut short by max_new_tokens, batches of one and of several rows.
+TEST(Generate, ChainsGiveTheTokensOfOneCallPerStep) {
+  const std::string dir = fixtures_with_generate().front();
+  Loaded m(dir, Compute::F32);
+  SamplingInForward dev(m.model);
+  for (auto smode : {decode::SamplingMode::Greedy, decode::SamplingMode::Crn}) {
+    decode::SamplingParams base{.mode = smode, .temperature = 0.9, .top_p = 0.9, .top_k = 0, .seed = 5};
+    auto rows = mixed_rows(base);
+    rows[1].sampling = {};  // a greedy row among sampled ones
+    auto opts = greedy_opts(m.ck.config(), 11, 3);
+    opts.chain_steps = 1;
+    const int64_t none = dev.chains;
+    const auto plain = decode::generate(dev, rows, opts);
+    EXPECT_EQ(dev.chains, none) << "chain_steps 1 ran a chain";
+    // An EOS that some rows produce inside a chain: row 0's fourth token.
+    ASSERT_GE(plain[0].ids.size(), 4u);
+    opts.eos_ids = {plain[0].ids[3]};
+    const auto ref = decode::generate(dev, rows, opts);
+    int stopped_early = 0;
+    for (const auto& g : ref) stopped_early += g.stop == decode::StopReason::Eos && g.n_new < 11;
+    EXPECT_GE(stopped_early, 1);
+    for (int64_t chain : {2, 4, 8, 64})
+      for (int64_t batch : {3, 1, 8}) {
+        SCOPED_TRACE(std::string(decode::mode_name(smode)) + " chain " + std::to_string(chain) + " batch " +
+                     std::to_string(batch));
+        opts.chain_steps = chain;
+        opts.batch = batch;
+        const int64_t before = dev.chains;
+        const auto got = decode::generate(dev, rows, opts);
+        EXPECT_GT(dev.chains, before) << "no chain ran";
+        for (size_t r = 0; r < rows.size(); ++r) {
+          EXPECT_EQ(got[r].ids, ref[r].ids) << "row " << r;
+          EXPECT_EQ(got[r].stop, ref[r].stop) << "row " << r;
+          EXPECT_EQ(got[r].rng_state_sha256, ref[r].rng_state_sha256);
+        }
+      }
+  }
+  // A row that wants its logits on the host (an observer) runs one call per step.
+  const int64_t before = dev.chains;
+  auto opts = greedy_opts(m.ck.config(), 6, 2);
+  int64_t seen = 0;
+  opts.on_logits = [&](size_t, int64_t, std::span<const float>) { ++seen; };
+  decode::generate(dev, mixed_rows({}), opts);
+  EXPECT_EQ(dev.chains, before);
+  EXPECT_GT(seen, 0);
+}
+
+// decode_chain's own contract on the CPU backend (Model's implementation): the tokens of
+// forward() calls fed back, the cache advanced by the steps; bad input refused before any step.
+TEST(Generate, DecodeChainIsForwardFedBack) {
+  const std::string dir = fixtures_with_generate().front();
+  Loaded m(dir, Compute::F32);
+  const int64_t B = 2, P = 5, S = 6;
+  std::vector<int32_t> ids, pos;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < P; ++t) {
+      ids.push_back(int32_t(3 + 7 * b + 5 * t));
+      pos.push_back(int32_t(t));
+    }
+  const std::vector<uint8_t> mask(size_t(B * P), 1);
+  auto run_prefill = [&](Cache& c) {
+    return m.model.forward({.batch = B, .tokens = P, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true}, c)
+        .greedy;
+  };
+  auto c1 = m.model.make_cache(B, P + S);
+  std::vector<int32_t> tok = run_prefill(*c1), expected;
+  for (int64_t j = 0; j < S; ++j) {
+    std::vector<int32_t> p(size_t(B), int32_t(P + j));
+    const std::vector<uint8_t> one(size_t(B), 1);
+    tok = m.model.forward({.batch = B, .tokens = 1, .ids = tok, .positions = p, .mask = one, .logits_last_only = true}, *c1)
+              .greedy;
+    expected.insert(expected.end(), tok.begin(), tok.end());
+  }
+  auto c2 = m.model.make_cache(B, P + S);
+  const std::vector<int32_t> first = run_prefill(*c2);
+  std::vector<int32_t> chain_pos;
+  for (int64_t j = 0; j < S; ++j)
+    for (int64_t b = 0; b < B; ++b) chain_pos.push_back(int32_t(P + j));
+  EXPECT_EQ(m.model.decode_chain({.batch = B, .steps = S, .first_ids = first, .positions = chain_pos}, *c2), expected);
+  EXPECT_EQ(c2->length(), P + S);
+  // Bad input: one error each, the cache untouched.
+  auto c3 = m.model.make_cache(B, P + S);
+  run_prefill(*c3);
+  const auto refused = [&](DecodeChainInput in, const std::string& what) {
+    try {
+      m.model.decode_chain(in, *c3);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(c3->length(), P);
+  };
+  refused({.batch = B, .steps = S + 1, .first_ids = first, .positions = std::vector<int32_t>(size_t(B * (S + 1)), 6)},
+          "exceed its capacity");
+  refused({.batch = B, .steps = S, .first_ids = std::span(first).first(1), .positions = chain_pos}, "first_ids");
+  refused({.batch = B, .steps = S, .first_ids = first, .positions = std::span(chain_pos).first(3)}, "positions");
+  const std::vector<int32_t> oov(size_t(B), int32_t(m.ck.config().vocab_size));
+  refused({.batch = B, .steps = S, .first_ids = oov, .positions = chain_pos}, "outside the vocabulary");
+  refused({.batch = B, .steps = 0, .first_ids = first, .positions = {}}, "no steps");
 }

@@ -94,6 +94,7 @@ class CudaCache final : public Cache {
   ~CudaCache() override {
     try {
       if (pinned_) host_free_pinned(pinned_);
+      if (chain_pinned_) host_free_pinned(chain_pinned_);
     } catch (const Error&) {
     }
   }
@@ -114,6 +115,27 @@ class CudaCache final : public Cache {
   // key_slot_[b][j]: the cache slot of row b's timeline token j, -1 for padding (never stored).
   // Only the pattern hook reads it (to lay its slot-indexed probabilities out over the timeline).
   std::vector<std::vector<int32_t>> key_slot_;
+  // Decode chains (CudaModel::decode_chain): one step's graph replayed up to kChainMaxSteps times
+  // per run. Ints, the same layout on the device and in pinned host memory: [16] state (the step
+  // about to run, kernels/decode_chain.cuh), [S][5B] staged inputs, [S][B][8] sampling
+  // parameters (32-byte RowParams; 8-byte aligned: 64 + 20 S B bytes in), [S][B] tokens out
+  // (S = kChainMaxSteps); the pinned block then holds [1] the device error flag.
+  static constexpr int64_t kChainMaxSteps = 64;
+  int64_t chain_staged_at() const { return 16; }
+  int64_t chain_params_at() const { return 16 + kChainMaxSteps * 5 * batch_; }
+  int64_t chain_tokens_at() const { return chain_params_at() + kChainMaxSteps * 8 * batch_; }
+  int64_t chain_error_at() const { return chain_tokens_at() + kChainMaxSteps * batch_; }
+  int32_t* chain_pinned() {
+    if (!chain_pinned_) chain_pinned_ = static_cast<int32_t*>(host_alloc_pinned(size_t(chain_error_at() + 1) * 4));
+    return chain_pinned_;
+  }
+  int32_t* chain_device() {
+    if (!chain_block_.get()) chain_block_ = DeviceBlock(size_t(chain_error_at()) * 4);
+    return reinterpret_cast<int32_t*>(chain_block_.get());
+  }
+  Graph chain_graph;           // one chain step, captured on a chain's first use
+  uint64_t chain_epoch = 0;
+  bool chain_samples = false;
   Graph decode_graph;          // T = 1 step, captured on first use (see CudaModel::forward)
   uint64_t graph_epoch = 0;    // the scratch layout it was captured against
   bool graph_samples = false;  // whether it was captured with the sampling kernel
@@ -124,6 +146,8 @@ class CudaCache final : public Cache {
   size_t elem_bytes_;
   DeviceBlock block_;
   int32_t* pinned_ = nullptr;
+  DeviceBlock chain_block_;
+  int32_t* chain_pinned_ = nullptr;
 };
 
 // Weights of the model's element type Elem (bf16 bits or f32).
@@ -287,6 +311,7 @@ class CudaModelT final : public Model {
   }
   ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const override;
   using Model::forward;
+  std::vector<int32_t> decode_chain(const DecodeChainInput& in, Cache& cache) const override;
 
  private:
   // Per-call device buffers, carved from one grow-only block (decode steps reuse it).
@@ -1583,6 +1608,134 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
     for (int64_t t = 0; t < T; ++t) cache->key_slot_[size_t(bb)].push_back(slot_of(bb, t));
   cache->real_ = std::move(real);
   cache->length_ += T;
+  return out;
+}
+
+// A chain of decode steps without a host round trip between them: the chain's inputs go to the
+// device in one copy, one step's graph is launched S times back to back (its first node,
+// kernels/decode_chain.cuh, feeds each row the token the step before produced and advances the
+// step index on the device), and the S x B tokens and the error flag come back in one copy after
+// the last. The graph holds forward()'s decode-step kernels on the same buffers, so a chain gives
+// the bits of S forward() calls (tests/cuda: CudaTiny.DecodeChain*). Where graphs are off the
+// forward() calls run instead; a cache's first decode step is always a forward() call (eager).
+template <class Elem>
+std::vector<int32_t> CudaModelT<Elem>::decode_chain(const DecodeChainInput& in, Cache& cache_base) const {
+  auto* cache = dynamic_cast<CudaCache*>(&cache_base);
+  if (!cache) fail("decode_chain: the cache was not made by the CUDA backend");
+  check_chain_input(in, *cache, cfg_.vocab_size);
+  if (!has_head_) fail("decode_chain: the model was loaded without its final layers (use all layers)");
+  const int64_t B = in.batch, M = B, cap = cache->capacity();
+  if (!graphs_) return Model::decode_chain(in, cache_base);
+  if (cache->eager_steps == 0) {
+    // The cache's first decode step runs eagerly (forward()'s rule: one-time setup inside the
+    // launchers must not happen during a capture), the rest as a chain fed its tokens.
+    const auto head = [&](auto span) { return span.empty() ? span : span.first(size_t(B)); };
+    const auto tail = [&](auto span) { return span.empty() ? span : span.subspan(size_t(B)); };
+    DecodeChainInput first = in;
+    first.steps = 1;
+    first.positions = head(in.positions);
+    first.sampling = head(in.sampling);
+    std::vector<int32_t> out = Model::decode_chain(first, cache_base);
+    if (in.steps == 1) return out;
+    const std::vector<int32_t> fed = out;
+    DecodeChainInput rest = in;
+    rest.steps = in.steps - 1;
+    rest.first_ids = fed;
+    rest.positions = tail(in.positions);
+    rest.sampling = tail(in.sampling);
+    const std::vector<int32_t> more = decode_chain(rest, cache_base);
+    out.insert(out.end(), more.begin(), more.end());
+    return out;
+  }
+  bool sampling = false;  // any row drawn on the device
+  for (const auto& sp : in.sampling) sampling = sampling || sp.mode == sample_core::kSample;
+  for (int64_t j = 0; j < in.steps; ++j)
+    for (int64_t bb = 0; bb < B; ++bb) {
+      const int32_t p = in.positions[size_t(j * B + bb)];
+      if (p < 0 || p >= max_positions_)
+        fail("input positions", "row " + std::to_string(bb) + " step " + std::to_string(j),
+             "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
+                 std::to_string(max_positions_) + ")");
+    }
+  drop_late();
+  const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
+  rows_ = flat_rows_ = M;
+  expand_ = nullptr;
+  int32_t* host = cache->chain_pinned();
+  int32_t* dev = cache->chain_device();
+  int32_t* const dev_tokens = dev + cache->chain_tokens_at();
+  const Buffers b = carve(M, B, B, M, cap, sampling);  // forward()'s decode-graph buffers
+  if (!cache->chain_graph.ready() || cache->chain_epoch != scratch_epoch_ || cache->chain_samples != sampling) {
+    cache->chain_graph.reset();
+    stream_synchronize(s_);
+    cache->chain_graph.begin(s_);
+    try {
+      chain_inputs({.state = dev,
+                    .staged = dev + cache->chain_staged_at(),
+                    .params_staged = sampling ? dev + cache->chain_params_at() : nullptr,
+                    .prev = b.greedy,
+                    .inputs = b.ids,
+                    .params = sampling ? reinterpret_cast<int32_t*>(b.sample_params) : nullptr,
+                    .hist = dev_tokens,
+                    .batch = int(B),
+                    .param_ints = int(sizeof(sample_core::RowParams) / 4),
+                    .stream = s_});
+      layers_forward(B, 1, *cache, b, M, nullptr, cap, true, nullptr, sampling);
+      cache->chain_graph.end(s_);
+    } catch (...) {
+      cache->chain_graph.abort(s_);
+      throw;
+    }
+    cache->chain_epoch = scratch_epoch_;
+    cache->chain_samples = sampling;
+  }
+
+  std::vector<int32_t> out;
+  out.reserve(size_t(in.steps * B));
+  for (int64_t s0 = 0; s0 < in.steps; s0 += CudaCache::kChainMaxSteps) {
+    const int64_t S = std::min(CudaCache::kChainMaxSteps, in.steps - s0);
+    // Host: the state (step 0), each step's [ids | pos | dst | qlen | qrow] and parameters. Only
+    // the piece's first step takes its ids from here (the chain's first ids, or the previous
+    // piece's last tokens); the kernel feeds the others.
+    host[0] = 0;
+    std::vector<int32_t>& real = cache->real_;
+    for (int64_t j = 0; j < S; ++j) {
+      int32_t* st = host + cache->chain_staged_at() + j * 5 * B;
+      for (int64_t bb = 0; bb < B; ++bb) {
+        st[bb] = j > 0 ? 0 : s0 == 0 ? in.first_ids[size_t(bb)] : out[size_t((s0 - 1) * B + bb)];
+        st[B + bb] = in.positions[size_t((s0 + j) * B + bb)];
+        st[2 * B + bb] = int32_t(bb * cap + real[size_t(bb)]);
+        cache->key_slot_[size_t(bb)].push_back(real[size_t(bb)]);
+        ++real[size_t(bb)];
+        st[3 * B + bb] = real[size_t(bb)];
+        st[4 * B + bb] = int32_t(bb);
+      }
+      if (sampling)
+        std::memcpy(host + cache->chain_params_at() + j * 8 * B, in.sampling.data() + (s0 + j) * B,
+                    size_t(B) * sizeof(sample_core::RowParams));
+    }
+    cache->length_ += S;
+    cache->eager_steps += S;
+    copy_to_device_async(dev, host, size_t(cache->chain_staged_at() + S * 5 * B) * 4, s_);
+    if (sampling)
+      copy_to_device_async(dev + cache->chain_params_at(), host + cache->chain_params_at(),
+                           size_t(S * B) * sizeof(sample_core::RowParams), s_);
+    for (int64_t j = 0; j < S; ++j) cache->chain_graph.launch(s_);
+    copy_2d(dev_tokens + (S - 1) * B, size_t(B) * 4, b.greedy, size_t(B) * 4, size_t(B) * 4, 1, s_);  // the last step's
+    copy_to_host_async(host + cache->chain_tokens_at(), dev_tokens, size_t(S * B) * 4, s_);
+    copy_error_flag_async(host + cache->chain_error_at(), s_);
+    stream_synchronize(s_);
+    if (host[cache->chain_error_at()] != 0) check_device_errors();  // reports (and clears) the flag
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t bb = 0; bb < B; ++bb) {
+        const int32_t t = host[cache->chain_tokens_at() + j * B + bb];
+        if (t < 0)  // only a sampled row's draw is ever negative (argmax gives an id or raises the flag)
+          fail("sampling", "logits[" + std::to_string((-t) >> 3) + "]",
+               "row " + std::to_string(bb) + " step " + std::to_string(s0 + j) + ": " +
+                   sample_core::error_name((-t) & 7));
+        out.push_back(t);
+      }
+  }
   return out;
 }
 

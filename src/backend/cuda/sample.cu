@@ -1,5 +1,6 @@
 // Launcher for the sampling kernel (kernels/sample.cuh): bf16 and f32 logits.
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/kernels/decode_chain.cuh"
 #include "backend/cuda/kernels/sample.cuh"
 
 namespace atlas::cuda {
@@ -25,6 +26,19 @@ void sample_impl(const SampleArgsT<T>& a) {
 }
 
 }  // namespace
+
+void chain_inputs(const ChainInputsArgs& a) {
+  const char* op = "chain_inputs";
+  require(a.batch > 0, op, "batch", "must be > 0");
+  require(a.param_ints >= 0, op, "param_ints", "must be >= 0");
+  require(a.state && a.staged && a.prev && a.inputs && a.hist, op, "pointers",
+          "state, staged, prev, inputs and hist must be set");
+  require((a.params_staged == nullptr) == (a.params == nullptr), op, "params",
+          "params_staged and params are both set or both null");
+  launch(kern::chain_inputs_kernel, 1u, unsigned(kern::kChainThreads), 0, stream_of(a.stream), a.state, a.staged,
+         a.params_staged, a.prev, a.inputs, a.params, a.hist, a.batch, a.param_ints);
+  check_launch(op);
+}
 
 size_t sample_workspace_ints(int64_t rows, int64_t vocab) { return size_t(3 * rows * vocab); }
 void sample(const SampleArgs& a) { sample_impl(a); }
