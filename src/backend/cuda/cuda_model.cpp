@@ -1625,6 +1625,14 @@ std::vector<int32_t> CudaModelT<Elem>::decode_chain(const DecodeChainInput& in, 
   check_chain_input(in, *cache, cfg_.vocab_size);
   if (!has_head_) fail("decode_chain: the model was loaded without its final layers (use all layers)");
   const int64_t B = in.batch, M = B, cap = cache->capacity();
+  for (int64_t j = 0; j < in.steps; ++j)
+    for (int64_t bb = 0; bb < B; ++bb) {
+      const int32_t p = in.positions[size_t(j * B + bb)];
+      if (p < 0 || p >= max_positions_)
+        fail("input positions", "row " + std::to_string(bb) + " step " + std::to_string(j),
+             "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
+                 std::to_string(max_positions_) + ")");
+    }
   if (!graphs_) return Model::decode_chain(in, cache_base);
   if (cache->eager_steps == 0) {
     // The cache's first decode step runs eagerly (forward()'s rule: one-time setup inside the
@@ -1649,14 +1657,6 @@ std::vector<int32_t> CudaModelT<Elem>::decode_chain(const DecodeChainInput& in, 
   }
   bool sampling = false;  // any row drawn on the device
   for (const auto& sp : in.sampling) sampling = sampling || sp.mode == sample_core::kSample;
-  for (int64_t j = 0; j < in.steps; ++j)
-    for (int64_t bb = 0; bb < B; ++bb) {
-      const int32_t p = in.positions[size_t(j * B + bb)];
-      if (p < 0 || p >= max_positions_)
-        fail("input positions", "row " + std::to_string(bb) + " step " + std::to_string(j),
-             "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
-                 std::to_string(max_positions_) + ")");
-    }
   drop_late();
   const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
   rows_ = flat_rows_ = M;

@@ -749,6 +749,90 @@ TEST_F(CudaTiny, GraphDecodeEqualsEagerDecodeAndDeviceGreedyEqualsHost) {
   EXPECT_EQ(one.greedy, full.greedy);
 }
 
+// Model::decode_chain on the CUDA backend (one step graph replayed, each row fed its previous
+// token on the device, tokens back once per run of up to 64 steps) gives the tokens of one
+// forward() call per step on an eager model, with greedy and device-sampled rows; the cache it
+// leaves gives the same next step's logits. Chains of 70 steps (two runs) and then 3 (the graph
+// captured once); the cache's first decode step runs eagerly inside the first chain.
+TEST_F(CudaTiny, DecodeChainGivesTheBitsOfOneForwardPerStep) {
+  const int64_t V = ck_->config().vocab_size, B = 8;
+  const auto rows = prompts(V);
+  auto eager_model = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .graphs = false});
+  for (bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "rows 1, 4 and 6 sampled on the device" : "greedy");
+    auto cc = model_->make_cache(B, 400), ce = eager_model->make_cache(B, 400);
+    const std::vector<float> lc = prefill(*model_, *cc, rows), le = prefill(*eager_model, *ce, rows);
+    ASSERT_EQ(lc, le);
+    std::vector<int32_t> first(static_cast<size_t>(B)), next_pos(static_cast<size_t>(B));
+    for (int64_t r = 0; r < B; ++r) {
+      first[size_t(r)] = argmax(lc.data() + r * V, V);
+      next_pos[size_t(r)] = int32_t(rows[size_t(r)].size());
+    }
+    // The eager reference: forward() per step, each fed the step before's tokens.
+    std::vector<int32_t> fed = first, expected;
+    std::vector<int32_t> positions;
+    std::vector<sample_core::RowParams> params;
+    for (int64_t j = 0; j < 73; ++j) {
+      std::vector<int32_t> pos(static_cast<size_t>(B));
+      std::vector<sample_core::RowParams> sp(static_cast<size_t>(B));
+      for (int64_t r = 0; r < B; ++r) {
+        pos[size_t(r)] = next_pos[size_t(r)] + int32_t(j);
+        if (sampled && (r == 1 || r == 4 || r == 6))
+          sp[size_t(r)] = sample_core::make_row_params(0.8, r == 4 ? 0.9 : 1.0, r == 6 ? 7 : 0,
+                                                       double((j * 37 + r * 11) % 100) / 100.0);
+      }
+      positions.insert(positions.end(), pos.begin(), pos.end());
+      if (sampled) params.insert(params.end(), sp.begin(), sp.end());
+      const std::vector<uint8_t> mask(size_t(B), 1), none(size_t(B), 0);
+      const ForwardOutput o = eager_model->forward({.batch = B, .tokens = 1, .ids = fed, .positions = pos, .mask = mask,
+                                                    .logits_last_only = true, .logits_rows = none,
+                                                    .attention = AttentionForm::Absorbed,
+                                                    .sampling = sampled ? std::span<const sample_core::RowParams>(sp)
+                                                                        : std::span<const sample_core::RowParams>()},
+                                                   *ce);
+      fed = o.greedy;
+      expected.insert(expected.end(), fed.begin(), fed.end());
+    }
+    const auto part = [&](auto& v, int64_t j0, int64_t n) {
+      return v.empty() ? std::span(v.data(), 0) : std::span(v.data() + j0 * B, size_t(n * B));
+    };
+    const std::vector<int32_t> a = model_->decode_chain(
+        {.batch = B, .steps = 70, .first_ids = first, .positions = part(positions, 0, 70), .sampling = part(params, 0, 70)},
+        *cc);
+    ASSERT_EQ(a, std::vector<int32_t>(expected.begin(), expected.begin() + 70 * B));
+    const std::vector<int32_t> last(a.end() - B, a.end());
+    const std::vector<int32_t> b = model_->decode_chain(
+        {.batch = B, .steps = 3, .first_ids = last, .positions = part(positions, 70, 3), .sampling = part(params, 70, 3)},
+        *cc);
+    ASSERT_EQ(b, std::vector<int32_t>(expected.begin() + 70 * B, expected.end()));
+    EXPECT_EQ(cc->length(), ce->length());
+    // The caches hold the same bits: the next step's logits agree.
+    std::vector<int32_t> pos(static_cast<size_t>(B));
+    for (int64_t r = 0; r < B; ++r) pos[size_t(r)] = next_pos[size_t(r)] + 73;
+    const std::vector<int32_t> ids(expected.end() - B, expected.end());
+    EXPECT_EQ(step(*model_, *cc, ids, pos, nullptr, AttentionForm::Absorbed),
+              step(*eager_model, *ce, ids, pos, nullptr, AttentionForm::Absorbed));
+  }
+  // Bad input is refused before anything runs: a position past the model's context.
+  auto c = model_->make_cache(1, 16);
+  const std::vector<int32_t> one{3}, bad{int32_t(ck_->config().max_position_embeddings), 0};
+  OneRow p({1, 2, 3});
+  model_->forward(p.input(), *c);
+  EXPECT_THROW(model_->forward({.batch = 1, .tokens = 1, .ids = one, .positions = std::span(bad).first(1),
+                                .mask = std::vector<uint8_t>{1}, .logits_last_only = true},
+                               *c),
+               Error);
+  try {
+    model_->decode_chain({.batch = 1, .steps = 2, .first_ids = one, .positions = std::vector<int32_t>{3, int32_t(
+                                                                                       ck_->config().max_position_embeddings)}},
+                         *c);
+    ADD_FAILURE() << "a position past the context was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step 1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(c->length(), 3);
+}
+
 // The fast mode (cuBLASLt dense GEMMs) stays close to the invariant mode: same greedy tokens on
 // the tiny preset's prefill for most rows, logits within the bf16 tolerance of the fixtures.
 TEST_F(CudaTiny, FastModeIsCloseToInvariantMode) {
