@@ -391,36 +391,39 @@ std::vector<Record> run_bench(const BenchOptions& o) {
                                 *cache);
         int32_t tok = r.greedy.at(0);
         std::vector<int32_t> toks;
-        // The decode steps as `atlas generate` runs them for greedy rows: chains of
-        // GenerateOptions' default length (Model::decode_chain, the tokens fed on the device;
-        // the cache's first decode step runs eagerly inside the first), --chain-steps 1: one
-        // forward() call per step.
-        const int64_t chain = std::max<int64_t>(o.chain_steps, 1);
+        // The decode steps as `atlas generate` runs them for greedy rows: a DecodeRun with
+        // GenerateOptions' default number of steps pushed ahead of the one read (the cache's first
+        // decode step runs eagerly inside it); --decode-ahead 0: one forward() call per step.
+        const int64_t ahead = o.decode_ahead;
         const auto t0 = Clock::now();
-        for (int64_t s = 0; s < o.decode_steps;) {
-          const int64_t k = std::min(chain, o.decode_steps - s);
-          const int32_t id = tok;
-          if (k == 1) {
-            const int32_t ps = int32_t(P + s);
+        if (ahead == 0) {
+          for (int64_t s = 0; s < o.decode_steps; ++s) {
+            const int32_t id = tok, ps = int32_t(P + s);
             const uint8_t one = 1;
             r = model->forward({.batch = 1, .tokens = 1, .ids = {&id, 1}, .positions = {&ps, 1}, .mask = {&one, 1},
                                 .logits_last_only = true, .logits_rows = no_logits},
                                *cache);
-            toks.push_back(r.greedy.at(0));
-          } else {
-            std::vector<int32_t> ps(static_cast<size_t>(k));
-            for (int64_t j = 0; j < k; ++j) ps[size_t(j)] = int32_t(P + s + j);
-            const auto got = model->decode_chain({.batch = 1, .steps = k, .first_ids = {&id, 1}, .positions = ps},
-                                                 *cache);
-            toks.insert(toks.end(), got.begin(), got.end());
+            tok = r.greedy.at(0);
+            toks.push_back(tok);
           }
-          tok = toks.back();
-          s += k;
+        } else {
+          auto run = model->start_decode(*cache, std::span(&tok, 1));
+          int64_t pushed = 0;
+          const auto push_through = [&](int64_t last) {
+            for (; pushed <= std::min(last, o.decode_steps - 1); ++pushed) {
+              const int32_t ps = int32_t(P + pushed);
+              run->push({&ps, 1});
+            }
+          };
+          for (int64_t s = 0; s < o.decode_steps; ++s) {
+            push_through(s + ahead);
+            toks.push_back(run->pop().at(0));
+          }
         }
         const double s = since(t0);
         return std::pair{double(o.decode_steps) / s,
                          ojson{{"prompt_tokens", P}, {"steps", o.decode_steps}, {"seconds", s},
-                               {"bytes_per_token_bound", wb.per_token_b1}, {"chain_steps", chain},
+                               {"bytes_per_token_bound", wb.per_token_b1}, {"decode_ahead", ahead},
                                {"tokens_sha256", ids_sha256(toks)}}};
       });
       out.back().detail["seconds"] = double(o.decode_steps) / out.back().atlas;  // of the reported (median) rate

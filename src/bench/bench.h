@@ -42,9 +42,9 @@ struct BenchOptions {
   // Scale knobs (defaults = the workloads; smaller values for smoke tests, recorded).
   int64_t grid_prompts = 128, grid_new_tokens = 512, prompt_min = 200, prompt_max = 300;
   int64_t decode_prompt = 256, decode_steps = 256;
-  // decode-b1's steps per Model::decode_chain call (atlas generate's default; 1: a forward() call
-  // per step, the loop of sessions 1-23).
-  int64_t chain_steps = decode::GenerateOptions{}.chain_steps;
+  // decode-b1's steps pushed ahead of the one read (as atlas generate: GenerateOptions::
+  // decode_ahead); 0: one forward() call per step, the loop of sessions 1-23.
+  int64_t decode_ahead = decode::GenerateOptions{}.decode_ahead;
   int64_t mem_rows = 128, mem_prefill = 1000, mem_steps = 24;
   bool progress = false;
   // Timed workloads (grid, traced prefill, batch-1 decode) run this many times on the loaded

@@ -57,9 +57,10 @@ Registrar reg{{
               ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
               ->capture_default_str();
           app.add_option("--decode-steps", a.o.decode_steps, "Batch-1 decode steps")->capture_default_str();
-          app.add_option("--chain-steps", a.o.chain_steps,
-                         "Batch-1 decode steps per device round trip (as atlas generate; 1: one per step)")
-              ->check(CLI::Range(int64_t(1), int64_t(4096)))
+          app.add_option("--decode-ahead", a.o.decode_ahead,
+                         "Batch-1 decode steps pushed ahead of the one read (as atlas generate; 0: one forward call "
+                         "per step)")
+              ->check(CLI::Range(int64_t(0), DecodeRun::kMaxPending - 1))
               ->capture_default_str();
           app.add_option("--mem-prefill", a.o.mem_prefill, "Prefill tokens of the memory workload")->capture_default_str();
           app.add_option("--mem-steps", a.o.mem_steps, "Decode steps of the memory workload")->capture_default_str();

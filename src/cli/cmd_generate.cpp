@@ -25,7 +25,7 @@ namespace {
 struct GenerateArgs {
   std::string backend = "cpu", model, prompts, out, compute = "f32", decode_attention = "absorbed", manifest;
   int64_t max_new_tokens = 0, batch = 8, top_k = 0;
-  int64_t chain_steps = decode::GenerateOptions{}.chain_steps;
+  int64_t decode_ahead = decode::GenerateOptions{}.decode_ahead;
   bool greedy = false, fast = false;
   int device = 0;
   std::optional<double> temperature, top_p;
@@ -144,7 +144,7 @@ void run_generate(const GenerateArgs& a) {
                                .pad_id = int32_t(cfg.eos_token_id.value_or(0)),
                                .decode_attention = decode_form,
                                .progress = progress_enabled(),
-                               .chain_steps = a.chain_steps};
+                               .decode_ahead = a.decode_ahead};
   if (tok)
     opts.detokenize = [&](std::span<const int32_t> ids) {
       // Generated ids the tokenizer lacks (the model's vocabulary may be larger) are left out
@@ -195,7 +195,7 @@ void run_generate(const GenerateArgs& a) {
   meta["stops"] = {{"eos", n_eos}, {"length", n_len}, {"stop_string", n_stop}};
   meta["runtime"] = runtime_section(clock);
   meta["runtime"]["batch"] = a.batch;
-  meta["runtime"]["chain_steps"] = a.chain_steps;
+  meta["runtime"]["decode_ahead"] = a.decode_ahead;
   const std::string meta_text = meta.dump(2) + "\n";
   out.commit();
   write_file_atomic(a.out + ".meta.json", meta_text);
@@ -222,10 +222,10 @@ Registrar reg{{
           app.add_option("--crn-tape", a.crn_tape, "Common-random-number tape seed (rows keyed by crn_key or id)");
           app.add_option("--stop", a.stop, "Stop string (repeatable; needs a tokenizer)");
           app.add_option("--batch", a.batch, "Rows per batch (results do not depend on it)")->capture_default_str();
-          app.add_option("--chain-steps", a.chain_steps,
-                         "Decode steps per device round trip where no row needs its logits on the host (results do "
-                         "not depend on it; 1: one forward call per step)")
-              ->check(CLI::Range(int64_t(1), int64_t(4096)))
+          app.add_option("--decode-ahead", a.decode_ahead,
+                         "Decode steps pushed ahead of the one read where no row needs its logits on the host "
+                         "(results do not depend on it; 0: one forward call per step)")
+              ->check(CLI::Range(int64_t(0), DecodeRun::kMaxPending - 1))
               ->capture_default_str();
           app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
           app.add_option("--device", a.device, "CUDA device index")->capture_default_str();

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <string>
 
@@ -118,15 +117,19 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
     }
     std::vector<uint8_t> done(nb, 0);
     size_t n_done = 0;
-    // Tokens of decode steps already run by one decode_chain call, oldest first: while any are
-    // left, a step's tokens come from here instead of a forward call.
-    std::deque<std::vector<int32_t>> ahead;
+    // Where no live row needs its logits on the host (every one greedy or drawn on the device,
+    // no on_logits), the decode steps run as a DecodeRun: each step is fed the step before's
+    // tokens where they were made, and decode_ahead steps are pushed beyond the one whose tokens
+    // are read next, so the device never waits for this loop. A row that stops keeps computing
+    // until the batch ends, fed its own tokens; nothing it computes is read (as with the pad id a
+    // finished row gets otherwise), and a row's tokens do not depend on its batch. At the batch's
+    // end the steps pushed ahead (at most decode_ahead) run unread. (Declared after the cache:
+    // destroyed first.)
+    std::unique_ptr<DecodeRun> run;
+    int64_t pushed_through = 0;  // the last decode step pushed to the run
     for (int64_t step = 0; n_done < nb; ++step) {
-      std::vector<int32_t> chained;
-      if (!ahead.empty()) {
-        chained = std::move(ahead.front());
-        ahead.pop_front();
-      }
+      std::vector<int32_t> chained;  // this step's tokens, from the run
+      if (run) chained = run->pop();
       std::vector<int32_t> step_ids(nb, opts.pad_id), step_pos(nb, 0);
       std::vector<uint8_t> step_mask(nb, 1);
       // Sampled rows draw in parallel (each RowSampler is a pure function of its own row, so
@@ -152,7 +155,7 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
         GeneratedRow& g = results[start + r];
         int32_t tok = 0;
         if (!chained.empty()) {
-          tok = chained[r];  // (a chain runs only where no live row wants its logits)
+          tok = chained[r];  // (a run exists only where no live row wants its logits)
           if (on_device[r]) samplers[r].advance();
         } else if (want[r] && opts.on_logits) {
           std::span<const float> logits(out.logits.data() + r * size_t(V), size_t(V));
@@ -191,38 +194,34 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
                      rows.size(), (long long)step + 1, s > 0 ? double(tokens_done) / s : 0.0);
       }
       if (n_done == nb) break;
-      if (!ahead.empty()) continue;  // this step already ran in the chain
-      // The next steps in one decode_chain call where no live row needs its logits on the host:
-      // every live row is greedy or drawn on the device, so a step's ids are the previous step's
-      // tokens and can be fed on the device. As many steps as the longest live row may still
-      // need (all live rows have step + 1 tokens). A row that stops inside the chain keeps
-      // computing to its end, fed its own tokens; nothing it computes is read (as with the pad id
-      // a finished row gets otherwise), and a row's tokens do not depend on its batch.
       bool host_logits = opts.on_logits != nullptr;
       for (size_t r = 0; r < nb; ++r) host_logits = host_logits || (!done[r] && want[r]);
-      const int64_t k = host_logits ? 1 : std::min<int64_t>(std::max<int64_t>(opts.chain_steps, 1),
-                                                            opts.max_new_tokens - (step + 1));
-      if (k >= 2) {
-        std::vector<int32_t> chain_pos(size_t(k) * nb, 0);
-        std::vector<sample_core::RowParams> chain_params;
-        if (device_sampling && any_sampled) chain_params.resize(size_t(k) * nb);  // kGreedy by default
-        for (size_t r = 0; r < nb; ++r) {
-          if (done[r]) continue;  // position 0, greedy: as the pad id's steps
-          for (int64_t j = 0; j < k; ++j) {
-            chain_pos[size_t(j) * nb + r] = step_pos[r] + int32_t(j);
-            if (!chain_params.empty() && on_device[r]) {
+      if (!run && !host_logits && opts.decode_ahead > 0) {
+        run = model.start_decode(*cache, step_ids, opts.decode_attention);
+        pushed_through = step;
+      }
+      if (run) {
+        // Steps step + 1 .. step + 1 + decode_ahead, as far as any row may need them (all live
+        // rows have step + 1 tokens). Step q's positions continue from step_pos (step + 1's);
+        // its draws are the uniforms after the ones consumed so far.
+        const int64_t last = std::min(step + 1 + opts.decode_ahead, opts.max_new_tokens - 1);
+        for (int64_t q = pushed_through + 1; q <= last; ++q) {
+          const int32_t d = int32_t(q - (step + 1));
+          std::vector<int32_t> q_pos(nb, 0);
+          std::vector<sample_core::RowParams> q_params;
+          if (device_sampling && any_sampled) q_params.resize(nb);  // kGreedy by default
+          for (size_t r = 0; r < nb; ++r) {
+            if (done[r]) continue;  // position 0, greedy: as the pad id's steps
+            q_pos[r] = step_pos[r] + d;
+            if (!q_params.empty() && on_device[r]) {
               const SamplingParams& sp = samplers[r].params();
-              chain_params[size_t(j) * nb + r] = sample_core::make_row_params(
-                  sp.temperature, sp.top_p, sp.top_k, samplers[r].uniform_at(samplers[r].step() + uint64_t(j)));
+              q_params[r] = sample_core::make_row_params(sp.temperature, sp.top_p, sp.top_k,
+                                                         samplers[r].uniform_at(samplers[r].step() + uint64_t(d)));
             }
           }
+          run->push(q_pos, q_params);
+          pushed_through = q;
         }
-        const std::vector<int32_t> toks =
-            model.decode_chain({.batch = B, .steps = k, .first_ids = step_ids, .positions = chain_pos,
-                                .attention = opts.decode_attention, .sampling = chain_params},
-                               *cache);
-        for (int64_t j = 0; j < k; ++j)
-          ahead.emplace_back(toks.begin() + j * B, toks.begin() + (j + 1) * B);
         continue;
       }
       fill_dev_params(done);

@@ -3,8 +3,8 @@
 // Rows are taken in input order in batches of `batch`, left-padded to the batch's longest
 // prompt (positions count from each row's first real token, as transformers' generate does),
 // prefilled in one call, then decoded one token per step. Every row has its own sampler and
-// stop checker, so rows finish independently; a finished row is fed the pad id (or, inside a
-// decode chain, its own tokens) until the batch ends, and nothing it computes is read. Because the forward pass is row-independent,
+// stop checker, so rows finish independently; a finished row is fed the pad id (or, in a decode
+// run, its own tokens) until the batch ends, and nothing it computes is read. Because the forward pass is row-independent,
 // a row's tokens and logits are the same alone or in any batch (tests/decode).
 #pragma once
 
@@ -42,12 +42,12 @@ struct GenerateOptions {
   // Observes each row's logits at every step (index, step, logits[V]); for tests and audits.
   std::function<void(size_t index, int64_t step, std::span<const float> logits)> on_logits;
   bool progress = false;  // one stderr line per batch step with tokens/s and ETA
-  // Decode steps per Model::decode_chain call where no live row needs its logits on the host
-  // (every live row greedy or drawn on the device, no on_logits): the CUDA backend runs them
-  // without a host round trip between steps. The tokens are the same for every value; 1 = one
-  // forward call per step. Where the batch's last row stops inside a chain, the chain's
-  // remaining steps are computed and not read (at most chain_steps - 1).
-  int64_t chain_steps = 8;
+  // Where no live row needs its logits on the host (every live row greedy or drawn on the
+  // device, no on_logits), the decode steps run as a DecodeRun (Model::start_decode) with this
+  // many steps pushed beyond the one whose tokens are read next: the CUDA backend then never
+  // waits for the host between steps. The tokens are the same for every value; 0 = one forward
+  // call per step. At a batch's end the steps pushed ahead run unread (at most this many).
+  int64_t decode_ahead = 1;
 };
 
 struct GeneratedRow {

@@ -58,17 +58,37 @@ struct ForwardOutput {
   std::vector<int32_t> greedy;  // [B]
 };
 
-// A run of decode steps that feed themselves (Model::decode_chain): step 0 gives each row
-// first_ids[b]; step j > 0 gives it the token step j - 1 produced for it (its greedy argmax, or
-// its drawn token where sampling[j - 1][b] samples). Every token is a real one (mask 1).
+// Decode steps that feed themselves, enqueued ahead of the caller (Model::start_decode): the
+// run's first step gives each row first_ids[b], every later step the token the step before
+// produced for it (its greedy argmax, or its drawn token where that step's sampling samples).
+// Every token is a real one (mask 1). Each pushed step runs and is appended to the cache,
+// whether or not its tokens are popped. The tokens are the bits of one forward() call per step
+// (tokens = 1, logits_last_only, no logits rows, each fed the previous call's
+// ForwardOutput::greedy); a backend may run pushed steps while the caller works on earlier
+// steps' tokens (the CUDA one: graph replays fed on the device, no host round trip between
+// steps), Model's own runs each step in push().
+class DecodeRun {
+ public:
+  static constexpr int64_t kMaxPending = 64;  // steps pushed and not yet popped, at most
+  virtual ~DecodeRun() = default;  // waits for the pushed steps; tokens not popped are dropped
+  // Enqueues the next step: positions [B] (each row's RoPE position), sampling [B] per-row
+  // parameters (ForwardInput::sampling's meaning; needs Model::supports_device_sampling() where a
+  // row samples) or empty (all greedy).
+  virtual void push(std::span<const int32_t> positions, std::span<const sample_core::RowParams> sampling = {}) = 0;
+  // The tokens [B] of the oldest pushed step not yet popped (waits for it). A drawn token that
+  // is an error (negative, ForwardOutput::greedy's convention) is an error here.
+  virtual std::vector<int32_t> pop() = 0;
+  virtual int64_t pending() const = 0;
+};
+
+// S steps of one run (Model::decode_chain): push them all, pop them all.
 struct DecodeChainInput {
   int64_t batch = 1;                   // B
   int64_t steps = 0;                   // S
   std::span<const int32_t> first_ids;  // [B]
   std::span<const int32_t> positions;  // [S, B]: RoPE position of row b's token at step j
   AttentionForm attention = AttentionForm::Absorbed;
-  // [S, B] per-row parameters of each step (ForwardInput::sampling's meaning), or empty: all
-  // greedy. Needs Model::supports_device_sampling() where any row samples.
+  // [S, B] per-row parameters of each step, or empty: all greedy.
   std::span<const sample_core::RowParams> sampling;
 };
 
@@ -84,8 +104,10 @@ class Cache {
   virtual int64_t length() const = 0;  // tokens stored so far
 };
 
-// decode_chain's argument checks (every backend's): shapes, the cache's batch and room, ids.
-void check_chain_input(const DecodeChainInput& in, const Cache& cache, int64_t vocab);
+// The checks every backend's start_decode / DecodeRun::push make (one error naming the field).
+void check_decode_start(const Cache& cache, std::span<const int32_t> first_ids, int64_t vocab);
+void check_decode_push(const Cache& cache, std::span<const int32_t> positions,
+                       std::span<const sample_core::RowParams> sampling, int64_t pending);
 
 class Model {
  public:
@@ -101,12 +123,12 @@ class Model {
   virtual std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const = 0;
   // Runs the batch through the loaded layers, appending its latents to the cache.
   virtual ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const = 0;
-  // S decode steps that feed themselves (DecodeChainInput), appended to the cache: [S, B] tokens,
-  // the bits of S forward() calls (tokens = 1, mask 1, logits_last_only, no logits rows) each fed
-  // the previous call's ForwardOutput::greedy. This implementation makes those calls; a backend
-  // may run the steps without a host round trip between them (the CUDA one: one graph launch).
-  // A drawn token that is an error (negative, ForwardOutput::greedy's convention) is an error.
-  virtual std::vector<int32_t> decode_chain(const DecodeChainInput& in, Cache& cache) const;
+  // A run of decode steps appended to the cache (DecodeRun), its first step fed first_ids [B].
+  // This implementation runs each step as a forward() call inside push().
+  virtual std::unique_ptr<DecodeRun> start_decode(Cache& cache, std::span<const int32_t> first_ids,
+                                                  AttentionForm attention = AttentionForm::Absorbed) const;
+  // S steps of one run: [S, B] tokens.
+  std::vector<int32_t> decode_chain(const DecodeChainInput& in, Cache& cache) const;
   // Convenience: a fresh cache sized for this call alone.
   ForwardOutput forward(const ForwardInput& in, const Hooks* hooks = nullptr) const {
     auto cache = make_cache(in.batch, in.tokens);

@@ -198,13 +198,13 @@ class SamplingInForward final : public Model {
     return out;
   }
   using Model::forward;
-  // Model's own chain (forward() calls fed back), counted.
-  std::vector<int32_t> decode_chain(const DecodeChainInput& in, Cache& cache) const override {
-    ++chains;
-    chained_steps += in.steps;
-    return Model::decode_chain(in, cache);
+  // Model's own run (forward() calls in push()), counted.
+  std::unique_ptr<DecodeRun> start_decode(Cache& cache, std::span<const int32_t> first_ids,
+                                          AttentionForm attention) const override {
+    ++runs;
+    return Model::start_decode(cache, first_ids, attention);
   }
-  mutable int64_t draws = 0, logits_requested = 0, chains = 0, chained_steps = 0;
+  mutable int64_t draws = 0, logits_requested = 0, runs = 0;
 
  private:
   const Model& m_;
@@ -258,10 +258,10 @@ TEST(Generate, SamplingInForwardEqualsHostSampling) {
   EXPECT_EQ(dev.draws, before);
 }
 
-// Decode chains (GenerateOptions::chain_steps) give the tokens of one forward call per step:
-// greedy and device-sampled rows, rows that stop on EOS inside a chain (their chain runs on,
-// unread), chains cut short by max_new_tokens, batches of one and of several rows.
-TEST(Generate, ChainsGiveTheTokensOfOneCallPerStep) {
+// Decode runs (GenerateOptions::decode_ahead steps pushed ahead) give the tokens of one forward
+// call per step: greedy and device-sampled rows, rows that stop on EOS while later steps are
+// pushed (those run on, unread), pushes cut short by max_new_tokens, batches of one and several.
+TEST(Generate, DecodeRunsGiveTheTokensOfOneCallPerStep) {
   const std::string dir = fixtures_with_generate().front();
   Loaded m(dir, Compute::F32);
   SamplingInForward dev(m.model);
@@ -270,26 +270,26 @@ TEST(Generate, ChainsGiveTheTokensOfOneCallPerStep) {
     auto rows = mixed_rows(base);
     rows[1].sampling = {};  // a greedy row among sampled ones
     auto opts = greedy_opts(m.ck.config(), 11, 3);
-    opts.chain_steps = 1;
-    const int64_t none = dev.chains;
+    opts.decode_ahead = 0;
+    const int64_t none = dev.runs;
     const auto plain = decode::generate(dev, rows, opts);
-    EXPECT_EQ(dev.chains, none) << "chain_steps 1 ran a chain";
-    // An EOS that some rows produce inside a chain: row 0's fourth token.
+    EXPECT_EQ(dev.runs, none) << "decode_ahead 0 started a run";
+    // An EOS that some rows produce while later steps are pushed: row 0's fourth token.
     ASSERT_GE(plain[0].ids.size(), 4u);
     opts.eos_ids = {plain[0].ids[3]};
     const auto ref = decode::generate(dev, rows, opts);
     int stopped_early = 0;
     for (const auto& g : ref) stopped_early += g.stop == decode::StopReason::Eos && g.n_new < 11;
     EXPECT_GE(stopped_early, 1);
-    for (int64_t chain : {2, 4, 8, 64})
+    for (int64_t ahead : {1, 2, 5, 20})
       for (int64_t batch : {3, 1, 8}) {
-        SCOPED_TRACE(std::string(decode::mode_name(smode)) + " chain " + std::to_string(chain) + " batch " +
+        SCOPED_TRACE(std::string(decode::mode_name(smode)) + " ahead " + std::to_string(ahead) + " batch " +
                      std::to_string(batch));
-        opts.chain_steps = chain;
+        opts.decode_ahead = ahead;
         opts.batch = batch;
-        const int64_t before = dev.chains;
+        const int64_t before = dev.runs;
         const auto got = decode::generate(dev, rows, opts);
-        EXPECT_GT(dev.chains, before) << "no chain ran";
+        EXPECT_GT(dev.runs, before) << "no run started";
         for (size_t r = 0; r < rows.size(); ++r) {
           EXPECT_EQ(got[r].ids, ref[r].ids) << "row " << r;
           EXPECT_EQ(got[r].stop, ref[r].stop) << "row " << r;
@@ -297,18 +297,19 @@ TEST(Generate, ChainsGiveTheTokensOfOneCallPerStep) {
         }
       }
   }
-  // A row that wants its logits on the host (an observer) runs one call per step.
-  const int64_t before = dev.chains;
+  // An observer of the logits needs them on the host: one call per step, no run.
+  const int64_t before = dev.runs;
   auto opts = greedy_opts(m.ck.config(), 6, 2);
   int64_t seen = 0;
   opts.on_logits = [&](size_t, int64_t, std::span<const float>) { ++seen; };
   decode::generate(dev, mixed_rows({}), opts);
-  EXPECT_EQ(dev.chains, before);
+  EXPECT_EQ(dev.runs, before);
   EXPECT_GT(seen, 0);
 }
 
-// decode_chain's own contract on the CPU backend (Model's implementation): the tokens of
-// forward() calls fed back, the cache advanced by the steps; bad input refused before any step.
+// A decode run's contract on the CPU backend (Model's implementation, through decode_chain): the
+// tokens of forward() calls fed back, the cache advanced by the steps; bad input refused with
+// one error naming the field, before any step.
 TEST(Generate, DecodeChainIsForwardFedBack) {
   const std::string dir = fixtures_with_generate().front();
   Loaded m(dir, Compute::F32);
@@ -359,4 +360,18 @@ TEST(Generate, DecodeChainIsForwardFedBack) {
   const std::vector<int32_t> oov(size_t(B), int32_t(m.ck.config().vocab_size));
   refused({.batch = B, .steps = S, .first_ids = oov, .positions = chain_pos}, "outside the vocabulary");
   refused({.batch = B, .steps = 0, .first_ids = first, .positions = {}}, "no steps");
+  // A run itself: pushes past kMaxPending, a pop with nothing pushed, wrong-sized positions.
+  auto c4 = m.model.make_cache(B, P + DecodeRun::kMaxPending + 1);
+  run_prefill(*c4);
+  auto run = m.model.start_decode(*c4, first);
+  EXPECT_THROW(run->pop(), Error);
+  EXPECT_THROW(run->push(std::span(chain_pos).first(1)), Error);
+  for (int64_t j = 0; j < DecodeRun::kMaxPending; ++j) {
+    const std::vector<int32_t> p(size_t(B), int32_t(P + j));
+    run->push(p);
+  }
+  const std::vector<int32_t> p(size_t(B), int32_t(P + DecodeRun::kMaxPending));
+  EXPECT_THROW(run->push(p), Error);
+  EXPECT_EQ(run->pending(), DecodeRun::kMaxPending);
+  EXPECT_EQ(run->pop(), std::vector<int32_t>(expected.begin(), expected.begin() + B));
 }

@@ -94,7 +94,7 @@ class CudaCache final : public Cache {
   ~CudaCache() override {
     try {
       if (pinned_) host_free_pinned(pinned_);
-      if (chain_pinned_) host_free_pinned(chain_pinned_);
+      if (run_pinned_) host_free_pinned(run_pinned_);
     } catch (const Error&) {
     }
   }
@@ -115,27 +115,32 @@ class CudaCache final : public Cache {
   // key_slot_[b][j]: the cache slot of row b's timeline token j, -1 for padding (never stored).
   // Only the pattern hook reads it (to lay its slot-indexed probabilities out over the timeline).
   std::vector<std::vector<int32_t>> key_slot_;
-  // Decode chains (CudaModel::decode_chain): one step's graph replayed up to kChainMaxSteps times
-  // per run. Ints, the same layout on the device and in pinned host memory: [16] state (the step
-  // about to run, kernels/decode_chain.cuh), [S][5B] staged inputs, [S][B][8] sampling
-  // parameters (32-byte RowParams; 8-byte aligned: 64 + 20 S B bytes in), [S][B] tokens out
-  // (S = kChainMaxSteps); the pinned block then holds [1] the device error flag.
-  static constexpr int64_t kChainMaxSteps = 64;
-  int64_t chain_staged_at() const { return 16; }
-  int64_t chain_params_at() const { return 16 + kChainMaxSteps * 5 * batch_; }
-  int64_t chain_tokens_at() const { return chain_params_at() + kChainMaxSteps * 8 * batch_; }
-  int64_t chain_error_at() const { return chain_tokens_at() + kChainMaxSteps * batch_; }
-  int32_t* chain_pinned() {
-    if (!chain_pinned_) chain_pinned_ = static_cast<int32_t*>(host_alloc_pinned(size_t(chain_error_at() + 1) * 4));
-    return chain_pinned_;
+  // Decode runs (CudaModel::start_decode): one step's graph replayed per pushed step. The host's
+  // ring in pinned memory, which the run's kernels read and write directly (kernels/
+  // decode_chain.cuh), R = DecodeRun::kMaxPending slots: [R][5B] staged inputs, [R][B][8]
+  // sampling parameters (32-byte RowParams; 8-byte aligned: 20 R B bytes in), [R][B] tokens out,
+  // [R] error flags, then [16] zeros (the source of a step-index reset). The step index is one
+  // device int.
+  static constexpr int64_t kRing = DecodeRun::kMaxPending;
+  int64_t run_params_at() const { return kRing * 5 * batch_; }
+  int64_t run_out_at() const { return kRing * 13 * batch_; }
+  int64_t run_err_at() const { return kRing * 14 * batch_; }
+  int64_t run_zero_at() const { return run_err_at() + kRing; }
+  int32_t* run_host() {
+    if (!run_pinned_) {
+      run_pinned_ = static_cast<int32_t*>(host_alloc_pinned(size_t(run_zero_at() + 16) * 4));
+      std::memset(run_pinned_, 0, size_t(run_zero_at() + 16) * 4);
+    }
+    return run_pinned_;
   }
-  int32_t* chain_device() {
-    if (!chain_block_.get()) chain_block_ = DeviceBlock(size_t(chain_error_at()) * 4);
-    return reinterpret_cast<int32_t*>(chain_block_.get());
+  // Device ints: [16] the step index, then [B] the last step's tokens (what the next step feeds).
+  int32_t* run_state() {
+    if (!run_state_.get()) run_state_ = DeviceBlock(size_t(16 + batch_) * 4);
+    return reinterpret_cast<int32_t*>(run_state_.get());
   }
-  Graph chain_graph;           // one chain step, captured on a chain's first use
-  uint64_t chain_epoch = 0;
-  bool chain_samples = false;
+  Graph run_graph[2];               // one step, without / with the sampling kernel
+  uint64_t run_epoch[2] = {0, 0};   // the scratch layout each was captured against
+  bool run_active = false;          // a DecodeRun of this cache exists (one at a time)
   Graph decode_graph;          // T = 1 step, captured on first use (see CudaModel::forward)
   uint64_t graph_epoch = 0;    // the scratch layout it was captured against
   bool graph_samples = false;  // whether it was captured with the sampling kernel
@@ -146,8 +151,8 @@ class CudaCache final : public Cache {
   size_t elem_bytes_;
   DeviceBlock block_;
   int32_t* pinned_ = nullptr;
-  DeviceBlock chain_block_;
-  int32_t* chain_pinned_ = nullptr;
+  DeviceBlock run_state_;
+  int32_t* run_pinned_ = nullptr;
 };
 
 // Weights of the model's element type Elem (bf16 bits or f32).
@@ -311,9 +316,12 @@ class CudaModelT final : public Model {
   }
   ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const override;
   using Model::forward;
-  std::vector<int32_t> decode_chain(const DecodeChainInput& in, Cache& cache) const override;
+  std::unique_ptr<DecodeRun> start_decode(Cache& cache, std::span<const int32_t> first_ids,
+                                          AttentionForm attention = AttentionForm::Absorbed) const override;
 
  private:
+  class Run;  // start_decode's DecodeRun
+
   // Per-call device buffers, carved from one grow-only block (decode steps reuse it).
   struct Buffers {
     Elem *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qkv, *qt, *olat, *heads, *gu, *act, *ys, *routed, *shared;
@@ -1611,134 +1619,185 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   return out;
 }
 
-// A chain of decode steps without a host round trip between them: the chain's inputs go to the
-// device in one copy, one step's graph is launched S times back to back (its first node,
-// kernels/decode_chain.cuh, feeds each row the token the step before produced and advances the
-// step index on the device), and the S x B tokens and the error flag come back in one copy after
-// the last. The graph holds forward()'s decode-step kernels on the same buffers, so a chain gives
-// the bits of S forward() calls (tests/cuda: CudaTiny.DecodeChain*). Where graphs are off the
-// forward() calls run instead; a cache's first decode step is always a forward() call (eager).
+// A decode run on the CUDA backend: each pushed step replays the cache's step graph, whose first
+// node (kernels/decode_chain.cuh) takes the step's inputs from the host's pinned ring and each
+// row's id from the step before's tokens on the device, and whose last node writes the tokens and
+// the error flag into the ring; an event per step tells pop() when they are there. So the host
+// never waits between steps: generate() pushes the next step before it reads the last one. The
+// graph holds forward()'s decode-step kernels on the same buffers: a run gives the bits of one
+// forward() call per step (tests/cuda: CudaTiny.DecodeRun*). Where graphs are off, every step is a
+// forward() call in push(); so is a cache's first decode step (forward()'s rule: it runs eagerly).
 template <class Elem>
-std::vector<int32_t> CudaModelT<Elem>::decode_chain(const DecodeChainInput& in, Cache& cache_base) const {
-  auto* cache = dynamic_cast<CudaCache*>(&cache_base);
-  if (!cache) fail("decode_chain: the cache was not made by the CUDA backend");
-  check_chain_input(in, *cache, cfg_.vocab_size);
-  if (!has_head_) fail("decode_chain: the model was loaded without its final layers (use all layers)");
-  const int64_t B = in.batch, M = B, cap = cache->capacity();
-  for (int64_t j = 0; j < in.steps; ++j)
-    for (int64_t bb = 0; bb < B; ++bb) {
-      const int32_t p = in.positions[size_t(j * B + bb)];
-      if (p < 0 || p >= max_positions_)
-        fail("input positions", "row " + std::to_string(bb) + " step " + std::to_string(j),
-             "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
-                 std::to_string(max_positions_) + ")");
-    }
-  if (!graphs_) return Model::decode_chain(in, cache_base);
-  if (cache->eager_steps == 0) {
-    // The cache's first decode step runs eagerly (forward()'s rule: one-time setup inside the
-    // launchers must not happen during a capture), the rest as a chain fed its tokens.
-    const auto head = [&](auto span) { return span.empty() ? span : span.first(size_t(B)); };
-    const auto tail = [&](auto span) { return span.empty() ? span : span.subspan(size_t(B)); };
-    DecodeChainInput first = in;
-    first.steps = 1;
-    first.positions = head(in.positions);
-    first.sampling = head(in.sampling);
-    std::vector<int32_t> out = Model::decode_chain(first, cache_base);
-    if (in.steps == 1) return out;
-    const std::vector<int32_t> fed = out;
-    DecodeChainInput rest = in;
-    rest.steps = in.steps - 1;
-    rest.first_ids = fed;
-    rest.positions = tail(in.positions);
-    rest.sampling = tail(in.sampling);
-    const std::vector<int32_t> more = decode_chain(rest, cache_base);
-    out.insert(out.end(), more.begin(), more.end());
-    return out;
+class CudaModelT<Elem>::Run final : public DecodeRun {
+ public:
+  Run(const CudaModelT& m, CudaCache& c, std::span<const int32_t> first, AttentionForm a)
+      : m_(m), c_(c), host_ids_(first.begin(), first.end()), attention_(a) {
+    if (c_.run_active) fail("decode run", "start_decode", "the cache already has a decode run");
+    c_.run_active = true;
   }
-  bool sampling = false;  // any row drawn on the device
-  for (const auto& sp : in.sampling) sampling = sampling || sp.mode == sample_core::kSample;
-  drop_late();
-  const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
-  rows_ = flat_rows_ = M;
-  expand_ = nullptr;
-  int32_t* host = cache->chain_pinned();
-  int32_t* dev = cache->chain_device();
-  int32_t* const dev_tokens = dev + cache->chain_tokens_at();
-  const Buffers b = carve(M, B, B, M, cap, sampling);  // forward()'s decode-graph buffers
-  if (!cache->chain_graph.ready() || cache->chain_epoch != scratch_epoch_ || cache->chain_samples != sampling) {
-    cache->chain_graph.reset();
-    stream_synchronize(s_);
-    cache->chain_graph.begin(s_);
+  ~Run() override {
     try {
-      chain_inputs({.state = dev,
-                    .staged = dev + cache->chain_staged_at(),
-                    .params_staged = sampling ? dev + cache->chain_params_at() : nullptr,
-                    .prev = b.greedy,
+      stream_synchronize(m_.s_);  // the pushed steps (their tokens are dropped)
+      for (const Step& st : q_)  // a flag only dropped steps raised is theirs: cleared, not reported
+        if (!st.ready && c_.run_host()[c_.run_err_at() + st.slot] != 0) check_device_errors();
+    } catch (const Error&) {
+    }
+    for (Event e : events_) event_destroy(e);
+    c_.run_active = false;
+  }
+
+  void push(std::span<const int32_t> positions, std::span<const sample_core::RowParams> sampling) override {
+    check_decode_push(c_, positions, sampling, pending());
+    const int64_t B = c_.batch(), cap = c_.capacity();
+    for (int64_t bb = 0; bb < B; ++bb) {
+      const int32_t p = positions[size_t(bb)];
+      if (p < 0 || p >= m_.max_positions_)
+        fail("input positions", "row " + std::to_string(bb) + " step " + std::to_string(pushed_),
+             "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
+                 std::to_string(m_.max_positions_) + ")");
+    }
+    ++pushed_;
+    if (!m_.graphs_ || c_.eager_steps == 0) {
+      const std::vector<uint8_t> mask(size_t(B), 1), no_rows(size_t(B), 0);
+      const ForwardOutput r = m_.forward({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
+                                          .mask = mask, .logits_last_only = true, .logits_rows = no_rows,
+                                          .attention = attention_, .sampling = sampling},
+                                         c_);
+      host_ids_ = r.greedy;
+      feed_host_ = true;  // the next step's ids come from here (a graph step restarts the index)
+      q_.push_back({.ready = true, .tokens = r.greedy});
+      return;
+    }
+    bool sampled = false;  // any row drawn on the device
+    for (const auto& sp : sampling) sampled = sampled || sp.mode == sample_core::kSample;
+    const int g = sampled ? 1 : 0;
+    m_.drop_late();
+    const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
+    m_.rows_ = m_.flat_rows_ = B;
+    m_.expand_ = nullptr;
+    const Buffers b = m_.carve(B, B, B, B, cap, sampled);  // forward()'s decode-graph buffers
+    int32_t* host = c_.run_host();
+    int32_t* state = c_.run_state();
+    if (!c_.run_graph[g].ready() || c_.run_epoch[g] != m_.scratch_epoch_) {
+      c_.run_graph[g].reset();
+      stream_synchronize(m_.s_);
+      c_.run_graph[g].begin(m_.s_);
+      try {
+        run_inputs({.state = state,
+                    .staged = host,
+                    .params_staged = sampled ? host + c_.run_params_at() : nullptr,
+                    .prev = state + 16,
                     .inputs = b.ids,
-                    .params = sampling ? reinterpret_cast<int32_t*>(b.sample_params) : nullptr,
-                    .hist = dev_tokens,
+                    .params = sampled ? reinterpret_cast<int32_t*>(b.sample_params) : nullptr,
                     .batch = int(B),
                     .param_ints = int(sizeof(sample_core::RowParams) / 4),
-                    .stream = s_});
-      layers_forward(B, 1, *cache, b, M, nullptr, cap, true, nullptr, sampling);
-      cache->chain_graph.end(s_);
-    } catch (...) {
-      cache->chain_graph.abort(s_);
-      throw;
+                    .ring = int(CudaCache::kRing),
+                    .stream = m_.s_});
+        m_.layers_forward(B, 1, c_, b, B, nullptr, cap, true, nullptr, sampled);
+        run_outputs({.state = state,
+                     .tokens = b.greedy,
+                     .prev = state + 16,
+                     .out = host + c_.run_out_at(),
+                     .err = host + c_.run_err_at(),
+                     .batch = int(B),
+                     .ring = int(CudaCache::kRing),
+                     .stream = m_.s_});
+        c_.run_graph[g].end(m_.s_);
+      } catch (...) {
+        c_.run_graph[g].abort(m_.s_);
+        throw;
+      }
+      c_.run_epoch[g] = m_.scratch_epoch_;
     }
-    cache->chain_epoch = scratch_epoch_;
-    cache->chain_samples = sampling;
+    if (feed_host_) {  // this step's ids are the host's: restart the device's step index at 0
+      copy_to_device_async(state, host + c_.run_zero_at(), 4, m_.s_);
+      j_ = 0;
+    }
+    // Slot j % R of the ring: free, since at most R steps are pending and this one's step R
+    // before was popped (its step had ended).
+    const int slot = int(j_ % CudaCache::kRing);
+    int32_t* st = host + int64_t(slot) * 5 * B;
+    std::vector<int32_t>& real = c_.real_;
+    for (int64_t bb = 0; bb < B; ++bb) {
+      st[bb] = feed_host_ ? host_ids_[size_t(bb)] : 0;
+      st[B + bb] = positions[size_t(bb)];
+      st[2 * B + bb] = int32_t(bb * cap + real[size_t(bb)]);
+      c_.key_slot_[size_t(bb)].push_back(real[size_t(bb)]);
+      ++real[size_t(bb)];
+      st[3 * B + bb] = real[size_t(bb)];
+      st[4 * B + bb] = int32_t(bb);
+    }
+    if (sampled)
+      std::memcpy(host + c_.run_params_at() + int64_t(slot) * 8 * B, sampling.data(),
+                  size_t(B) * sizeof(sample_core::RowParams));
+    host[c_.run_err_at() + slot] = 0;
+    ++c_.length_;
+    ++c_.eager_steps;
+    c_.run_graph[g].launch(m_.s_);
+    if (free_.empty()) {
+      events_.push_back(event_create());
+      free_.push_back(events_.back());
+    }
+    const Event done = free_.back();
+    free_.pop_back();
+    event_record(done, m_.s_);
+    q_.push_back({.ready = false, .slot = slot, .done = done, .index = pushed_ - 1});
+    ++j_;
+    feed_host_ = false;
   }
 
-  std::vector<int32_t> out;
-  out.reserve(size_t(in.steps * B));
-  for (int64_t s0 = 0; s0 < in.steps; s0 += CudaCache::kChainMaxSteps) {
-    const int64_t S = std::min(CudaCache::kChainMaxSteps, in.steps - s0);
-    // Host: the state (step 0), each step's [ids | pos | dst | qlen | qrow] and parameters. Only
-    // the piece's first step takes its ids from here (the chain's first ids, or the previous
-    // piece's last tokens); the kernel feeds the others.
-    host[0] = 0;
-    std::vector<int32_t>& real = cache->real_;
-    for (int64_t j = 0; j < S; ++j) {
-      int32_t* st = host + cache->chain_staged_at() + j * 5 * B;
-      for (int64_t bb = 0; bb < B; ++bb) {
-        st[bb] = j > 0 ? 0 : s0 == 0 ? in.first_ids[size_t(bb)] : out[size_t((s0 - 1) * B + bb)];
-        st[B + bb] = in.positions[size_t((s0 + j) * B + bb)];
-        st[2 * B + bb] = int32_t(bb * cap + real[size_t(bb)]);
-        cache->key_slot_[size_t(bb)].push_back(real[size_t(bb)]);
-        ++real[size_t(bb)];
-        st[3 * B + bb] = real[size_t(bb)];
-        st[4 * B + bb] = int32_t(bb);
-      }
-      if (sampling)
-        std::memcpy(host + cache->chain_params_at() + j * 8 * B, in.sampling.data() + (s0 + j) * B,
-                    size_t(B) * sizeof(sample_core::RowParams));
+  std::vector<int32_t> pop() override {
+    if (q_.empty()) fail("decode run", "pop", "no pushed step left to pop");
+    Step st = std::move(q_.front());
+    q_.pop_front();
+    if (st.ready) return st.tokens;
+    event_synchronize(st.done);
+    free_.push_back(st.done);
+    const int32_t* host = c_.run_host();
+    const int64_t B = c_.batch();
+    if (host[c_.run_err_at() + st.slot] != 0) {
+      stream_synchronize(m_.s_);  // the later steps too, before the flag is read and cleared
+      check_device_errors();
     }
-    cache->length_ += S;
-    cache->eager_steps += S;
-    copy_to_device_async(dev, host, size_t(cache->chain_staged_at() + S * 5 * B) * 4, s_);
-    if (sampling)
-      copy_to_device_async(dev + cache->chain_params_at(), host + cache->chain_params_at(),
-                           size_t(S * B) * sizeof(sample_core::RowParams), s_);
-    for (int64_t j = 0; j < S; ++j) cache->chain_graph.launch(s_);
-    copy_2d(dev_tokens + (S - 1) * B, size_t(B) * 4, b.greedy, size_t(B) * 4, size_t(B) * 4, 1, s_);  // the last step's
-    copy_to_host_async(host + cache->chain_tokens_at(), dev_tokens, size_t(S * B) * 4, s_);
-    copy_error_flag_async(host + cache->chain_error_at(), s_);
-    stream_synchronize(s_);
-    if (host[cache->chain_error_at()] != 0) check_device_errors();  // reports (and clears) the flag
-    for (int64_t j = 0; j < S; ++j)
-      for (int64_t bb = 0; bb < B; ++bb) {
-        const int32_t t = host[cache->chain_tokens_at() + j * B + bb];
-        if (t < 0)  // only a sampled row's draw is ever negative (argmax gives an id or raises the flag)
-          fail("sampling", "logits[" + std::to_string((-t) >> 3) + "]",
-               "row " + std::to_string(bb) + " step " + std::to_string(s0 + j) + ": " +
-                   sample_core::error_name((-t) & 7));
-        out.push_back(t);
-      }
+    std::vector<int32_t> t(host + c_.run_out_at() + int64_t(st.slot) * B,
+                           host + c_.run_out_at() + int64_t(st.slot + 1) * B);
+    for (int64_t bb = 0; bb < B; ++bb)
+      if (t[size_t(bb)] < 0)  // only a drawn token is ever negative (argmax gives an id or raises the flag)
+        fail("sampling", "logits[" + std::to_string((-t[size_t(bb)]) >> 3) + "]",
+             "row " + std::to_string(bb) + " step " + std::to_string(st.index) + ": " +
+                 sample_core::error_name((-t[size_t(bb)]) & 7));
+    return t;
   }
-  return out;
+
+  int64_t pending() const override { return int64_t(q_.size()); }
+
+ private:
+  struct Step {
+    bool ready = false;           // a forward() step: its tokens are here
+    std::vector<int32_t> tokens;
+    int slot = 0;                 // a graph step: its ring slot and event
+    Event done = nullptr;
+    int64_t index = 0;            // pushed as the run's step `index`
+  };
+  const CudaModelT& m_;
+  CudaCache& c_;
+  std::vector<int32_t> host_ids_;  // the ids of the next step where feed_host_
+  AttentionForm attention_;
+  bool feed_host_ = true;
+  int64_t j_ = 0, pushed_ = 0;     // the device step index of the next graph step; steps pushed
+  std::deque<Step> q_;
+  std::vector<Event> events_, free_;
+};
+
+template <class Elem>
+std::unique_ptr<DecodeRun> CudaModelT<Elem>::start_decode(Cache& cache_base, std::span<const int32_t> first_ids,
+                                                          AttentionForm attention) const {
+  auto* cache = dynamic_cast<CudaCache*>(&cache_base);
+  if (!cache) fail("decode run: the cache was not made by the CUDA backend");
+  check_decode_start(*cache, first_ids, cfg_.vocab_size);
+  if (!has_head_) fail("decode run: the model was loaded without its final layers (use all layers)");
+  return std::make_unique<Run>(*this, *cache, first_ids, attention);
 }
-
 }  // namespace
 
 int64_t computed_rows(const Model& model) {

@@ -162,10 +162,6 @@ class Graph {
 // device flag instead of trapping; this synchronises, reads and clears it, and throws
 // atlas::Error naming the op and field. Call it wherever a host sync happens anyway.
 void check_device_errors();
-// Copies the device error flag into *host on `stream` (read it after the stream is synchronised;
-// non-zero: call check_device_errors(), which reports and clears it). For replays that want no
-// extra synchronisation (CudaModel::decode_chain).
-void copy_error_flag_async(int32_t* host, Stream stream);
 
 // Device-side timing for benchmarks: two CUDA events around work issued on `stream`.
 class EventTimer {
@@ -468,23 +464,32 @@ void moe_combine_add_rmsnorm(const MoeCombineNormArgsT<float>& a);
 // The same contract as decode::greedy_token on the host (the logits are the same bf16 or f32
 // values), so a greedy row needs only its token id copied back, not its V logits. A NaN logit
 // raises the device error flag ("argmax: logits: NaN"); out[b] is then unspecified.
-// The first node of a decode chain's step graph (kernels/decode_chain.cuh): reads the step index
-// j = state[0] and advances it; copies step j's staged inputs [5B] (ids | pos | dst | qlen | qrow)
-// and sampling parameters, replaces each row's id by prev[b] (the previous step's token; j > 0)
-// and records prev into hist[j - 1].
-struct ChainInputsArgs {
-  int32_t* state = nullptr;                  // [1]
-  const int32_t* staged = nullptr;           // [steps, 5B]
-  const int32_t* params_staged = nullptr;    // [steps, B * param_ints] or null
-  const int32_t* prev = nullptr;             // [B]
-  int32_t* inputs = nullptr;                 // [5B]
-  int32_t* params = nullptr;                 // [B * param_ints] or null
-  int32_t* hist = nullptr;                   // [steps, B]
-  int batch = 0;
-  int param_ints = 0;
+// The first and last nodes of a decode run's step graph (kernels/decode_chain.cuh). Inputs: reads
+// the step index j = state[0] and advances it; copies slot j % ring of the host's staged inputs
+// [5B] (ids | pos | dst | qlen | qrow) and sampling parameters, each row's id replaced by prev[b]
+// (the step before's token) where j > 0. Outputs: the step's tokens into prev and, with the
+// device error flag, into slot j % ring of the host's rings. staged / params_staged / out / err: pinned host memory.
+struct RunInputsArgs {
+  int32_t* state = nullptr;                // [1], device
+  const int32_t* staged = nullptr;         // [ring, 5B]
+  const int32_t* params_staged = nullptr;  // [ring, B * param_ints] or null
+  const int32_t* prev = nullptr;           // [B]
+  int32_t* inputs = nullptr;               // [5B]
+  int32_t* params = nullptr;               // [B * param_ints] or null
+  int batch = 0, param_ints = 0, ring = 0;
   Stream stream = nullptr;
 };
-void chain_inputs(const ChainInputsArgs& a);
+void run_inputs(const RunInputsArgs& a);
+struct RunOutputsArgs {
+  const int32_t* state = nullptr;  // [1], device
+  const int32_t* tokens = nullptr;  // [B]
+  int32_t* prev = nullptr;         // [B], device: what the next step's inputs feed
+  int32_t* out = nullptr;          // [ring, B]
+  int32_t* err = nullptr;          // [ring]
+  int batch = 0, ring = 0;
+  Stream stream = nullptr;
+};
+void run_outputs(const RunOutputsArgs& a);
 
 template <class T>
 struct ArgmaxArgsT {

@@ -328,11 +328,6 @@ float EventTimer::stop_ms(Stream stream) {
   return ms;
 }
 
-void copy_error_flag_async(int32_t* host, Stream stream) {
-  static_assert(sizeof(int32_t) == sizeof(int), "the flag is one int");
-  copy_to_host_async(host, error_flag(), sizeof(int), stream);
-}
-
 void check_device_errors() {
   synchronize();
   int v = 0;

@@ -27,16 +27,24 @@ void sample_impl(const SampleArgsT<T>& a) {
 
 }  // namespace
 
-void chain_inputs(const ChainInputsArgs& a) {
-  const char* op = "chain_inputs";
-  require(a.batch > 0, op, "batch", "must be > 0");
-  require(a.param_ints >= 0, op, "param_ints", "must be >= 0");
-  require(a.state && a.staged && a.prev && a.inputs && a.hist, op, "pointers",
-          "state, staged, prev, inputs and hist must be set");
+void run_inputs(const RunInputsArgs& a) {
+  const char* op = "run_inputs";
+  require(a.batch > 0 && a.ring > 0 && a.param_ints >= 0, op, "batch", "batch and ring must be > 0");
+  require(a.state && a.staged && a.prev && a.inputs, op, "pointers", "state, staged, prev and inputs must be set");
   require((a.params_staged == nullptr) == (a.params == nullptr), op, "params",
           "params_staged and params are both set or both null");
-  launch(kern::chain_inputs_kernel, 1u, unsigned(kern::kChainThreads), 0, stream_of(a.stream), a.state, a.staged,
-         a.params_staged, a.prev, a.inputs, a.params, a.hist, a.batch, a.param_ints);
+  launch(kern::run_inputs_kernel, 1u, unsigned(kern::kRunThreads), 0, stream_of(a.stream), a.state, a.staged,
+         a.params_staged, a.prev, a.inputs, a.params, a.batch, a.param_ints, a.ring);
+  check_launch(op);
+}
+
+void run_outputs(const RunOutputsArgs& a) {
+  const char* op = "run_outputs";
+  require(a.batch > 0 && a.ring > 0, op, "batch", "batch and ring must be > 0");
+  require(a.state && a.tokens && a.prev && a.out && a.err, op, "pointers",
+          "state, tokens, prev, out and err must be set");
+  launch(kern::run_outputs_kernel, 1u, unsigned(kern::kRunThreads), 0, stream_of(a.stream), a.state, a.tokens,
+         static_cast<const int*>(error_flag()), a.prev, a.out, a.err, a.batch, a.ring);
   check_launch(op);
 }
 

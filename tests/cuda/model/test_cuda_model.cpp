@@ -749,12 +749,14 @@ TEST_F(CudaTiny, GraphDecodeEqualsEagerDecodeAndDeviceGreedyEqualsHost) {
   EXPECT_EQ(one.greedy, full.greedy);
 }
 
-// Model::decode_chain on the CUDA backend (one step graph replayed, each row fed its previous
-// token on the device, tokens back once per run of up to 64 steps) gives the tokens of one
-// forward() call per step on an eager model, with greedy and device-sampled rows; the cache it
-// leaves gives the same next step's logits. Chains of 70 steps (two runs) and then 3 (the graph
-// captured once); the cache's first decode step runs eagerly inside the first chain.
-TEST_F(CudaTiny, DecodeChainGivesTheBitsOfOneForwardPerStep) {
+// A decode run on the CUDA backend (one step graph replayed per push, each row fed its previous
+// token on the device, tokens back through the pinned ring) gives the tokens of one forward()
+// call per step on an eager model, with greedy and device-sampled rows; the cache it leaves gives
+// the same next step's logits. decode_chain of 70 steps (64 pushed, then the ring's slots reused)
+// and then 3 (a second run, the graph captured once); the cache's first decode step runs eagerly
+// inside the first. Then two runs on two caches of one model, pushed and popped interleaved
+// (each cache feeds its own tokens), one step ahead as generate() runs them.
+TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
   const int64_t V = ck_->config().vocab_size, B = 8;
   const auto rows = prompts(V);
   auto eager_model = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .graphs = false});
@@ -812,6 +814,35 @@ TEST_F(CudaTiny, DecodeChainGivesTheBitsOfOneForwardPerStep) {
     const std::vector<int32_t> ids(expected.end() - B, expected.end());
     EXPECT_EQ(step(*model_, *cc, ids, pos, nullptr, AttentionForm::Absorbed),
               step(*eager_model, *ce, ids, pos, nullptr, AttentionForm::Absorbed));
+    // Interleaved runs on two fresh caches, one step pushed ahead of the one popped.
+    auto c1 = model_->make_cache(B, 400), c2 = model_->make_cache(B, 400);
+    prefill(*model_, *c1, rows);
+    prefill(*model_, *c2, rows);
+    auto r1 = model_->start_decode(*c1, first), r2 = model_->start_decode(*c2, first);
+    EXPECT_THROW(model_->start_decode(*c1, first), Error);  // one run per cache at a time
+    std::vector<int32_t> got1, got2;
+    const int64_t n = 12;
+    const auto push = [&](DecodeRun& r, int64_t j) {
+      r.push(part(positions, j, 1), part(params, j, 1));
+    };
+    push(*r1, 0);
+    push(*r2, 0);
+    for (int64_t j = 0; j < n; ++j) {
+      if (j + 1 < n) push(*r1, j + 1);
+      const auto t1 = r1->pop();
+      if (j + 1 < n) push(*r2, j + 1);
+      const auto t2 = r2->pop();
+      got1.insert(got1.end(), t1.begin(), t1.end());
+      got2.insert(got2.end(), t2.begin(), t2.end());
+    }
+    const std::vector<int32_t> want(expected.begin(), expected.begin() + n * B);
+    EXPECT_EQ(got1, want);
+    EXPECT_EQ(got2, want);
+    // Steps pushed and never popped: the run's end waits for them; the cache holds them.
+    push(*r1, n);
+    push(*r1, n + 1);
+    r1.reset();
+    EXPECT_EQ(c1->length(), c2->length() + 2);
   }
   // Bad input is refused before anything runs: a position past the model's context.
   auto c = model_->make_cache(1, 16);
