@@ -114,6 +114,16 @@ std::vector<int32_t> Model::decode_chain(const DecodeChainInput& in, Cache& cach
   if (cache.length() + S > cache.capacity())
     fail("kv cache: " + std::to_string(cache.length() + S) + " tokens exceed its capacity of " +
          std::to_string(cache.capacity()));
+  // Every step's positions before the first runs (a push checks only its own): all or nothing.
+  const int64_t max_pos = config().max_position_embeddings;
+  for (int64_t j = 0; j < S; ++j)
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t p = in.positions[size_t(j * B + b)];
+      if (p < 0 || p >= max_pos)
+        fail("input positions", "row " + std::to_string(b) + " step " + std::to_string(j),
+             "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
+                 std::to_string(max_pos) + ")");
+    }
   auto run = start_decode(cache, in.first_ids, in.attention);
   std::vector<int32_t> out;
   out.reserve(size_t(S * B));

@@ -360,6 +360,9 @@ TEST(Generate, DecodeChainIsForwardFedBack) {
   const std::vector<int32_t> oov(size_t(B), int32_t(m.ck.config().vocab_size));
   refused({.batch = B, .steps = S, .first_ids = oov, .positions = chain_pos}, "outside the vocabulary");
   refused({.batch = B, .steps = 0, .first_ids = first, .positions = {}}, "no steps");
+  std::vector<int32_t> past = chain_pos;
+  past[size_t(2 * B + 1)] = int32_t(m.ck.config().max_position_embeddings);
+  refused({.batch = B, .steps = S, .first_ids = first, .positions = past}, "row 1 step 2");
   // A run itself: pushes past kMaxPending, a pop with nothing pushed, wrong-sized positions.
   auto c4 = m.model.make_cache(B, P + DecodeRun::kMaxPending + 1);
   run_prefill(*c4);
