@@ -66,7 +66,8 @@ struct ForwardOutput {
 // (tokens = 1, logits_last_only, no logits rows, each fed the previous call's
 // ForwardOutput::greedy); a backend may run pushed steps while the caller works on earlier
 // steps' tokens (the CUDA one: graph replays fed on the device, no host round trip between
-// steps), Model's own runs each step in push().
+// steps), Model's own runs each step in push(). While a run lives, its cache takes no other
+// forward() call or run (the CUDA backend refuses them: the run feeds its own last tokens).
 class DecodeRun {
  public:
   static constexpr int64_t kMaxPending = 64;  // steps pushed and not yet popped, at most

@@ -209,7 +209,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MLA_EARLY_CACHE", {"0", "1", "true"}},
       {"ATLAS_GEMM_STREAM_BALANCE", {"0", "1", "even"}},
       {"ATLAS_GEMM_TAILS", {"0", "1", "yes"}},
-      {"ATLAS_DECODE_RUN_TWO_GRAPHS", {"0", "1", "two"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},

@@ -138,11 +138,10 @@ class CudaCache final : public Cache {
     if (!run_state_.get()) run_state_ = DeviceBlock(size_t(16 + batch_) * 4);
     return reinterpret_cast<int32_t*>(run_state_.get());
   }
-  // One step's graph, [without / with the sampling kernel][instance]: pushes alternate between two
-  // instances of the same graph (ATLAS_DECODE_RUN_TWO_GRAPHS; s24: with one, a step launched while
-  // the instance's previous launch is queued left the device ~1% idle at one step ahead).
-  Graph run_graph[2][2];
-  uint64_t run_epoch[2][2] = {{0, 0}, {0, 0}};  // the scratch layout each was captured against
+  // One step's graph, without / with the sampling kernel. (Session 24: pushes alternating between
+  // two instances of it measured no faster: 421.8 vs 423.8 tok/s at one step ahead, s24-4.)
+  Graph run_graph[2];
+  uint64_t run_epoch[2] = {0, 0};  // the scratch layout each was captured against
   bool run_active = false;          // a DecodeRun of this cache exists (one at a time)
   Graph decode_graph;          // T = 1 step, captured on first use (see CudaModel::forward)
   uint64_t graph_epoch = 0;    // the scratch layout it was captured against
@@ -473,7 +472,6 @@ class CudaModelT final : public Model {
   // ATLAS_MLA_PREFILL_QPB=1|2|4 overrides it for measurements (any gives the same bits).
   int mla_prefill_qpb_ = 4;
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
-  bool run_two_graphs_ = true;  // decode runs alternate two graph instances (ATLAS_DECODE_RUN_TWO_GRAPHS=0: one)
   bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
@@ -614,7 +612,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
   mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
-  run_two_graphs_ = env_switch("ATLAS_DECODE_RUN_TWO_GRAPHS", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -1374,6 +1371,8 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   bool sampling = false;  // any row drawn on the device
   for (const auto& sp : in.sampling) sampling = sampling || sp.mode == sample_core::kSample;
   if (cache->batch() != B) fail("forward: kv cache batch size differs from the input's");
+  if (cache->run_active)  // its next step would feed the run's last token, not this call's
+    fail("forward", "cache", "the cache has a decode run in progress (end the run first)");
   if (cache->length_ + T > cache->capacity())
     fail("kv cache: " + std::to_string(cache->length_ + T) + " tokens exceed its capacity of " +
          std::to_string(cache->capacity()));
@@ -1664,6 +1663,11 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     ++pushed_;
     if (!m_.graphs_ || c_.eager_steps == 0) {
       const std::vector<uint8_t> mask(size_t(B), 1), no_rows(size_t(B), 0);
+      c_.run_active = false;  // (forward() refuses a cache with a run)
+      struct Rearm {
+        CudaCache& c;
+        ~Rearm() { c.run_active = true; }
+      } rearm{c_};
       const ForwardOutput r = m_.forward({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
                                           .mask = mask, .logits_last_only = true, .logits_rows = no_rows,
                                           .attention = attention_, .sampling = sampling},
@@ -1675,8 +1679,8 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     }
     bool sampled = false;  // any row drawn on the device
     for (const auto& sp : sampling) sampled = sampled || sp.mode == sample_core::kSample;
-    const int g = sampled ? 1 : 0, k = m_.run_two_graphs_ ? int(graph_steps_ % 2) : 0;
-    Graph& graph = c_.run_graph[g][k];
+    const int g = sampled ? 1 : 0;
+    Graph& graph = c_.run_graph[g];
     m_.drop_late();
     const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
     m_.rows_ = m_.flat_rows_ = B;
@@ -1684,7 +1688,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     const Buffers b = m_.carve(B, B, B, B, cap, sampled);  // forward()'s decode-graph buffers
     int32_t* host = c_.run_host();
     int32_t* state = c_.run_state();
-    if (!graph.ready() || c_.run_epoch[g][k] != m_.scratch_epoch_) {
+    if (!graph.ready() || c_.run_epoch[g] != m_.scratch_epoch_) {
       graph.reset();
       stream_synchronize(m_.s_);
       graph.begin(m_.s_);
@@ -1713,7 +1717,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
         graph.abort(m_.s_);
         throw;
       }
-      c_.run_epoch[g][k] = m_.scratch_epoch_;
+      c_.run_epoch[g] = m_.scratch_epoch_;
     }
     if (feed_host_) {  // this step's ids are the host's: restart the device's step index at 0
       copy_to_device_async(state, host + c_.run_zero_at(), 4, m_.s_);
@@ -1740,7 +1744,6 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     ++c_.length_;
     ++c_.eager_steps;
     graph.launch(m_.s_);
-    ++graph_steps_;
     if (free_.empty()) {
       events_.push_back(event_create());
       free_.push_back(events_.back());
@@ -1792,7 +1795,6 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
   AttentionForm attention_;
   bool feed_host_ = true;
   int64_t j_ = 0, pushed_ = 0;     // the device step index of the next graph step; steps pushed
-  int64_t graph_steps_ = 0;        // graph steps launched (which instance the next one replays)
   std::deque<Step> q_;
   std::vector<Event> events_, free_;
 };
