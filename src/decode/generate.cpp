@@ -20,6 +20,9 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
   if (!model.has_head()) fail("generate: the model was loaded without its final layers (use all layers)");
   if (opts.max_new_tokens <= 0) fail("--max-new-tokens", {}, "must be positive");
   if (opts.batch <= 0) fail("--batch", {}, "must be positive");
+  if (opts.decode_ahead < 0 || opts.decode_ahead >= DecodeRun::kMaxPending)
+    fail("--decode-ahead", {}, "must lie in [0, " + std::to_string(DecodeRun::kMaxPending - 1) + "], got " +
+                                   std::to_string(opts.decode_ahead));
   for (size_t r = 0; r < rows.size(); ++r) {
     const auto& row = rows[r];
     if (row.ids.empty()) fail("prompt " + row.id, "ids", "empty prompt");

@@ -159,6 +159,11 @@ TEST(Generate, RejectsBadRequests) {
   std::vector<decode::PromptRow> oov{{.id = "o", .ids = {1, 2, int32_t(m.ck.config().vocab_size)}, .sampling = {}}};
   EXPECT_THROW(decode::generate(m.model, oov, opts), Error);
   std::vector<decode::PromptRow> ok{{.id = "k", .ids = {1, 2}, .sampling = {}}};
+  opts.decode_ahead = DecodeRun::kMaxPending;
+  EXPECT_THROW(decode::generate(m.model, ok, opts), Error);
+  opts.decode_ahead = -1;
+  EXPECT_THROW(decode::generate(m.model, ok, opts), Error);
+  opts.decode_ahead = 1;
   opts.max_new_tokens = 0;
   EXPECT_THROW(decode::generate(m.model, ok, opts), Error);
   opts.max_new_tokens = m.ck.config().max_position_embeddings;
