@@ -1039,14 +1039,16 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   const GroupedGemmArgs down{.x = dx.get(), .groups = 64, .max_rows = 6, .N = 2048, .K = 1408};
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");  // "1": the dense problems' stream config
   const std::string stream = stream_env == nullptr ? "" : stream_env;
+  const char* regs_env = std::getenv("ATLAS_GEMM_STREAM_REGS");  // "1": the register-staged wgmma config
+  const std::string wg = regs_env != nullptr && std::string(regs_env) == "1" ? "streamwg64x8/3r2" : "streamwg64x8/4";
   const std::string dense_stream = stream == "0"   ? "16x32x128/4"
                                    : stream == "3" ? "stream8x8/3w"
                                    : stream == "6" ? "stream8x8/6w"
-                                                   : "streamwg64x8/4";
+                                                   : wg;
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(gate_up)),
-            grouped == "0" ? "16x32x128/4" : grouped == "1" ? dense_stream : "streamwg64x8/4");
+            grouped == "0" ? "16x32x128/4" : grouped == "1" ? dense_stream : wg);
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(down)),
-            grouped == "wg" ? "streamwg64x8/4" : grouped == "1" && stream != "0" ? dense_stream : down_name);
+            grouped == "wg" ? wg : grouped == "1" && stream != "0" ? dense_stream : down_name);
   // Many tokens (a batch-128 step: 768 rows) keep the tiled configs.
   GroupedGemmArgs many = gate_up;
   many.max_rows = 768;

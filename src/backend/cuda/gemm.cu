@@ -103,6 +103,10 @@ using CfgSt3 = kern::StreamTile<3, 4>;  //  3    4      99 KB  2 (room for a con
 // (atlas_wgmma_gemv_probe's best span on the routed gate|up's 69 MB: 3.94 TB/s, s23-1).
 //                                          BK  stages   smem    blocks per SM
 using CfgWs128 = kern::WgStreamTile<128, 4>;  // 128    4      73 KB   3
+// The same with register-staged copies (two steps in registers, a 3-slot ring; session 24, off
+// unless ATLAS_GEMM_STREAM_REGS=1, not yet run on a GPU when written: atlas_stream_sweep_probe's
+// plain loads outran its cp.async rings by ~10%).
+using CfgWs128R2 = kern::WgStreamTile<128, 3, 2>;  // 128  3 + 2 in registers  55 KB
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -225,7 +229,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 29> kConfigs = {
+constexpr std::array<TileConfig, 30> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -245,7 +249,7 @@ constexpr std::array<TileConfig, 29> kConfigs = {
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
     make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
     make_splitk_config<CfgS8, true>("splitk16x8/8w+staged"), make_splitk_config<CfgS8W2, true>("splitk16x8/2w+staged"),
-    make_wgstream_config<CfgWs128>("streamwg64x8/4")};
+    make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -272,8 +276,8 @@ constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_inde
               kCluster16 = config_index("c16x64/4w");
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
 constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("stream8x8/3w");
-constexpr int kStreamWg = config_index("streamwg64x8/4");
-static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0, "stream config names");
+constexpr int kStreamWg = config_index("streamwg64x8/4"), kStreamWgRegs = config_index("streamwg64x8/3r2");
+static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0, "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
@@ -401,12 +405,14 @@ const GemmSetup& setup() {
       g.stream_blocks[i] = std::max(per_sm, 1);
     }
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
+    // The wgmma streaming config, with register-staged copies under ATLAS_GEMM_STREAM_REGS=1.
+    const int wg = env_switch("ATLAS_GEMM_STREAM_REGS", false) ? kStreamWgRegs : kStreamWg;
     g.stream_choice = stream_warps == 3    ? kStream3
                       : stream_warps == 6  ? kStream6
-                      : stream_warps == 1  ? kStreamWg
+                      : stream_warps == 1  ? wg
                                            : -1;
     const int grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
-    g.stream_grouped_gate = grouped == 1 ? g.stream_choice : grouped >= 2 ? kStreamWg : -1;
+    g.stream_grouped_gate = grouped == 1 ? g.stream_choice : grouped >= 2 ? wg : -1;
     g.stream_grouped_down = grouped == 3 ? -1 : g.stream_grouped_gate;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);

@@ -27,6 +27,13 @@
 // every x copy comes after it. Grouped ones wait first (the offsets are an earlier kernel's).
 // Async operands only (16-byte rows, K % 16 == 0); the host runs another config otherwise (same
 // bits). Compiled only into sm_90a code; the host asks gemm_stream_probe_kernel first.
+// Register-staged copies (LEAD > 0, session 24, ATLAS_GEMM_STREAM_REGS; not yet run on a GPU when
+// written): the same tiles, steps and wgmma chain, but each thread loads its 16-byte chunks of
+// step s into registers (plain ld.global.nc, the weights with the L2 evict_first policy) LEAD
+// steps before it stores them into the step's ring slot (st.shared, then the async-proxy fence
+// and the block barrier the wgmma reads need). Why: atlas_stream_sweep_probe (s23-1) streamed
+// 69 / 138 MB at 4.2-4.4 TB/s by plain 16-byte loads against 3.6-3.9 through cp.async or bulk-copy
+// rings. A slot is written one step ahead of its wgmma and two after its last read (STAGES 3).
 #pragma once
 
 #include "gemm_stream.cuh"  // grouped_tile_count, gemm_stream_probe_kernel
@@ -34,9 +41,10 @@
 
 namespace atlas::cuda::kern {
 
-template <int BK_, int STAGES_>
+template <int BK_, int STAGES_, int LEAD_ = 0>
 struct WgStreamTile {
   static constexpr int BK = BK_, STAGES = STAGES_;
+  static constexpr int LEAD = LEAD_;  // > 0: register-staged copies, LEAD steps in registers
   static constexpr int BM = 8, BN = 64, THREADS = 128;
   static constexpr int ATOMS = BK / 64;                   // swizzle atoms per step (64 k each)
   static constexpr int ATOM_W = 64 * 64 * 2, ATOM_X = 8 * 64 * 2;  // bytes
@@ -47,6 +55,7 @@ struct WgStreamTile {
   static_assert(BK == 64 || BK == 128 || BK == 256, "whole atoms, whole steps per K slice");
   static_assert(kSliceK % BK == 0, "a K slice must be whole BK steps");
   static_assert(STAGES >= 3, "a slot is refilled two steps after its last read");
+  static_assert(LEAD == 0 || (LEAD >= 1 && LEAD <= 3), "register-staged: 1 to 3 steps in registers");
   static_assert(BN * CPR % THREADS == 0 && BM * CPR <= THREADS, "copy plan");
 };
 
@@ -59,6 +68,25 @@ __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t da, uint6
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "l"(da), "l"(db), "r"(1));
 #endif
+}
+
+// 16 bytes from global memory into registers (the non-coherent path: weights, or activations an
+// earlier kernel wrote), with h's L2 policy where h.on.
+__device__ __forceinline__ uint4 ldg16(const uint16_t* src, L2Hint h) {
+  uint4 v;
+  if (h.on)
+    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(src), "l"(h.policy));
+  else
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(src));
+  return v;
+}
+__device__ __forceinline__ void sts16(uint32_t dst, const uint4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
 }
 
 // kTail: K % BK != 0 (the host picks the instance): the last step of a tile has fewer chunks.
@@ -133,23 +161,68 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
     }
   };
 
-  // Prologue: steps [0, kAhead). Dense weights before the wait (staged, or pulled into L2).
-  if (!grouped && p.prefetch > 1) {
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) copy_step(s % T::STAGES, s, true, false);
-  } else if (!grouped && p.prefetch == 1 && steps > 0) {
-    enter_issue_tile(0);
-    if (itile == 0 && c == 0)
+  // Register-staged copies (LEAD > 0): step s's chunks of this thread in rw[s % LEAD] (weights,
+  // then x), loaded LEAD steps before they are stored into the step's slot. Zeros where the
+  // cp.async path copies zeros (rows past N or the tile, chunks past K, no tile).
+  constexpr int kLead = T::LEAD > 0 ? T::LEAD : 1;
+  uint4 rw[kLead][T::W_PER_THREAD + 1];
+  const auto load_regs = [&](int s, uint4(&r)[T::W_PER_THREAD + 1], bool kW, bool kX) {
+    if (s >= steps) return;
+    if (s / KT != itile && itile != -2) enter_issue_tile(s / KT);
+    const int k = (s % KT) * T::BK + c * 8;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    if (kW) {
 #pragma unroll
       for (int q = 0; q < T::W_PER_THREAD; ++q)
-        if (w_off[q] >= 0) prefetch_l2(iw + w_off[q], uint32_t(min(K, kAhead * T::BK)) * 2u);
-  }
-  if (!grouped) pdl_begin_gemm();
-  const bool early = !grouped && p.prefetch > 1;
+        r[q] = itile != -2 && w_off[q] >= 0 && k < K ? ldg16(iw + w_off[q] + k, w_hint) : zero;
+    }
+    if (kX) r[T::W_PER_THREAD] = itile != -2 && x_off >= 0 && k < K ? ldg16(ix + x_off + k, L2Hint{}) : zero;
+  };
+  const auto store_regs = [&](int slot, const uint4(&r)[T::W_PER_THREAD + 1]) {
+    const int atom = c >> 3, cc = c & 7;
 #pragma unroll
-  for (int s = 0; s < kAhead; ++s) {
-    copy_step(s % T::STAGES, s, !early, true);
-    cp_async_commit();
+    for (int q = 0; q < T::W_PER_THREAD; ++q) {
+      const int row = r0 + q * kRowStep;
+      sts16(ring_w + uint32_t(slot * T::SLOT_W + atom * T::ATOM_W + row * 128 + ((cc ^ (row & 7)) * 16)), r[q]);
+    }
+    if (r0 < T::BM)
+      sts16(ring_x + uint32_t(slot * T::SLOT_X + atom * T::ATOM_X + r0 * 128 + ((cc ^ (r0 & 7)) * 16)),
+            r[T::W_PER_THREAD]);
+  };
+
+  if constexpr (T::LEAD == 0) {
+    // Prologue: steps [0, kAhead). Dense weights before the wait (staged, or pulled into L2).
+    if (!grouped && p.prefetch > 1) {
+#pragma unroll
+      for (int s = 0; s < kAhead; ++s) copy_step(s % T::STAGES, s, true, false);
+    } else if (!grouped && p.prefetch == 1 && steps > 0) {
+      enter_issue_tile(0);
+      if (itile == 0 && c == 0)
+#pragma unroll
+        for (int q = 0; q < T::W_PER_THREAD; ++q)
+          if (w_off[q] >= 0) prefetch_l2(iw + w_off[q], uint32_t(min(K, kAhead * T::BK)) * 2u);
+    }
+    if (!grouped) pdl_begin_gemm();
+    const bool early = !grouped && p.prefetch > 1;
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      copy_step(s % T::STAGES, s, !early, true);
+      cp_async_commit();
+    }
+  } else {
+    // Prologue: steps [0, LEAD) into registers (dense weights before the wait), step 0 into its
+    // slot, step LEAD into the registers step 0 left.
+    const bool early = !grouped && p.prefetch > 0;
+    if (early)
+#pragma unroll
+      for (int s = 0; s < T::LEAD; ++s) load_regs(s, rw[s], true, false);
+    if (!grouped) pdl_begin_gemm();
+#pragma unroll
+    for (int s = 0; s < T::LEAD; ++s) load_regs(s, rw[s], !early, true);
+    if (steps > 0) store_regs(0, rw[0]);
+    load_regs(T::LEAD, rw[0], true, true);
+    fence_proxy_async_smem();  // the stores (generic proxy) before the wgmma's reads
+    __syncthreads();
   }
 
   // Compute side. Thread (warp w, lane l) holds D rows n = 16 w + l / 4 and n + 8 (weight rows,
@@ -184,12 +257,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
     }
   };
   bool pending = false;  // a slice's last group is in flight: fold it into the total first
-  for (int i = 0; i < steps; ++i) {
-    cp_async_wait<kAhead - 1>();
-    fence_proxy_async_smem();  // the copies' writes (generic proxy) before the wgmma's reads
-    __syncthreads();
-    copy_step((i + kAhead) % T::STAGES, i + kAhead, true, true);
-    cp_async_commit();
+  // Step i's compute: first the pending slice's fold (and, at a tile's first step, the store of
+  // the tile before), then step i's wgmma chain on its slot, committed.
+  const auto compute = [&](int i) {
     const int kt = i % KT;
     if (pending) {
       wg_wait_all();
@@ -222,8 +292,40 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
       for (int kk = 0; kk < T::BK / 16; ++kk) chunk(kk);
     }
     wg_commit();
-    wg_wait_one();
-    pending = (kt + 1) % kSteps == 0 || kt + 1 == KT;
+  };
+  if constexpr (T::LEAD == 0) {
+    for (int i = 0; i < steps; ++i) {
+      cp_async_wait<kAhead - 1>();
+      fence_proxy_async_smem();  // the copies' writes (generic proxy) before the wgmma's reads
+      __syncthreads();
+      copy_step((i + kAhead) % T::STAGES, i + kAhead, true, true);
+      cp_async_commit();
+      compute(i);
+      wg_wait_one();
+      const int kt = i % KT;
+      pending = (kt + 1) % kSteps == 0 || kt + 1 == KT;
+    }
+  } else {
+    // Step i: its wgmma (slot i % STAGES, stored and fenced the step before), then step i + 1's
+    // registers into its slot, whose last reader (step i + 1 - STAGES) the wait_one of the step
+    // before retired in every warp before the barrier; then step i + 1 + LEAD's loads into those
+    // registers. Unrolled by LEAD so that the registers are named at compile time (i0 % LEAD == 0).
+    static_assert(T::LEAD == 0 || T::STAGES == 3, "register-staged: a slot per step in flight, written, retired");
+    for (int i0 = 0; i0 < steps; i0 += kLead) {
+#pragma unroll
+      for (int u = 0; u < kLead; ++u) {
+        const int i = i0 + u;
+        if (i >= steps) break;
+        compute(i);
+        if (i + 1 < steps) store_regs((i + 1) % T::STAGES, rw[(u + 1) % kLead]);
+        load_regs(i + 1 + kLead, rw[(u + 1) % kLead], true, true);
+        wg_wait_one();
+        const int kt = i % KT;
+        pending = (kt + 1) % kSteps == 0 || kt + 1 == KT;
+        fence_proxy_async_smem();  // step i + 1's stores before its wgmma's reads
+        __syncthreads();
+      }
+    }
   }
   wg_wait_all();
   cp_async_wait<0>();  // nothing in flight when the block's shared memory is released
