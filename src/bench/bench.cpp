@@ -395,19 +395,22 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         // GenerateOptions' default number of steps pushed ahead of the one read (the cache's first
         // decode step runs eagerly inside it); --decode-ahead 0: one forward() call per step.
         const int64_t ahead = o.decode_ahead;
+        // generate's attention form for decode steps in both loops (the CUDA backend has one form;
+        // the CPU backend's two differ in rounding, so the loops must not differ in it).
+        const AttentionForm form = decode::GenerateOptions{}.decode_attention;
         const auto t0 = Clock::now();
         if (ahead == 0) {
           for (int64_t s = 0; s < o.decode_steps; ++s) {
             const int32_t id = tok, ps = int32_t(P + s);
             const uint8_t one = 1;
             r = model->forward({.batch = 1, .tokens = 1, .ids = {&id, 1}, .positions = {&ps, 1}, .mask = {&one, 1},
-                                .logits_last_only = true, .logits_rows = no_logits},
+                                .logits_last_only = true, .logits_rows = no_logits, .attention = form},
                                *cache);
             tok = r.greedy.at(0);
             toks.push_back(tok);
           }
         } else {
-          auto run = model->start_decode(*cache, std::span(&tok, 1));
+          auto run = model->start_decode(*cache, std::span(&tok, 1), form);
           int64_t pushed = 0;
           const auto push_through = [&](int64_t last) {
             for (; pushed <= std::min(last, o.decode_steps - 1); ++pushed) {

@@ -106,6 +106,20 @@ print(want.get("ATLAS_PDL"), want.get("ATLAS_WIDE_NORM"))
 '
 [[ "$(ATLAS_WIDE_NORM=1 ATLAS_PDL=0 $py -c "$check_env" "$work/env.json")" == "0 1" ]] && $py -c "$check_env" "$work/b.json" >/dev/null \
   && ok "records name the ATLAS_* switches" || bad "records' environment"
+# decode-b1's loop with 0 (one forward call per step) and 3 steps pushed ahead: the same tokens as
+# the default (1), and the record says which it ran.
+for a in 0 3; do
+  "$bin" bench --model "$model" --backend cpu "${small[@]}" --workload decode-b1 --decode-ahead $a \
+    --json "$work/ahead$a.json" >/dev/null 2>"$work/err" || bad "bench --decode-ahead $a: $(cat "$work/err")"
+done
+$py - "$work/ahead0.json" "$work/ahead3.json" "$work/b.json" <<'PY' && ok "decode-b1: the same tokens 0, 1 and 3 steps ahead" || bad "decode-ahead records"
+import json, sys
+recs = [{x["workload"]: x for x in json.load(open(f))}["decode-b1"]["detail"] for f in sys.argv[1:]]
+assert [d["decode_ahead"] for d in recs] == [0, 3, 1], [d["decode_ahead"] for d in recs]
+assert len({d["tokens_sha256"] for d in recs}) == 1, [d["tokens_sha256"] for d in recs]
+PY
+expect_error "decode-ahead 64" "decode-ahead" "$bin" bench --model "$model" --backend cpu --decode-ahead 64 --json "$work/x.json"
+no_file "decode-ahead 64" "$work/x.json"
 expect_error "repeat 0" "repeat" "$bin" bench --model "$model" --backend cpu --repeat 0 --json "$work/x.json"
 no_file "repeat 0" "$work/x.json"
 
