@@ -88,21 +88,21 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
     }
     std::vector<RowSampler> samplers;
     for (size_t r = 0; r < nb; ++r) samplers.emplace_back(rows[start + r].sampling);
-    // Per-row device sampling parameters of the coming forward pass (the uniform of each row's
-    // own next step); empty when nothing samples on the device.
-    std::vector<sample_core::RowParams> dev_params;
-    auto fill_dev_params = [&](const std::vector<uint8_t>& done_rows) {
-      dev_params.clear();
-      if (!device_sampling || !any_sampled) return;
-      dev_params.resize(nb);  // kGreedy by default
+    // Per-row device sampling parameters of a coming forward pass: the uniform of each live
+    // row's draw `ahead` steps after its next one; empty when nothing samples on the device.
+    const auto dev_params_at = [&](const std::vector<uint8_t>& done_rows, uint64_t ahead) {
+      std::vector<sample_core::RowParams> params;
+      if (!device_sampling || !any_sampled) return params;
+      params.resize(nb);  // kGreedy by default
       for (size_t r = 0; r < nb; ++r)
         if (on_device[r] && !done_rows[r]) {
           const SamplingParams& sp = samplers[r].params();
-          dev_params[r] = sample_core::make_row_params(sp.temperature, sp.top_p, sp.top_k,
-                                                       samplers[r].uniform_at(samplers[r].step()));
+          params[r] = sample_core::make_row_params(sp.temperature, sp.top_p, sp.top_k,
+                                                   samplers[r].uniform_at(samplers[r].step() + ahead));
         }
+      return params;
     };
-    fill_dev_params(std::vector<uint8_t>(nb, 0));
+    std::vector<sample_core::RowParams> dev_params = dev_params_at(std::vector<uint8_t>(nb, 0), 0);
     auto cache = model.make_cache(B, Tp + opts.max_new_tokens);
     ForwardOutput out = model.forward({.batch = B, .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
                                        .logits_last_only = true, .logits_rows = want,
@@ -210,24 +210,15 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
         const int64_t last = std::min(step + 1 + opts.decode_ahead, opts.max_new_tokens - 1);
         for (int64_t q = pushed_through + 1; q <= last; ++q) {
           const int32_t d = int32_t(q - (step + 1));
-          std::vector<int32_t> q_pos(nb, 0);
-          std::vector<sample_core::RowParams> q_params;
-          if (device_sampling && any_sampled) q_params.resize(nb);  // kGreedy by default
-          for (size_t r = 0; r < nb; ++r) {
-            if (done[r]) continue;  // position 0, greedy: as the pad id's steps
-            q_pos[r] = step_pos[r] + d;
-            if (!q_params.empty() && on_device[r]) {
-              const SamplingParams& sp = samplers[r].params();
-              q_params[r] = sample_core::make_row_params(sp.temperature, sp.top_p, sp.top_k,
-                                                         samplers[r].uniform_at(samplers[r].step() + uint64_t(d)));
-            }
-          }
-          run->push(q_pos, q_params);
+          std::vector<int32_t> q_pos(nb, 0);  // finished rows: position 0, greedy (as the pad id's steps)
+          for (size_t r = 0; r < nb; ++r)
+            if (!done[r]) q_pos[r] = step_pos[r] + d;
+          run->push(q_pos, dev_params_at(done, uint64_t(d)));
           pushed_through = q;
         }
         continue;
       }
-      fill_dev_params(done);
+      dev_params = dev_params_at(done, 0);
       out = model.forward({.batch = B, .tokens = 1, .ids = step_ids, .positions = step_pos, .mask = step_mask,
                            .logits_last_only = true, .logits_rows = want, .attention = opts.decode_attention,
                            .sampling = dev_params},

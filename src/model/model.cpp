@@ -61,6 +61,18 @@ void check_decode_push(const Cache& cache, std::span<const int32_t> positions,
          std::to_string(cache.capacity()));
 }
 
+void check_step_positions(std::span<const int32_t> positions, int64_t batch, int64_t max_positions,
+                          int64_t first_step) {
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const int32_t p = positions[i];
+    if (p < 0 || p >= max_positions)
+      fail("input positions", "row " + std::to_string(int64_t(i) % batch) + " step " +
+                                  std::to_string(first_step + int64_t(i) / batch),
+           "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
+               std::to_string(max_positions) + ")");
+  }
+}
+
 namespace {
 
 // Model's run: each step a forward() call in push(), its tokens kept for pop().
@@ -115,15 +127,7 @@ std::vector<int32_t> Model::decode_chain(const DecodeChainInput& in, Cache& cach
     fail("kv cache: " + std::to_string(cache.length() + S) + " tokens exceed its capacity of " +
          std::to_string(cache.capacity()));
   // Every step's positions before the first runs (a push checks only its own): all or nothing.
-  const int64_t max_pos = config().max_position_embeddings;
-  for (int64_t j = 0; j < S; ++j)
-    for (int64_t b = 0; b < B; ++b) {
-      const int32_t p = in.positions[size_t(j * B + b)];
-      if (p < 0 || p >= max_pos)
-        fail("input positions", "row " + std::to_string(b) + " step " + std::to_string(j),
-             "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
-                 std::to_string(max_pos) + ")");
-    }
+  check_step_positions(in.positions, B, config().max_position_embeddings, 0);
   auto run = start_decode(cache, in.first_ids, in.attention);
   std::vector<int32_t> out;
   out.reserve(size_t(S * B));

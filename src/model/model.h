@@ -109,6 +109,10 @@ class Cache {
 void check_decode_start(const Cache& cache, std::span<const int32_t> first_ids, int64_t vocab);
 void check_decode_push(const Cache& cache, std::span<const int32_t> positions,
                        std::span<const sample_core::RowParams> sampling, int64_t pending);
+// Every position of `positions` ([steps, batch], row-major) in [0, max_positions); the error names
+// the row and the step (counted from first_step).
+void check_step_positions(std::span<const int32_t> positions, int64_t batch, int64_t max_positions,
+                          int64_t first_step);
 
 class Model {
  public:

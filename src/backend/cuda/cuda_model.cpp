@@ -117,7 +117,7 @@ class CudaCache final : public Cache {
   std::vector<std::vector<int32_t>> key_slot_;
   // Decode runs (CudaModel::start_decode): one step's graph replayed per pushed step. The host's
   // ring in pinned memory, which the run's kernels read and write directly (kernels/
-  // decode_chain.cuh), R = DecodeRun::kMaxPending slots: [R][5B] staged inputs, [R][B][8]
+  // decode_run.cuh), R = DecodeRun::kMaxPending slots: [R][5B] staged inputs, [R][B][8]
   // sampling parameters (32-byte RowParams; 8-byte aligned: 20 R B bytes in), [R][B] tokens out,
   // [R] error flags, then [16] zeros (the source of a step-index reset). The step index is one
   // device int.
@@ -316,13 +316,20 @@ class CudaModelT final : public Model {
     if (batch <= 0 || capacity <= 0) fail("cuda", "make_cache", "batch and capacity must be > 0");
     return std::make_unique<CudaCache>(layers_.count(), batch, capacity, cfg_.latent_dim(), kEs);
   }
-  ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const override;
+  // A cache with a decode run in progress takes no forward() call (its next step would feed the
+  // run's last token, not this call's); the run's own eager steps call forward_step().
+  ForwardOutput forward(const ForwardInput& in, Cache& cache, const Hooks* hooks = nullptr) const override {
+    if (const auto* c = dynamic_cast<const CudaCache*>(&cache); c && c->run_active)
+      fail("forward", "cache", "the cache has a decode run in progress (end the run first)");
+    return forward_step(in, cache, hooks);
+  }
   using Model::forward;
   std::unique_ptr<DecodeRun> start_decode(Cache& cache, std::span<const int32_t> first_ids,
                                           AttentionForm attention = AttentionForm::Absorbed) const override;
 
  private:
   class Run;  // start_decode's DecodeRun
+  ForwardOutput forward_step(const ForwardInput& in, Cache& cache, const Hooks* hooks) const;
 
   // Per-call device buffers, carved from one grow-only block (decode steps reuse it).
   struct Buffers {
@@ -1356,7 +1363,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
 }
 
 template <class Elem>
-ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_base, const Hooks* hooks) const {
+ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cache_base, const Hooks* hooks) const {
   auto* cache = dynamic_cast<CudaCache*>(&cache_base);
   if (!cache) fail("forward: the cache was not made by the CUDA backend");
   const ModelConfig& c = cfg_;
@@ -1371,8 +1378,6 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
   bool sampling = false;  // any row drawn on the device
   for (const auto& sp : in.sampling) sampling = sampling || sp.mode == sample_core::kSample;
   if (cache->batch() != B) fail("forward: kv cache batch size differs from the input's");
-  if (cache->run_active)  // its next step would feed the run's last token, not this call's
-    fail("forward", "cache", "the cache has a decode run in progress (end the run first)");
   if (cache->length_ + T > cache->capacity())
     fail("kv cache: " + std::to_string(cache->length_ + T) + " tokens exceed its capacity of " +
          std::to_string(cache->capacity()));
@@ -1416,7 +1421,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
         part.sampling = {};
         part.logits_rows = no_rows;
       }
-      out = forward(part, cache_base, hooks);  // the last chunk holds every row's last token
+      out = forward_step(part, cache_base, hooks);  // the last chunk holds every row's last token
     }
     return out;
   }
@@ -1624,7 +1629,7 @@ ForwardOutput CudaModelT<Elem>::forward(const ForwardInput& in, Cache& cache_bas
 }
 
 // A decode run on the CUDA backend: each pushed step replays the cache's step graph, whose first
-// node (kernels/decode_chain.cuh) takes the step's inputs from the host's pinned ring and each
+// node (kernels/decode_run.cuh) takes the step's inputs from the host's pinned ring and each
 // row's id from the step before's tokens on the device, and whose last node writes the tokens and
 // the error flag into the ring; an event per step tells pop() when they are there. So the host
 // never waits between steps: generate() pushes the next step before it reads the last one. The
@@ -1653,25 +1658,14 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
   void push(std::span<const int32_t> positions, std::span<const sample_core::RowParams> sampling) override {
     check_decode_push(c_, positions, sampling, pending());
     const int64_t B = c_.batch(), cap = c_.capacity();
-    for (int64_t bb = 0; bb < B; ++bb) {
-      const int32_t p = positions[size_t(bb)];
-      if (p < 0 || p >= m_.max_positions_)
-        fail("input positions", "row " + std::to_string(bb) + " step " + std::to_string(pushed_),
-             "position " + std::to_string(p) + " is outside [0, max_position_embeddings = " +
-                 std::to_string(m_.max_positions_) + ")");
-    }
+    check_step_positions(positions, B, m_.max_positions_, pushed_);
     ++pushed_;
     if (!m_.graphs_ || c_.eager_steps == 0) {
       const std::vector<uint8_t> mask(size_t(B), 1), no_rows(size_t(B), 0);
-      c_.run_active = false;  // (forward() refuses a cache with a run)
-      struct Rearm {
-        CudaCache& c;
-        ~Rearm() { c.run_active = true; }
-      } rearm{c_};
-      const ForwardOutput r = m_.forward({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
+      const ForwardOutput r = m_.forward_step({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
                                           .mask = mask, .logits_last_only = true, .logits_rows = no_rows,
-                                          .attention = attention_, .sampling = sampling},
-                                         c_);
+                                               .attention = attention_, .sampling = sampling},
+                                              c_, nullptr);
       host_ids_ = r.greedy;
       feed_host_ = true;  // the next step's ids come from here (a graph step restarts the index)
       q_.push_back({.ready = true, .tokens = r.greedy});

@@ -464,7 +464,7 @@ void moe_combine_add_rmsnorm(const MoeCombineNormArgsT<float>& a);
 // The same contract as decode::greedy_token on the host (the logits are the same bf16 or f32
 // values), so a greedy row needs only its token id copied back, not its V logits. A NaN logit
 // raises the device error flag ("argmax: logits: NaN"); out[b] is then unspecified.
-// The first and last nodes of a decode run's step graph (kernels/decode_chain.cuh). Inputs: reads
+// The first and last nodes of a decode run's step graph (kernels/decode_run.cuh). Inputs: reads
 // the step index j = state[0] and advances it; copies slot j % ring of the host's staged inputs
 // [5B] (ids | pos | dst | qlen | qrow) and sampling parameters, each row's id replaced by prev[b]
 // (the step before's token) where j > 0. Outputs: the step's tokens into prev and, with the

@@ -1,6 +1,6 @@
 // Launcher for the sampling kernel (kernels/sample.cuh): bf16 and f32 logits.
 #include "backend/cuda/cuda_internal.h"
-#include "backend/cuda/kernels/decode_chain.cuh"
+#include "backend/cuda/kernels/decode_run.cuh"
 #include "backend/cuda/kernels/sample.cuh"
 
 namespace atlas::cuda {
