@@ -456,6 +456,116 @@ TEST_F(Moe, RouteOneTokenEqualsRouterThenPermute) {
   }
 }
 
+// The routing's ready flag (kernels/pdl.cuh): a chain of one-token MoE layers as a decode step
+// runs it (route, gated gate|up, down, combine + norm), eight layers back to back with launch
+// overlap on, each routed to other experts, gives the bits of the same chain without the flag,
+// where the down GEMM and the combine read offsets, slots and weights only after their waits.
+// A flag read stale (the previous layer's) would send the down GEMM to the wrong experts.
+TEST_F(Moe, ReadyFlagChainGivesTheBitsOfTheChainWithoutIt) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int E = 64, k = 6, H = 512, I = 256, layers = 8;
+  std::vector<std::unique_ptr<DevBuf<uint16_t>>> gate_up, down;
+  std::vector<const uint16_t*> gu_ptrs, dn_ptrs;
+  for (int e = 0; e < E; ++e) {
+    gate_up.push_back(std::make_unique<DevBuf<uint16_t>>(random_bf16(size_t(2 * I) * H, rng, 0.05f)));
+    down.push_back(std::make_unique<DevBuf<uint16_t>>(random_bf16(size_t(H) * I, rng, 0.05f)));
+    gu_ptrs.push_back(gate_up.back()->get());
+    dn_ptrs.push_back(down.back()->get());
+  }
+  DevBuf<const uint16_t*> dgu(gu_ptrs), ddn(dn_ptrs);
+  DevBuf<uint16_t> norm_w(random_bf16(size_t(H), rng, 0.5f));
+  std::vector<std::unique_ptr<DevBuf<float>>> logits;
+  for (int l = 0; l < layers; ++l) logits.push_back(std::make_unique<DevBuf<float>>(random_f32(size_t(E), rng, 2.0f)));
+  const auto x0 = random_bf16(size_t(H), rng), h0 = random_bf16(size_t(H), rng), shared = random_bf16(size_t(H), rng);
+  DevBuf<uint16_t> dshared(shared);
+  DevBuf<int> ready(std::vector<int>{1});  // set, as an earlier layer leaves it: each routing clears it first
+  const LaunchOverlap was = launch_overlap_mode();
+  set_launch_overlap(true);
+  auto run = [&](bool with_flag) {
+    DevBuf<uint16_t> x(x0), h(h0), act{size_t(k) * I}, ys{size_t(k) * H};
+    DevBuf<int32_t> ids{size_t(k)}, counts{size_t(E)}, offsets{size_t(E + 1)}, sorted{size_t(k)}, slot{size_t(k)},
+        ws{moe_permute_workspace_ints(1, E)};
+    DevBuf<float> w{size_t(k)};
+    std::vector<std::vector<uint16_t>> out;
+    int* const flag = with_flag ? ready.get() : nullptr;
+    for (int l = 0; l < layers; ++l) {
+      moe_route({.logits = logits[size_t(l)]->get(), .topk_ids = ids.get(), .topk_weights = w.get(), .tokens = 1,
+                 .experts = E, .k = k, .method = TopkMethod::greedy, .n_group = 1, .topk_group = 1,
+                 .norm_topk_prob = true, .routed_scaling_factor = 1.0f},
+                {.topk_ids = ids.get(), .tokens = 1, .k = k, .experts = E, .counts = counts.get(),
+                 .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
+                 .workspace = ws.get(), .ready = flag});
+      grouped_gemm({.x = h.get(), .x_rows = sorted.get(), .w = dgu.get(), .offsets = offsets.get(), .out = act.get(),
+                    .groups = E, .max_rows = k, .N = 2 * I, .K = H, .x_rows_limit = 1, .gated = I});
+      grouped_gemm({.x = act.get(), .w = ddn.get(), .offsets = offsets.get(), .out = ys.get(), .groups = E,
+                    .max_rows = k, .N = H, .K = I, .ready = flag});
+      moe_combine_add_rmsnorm({.y_sorted = ys.get(), .pair_slot = slot.get(), .topk_weights = w.get(),
+                               .addend = dshared.get(), .x = x.get(), .weight = norm_w.get(), .out = h.get(),
+                               .tokens = 1, .k = k, .dim = H, .eps = 1e-6f, .ready = flag});
+    }
+    synchronize();
+    check_device_errors();
+    out.push_back(x.download());
+    out.push_back(h.download());
+    out.push_back(ys.download());
+    out.push_back(std::vector<uint16_t>(size_t(1), uint16_t(0)));
+    const auto o = offsets.download();
+    for (int32_t v : o) out.back().push_back(uint16_t(v));
+    return out;
+  };
+  const auto want = run(false), got = run(true), again = run(true);
+  set_launch_overlap(was);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(again, want);
+  EXPECT_EQ(ready.download()[0], 1) << "the last routing set the flag";
+  // A flag nobody sets costs time (each block polls ~1 s at most), never bits: the down GEMM and
+  // the combine then read after their waits.
+  {
+    DevBuf<uint16_t> x(x0), h(h0), act{size_t(k) * I}, ys{size_t(k) * H}, ys0{size_t(k) * H};
+    DevBuf<int32_t> ids{size_t(k)}, counts{size_t(E)}, offsets{size_t(E + 1)}, sorted{size_t(k)}, slot{size_t(k)},
+        ws{moe_permute_workspace_ints(1, E)};
+    DevBuf<float> w{size_t(k)};
+    DevBuf<int> never(std::vector<int>{0});
+    moe_route({.logits = logits[0]->get(), .topk_ids = ids.get(), .topk_weights = w.get(), .tokens = 1, .experts = E,
+               .k = k, .norm_topk_prob = true},
+              {.topk_ids = ids.get(), .tokens = 1, .k = k, .experts = E, .counts = counts.get(),
+               .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(), .workspace = ws.get()});
+    grouped_gemm({.x = h.get(), .x_rows = sorted.get(), .w = dgu.get(), .offsets = offsets.get(), .out = act.get(),
+                  .groups = E, .max_rows = k, .N = 2 * I, .K = H, .x_rows_limit = 1, .gated = I});
+    set_launch_overlap(true);
+    grouped_gemm({.x = act.get(), .w = ddn.get(), .offsets = offsets.get(), .out = ys0.get(), .groups = E,
+                  .max_rows = k, .N = H, .K = I});
+    grouped_gemm({.x = act.get(), .w = ddn.get(), .offsets = offsets.get(), .out = ys.get(), .groups = E,
+                  .max_rows = k, .N = H, .K = I, .ready = never.get()});
+    set_launch_overlap(was);
+    synchronize();
+    check_device_errors();
+    EXPECT_EQ(ys.download(), ys0.download());
+  }
+}
+
+TEST_F(Moe, ReadyFlagIsForTheOneLaunchRoutingOnly) {
+  DevBuf<float> dl(64 * 9);
+  DevBuf<int32_t> ids(6 * 9), dc(64), doff(65), ds(6 * 9), dslot(6 * 9), ws(moe_permute_workspace_ints(9, 64));
+  DevBuf<float> dw(6 * 9);
+  DevBuf<int> ready(1);
+  const RouterArgs r{.logits = dl.get(), .topk_ids = ids.get(), .topk_weights = dw.get(), .tokens = 9,
+                     .experts = 64, .k = 6};
+  const MoePermuteArgs p{.topk_ids = ids.get(), .tokens = 9, .k = 6, .experts = 64, .counts = dc.get(),
+                         .offsets = doff.get(), .sorted_token = ds.get(), .pair_slot = dslot.get(),
+                         .workspace = ws.get(), .ready = ready.get()};
+  for (const bool route : {true, false}) {
+    try {
+      route ? moe_route(r, p) : moe_permute(p);
+      FAIL() << "no throw";
+    } catch (const Error& e) {
+      const std::string want = route ? "moe_route: ready" : "moe_permute: ready";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(Moe, RouteRefusesAPermutationOfOtherIds) {
   DevBuf<float> dl(64);
   DevBuf<int32_t> ids(6), other(6), dc(64), doff(65), ds(6), dslot(6), ws(moe_permute_workspace_ints(1, 64));
