@@ -388,7 +388,7 @@ class CudaModelT final : public Model {
   // [max_rows, 2I] (GroupedGemmArgs::gated; the f32 mode runs the GEMM into scratch, then silu_gate).
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
-                   int64_t gated = 0, Elem* scratch = nullptr, const int* ready = nullptr) const;
+                   int64_t gated = 0, Elem* scratch = nullptr) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -480,11 +480,6 @@ class CudaModelT final : public Model {
   int mla_prefill_qpb_ = 4;
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
   bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
-  // The MoE routing's ready flag (kernels/pdl.cuh): one device int, set by the one-launch routing
-  // of a few tokens, read by the routed down GEMM and the combine after it, so that they find
-  // their expert rows before their launch-overlap wait (ATLAS_MOE_READY=0: off; the same bits).
-  DeviceBlock route_ready_;
-  bool moe_ready_ = true;
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
@@ -624,7 +619,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
   mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
-  moe_ready_ = env_switch("ATLAS_MOE_READY", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -697,10 +691,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   for (const Layer& L : blocks_) {
     for (const Mlp& m : L.experts) ptrs.push_back(m.gate_up);
     for (const Mlp& m : L.experts) ptrs.push_back(m.down);
-  }
-  if (!ptrs.empty() && moe_ready_) {
-    route_ready_ = DeviceBlock(sizeof(int));
-    device_memset(route_ready_.get(), 0, sizeof(int));
   }
   if (!ptrs.empty()) {
     expert_ptrs_ = DeviceBlock(ptrs.size() * sizeof(void*));
@@ -781,7 +771,7 @@ template <class Elem>
 void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit,
                                    const ExpertWeightsT<Elem>& w,
                                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
-                                   int64_t K, int64_t gated, Elem* scratch, const int* ready) const {
+                                   int64_t K, int64_t gated, Elem* scratch) const {
   if constexpr (kF32) {
     grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = gated ? scratch : out,
                       .groups = int(groups), .max_rows = int(max_rows), .N = int(N), .K = int(K),
@@ -793,7 +783,7 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
     grouped_gemm({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
                   .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
                   .w_base = w.base, .w_group_stride = w.stride,
-                  .gated = int(gated), .gated_scratch = scratch, .stream = s_, .ready = ready});
+                  .gated = int(gated), .gated_scratch = scratch, .stream = s_});
   }
 }
 
@@ -1124,16 +1114,9 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // Dispatch, all on the device: (token, slot) pairs sorted by expert (stable: ascending token
   // inside an expert), then one grouped GEMM over every expert's contiguous rows, reading the
   // expert offsets on the device (no host round trip) and gathering x rows as it loads them.
-  MoePermuteArgs permute{.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E),
-                         .counts = b.counts, .offsets = b.offsets, .sorted_token = b.sorted,
-                         .pair_slot = b.slot, .workspace = b.perm_ws, .stream = s_};
-  // The routing's ready flag (kernels/pdl.cuh) where one launch routes (a few tokens) and no
-  // observer may rewrite the routes or their weights after it: the routed down GEMM and the
-  // combine then read offsets, slots and weights before their launch-overlap waits.
-  int* const ready = route_ready_.get() && M >= 1 && M <= kMoeRouteFusedMaxTokens &&
-                             !(hooks && (hooks->wants_tensor(names.topk_ids) || hooks->wants_tensor(names.topk_weights)))
-                         ? reinterpret_cast<int*>(route_ready_.get())
-                         : nullptr;
+  const MoePermuteArgs permute{.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E),
+                               .counts = b.counts, .offsets = b.offsets, .sorted_token = b.sorted,
+                               .pair_slot = b.slot, .workspace = b.perm_ws, .stream = s_};
   if (hooks && hooks->wants_tensor(names.topk_ids)) {
     // An observer may rewrite the routes between the router and the permutation.
     deliver_all();
@@ -1150,7 +1133,6 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
     if (ids != before) upload(b.topk_ids, ids.data(), ids.size() * 4);
     moe_permute(permute);
   } else {
-    permute.ready = ready;
     moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
     const int32_t* ids_dev = hooks && hooks->wants_reader(names.topk_ids) ? expanded(b.topk_ids, k) : nullptr;
     if (ids_dev && !defer_hook(*hooks, {.name = names.topk_ids, .layer = l, .shape = {B, T, k}, .dtype = DType::I32},
@@ -1164,7 +1146,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // (The permutation does not read the weights: an observer's change reaches the combine only.)
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
   expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
-  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I, 0, nullptr, ready);
+  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).
   if (L.has_shared) join_side();  // side_ has nothing after the shared experts
@@ -1176,7 +1158,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
     moe_combine_add_rmsnorm({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w,
                              .addend = L.has_shared ? b.shared : nullptr, .x = b.x, .weight = next_norm, .out = b.h,
                              .tokens = int(M), .k = int(k), .dim = int(H), .eps = float(c.rms_norm_eps),
-                             .stream = s_, .ready = ready});
+                             .stream = s_});
     hook_act(hooks, names.resid_post, l, {B, T, H}, b.x);  // readers and digests only (or nothing)
     return true;
   }

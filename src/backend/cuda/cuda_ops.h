@@ -393,11 +393,6 @@ struct MoePermuteArgs {
   int32_t* pair_slot = nullptr;     // [tokens * k]
   int32_t* workspace = nullptr;     // moe_permute_workspace_ints(tokens, experts) int32
   Stream stream = nullptr;
-  // Optional, moe_route's one-launch path only (1 .. kMoeRouteFusedMaxTokens tokens): a device
-  // int the launch clears before it releases the next kernel and sets to 1 once the router's and
-  // the permutation's outputs are all written (kernels/pdl.cuh, "A ready flag"), for
-  // GroupedGemmArgs::ready and MoeCombineNormArgsT::ready of the launches after it.
-  int* ready = nullptr;
 };
 size_t moe_permute_workspace_ints(int tokens, int experts);
 void moe_permute(const MoePermuteArgs& a);
@@ -461,10 +456,6 @@ struct MoeCombineNormArgsT {
   int dim = 0;
   float eps = 1e-6f;
   Stream stream = nullptr;
-  // Optional: the ready flag of the routing that wrote pair_slot and topk_weights
-  // (MoePermuteArgs::ready; nothing may write them after it): the one-block-per-token kernel
-  // reads them once the flag is set, before its launch-overlap wait. Timing only.
-  const int* ready = nullptr;
 };
 void moe_combine_add_rmsnorm(const MoeCombineNormArgsT<uint16_t>& a);
 void moe_combine_add_rmsnorm(const MoeCombineNormArgsT<float>& a);
@@ -808,12 +799,6 @@ struct GroupedGemmArgs {
   int gated = 0;
   uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
-  // Optional: the ready flag of the routing that wrote offsets (MoePermuteArgs::ready; nothing
-  // may write offsets after it). Under launch overlap the tiled configs' blocks then find their
-  // tiles once it is set and pull their weights into L2 before they wait for the kernel before
-  // them (at a batch-1 decode step the down GEMM's weights stream during the gate|up's tail).
-  // Timing only: the same bits.
-  const int* ready = nullptr;
 };
 void grouped_gemm(const GroupedGemmArgs& a);
 int grouped_gemm_chosen_config(const GroupedGemmArgs& a);

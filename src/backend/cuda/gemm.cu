@@ -1230,10 +1230,6 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
   p.l2_evict_first = weight_evict_first() ? 1 : 0;
-  if (a.ready != nullptr && pdl_enabled()) {  // kern::start_tile: the tiled kernel's blocks only
-    p.ready = a.ready;
-    p.prefetch = 1;
-  }
   if (a.gated > 0) {  // a fusing config (never sliced): the activation out
     p.gated = a.gated;
     p.os = a.gated;

@@ -224,9 +224,7 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
            a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
   };
   if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim))
-    launch(kern::moe_combine_add_rmsnorm_wide_kernel<T>, unsigned(a.tokens), kern::kWideThreads, 0,
-           stream_of(a.stream), a.y_sorted, a.pair_slot, a.topk_weights, a.k, a.addend, a.x, a.weight, a.out, a.dim,
-           a.eps, a.ready);
+    run(kern::moe_combine_add_rmsnorm_wide_kernel<T>, kern::kWideThreads);
   else if constexpr (std::is_same_v<T, uint16_t>) {
     const bool stage = a.k <= kern::kCombineStageK && a.dim <= kern::kCombineStageDim && a.dim % 8 == 0 &&
                        a16(a.y_sorted) && (!a.addend || a16(a.addend));
@@ -345,7 +343,6 @@ void router(const RouterArgs& a) {
 
 void moe_permute(const MoePermuteArgs& a) {
   check_permute(a);
-  require(a.ready == nullptr, "moe_permute", "ready", "is set by moe_route's one-launch path only");
   launch_permute(a);
 }
 
@@ -357,8 +354,6 @@ void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
               p.stream == r.stream,
           op, "permute", "must permute the router's topk_ids (the same tokens, k, experts and stream)");
   if (r.tokens < 1 || r.tokens > kMoeRouteFusedMaxTokens) {
-    require(p.ready == nullptr, op, "ready", "is for 1-" + std::to_string(kMoeRouteFusedMaxTokens) +
-                                                 " tokens (one launch) only, got " + std::to_string(r.tokens));
     launch_router(r);
     launch_permute(p);
     return;
@@ -379,8 +374,7 @@ void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
                                    .offsets = p.offsets,
                                    .sorted_token = p.sorted_token,
                                    .pair_slot = p.pair_slot,
-                                   .error_flag = error_flag(),
-                                   .ready = p.ready};
+                                   .error_flag = error_flag()};
   // experts <= 256 (the router's bound): <= 10 KB, with the router's 16.5 KB of static scratch
   const size_t smem = size_t(2 + kern::kMoeChunk / 32) * size_t(r.experts) * sizeof(int32_t);
   launch(kern::route_permute_kernel, 1, kern::kMoeChunk, smem, stream_of(r.stream), q);

@@ -608,25 +608,6 @@ TEST_F(CudaTiny, GemmTailsGiveTheSameBits) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
-// The MoE routing's ready flag (ATLAS_MOE_READY, on by default; kernels/pdl.cuh): the routed down
-// GEMM and the combine of a few-token step read offsets, slots and weights before their waits.
-// Off and on: the same bits in a prefill, eager and graph-replayed steps of several rows and of
-// one row.
-TEST_F(CudaTiny, MoeReadyFlagGivesTheSameBits) {
-  const int64_t V = ck_->config().vocab_size;
-  const auto rows = prompts(V);
-  std::vector<std::vector<float>> runs;
-  for (const char* on : {"0", "1"}) {
-    setenv("ATLAS_MOE_READY", on, 1);
-    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-    runs.push_back(prefill_and_greedy_steps(*m, rows, V));
-    const auto one = one_row_greedy_steps(*m, rows[0], V);
-    runs.back().insert(runs.back().end(), one.begin(), one.end());
-  }
-  unsetenv("ATLAS_MOE_READY");
-  EXPECT_EQ(runs[0], runs[1]);
-}
-
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its
 // per-token digests), in the logits and in the decode steps that follow (the cache holds the

@@ -109,9 +109,6 @@ struct MmaGemmParams {
   // The TMA kernel's tiles in all (dense: m_tiles * n_tiles per batch entry, batch entries one
   // after the other; grouped: the host's bound): a block walks pids blockIdx.x + i * gridDim.x.
   int tiles_total = 0;
-  // Grouped, with prefetch > 0: the ready flag of the kernel that wrote offsets
-  // (GroupedGemmArgs::ready, start_tile below).
-  const int* ready = nullptr;
 };
 // Fused gate|up (gated = I > 0, N = 2I): tile column n is weight row n / 2 (gate) for even n and
 // row I + n / 2 (up) for odd n, so a thread's column pair (2j, 2j+1) holds gate j and up j of a
@@ -324,27 +321,10 @@ __device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, cons
 // find their tile from the parameters alone, so with p.prefetch (async path) the block prefetches
 // its weights [k_begin, k_end) before it waits; grouped ones read the offsets a kernel before them
 // wrote, so they wait first.
-// With p.ready (GroupedGemmArgs::ready) and `table` (kReadyMaxGroups + 1 ints of shared memory
-// the block does not use before its first barrier after this: the gemm_mma_kernel's ring) a
-// grouped problem's block waits for that flag instead, copies the offsets into the table, finds
-// its tile there and prefetches its weights before it waits: the offsets are final once the
-// flag is set (the same table, the same tile).
-constexpr int kReadyMaxGroups = 256;  // the table's bound (larger problems wait first)
 template <int BM, int BN, bool kAsync>
 __device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t,
-                                           int k_begin, int k_end, int z = -1, int32_t* table = nullptr) {
+                                           int k_begin, int k_end, int z = -1) {
   if (p.offsets != nullptr) {
-    if (kAsync && table != nullptr && p.ready != nullptr && p.prefetch > 0 && p.groups <= kReadyMaxGroups) {
-      int32_t* offs = table;
-      if (__syncthreads_and(wait_ready(p.ready))) {
-        for (int g = tid; g <= p.groups; g += blockDim.x) offs[g] = ld_relaxed_gpu(p.offsets + g);
-        __syncthreads();
-        const bool found = find_tile<BM, kAsync>(p, pid, tid, lane, t, -1, offs);
-        if (found) prefetch_weights_l2<BN>(p, t.w, t.n_tile * BN, k_begin, k_end);
-        pdl_begin_gemm();
-        return found;
-      }
-    }
     pdl_begin_gemm();
     return find_tile<BM, kAsync>(p, pid, tid, lane, t);
   }
@@ -656,10 +636,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   const int tid = threadIdx.x, lane = tid & 31;
   TileSpot t;
   const int k_first = p.slice_stride > 0 ? int(blockIdx.y) * kSliceK : 0;  // this block's K range
-  static_assert(T::STAGES * (T::BM + T::BN) * T::BK * 2 >= 4 * (kReadyMaxGroups + 1), "start_tile's table");
   if (!start_tile<T::BM, T::BN, kAsync>(p, int(blockIdx.x), tid, lane, t, k_first,
-                                        p.slice_stride > 0 ? k_first + kSliceK : p.K, -1,
-                                        reinterpret_cast<int32_t*>(gemm_smem)))
+                                        p.slice_stride > 0 ? k_first + kSliceK : p.K))
     return;
   mma_tile<T, kOutF32, kAsync>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
 }

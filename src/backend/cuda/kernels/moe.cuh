@@ -229,10 +229,6 @@ struct RoutePermuteParams {
   float scaling;
   int32_t *counts, *offsets, *sorted_token, *pair_slot;
   int* error_flag;
-  // Optional (pdl.cuh, "A ready flag"): cleared after the launch-overlap wait, before the next
-  // kernel is released, and set once ids, weights, counts, offsets, sorted_token and pair_slot
-  // are all written.
-  int* ready;
 };
 
 // One token, greedy, E <= 64 experts (two per lane), k <= E: the route and its permutation by
@@ -326,28 +322,9 @@ __device__ __forceinline__ bool route_permute_one_token(const RoutePermuteParams
   return true;
 }
 
-__device__ __forceinline__ void route_permute_body(const RoutePermuteParams& q);
-
 // Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
 __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePermuteParams q) {
-  pdl_wait();
-  if (q.ready != nullptr) {
-    if (threadIdx.x == 0) {
-      *q.ready = 0;
-      __threadfence();  // the clear is visible before any kernel after this one can start
-    }
-    __syncthreads();
-  }
-  pdl_release();
-  route_permute_body(q);
-  if (q.ready != nullptr) {
-    __threadfence();  // this thread's results, visible at gpu scope ...
-    __syncthreads();  // ... for every thread of the block, before the flag
-    if (threadIdx.x == 0) st_release_gpu(q.ready, 1);
-  }
-}
-
-__device__ __forceinline__ void route_permute_body(const RoutePermuteParams& q) {
+  pdl_begin();
   __shared__ float sp[kRoutePermuteWarps][kRouterMaxExperts];
   __shared__ float scand[kRoutePermuteWarps][kRouterMaxExperts];
   __shared__ float sw[kRoutePermuteWarps][kRouterMaxK];
@@ -517,8 +494,7 @@ template <class T>
 __global__ void __launch_bounds__(kWideThreads)
     moe_combine_add_rmsnorm_wide_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
                                         const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
-                                        const T* __restrict__ norm_w, T* h, int dim, float eps,
-                                        const int* ready) {
+                                        const T* __restrict__ norm_w, T* h, int dim, float eps) {
   __shared__ float scratch[16];
   __shared__ float sq[kWideDim];
   const int64_t t = blockIdx.x;
@@ -526,25 +502,12 @@ __global__ void __launch_bounds__(kWideThreads)
   T* xr = x + t * dim;
   float xv[kWideRegs], wv[kWideRegs], av[kWideRegs];
   // The norm weights before the launch-overlap wait (a model weight, never a kernel's output:
-  // kernels/pdl.cuh), everything else after it, but the slots and weights once the routing's
-  // ready flag is set, where there is one (pdl.cuh): the gathered rows' addresses are then known
-  // when the wait ends (one round trip of loads after it instead of two).
+  // kernels/pdl.cuh), everything else after it.
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = tid + m * kWideThreads;
     wv[m] = i < dim ? to_f32(norm_w[i]) : 0.0f;
   }
-  int32_t sl[kCombineStageK];
-  float wt[kCombineStageK];
-  const auto load_routes = [&] {
-#pragma unroll
-    for (int q = 0; q < kCombineStageK; ++q) {
-      sl[q] = q < k ? ld_relaxed_gpu(slot + t * k + q) : 0;
-      wt[q] = q < k ? __int_as_float(ld_relaxed_gpu(reinterpret_cast<const int*>(w) + t * k + q)) : 0.0f;
-    }
-  };
-  const bool early = ready != nullptr && __syncthreads_and(wait_ready(ready));
-  if (early) load_routes();
   pdl_begin();
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
@@ -552,12 +515,12 @@ __global__ void __launch_bounds__(kWideThreads)
     xv[m] = i < dim ? to_f32(xr[i]) : 0.0f;
     av[m] = addend && i < dim ? to_f32(addend[t * dim + i]) : 0.0f;
   }
-  if (!early) {
+  int32_t sl[kCombineStageK];
+  float wt[kCombineStageK];
 #pragma unroll
-    for (int q = 0; q < kCombineStageK; ++q) {
-      sl[q] = q < k ? slot[t * k + q] : 0;
-      wt[q] = q < k ? w[t * k + q] : 0.0f;
-    }
+  for (int q = 0; q < kCombineStageK; ++q) {
+    sl[q] = q < k ? slot[t * k + q] : 0;
+    wt[q] = q < k ? w[t * k + q] : 0.0f;
   }
   float yq[kCombineStageK][kWideRegs];
 #pragma unroll
