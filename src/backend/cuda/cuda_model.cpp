@@ -606,16 +606,12 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   }
   set_device(opts.device);
   const bool prio = opts.stream_priority && env_switch("ATLAS_STREAM_PRIORITY", true);
-  // ATLAS_SIDE_PRIORITY_HIGH=1 (with priorities on): the side stream high and s_ low instead, so
-  // that the shared experts' blocks are placed before the routed experts' (an A/B measurement of
-  // which expert GEMM ends a MoE layer; the same bits).
-  const bool side_high = prio && env_switch("ATLAS_SIDE_PRIORITY_HIGH", false);
-  s_ = stream_create(prio ? (side_high ? StreamPriority::low : StreamPriority::high) : StreamPriority::normal);
+  s_ = stream_create(prio ? StreamPriority::high : StreamPriority::normal);
   // The tile-parallel MLA kernel's one-time setup synchronises the device: here, never inside
   // the decode step's graph capture.
   if (mla_tile_parallel_ == 0) (void)mla_tile_parallel_available();
   if (side_on_) {
-    side_ = stream_create(prio ? (side_high ? StreamPriority::high : StreamPriority::low) : StreamPriority::normal);
+    side_ = stream_create(prio ? StreamPriority::low : StreamPriority::normal);
     fork_ = event_create();
     join_ = event_create();
     gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
