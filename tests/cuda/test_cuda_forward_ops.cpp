@@ -52,6 +52,56 @@ TEST_F(ForwardOps, CopyRowsGatherScatterMatchesReference) {
   }
 }
 
+// Rows of 16-byte multiples at 16-byte aligned addresses take the kernel's 16-byte chunks (four
+// per thread and round), others the element loop: both give the reference's rows (gather,
+// scatter, skipped rows, strides), bf16 and f32, rows of fewer, exactly and more chunks than a
+// block has threads.
+TEST_F(ForwardOps, CopyRowsInChunksMatchesReference) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int src_rows = 12, dst_rows = 16, n = 9;
+  std::vector<int32_t> sidx(n), didx(n);
+  for (int i = 0; i < n; ++i) {
+    sidx[size_t(i)] = int32_t((i * 5) % src_rows);
+    didx[size_t(i)] = i == 4 ? -1 : int32_t(15 - i);
+  }
+  DevBuf<int32_t> dsi(sidx), ddi(didx);
+  // (width, src stride, dst stride, element offset of both rows' base): chunked unless noted.
+  struct Case {
+    int width, ss, ds, off;
+  };
+  for (const Case& c : {Case{2048, 2048, 2048, 0}, Case{1000, 1008, 1000, 0}, Case{8, 16, 8, 0},
+                        Case{4096, 4096, 4104, 0}, Case{2048, 2048, 2048, 1} /* unaligned: elements */,
+                        Case{1004, 1004, 1004, 0} /* 2008 bytes: elements */}) {
+    SCOPED_TRACE(::testing::Message() << "width " << c.width << " strides " << c.ss << "/" << c.ds << " offset "
+                                      << c.off);
+    const auto src = random_bf16(size_t(src_rows) * c.ss + 8, rng);
+    std::vector<uint16_t> want(size_t(dst_rows) * c.ds + 8, 0xffff);
+    ref::copy_rows({.src = src.data() + c.off, .dst = want.data() + c.off, .src_rows = sidx.data(),
+                    .dst_rows = didx.data(), .rows = n, .width = c.width, .src_stride = c.ss, .dst_stride = c.ds,
+                    .src_limit = src_rows, .dst_limit = dst_rows});
+    DevBuf<uint16_t> ds(src), dd(size_t(dst_rows) * c.ds + 8);
+    copy_rows({.src = ds.get() + c.off, .dst = dd.get() + c.off, .src_rows = dsi.get(), .dst_rows = ddi.get(),
+               .rows = n, .width = c.width, .src_stride = c.ss, .dst_stride = c.ds, .src_limit = src_rows,
+               .dst_limit = dst_rows});
+    check_device_errors();
+    EXPECT_EQ(dd.download(), want);
+    // f32 rows of the same widths (4 bytes an element: 16-byte chunks from width 4 up).
+    const auto srcf = random_f32(size_t(src_rows) * c.ss + 8, rng);
+    std::vector<float> wantf(size_t(dst_rows) * c.ds + 8, -1.0f);
+    ref::copy_rows(CopyRowsArgsT<float>{.src = srcf.data() + c.off, .dst = wantf.data() + c.off,
+                                        .src_rows = sidx.data(), .dst_rows = didx.data(), .rows = n,
+                                        .width = c.width, .src_stride = c.ss, .dst_stride = c.ds,
+                                        .src_limit = src_rows, .dst_limit = dst_rows});
+    DevBuf<float> dsf(srcf), ddf(std::vector<float>(size_t(dst_rows) * c.ds + 8, -1.0f));
+    copy_rows(CopyRowsArgsT<float>{.src = dsf.get() + c.off, .dst = ddf.get() + c.off, .src_rows = dsi.get(),
+                                   .dst_rows = ddi.get(), .rows = n, .width = c.width, .src_stride = c.ss,
+                                   .dst_stride = c.ds, .src_limit = src_rows, .dst_limit = dst_rows});
+    check_device_errors();
+    EXPECT_EQ(ddf.download(), wantf);
+  }
+}
+
 TEST_F(ForwardOps, CopyRowsOutOfRangeIndexIsReported) {
   DevBuf<uint16_t> s(std::vector<uint16_t>(8, 1)), d(8);
   DevBuf<int32_t> idx(std::vector<int32_t>{0, 5});

@@ -23,6 +23,25 @@ __global__ void copy_rows_kernel(const T* __restrict__ src, T* __restrict__ dst,
   }
   const T* sr = src + s * src_stride;
   T* dr = dst + d * dst_stride;
+  // 16-byte chunks where both rows allow them, a thread's four loads issued before their stores:
+  // element by element, each thread waited for one memory round trip per element it copied (a
+  // batch-1 decode step's embedding row, 4 KB: 7.3 us, H200 s25-4).
+  const size_t bytes = size_t(width) * sizeof(T);
+  if (((reinterpret_cast<uintptr_t>(sr) | reinterpret_cast<uintptr_t>(dr) | bytes) & 15u) == 0) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(sr);
+    uint4* d4 = reinterpret_cast<uint4*>(dr);
+    const int chunks = int(bytes / 16), step = int(blockDim.x);
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += 4 * step) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (c0 + u * step < chunks) v[u] = __ldg(s4 + c0 + u * step);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (c0 + u * step < chunks) d4[c0 + u * step] = v[u];
+    }
+    return;
+  }
   for (int c = threadIdx.x; c < width; c += blockDim.x) dr[c] = sr[c];
 }
 
