@@ -33,7 +33,8 @@
 // weights with the L2 evict_first policy) LEAD steps before it stores them into the step's ring
 // slot (st.shared, then the async-proxy fence and the block barrier the wgmma reads need). Why:
 // atlas_stream_sweep_probe (s23-1) streamed 69 / 138 MB at 4.2-4.4 TB/s by plain 16-byte loads
-// against 3.6-3.9 through cp.async or bulk-copy rings. A slot is written one step ahead of its wgmma and two after its last read (STAGES 3).
+// against 3.6-3.9 through cp.async or bulk-copy rings. A slot is written one step ahead of its
+// wgmma and two after its last read (STAGES 3).
 #pragma once
 
 #include "gemm_stream.cuh"  // grouped_tile_count, gemm_stream_probe_kernel
