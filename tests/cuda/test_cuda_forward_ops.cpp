@@ -75,30 +75,25 @@ TEST_F(ForwardOps, CopyRowsInChunksMatchesReference) {
                         Case{1004, 1004, 1004, 0} /* 2008 bytes: elements */}) {
     SCOPED_TRACE(::testing::Message() << "width " << c.width << " strides " << c.ss << "/" << c.ds << " offset "
                                       << c.off);
-    const auto src = random_bf16(size_t(src_rows) * c.ss + 8, rng);
-    std::vector<uint16_t> want(size_t(dst_rows) * c.ds + 8, 0xffff);
-    ref::copy_rows({.src = src.data() + c.off, .dst = want.data() + c.off, .src_rows = sidx.data(),
-                    .dst_rows = didx.data(), .rows = n, .width = c.width, .src_stride = c.ss, .dst_stride = c.ds,
-                    .src_limit = src_rows, .dst_limit = dst_rows});
-    DevBuf<uint16_t> ds(src), dd(size_t(dst_rows) * c.ds + 8);
-    copy_rows({.src = ds.get() + c.off, .dst = dd.get() + c.off, .src_rows = dsi.get(), .dst_rows = ddi.get(),
-               .rows = n, .width = c.width, .src_stride = c.ss, .dst_stride = c.ds, .src_limit = src_rows,
-               .dst_limit = dst_rows});
-    check_device_errors();
-    EXPECT_EQ(dd.download(), want);
+    // One element type's rows: the reference on the host, the kernel on the device, compared
+    // (the destinations start as `poison`: rows nobody writes keep it on both sides).
+    const auto check = [&](auto src, auto poison) {
+      using T = decltype(poison);
+      std::vector<T> want(size_t(dst_rows) * c.ds + 8, poison);
+      ref::copy_rows(CopyRowsArgsT<T>{.src = src.data() + c.off, .dst = want.data() + c.off,
+                                      .src_rows = sidx.data(), .dst_rows = didx.data(), .rows = n, .width = c.width,
+                                      .src_stride = c.ss, .dst_stride = c.ds, .src_limit = src_rows,
+                                      .dst_limit = dst_rows});
+      DevBuf<T> ds(src), dd(std::vector<T>(want.size(), poison));
+      copy_rows(CopyRowsArgsT<T>{.src = ds.get() + c.off, .dst = dd.get() + c.off, .src_rows = dsi.get(),
+                                 .dst_rows = ddi.get(), .rows = n, .width = c.width, .src_stride = c.ss,
+                                 .dst_stride = c.ds, .src_limit = src_rows, .dst_limit = dst_rows});
+      check_device_errors();
+      EXPECT_EQ(dd.download(), want) << (sizeof(T) == 2 ? "bf16" : "f32");
+    };
+    check(random_bf16(size_t(src_rows) * c.ss + 8, rng), uint16_t(0xffff));
     // f32 rows of the same widths (4 bytes an element: 16-byte chunks from width 4 up).
-    const auto srcf = random_f32(size_t(src_rows) * c.ss + 8, rng);
-    std::vector<float> wantf(size_t(dst_rows) * c.ds + 8, -1.0f);
-    ref::copy_rows(CopyRowsArgsT<float>{.src = srcf.data() + c.off, .dst = wantf.data() + c.off,
-                                        .src_rows = sidx.data(), .dst_rows = didx.data(), .rows = n,
-                                        .width = c.width, .src_stride = c.ss, .dst_stride = c.ds,
-                                        .src_limit = src_rows, .dst_limit = dst_rows});
-    DevBuf<float> dsf(srcf), ddf(std::vector<float>(size_t(dst_rows) * c.ds + 8, -1.0f));
-    copy_rows(CopyRowsArgsT<float>{.src = dsf.get() + c.off, .dst = ddf.get() + c.off, .src_rows = dsi.get(),
-                                   .dst_rows = ddi.get(), .rows = n, .width = c.width, .src_stride = c.ss,
-                                   .dst_stride = c.ds, .src_limit = src_rows, .dst_limit = dst_rows});
-    check_device_errors();
-    EXPECT_EQ(ddf.download(), wantf);
+    check(random_f32(size_t(src_rows) * c.ss + 8, rng), -1.0f);
   }
 }
 
