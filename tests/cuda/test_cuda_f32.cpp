@@ -487,6 +487,31 @@ TEST_F(F32Kernels, RowOpsCopiesAndArgmaxMatchReference) {
     argmax({.logits = dl.get(), .out = dout.get(), .rows = rows, .vocab = vocab, .stride = stride});
     check_device_errors();
     EXPECT_EQ(dout.download(), want);
+    {  // the split form (rows over blocks of 4,096; one block each here): the same answers
+      DevBuf<int32_t> counters(std::vector<int32_t>(size_t(rows), 0)), parts(argmax_partial_ints(rows, vocab));
+      DevBuf<int32_t> dsplit(static_cast<size_t>(rows));
+      argmax({.logits = dl.get(), .out = dsplit.get(), .rows = rows, .vocab = vocab, .stride = stride,
+              .counters = counters.get(), .partials = parts.get()});
+      check_device_errors();
+      EXPECT_EQ(dsplit.download(), want);
+      EXPECT_EQ(counters.download(), std::vector<int32_t>(size_t(rows), 0));
+    }
+    // ... and over several blocks, vector (a multiple of 4 entries) and scalar rows: the
+    // maximum in the last block, a tie across blocks (the lower id).
+    for (const int v : {3 * 4096 + 4, 3 * 4096 + 5}) {
+      auto g = random_f32(size_t(2) * v, rng);
+      g[size_t(v) - 1] = 60.0f;
+      g[size_t(v) + 4100] = g[size_t(v) + 2 * 4096 + 1] = 60.0f;
+      std::vector<int32_t> w(2);
+      ref::argmax(ArgmaxArgsT<float>{.logits = g.data(), .out = w.data(), .rows = 2, .vocab = v});
+      EXPECT_EQ(w, (std::vector<int32_t>{v - 1, 4100}));
+      DevBuf<float> dg(g);
+      DevBuf<int32_t> counters(std::vector<int32_t>(2, 0)), parts(argmax_partial_ints(2, v)), dsplit(2);
+      argmax({.logits = dg.get(), .out = dsplit.get(), .rows = 2, .vocab = v, .counters = counters.get(),
+              .partials = parts.get()});
+      check_device_errors();
+      EXPECT_EQ(dsplit.download(), w) << v;
+    }
     h[17] = std::numeric_limits<float>::quiet_NaN();
     dl.upload(h);
     argmax({.logits = dl.get(), .out = dout.get(), .rows = 1, .vocab = vocab});

@@ -263,7 +263,21 @@ int32_t host_argmax(const uint16_t* row, int vocab) {
   return best;
 }
 
+// argmax in one of its two forms: one block per row (split = false), or each row over blocks
+// with zeroed counters and poisoned partials (split = true), whose counters must be zero again.
+void argmax_form(ArgmaxArgs a, bool split) {
+  if (!split) return argmax_bf16(a);
+  DevBuf<int32_t> counters(std::vector<int32_t>(size_t(a.rows), 0));
+  DevBuf<int32_t> parts(argmax_partial_ints(a.rows, a.vocab));
+  a.counters = counters.get();
+  a.partials = parts.get();
+  argmax_bf16(a);
+  EXPECT_EQ(counters.download(), std::vector<int32_t>(size_t(a.rows), 0)) << "counters left for the next launch";
+}
+
 TEST_F(DeviceGreedy, ArgmaxMatchesHostWithTiesAndInfinities) {
+  for (const bool split : {false, true}) {
+  SCOPED_TRACE(split ? "split over blocks" : "one block per row");
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
   const int rows = 9, vocab = 1000, stride = 1008;
@@ -276,7 +290,7 @@ TEST_F(DeviceGreedy, ArgmaxMatchesHostWithTiesAndInfinities) {
   h[size_t(4 * stride + 500)] = h[size_t(4 * stride + 700)] = f32_to_bf16(100.0f); // tie: 500
   DevBuf<uint16_t> d(h);
   DevBuf<int32_t> out(static_cast<size_t>(rows));
-  argmax_bf16({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride});
+  argmax_form({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride}, split);
   check_device_errors();
   const auto got = out.download();
   for (int r = 0; r < rows; ++r) EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * stride, vocab)) << r;
@@ -284,12 +298,46 @@ TEST_F(DeviceGreedy, ArgmaxMatchesHostWithTiesAndInfinities) {
   EXPECT_EQ(got[2], 0);
   EXPECT_EQ(got[3], 999);
   EXPECT_EQ(got[4], 500);
+  }
+}
+
+// The split form across block boundaries: rows of 102,400 entries (25 blocks of 4,096) whose
+// maximum, or a tie of two maxima, sits at a block's first or last entry or in another block
+// than the tie's partner; all -inf rows; and ties between every block's best (the lowest id).
+TEST_F(DeviceGreedy, SplitArgmaxAcrossBlockBoundaries) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int vocab = 102400, rows = 8;
+  auto h = random_bf16(size_t(rows) * vocab, rng);
+  const auto at = [&](int r, int i) -> uint16_t& { return h[size_t(r) * vocab + size_t(i)]; };
+  at(0, 4096) = f32_to_bf16(50.0f);                              // a block's first entry
+  at(1, 4095) = f32_to_bf16(50.0f);                              // a block's last entry
+  at(2, 90000) = at(2, 5000) = f32_to_bf16(50.0f);               // a tie across blocks: 5000
+  for (int i = 0; i < vocab; ++i) at(3, i) = 0xff80;             // all -inf: 0
+  for (int i = 0; i < vocab; i += 4096) at(4, i + 4095) = f32_to_bf16(50.0f);  // each block's last: 4095
+  at(5, vocab - 1) = 0x7f80;                                     // +inf, the last entry
+  at(6, 0) = f32_to_bf16(50.0f);
+  DevBuf<uint16_t> d(h);
+  DevBuf<int32_t> out(static_cast<size_t>(rows));
+  argmax_form({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab}, true);
+  check_device_errors();
+  const auto got = out.download();
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * vocab, vocab)) << r;
+  EXPECT_EQ(got[0], 4096);
+  EXPECT_EQ(got[1], 4095);
+  EXPECT_EQ(got[2], 5000);
+  EXPECT_EQ(got[3], 0);
+  EXPECT_EQ(got[4], 4095);
+  EXPECT_EQ(got[5], vocab - 1);
+  EXPECT_EQ(got[6], 0);
 }
 
 // The kernel reads 16-byte vectors when the row allows (aligned, vocab a multiple of 8) and
 // single elements otherwise: both give the host's answer, at a vocabulary of V2-Lite's size
 // (the maxima planted in the last vector, the middle and the first element) and at odd sizes.
 TEST_F(DeviceGreedy, ArgmaxVectorAndScalarPathsAgreeWithHost) {
+  for (const bool split : {false, true}) {
+  SCOPED_TRACE(split ? "split over blocks" : "one block per row");
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
   for (const int vocab : {102400, 1003, 8, 7, 4096 + 8}) {
@@ -301,23 +349,29 @@ TEST_F(DeviceGreedy, ArgmaxVectorAndScalarPathsAgreeWithHost) {
     h[size_t(3 * stride + 0)] = f32_to_bf16(99.0f);
     DevBuf<uint16_t> d(h);
     DevBuf<int32_t> out(static_cast<size_t>(rows));
-    argmax_bf16({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride});
+    argmax_form({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride}, split);
     check_device_errors();
     const auto got = out.download();
     for (int r = 0; r < rows; ++r)
       EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * stride, vocab)) << "vocab " << vocab << " row " << r;
     EXPECT_EQ(got[1], vocab - 1) << vocab;
   }
+  }
 }
 
 TEST_F(DeviceGreedy, NanLogitIsReported) {
-  std::vector<uint16_t> h(64, f32_to_bf16(1.0f));
-  h[17] = 0x7fc0;
-  DevBuf<uint16_t> d(h);
-  DevBuf<int32_t> out(1);
-  argmax_bf16({.logits = d.get(), .out = out.get(), .rows = 1, .vocab = 64});
-  EXPECT_THROW(check_device_errors(), Error);
-  check_device_errors();  // cleared
+  for (const bool split : {false, true}) {
+    SCOPED_TRACE(split ? "split over blocks" : "one block per row");
+    // (Split: the NaN in the second of three blocks, whose best is then only its other entries.)
+    const int vocab = split ? 3 * 4096 : 64;
+    std::vector<uint16_t> h(size_t(vocab), f32_to_bf16(1.0f));
+    h[split ? 4096 + 17 : 17] = 0x7fc0;
+    DevBuf<uint16_t> d(h);
+    DevBuf<int32_t> out(1);
+    argmax_form({.logits = d.get(), .out = out.get(), .rows = 1, .vocab = vocab}, split);
+    EXPECT_THROW(check_device_errors(), Error);
+    check_device_errors();  // cleared
+  }
 }
 
 TEST_F(DeviceGreedy, CapturedGraphReplaysWithNewInputs) {
@@ -326,10 +380,15 @@ TEST_F(DeviceGreedy, CapturedGraphReplaysWithNewInputs) {
   const int vocab = 300;
   std::vector<uint16_t> h(vocab, f32_to_bf16(0.0f));
   DevBuf<uint16_t> d(h);
-  DevBuf<int32_t> out(1);
+  DevBuf<int32_t> out(1), out_split(1);
+  // The split form replayed: its counters must be back at zero after every replay.
+  DevBuf<int32_t> counters(std::vector<int32_t>{0});
+  DevBuf<int32_t> parts(argmax_partial_ints(1, vocab));
   Graph g;
   g.begin(s);
   argmax_bf16({.logits = d.get(), .out = out.get(), .rows = 1, .vocab = vocab, .stream = s});
+  argmax_bf16({.logits = d.get(), .out = out_split.get(), .rows = 1, .vocab = vocab, .stream = s,
+               .counters = counters.get(), .partials = parts.get()});
   g.end(s);
   for (int hot : {5, 299, 0, 123}) {
     std::vector<uint16_t> v(vocab, f32_to_bf16(0.0f));
@@ -338,6 +397,8 @@ TEST_F(DeviceGreedy, CapturedGraphReplaysWithNewInputs) {
     g.launch(s);
     stream_synchronize(s);
     EXPECT_EQ(out.download()[0], hot);
+    EXPECT_EQ(out_split.download()[0], hot);
+    EXPECT_EQ(counters.download()[0], 0);
   }
   stream_destroy(s);
 }

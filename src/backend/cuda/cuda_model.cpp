@@ -340,6 +340,7 @@ class CudaModelT final : public Model {
     // ids, pos, dst_rows, qlen, qrow are consecutive [M] arrays (one upload for all five).
     int32_t *ids, *pos, *dst_rows, *qlen, *qrow, *last_rows, *topk_ids, *counts, *offsets, *sorted, *slot, *perm_ws;
     int32_t* greedy;
+    int32_t *argmax_counters, *argmax_parts;  // the split argmax's (both null: one block per row)
     sample_core::RowParams* sample_params;  // [B]
     uint32_t* sample_ws;                    // sample_workspace_ints(B, V), only when sampling
   };
@@ -480,6 +481,11 @@ class CudaModelT final : public Model {
   int mla_prefill_qpb_ = 4;
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
   bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
+  // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
+  // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
+  // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
+  bool argmax_split_ = true;
+  mutable DeviceBlock argmax_counters_;
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
@@ -619,6 +625,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
   mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
+  argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -1041,6 +1048,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
       {(void**)&b.slot, size_t(M * k) * 4},
       {(void**)&b.perm_ws, moe_permute_workspace_ints(int(M), int(E)) * 4},
       {(void**)&b.greedy, size_t(B) * 4},
+      {(void**)&b.argmax_parts, argmax_split_ ? argmax_partial_ints(B, c.vocab_size) * 4 : 0},
       // Last, so that turning sampling on does not move the buffers above.
       {(void**)&b.sample_params, size_t(B) * sizeof(sample_core::RowParams)},
       {(void**)&b.sample_ws, sampling ? sample_workspace_ints(B, c.vocab_size) * 4 : 0},
@@ -1065,6 +1073,20 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
   if (!c.q_lora_rank) {
     b.q = b.qkv;
     b.lat = b.qkv + M * nh * dq;
+  }
+  b.argmax_counters = nullptr;
+  if (argmax_split_) {
+    if (argmax_counters_.bytes() < size_t(B) * 4) {
+      stream_synchronize(s_);  // nothing in flight may still use the old counters
+      argmax_counters_ = DeviceBlock();
+      argmax_counters_ = DeviceBlock(size_t(B) * 4);
+      device_memset(argmax_counters_.get(), 0, size_t(B) * 4);
+      synchronize();  // (cudaMemset is not ordered with a non-blocking stream)
+      ++scratch_epoch_;  // captured graphs hold the old pointer
+    }
+    b.argmax_counters = reinterpret_cast<int32_t*>(argmax_counters_.get());
+  } else {
+    b.argmax_parts = nullptr;
   }
   b.pos = b.ids + M;
   b.dst_rows = b.ids + 2 * M;
@@ -1354,7 +1376,9 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   // lm_head in bf16 (the official bf16 model's logits dtype; the CPU bf16 mode rounds there too),
   // or f32 in the checking mode.
   linear(head_in, lm_head_, b.logits, rows_out, V, H);
-  if (last_only) argmax({.logits = b.logits, .out = b.greedy, .rows = int(B), .vocab = int(V), .stream = s_});
+  if (last_only)
+    argmax({.logits = b.logits, .out = b.greedy, .rows = int(B), .vocab = int(V), .stream = s_,
+            .counters = b.argmax_counters, .partials = b.argmax_parts});
   // Sampled rows overwrite their argmax with the drawn token (docs/decoding.md, bit-identical to
   // the host's RowSampler); greedy-mode rows are skipped by the kernel.
   if (last_only && sample)

@@ -499,10 +499,18 @@ struct ArgmaxArgsT {
   int vocab = 0;
   int64_t stride = 0;
   Stream stream = nullptr;
+  // Optional, both or neither: counters [rows] device ints, zero (the kernel leaves them zero
+  // again), and partials [argmax_partial_ints(rows, vocab)]: each row is then spread over blocks
+  // of 4,096 logits and the last block of a row to finish picks the answer from theirs (the same
+  // answer; 25 blocks for a 102,400-entry row). Neither: one block per row.
+  int32_t* counters = nullptr;
+  int32_t* partials = nullptr;
 };
 using ArgmaxArgs = ArgmaxArgsT<uint16_t>;
 void argmax(const ArgmaxArgs& a);
 void argmax(const ArgmaxArgsT<float>& a);
+// Ints of ArgmaxArgsT::partials: two per block of each row.
+size_t argmax_partial_ints(int64_t rows, int64_t vocab);
 inline void argmax_bf16(const ArgmaxArgs& a) { argmax(a); }
 
 // ---- sampling on the device (docs/decoding.md sections 3-4, decode/sample_core.h) ----------

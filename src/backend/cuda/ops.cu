@@ -127,11 +127,27 @@ void argmax_impl(const ArgmaxArgsT<T>& a) {
   const int64_t st = a.stride ? a.stride : a.vocab;
   require(st >= a.vocab, op, "stride", "smaller than vocab");
   require(a.logits && a.out, op, "pointers", "logits and out must be set");
+  require(!a.counters == !a.partials, op, "counters", "counters and partials go together");
+  require(!a.counters || a.rows <= 65535, op, "rows", "at most 65535 with counters (the grid's y)");
   if (a.rows == 0) return;
-  launch(kern::argmax_kernel<T>, unsigned(a.rows), kern::kArgmaxThreads, 0, stream_of(a.stream),
-      a.logits, a.out, a.vocab, st, error_flag());
+  if (a.counters)
+    launch(kern::argmax_split_kernel<T>,
+           dim3(unsigned((a.vocab + kern::kArgmaxSplitElems - 1) / kern::kArgmaxSplitElems), unsigned(a.rows)),
+           kern::kArgmaxSplitThreads, 0, stream_of(a.stream), a.logits, a.out, a.vocab, st, a.counters,
+           a.partials, error_flag());
+  else
+    launch(kern::argmax_kernel<T>, unsigned(a.rows), kern::kArgmaxThreads, 0, stream_of(a.stream),
+        a.logits, a.out, a.vocab, st, error_flag());
   check_launch(op);
 }
+
+}  // namespace
+
+size_t argmax_partial_ints(int64_t rows, int64_t vocab) {
+  return size_t(rows) * 2 * size_t((vocab + kern::kArgmaxSplitElems - 1) / kern::kArgmaxSplitElems);
+}
+
+namespace {
 
 template <class T>
 void copy_rows_impl(const CopyRowsArgsT<T>& a) {

@@ -96,3 +96,123 @@ __global__ void argmax_kernel(const T* __restrict__ logits, int32_t* __restrict_
 }
 
 }  // namespace atlas::cuda::kern
+
+namespace atlas::cuda::kern {
+
+// ---- the same argmax spread over blocks (a decode step's row over ~25 blocks, not one) -------
+// One block of kArgmaxThreads needs ~3 dependent rounds of loads for a 102,400-entry row and ends
+// ~9 us after the LM head (session 25); here each block of a row takes kArgmaxSplitElems entries
+// (one round of loads), writes its (value, index) to the workspace, and the row's last block to
+// count itself (a device counter per row, reset by that block) picks the best of them. The
+// relation is a total order (argmax_better), so the answer is the single-block kernel's.
+constexpr int kArgmaxSplitThreads = 256;
+constexpr int kArgmaxSplitElems = 4096;  // a multiple of 8: every block's range starts on a 16-byte vector
+
+__device__ __forceinline__ void argmax_block_best(float& best, int& best_i, float* sv, int* si) {
+  constexpr int kWarps = kArgmaxSplitThreads / 32;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
+    if (argmax_better(ov, oi, best, best_i)) {
+      best = ov;
+      best_i = oi;
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = best_i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < kWarps; ++w)
+      if (argmax_better(sv[w], si[w], best, best_i)) {
+        best = sv[w];
+        best_i = si[w];
+      }
+}
+
+// Grid (ceil(vocab / kArgmaxSplitElems), rows). counters: [rows], zero between launches;
+// partials: [rows][gridDim.x][2] ints (each block's value bits and index).
+template <class T>
+__global__ void __launch_bounds__(kArgmaxSplitThreads)
+    argmax_split_kernel(const T* __restrict__ logits, int32_t* __restrict__ out, int vocab, int64_t stride,
+                        int32_t* counters, int32_t* partials, int* error_flag) {
+  pdl_begin();
+  const int r = blockIdx.y, nb = gridDim.x;
+  const T* row = logits + int64_t(r) * stride;
+  const int lo = blockIdx.x * kArgmaxSplitElems, hi = min(vocab, lo + kArgmaxSplitElems);
+  float best = -__int_as_float(0x7f800000);  // -inf
+  int best_i = 0x7fffffff;
+  bool nan = false;
+  auto consider = [&](float v, int i) {
+    if (v != v) nan = true;
+    else if (argmax_better(v, i, best, best_i)) {
+      best = v;
+      best_i = i;
+    }
+  };
+  constexpr int kVec = 16 / int(sizeof(T));
+  constexpr int kPer = kArgmaxSplitElems / kVec / kArgmaxSplitThreads;  // vectors per thread
+  static_assert(kArgmaxSplitElems % (kVec * kArgmaxSplitThreads) == 0, "whole vectors per thread");
+  if ((reinterpret_cast<uintptr_t>(row) & 15u) == 0 && vocab % kVec == 0) {
+    // lo and hi are multiples of kVec here; every load is issued before the first comparison.
+    const uint4* rv = reinterpret_cast<const uint4*>(row);
+    const int v0 = lo / kVec, v1 = hi / kVec;
+    uint4 u[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = v0 + int(threadIdx.x) + j * kArgmaxSplitThreads;
+      if (c < v1) u[j] = __ldg(rv + c);
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = v0 + int(threadIdx.x) + j * kArgmaxSplitThreads;
+      if (c >= v1) continue;
+      const T* e = reinterpret_cast<const T*>(&u[j]);
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) consider(to_f32(e[q]), c * kVec + q);
+    }
+  } else {
+    for (int i = lo + int(threadIdx.x); i < hi; i += kArgmaxSplitThreads) consider(to_f32(row[i]), i);
+  }
+  __shared__ float sv[kArgmaxSplitThreads / 32];
+  __shared__ int si[kArgmaxSplitThreads / 32];
+  __shared__ int snan, last;
+  if (threadIdx.x == 0) snan = 0;
+  __syncthreads();
+  if (nan) atomicOr(&snan, 1);
+  argmax_block_best(best, best_i, sv, si);  // thread 0 holds the block's best (its barrier orders snan)
+  int32_t* part = partials + (int64_t(r) * nb + blockIdx.x) * 2;
+  if (threadIdx.x == 0) {
+    if (snan) atomicOr(error_flag, 128);
+    part[0] = __float_as_int(best);
+    part[1] = best_i;
+    __threadfence();  // the partial is visible before the count says so
+    last = atomicAdd(counters + r, 1) == nb - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  best = -__int_as_float(0x7f800000);
+  best_i = 0x7fffffff;
+  const int32_t* parts = partials + int64_t(r) * nb * 2;
+  for (int j = int(threadIdx.x); j < nb; j += kArgmaxSplitThreads) {
+    const float v = __int_as_float(__ldcg(parts + 2 * j));  // through L2: other blocks wrote them
+    const int i = __ldcg(parts + 2 * j + 1);
+    if (argmax_better(v, i, best, best_i)) {
+      best = v;
+      best_i = i;
+    }
+  }
+  __syncthreads();  // sv / si are reused
+  argmax_block_best(best, best_i, sv, si);
+  if (threadIdx.x == 0) {
+    // Every value -inf (or NaN): see argmax_kernel.
+    out[r] = best_i == 0x7fffffff ? 0 : best_i;
+    counters[r] = 0;  // the next launch counts from zero
+  }
+}
+
+}  // namespace atlas::cuda::kern
