@@ -54,11 +54,6 @@ int gemm_stream_grouped_setting(const char* value);
 // yes, "0" no (for A/B runs); anything else throws an Error naming the variable. ops.cu reads
 // it once.
 bool wide_norm_setting(const char* value);
-// ATLAS_CLUSTER_NORM's value (null: unset): whether the norms of a decode step's few rows (and
-// the MoE combine + norm) run each row over a cluster of blocks (kernels/rmsnorm.cuh, "cluster
-// norms"; the same bits) where the device can — unset or "1" yes, "0" no; anything else throws
-// an Error naming the variable. ops.cu reads it once.
-bool cluster_norm_setting(const char* value);
 // ATLAS_GEMM_GROUPED_MANY's value (null or empty: unset): the config it names for grouped GEMMs
 // of many small groups, -1 where unset; a name that is not a tiled config throws an Error
 // naming the variable.

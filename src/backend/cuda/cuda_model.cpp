@@ -616,7 +616,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   // The tile-parallel MLA kernel's one-time setup synchronises the device: here, never inside
   // the decode step's graph capture.
   if (mla_tile_parallel_ == 0) (void)mla_tile_parallel_available();
-  (void)cluster_norm_available();  // (its one-time probe synchronises: never inside a capture)
   if (side_on_) {
     side_ = stream_create(prio ? StreamPriority::low : StreamPriority::normal);
     fork_ = event_create();

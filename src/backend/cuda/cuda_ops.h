@@ -618,11 +618,6 @@ struct MlaDecodeArgsT {
 // Whether this GPU and build run the tile-parallel (cluster) MLA kernel. The first call
 // synchronises the device: make it outside any capture (mla_decode's first call does).
 bool mla_tile_parallel_available();
-// Whether the cluster norms (rmsnorm, add_rmsnorm and moe_combine_add_rmsnorm over a cluster of
-// blocks per row, for at most 16 rows) can run here: sm_90 device code and cluster launch. The
-// first call probes the device (synchronising it: not inside a graph capture); later calls are
-// a cached answer.
-bool cluster_norm_available();
 using MlaDecodeArgs = MlaDecodeArgsT<uint16_t>;
 size_t mla_decode_workspace_floats(int rows, int heads, int max_length, int split_tokens);
 void mla_decode(const MlaDecodeArgs& a);

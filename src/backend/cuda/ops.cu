@@ -23,7 +23,6 @@ using namespace detail;
 namespace detail {
 
 bool wide_norm_setting(const char* value) { return switch_setting("ATLAS_WIDE_NORM", value, true); }
-bool cluster_norm_setting(const char* value) { return switch_setting("ATLAS_CLUSTER_NORM", value, true); }
 
 }  // namespace detail
 
@@ -46,29 +45,6 @@ void launch_row_norm(int rows, int dim, Wide wide, Narrow narrow, cudaStream_t s
     launch(narrow, unsigned(rows), kern::kReduceThreads, 0, stream, std::forward<Args>(args)...);
 }
 
-// The cluster norms (kernels/rmsnorm.cuh: a row over ceil(dim / 256) blocks of a cluster) for
-// the rows of a decode step: at most kClusterNormMaxRows rows of at most 2048, where the device
-// runs clusters (cluster_norm_available) and ATLAS_CLUSTER_NORM is not 0. The same bits as the
-// wide and the 256-thread kernels.
-constexpr int kClusterNormMaxRows = 16;
-bool use_cluster_norm(int rows, int dim) {
-  static const bool on = cluster_norm_setting(std::getenv("ATLAS_CLUSTER_NORM")) && cluster_norm_available();
-  return on && rows <= kClusterNormMaxRows && dim <= kern::kClusterNormMaxBlocks * kern::kReduceThreads;
-}
-
-// launch_row_norm with the cluster kernel first in line (it takes the same arguments).
-template <class Cluster, class Wide, class Narrow, class... Args>
-void launch_row_norm(int rows, int dim, Cluster cluster, Wide wide, Narrow narrow, cudaStream_t stream,
-                     Args&&... args) {
-  if (use_cluster_norm(rows, dim)) {
-    const unsigned nb = unsigned((dim + kern::kReduceThreads - 1) / kern::kReduceThreads);
-    launch_clustered(nb, cluster, dim3(nb, unsigned(rows)), dim3(kern::kReduceThreads), 0, stream,
-                     std::forward<Args>(args)...);
-  } else {
-    launch_row_norm(rows, dim, wide, narrow, stream, std::forward<Args>(args)...);
-  }
-}
-
 template <class T>
 void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   const char* op = "rmsnorm";
@@ -79,9 +55,8 @@ void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   require(a.x && a.weight && a.out, op, "pointers", "x, weight and out must be set");
   if (a.rows == 0) return;
   // The kernel writes x only in its fused-add form.
-  launch_row_norm(a.rows, a.dim, kern::rmsnorm_cluster_kernel<T, false>, kern::rmsnorm_wide_kernel<T, false>,
-                  kern::rmsnorm_kernel<T, false>, stream_of(a.stream), const_cast<T*>(a.x), nullptr, a.weight, a.out,
-                  a.dim, xs, os, a.eps);
+  launch_row_norm(a.rows, a.dim, kern::rmsnorm_wide_kernel<T, false>, kern::rmsnorm_kernel<T, false>,
+                  stream_of(a.stream), const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
@@ -93,9 +68,8 @@ void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
   require(a.x && a.y && a.weight && a.out, op, "pointers", "x, y, weight and out must be set");
   require(a.out != a.x && a.out != a.y, op, "out", "must not alias x or y");
   if (a.rows == 0) return;
-  launch_row_norm(a.rows, a.dim, kern::rmsnorm_cluster_kernel<T, true>, kern::rmsnorm_wide_kernel<T, true>,
-                  kern::rmsnorm_kernel<T, true>, stream_of(a.stream), a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim,
-                  a.eps);
+  launch_row_norm(a.rows, a.dim, kern::rmsnorm_wide_kernel<T, true>, kern::rmsnorm_kernel<T, true>,
+                  stream_of(a.stream), a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
   check_launch(op);
 }
 
@@ -168,30 +142,6 @@ void argmax_impl(const ArgmaxArgsT<T>& a) {
 }
 
 }  // namespace
-
-namespace {
-// 1 where this binary's device code has the cluster norms (sm_90 or later), else 0.
-__global__ void cluster_norm_probe_kernel(int* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  *out = 1;
-#else
-  *out = 0;
-#endif
-}
-}  // namespace
-
-bool cluster_norm_available() {
-  static const bool ok = [] {
-    int dev = 0, cluster_launch = 0;
-    check_cuda(cudaGetDevice(&dev), "rmsnorm", "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev), "rmsnorm",
-               "cudaDeviceGetAttribute(clusterLaunch)");
-    return cluster_launch && probe_device_code(cluster_norm_probe_kernel, "rmsnorm") &&
-           cluster_fits(reinterpret_cast<const void*>(kern::moe_combine_add_rmsnorm_cluster_kernel<uint16_t>),
-                        kern::kClusterNormMaxBlocks, kern::kReduceThreads, 0);
-  }();
-  return ok;
-}
 
 size_t argmax_partial_ints(int64_t rows, int64_t vocab) {
   return size_t(rows) * 2 * size_t((vocab + kern::kArgmaxSplitElems - 1) / kern::kArgmaxSplitElems);
@@ -289,12 +239,7 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
     launch(kernel, unsigned(a.tokens), threads, 0, stream_of(a.stream), a.y_sorted, a.pair_slot, a.topk_weights,
            a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
   };
-  if (a.k <= kern::kCombineStageK && use_cluster_norm(a.tokens, a.dim)) {
-    const unsigned nb = unsigned((a.dim + kern::kReduceThreads - 1) / kern::kReduceThreads);
-    launch_clustered(nb, kern::moe_combine_add_rmsnorm_cluster_kernel<T>, dim3(nb, unsigned(a.tokens)),
-                     dim3(kern::kReduceThreads), 0, stream_of(a.stream), a.y_sorted, a.pair_slot, a.topk_weights, a.k,
-                     a.addend, a.x, a.weight, a.out, a.dim, a.eps);
-  } else if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim))
+  if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim))
     run(kern::moe_combine_add_rmsnorm_wide_kernel<T>, kern::kWideThreads);
   else if constexpr (std::is_same_v<T, uint16_t>) {
     const bool stage = a.k <= kern::kCombineStageK && a.dim <= kern::kCombineStageDim && a.dim % 8 == 0 &&

@@ -195,7 +195,6 @@ void check_environment() {
   (void)detail::gemm_grouped_few_down_setting(std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN"));
   (void)detail::gemm_splitk_setting(std::getenv("ATLAS_GEMM_SPLITK"));
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
-  (void)detail::cluster_norm_setting(std::getenv("ATLAS_CLUSTER_NORM"));
   (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",

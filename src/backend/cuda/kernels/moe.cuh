@@ -546,45 +546,4 @@ __global__ void __launch_bounds__(kWideThreads)
   rmsnorm_wide_finish<T>(v, wv, h + t * dim, dim, eps, sq, scratch);
 }
 
-// moe_combine_add_rmsnorm_wide_kernel over a cluster of blocks (kernels/rmsnorm.cuh's cluster
-// norms): grid (ceil(dim / 256), tokens), clusters of (ceil(dim / 256), 1, 1), kReduceThreads
-// threads, one element per thread; k <= kCombineStageK, dim <= kClusterNormMaxBlocks * 256.
-// Each element's arithmetic is the wide kernel's, and the norm's order is: the same bits.
-template <class T>
-__global__ void __launch_bounds__(kReduceThreads)
-    moe_combine_add_rmsnorm_cluster_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
-                                           const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
-                                           const T* __restrict__ norm_w, T* h, int dim, float eps) {
-  __shared__ float scratch[16];
-  __shared__ float sq[kReduceThreads];
-  const int64_t t = blockIdx.y;
-  const int i = int(blockIdx.x) * kReduceThreads + int(threadIdx.x);
-  const bool in = i < dim;
-  T* xr = x + t * dim;
-  // The norm weight before the launch-overlap wait (a model weight: kernels/pdl.cuh).
-  const float wv = in ? to_f32(norm_w[i]) : 0.0f;
-  pdl_begin();
-  const float xv = in ? to_f32(xr[i]) : 0.0f;
-  const float av = addend && in ? to_f32(addend[t * dim + i]) : 0.0f;
-  int32_t sl[kCombineStageK];
-  float wt[kCombineStageK];
-#pragma unroll
-  for (int q = 0; q < kCombineStageK; ++q) {
-    sl[q] = q < k ? slot[t * k + q] : 0;
-    wt[q] = q < k ? w[t * k + q] : 0.0f;
-  }
-  float yq[kCombineStageK];
-#pragma unroll
-  for (int q = 0; q < kCombineStageK; ++q) yq[q] = q < k && in ? to_f32(ys[int64_t(sl[q]) * dim + i]) : 0.0f;
-  float acc = 0.0f;  // moe_combine_kernel's order: slots ascending from +0
-#pragma unroll
-  for (int q = 0; q < kCombineStageK; ++q)
-    if (q < k) acc += wt[q] * yq[q];
-  const T routed = from_f32<T>(acc);
-  const float y = addend ? to_f32(from_f32<T>(to_f32(routed) + av)) : to_f32(routed);
-  const float v = round_as<T>(xv + y);  // the residual add, as rmsnorm_row<T, true>
-  if (in) xr[i] = from_f32<T>(v);
-  rmsnorm_cluster_finish<T>(v, wv, h + t * dim, dim, eps, sq, scratch);
-}
-
 }  // namespace atlas::cuda::kern

@@ -13,8 +13,6 @@
 // norm is taken of the rounded sum: the bits of add() followed by rmsnorm().
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include "common.cuh"
 
 namespace atlas::cuda::kern {
@@ -175,70 +173,6 @@ __global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restric
   T* xr = x + int64_t(blockIdx.x) * x_stride;
   rmsnorm_row<T, kAdd>(rms_preload(xr, w, dim), xr, [yr](int, int i) { return to_f32(yr[i]); }, w,
                        out + int64_t(blockIdx.x) * out_stride, dim, eps, scratch);
-}
-
-// ---- cluster norms: one row over a cluster of blocks (sm_90; a decode step's few rows) --------
-// Nsight (H200, session 26, warm caches): the wide combine + norm, one 1024-thread block per row,
-// ran 6.0 us on one SM for a 2048-wide row, its 32 warps issuing ~450 instructions each with half
-// the scheduler cycles idle (L1TEX waits). Here the row is spread over ceil(dim / 256) <= 8
-// blocks of kReduceThreads threads, one element per thread: element i = rank * 256 + tid, rank =
-// the block's place in its cluster. The sum of squares keeps rmsnorm_row's order: thread t of
-// every block adds sq[t], sq[t + 256], ... in rank order (each block's squares read through the
-// cluster's distributed shared memory), then block_sum; every block computes the same r, so
-// each writes its elements with the bits of the wide and the 256-thread kernels.
-constexpr int kClusterNormMaxBlocks = 8;
-
-// v, w: this thread's element of the row (i = rank * 256 + tid; anything past dim is never
-// written or summed); orow: the row's output. sq: kReduceThreads floats, scratch: 16, shared.
-template <class T>
-__device__ __forceinline__ void rmsnorm_cluster_finish(float v, float w, T* orow, int dim, float eps, float* sq,
-                                                       float* scratch) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int tid = threadIdx.x, nb = int(cluster.num_blocks());
-  const int i = int(cluster.block_rank()) * kReduceThreads + tid;
-  sq[tid] = v * v;  // the product rmsnorm_row adds, rounded as it is there
-  cluster.sync();   // every block's squares are visible to the cluster
-  float sj[kClusterNormMaxBlocks];
-#pragma unroll
-  for (int j = 0; j < kClusterNormMaxBlocks; ++j)
-    sj[j] = j < nb && tid + j * kReduceThreads < dim ? *cluster.map_shared_rank(sq + tid, j) : 0.0f;
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kClusterNormMaxBlocks; ++j)
-    if (j < nb && tid + j * kReduceThreads < dim) ss += sj[j];
-  cluster.sync();  // no block leaves (or reuses sq) while another still reads it
-  ss = block_sum(ss, scratch);
-  const float r = 1.0f / sqrtf(ss / float(dim) + eps);
-  if (i < dim) orow[i] = from_f32<T>(w * round_as<T>(v * r));
-#else
-  __trap();  // the host launches the cluster kernels only with sm_90 device code (ops.cu's probe)
-#endif
-}
-
-// rmsnorm_kernel<T, kAdd> for dim <= kClusterNormMaxBlocks * 256: grid (ceil(dim / 256), rows),
-// clusters of (ceil(dim / 256), 1, 1), kReduceThreads threads. The same bits.
-template <class T, bool kAdd>
-__global__ void __launch_bounds__(kReduceThreads)
-    rmsnorm_cluster_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim, int64_t x_stride,
-                           int64_t out_stride, float eps) {
-  __shared__ float scratch[16];
-  __shared__ float sq[kReduceThreads];
-  const int64_t row = blockIdx.y;
-  const int i = int(blockIdx.x) * kReduceThreads + int(threadIdx.x);  // blockIdx.x is the cluster rank
-  T* xr = x + row * x_stride;
-  // The norm weight before the launch-overlap wait (a model weight: kernels/pdl.cuh), the row after.
-  const float wv = i < dim ? to_f32(w[i]) : 0.0f;
-  pdl_begin();
-  float v = i < dim ? to_f32(xr[i]) : 0.0f;
-  if constexpr (kAdd) {
-    const float yv = i < dim ? to_f32(y[row * x_stride + i]) : 0.0f;
-    v = round_as<T>(v + yv);
-    if (i < dim) xr[i] = from_f32<T>(v);
-  }
-  // out may alias x (rmsnorm): this thread read its element above; no other thread writes it.
-  rmsnorm_cluster_finish<T>(v, wv, out + row * out_stride, dim, eps, sq, scratch);
 }
 
 }  // namespace atlas::cuda::kern
