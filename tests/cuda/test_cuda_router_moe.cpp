@@ -256,6 +256,15 @@ TEST_F(Moe, CombineAddRmsNormIsCombineThenAddRmsNorm) {
     SCOPED_TRACE(::testing::Message() << "k " << k);
     combine_norm_matches_two_calls<uint16_t>(rng, 9, k, 2048, true);
   }
+  // One token (a batch-1 decode step): the wide kernel's one-token form, which loads every
+  // expert row before it knows the slots (k <= 8), at V2-Lite's width and two others.
+  for (const int k : {1, 6, 8})
+    for (const int dim : {2048, 1000, 64}) {
+      SCOPED_TRACE(::testing::Message() << "one token, k " << k << ", dim " << dim);
+      combine_norm_matches_two_calls<uint16_t>(rng, 1, k, dim, true);
+      combine_norm_matches_two_calls<uint16_t>(rng, 1, k, dim, false);
+      combine_norm_matches_two_calls<float>(rng, 1, k, dim, true);
+    }
   // Up to 256 tokens the wide kernel (one 1024-thread block per token) runs both sides where
   // k <= 8 and dim <= 2048; 300 tokens: the 256-thread kernels.
   for (const bool shared : {true, false}) {

@@ -165,8 +165,10 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   // bounded when most queries have one split (prefill), where each item is one length read.
   const int64_t items = int64_t(a.rows) * a.heads;
   const unsigned merge_blocks = unsigned(std::min<int64_t>(items, 8192));
-  launch(kern::mla_tc_merge_kernel, merge_blocks, kern::kMlaMergeThreads, 0, s,
-      p.ws_acc, p.ws_ml, a.lengths, a.rows, a.heads, a.latent, a.max_length, a.split_tokens, max_splits, a.out);
+  static const bool early = env_switch("ATLAS_MLA_MERGE_EARLY", true);
+  launch(early ? kern::mla_tc_merge_kernel<true> : kern::mla_tc_merge_kernel<false>, merge_blocks,
+         kern::kMlaMergeThreads, 0, s, p.ws_acc, p.ws_ml, a.lengths, a.rows, a.heads, a.latent, a.max_length,
+         a.split_tokens, max_splits, a.out);
   check_launch(op);
 }
 

@@ -239,8 +239,12 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
     launch(kernel, unsigned(a.tokens), threads, 0, stream_of(a.stream), a.y_sorted, a.pair_slot, a.topk_weights,
            a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
   };
+  // One token (a batch-1 decode step): every expert row loaded beside the slots
+  // (ATLAS_MOE_COMBINE_ONE=0: the general kernel; the same bits).
+  static const bool one = env_switch("ATLAS_MOE_COMBINE_ONE", true);
   if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim))
-    run(kern::moe_combine_add_rmsnorm_wide_kernel<T>, kern::kWideThreads);
+    a.tokens == 1 && one ? run(kern::moe_combine_add_rmsnorm_wide_kernel<T, true>, kern::kWideThreads)
+                         : run(kern::moe_combine_add_rmsnorm_wide_kernel<T, false>, kern::kWideThreads);
   else if constexpr (std::is_same_v<T, uint16_t>) {
     const bool stage = a.k <= kern::kCombineStageK && a.dim <= kern::kCombineStageDim && a.dim % 8 == 0 &&
                        a16(a.y_sorted) && (!a.addend || a16(a.addend));

@@ -200,7 +200,8 @@ void check_environment() {
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",
                            "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY",
                            "ATLAS_MLA_EARLY_CACHE", "ATLAS_GEMM_STREAM_BALANCE", "ATLAS_GEMM_TAILS",
-                           "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT"})
+                           "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
+                           "ATLAS_MOE_COMBINE_ONE"})
     (void)env_switch(name, true);
 }
 

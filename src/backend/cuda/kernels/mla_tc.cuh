@@ -737,12 +737,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
 #endif
 }
 
-// One (query, head) item of the merge, 4 latent columns from d per thread.
+// One (query, head) item of the merge, 4 latent columns from d per thread; len: the query's
+// length (lengths[item / heads]). kOneRound: queries of at most 8 splits load everything at once.
+template <bool kOneRound>
 __device__ __forceinline__ void mla_merge_item(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
-                                               const int32_t* __restrict__ lengths, int heads, int latent, int S,
-                                               int max_splits, uint16_t* __restrict__ out, int64_t item, int d) {
+                                               int len, int heads, int latent, int S, int max_splits,
+                                               uint16_t* __restrict__ out, int64_t item, int d) {
   const int row = int(item / heads), h = int(item % heads);
-  const int len = lengths[row];
   uint16_t* o_dst = out + (int64_t(row) * heads + h) * latent;
   if (len == 0) {  // a query that sees no key (padding): output 0, as the CPU backend
     for (int e = 0; e < 4; ++e)
@@ -752,12 +753,47 @@ __device__ __forceinline__ void mla_merge_item(const float* __restrict__ ws_acc,
   const int n = (len + S - 1) / S;  // > 1: one split was written by the split kernel
   const float* ml = ws_ml + (int64_t(row) * max_splits * heads + h) * 2;
   const int64_t ml_step = int64_t(heads) * 2;
-  float M = -INFINITY;
-  for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * ml_step]);
-  if (d >= latent) return;
   const float* acc = ws_acc + (int64_t(row) * max_splits * heads + h) * kMlaAccStride + d;
   const int64_t acc_step = int64_t(heads) * kMlaAccStride;
+  float M = -INFINITY;
   float L = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+  if (kOneRound && n <= 8) {
+    // Up to 8 splits (a decode step's queries up to 2,048 slots): every load in one round, the
+    // maximum from the same values in the same order (fmaxf from -inf, splits ascending), then
+    // the chain below. The loop after it took two rounds (the maxima, then the partials).
+    float4 v[8];
+    float mm[8], ll[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (i < n) {
+        mm[i] = ml[i * ml_step];
+        ll[i] = ml[i * ml_step + 1];
+        if (d < latent) v[i] = *reinterpret_cast<const float4*>(acc + i * acc_step);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i < n) M = fmaxf(M, mm[i]);
+    if (d >= latent) return;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (i < n) {
+        const float f = expf(mm[i] - M);
+        L = __fmaf_rn(ll[i], f, L);
+        o0 = __fmaf_rn(v[i].x, f, o0);
+        o1 = __fmaf_rn(v[i].y, f, o1);
+        o2 = __fmaf_rn(v[i].z, f, o2);
+        o3 = __fmaf_rn(v[i].w, f, o3);
+      }
+    }
+    const float r[4] = {o0, o1, o2, o3};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (d + e < latent) o_dst[d + e] = f2bf_out(r[e] / L);
+    return;
+  }
+  for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * ml_step]);
+  if (d >= latent) return;
   for (int s0 = 0; s0 < n; s0 += 8) {
     // Loads first (independent of the chain), then the fixed ascending fmaf chain.
     float4 v[8];
@@ -795,22 +831,30 @@ __device__ __forceinline__ void mla_merge_item(const float* __restrict__ ws_acc,
 // nearly all one-split queries, which had cost one dependent length read each (131 us per
 // launch on average in session 11's traced-prefill profile, ~75 items per block). A decode
 // step (one item per block) skips the list: its barriers cost ~0.9 us per launch at batch 1.
+// kEarly (ATLAS_MLA_MERGE_EARLY, default on): a decode step's length read before the
+// launch-overlap wait, and each item's loads in one round (mla_merge_item<true>); the same bits.
+template <bool kEarly>
 __global__ void __launch_bounds__(kMlaMergeThreads)
 mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                     const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
                     int max_splits, uint16_t* __restrict__ out) {
-  pdl_begin();
   __shared__ int s_cnt[kMlaMergeThreads / 32];
   __shared__ int s_list[kMlaMergeThreads];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int d = 4 * tid;
   const int64_t items = int64_t(rows) * heads, stride = gridDim.x;
   if (items <= stride) {  // (launch-uniform) one item per block, a decode step: no list
+    // The length before the launch-overlap wait: the lengths were written before the kernel
+    // this one follows (the attention kernel, launched just before it by the same call) began
+    // its work (kernels/pdl.cuh; the cluster kernel reads them early too: MlaTcParams).
+    if (!kEarly) pdl_begin();
     const int len = lengths[blockIdx.x / heads];
+    if (kEarly) pdl_begin();
     if (len >= 0 && len <= max_length && (len == 0 || len > S))
-      mla_merge_item(ws_acc, ws_ml, lengths, heads, latent, S, max_splits, out, blockIdx.x, d);
+      mla_merge_item<kEarly>(ws_acc, ws_ml, len, heads, latent, S, max_splits, out, blockIdx.x, d);
     return;
   }
+  pdl_begin();
   for (int64_t c0 = blockIdx.x; c0 < items; c0 += stride * kMlaMergeThreads) {
     const int64_t mine = c0 + int64_t(tid) * stride;
     bool need = false;
@@ -831,7 +875,7 @@ mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ 
     __syncthreads();
     for (int i = 0; i < n_need; ++i) {
       const int64_t item = c0 + int64_t(s_list[i]) * stride;
-      mla_merge_item(ws_acc, ws_ml, lengths, heads, latent, S, max_splits, out, item, d);
+      mla_merge_item<kEarly>(ws_acc, ws_ml, lengths[item / heads], heads, latent, S, max_splits, out, item, d);
     }
     __syncthreads();  // s_cnt and s_list are rewritten for the next 128 items
   }

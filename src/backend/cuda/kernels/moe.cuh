@@ -490,7 +490,11 @@ __global__ void __launch_bounds__(kReduceThreads)
 // elements (every gathered load issued before the first sum: the k rounds are predicated, not
 // left early), in the same order, with the same roundings; the norm is rmsnorm_wide_finish.
 // The same bits as the 256-thread kernel.
-template <class T>
+// kOneToken (a batch-1 decode step; the host launches it for tokens == 1 only): the token's k
+// pairs are the only rows of ys, rows 0..k-1 in expert order, so every row is loaded at once,
+// beside the slots and weights, and each slot then picks its row from registers: one dependent
+// round trip (slot, then its row) fewer on the step's critical path, the same values.
+template <class T, bool kOneToken = false>
 __global__ void __launch_bounds__(kWideThreads)
     moe_combine_add_rmsnorm_wide_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
                                         const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
@@ -517,6 +521,16 @@ __global__ void __launch_bounds__(kWideThreads)
   }
   int32_t sl[kCombineStageK];
   float wt[kCombineStageK];
+  float yall[kOneToken ? kCombineStageK : 1][kWideRegs];  // kOneToken: ys rows 0..k-1
+  if constexpr (kOneToken) {
+#pragma unroll
+    for (int r = 0; r < kCombineStageK; ++r)
+#pragma unroll
+      for (int m = 0; m < kWideRegs; ++m) {
+        const int i = tid + m * kWideThreads;
+        yall[r][m] = r < k && i < dim ? to_f32(ys[int64_t(r) * dim + i]) : 0.0f;
+      }
+  }
 #pragma unroll
   for (int q = 0; q < kCombineStageK; ++q) {
     sl[q] = q < k ? slot[t * k + q] : 0;
@@ -528,7 +542,15 @@ __global__ void __launch_bounds__(kWideThreads)
 #pragma unroll
     for (int m = 0; m < kWideRegs; ++m) {
       const int i = tid + m * kWideThreads;
-      yq[q][m] = q < k && i < dim ? to_f32(ys[int64_t(sl[q]) * dim + i]) : 0.0f;
+      if constexpr (kOneToken) {
+        float y = 0.0f;  // (a slot outside 0..k-1 cannot come from the permutation)
+#pragma unroll
+        for (int r = 0; r < kCombineStageK; ++r)
+          if (r == sl[q]) y = yall[r][m];
+        yq[q][m] = q < k ? y : 0.0f;
+      } else {
+        yq[q][m] = q < k && i < dim ? to_f32(ys[int64_t(sl[q]) * dim + i]) : 0.0f;
+      }
     }
   float v[kWideRegs];
 #pragma unroll
