@@ -256,10 +256,10 @@ TEST_F(Moe, CombineAddRmsNormIsCombineThenAddRmsNorm) {
     SCOPED_TRACE(::testing::Message() << "k " << k);
     combine_norm_matches_two_calls<uint16_t>(rng, 9, k, 2048, true);
   }
-  // One token (a batch-1 decode step): the wide kernel's one-token form, which loads every
-  // expert row before it knows the slots (k <= 8), at V2-Lite's width and two others.
+  // One token (a batch-1 decode step), k up to 8: the wide kernels (the paired one where dim
+  // is even), at V2-Lite's width and two others, and an odd width (the unpaired wide kernel).
   for (const int k : {1, 6, 8})
-    for (const int dim : {2048, 1000, 64}) {
+    for (const int dim : {2048, 1000, 64, 999}) {
       SCOPED_TRACE(::testing::Message() << "one token, k " << k << ", dim " << dim);
       combine_norm_matches_two_calls<uint16_t>(rng, 1, k, dim, true);
       combine_norm_matches_two_calls<uint16_t>(rng, 1, k, dim, false);

@@ -239,12 +239,20 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
     launch(kernel, unsigned(a.tokens), threads, 0, stream_of(a.stream), a.y_sorted, a.pair_slot, a.topk_weights,
            a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
   };
-  // One token (a batch-1 decode step): every expert row loaded beside the slots
-  // (ATLAS_MOE_COMBINE_ONE=0: the general kernel; the same bits).
-  static const bool one = env_switch("ATLAS_MOE_COMBINE_ONE", true);
-  if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim))
-    a.tokens == 1 && one ? run(kern::moe_combine_add_rmsnorm_wide_kernel<T, true>, kern::kWideThreads)
-                         : run(kern::moe_combine_add_rmsnorm_wide_kernel<T, false>, kern::kWideThreads);
+  // bf16 rows of even width on 4-byte boundaries: the paired wide kernel (ATLAS_MOE_COMBINE_PAIRS=0:
+  // the wide kernel; the same bits).
+  static const bool pairs_on = env_switch("ATLAS_MOE_COMBINE_PAIRS", true);
+  const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
+  bool pairs = false;
+  if constexpr (std::is_same_v<T, uint16_t>)
+    pairs = pairs_on && a.dim % 2 == 0 && a4(a.y_sorted) && a4(a.x) && a4(a.weight) && a4(a.out) &&
+            (!a.addend || a4(a.addend));
+  if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim) && pairs) {
+    if constexpr (std::is_same_v<T, uint16_t>)
+      a.k == 6 ? run(kern::moe_combine_add_rmsnorm_pairs_kernel<6>, kern::kWideThreads)
+               : run(kern::moe_combine_add_rmsnorm_pairs_kernel<0>, kern::kWideThreads);
+  } else if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim))
+    run(kern::moe_combine_add_rmsnorm_wide_kernel<T>, kern::kWideThreads);
   else if constexpr (std::is_same_v<T, uint16_t>) {
     const bool stage = a.k <= kern::kCombineStageK && a.dim <= kern::kCombineStageDim && a.dim % 8 == 0 &&
                        a16(a.y_sorted) && (!a.addend || a16(a.addend));

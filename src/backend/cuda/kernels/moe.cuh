@@ -490,11 +490,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 // elements (every gathered load issued before the first sum: the k rounds are predicated, not
 // left early), in the same order, with the same roundings; the norm is rmsnorm_wide_finish.
 // The same bits as the 256-thread kernel.
-// kOneToken (a batch-1 decode step; the host launches it for tokens == 1 only): the token's k
-// pairs are the only rows of ys, rows 0..k-1 in expert order, so every row is loaded at once,
-// beside the slots and weights, and each slot then picks its row from registers: one dependent
-// round trip (slot, then its row) fewer on the step's critical path, the same values.
-template <class T, bool kOneToken = false>
+template <class T>
 __global__ void __launch_bounds__(kWideThreads)
     moe_combine_add_rmsnorm_wide_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
                                         const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
@@ -521,16 +517,6 @@ __global__ void __launch_bounds__(kWideThreads)
   }
   int32_t sl[kCombineStageK];
   float wt[kCombineStageK];
-  float yall[kOneToken ? kCombineStageK : 1][kWideRegs];  // kOneToken: ys rows 0..k-1
-  if constexpr (kOneToken) {
-#pragma unroll
-    for (int r = 0; r < kCombineStageK; ++r)
-#pragma unroll
-      for (int m = 0; m < kWideRegs; ++m) {
-        const int i = tid + m * kWideThreads;
-        yall[r][m] = r < k && i < dim ? to_f32(ys[int64_t(r) * dim + i]) : 0.0f;
-      }
-  }
 #pragma unroll
   for (int q = 0; q < kCombineStageK; ++q) {
     sl[q] = q < k ? slot[t * k + q] : 0;
@@ -542,15 +528,7 @@ __global__ void __launch_bounds__(kWideThreads)
 #pragma unroll
     for (int m = 0; m < kWideRegs; ++m) {
       const int i = tid + m * kWideThreads;
-      if constexpr (kOneToken) {
-        float y = 0.0f;  // (a slot outside 0..k-1 cannot come from the permutation)
-#pragma unroll
-        for (int r = 0; r < kCombineStageK; ++r)
-          if (r == sl[q]) y = yall[r][m];
-        yq[q][m] = q < k ? y : 0.0f;
-      } else {
-        yq[q][m] = q < k && i < dim ? to_f32(ys[int64_t(sl[q]) * dim + i]) : 0.0f;
-      }
+      yq[q][m] = q < k && i < dim ? to_f32(ys[int64_t(sl[q]) * dim + i]) : 0.0f;
     }
   float v[kWideRegs];
 #pragma unroll
@@ -566,6 +544,79 @@ __global__ void __launch_bounds__(kWideThreads)
     if (i < dim) xr[i] = from_f32<T>(v[m]);
   }
   rmsnorm_wide_finish<T>(v, wv, h + t * dim, dim, eps, sq, scratch);
+}
+
+// moe_combine_add_rmsnorm_wide_kernel for bf16 rows of even width whose rows start on 4-byte
+// boundaries: thread tid holds the adjacent elements 2 tid and 2 tid + 1 and loads and stores
+// them as one 32-bit pair; kK = the router's k where it is known at compile time (6, V2-Lite's;
+// 0: k <= kCombineStageK at run time, predicated as in the wide kernel). Nsight (H200, session
+// 26): the wide kernel issued ~450 instructions per warp on its one SM, half the cycles busy, its
+// 6.0 us in isolation set by the instructions and their latencies, not by memory; this form
+// issues half the loads and address sums and no rounds for slots past k. Each element's
+// arithmetic is the wide kernel's and the squares land in sq at their element's index (the sum
+// reads sq by index): the same bits.
+__device__ __forceinline__ float2 bf16_pair(uint32_t u) {
+  return make_float2(bf2f(uint16_t(u & 0xffffu)), bf2f(uint16_t(u >> 16)));
+}
+__device__ __forceinline__ uint32_t bf16_pack(float lo, float hi) {
+  return uint32_t(f2bf(lo)) | (uint32_t(f2bf(hi)) << 16);
+}
+
+template <int kK>
+__global__ void __launch_bounds__(kWideThreads)
+    moe_combine_add_rmsnorm_pairs_kernel(const uint16_t* __restrict__ ys, const int32_t* __restrict__ slot,
+                                         const float* __restrict__ w, int k, const uint16_t* __restrict__ addend,
+                                         uint16_t* x, const uint16_t* __restrict__ norm_w, uint16_t* h, int dim,
+                                         float eps) {
+  constexpr int kQ = kK > 0 ? kK : kCombineStageK;  // slot rounds
+  __shared__ float scratch[16];
+  __shared__ float sq[kWideDim];
+  const int64_t t = blockIdx.x;
+  const int tid = threadIdx.x, i0 = 2 * tid;
+  const bool in = i0 < dim;  // dim is even: both elements or neither
+  uint16_t* xr = x + t * dim;
+  // The norm weights before the launch-overlap wait (a model weight, never a kernel's output:
+  // kernels/pdl.cuh), everything else after it.
+  const float2 wv = in ? bf16_pair(*reinterpret_cast<const uint32_t*>(norm_w + i0)) : make_float2(0.0f, 0.0f);
+  pdl_begin();
+  const float2 xv = in ? bf16_pair(*reinterpret_cast<const uint32_t*>(xr + i0)) : make_float2(0.0f, 0.0f);
+  const float2 av = addend && in ? bf16_pair(*reinterpret_cast<const uint32_t*>(addend + t * dim + i0))
+                                 : make_float2(0.0f, 0.0f);
+  int32_t sl[kQ];
+  float wt[kQ];
+#pragma unroll
+  for (int q = 0; q < kQ; ++q) {
+    const bool use = kK > 0 || q < k;
+    sl[q] = use ? slot[t * k + q] : 0;
+    wt[q] = use ? w[t * k + q] : 0.0f;
+  }
+  float2 yq[kQ];
+#pragma unroll
+  for (int q = 0; q < kQ; ++q)
+    yq[q] = (kK > 0 || q < k) && in ? bf16_pair(*reinterpret_cast<const uint32_t*>(ys + int64_t(sl[q]) * dim + i0))
+                                    : make_float2(0.0f, 0.0f);
+  float acc0 = 0.0f, acc1 = 0.0f;  // moe_combine_kernel's order: slots ascending from +0
+#pragma unroll
+  for (int q = 0; q < kQ; ++q)
+    if (kK > 0 || q < k) {
+      acc0 += wt[q] * yq[q].x;
+      acc1 += wt[q] * yq[q].y;
+    }
+  const auto finish = [&](float acc, float a, float xe) {
+    const uint16_t routed = f2bf(acc);
+    const float y = addend ? bf2f(f2bf(bf2f(routed) + a)) : bf2f(routed);
+    return round_as<uint16_t>(xe + y);  // the residual add, as rmsnorm_row<T, true>
+  };
+  const float v0 = finish(acc0, av.x, xv.x), v1 = finish(acc1, av.y, xv.y);
+  if (in) {
+    *reinterpret_cast<uint32_t*>(xr + i0) = bf16_pack(v0, v1);
+    sq[i0] = v0 * v0;  // the products rmsnorm_row adds, at their elements' indices
+    sq[i0 + 1] = v1 * v1;
+  }
+  const float r = rmsnorm_wide_scale(sq, dim, eps, scratch);
+  if (in)
+    *reinterpret_cast<uint32_t*>(h + t * dim + i0) =
+        bf16_pack(wv.x * round_as<uint16_t>(v0 * r), wv.y * round_as<uint16_t>(v1 * r));
 }
 
 }  // namespace atlas::cuda::kern

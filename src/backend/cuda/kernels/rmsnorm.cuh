@@ -101,6 +101,22 @@ constexpr int kWideDim = kWideThreads * kWideRegs;  // = kRmsRegs * kReduceThrea
 
 // v: this thread's elements of the row to normalise (already rounded as rmsnorm_row's v), w: the
 // weights at the same elements; out[i] = w * round(v * r). sq: kWideDim floats of shared memory.
+// The wide norms' scale r = 1 / sqrt(mean of squares + eps) once sq[0, dim) holds every
+// element's square (made visible here): thread t < 256 adds sq[t], sq[t + 256], ... in order,
+// then block_sum, as rmsnorm_row. Every thread gets r.
+__device__ __forceinline__ float rmsnorm_wide_scale(const float* sq, int dim, float eps, float* scratch) {
+  const int tid = threadIdx.x;
+  __syncthreads();
+  float ss = 0.0f;
+  if (tid < kReduceThreads) {
+#pragma unroll
+    for (int j = 0; j < kRmsRegs; ++j)
+      if (tid + j * kReduceThreads < dim) ss += sq[tid + j * kReduceThreads];
+  }
+  ss = block_sum(ss, scratch);
+  return 1.0f / sqrtf(ss / float(dim) + eps);
+}
+
 template <class T>
 __device__ __forceinline__ void rmsnorm_wide_finish(const float (&v)[kWideRegs], const float (&w)[kWideRegs], T* orow,
                                                     int dim, float eps, float* sq, float* scratch) {
@@ -110,15 +126,7 @@ __device__ __forceinline__ void rmsnorm_wide_finish(const float (&v)[kWideRegs],
     const int i = tid + m * kWideThreads;
     if (i < dim) sq[i] = v[m] * v[m];  // the product rmsnorm_row adds, rounded as it is there
   }
-  __syncthreads();
-  float ss = 0.0f;
-  if (tid < kReduceThreads) {
-#pragma unroll
-    for (int j = 0; j < kRmsRegs; ++j)
-      if (tid + j * kReduceThreads < dim) ss += sq[tid + j * kReduceThreads];
-  }
-  ss = block_sum(ss, scratch);
-  const float r = 1.0f / sqrtf(ss / float(dim) + eps);
+  const float r = rmsnorm_wide_scale(sq, dim, eps, scratch);
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = tid + m * kWideThreads;
