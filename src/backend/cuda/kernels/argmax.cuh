@@ -18,6 +18,34 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
   return v > bv || (v == bv && i < bi);
 }
 
+// The block's best (value, index) into thread 0's best / best_i: a butterfly inside each warp,
+// then thread 0 over the warps in order (sv / si: kThreads / 32 shared slots each). The relation
+// is a total order, so the order of the comparisons never changes the answer.
+template <int kThreads>
+__device__ __forceinline__ void argmax_block_best(float& best, int& best_i, float* sv, int* si) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
+    if (argmax_better(ov, oi, best, best_i)) {
+      best = ov;
+      best_i = oi;
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = best_i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < kThreads / 32; ++w)
+      if (argmax_better(sv[w], si[w], best, best_i)) {
+        best = sv[w];
+        best_i = si[w];
+      }
+}
+
 template <class T>
 __global__ void argmax_kernel(const T* __restrict__ logits, int32_t* __restrict__ out, int vocab, int64_t stride,
                               int* error_flag) {
@@ -67,37 +95,14 @@ __global__ void argmax_kernel(const T* __restrict__ logits, int32_t* __restrict_
   if (threadIdx.x == 0) snan = 0;
   __syncthreads();
   if (nan) atomicOr(&snan, 1);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
-    if (argmax_better(ov, oi, best, best_i)) {
-      best = ov;
-      best_i = oi;
-    }
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) {
-    sv[warp] = best;
-    si[warp] = best_i;
-  }
-  __syncthreads();
+  argmax_block_best<kArgmaxThreads>(best, best_i, sv, si);  // (its barrier orders snan)
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kArgmaxThreads / 32; ++w)
-      if (argmax_better(sv[w], si[w], best, best_i)) {
-        best = sv[w];
-        best_i = si[w];
-      }
     // Every value -inf: best_i may still be the sentinel when vocab < threads; the smallest
     // index of a -inf value is then 0 (all are -inf).
     out[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
     if (snan) atomicOr(error_flag, 128);
   }
 }
-
-}  // namespace atlas::cuda::kern
-
-namespace atlas::cuda::kern {
 
 // ---- the same argmax spread over blocks (a decode step's row over ~25 blocks, not one) -------
 // One block of kArgmaxThreads needs ~3 dependent rounds of loads for a 102,400-entry row and ends
@@ -107,31 +112,6 @@ namespace atlas::cuda::kern {
 // relation is a total order (argmax_better), so the answer is the single-block kernel's.
 constexpr int kArgmaxSplitThreads = 256;
 constexpr int kArgmaxSplitElems = 4096;  // a multiple of 8: every block's range starts on a 16-byte vector
-
-__device__ __forceinline__ void argmax_block_best(float& best, int& best_i, float* sv, int* si) {
-  constexpr int kWarps = kArgmaxSplitThreads / 32;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
-    if (argmax_better(ov, oi, best, best_i)) {
-      best = ov;
-      best_i = oi;
-    }
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) {
-    sv[warp] = best;
-    si[warp] = best_i;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0)
-    for (int w = 1; w < kWarps; ++w)
-      if (argmax_better(sv[w], si[w], best, best_i)) {
-        best = sv[w];
-        best_i = si[w];
-      }
-}
 
 // Grid (ceil(vocab / kArgmaxSplitElems), rows). counters: [rows], zero between launches;
 // partials: [rows][gridDim.x][2] ints (each block's value bits and index).
@@ -183,7 +163,7 @@ __global__ void __launch_bounds__(kArgmaxSplitThreads)
   if (threadIdx.x == 0) snan = 0;
   __syncthreads();
   if (nan) atomicOr(&snan, 1);
-  argmax_block_best(best, best_i, sv, si);  // thread 0 holds the block's best (its barrier orders snan)
+  argmax_block_best<kArgmaxSplitThreads>(best, best_i, sv, si);  // (its barrier orders snan)
   int32_t* part = partials + (int64_t(r) * nb + blockIdx.x) * 2;
   if (threadIdx.x == 0) {
     if (snan) atomicOr(error_flag, 128);
@@ -207,7 +187,7 @@ __global__ void __launch_bounds__(kArgmaxSplitThreads)
     }
   }
   __syncthreads();  // sv / si are reused
-  argmax_block_best(best, best_i, sv, si);
+  argmax_block_best<kArgmaxSplitThreads>(best, best_i, sv, si);
   if (threadIdx.x == 0) {
     // Every value -inf (or NaN): see argmax_kernel.
     out[r] = best_i == 0x7fffffff ? 0 : best_i;

@@ -757,65 +757,49 @@ __device__ __forceinline__ void mla_merge_item(const float* __restrict__ ws_acc,
   const int64_t acc_step = int64_t(heads) * kMlaAccStride;
   float M = -INFINITY;
   float L = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+  float4 v[8];
+  float mm[8], ll[8];
+  // Splits s0 .. s0 + 7: the loads first (independent of the chain), then the fixed ascending
+  // fmaf chain.
+  const auto load = [&](int s0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (s0 + i < n) {
+        mm[i] = ml[(s0 + i) * ml_step];
+        ll[i] = ml[(s0 + i) * ml_step + 1];
+        if (d < latent) v[i] = *reinterpret_cast<const float4*>(acc + (s0 + i) * acc_step);
+      }
+    }
+  };
+  const auto chain = [&](int s0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (s0 + i < n) {
+        const float f = expf(mm[i] - M);
+        L = __fmaf_rn(ll[i], f, L);
+        o0 = __fmaf_rn(v[i].x, f, o0);
+        o1 = __fmaf_rn(v[i].y, f, o1);
+        o2 = __fmaf_rn(v[i].z, f, o2);
+        o3 = __fmaf_rn(v[i].w, f, o3);
+      }
+    }
+  };
   if (kOneRound && n <= 8) {
     // Up to 8 splits (a decode step's queries up to 2,048 slots): every load in one round, the
     // maximum from the same values in the same order (fmaxf from -inf, splits ascending), then
-    // the chain below. The loop after it took two rounds (the maxima, then the partials).
-    float4 v[8];
-    float mm[8], ll[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (i < n) {
-        mm[i] = ml[i * ml_step];
-        ll[i] = ml[i * ml_step + 1];
-        if (d < latent) v[i] = *reinterpret_cast<const float4*>(acc + i * acc_step);
-      }
-    }
+    // the chain. The other form takes two rounds (the maxima, then the partials).
+    load(0);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
       if (i < n) M = fmaxf(M, mm[i]);
     if (d >= latent) return;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (i < n) {
-        const float f = expf(mm[i] - M);
-        L = __fmaf_rn(ll[i], f, L);
-        o0 = __fmaf_rn(v[i].x, f, o0);
-        o1 = __fmaf_rn(v[i].y, f, o1);
-        o2 = __fmaf_rn(v[i].z, f, o2);
-        o3 = __fmaf_rn(v[i].w, f, o3);
-      }
-    }
-    const float r[4] = {o0, o1, o2, o3};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (d + e < latent) o_dst[d + e] = f2bf_out(r[e] / L);
-    return;
-  }
-  for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * ml_step]);
-  if (d >= latent) return;
-  for (int s0 = 0; s0 < n; s0 += 8) {
-    // Loads first (independent of the chain), then the fixed ascending fmaf chain.
-    float4 v[8];
-    float mm[8], ll[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (s0 + i < n) {
-        v[i] = *reinterpret_cast<const float4*>(acc + (s0 + i) * acc_step);
-        mm[i] = ml[(s0 + i) * ml_step];
-        ll[i] = ml[(s0 + i) * ml_step + 1];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (s0 + i < n) {
-        const float f = expf(mm[i] - M);
-        L = __fmaf_rn(ll[i], f, L);
-        o0 = __fmaf_rn(v[i].x, f, o0);
-        o1 = __fmaf_rn(v[i].y, f, o1);
-        o2 = __fmaf_rn(v[i].z, f, o2);
-        o3 = __fmaf_rn(v[i].w, f, o3);
-      }
+    chain(0);
+  } else {
+    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * ml_step]);
+    if (d >= latent) return;
+    for (int s0 = 0; s0 < n; s0 += 8) {
+      load(s0);
+      chain(s0);
     }
   }
   const float r[4] = {o0, o1, o2, o3};
