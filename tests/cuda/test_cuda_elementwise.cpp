@@ -213,6 +213,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_ARGMAX_SPLIT", {"0", "1", "split"}},
       {"ATLAS_MLA_MERGE_EARLY", {"0", "1", "early"}},
       {"ATLAS_MOE_COMBINE_PAIRS", {"0", "1", "pairs"}},
+      {"ATLAS_COMBINE_RELEASE_FIRST", {"0", "1", "first"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},

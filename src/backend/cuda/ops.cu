@@ -247,12 +247,24 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
   if constexpr (std::is_same_v<T, uint16_t>)
     pairs = pairs_on && a.dim % 2 == 0 && a4(a.y_sorted) && a4(a.x) && a4(a.weight) && a4(a.out) &&
             (!a.addend || a4(a.addend));
+  // ATLAS_COMBINE_RELEASE_FIRST=1 (session 26, written after its GPU time; not run on a GPU): the
+  // wide kernels release the next launch before their wait (kern::pdl_begin_as): every caller's
+  // next kernel is a GEMM that reads only weights before its own wait (model.moe(): the next
+  // layer's q|kv_a or the LM head). Off by default until measured.
+  static const bool release_first = env_switch("ATLAS_COMBINE_RELEASE_FIRST", false);
   if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim) && pairs) {
-    if constexpr (std::is_same_v<T, uint16_t>)
-      a.k == 6 ? run(kern::moe_combine_add_rmsnorm_pairs_kernel<6>, kern::kWideThreads)
-               : run(kern::moe_combine_add_rmsnorm_pairs_kernel<0>, kern::kWideThreads);
-  } else if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim))
-    run(kern::moe_combine_add_rmsnorm_wide_kernel<T>, kern::kWideThreads);
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (a.k == 6)
+        release_first ? run(kern::moe_combine_add_rmsnorm_pairs_kernel<6, true>, kern::kWideThreads)
+                      : run(kern::moe_combine_add_rmsnorm_pairs_kernel<6, false>, kern::kWideThreads);
+      else
+        release_first ? run(kern::moe_combine_add_rmsnorm_pairs_kernel<0, true>, kern::kWideThreads)
+                      : run(kern::moe_combine_add_rmsnorm_pairs_kernel<0, false>, kern::kWideThreads);
+    }
+  } else if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim)) {
+    release_first ? run(kern::moe_combine_add_rmsnorm_wide_kernel<T, true>, kern::kWideThreads)
+                  : run(kern::moe_combine_add_rmsnorm_wide_kernel<T, false>, kern::kWideThreads);
+  }
   else if constexpr (std::is_same_v<T, uint16_t>) {
     const bool stage = a.k <= kern::kCombineStageK && a.dim <= kern::kCombineStageDim && a.dim % 8 == 0 &&
                        a16(a.y_sorted) && (!a.addend || a16(a.addend));

@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 // elements (every gathered load issued before the first sum: the k rounds are predicated, not
 // left early), in the same order, with the same roundings; the norm is rmsnorm_wide_finish.
 // The same bits as the 256-thread kernel.
-template <class T>
+template <class T, bool kReleaseFirst = false>
 __global__ void __launch_bounds__(kWideThreads)
     moe_combine_add_rmsnorm_wide_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
                                         const float* __restrict__ w, int k, const T* __restrict__ addend, T* x,
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(kWideThreads)
     const int i = tid + m * kWideThreads;
     wv[m] = i < dim ? to_f32(norm_w[i]) : 0.0f;
   }
-  pdl_begin();
+  pdl_begin_as<kReleaseFirst>();
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = tid + m * kWideThreads;
@@ -562,7 +562,7 @@ __device__ __forceinline__ uint32_t bf16_pack(float lo, float hi) {
   return uint32_t(f2bf(lo)) | (uint32_t(f2bf(hi)) << 16);
 }
 
-template <int kK>
+template <int kK, bool kReleaseFirst = false>
 __global__ void __launch_bounds__(kWideThreads)
     moe_combine_add_rmsnorm_pairs_kernel(const uint16_t* __restrict__ ys, const int32_t* __restrict__ slot,
                                          const float* __restrict__ w, int k, const uint16_t* __restrict__ addend,
@@ -578,7 +578,7 @@ __global__ void __launch_bounds__(kWideThreads)
   // The norm weights before the launch-overlap wait (a model weight, never a kernel's output:
   // kernels/pdl.cuh), everything else after it.
   const float2 wv = in ? bf16_pair(*reinterpret_cast<const uint32_t*>(norm_w + i0)) : make_float2(0.0f, 0.0f);
-  pdl_begin();
+  pdl_begin_as<kReleaseFirst>();
   const float2 xv = in ? bf16_pair(*reinterpret_cast<const uint32_t*>(xr + i0)) : make_float2(0.0f, 0.0f);
   const float2 av = addend && in ? bf16_pair(*reinterpret_cast<const uint32_t*>(addend + t * dim + i0))
                                  : make_float2(0.0f, 0.0f);

@@ -34,4 +34,17 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// pdl_begin() or, with kReleaseFirst, release then wait as the GEMMs do: for a kernel whose
+// successor reads nothing but model weights before its own wait (the MoE combine + norm, followed
+// by the next layer's q|kv_a GEMM or the LM head; ATLAS_COMBINE_RELEASE_FIRST), so that the
+// successor's blocks may become resident, and stage their weights, while this one still waits.
+// The bits cannot change: the successor's wait still waits for this kernel's completion.
+template <bool kReleaseFirst>
+__device__ __forceinline__ void pdl_begin_as() {
+  if constexpr (kReleaseFirst)
+    pdl_begin_gemm();
+  else
+    pdl_begin();
+}
+
 }  // namespace atlas::cuda::kern
