@@ -277,27 +277,27 @@ void argmax_form(ArgmaxArgs a, bool split) {
 
 TEST_F(DeviceGreedy, ArgmaxMatchesHostWithTiesAndInfinities) {
   for (const bool split : {false, true}) {
-  SCOPED_TRACE(split ? "split over blocks" : "one block per row");
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  const int rows = 9, vocab = 1000, stride = 1008;
-  auto h = random_bf16(size_t(rows) * stride, rng);
-  // Quantise to few distinct values so ties are common; plant special rows.
-  for (auto& x : h) x = f32_to_bf16(std::round(bf16_to_f32(x) * 2.0f));
-  for (int i = 0; i < vocab; ++i) h[size_t(1 * stride + i)] = f32_to_bf16(3.0f);  // all tied: id 0
-  for (int i = 0; i < vocab; ++i) h[size_t(2 * stride + i)] = 0xff80;             // all -inf: id 0
-  h[size_t(3 * stride + 999)] = 0x7f80;                                           // +inf at the end
-  h[size_t(4 * stride + 500)] = h[size_t(4 * stride + 700)] = f32_to_bf16(100.0f); // tie: 500
-  DevBuf<uint16_t> d(h);
-  DevBuf<int32_t> out(static_cast<size_t>(rows));
-  argmax_form({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride}, split);
-  check_device_errors();
-  const auto got = out.download();
-  for (int r = 0; r < rows; ++r) EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * stride, vocab)) << r;
-  EXPECT_EQ(got[1], 0);
-  EXPECT_EQ(got[2], 0);
-  EXPECT_EQ(got[3], 999);
-  EXPECT_EQ(got[4], 500);
+    SCOPED_TRACE(split ? "split over blocks" : "one block per row");
+    std::mt19937 rng(test_seed());
+    SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+    const int rows = 9, vocab = 1000, stride = 1008;
+    auto h = random_bf16(size_t(rows) * stride, rng);
+    // Quantise to few distinct values so ties are common; plant special rows.
+    for (auto& x : h) x = f32_to_bf16(std::round(bf16_to_f32(x) * 2.0f));
+    for (int i = 0; i < vocab; ++i) h[size_t(1 * stride + i)] = f32_to_bf16(3.0f);  // all tied: id 0
+    for (int i = 0; i < vocab; ++i) h[size_t(2 * stride + i)] = 0xff80;             // all -inf: id 0
+    h[size_t(3 * stride + 999)] = 0x7f80;                                           // +inf at the end
+    h[size_t(4 * stride + 500)] = h[size_t(4 * stride + 700)] = f32_to_bf16(100.0f); // tie: 500
+    DevBuf<uint16_t> d(h);
+    DevBuf<int32_t> out(static_cast<size_t>(rows));
+    argmax_form({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride}, split);
+    check_device_errors();
+    const auto got = out.download();
+    for (int r = 0; r < rows; ++r) EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * stride, vocab)) << r;
+    EXPECT_EQ(got[1], 0);
+    EXPECT_EQ(got[2], 0);
+    EXPECT_EQ(got[3], 999);
+    EXPECT_EQ(got[4], 500);
   }
 }
 
@@ -337,25 +337,25 @@ TEST_F(DeviceGreedy, SplitArgmaxAcrossBlockBoundaries) {
 // (the maxima planted in the last vector, the middle and the first element) and at odd sizes.
 TEST_F(DeviceGreedy, ArgmaxVectorAndScalarPathsAgreeWithHost) {
   for (const bool split : {false, true}) {
-  SCOPED_TRACE(split ? "split over blocks" : "one block per row");
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  for (const int vocab : {102400, 1003, 8, 7, 4096 + 8}) {
-    const int rows = 4, stride = (vocab + 7) / 8 * 8;
-    auto h = random_bf16(size_t(rows) * stride, rng);
-    for (auto& x : h) x = f32_to_bf16(std::round(bf16_to_f32(x) * 4.0f));  // ties are common
-    h[size_t(1 * stride + vocab - 1)] = f32_to_bf16(99.0f);
-    h[size_t(2 * stride + vocab / 2)] = f32_to_bf16(99.0f);
-    h[size_t(3 * stride + 0)] = f32_to_bf16(99.0f);
-    DevBuf<uint16_t> d(h);
-    DevBuf<int32_t> out(static_cast<size_t>(rows));
-    argmax_form({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride}, split);
-    check_device_errors();
-    const auto got = out.download();
-    for (int r = 0; r < rows; ++r)
-      EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * stride, vocab)) << "vocab " << vocab << " row " << r;
-    EXPECT_EQ(got[1], vocab - 1) << vocab;
-  }
+    SCOPED_TRACE(split ? "split over blocks" : "one block per row");
+    std::mt19937 rng(test_seed());
+    SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+    for (const int vocab : {102400, 1003, 8, 7, 4096 + 8}) {
+      const int rows = 4, stride = (vocab + 7) / 8 * 8;
+      auto h = random_bf16(size_t(rows) * stride, rng);
+      for (auto& x : h) x = f32_to_bf16(std::round(bf16_to_f32(x) * 4.0f));  // ties are common
+      h[size_t(1 * stride + vocab - 1)] = f32_to_bf16(99.0f);
+      h[size_t(2 * stride + vocab / 2)] = f32_to_bf16(99.0f);
+      h[size_t(3 * stride + 0)] = f32_to_bf16(99.0f);
+      DevBuf<uint16_t> d(h);
+      DevBuf<int32_t> out(static_cast<size_t>(rows));
+      argmax_form({.logits = d.get(), .out = out.get(), .rows = rows, .vocab = vocab, .stride = stride}, split);
+      check_device_errors();
+      const auto got = out.download();
+      for (int r = 0; r < rows; ++r)
+        EXPECT_EQ(got[size_t(r)], host_argmax(h.data() + size_t(r) * stride, vocab)) << "vocab " << vocab << " row " << r;
+      EXPECT_EQ(got[1], vocab - 1) << vocab;
+    }
   }
 }
 
