@@ -239,33 +239,34 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
     launch(kernel, unsigned(a.tokens), threads, 0, stream_of(a.stream), a.y_sorted, a.pair_slot, a.topk_weights,
            a.k, a.addend, a.x, a.weight, a.out, a.dim, a.eps);
   };
-  // bf16 rows of even width on 4-byte boundaries: the paired wide kernel (ATLAS_MOE_COMBINE_PAIRS=0:
-  // the wide kernel; the same bits).
+  // The wide kernels (one 1024-thread block per token): bf16 rows of even width on 4-byte
+  // boundaries take the paired one (ATLAS_MOE_COMBINE_PAIRS=0: the unpaired one; the same bits).
+  // ATLAS_COMBINE_RELEASE_FIRST=1 (session 26, written after its GPU time; not run on a GPU): they
+  // release the next launch before their wait (kern::pdl_begin_as): every caller's next kernel is
+  // a GEMM that reads only weights before its own wait (moe(): the next layer's q|kv_a or the LM
+  // head). Off by default until measured.
   static const bool pairs_on = env_switch("ATLAS_MOE_COMBINE_PAIRS", true);
-  const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
-  bool pairs = false;
-  if constexpr (std::is_same_v<T, uint16_t>)
-    pairs = pairs_on && a.dim % 2 == 0 && a4(a.y_sorted) && a4(a.x) && a4(a.weight) && a4(a.out) &&
-            (!a.addend || a4(a.addend));
-  // ATLAS_COMBINE_RELEASE_FIRST=1 (session 26, written after its GPU time; not run on a GPU): the
-  // wide kernels release the next launch before their wait (kern::pdl_begin_as): every caller's
-  // next kernel is a GEMM that reads only weights before its own wait (model.moe(): the next
-  // layer's q|kv_a or the LM head). Off by default until measured.
   static const bool release_first = env_switch("ATLAS_COMBINE_RELEASE_FIRST", false);
-  if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim) && pairs) {
+  const auto run_wide = [&](auto waits_first, auto releases_first) {
+    release_first ? run(releases_first, kern::kWideThreads) : run(waits_first, kern::kWideThreads);
+  };
+  const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
+  const bool wide = a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim);
+  if (wide) {
     if constexpr (std::is_same_v<T, uint16_t>) {
-      if (a.k == 6)
-        release_first ? run(kern::moe_combine_add_rmsnorm_pairs_kernel<6, true>, kern::kWideThreads)
-                      : run(kern::moe_combine_add_rmsnorm_pairs_kernel<6, false>, kern::kWideThreads);
-      else
-        release_first ? run(kern::moe_combine_add_rmsnorm_pairs_kernel<0, true>, kern::kWideThreads)
-                      : run(kern::moe_combine_add_rmsnorm_pairs_kernel<0, false>, kern::kWideThreads);
+      if (pairs_on && a.dim % 2 == 0 && a4(a.y_sorted) && a4(a.x) && a4(a.weight) && a4(a.out) &&
+          (!a.addend || a4(a.addend))) {
+        using namespace kern;
+        if (a.k == 6)
+          run_wide(moe_combine_add_rmsnorm_pairs_kernel<6, false>, moe_combine_add_rmsnorm_pairs_kernel<6, true>);
+        else
+          run_wide(moe_combine_add_rmsnorm_pairs_kernel<0, false>, moe_combine_add_rmsnorm_pairs_kernel<0, true>);
+        check_launch(op);
+        return;
+      }
     }
-  } else if (a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim)) {
-    release_first ? run(kern::moe_combine_add_rmsnorm_wide_kernel<T, true>, kern::kWideThreads)
-                  : run(kern::moe_combine_add_rmsnorm_wide_kernel<T, false>, kern::kWideThreads);
-  }
-  else if constexpr (std::is_same_v<T, uint16_t>) {
+    run_wide(kern::moe_combine_add_rmsnorm_wide_kernel<T, false>, kern::moe_combine_add_rmsnorm_wide_kernel<T, true>);
+  } else if constexpr (std::is_same_v<T, uint16_t>) {
     const bool stage = a.k <= kern::kCombineStageK && a.dim <= kern::kCombineStageDim && a.dim % 8 == 0 &&
                        a16(a.y_sorted) && (!a.addend || a16(a.addend));
     stage ? run(kern::moe_combine_add_rmsnorm_kernel<T, true>) : run(kern::moe_combine_add_rmsnorm_kernel<T, false>);
