@@ -26,6 +26,7 @@
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
+# MODEL_TEST_ENVS='label:VAR=val,VAR2=val ...' runs the model tests once more under each.
 # CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
@@ -104,8 +105,15 @@ if [[ -n "${GTEST_ONLY:-}" ]]; then  # one filter of atlas_cuda_tests instead of
   fi
   mode="$mode,notests,"  # then the steps asked for, if any
 fi
+# MODEL_TEST_ENVS='label:VAR=val,VAR2=val ...': the model tests once more under each environment
+# (switches that keep the bits: each run's tests compare against the CPU and against eager runs).
+for spec in ${MODEL_TEST_ENVS:-}; do
+  label=${spec%%:*}; vars=${spec#*:}
+  echo "== atlas_cuda_model_tests under $label ($vars)"
+  env ${vars//,/ } $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests_$label.log" 2>&1 || rc=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$out/model_tests_$label.log" | head -20
+done
 if ! has notests; then
-rc=0
 echo "== atlas_cuda_tests"
 $B/tests/cuda/atlas_cuda_tests >"$out/cuda_tests.log" 2>&1 || rc=1
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|seed" "$out/cuda_tests.log" | head -30

@@ -213,7 +213,8 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_ARGMAX_SPLIT", {"0", "1", "split"}},
       {"ATLAS_MLA_MERGE_EARLY", {"0", "1", "early"}},
       {"ATLAS_MOE_COMBINE_PAIRS", {"0", "1", "pairs"}},
-      {"ATLAS_COMBINE_RELEASE_FIRST", {"0", "1", "first"}},
+      {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
+      {"ATLAS_ABSORB", {"side", "before", "after", "main"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},
@@ -255,6 +256,25 @@ TEST(NormSettings, WideSwitchNamesItselfOnBadValues) {
   expect_each_rejected([](const char* v) { detail::wide_norm_setting(v); }, {"yes", "2", " 1"}, [](const char* v) {
     return std::vector<std::string>{"ATLAS_WIDE_NORM: expected 0 or 1, got '" + std::string(v) + "'"};
   });
+}
+
+// The release-first sites (no GPU needed): unset = the combine alone, "none", "all", or a list;
+// an unknown or empty name is one error naming the variable and the whole value.
+TEST(EnvSettings, ReleaseFirstSitesParse) {
+  using namespace detail;
+  EXPECT_EQ(release_first_setting(nullptr), unsigned(kRfCombine));
+  EXPECT_EQ(release_first_setting(""), unsigned(kRfCombine));
+  EXPECT_EQ(release_first_setting("none"), 0u);
+  EXPECT_EQ(release_first_setting("all"), unsigned(kRfCombine | kRfLatent | kRfAttention | kRfMerge | kRfNorm | kRfRoute));
+  EXPECT_EQ(release_first_setting("norm"), unsigned(kRfNorm));
+  EXPECT_EQ(release_first_setting("route,latent,route"), unsigned(kRfRoute | kRfLatent));
+  EXPECT_EQ(release_first_setting("attention,merge"), unsigned(kRfAttention | kRfMerge));
+  EXPECT_EQ(release_first_setting("attention+merge,norm"), unsigned(kRfAttention | kRfMerge | kRfNorm));
+  expect_each_rejected([](const char* v) { release_first_setting(v); }, {"0", "1", "norm,,route", ",norm", "Norm", "none,norm"},
+                       [](const char* v) {
+                         return std::vector<std::string>{"ATLAS_RELEASE_FIRST: expected none, all or a comma-separated list",
+                                                         "got '" + std::string(v) + "'"};
+                       });
 }
 
 // rope2: the queries' rope parts rotated out of place into the absorbed-query layout and the

@@ -118,6 +118,26 @@ bool pdl_enabled();
 // ATLAS_PDL's value as an int(LaunchOverlap): 0 off, 1 on, 2 decode (unset or "decode");
 // anything else throws an Error naming it.
 int pdl_setting(const char* value);
+// Launch sites whose kernel releases the next launch before its own launch-overlap wait
+// (kernels/pdl.cuh, pdl_begin_rf; the GEMMs always do): the MoE combine + norm, the latent to the
+// MLA cache, the MLA attention kernel, its split merge, the wide norms (rmsnorm, add + rmsnorm),
+// the one-launch routing. Each names a kernel whose every successor reads only weights before
+// its wait (the GEMMs) or what pdl.cuh allows (the MLA kernels). The same bits either way.
+enum ReleaseFirstSite : unsigned {
+  kRfCombine = 1u << 0,
+  kRfLatent = 1u << 1,
+  kRfAttention = 1u << 2,
+  kRfMerge = 1u << 3,
+  kRfNorm = 1u << 4,
+  kRfRoute = 1u << 5,
+};
+// ATLAS_RELEASE_FIRST's value (null or empty: unset) as a set of sites: unset "combine" (the
+// default since session 27), "none", "all", or a list of combine, latent, attention, merge,
+// norm, route separated by commas or "+" (the GPU scripts' variable lists split at commas);
+// anything else throws an Error naming the variable.
+unsigned release_first_setting(const char* value);
+// Whether a site releases first (ATLAS_RELEASE_FIRST, read once).
+bool release_first(ReleaseFirstSite site);
 
 // Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the
 // programmatic-serialization attribute when pdl_enabled(), and clusters of (cluster_x, 1, 1)

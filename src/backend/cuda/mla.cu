@@ -138,7 +138,9 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                             .S = a.split_tokens,
                             .max_splits = max_splits,
                             .scale = a.scale,
-                            .stable_prefix = a.stable_prefix ? 1 : 0};
+                            .stable_prefix = a.stable_prefix ? 1 : 0,
+                            // ATLAS_RELEASE_FIRST=attention (the cluster kernel only)
+                            .release_first = release_first(kRfAttention) ? 1 : 0};
   // One tile buffer (two blocks per SM) where the blocks outnumber the SMs (a batch-128 decode
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.
@@ -166,7 +168,10 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   const int64_t items = int64_t(a.rows) * a.heads;
   const unsigned merge_blocks = unsigned(std::min<int64_t>(items, 8192));
   static const bool early = env_switch("ATLAS_MLA_MERGE_EARLY", true);
-  launch(early ? kern::mla_tc_merge_kernel<true> : kern::mla_tc_merge_kernel<false>, merge_blocks,
+  static const bool merge_rf = release_first(kRfMerge);  // ATLAS_RELEASE_FIRST=merge
+  const auto merge = early ? (merge_rf ? kern::mla_tc_merge_kernel<true, true> : kern::mla_tc_merge_kernel<true, false>)
+                           : (merge_rf ? kern::mla_tc_merge_kernel<false, true> : kern::mla_tc_merge_kernel<false, false>);
+  launch(merge, merge_blocks,
          kern::kMlaMergeThreads, 0, s, p.ws_acc, p.ws_ml, a.lengths, a.rows, a.heads, a.latent, a.max_length,
          a.split_tokens, max_splits, a.out);
   check_launch(op);

@@ -55,8 +55,11 @@ void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   require(a.x && a.weight && a.out, op, "pointers", "x, weight and out must be set");
   if (a.rows == 0) return;
   // The kernel writes x only in its fused-add form.
-  launch_row_norm(a.rows, a.dim, kern::rmsnorm_wide_kernel<T, false>, kern::rmsnorm_kernel<T, false>,
-                  stream_of(a.stream), const_cast<T*>(a.x), nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
+  // ATLAS_RELEASE_FIRST=norm: the wide kernel releases the next launch first (kernels/pdl.cuh).
+  static const bool rf = release_first(kRfNorm);
+  launch_row_norm(a.rows, a.dim, rf ? kern::rmsnorm_wide_kernel<T, false, true> : kern::rmsnorm_wide_kernel<T, false, false>,
+                  kern::rmsnorm_kernel<T, false>, stream_of(a.stream), const_cast<T*>(a.x), nullptr, a.weight, a.out,
+                  a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
@@ -68,8 +71,10 @@ void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
   require(a.x && a.y && a.weight && a.out, op, "pointers", "x, y, weight and out must be set");
   require(a.out != a.x && a.out != a.y, op, "out", "must not alias x or y");
   if (a.rows == 0) return;
-  launch_row_norm(a.rows, a.dim, kern::rmsnorm_wide_kernel<T, true>, kern::rmsnorm_kernel<T, true>,
-                  stream_of(a.stream), a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim, a.eps);
+  static const bool rf = release_first(kRfNorm);  // as rmsnorm_impl
+  launch_row_norm(a.rows, a.dim, rf ? kern::rmsnorm_wide_kernel<T, true, true> : kern::rmsnorm_wide_kernel<T, true, false>,
+                  kern::rmsnorm_kernel<T, true>, stream_of(a.stream), a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim,
+                  a.eps);
   check_launch(op);
 }
 
@@ -183,7 +188,9 @@ void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
                                      .heads = a.heads, .q_ts = a.q_token_stride, .q_hs = a.q_head_stride,
                                      .qo_ts = a.q_out_token_stride, .qo_hs = a.q_out_head_stride,
                                      .positions = a.positions, .cos_t = a.cos, .sin_t = a.sin,
-                                     .max_positions = a.max_positions, .error_flag = error_flag()};
+                                     .max_positions = a.max_positions, .error_flag = error_flag(),
+                                     // ATLAS_RELEASE_FIRST=latent (the wide kernel only)
+                                     .release_first = release_first(kRfLatent) ? 1 : 0};
   launch_row_norm(a.tokens, a.latent, kern::latent_cache_wide_kernel<T>, kern::latent_cache_kernel<T>,
                   stream_of(a.stream), p);
   check_launch(op);
@@ -241,14 +248,14 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
   };
   // The wide kernels (one 1024-thread block per token): bf16 rows of even width on 4-byte
   // boundaries take the paired one (ATLAS_MOE_COMBINE_PAIRS=0: the unpaired one; the same bits).
-  // ATLAS_COMBINE_RELEASE_FIRST=1 (session 26, written after its GPU time; not run on a GPU): they
-  // release the next launch before their wait (kern::pdl_begin_as): every caller's next kernel is
-  // a GEMM that reads only weights before its own wait (moe(): the next layer's q|kv_a or the LM
-  // head). Off by default until measured.
+  // They release the next launch before their wait (kern::pdl_begin_as; ATLAS_RELEASE_FIRST
+  // names "combine" by default, session 27: 2303.5 vs 2334.7 us per step on the H200): the
+  // caller's next kernel is a GEMM that reads only weights before its own wait (moe(): the next
+  // layer's q|kv_a or the LM head), whose blocks then stage them during the down GEMMs' tail.
   static const bool pairs_on = env_switch("ATLAS_MOE_COMBINE_PAIRS", true);
-  static const bool release_first = env_switch("ATLAS_COMBINE_RELEASE_FIRST", false);
+  static const bool rf = release_first(kRfCombine);
   const auto run_wide = [&](auto waits_first, auto releases_first) {
-    release_first ? run(releases_first, kern::kWideThreads) : run(waits_first, kern::kWideThreads);
+    rf ? run(releases_first, kern::kWideThreads) : run(waits_first, kern::kWideThreads);
   };
   const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
   const bool wide = a.k <= kern::kCombineStageK && use_wide_norm(a.tokens, a.dim);
@@ -415,7 +422,8 @@ void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
                                    .offsets = p.offsets,
                                    .sorted_token = p.sorted_token,
                                    .pair_slot = p.pair_slot,
-                                   .error_flag = error_flag()};
+                                   .error_flag = error_flag(),
+                                   .release_first = release_first(kRfRoute) ? 1 : 0};  // ATLAS_RELEASE_FIRST=route
   // experts <= 256 (the router's bound): <= 10 KB, with the router's 16.5 KB of static scratch
   const size_t smem = size_t(2 + kern::kMoeChunk / 32) * size_t(r.experts) * sizeof(int32_t);
   launch(kern::route_permute_kernel, 1, kern::kMoeChunk, smem, stream_of(r.stream), q);

@@ -1,6 +1,7 @@
 // Runtime helpers of the CUDA backend: device discovery, memory, errors.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -49,6 +50,40 @@ int pdl_setting(const char* value) {
   if (v == "0") return int(LaunchOverlap::off);
   if (v == "1") return int(LaunchOverlap::on);
   throw Error("cuda: ATLAS_PDL: expected 0, 1 or decode, got '" + v + "'");
+}
+
+unsigned release_first_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty()) return kRfCombine;
+  if (v == "none") return 0;
+  const std::pair<const char*, ReleaseFirstSite> sites[] = {{"combine", kRfCombine}, {"latent", kRfLatent},
+                                                            {"attention", kRfAttention}, {"merge", kRfMerge},
+                                                            {"norm", kRfNorm}, {"route", kRfRoute}};
+  if (v == "all") {
+    unsigned all = 0;
+    for (const auto& s : sites) all |= s.second;
+    return all;
+  }
+  unsigned set = 0;
+  size_t at = 0;
+  while (true) {
+    const size_t end = std::min(v.find_first_of(",+", at), v.size());
+    const std::string name = v.substr(at, end - at);
+    unsigned bit = 0;
+    for (const auto& s : sites)
+      if (name == s.first) bit = s.second;
+    if (bit == 0)
+      throw Error("cuda: ATLAS_RELEASE_FIRST: expected none, all or a comma-separated list of combine, latent, "
+                  "attention, merge, norm, route (or joined by +); got '" + v + "'");
+    set |= bit;
+    if (end == v.size()) return set;
+    at = end + 1;
+  }
+}
+
+bool release_first(ReleaseFirstSite site) {
+  static const unsigned set = release_first_setting(std::getenv("ATLAS_RELEASE_FIRST"));
+  return (set & site) != 0;
 }
 
 bool pdl_enabled() {
@@ -178,6 +213,10 @@ ModelEnv model_env() {
     e.mla_prefill_qpb = v[0] - '0';
   }
   e.mla_tile_parallel_off = !env_switch("ATLAS_MLA_TILE_PARALLEL", true);  // "0": off, "1": automatic
+  if (const std::string v = value("ATLAS_ABSORB"); !v.empty()) {
+    if (v != "side" && v != "before" && v != "after") bad("ATLAS_ABSORB", "expected side, before or after", v);
+    e.absorb = v == "side" ? 0 : v == "before" ? 1 : 2;
+  }
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || std::stoll(v) < 1)
@@ -196,12 +235,13 @@ void check_environment() {
   (void)detail::gemm_splitk_setting(std::getenv("ATLAS_GEMM_SPLITK"));
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
   (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
+  (void)detail::release_first_setting(std::getenv("ATLAS_RELEASE_FIRST"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",
                            "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY",
                            "ATLAS_MLA_EARLY_CACHE", "ATLAS_GEMM_STREAM_BALANCE", "ATLAS_GEMM_TAILS",
                            "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
-                           "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_COMBINE_RELEASE_FIRST"})
+                           "ATLAS_MOE_COMBINE_PAIRS"})
     (void)env_switch(name, true);
 }
 

@@ -30,6 +30,7 @@ struct LatentCacheParams {
   const T* sin_t;
   int max_positions;
   int* error_flag;    // bit 1: a position out of range (rope's), bit 8: a cache row out of range (copy_rows')
+  int release_first = 0;  // the wide kernel: the next launch released before the wait (kernels/pdl.cuh)
 };
 
 // The rope steps both kernels below share, for a block of kThreads threads on token t.
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(kWideThreads) latent_cache_wide_kernel(const L
     const int i = threadIdx.x + m * kWideThreads;
     wv[m] = i < p.latent ? to_f32(p.norm_w[i]) : 0.0f;
   }
-  pdl_begin();
+  pdl_begin_rf(p.release_first != 0);
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = threadIdx.x + m * kWideThreads;

@@ -76,11 +76,12 @@ struct MlaTcParams {
   int wp;                  // width rounded up to 16 (MMA k steps; the pad is zeros)
   int max_length, S, max_splits;
   float scale;
-  // 1: a decode step's launch (one query per cache row) right after the latent cache kernel,
-  // which writes slot lengths[q] - 1 of each row only and releases this launch after its own
-  // wait (everything before it complete, kernels/pdl.cuh): slots [0, lengths[q] - 1), lengths
-  // and cache_rows are final, so the cluster kernel reads them before its launch-overlap wait.
+  // 1: a decode step's launch (one query per cache row) after the latent cache kernel, which
+  // writes slot lengths[q] - 1 of each row only: slots [0, lengths[q] - 1) were written by
+  // earlier steps, lengths and cache_rows at this step's start (ahead of the embedding copy, which
+  // waits first: kernels/pdl.cuh), so the cluster kernel reads them before its launch-overlap wait.
   int stable_prefix = 0;
+  int release_first = 0;  // the cluster kernel: the next launch released first (kernels/pdl.cuh)
 };
 
 // Shared memory: Q [16G][wp+8], C [NST][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
@@ -537,8 +538,9 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // query's newest one runs before the launch-overlap wait (the lengths, the cache rows and
   // those slots were written before the kernel this one follows: MlaTcParams), the newest slot
   // and the query after it. The same rows land in the same places: the same bits.
-  const bool early = p.stable_prefix != 0;
-  if (!early) pdl_begin();
+  const bool early = p.stable_prefix != 0, rf = p.release_first != 0;
+  pdl_release_if(rf);
+  if (!early) pdl_wait_after(rf);
   constexpr int T = kMlaClusterTiles;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ldq = p.wp + 8;
@@ -560,12 +562,12 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // Every block of the cluster reads the same length, so all of them leave here or none.
   const int len = p.lengths[qi];
   if (len < 0 || len > p.max_length) {
-    if (early) pdl_begin();
+    if (early) pdl_wait_after(rf);
     if (split == 0 && rank == 0 && tid == 0) atomicOr(p.error_flag, 4);
     return;
   }
   if (len <= j0) {  // no slot of this split
-    if (early) pdl_begin();
+    if (early) pdl_wait_after(rf);
     return;
   }
   const int send = min(len, j0 + p.S);  // end slot of the split
@@ -608,7 +610,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     }
     cp_async_commit();
     if (early) {
-      pdl_begin();
+      pdl_wait_after(rf);
       copy_query();
       const int ft = (fresh - j0) / kMlaTile;  // the newest slot's tile, if in this split
       if (fresh >= j0 && fresh < send) {
@@ -817,11 +819,13 @@ __device__ __forceinline__ void mla_merge_item(const float* __restrict__ ws_acc,
 // step (one item per block) skips the list: its barriers cost ~0.9 us per launch at batch 1.
 // kEarly (ATLAS_MLA_MERGE_EARLY, default on): a decode step's length read before the
 // launch-overlap wait, and each item's loads in one round (mla_merge_item<true>); the same bits.
-template <bool kEarly>
+// kReleaseFirst (ATLAS_RELEASE_FIRST=merge): the next launch released first (kernels/pdl.cuh).
+template <bool kEarly, bool kReleaseFirst = false>
 __global__ void __launch_bounds__(kMlaMergeThreads)
 mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                     const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
                     int max_splits, uint16_t* __restrict__ out) {
+  pdl_release_if(kReleaseFirst);
   __shared__ int s_cnt[kMlaMergeThreads / 32];
   __shared__ int s_list[kMlaMergeThreads];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -831,14 +835,14 @@ mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ 
     // The length before the launch-overlap wait: the lengths were written before the kernel
     // this one follows (the attention kernel, launched just before it by the same call) began
     // its work (kernels/pdl.cuh; the cluster kernel reads them early too: MlaTcParams).
-    if (!kEarly) pdl_begin();
+    if (!kEarly) pdl_wait_after(kReleaseFirst);
     const int len = lengths[blockIdx.x / heads];
-    if (kEarly) pdl_begin();
+    if (kEarly) pdl_wait_after(kReleaseFirst);
     if (len >= 0 && len <= max_length && (len == 0 || len > S))
       mla_merge_item<kEarly>(ws_acc, ws_ml, len, heads, latent, S, max_splits, out, blockIdx.x, d);
     return;
   }
-  pdl_begin();
+  pdl_wait_after(kReleaseFirst);
   for (int64_t c0 = blockIdx.x; c0 < items; c0 += stride * kMlaMergeThreads) {
     const int64_t mine = c0 + int64_t(tid) * stride;
     bool need = false;

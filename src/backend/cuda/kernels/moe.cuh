@@ -229,6 +229,7 @@ struct RoutePermuteParams {
   float scaling;
   int32_t *counts, *offsets, *sorted_token, *pair_slot;
   int* error_flag;
+  int release_first = 0;  // the next launch released before the wait (kernels/pdl.cuh)
 };
 
 // One token, greedy, E <= 64 experts (two per lane), k <= E: the route and its permutation by
@@ -324,7 +325,7 @@ __device__ __forceinline__ bool route_permute_one_token(const RoutePermuteParams
 
 // Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
 __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePermuteParams q) {
-  pdl_begin();
+  pdl_begin_rf(q.release_first != 0);
   __shared__ float sp[kRoutePermuteWarps][kRouterMaxExperts];
   __shared__ float scand[kRoutePermuteWarps][kRouterMaxExperts];
   __shared__ float sw[kRoutePermuteWarps][kRouterMaxK];

@@ -34,17 +34,40 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-// pdl_begin() or, with kReleaseFirst, release then wait as the GEMMs do: for a kernel whose
-// successor reads nothing but model weights before its own wait (the MoE combine + norm, followed
-// by the next layer's q|kv_a GEMM or the LM head; ATLAS_COMBINE_RELEASE_FIRST), so that the
-// successor's blocks may become resident, and stage their weights, while this one still waits.
-// The bits cannot change: the successor's wait still waits for this kernel's completion.
+// Release-first as a choice (ATLAS_RELEASE_FIRST; launchers pass cuda_internal.h's
+// release_first(site)): pdl_begin() or, with kReleaseFirst / rf, release then wait as the GEMMs
+// do, so that the next kernel's blocks may become resident, and load what they load before their
+// own wait, while this one still waits. The bits cannot change: the next kernel's wait still
+// waits for this one's completion. What it needs of every kernel: the part before its wait reads
+// only model weights (never a kernel's output) or what was written before the last wait-first
+// kernel ahead of it in the stream completed: a decode step's lengths, cache rows and older cache
+// slots (the MLA kernels; run_inputs_kernel writes them, and the embedding copy after it waits
+// first). Every atlas kernel keeps to that (docs/cuda.md, "Release first").
 template <bool kReleaseFirst>
 __device__ __forceinline__ void pdl_begin_as() {
   if constexpr (kReleaseFirst)
     pdl_begin_gemm();
   else
     pdl_begin();
+}
+__device__ __forceinline__ void pdl_begin_rf(bool rf) {
+  if (rf)
+    pdl_begin_gemm();
+  else
+    pdl_begin();
+}
+// For kernels with work before their wait: pdl_release_if(rf) first thing, pdl_wait_after(rf)
+// where the wait goes (it releases there unless released already).
+__device__ __forceinline__ void pdl_release_if(bool rf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (rf) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_after(bool released) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (!released) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 }  // namespace atlas::cuda::kern

@@ -135,7 +135,8 @@ __device__ __forceinline__ void rmsnorm_wide_finish(const float (&v)[kWideRegs],
 }
 
 // rmsnorm_kernel<T, kAdd> for dim <= kWideDim, one block of kWideThreads per row: the same bits.
-template <class T, bool kAdd>
+// kReleaseFirst: the next launch released before the wait (kernels/pdl.cuh; ATLAS_RELEASE_FIRST).
+template <class T, bool kAdd, bool kReleaseFirst = false>
 __global__ void __launch_bounds__(kWideThreads)
     rmsnorm_wide_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim, int64_t x_stride,
                         int64_t out_stride, float eps) {
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kWideThreads)
     const int i = threadIdx.x + m * kWideThreads;
     wv[m] = i < dim ? to_f32(w[i]) : 0.0f;
   }
-  pdl_begin();
+  pdl_begin_as<kReleaseFirst>();
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = threadIdx.x + m * kWideThreads;
