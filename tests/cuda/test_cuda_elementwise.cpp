@@ -258,12 +258,12 @@ TEST(NormSettings, WideSwitchNamesItselfOnBadValues) {
   });
 }
 
-// The release-first sites (no GPU needed): unset = the combine alone, "none", "all", or a list;
+// The release-first sites (no GPU needed): unset = combine, latent, norm; "none", "all", or a list;
 // an unknown or empty name is one error naming the variable and the whole value.
 TEST(EnvSettings, ReleaseFirstSitesParse) {
   using namespace detail;
-  EXPECT_EQ(release_first_setting(nullptr), unsigned(kRfCombine));
-  EXPECT_EQ(release_first_setting(""), unsigned(kRfCombine));
+  EXPECT_EQ(release_first_setting(nullptr), unsigned(kRfCombine | kRfLatent | kRfNorm));
+  EXPECT_EQ(release_first_setting(""), unsigned(kRfCombine | kRfLatent | kRfNorm));
   EXPECT_EQ(release_first_setting("none"), 0u);
   EXPECT_EQ(release_first_setting("all"), unsigned(kRfCombine | kRfLatent | kRfAttention | kRfMerge | kRfNorm | kRfRoute));
   EXPECT_EQ(release_first_setting("norm"), unsigned(kRfNorm));

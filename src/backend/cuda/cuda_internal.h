@@ -131,8 +131,8 @@ enum ReleaseFirstSite : unsigned {
   kRfNorm = 1u << 4,
   kRfRoute = 1u << 5,
 };
-// ATLAS_RELEASE_FIRST's value (null or empty: unset) as a set of sites: unset "combine" (the
-// default since session 27), "none", "all", or a list of combine, latent, attention, merge,
+// ATLAS_RELEASE_FIRST's value (null or empty: unset) as a set of sites: unset
+// "combine,latent,norm" (the default since session 27), "none", "all", or a list of combine, latent, attention, merge,
 // norm, route separated by commas or "+" (the GPU scripts' variable lists split at commas);
 // anything else throws an Error naming the variable.
 unsigned release_first_setting(const char* value);

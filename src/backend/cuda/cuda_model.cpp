@@ -481,7 +481,7 @@ class CudaModelT final : public Model {
   int mla_prefill_qpb_ = 4;
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
   bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
-  int absorb_ = 0;  // the absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache (ModelEnv::absorb)
+  int absorb_ = 2;  // a decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache (ModelEnv::absorb)
   // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
@@ -1269,14 +1269,17 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
     // heads); qt[:, h, dc:] = rotated q_pe_h (latent_to_cache or rope2 below). The two write
     // disjoint columns of qt from the q rows above, so the GEMM runs on side_ while s_ writes the
-    // cache (joined before the attention reads qt), or on s_ before or after it (ATLAS_ABSORB).
+    // cache (joined before the attention reads qt), or, a decode step's, on s_ after it
+    // (ATLAS_ABSORB, default "after": launch overlap then makes the GEMM's weights and the
+    // attention kernel's older cache slots load while q|kv_a and the latent cache kernel run).
     const auto absorb = [&](Stream st) {
       matmul({.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
               .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
               .out_batch_stride = W, .stream = st});
     };
-    if (absorb_ == 0) absorb(fork_side());
-    if (absorb_ == 1) absorb(s_);
+    const int absorb_at = T == 1 ? absorb_ : 0;  // a prefill's stays on side_
+    if (absorb_at == 0) absorb(fork_side());
+    if (absorb_at == 1) absorb(s_);
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions
     // (into each head's absorbed query, qt[:, h, dc:]; the q rows keep the unrotated values).
     if (!(hooks && hooks->wants(names.latent_norm))) {
@@ -1303,8 +1306,8 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                  .dst_limit = B * cache.capacity(), .stream = s_});
     }
 
-    if (absorb_ == 2) absorb(s_);
-    if (absorb_ == 0) join_side();  // qt complete
+    if (absorb_at == 2) absorb(s_);
+    if (absorb_at == 0) join_side();  // qt complete
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
     // bf16: the tensor-core kernel; f32: the scalar kernel (MlaDecodeArgsT<float>'s default).
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {

@@ -132,10 +132,12 @@ struct ModelEnv {
   int mla_prefill_qpb = 0;
   bool mla_tile_parallel_off = false;
   int64_t prefill_chunk_tokens = 0;
-  // ATLAS_ABSORB: where the absorbed-query GEMM runs: 0 "side" (the side stream, beside the
-  // latent cache kernel; the default), 1 "before" / 2 "after" (the model's stream, before or
-  // after the latent cache kernel, so that launch overlap stages its weights). The same bits.
-  int absorb = 0;
+  // ATLAS_ABSORB: where a decode step's absorbed-query GEMM runs: 0 "side" (the side stream,
+  // beside the latent cache kernel: a prefill's place always), 1 "before" / 2 "after" (the
+  // model's stream, before or after the latent cache kernel: launch overlap then stages its
+  // weights, and "after" lets the attention kernel follow it into early residency; the default
+  // since session 27). The same bits.
+  int absorb = 2;
 };
 ModelEnv model_env();
 bool launch_overlap();  // whether a launch issued here and now would carry the attribute

@@ -54,7 +54,7 @@ int pdl_setting(const char* value) {
 
 unsigned release_first_setting(const char* value) {
   const std::string v = value ? value : "";
-  if (v.empty()) return kRfCombine;
+  if (v.empty()) return kRfCombine | kRfLatent | kRfNorm;  // session 27's best set (s27-3)
   if (v == "none") return 0;
   const std::pair<const char*, ReleaseFirstSite> sites[] = {{"combine", kRfCombine}, {"latent", kRfLatent},
                                                             {"attention", kRfAttention}, {"merge", kRfMerge},
@@ -216,6 +216,8 @@ ModelEnv model_env() {
   if (const std::string v = value("ATLAS_ABSORB"); !v.empty()) {
     if (v != "side" && v != "before" && v != "after") bad("ATLAS_ABSORB", "expected side, before or after", v);
     e.absorb = v == "side" ? 0 : v == "before" ? 1 : 2;
+  } else {
+    e.absorb = 2;  // "after" (session 27, s27-3)
   }
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
