@@ -265,16 +265,18 @@ TEST(EnvSettings, ReleaseFirstSitesParse) {
   EXPECT_EQ(release_first_setting(nullptr), unsigned(kRfCombine | kRfLatent | kRfNorm));
   EXPECT_EQ(release_first_setting(""), unsigned(kRfCombine | kRfLatent | kRfNorm));
   EXPECT_EQ(release_first_setting("none"), 0u);
-  EXPECT_EQ(release_first_setting("all"), unsigned(kRfCombine | kRfLatent | kRfAttention | kRfMerge | kRfNorm | kRfRoute));
+  EXPECT_EQ(release_first_setting("all"),
+            unsigned(kRfCombine | kRfLatent | kRfAttention | kRfMerge | kRfNorm | kRfRoute));
   EXPECT_EQ(release_first_setting("norm"), unsigned(kRfNorm));
   EXPECT_EQ(release_first_setting("route,latent,route"), unsigned(kRfRoute | kRfLatent));
   EXPECT_EQ(release_first_setting("attention,merge"), unsigned(kRfAttention | kRfMerge));
   EXPECT_EQ(release_first_setting("attention+merge,norm"), unsigned(kRfAttention | kRfMerge | kRfNorm));
-  expect_each_rejected([](const char* v) { release_first_setting(v); }, {"0", "1", "norm,,route", ",norm", "Norm", "none,norm"},
-                       [](const char* v) {
-                         return std::vector<std::string>{"ATLAS_RELEASE_FIRST: expected none, all or a comma-separated list",
-                                                         "got '" + std::string(v) + "'"};
-                       });
+  expect_each_rejected(
+      [](const char* v) { release_first_setting(v); }, {"0", "1", "norm,,route", ",norm", "Norm", "none,norm"},
+      [](const char* v) {
+        return std::vector<std::string>{"ATLAS_RELEASE_FIRST: expected none, all or a comma-separated list",
+                                        "got '" + std::string(v) + "'"};
+      });
 }
 
 // rope2: the queries' rope parts rotated out of place into the absorbed-query layout and the

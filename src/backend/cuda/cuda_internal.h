@@ -132,9 +132,9 @@ enum ReleaseFirstSite : unsigned {
   kRfRoute = 1u << 5,
 };
 // ATLAS_RELEASE_FIRST's value (null or empty: unset) as a set of sites: unset
-// "combine,latent,norm" (the default since session 27), "none", "all", or a list of combine, latent, attention, merge,
-// norm, route separated by commas or "+" (the GPU scripts' variable lists split at commas);
-// anything else throws an Error naming the variable.
+// "combine,latent,norm" (the default since session 27), "none", "all", or a list of combine,
+// latent, attention, merge, norm, route separated by commas or "+" (the GPU scripts' variable
+// lists split at commas); anything else throws an Error naming the variable.
 unsigned release_first_setting(const char* value);
 // Whether a site releases first (ATLAS_RELEASE_FIRST, read once).
 bool release_first(ReleaseFirstSite site);

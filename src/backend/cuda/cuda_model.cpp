@@ -481,7 +481,9 @@ class CudaModelT final : public Model {
   int mla_prefill_qpb_ = 4;
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
   bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
-  int absorb_ = 2;  // a decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache (ModelEnv::absorb)
+  // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
+  // kernel (ModelEnv::absorb, ATLAS_ABSORB).
+  int absorb_ = 2;
   // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.

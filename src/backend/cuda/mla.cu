@@ -169,8 +169,9 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   const unsigned merge_blocks = unsigned(std::min<int64_t>(items, 8192));
   static const bool early = env_switch("ATLAS_MLA_MERGE_EARLY", true);
   static const bool merge_rf = release_first(kRfMerge);  // ATLAS_RELEASE_FIRST=merge
-  const auto merge = early ? (merge_rf ? kern::mla_tc_merge_kernel<true, true> : kern::mla_tc_merge_kernel<true, false>)
-                           : (merge_rf ? kern::mla_tc_merge_kernel<false, true> : kern::mla_tc_merge_kernel<false, false>);
+  using namespace kern;
+  const auto merge = early ? (merge_rf ? mla_tc_merge_kernel<true, true> : mla_tc_merge_kernel<true, false>)
+                           : (merge_rf ? mla_tc_merge_kernel<false, true> : mla_tc_merge_kernel<false, false>);
   launch(merge, merge_blocks,
          kern::kMlaMergeThreads, 0, s, p.ws_acc, p.ws_ml, a.lengths, a.rows, a.heads, a.latent, a.max_length,
          a.split_tokens, max_splits, a.out);

@@ -57,9 +57,9 @@ void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   // The kernel writes x only in its fused-add form.
   // ATLAS_RELEASE_FIRST=norm: the wide kernel releases the next launch first (kernels/pdl.cuh).
   static const bool rf = release_first(kRfNorm);
-  launch_row_norm(a.rows, a.dim, rf ? kern::rmsnorm_wide_kernel<T, false, true> : kern::rmsnorm_wide_kernel<T, false, false>,
-                  kern::rmsnorm_kernel<T, false>, stream_of(a.stream), const_cast<T*>(a.x), nullptr, a.weight, a.out,
-                  a.dim, xs, os, a.eps);
+  const auto wide = rf ? kern::rmsnorm_wide_kernel<T, false, true> : kern::rmsnorm_wide_kernel<T, false, false>;
+  launch_row_norm(a.rows, a.dim, wide, kern::rmsnorm_kernel<T, false>, stream_of(a.stream), const_cast<T*>(a.x),
+                  nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
@@ -72,9 +72,9 @@ void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
   require(a.out != a.x && a.out != a.y, op, "out", "must not alias x or y");
   if (a.rows == 0) return;
   static const bool rf = release_first(kRfNorm);  // as rmsnorm_impl
-  launch_row_norm(a.rows, a.dim, rf ? kern::rmsnorm_wide_kernel<T, true, true> : kern::rmsnorm_wide_kernel<T, true, false>,
-                  kern::rmsnorm_kernel<T, true>, stream_of(a.stream), a.x, a.y, a.weight, a.out, a.dim, a.dim, a.dim,
-                  a.eps);
+  const auto wide = rf ? kern::rmsnorm_wide_kernel<T, true, true> : kern::rmsnorm_wide_kernel<T, true, false>;
+  launch_row_norm(a.rows, a.dim, wide, kern::rmsnorm_kernel<T, true>, stream_of(a.stream), a.x, a.y, a.weight, a.out,
+                  a.dim, a.dim, a.dim, a.eps);
   check_launch(op);
 }
 

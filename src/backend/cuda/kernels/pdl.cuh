@@ -42,7 +42,7 @@ __device__ __forceinline__ void pdl_begin() {
 // only model weights (never a kernel's output) or what was written before the last wait-first
 // kernel ahead of it in the stream completed: a decode step's lengths, cache rows and older cache
 // slots (the MLA kernels; run_inputs_kernel writes them, and the embedding copy after it waits
-// first). Every atlas kernel keeps to that (docs/cuda.md, "Release first").
+// first). Every atlas kernel keeps to that (docs/cuda.md, "Status after session 27").
 template <bool kReleaseFirst>
 __device__ __forceinline__ void pdl_begin_as() {
   if constexpr (kReleaseFirst)
