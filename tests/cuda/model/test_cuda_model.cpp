@@ -566,6 +566,34 @@ TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
   }
 }
 
+// Where a decode step's absorbed-query GEMM runs (ATLAS_ABSORB, read when the model is made): on
+// the side stream beside the latent cache kernel, or on the model's stream before or after it
+// (the default): the same bits in a prefill and in eager and graph-replayed decode steps (8 rows
+// and one), with the side stream on and off.
+TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  const char* was = std::getenv("ATLAS_ABSORB");
+  const std::string saved = was ? was : "";
+  for (bool side : {true, false}) {
+    std::vector<std::vector<float>> runs;
+    for (const char* at : {"side", "before", "after"}) {
+      setenv("ATLAS_ABSORB", at, 1);
+      auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .side_stream = side});
+      std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
+      const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);  // batch-1 steps too
+      r.insert(r.end(), one.begin(), one.end());
+      runs.push_back(std::move(r));
+    }
+    EXPECT_EQ(runs[0], runs[1]) << "before, side stream " << side;
+    EXPECT_EQ(runs[0], runs[2]) << "after, side stream " << side;
+  }
+  if (was)
+    setenv("ATLAS_ABSORB", saved.c_str(), 1);
+  else
+    unsetenv("ATLAS_ABSORB");
+}
+
 // Stream priorities (CudaModelOptions::stream_priority: the main stream high, the side stream
 // low) on (the default) or off: the same bits in a prefill and in eager and graph-replayed decode
 // steps (the graph keeps its nodes' priorities).
