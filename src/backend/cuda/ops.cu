@@ -248,7 +248,7 @@ void moe_combine_add_rmsnorm_impl(const MoeCombineNormArgsT<T>& a) {
   };
   // The wide kernels (one 1024-thread block per token): bf16 rows of even width on 4-byte
   // boundaries take the paired one (ATLAS_MOE_COMBINE_PAIRS=0: the unpaired one; the same bits).
-  // They release the next launch before their wait (kern::pdl_begin_as; ATLAS_RELEASE_FIRST
+  // They release the next launch before their wait (kern::pdl_begin_rf; ATLAS_RELEASE_FIRST
   // names "combine" by default, session 27: 2303.5 vs 2334.7 us per step on the H200, s27-1): the
   // caller's next kernel is a GEMM that reads only weights before its own wait (moe(): the next
   // layer's q|kv_a or the LM head), whose blocks then stage them during the down GEMMs' tail.

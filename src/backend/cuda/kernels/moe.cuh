@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(kWideThreads)
     const int i = tid + m * kWideThreads;
     wv[m] = i < dim ? to_f32(norm_w[i]) : 0.0f;
   }
-  pdl_begin_as<kReleaseFirst>();
+  pdl_begin_rf(kReleaseFirst);
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = tid + m * kWideThreads;
@@ -579,7 +579,7 @@ __global__ void __launch_bounds__(kWideThreads)
   // The norm weights before the launch-overlap wait (a model weight, never a kernel's output:
   // kernels/pdl.cuh), everything else after it.
   const float2 wv = in ? bf16_pair(*reinterpret_cast<const uint32_t*>(norm_w + i0)) : make_float2(0.0f, 0.0f);
-  pdl_begin_as<kReleaseFirst>();
+  pdl_begin_rf(kReleaseFirst);
   const float2 xv = in ? bf16_pair(*reinterpret_cast<const uint32_t*>(xr + i0)) : make_float2(0.0f, 0.0f);
   const float2 av = addend && in ? bf16_pair(*reinterpret_cast<const uint32_t*>(addend + t * dim + i0))
                                  : make_float2(0.0f, 0.0f);

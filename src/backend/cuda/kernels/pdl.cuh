@@ -35,7 +35,7 @@ __device__ __forceinline__ void pdl_begin() {
 }
 
 // Release-first as a choice (ATLAS_RELEASE_FIRST; launchers pass cuda_internal.h's
-// release_first(site)): pdl_begin() or, with kReleaseFirst / rf, release then wait as the GEMMs
+// release_first(site)): pdl_begin() or, with rf, release then wait as the GEMMs
 // do, so that the next kernel's blocks may become resident, and load what they load before their
 // own wait, while this one still waits. The bits cannot change: the next kernel's wait still
 // waits for this one's completion. What it needs of every kernel: the part before its wait reads
@@ -43,19 +43,6 @@ __device__ __forceinline__ void pdl_begin() {
 // kernel ahead of it in the stream completed: a decode step's lengths, cache rows and older cache
 // slots (the MLA kernels; run_inputs_kernel writes them, and the embedding copy after it waits
 // first). Every atlas kernel keeps to that (docs/cuda.md, "Status after session 27").
-template <bool kReleaseFirst>
-__device__ __forceinline__ void pdl_begin_as() {
-  if constexpr (kReleaseFirst)
-    pdl_begin_gemm();
-  else
-    pdl_begin();
-}
-__device__ __forceinline__ void pdl_begin_rf(bool rf) {
-  if (rf)
-    pdl_begin_gemm();
-  else
-    pdl_begin();
-}
 // For kernels with work before their wait: pdl_release_if(rf) first thing, pdl_wait_after(rf)
 // where the wait goes (it releases there unless released already).
 __device__ __forceinline__ void pdl_release_if(bool rf) {
@@ -68,6 +55,13 @@ __device__ __forceinline__ void pdl_wait_after(bool released) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (!released) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+// Both at the start (rf may be a template constant or a launch parameter).
+__device__ __forceinline__ void pdl_begin_rf(bool rf) {
+  if (rf)
+    pdl_begin_gemm();
+  else
+    pdl_begin();
 }
 
 }  // namespace atlas::cuda::kern

@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kWideThreads)
     const int i = threadIdx.x + m * kWideThreads;
     wv[m] = i < dim ? to_f32(w[i]) : 0.0f;
   }
-  pdl_begin_as<kReleaseFirst>();
+  pdl_begin_rf(kReleaseFirst);
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = threadIdx.x + m * kWideThreads;
