@@ -271,32 +271,6 @@ TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
                        });
 }
 
-// Session 28: the deep-ring stream configs' switches (no GPU needed): unset is 8 stages for the
-// dense few-tile problems and off for the grouped gate|up; 0, 6, 8, 12; anything else one error
-// naming the variable.
-TEST(GemmSettings, StreamDeepSwitchesNameThemselvesOnBadValues) {
-  EXPECT_EQ(detail::gemm_stream_deep_setting(nullptr), 8);
-  EXPECT_EQ(detail::gemm_stream_deep_setting(""), 8);
-  EXPECT_EQ(detail::gemm_stream_deep_grouped_setting(nullptr), 0);
-  EXPECT_EQ(detail::gemm_stream_deep_grouped_setting(""), 0);
-  for (int (*f)(const char*) : {detail::gemm_stream_deep_setting, detail::gemm_stream_deep_grouped_setting}) {
-    EXPECT_EQ(f("0"), 0);
-    EXPECT_EQ(f("6"), 6);
-    EXPECT_EQ(f("8"), 8);
-    EXPECT_EQ(f("12"), 12);
-  }
-  const auto want = [](const char* var) {
-    return [var](const char* v) {
-      return std::vector<std::string>{std::string(var) + ": expected 0 (off), 6, 8 or 12 (ring stages), got '" +
-                                      std::string(v) + "'"};
-    };
-  };
-  expect_each_rejected([](const char* v) { detail::gemm_stream_deep_setting(v); }, {"4", "1", "08", " 8", "deep"},
-                       want("ATLAS_GEMM_STREAM_DEEP"));
-  expect_each_rejected([](const char* v) { detail::gemm_stream_deep_grouped_setting(v); }, {"4", "16", "on"},
-                       want("ATLAS_GEMM_STREAM_DEEP_GROUPED"));
-}
-
 TEST_F(Gemm, InvariantModeMatchesReferenceWithinTolerance) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
@@ -977,20 +951,6 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
                                                            : stream == "6" ? "stream8x8/6w"
                                                            : stream == "3" ? "stream8x8/3w"
                                                                            : "streamwg64x8/4");
-  // Session 28: fewer 64-row tiles than SMs (the shared experts' gate|up at one row: 88) take the
-  // deep ring of ATLAS_GEMM_STREAM_DEEP (unset: 8 stages; 0: the 4-stage config as before).
-  const char* deep_env = std::getenv("ATLAS_GEMM_STREAM_DEEP");
-  const std::string deep = deep_env == nullptr || *deep_env == '\0' ? "8" : deep_env;
-  GemmArgs shared_one = m1;
-  shared_one.N = 5632;
-  shared_one.gated = 2816;
-  shared_one.gated_scratch = dw.get();
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
-  const char* regs_env = std::getenv("ATLAS_GEMM_STREAM_REGS");  // "1": the register-staged config, never deepened
-  const bool wg4 = (stream.empty() || stream == "wg") && !(regs_env != nullptr && std::string(regs_env) == "1");
-  EXPECT_EQ(gemm_config_name(gemm_chosen_config(shared_one)),
-            wg4 && deep != "0" && 88 < sms ? "streamwg64x8/" + deep : gemm_config_name(gemm_chosen_config(lm_head)));
   for (int c = 0; c < gemm_config_count(); ++c) {
     const std::string name = gemm_config_name(c);
     if (name[0] != 'c') continue;
@@ -1085,14 +1045,8 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
                                    : stream == "3" ? "stream8x8/3w"
                                    : stream == "6" ? "stream8x8/6w"
                                                    : wg;
-  // ATLAS_GEMM_STREAM_DEEP_GROUPED (session 28; unset or 0: off) deepens the 4-stage config's ring.
-  const char* deep_env = std::getenv("ATLAS_GEMM_STREAM_DEEP_GROUPED");
-  const std::string deep = deep_env == nullptr ? "" : deep_env;
-  const auto deepened = [&](const std::string& name) {
-    return name == "streamwg64x8/4" && !deep.empty() && deep != "0" ? "streamwg64x8/" + deep : name;
-  };
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(gate_up)),
-            grouped == "0" ? "16x32x128/4" : grouped == "1" ? deepened(dense_stream) : deepened(wg));
+            grouped == "0" ? "16x32x128/4" : grouped == "1" ? dense_stream : wg);
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(down)),
             grouped == "wg" ? wg : grouped == "1" && stream != "0" ? dense_stream : down_name);
   // Many tokens (a batch-128 step: 768 rows) keep the tiled configs.

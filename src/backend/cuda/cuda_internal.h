@@ -48,14 +48,6 @@ bool switch_setting(const char* name, const char* value, bool dflt);
 // for both, 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs, the default
 // before); anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);
-// ATLAS_GEMM_STREAM_DEEP's value (null: unset): the ring stages (6, 8 or 12) of the wgmma stream
-// config that one-row dense problems of fewer 64-row tiles than SMs take (the shared experts'
-// gate|up at batch 1: one tile per block, so its ring depth is its bytes in flight), 0 for the
-// 4-stage config as before; unset: 8. ATLAS_GEMM_STREAM_DEEP_GROUPED's (the same values; unset:
-// 0): the same for the grouped gate|up of <= 8 rows (the routed experts at batch 1). Anything
-// else throws an Error naming the variable. gemm.cu reads them once, at its setup.
-int gemm_stream_deep_setting(const char* value);
-int gemm_stream_deep_grouped_setting(const char* value);
 // ATLAS_WIDE_NORM's value (null: unset): whether the norms of at most kWideNormMaxRows rows (and
 // the kernels with a norm fused in: the MoE combine + norm, the latent to the MLA cache) run one
 // 1024-thread block per row (kernels/rmsnorm.cuh, "wide norms"; the same bits) — unset or "1"

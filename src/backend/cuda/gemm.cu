@@ -103,13 +103,6 @@ using CfgSt3 = kern::StreamTile<3, 4>;  //  3    4      99 KB  2 (room for a con
 // (atlas_wgmma_gemv_probe's best span on the routed gate|up's 69 MB: 3.94 TB/s, s23-1).
 //                                          BK  stages   smem    blocks per SM
 using CfgWs128 = kern::WgStreamTile<128, 4>;  // 128    4      73 KB   3
-// Deeper rings for problems of fewer tiles than SMs (ATLAS_GEMM_STREAM_DEEP, session 28): one
-// 64-row tile per block, so a block's bytes in flight (STAGES - 2 steps of 16 KB) bound the
-// problem's rate: the shared experts' gate|up (88 tiles) at 4 stages keeps ~32 KB per block,
-// ~2.8 MB on the whole GPU, in flight, far below what HBM needs to stream at its rate.
-using CfgWs128S6 = kern::WgStreamTile<128, 6>;    // 128    6     109 KB   2
-using CfgWs128S8 = kern::WgStreamTile<128, 8>;    // 128    8     145 KB   1 (a 73 KB block fits beside)
-using CfgWs128S12 = kern::WgStreamTile<128, 12>;  // 128   12     217 KB   1
 // The same with register-staged copies (two steps in registers, a 3-slot ring; session 24, off
 // unless ATLAS_GEMM_STREAM_REGS=1: atlas_stream_sweep_probe's plain loads outran its cp.async
 // rings by ~10%, but in the decode step it is slower, 398.5 vs 425.9 tok/s with the same tokens;
@@ -237,7 +230,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 33> kConfigs = {
+constexpr std::array<TileConfig, 30> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -257,9 +250,7 @@ constexpr std::array<TileConfig, 33> kConfigs = {
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
     make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
     make_splitk_config<CfgS8, true>("splitk16x8/8w+staged"), make_splitk_config<CfgS8W2, true>("splitk16x8/2w+staged"),
-    make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2"),
-    make_wgstream_config<CfgWs128S6>("streamwg64x8/6"), make_wgstream_config<CfgWs128S8>("streamwg64x8/8"),
-    make_wgstream_config<CfgWs128S12>("streamwg64x8/12")};
+    make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -288,14 +279,6 @@ constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
 constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("stream8x8/3w");
 constexpr int kStreamWg = config_index("streamwg64x8/4"), kStreamWgRegs = config_index("streamwg64x8/3r2");
 static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0, "stream config names");
-// The deep-ring wgmma stream config of `stages` stages (6, 8 or 12), -1 for any other count.
-constexpr int stream_deep_config(int stages) {
-  return stages == 6 ? config_index("streamwg64x8/6") : stages == 8 ? config_index("streamwg64x8/8")
-                                                      : stages == 12 ? config_index("streamwg64x8/12")
-                                                                     : -1;
-}
-static_assert(stream_deep_config(6) >= 0 && stream_deep_config(8) >= 0 && stream_deep_config(12) >= 0,
-              "deep stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
@@ -348,10 +331,6 @@ struct GemmSetup {
   // (ATLAS_GEMM_STREAM_GROUPED: "1" the dense one's for both, "wg" the wgmma one for both,
   // "wg-gate" the wgmma one for the gate|up only; -1: none, the tiled configs).
   int stream_grouped_gate = -1, stream_grouped_down = -1;
-  // ATLAS_GEMM_STREAM_DEEP / _DEEP_GROUPED (session 28): the deep-ring config that one-row dense
-  // problems of fewer tiles than SMs (the shared experts' gate|up) / the grouped gate|up of <= 8
-  // rows take in place of streamwg64x8/4; -1: none (detail::gemm_stream_deep_setting).
-  int stream_deep = -1, stream_deep_grouped = -1;
   // ATLAS_GEMM_STAGE_EARLY (default 1; 0 for A/B runs): the staged split-K kernel's first weight
   // slices into shared memory before its launch-overlap wait (MmaGemmParams::prefetch = 2).
   bool stage_early = true;
@@ -436,12 +415,6 @@ const GemmSetup& setup() {
     const int grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
     g.stream_grouped_gate = grouped == 1 ? g.stream_choice : grouped >= 2 ? wg : -1;
     g.stream_grouped_down = grouped == 3 ? -1 : g.stream_grouped_gate;
-    g.stream_deep = stream_deep_config(gemm_stream_deep_setting(std::getenv("ATLAS_GEMM_STREAM_DEEP")));
-    g.stream_deep_grouped =
-        stream_deep_config(gemm_stream_deep_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_DEEP_GROUPED")));
-    // Only where the device code has them (their occupancy was read above like every stream config's).
-    if (g.stream_deep >= 0 && g.stream_blocks[size_t(g.stream_deep)] == 0) g.stream_deep = -1;
-    if (g.stream_deep_grouped >= 0 && g.stream_blocks[size_t(g.stream_deep_grouped)] == 0) g.stream_deep_grouped = -1;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
@@ -745,11 +718,6 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     // (cuBLASLt 105). Narrower N stays where it was: 3072 x 2048 9.4 vs c16x64 9.2, 2048 x 2048
     // 9.0 vs split-K 7.2, 576 x 2048 8.8 vs 5.0 (one wave of short tiles: the ramp dominates).
     ci = setup().stream_choice;
-    // Fewer 64-row tiles than SMs (the shared experts' gate|up: 88): one tile per block, so the
-    // ring's depth is the problem's bytes in flight. The deep config where ATLAS_GEMM_STREAM_DEEP
-    // names one (the same bits: the ring's depth changes no arithmetic).
-    if (ci == kStreamWg && setup().stream_deep >= 0 && ceil_div(a.N, 64) < int64_t(sm_count))
-      ci = setup().stream_deep;
   }
   ci = config_or_fallback(ci, a.K);
   if (forced_config.load() < 0 && ci == kSplitK8) {
@@ -835,8 +803,6 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // ATLAS_GEMM_STREAM_GROUPED=1 takes it, for end-to-end A/B runs.)
   const int stream_ci = a.gated > 0 ? setup().stream_grouped_gate : setup().stream_grouped_down;
   if (forced_config.load() < 0 && async && a.max_rows <= 8 && stream_ci >= 0) ci = stream_ci;
-  if (forced_config.load() < 0 && ci == kStreamWg && a.gated > 0 && setup().stream_deep_grouped >= 0)
-    ci = setup().stream_deep_grouped;  // ATLAS_GEMM_STREAM_DEEP_GROUPED (session 28; the same bits)
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   ci = config_or_fallback(ci, a.K);
@@ -1342,19 +1308,6 @@ int gemm_stream_grouped_setting(const char* value) {
   if (v == "1") return 1;
   if (v == "wg") return 2;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg or wg-gate, got '" + v + "'");
-}
-
-// ATLAS_GEMM_STREAM_DEEP / _DEEP_GROUPED: a ring depth of the deep stream configs, or 0 (off).
-static int stream_deep_stages(const char* var, const char* value, int dflt) {
-  const std::string v = value == nullptr ? "" : value;
-  if (v.empty()) return dflt;
-  if (v == "0") return 0;
-  if (v == "6" || v == "8" || v == "12") return std::stoi(v);
-  throw Error(std::string("cuda: gemm: ") + var + ": expected 0 (off), 6, 8 or 12 (ring stages), got '" + v + "'");
-}
-int gemm_stream_deep_setting(const char* value) { return stream_deep_stages("ATLAS_GEMM_STREAM_DEEP", value, 8); }
-int gemm_stream_deep_grouped_setting(const char* value) {
-  return stream_deep_stages("ATLAS_GEMM_STREAM_DEEP_GROUPED", value, 0);
 }
 
 int gemm_grouped_many_setting(const char* value) {
