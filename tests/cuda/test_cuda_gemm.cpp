@@ -951,6 +951,19 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
                                                            : stream == "6" ? "stream8x8/6w"
                                                            : stream == "3" ? "stream8x8/3w"
                                                                            : "streamwg64x8/4");
+  // Session 28: one-row problems of fewer 64-row tiles than SMs (the shared experts' gate|up: 88)
+  // take ATLAS_GEMM_STREAM_FEW's config where it is set (A/B runs), else the LM head's.
+  const char* few_env = std::getenv("ATLAS_GEMM_STREAM_FEW");
+  GemmArgs shared_one = m1;
+  shared_one.N = 5632;
+  shared_one.gated = 2816;
+  shared_one.gated_scratch = dw.get();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  if (stream != "0" && sms > 88 && few_env != nullptr && *few_env != '\0')
+    EXPECT_EQ(gemm_config_name(gemm_chosen_config(shared_one)), few_env);
+  else
+    EXPECT_EQ(gemm_config_name(gemm_chosen_config(shared_one)), gemm_config_name(gemm_chosen_config(lm_head)));
   for (int c = 0; c < gemm_config_count(); ++c) {
     const std::string name = gemm_config_name(c);
     if (name[0] != 'c') continue;

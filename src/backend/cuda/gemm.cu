@@ -658,6 +658,7 @@ bool use_sliced(const GemmArgs& a, const TileConfig& c, bool async, int sm_count
 }
 int dense_splitk_config();  // (below, with the other config overrides)
 bool splitk_overridden();
+int stream_few_config();  // ATLAS_GEMM_STREAM_FEW's config, -1 where unset (below)
 int dense_config(const GemmArgs& a, bool async, int sm_count) {
   int ci = choose_config(a.M, a.N, [&](int bm) { return ceil_div(a.M, bm) * a.batch; }, sm_count);
   if (forced_config.load() < 0 && a.M > 16 && a.M <= kSlicedMaxM) {
@@ -718,6 +719,10 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     // (cuBLASLt 105). Narrower N stays where it was: 3072 x 2048 9.4 vs c16x64 9.2, 2048 x 2048
     // 9.0 vs split-K 7.2, 576 x 2048 8.8 vs 5.0 (one wave of short tiles: the ramp dominates).
     ci = setup().stream_choice;
+    // Fewer 64-row tiles than SMs (the shared experts' gate|up at one row: 88 tiles, one per
+    // block): ATLAS_GEMM_STREAM_FEW=<config> runs them on another config (A/B runs; the same bits).
+    if (ceil_div(a.N, 64) < int64_t(sm_count))
+      if (const int few = stream_few_config(); few >= 0) ci = few;
   }
   ci = config_or_fallback(ci, a.K);
   if (forced_config.load() < 0 && ci == kSplitK8) {
@@ -758,6 +763,10 @@ int config_or_override(const char* var, int (*setting)(const char*), int dflt) {
 }
 // The config for many small groups (a decode step of many tokens); ATLAS_GEMM_GROUPED_MANY=<config
 // name> overrides it for end-to-end measurements of the candidates (any config: the same bits).
+int stream_few_config() {
+  static const int ci = config_or_override("ATLAS_GEMM_STREAM_FEW", gemm_stream_few_setting, -1);
+  return ci;
+}
 int grouped_many_config() {
   static const int ci = config_or_override("ATLAS_GEMM_GROUPED_MANY", gemm_grouped_many_setting, kGroupedMany);
   return ci;
@@ -1308,6 +1317,12 @@ int gemm_stream_grouped_setting(const char* value) {
   if (v == "1") return 1;
   if (v == "wg") return 2;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg or wg-gate, got '" + v + "'");
+}
+
+int gemm_stream_few_setting(const char* value) {
+  return config_override_setting(
+      "ATLAS_GEMM_STREAM_FEW", value, [](const TileConfig& c) { return !c.grouped_only && !c.tma && !c.sliced; },
+      "the name of a dense config other than a TMA or sliced one (see atlas_cuda_bench's sweep)");
 }
 
 int gemm_grouped_many_setting(const char* value) {
