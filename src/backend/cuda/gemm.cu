@@ -346,11 +346,6 @@ struct GemmSetup {
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
   bool tails = false;
-  // ATLAS_GEMM_GROUPED_GATE_HOLD (session 28; default 0 until measured): the grouped gate|up on
-  // the wgmma stream config (the routed experts at batch 1) does not release the next launch (the
-  // routed down) early: its blocks, which would only wait, then leave the SMs to the side stream's
-  // shared down while the gate|up streams (MmaGemmParams::hold_dependents; the same bits).
-  bool grouped_gate_hold = false;
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -424,7 +419,6 @@ const GemmSetup& setup() {
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
-    g.grouped_gate_hold = env_switch("ATLAS_GEMM_GROUPED_GATE_HOLD", false);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
@@ -1249,7 +1243,6 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   if (a.gated > 0) {  // a fusing config (never sliced): the activation out
     p.gated = a.gated;
     p.os = a.gated;
-    p.hold_dependents = c.stream && s.grouped_gate_hold ? 1 : 0;
   }
   const int slices = int(ceil_div(a.K, kern::kSliceK));
   if (c.sliced && async && slices > 1 &&

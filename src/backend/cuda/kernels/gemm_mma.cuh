@@ -101,9 +101,6 @@ struct MmaGemmParams {
   int prefetch = 0;                            // > 0: dense weights into L2 before pdl_begin (below)
   int cluster_early = 0;                       // > 0 (with prefetch > 1): the cluster kernel stages its weights early
   int l2_evict_first = 0;                      // > 0: weight copies carry an L2 evict_first policy (common.cuh)
-  // > 0 (the wgmma stream kernel, grouped; ATLAS_GEMM_GROUPED_GATE_HOLD): wait first and never
-  // release the next launch early; it launches when this one ends (the implicit release).
-  int hold_dependents = 0;
   // Grouped problems on the TMA kernel (kernels/gemm_tma.cuh): its tensor map reads group g's
   // weight at w_group_base + g * w_group_stride (elements); the kernel checks that w_groups[g]
   // is that address (device error "w" otherwise).

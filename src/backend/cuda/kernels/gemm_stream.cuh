@@ -137,12 +137,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) gemm_stream_kernel(const MmaGem
   }
   __syncwarp();
   const bool grouped = p.offsets != nullptr;
-  if (grouped) {
-    if (p.hold_dependents > 0)
-      pdl_wait_after(true);  // wait only (MmaGemmParams::hold_dependents)
-    else
-      pdl_begin_gemm();
-  }
+  if (grouped) pdl_begin_gemm();
   const auto [first, last] = stream_share<T::BM>(p, lane);
   const int K = p.K;
   const int KC = K / 16;

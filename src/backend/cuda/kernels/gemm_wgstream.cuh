@@ -102,12 +102,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
   const uint32_t ring_x = ring_w + uint32_t(T::STAGES * T::SLOT_W);  // [STAGES][ATOMS][8][64]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const bool grouped = p.offsets != nullptr;
-  if (grouped) {
-    if (p.hold_dependents > 0)
-      pdl_wait_after(true);  // wait only: the next launch's blocks take no SM before this one ends
-    else
-      pdl_begin_gemm();
-  }
+  if (grouped) pdl_begin_gemm();
   const auto [first, last] = stream_share<T::BM>(p, lane);
   const int K = p.K;
   const int KT = (K + T::BK - 1) / T::BK;
