@@ -247,7 +247,7 @@ struct RoutePermuteParams {
 //  - the permutation of one token's k distinct experts: counts[x] = 1 if x was picked,
 //    offsets[x] = the picks below x, pair j at offsets[its expert] (permute_one_warp's result for
 //    distinct experts: rank 0 among its expert's pairs).
-// p, w: this warp's scratch (64 floats on a 16-byte boundary, the loops read 16 bytes at a time; [k] floats).
+// p, w: this warp's scratch ([E] and [k] floats).
 __device__ __forceinline__ bool route_permute_one_token(const RoutePermuteParams& q, float* p, float* w, int lane) {
   const unsigned full = 0xffffffffu;
   const int E = q.E, k = q.k;
@@ -261,19 +261,8 @@ __device__ __forceinline__ bool route_permute_one_token(const RoutePermuteParams
   if (in0) p[lane] = expf(l0 - m);
   if (in1) p[lane + 32] = expf(l1 - m);
   __syncwarp();
-  // Both loops over p (the sum, the ranks) unrolled over the 64 slots with 16-byte broadcast
-  // reads, so their loads issue at once instead of one dependent round per few experts (session
-  // 28: the routing is on the decode step's critical path). The same adds in the same order.
-  const float4* p4 = reinterpret_cast<const float4*>(p);
   float sum = 0.0f;
-#pragma unroll
-  for (int e4 = 0; e4 < 16; ++e4) {
-    const float4 u = p4[e4];  // slots past E are never added
-    if (4 * e4 < E) sum += u.x;
-    if (4 * e4 + 1 < E) sum += u.y;
-    if (4 * e4 + 2 < E) sum += u.z;
-    if (4 * e4 + 3 < E) sum += u.w;
-  }
+  for (int e = 0; e < E; ++e) sum += p[e];
   const float v0 = in0 ? p[lane] / sum : 0.0f, v1 = in1 ? p[lane + 32] / sum : 0.0f;
   if (__any_sync(full, (in0 && isnan(v0)) || (in1 && isnan(v1)))) return false;
   __syncwarp();  // every lane's reads of p[] are done
@@ -286,19 +275,10 @@ __device__ __forceinline__ bool route_permute_one_token(const RoutePermuteParams
   __syncwarp();
   // Rank of expert e with score v: the experts e2 with p[e2] > v, or == v and e2 < e.
   int r0 = 0, r1 = 0;
-#pragma unroll
-  for (int e4 = 0; e4 < 16; ++e4) {
-    const float4 u4 = p4[e4];
-    const float uu[4] = {u4.x, u4.y, u4.z, u4.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e2 = 4 * e4 + j;
-      const float u = uu[j];
-      if (e2 < E) {
-        r0 += (u > v0 || (u == v0 && e2 < lane)) ? 1 : 0;
-        r1 += (u > v1 || (u == v1 && e2 < lane + 32)) ? 1 : 0;
-      }
-    }
+  for (int e2 = 0; e2 < E; ++e2) {
+    const float u = p[e2];
+    r0 += (u > v0 || (u == v0 && e2 < lane)) ? 1 : 0;
+    r1 += (u > v1 || (u == v1 && e2 < lane + 32)) ? 1 : 0;
   }
   const bool s0 = in0 && r0 < k, s1 = in1 && r1 < k;
   if (s0) {
@@ -346,7 +326,7 @@ __device__ __forceinline__ bool route_permute_one_token(const RoutePermuteParams
 // Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
 __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePermuteParams q) {
   pdl_begin_rf(q.release_first != 0);
-  __shared__ __align__(16) float sp[kRoutePermuteWarps][kRouterMaxExperts];  // 16-byte reads (one token)
+  __shared__ float sp[kRoutePermuteWarps][kRouterMaxExperts];
   __shared__ float scand[kRoutePermuteWarps][kRouterMaxExperts];
   __shared__ float sw[kRoutePermuteWarps][kRouterMaxK];
   extern __shared__ int32_t permute_smem[];
