@@ -6,7 +6,6 @@
 #include <memory>
 #include <numeric>
 #include <set>
-#include <tuple>
 
 #include "backend/cuda/reference.h"
 #include "cuda_test_util.h"
@@ -464,116 +463,6 @@ TEST_F(Moe, RouteOneTokenEqualsRouterThenPermute) {
     EXPECT_EQ(bits(a.w), bits(b.w));
     EXPECT_EQ(bits(a.scores), bits(b.scores));
   }
-}
-
-// Session 28: the router GEMM with the routing in its last block (gemm_moe_route) gives the bits
-// of gemm() then moe_route(): the logits, the routes, weights, scores and the permutation, with
-// launch overlap off and on over repeated launches (the block counter is reset by each launch's
-// last block); ties (equal weight rows) and a NaN logit (a NaN weight: the fallback path and its
-// device error); expert counts on both sides of a warp. Where it does not apply it launches
-// nothing and says so (two tokens, grouped routing, more than 64 experts, the switch off).
-TEST_F(Moe, RouterGemmTailRoutesAsGemmThenMoeRoute) {
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  const LaunchOverlap was = launch_overlap_mode();
-  constexpr int K = 2048;
-  const auto bits = [](const std::vector<float>& v) {
-    std::vector<uint32_t> u(v.size());
-    std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
-    return u;
-  };
-  struct Out {
-    std::vector<uint32_t> logits, w, scores;
-    std::vector<int32_t> ids, counts, offsets, sorted, slot;
-    bool error;
-  };
-  for (const auto& [E, k, kind] : {std::tuple{64, 6, 0}, std::tuple{64, 6, 1}, std::tuple{64, 6, 2}, std::tuple{40, 1, 0},
-                                   std::tuple{33, 6, 2}, std::tuple{6, 6, 1}}) {
-    SCOPED_TRACE(::testing::Message() << "E=" << E << " k=" << k << " kind=" << kind);
-    const auto x = random_bf16(size_t(K), rng);
-    auto w = random_bf16(size_t(E) * K, rng, 0.05f);
-    if (kind == 1)  // ties: every odd row equal to the row before it
-      for (int e = 1; e < E; e += 2) std::copy_n(w.begin() + int64_t(e - 1) * K, K, w.begin() + int64_t(e) * K);
-    if (kind == 2) w[size_t(E / 2) * K + 7] = 0x7fc0;  // a NaN weight: a NaN logit
-    DevBuf<uint16_t> dx(x), dw(w);
-    const auto run = [&](bool tail, int rep) {
-      DevBuf<float> logits{size_t(E)}, tw{size_t(k)}, scores{size_t(E)};
-      DevBuf<int32_t> ids{size_t(k)}, counts{size_t(E)}, offsets{size_t(E + 1)}, sorted{size_t(k)}, slot{size_t(k)},
-          ws{moe_permute_workspace_ints(1, E)};
-      const GemmArgs g{.x = dx.get(), .w = dw.get(), .out = logits.get(), .out_type = OutType::f32, .M = 1, .N = E,
-                       .K = K};
-      const RouterArgs r{.logits = logits.get(), .topk_ids = ids.get(), .topk_weights = tw.get(),
-                         .scores = scores.get(), .tokens = 1, .experts = E, .k = k, .method = TopkMethod::greedy,
-                         .n_group = 1, .topk_group = 1, .norm_topk_prob = rep % 2 == 0,
-                         .routed_scaling_factor = 1.5f};
-      const MoePermuteArgs p{.topk_ids = ids.get(), .tokens = 1, .k = k, .experts = E, .counts = counts.get(),
-                             .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
-                             .workspace = ws.get()};
-      if (tail) {
-        const int64_t before = gemm_route_tailed_launches();
-        EXPECT_TRUE(gemm_moe_route(g, r, p));
-        EXPECT_EQ(gemm_route_tailed_launches(), before + 1);
-      } else {
-        gemm(g);
-        moe_route(r, p);
-      }
-      bool error = false;
-      try {
-        check_device_errors();
-      } catch (const Error&) {
-        error = true;
-      }
-      return Out{bits(logits.download()), bits(tw.download()), bits(scores.download()), ids.download(),
-                 counts.download(), offsets.download(), sorted.download(), slot.download(), error};
-    };
-    gemm_set_route_tail(1);
-    for (auto mode : {LaunchOverlap::off, LaunchOverlap::on}) {
-      set_launch_overlap(mode);
-      for (int rep = 0; rep < 3; ++rep) {
-        SCOPED_TRACE(::testing::Message() << "overlap " << int(mode) << " launch " << rep);
-        const Out want = run(false, rep), got = run(true, rep);
-        EXPECT_EQ(got.error, want.error);
-        EXPECT_EQ(got.error, kind == 2);
-        EXPECT_EQ(got.logits, want.logits);
-        EXPECT_EQ(got.ids, want.ids);
-        EXPECT_EQ(got.w, want.w);
-        EXPECT_EQ(got.scores, want.scores);
-        EXPECT_EQ(got.counts, want.counts);
-        EXPECT_EQ(got.offsets, want.offsets);
-        EXPECT_EQ(got.sorted, want.sorted);
-        EXPECT_EQ(got.slot, want.slot);
-      }
-    }
-    set_launch_overlap(was);
-  }
-  // Where the tail does not apply: nothing launched, the logits keep their poison.
-  const auto x = random_bf16(size_t(2) * K, rng), w = random_bf16(size_t(72) * K, rng, 0.05f);
-  DevBuf<uint16_t> dx(x), dw(w);
-  DevBuf<float> logits{size_t(2) * 72}, tw{size_t(12)}, scores{size_t(2) * 72};
-  DevBuf<int32_t> ids{size_t(12)}, counts{size_t(72)}, offsets{size_t(73)}, sorted{size_t(12)}, slot{size_t(12)},
-      ws{moe_permute_workspace_ints(2, 72)};
-  const auto refused = [&](int tokens, int E, TopkMethod method, const char* why) {
-    const GemmArgs g{.x = dx.get(), .w = dw.get(), .out = logits.get(), .out_type = OutType::f32, .M = tokens,
-                     .N = E, .K = K};
-    const RouterArgs r{.logits = logits.get(), .topk_ids = ids.get(), .topk_weights = tw.get(), .tokens = tokens,
-                       .experts = E, .k = 6, .method = method, .n_group = 8, .topk_group = 4};
-    const MoePermuteArgs p{.topk_ids = ids.get(), .tokens = tokens, .k = 6, .experts = E, .counts = counts.get(),
-                           .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
-                           .workspace = ws.get()};
-    const int64_t before = gemm_route_tailed_launches();
-    EXPECT_FALSE(gemm_moe_route(g, r, p)) << why;
-    EXPECT_EQ(gemm_route_tailed_launches(), before) << why;
-  };
-  const auto poison = logits.download();
-  gemm_set_route_tail(1);
-  refused(2, 64, TopkMethod::greedy, "two tokens");
-  refused(1, 64, TopkMethod::group_limited_greedy, "grouped routing");
-  refused(1, 72, TopkMethod::greedy, "72 experts");
-  gemm_set_route_tail(0);
-  refused(1, 64, TopkMethod::greedy, "the switch off");
-  gemm_set_route_tail(-1);
-  synchronize();
-  EXPECT_EQ(bits(logits.download()), bits(poison)) << "a call that launched nothing wrote logits";
 }
 
 TEST_F(Moe, RouteRefusesAPermutationOfOtherIds) {

@@ -48,15 +48,6 @@ bool switch_setting(const char* name, const char* value, bool dflt);
 // for both, 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs, the default
 // before); anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);
-}  // namespace atlas::cuda::detail
-namespace atlas::cuda::kern {
-struct RoutePermuteParams;  // kernels/route.cuh
-}  // namespace atlas::cuda::kern
-namespace atlas::cuda::detail {
-// gemm_moe_route's launch (gemm.cu): the router GEMM `a` with q's routing in its last block, where
-// ATLAS_ROUTE_TAIL is on and gemm(a) would run the staged split-K kernel on one row with f32 out;
-// false and nothing launched otherwise. q comes checked from ops.cu.
-bool gemm_route_tail(const GemmArgs& a, const kern::RoutePermuteParams& q);
 // ATLAS_GEMM_STREAM_FEW's value (null or empty: unset, -1): the config one-row dense problems of
 // N >= 4096 but fewer 64-row tiles than SMs (the shared experts' gate|up at batch 1) take in place
 // of the stream config (session 28, for A/B runs: any config gives the same bits); a name that is

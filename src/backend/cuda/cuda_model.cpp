@@ -1127,6 +1127,9 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
   if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side());
+  // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
+  router_gemm(b.h, L.router, b.router_logits, M, E, H);
+  hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
       .experts = int(E), .k = int(k),
@@ -1140,44 +1143,30 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   const MoePermuteArgs permute{.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E),
                                .counts = b.counts, .offsets = b.offsets, .sorted_token = b.sorted,
                                .pair_slot = b.slot, .workspace = b.perm_ws, .stream = s_};
-  // At one row the router GEMM's launch may route too (gemm_moe_route, ATLAS_ROUTE_TAIL: its last
-  // block routes the finished logits, the same bits), unless an observer of the logits or the
-  // routes must see them between the two.
-  bool routed = false;
-  if constexpr (!kF32)
-    routed = M == 1 && !(hooks && (hooks->wants(names.router_logits) || hooks->wants(names.topk_ids))) &&
-             gemm_moe_route({.x = b.h, .w = L.router, .out = b.router_logits, .out_type = OutType::f32, .M = 1,
-                             .N = int(E), .K = int(H), .mode = mode_for(1), .stream = s_},
-                            route, permute);
-  if (!routed) {
-    // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
-    router_gemm(b.h, L.router, b.router_logits, M, E, H);
-    hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
-    if (hooks && hooks->wants_tensor(names.topk_ids)) {
-      // An observer may rewrite the routes between the router and the permutation.
+  if (hooks && hooks->wants_tensor(names.topk_ids)) {
+    // An observer may rewrite the routes between the router and the permutation.
+    deliver_all();
+    router(route);
+    std::vector<int32_t> ids(static_cast<size_t>(M * k));
+    download(ids.data(), b.topk_ids, ids.size() * 4);
+    HookTensor t{.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()};
+    const std::vector<int32_t> before = ids;
+    hooks->fire(t);
+    for (int32_t id : ids)
+      if (id < 0 || id >= E)
+        fail("hook " + names.topk_ids, {}, "an observer wrote expert id " + std::to_string(id) + " (valid: 0-" +
+                                               std::to_string(E - 1) + ")");
+    if (ids != before) upload(b.topk_ids, ids.data(), ids.size() * 4);
+    moe_permute(permute);
+  } else {
+    moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
+    const int32_t* ids_dev = hooks && hooks->wants_reader(names.topk_ids) ? expanded(b.topk_ids, k) : nullptr;
+    if (ids_dev && !defer_hook(*hooks, {.name = names.topk_ids, .layer = l, .shape = {B, T, k}, .dtype = DType::I32},
+                               ids_dev, size_t(B * T * k) * 4)) {
       deliver_all();
-      router(route);
-      std::vector<int32_t> ids(static_cast<size_t>(M * k));
-      download(ids.data(), b.topk_ids, ids.size() * 4);
-      HookTensor t{.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()};
-      const std::vector<int32_t> before = ids;
-      hooks->fire(t);
-      for (int32_t id : ids)
-        if (id < 0 || id >= E)
-          fail("hook " + names.topk_ids, {}, "an observer wrote expert id " + std::to_string(id) + " (valid: 0-" +
-                                                 std::to_string(E - 1) + ")");
-      if (ids != before) upload(b.topk_ids, ids.data(), ids.size() * 4);
-      moe_permute(permute);
-    } else {
-      moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
-      const int32_t* ids_dev = hooks && hooks->wants_reader(names.topk_ids) ? expanded(b.topk_ids, k) : nullptr;
-      if (ids_dev && !defer_hook(*hooks, {.name = names.topk_ids, .layer = l, .shape = {B, T, k}, .dtype = DType::I32},
-                                 ids_dev, size_t(B * T * k) * 4)) {
-        deliver_all();
-        std::vector<int32_t> ids(static_cast<size_t>(B * T * k));
-        download(ids.data(), ids_dev, ids.size() * 4);
-        hooks->fire_read({.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()});
-      }
+      std::vector<int32_t> ids(static_cast<size_t>(B * T * k));
+      download(ids.data(), ids_dev, ids.size() * 4);
+      hooks->fire_read({.name = names.topk_ids, .layer = l, .dtype = DType::I32, .shape = {B, T, k}, .data = ids.data()});
     }
   }
   // (The permutation does not read the weights: an observer's change reaches the combine only.)

@@ -743,19 +743,6 @@ int64_t gemm_tailed_launches();
 // Tests: 1 lets gemm_add_rmsnorm launch its tail, 0 never, -1 (the default) as ATLAS_GEMM_TAILS
 // says; process-wide, like gemm_force_config. Never bits.
 void gemm_set_tails(int mode);
-// The router GEMM and the routing after it in one launch (session 28; ATLAS_ROUTE_TAIL, default
-// on): gemm(a) with a.out == r.logits, then moe_route(r, p), the same bits, where gemm(a) would
-// run the staged 8-warp split-K kernel on one row with f32 out and the routing is one greedy
-// token over at most 64 experts (the router at a batch-1 decode step): the GEMM's last block
-// routes the finished logits (kernels/gemm_tail.cuh, RouteTail). Returns false and launches
-// nothing otherwise (the switch off, another config or shape, grouped routing, a capture before
-// the stream's first eager call): the caller runs the two launches. The routing's arguments are
-// checked as moe_route checks them either way.
-bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& p);
-// How many launches gemm_moe_route made; tests: 1 lets it launch, 0 never, -1 (the default) as
-// ATLAS_ROUTE_TAIL says (process-wide; never bits).
-int64_t gemm_route_tailed_launches();
-void gemm_set_route_tail(int mode);
 
 // Tile configurations of the batch_invariant kernel (largest first). Every one gives the same
 // bits by the contract above; they differ in speed only. gemm() and grouped_gemm() pick one

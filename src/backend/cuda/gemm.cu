@@ -309,8 +309,6 @@ bool weight_evict_first() {
 std::atomic<int> tma_blocks_cap{0};  // gemm_set_tma_blocks (tests)
 std::atomic<int64_t> tailed_launches{0};  // gemm_tailed_launches (tests)
 std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
-std::atomic<int64_t> route_tailed_launches{0};  // gemm_route_tailed_launches (tests)
-std::atomic<int> route_tail_override{-1};       // gemm_set_route_tail (tests)
 
 struct GemmSetup {
   int sm_count = 132;
@@ -348,9 +346,6 @@ struct GemmSetup {
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
   bool tails = false;
-  // ATLAS_ROUTE_TAIL (default 1; 0 for A/B runs; session 28): the router GEMM's launch at one row
-  // also routes (gemm_moe_route, the same bits as the two launches).
-  bool route_tail = true;
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -424,7 +419,6 @@ const GemmSetup& setup() {
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
-    g.route_tail = env_switch("ATLAS_ROUTE_TAIL", true);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
@@ -1298,40 +1292,6 @@ bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
 
 int64_t gemm_tailed_launches() { return tailed_launches.load(); }
 void gemm_set_tails(int mode) { tails_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
-int64_t gemm_route_tailed_launches() { return route_tailed_launches.load(); }
-void gemm_set_route_tail(int mode) { route_tail_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
-
-namespace detail {
-
-// The router GEMM with the routing in its last block (gemm_moe_route, ops.cu, which checks the
-// routing's arguments and builds q): where gemm(a) would run the staged 8-warp split-K kernel on
-// one row with f32 out (the router at a batch-1 decode step), that kernel with kern::RouteTail.
-bool gemm_route_tail(const GemmArgs& a, const kern::RoutePermuteParams& q) {
-  const char* op = "gemm_moe_route";
-  const int forced = route_tail_override.load();
-  if (!(forced >= 0 ? forced == 1 : setup().route_tail)) return false;
-  require_gemm_args(a, op);
-  if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::f32 ||
-      a.N != q.E || a.out_stride > a.N)
-    return false;
-  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
-  const int64_t os = a.out_stride ? a.out_stride : a.N;
-  const bool async = dense_async(a, xs, ws);
-  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
-  const cudaStream_t stream = stream_of(a.stream);
-  int* counter = stream_tail_counter(stream);
-  if (counter == nullptr) return false;
-  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
-  const int64_t n_tiles = ceil_div(a.N, c.bn);
-  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
-  launch(kern::gemm_splitk_tail_kernel<CfgS8, kern::RouteTail, true>, dim3(unsigned(n_tiles)), c.threads, 0, stream,
-         p, kern::RouteTail{.q = q, .counter = counter});
-  check_launch(op);
-  ++route_tailed_launches;
-  return true;
-}
-
-}  // namespace detail
 
 namespace detail {
 

@@ -394,59 +394,40 @@ void moe_permute(const MoePermuteArgs& a) {
   launch_permute(a);
 }
 
-namespace {
-// The routing's checks and its launch arguments (moe_route, gemm_moe_route).
-void check_route(const RouterArgs& r, const MoePermuteArgs& p, const char* op) {
+void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
+  const char* op = "moe_route";
   check_router(r);
   check_permute(p);
   require(p.topk_ids == r.topk_ids && p.tokens == r.tokens && p.k == r.k && p.experts == r.experts &&
               p.stream == r.stream,
           op, "permute", "must permute the router's topk_ids (the same tokens, k, experts and stream)");
-}
-kern::RoutePermuteParams route_permute_params(const RouterArgs& r, const MoePermuteArgs& p) {
-  return {.logits = r.logits,
-          .ids = r.topk_ids,
-          .weights = r.topk_weights,
-          .scores = r.scores,
-          .tokens = r.tokens,
-          .E = r.experts,
-          .k = r.k,
-          .grouped = r.method == TopkMethod::group_limited_greedy ? 1 : 0,
-          .n_group = r.n_group,
-          .topk_group = r.topk_group,
-          .norm_topk_prob = r.norm_topk_prob ? 1 : 0,
-          .scaling = r.routed_scaling_factor,
-          .counts = p.counts,
-          .offsets = p.offsets,
-          .sorted_token = p.sorted_token,
-          .pair_slot = p.pair_slot,
-          .error_flag = error_flag(),
-          .release_first = release_first(kRfRoute) ? 1 : 0};  // ATLAS_RELEASE_FIRST=route
-}
-}  // namespace
-
-void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
-  const char* op = "moe_route";
-  check_route(r, p, op);
   if (r.tokens < 1 || r.tokens > kMoeRouteFusedMaxTokens) {
     launch_router(r);
     launch_permute(p);
     return;
   }
-  const kern::RoutePermuteParams q = route_permute_params(r, p);
+  const kern::RoutePermuteParams q{.logits = r.logits,
+                                   .ids = r.topk_ids,
+                                   .weights = r.topk_weights,
+                                   .scores = r.scores,
+                                   .tokens = r.tokens,
+                                   .E = r.experts,
+                                   .k = r.k,
+                                   .grouped = r.method == TopkMethod::group_limited_greedy ? 1 : 0,
+                                   .n_group = r.n_group,
+                                   .topk_group = r.topk_group,
+                                   .norm_topk_prob = r.norm_topk_prob ? 1 : 0,
+                                   .scaling = r.routed_scaling_factor,
+                                   .counts = p.counts,
+                                   .offsets = p.offsets,
+                                   .sorted_token = p.sorted_token,
+                                   .pair_slot = p.pair_slot,
+                                   .error_flag = error_flag(),
+                                   .release_first = release_first(kRfRoute) ? 1 : 0};  // ATLAS_RELEASE_FIRST=route
   // experts <= 256 (the router's bound): <= 10 KB, with the router's 16.5 KB of static scratch
   const size_t smem = size_t(2 + kern::kMoeChunk / 32) * size_t(r.experts) * sizeof(int32_t);
   launch(kern::route_permute_kernel, 1, kern::kMoeChunk, smem, stream_of(r.stream), q);
   check_launch(op);
-}
-
-bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& p) {
-  const char* op = "gemm_moe_route";
-  check_route(r, p, op);
-  require(a.out == r.logits && a.stream == r.stream, op, "logits", "the GEMM must write the router's logits on its stream");
-  // route_permute_kernel's one-warp path only (one greedy token over at most 64 experts).
-  if (r.tokens != 1 || r.method != TopkMethod::greedy || r.experts > 64 || r.k > r.experts) return false;
-  return detail::gemm_route_tail(a, route_permute_params(r, p));
 }
 
 }  // namespace atlas::cuda

@@ -9,7 +9,6 @@
 
 #include "gemm_mma.cuh"
 #include "rmsnorm.cuh"
-#include "route.cuh"
 
 namespace atlas::cuda::kern {
 
@@ -33,31 +32,12 @@ struct AddRmsNormTail {
   }
 };
 
-// The router's tail (session 28, gemm_moe_route): route_permute_kernel's batch-1 path on the
-// finished logits (the GEMM's f32 output, one row of E <= 64, read through L2 into shared memory
-// first), by the last block's first warp (route_permute_token0, as that kernel runs it). q.logits
-// is not read (the GEMM's out is).
-struct RouteTail {
-  RoutePermuteParams q{};
-  int* counter = nullptr;  // zero between launches (splitk_body resets it)
-  __device__ void operator()(const MmaGemmParams& p) const {
-    __shared__ float logits[64], prob[kRouterMaxExperts], cand[kRouterMaxExperts], picked[kRouterMaxK];
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    for (int e = lane; e < q.E; e += 32) logits[e] = __ldcg(static_cast<const float*>(p.out) + e);
-    __syncwarp();
-    RoutePermuteParams r = q;
-    r.logits = logits;
-    route_permute_token0(r, prob, cand, picked, lane);
-  }
-};
-
-// The staged split-K kernel (at most 8 rows, 16-byte copies; bf16 or, kOutF32, f32 out) with a
-// tail: dense problems only (every block has a tile, so every block counts itself).
-template <class T, class Tail, bool kOutF32 = false>
+// The staged split-K kernel (bf16 out, at most 8 rows, 16-byte copies) with a tail: dense
+// problems only (every block has a tile, so every block counts itself).
+template <class T, class Tail>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_tail_kernel(const MmaGemmParams p, const Tail tail) {
   static_assert(T::THREADS == kReduceThreads, "the tails' norms run rmsnorm_row's kReduceThreads order");
-  splitk_body<T, kOutF32, true, true, true, Tail>(p, tail);
+  splitk_body<T, false, true, true, true, Tail>(p, tail);
 }
 
 }  // namespace atlas::cuda::kern

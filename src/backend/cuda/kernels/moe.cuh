@@ -17,7 +17,6 @@
 
 #include "common.cuh"
 #include "rmsnorm.cuh"
-#include "route.cuh"  // permute_one_warp, RoutePermuteParams, route_permute_one_token
 #include "router.cuh"
 
 namespace atlas::cuda::kern {
@@ -159,6 +158,51 @@ __device__ __forceinline__ void permute_one_chunk(const int32_t* __restrict__ id
   moe_scatter_rounds(ids, 0, tokens * k, k, E, run, run + E, sorted_token, pair_slot);
 }
 
+// The one-chunk permutation of at most 32 pairs by one warp, without block barriers (a batch-1
+// decode step: 6 pairs). Pair p (lane p) goes to offsets[e] plus the number of earlier pairs of
+// its expert, which is where one scatter round of one warp puts it (its rank among the
+// same-expert lanes); the counts are the histogram, the offsets its exclusive scan in expert
+// order. Integer results identical to permute_one_chunk's (tested); out-of-range ids flagged
+// (error bit 2) and not placed, as there. Every lane of the warp must call it.
+__device__ __forceinline__ void permute_one_warp(const int32_t* __restrict__ ids, int n, int k, int E,
+                                                 int32_t* __restrict__ counts, int32_t* __restrict__ offsets,
+                                                 int32_t* __restrict__ sorted_token, int32_t* __restrict__ pair_slot,
+                                                 int* error_flag) {
+  const unsigned full = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  int e = lane < n ? ids[lane] : -1;
+  if (lane < n && (e < 0 || e >= E)) {
+    atomicOr(error_flag, 2);
+    e = -1;
+  }
+  const unsigned same = __match_any_sync(full, e);
+  const int rank = __popc(same & ((1u << lane) - 1u));
+  int carry = 0, my_offset = 0;
+  for (int x0 = 0; x0 <= E; x0 += 32) {  // experts x0 + lane; offsets has E + 1 entries
+    const int x = x0 + lane;
+    int c = 0;
+    for (int q = 0; q < n; ++q) c += __shfl_sync(full, e, q) == x ? 1 : 0;
+    int incl = c;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(full, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const int excl = carry + incl - c;
+    if (x < E) counts[x] = c;
+    if (x <= E) offsets[x] = excl;
+    const bool here = e >= x0 && e < x0 + 32;
+    const int o = __shfl_sync(full, excl, here ? e - x0 : lane);
+    if (here) my_offset = o;
+    carry += __shfl_sync(full, incl, 31);
+  }
+  if (e >= 0) {
+    const int pos = my_offset + rank;
+    sorted_token[pos] = lane / k;
+    pair_slot[lane] = pos;
+  }
+}
+
 // Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
 __global__ void __launch_bounds__(kMoeChunk)
 moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k, int E, int32_t* __restrict__ counts,
@@ -176,6 +220,108 @@ moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k,
 // barriers were most of a batch-1 launch's 8.5 us, Nsight session 12). The same results as the
 // two launches, one launch fewer.
 constexpr int kRoutePermuteWarps = kMoeChunk / 32;
+struct RoutePermuteParams {
+  const float* logits;
+  int32_t* ids;
+  float* weights;
+  float* scores;
+  int tokens, E, k, grouped, n_group, topk_group, norm_topk_prob;
+  float scaling;
+  int32_t *counts, *offsets, *sorted_token, *pair_slot;
+  int* error_flag;
+  int release_first = 0;  // the next launch released before the wait (kernels/pdl.cuh)
+};
+
+// One token, greedy, E <= 64 experts (two per lane), k <= E: the route and its permutation by
+// one warp with nothing between them but registers and this warp's shared scratch (a batch-1
+// decode step; the general path below took ~6 us at one token on the H200, Nsight session 15:
+// 6 rounds of a shuffle arg-max, a block barrier, the ids read back from memory). The same
+// results bit for bit:
+//  - max, exp and the ascending-order softmax sum are route_token's expressions (every lane sums
+//    the same 64 values in the same order, so every lane holds lane 0's sum);
+//  - selection by rank: the k picks of route_token's repeated arg-max (higher score, ties to the
+//    lower id) are the candidates beaten by fewer than k others under that same strict order,
+//    and pick j is the one beaten by exactly j. That needs a total order: a NaN score (a NaN or
+//    +inf logit) sends the warp back to route_token itself (`return false`, nothing written);
+//  - the weights' normalisation sums the picks in pick order, as lane 0 does there;
+//  - the permutation of one token's k distinct experts: counts[x] = 1 if x was picked,
+//    offsets[x] = the picks below x, pair j at offsets[its expert] (permute_one_warp's result for
+//    distinct experts: rank 0 among its expert's pairs).
+// p, w: this warp's scratch ([E] and [k] floats).
+__device__ __forceinline__ bool route_permute_one_token(const RoutePermuteParams& q, float* p, float* w, int lane) {
+  const unsigned full = 0xffffffffu;
+  const int E = q.E, k = q.k;
+  const bool in0 = lane < E, in1 = lane + 32 < E;
+  const float l0 = in0 ? q.logits[lane] : 0.0f, l1 = in1 ? q.logits[lane + 32] : 0.0f;
+  // route_token: m = l[0], then fmaxf over this lane's experts in order, then the warp max.
+  float m = __shfl_sync(full, l0, 0);
+  if (in0) m = fmaxf(m, l0);
+  if (in1) m = fmaxf(m, l1);
+  m = warp_max(m);
+  if (in0) p[lane] = expf(l0 - m);
+  if (in1) p[lane + 32] = expf(l1 - m);
+  __syncwarp();
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += p[e];
+  const float v0 = in0 ? p[lane] / sum : 0.0f, v1 = in1 ? p[lane + 32] / sum : 0.0f;
+  if (__any_sync(full, (in0 && isnan(v0)) || (in1 && isnan(v1)))) return false;
+  __syncwarp();  // every lane's reads of p[] are done
+  if (in0) p[lane] = v0;
+  if (in1) p[lane + 32] = v1;
+  if (q.scores) {
+    if (in0) q.scores[lane] = v0;
+    if (in1) q.scores[lane + 32] = v1;
+  }
+  __syncwarp();
+  // Rank of expert e with score v: the experts e2 with p[e2] > v, or == v and e2 < e.
+  int r0 = 0, r1 = 0;
+  for (int e2 = 0; e2 < E; ++e2) {
+    const float u = p[e2];
+    r0 += (u > v0 || (u == v0 && e2 < lane)) ? 1 : 0;
+    r1 += (u > v1 || (u == v1 && e2 < lane + 32)) ? 1 : 0;
+  }
+  const bool s0 = in0 && r0 < k, s1 = in1 && r1 < k;
+  if (s0) {
+    q.ids[r0] = lane;
+    w[r0] = v0;
+  }
+  if (s1) {
+    q.ids[r1] = lane + 32;
+    w[r1] = v1;
+  }
+  __syncwarp();
+  // The weights, as route_token's lane 0 computes them, pick j by lane j.
+  if (q.norm_topk_prob && k > 1) {
+    float s = 0.0f;
+    for (int j = 0; j < k; ++j) s += w[j];
+    s += 1e-20f;
+    if (lane < k) q.weights[lane] = w[lane] / s;
+  } else if (lane < k) {
+    q.weights[lane] = w[lane] * q.scaling;
+  }
+  // The permutation: expert x = lane (+ 32) picked or not; offsets = picks below x.
+  const unsigned b0 = __ballot_sync(full, s0), b1 = __ballot_sync(full, s1);
+  const unsigned below = (1u << lane) - 1u;
+  const int o0 = __popc(b0 & below), o1 = __popc(b0) + __popc(b1 & below);
+  if (in0) {
+    q.counts[lane] = s0 ? 1 : 0;
+    q.offsets[lane] = o0;
+  }
+  if (in1) {
+    q.counts[lane + 32] = s1 ? 1 : 0;
+    q.offsets[lane + 32] = o1;
+  }
+  if (lane == 0) q.offsets[E] = k;
+  if (s0) {
+    q.sorted_token[o0] = 0;
+    q.pair_slot[r0] = o0;
+  }
+  if (s1) {
+    q.sorted_token[o1] = 0;
+    q.pair_slot[r1] = o1;
+  }
+  return true;
+}
 
 // Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
 __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePermuteParams q) {
@@ -186,7 +332,12 @@ __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePer
   extern __shared__ int32_t permute_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (q.tokens == 1 && !q.grouped && q.E <= 64 && q.k <= q.E) {  // block-uniform
-    if (warp == 0) route_permute_token0(q, sp[0], scand[0], sw[0], lane);  // a NaN score: as below, one warp
+    if (warp != 0 || route_permute_one_token(q, sp[0], sw[0], lane)) return;
+    // A NaN score: route_token and permute_one_warp exactly as below, by this warp alone.
+    route_token(q.logits, q.ids, q.weights, q.scores, 0, q.E, q.k, q.grouped, q.n_group, q.topk_group,
+                q.norm_topk_prob, q.scaling, sp[0], scand[0], sw[0], lane);
+    __syncwarp();  // the ids lane 0 wrote, visible to the warp
+    permute_one_warp(q.ids, q.k, q.k, q.E, q.counts, q.offsets, q.sorted_token, q.pair_slot, q.error_flag);
     return;
   }
   for (int t = warp; t < q.tokens; t += kRoutePermuteWarps) {
