@@ -952,7 +952,8 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
                                                            : stream == "3" ? "stream8x8/3w"
                                                                            : "streamwg64x8/4");
   // Session 28: one-row problems of fewer 64-row tiles than SMs (the shared experts' gate|up: 88)
-  // take ATLAS_GEMM_STREAM_FEW's config where it is set (A/B runs), else the LM head's.
+  // take ATLAS_GEMM_STREAM_FEW's config where it is set (A/B runs; name the staged split-K config,
+  // the plain one's name runs the split-K default), else the LM head's.
   const char* few_env = std::getenv("ATLAS_GEMM_STREAM_FEW");
   GemmArgs shared_one = m1;
   shared_one.N = 5632;

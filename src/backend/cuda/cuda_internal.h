@@ -50,8 +50,10 @@ bool switch_setting(const char* name, const char* value, bool dflt);
 int gemm_stream_grouped_setting(const char* value);
 // ATLAS_GEMM_STREAM_FEW's value (null or empty: unset, -1): the config one-row dense problems of
 // N >= 4096 but fewer 64-row tiles than SMs (the shared experts' gate|up at batch 1) take in place
-// of the stream config (session 28, for A/B runs: any config gives the same bits); a name that is
-// not a dense, non-TMA, non-sliced config throws an Error naming the variable.
+// of the stream config, where one would run (not under ATLAS_GEMM_STREAM=0; session 28, for A/B
+// runs: any config gives the same bits; a split-K name then runs as the split-K default does,
+// ATLAS_GEMM_SPLITK); a name that is not a dense, non-TMA, non-sliced config throws an Error
+// naming the variable.
 int gemm_stream_few_setting(const char* value);
 // ATLAS_WIDE_NORM's value (null: unset): whether the norms of at most kWideNormMaxRows rows (and
 // the kernels with a norm fused in: the MoE combine + norm, the latent to the MLA cache) run one

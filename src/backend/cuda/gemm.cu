@@ -761,12 +761,14 @@ int config_or_override(const char* var, int (*setting)(const char*), int dflt) {
   const int i = setting(std::getenv(var));
   return i < 0 ? dflt : i;
 }
-// The config for many small groups (a decode step of many tokens); ATLAS_GEMM_GROUPED_MANY=<config
-// name> overrides it for end-to-end measurements of the candidates (any config: the same bits).
+// The config one-row problems of few tiles take in place of the stream config where
+// ATLAS_GEMM_STREAM_FEW names one (session 28, end-to-end A/B runs; any config: the same bits).
 int stream_few_config() {
   static const int ci = config_or_override("ATLAS_GEMM_STREAM_FEW", gemm_stream_few_setting, -1);
   return ci;
 }
+// The config for many small groups (a decode step of many tokens); ATLAS_GEMM_GROUPED_MANY=<config
+// name> overrides it for end-to-end measurements of the candidates (any config: the same bits).
 int grouped_many_config() {
   static const int ci = config_or_override("ATLAS_GEMM_GROUPED_MANY", gemm_grouped_many_setting, kGroupedMany);
   return ci;
