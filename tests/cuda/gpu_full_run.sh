@@ -18,7 +18,8 @@
 # PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, env ENVCMP_ARGS,
 # compared with the bench step's figures), ncukernel (Nsight Compute sections of single launches
 # of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), ktrace (CUPTI kernel timeline of batch-1
-# decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS), probes (bench/cuda's launch-floor,
+# decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS; KTRACE_SUMMARY_ARGS for
+# tools/profile/kernel_trace_summary.py, default --origin rmsnorm_wide), probes (bench/cuda's launch-floor,
 # persistent-grid and TLB probes; env PROBES picks some, PROBE_ENVS runs each under several
 # environments), aba (a code A/B on one machine: `atlas bench` ABA_ARGS with the tree as it is,
 # then with the files ABA_SWAP="dst=src ..." swapped in and atlas rebuilt, then as it was again;
@@ -352,7 +353,7 @@ if has ktrace; then
       timeout 300 $B/atlas bench --model $lite --json "$out/bench_ktrace_$label.json" ${KTRACE_ARGS:---workload decode-b1 --mode batch-invariant} 2>&1 | tail -3
     echo "-- $label ($vars)"
     python3 -c 'import json,sys; [print("   %s %s %.2f %s, tokens %s" % (r["workload"], r["mode"], r["atlas"], r["unit"], r.get("detail", {}).get("tokens_sha256", "?")[:16])) for r in json.load(open(sys.argv[1]))]' "$out/bench_ktrace_$label.json" || rc=1
-    python3 tools/profile/kernel_trace_summary.py "$out/ktrace_$label.txt" ${KTRACE_SUMMARY_ARGS:-} >"$out/ktrace_${label}_summary.txt" || rc=1
+    python3 tools/profile/kernel_trace_summary.py "$out/ktrace_$label.txt" ${KTRACE_SUMMARY_ARGS:---origin rmsnorm_wide} >"$out/ktrace_${label}_summary.txt" || rc=1
     head -${KTRACE_LINES:-90} "$out/ktrace_${label}_summary.txt"
     gzip -f "$out/ktrace_$label.txt"
   done

@@ -90,6 +90,21 @@ with tempfile.TemporaryDirectory() as d:
                                             ("9.00", "latent_cache_kernel")]:
         fails.append("per-layer hops: %s" % hop_rows)
 
+    # --origin: each kernel's start and end from the end of the layer's gemm kernel (the previous
+    # layer's anchor ended 14 us before it ... the next one starts 10 us after it).
+    out = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--layer", "0", "--origin", "gemm_kernel"],
+                         capture_output=True, text=True)
+    phase = out.stdout.split("each kernel's start and end from the end of the first 'gemm_kernel'")[-1]
+    phase_rows = [l.split()[:3] for l in phase.splitlines() if "kernel (" in l]
+    if out.returncode != 0 or phase_rows != [["-14.00", "-10.00", "latent_cache_kernel"],
+                                             ["-10.00", "0.00", "gemm_kernel"], ["-5.00", "5.00", "side_kernel"],
+                                             ["10.00", "14.00", "latent_cache_kernel"]]:
+        fails.append("phase listing: %s %s" % (phase_rows, out.stderr))
+    out = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--layer", "0", "--origin", "no_such"],
+                         capture_output=True, text=True)
+    if out.returncode != 0 or "no phase listing: no kernel of the layer matches --origin 'no_such'" not in out.stdout:
+        fails.append("a missing origin should be reported: %s" % out.stdout[-300:])
+
     # An anchor that matches too few kernels says so instead of printing nothing.
     out = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--anchor", "no_such_kernel"], capture_output=True,
                          text=True)
@@ -114,4 +129,4 @@ with tempfile.TemporaryDirectory() as d:
 if fails:
     print("\n".join(fails))
     sys.exit(1)
-print("kernel_trace_summary: steps, wall split and layer listing as expected")
+print("kernel_trace_summary: steps, wall split, layer and phase listings as expected")

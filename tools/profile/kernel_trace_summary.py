@@ -11,9 +11,12 @@ start order, with offsets. Then the same layer's kernels with medians over every
 step whose launches match it (the same kernels in the same start order): each kernel's end minus
 the latest earlier end among the layer's kernels (the first anchor included), so one sampled
 layer's noise does not make the figures; the column adds up to the layer's time in each layer
-(its medians need not add up exactly).
+(its medians need not add up exactly). With --origin, last, each of those kernels' start and end
+relative to the end of the layer's first kernel whose name holds --origin (medians over the same
+layers): when each phase of a layer begins and ends, side-stream kernels included (session 28
+read the MoE part this way, from the post-attention norm: --origin rmsnorm_wide).
 
-  python3 tools/profile/kernel_trace_summary.py /tmp/k.txt [--skip 3] [--layer 10]
+  python3 tools/profile/kernel_trace_summary.py /tmp/k.txt [--skip 3] [--layer 10] [--origin NAME]
 """
 import argparse
 import collections
@@ -101,6 +104,25 @@ def hops(steps, anchor, ref_keys):
     return gaps, spans
 
 
+def phases(steps, anchor, ref_keys, origin):
+    """For every layer as in hops() whose keys equal ref_keys: per position j, (start - t0, end - t0)
+    where t0 is the end of the layer's first kernel whose key holds origin (None if none does)."""
+    pos = next((j for j, k in enumerate(ref_keys) if origin in k), None)
+    if pos is None:
+        return None
+    rows = collections.defaultdict(list)
+    for st in steps:
+        idx = [i for i, k in enumerate(st) if anchor in k["key"]]
+        for lo, hi in zip(idx, idx[1:]):
+            ks = st[lo:hi + 1]
+            if [k["key"] for k in ks] != ref_keys:
+                continue
+            t0 = ks[pos]["end"]
+            for j, k in enumerate(ks):
+                rows[j].append((k["start"] - t0, k["end"] - t0))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
@@ -109,6 +131,7 @@ def main():
     ap.add_argument("--layer", type=int, default=10)
     # Any kernel whose key contains it (the latent-cache kernel has two variants since session 15).
     ap.add_argument("--anchor", default="latent_cache")
+    ap.add_argument("--origin", default=None, help="also list the layer's kernels from this kernel's end")
     a = ap.parse_args()
     steps = steps_of(load(a.trace), a.step_end)[a.skip:]
     if not steps:
@@ -148,6 +171,18 @@ def main():
         for j in range(1, len(ref)):
             g = gaps[j]
             print(f"{statistics.median(g) / 1e3:8.2f} {min(g) / 1e3:7.2f} {max(g) / 1e3:7.2f}  {ref[j]['key']}")
+        if a.origin is not None:
+            rows = phases(steps, a.anchor, [k["key"] for k in ref], a.origin)
+            if rows is None:
+                print(f"\nno phase listing: no kernel of the layer matches --origin {a.origin!r}")
+            else:
+                print(f"\nthe same layers, each kernel's start and end from the end of the first {a.origin!r} "
+                      f"(us, medians)")
+                print(f"{'start':>8} {'end':>8}  kernel")
+                for j in range(len(ref)):
+                    st = statistics.median(r[0] for r in rows[j]) / 1e3
+                    en = statistics.median(r[1] for r in rows[j]) / 1e3
+                    print(f"{st:8.2f} {en:8.2f}  {ref[j]['key']}")
     else:
         print(f"\nno layer listing: {len(idx)} kernels per step match --anchor {a.anchor!r}, --layer {a.layer} needs "
               f"{a.layer + 2}")
