@@ -84,23 +84,28 @@ def attribute(step):
     return share
 
 
-def hops(steps, anchor, ref_keys):
-    """For every layer (kernels from one anchor to the next, start order) whose keys equal ref_keys:
-    per position j >= 1, the kernel's end minus the latest end before it among the layer's kernels
-    (0 where none is earlier); and the layer's span, last anchor end minus first anchor end."""
-    gaps = collections.defaultdict(list)
-    spans = []
+def layers(steps, anchor, ref_keys):
+    """Every layer (kernels from one anchor to the next, start order) whose keys equal ref_keys."""
     for st in steps:
         idx = [i for i, k in enumerate(st) if anchor in k["key"]]
         for lo, hi in zip(idx, idx[1:]):
             ks = st[lo:hi + 1]
-            if [k["key"] for k in ks] != ref_keys:
-                continue
-            ends = [k["end"] for k in ks]
-            for j in range(1, len(ks)):
-                earlier = [e for e in ends if e < ks[j]["end"]]
-                gaps[j].append(ks[j]["end"] - max(earlier) if earlier else 0)
-            spans.append(ks[-1]["end"] - ks[0]["end"])
+            if [k["key"] for k in ks] == ref_keys:
+                yield ks
+
+
+def hops(steps, anchor, ref_keys):
+    """For every matching layer: per position j >= 1, the kernel's end minus the latest end before
+    it among the layer's kernels (0 where none is earlier); and the layer's span, last anchor end
+    minus first anchor end."""
+    gaps = collections.defaultdict(list)
+    spans = []
+    for ks in layers(steps, anchor, ref_keys):
+        ends = [k["end"] for k in ks]
+        for j in range(1, len(ks)):
+            earlier = [e for e in ends if e < ks[j]["end"]]
+            gaps[j].append(ks[j]["end"] - max(earlier) if earlier else 0)
+        spans.append(ks[-1]["end"] - ks[0]["end"])
     return gaps, spans
 
 
@@ -111,15 +116,10 @@ def phases(steps, anchor, ref_keys, origin):
     if pos is None:
         return None
     rows = collections.defaultdict(list)
-    for st in steps:
-        idx = [i for i, k in enumerate(st) if anchor in k["key"]]
-        for lo, hi in zip(idx, idx[1:]):
-            ks = st[lo:hi + 1]
-            if [k["key"] for k in ks] != ref_keys:
-                continue
-            t0 = ks[pos]["end"]
-            for j, k in enumerate(ks):
-                rows[j].append((k["start"] - t0, k["end"] - t0))
+    for ks in layers(steps, anchor, ref_keys):
+        t0 = ks[pos]["end"]
+        for j, k in enumerate(ks):
+            rows[j].append((k["start"] - t0, k["end"] - t0))
     return rows
 
 
