@@ -103,6 +103,9 @@ using CfgSt3 = kern::StreamTile<3, 4>;  //  3    4      99 KB  2 (room for a con
 // (atlas_wgmma_gemv_probe's best span on the routed gate|up's 69 MB: 3.94 TB/s, s23-1).
 //                                          BK  stages   smem    blocks per SM
 using CfgWs128 = kern::WgStreamTile<128, 4>;  // 128    4      73 KB   3
+// The same with two warpgroups per block splitting K's slices (session 28; ATLAS_GEMM_STREAM_FEW
+// may name it for the shared experts' gate|up, one tile per block: two loops per tile).
+using CfgWs128x2 = kern::WgStreamTile<128, 4, 0, 2>;  // 128  2 x 4  161 KB   1
 // The same with register-staged copies (two steps in registers, a 3-slot ring; session 24, off
 // unless ATLAS_GEMM_STREAM_REGS=1: atlas_stream_sweep_probe's plain loads outran its cp.async
 // rings by ~10%, but in the decode step it is slower, 398.5 vs 425.9 tok/s with the same tokens;
@@ -125,6 +128,9 @@ struct TileConfig {
   // [out f32]: where set, the instance for K % tail_k != 0 (fn's assume K % tail_k == 0).
   KernelFn tail[2] = {nullptr, nullptr};
   int tail_k = 0;
+  // > 0: two warpgroups per block splitting K's slices (kernels/gemm_wgstream.cuh, WGS 2), for
+  // 1 < slices <= wg_split_max_slices only; config_or_fallback runs kStreamWg elsewhere.
+  int wg_split_max_slices = 0;
 };
 
 constexpr TileConfig grouped_only(TileConfig c) {
@@ -157,6 +163,7 @@ constexpr TileConfig make_wgstream_config(const char* name) {
   TileConfig c = async_only_config<T>(name, kern::gemm_wgstream_kernel<T, false, false>,
                                       kern::gemm_wgstream_kernel<T, true, false>);
   c.stream = true;
+  c.wg_split_max_slices = T::WGS > 1 ? T::WGS * T::kMaxParts : 0;
   c.tail[0] = kern::gemm_wgstream_kernel<T, false, true>;
   c.tail[1] = kern::gemm_wgstream_kernel<T, true, true>;
   c.tail_k = T::BK;
@@ -230,7 +237,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 30> kConfigs = {
+constexpr std::array<TileConfig, 31> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -250,7 +257,8 @@ constexpr std::array<TileConfig, 30> kConfigs = {
     grouped_only(make_config<CfgG16N128, false>("16x128x64/4")),
     make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
     make_splitk_config<CfgS8, true>("splitk16x8/8w+staged"), make_splitk_config<CfgS8W2, true>("splitk16x8/2w+staged"),
-    make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2")};
+    make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2"),
+    make_wgstream_config<CfgWs128x2>("streamwg64x8/4x2")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -450,8 +458,13 @@ int cluster_blocks(int ci, int K) {
   return kConfigs[size_t(ci)].cluster && slices <= setup().cluster_sizes[size_t(ci)] ? slices : 0;
 }
 // A cluster config that cannot run at this K runs an ordinary tiled one, a stream config that
-// cannot (K % 16 != 0, no sm_90a device code) the split-K kernel (same bits).
+// cannot (K % 16 != 0, no sm_90a device code) the split-K kernel, the two-warpgroup stream config
+// outside 2..16 K slices the one-warpgroup one (same bits).
 int config_or_fallback(int ci, int K) {
+  if (const int most = kConfigs[size_t(ci)].wg_split_max_slices; most > 0) {
+    const int64_t slices = ceil_div(K, kern::kSliceK);
+    if (slices < 2 || slices > most) ci = kStreamWg;  // one warpgroup would hold every slice (same bits)
+  }
   if (kConfigs[size_t(ci)].stream) return K % 16 == 0 && setup().stream_blocks[size_t(ci)] > 0 ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;

@@ -42,22 +42,36 @@
 
 namespace atlas::cuda::kern {
 
-template <int BK_, int STAGES_, int LEAD_ = 0>
+// WGS_ = 2 (session 28, config "streamwg64x8/4x2"; not yet run on a GPU): two warpgroups per
+// block, each with its own ring, walk the same tiles; warpgroup w takes the K slices s with
+// s % 2 == w (their BK steps chained as above), keeps each finished slice's sum in registers, and
+// at the tile's end warpgroup 1 hands its slice sums to warpgroup 0 through shared memory, which
+// adds all of them to the total in slice order from +0 (the one-warpgroup loop's order: the same
+// bits) and stores. Why: one tile per block (the shared experts' gate|up, 88 tiles) is bound by
+// one warpgroup's loop (~10-20 GB/s per block whatever the ring's depth, session 28); two loops per
+// tile halve its time. K must have more than one slice and at most 2 * kMaxParts (the host falls
+// back to the one-warpgroup config otherwise: the same bits).
+template <int BK_, int STAGES_, int LEAD_ = 0, int WGS_ = 1>
 struct WgStreamTile {
   static constexpr int BK = BK_, STAGES = STAGES_;
   static constexpr int LEAD = LEAD_;  // > 0: register-staged copies, LEAD steps in registers
-  static constexpr int BM = 8, BN = 64, THREADS = 128;
+  static constexpr int WGS = WGS_;    // warpgroups per block (1, or 2: K slices split between them)
+  static constexpr int BM = 8, BN = 64, WG_THREADS = 128, THREADS = WG_THREADS * WGS;
   static constexpr int ATOMS = BK / 64;                   // swizzle atoms per step (64 k each)
   static constexpr int ATOM_W = 64 * 64 * 2, ATOM_X = 8 * 64 * 2;  // bytes
   static constexpr int SLOT_W = ATOMS * ATOM_W, SLOT_X = ATOMS * ATOM_X;
   static constexpr int CPR = BK / 8;                      // 16-byte chunks per row and step
-  static constexpr int W_PER_THREAD = BN * CPR / THREADS;  // weight chunks per thread and step
-  static constexpr int SMEM_BYTES = STAGES * (SLOT_W + SLOT_X) + 1024;  // + aligning the ring to 1 KB
+  static constexpr int W_PER_THREAD = BN * CPR / WG_THREADS;  // weight chunks per thread and step
+  static constexpr int kMaxParts = 8;  // WGS 2: slice sums per warpgroup and tile (K <= 4096)
+  static constexpr int PARTS_BYTES = WGS > 1 ? kMaxParts * WG_THREADS * 16 : 0;  // warpgroup 1's, handed over
+  // + aligning the ring to 1 KB
+  static constexpr int SMEM_BYTES = WGS * STAGES * (SLOT_W + SLOT_X) + 1024 + PARTS_BYTES;
   static_assert(BK == 64 || BK == 128 || BK == 256, "whole atoms, whole steps per K slice");
   static_assert(kSliceK % BK == 0, "a K slice must be whole BK steps");
   static_assert(STAGES >= 3, "a slot is refilled two steps after its last read");
   static_assert(LEAD == 0 || (LEAD >= 1 && LEAD <= 3), "register-staged: 1 to 3 steps in registers");
-  static_assert(BN * CPR % THREADS == 0 && BM * CPR <= THREADS, "copy plan");
+  static_assert(WGS == 1 || (WGS == 2 && LEAD == 0), "two warpgroups: cp.async rings only");
+  static_assert(BN * CPR % WG_THREADS == 0 && BM * CPR <= WG_THREADS, "copy plan");
 };
 
 // D(64 x 8) += A(64 x 16) . B(16 x 8), both K-major in shared memory (128-byte swizzle).
@@ -98,16 +112,32 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   const uint32_t raw = smem_u32(gemm_smem);
-  const uint32_t ring_w = (raw + 1023u) & ~1023u;            // [STAGES][ATOMS][64][64]
-  const uint32_t ring_x = ring_w + uint32_t(T::STAGES * T::SLOT_W);  // [STAGES][ATOMS][8][64]
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // WGS > 1: warpgroup wg's thread tid (0-127) and its own ring; wg is 0 with one warpgroup.
+  const int wg = T::WGS > 1 ? int(threadIdx.x) / T::WG_THREADS : 0;
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t ring_w = base + uint32_t(wg * T::STAGES * T::SLOT_W);  // [WGS][STAGES][ATOMS][64][64]
+  const uint32_t ring_x = base + uint32_t(T::WGS * T::STAGES * T::SLOT_W + wg * T::STAGES * T::SLOT_X);  // [..][8][64]
+  const int tid = T::WGS > 1 ? int(threadIdx.x) % T::WG_THREADS : int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const bool grouped = p.offsets != nullptr;
   if (grouped) pdl_begin_gemm();
   const auto [first, last] = stream_share<T::BM>(p, lane);
   const int K = p.K;
   const int KT = (K + T::BK - 1) / T::BK;
-  const int steps = (last - first) * KT;
   constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
+  // This warpgroup's steps per tile (WGS > 1: those of the slices s with s % WGS == wg), and the
+  // tile's step index of its j-th.
+  int KTW = KT;
+  if constexpr (T::WGS > 1) {
+    constexpr int kGroup = kSteps * T::WGS;
+    KTW = KT / kGroup * kSteps + min(max(KT % kGroup - wg * kSteps, 0), kSteps);
+  }
+  const auto kt_of = [&](int j) {
+    if constexpr (T::WGS > 1)
+      return j / kSteps * (kSteps * T::WGS) + wg * kSteps + j % kSteps;
+    else
+      return j;
+  };
+  const int steps = (last - first) * KTW;
   constexpr int kAhead = T::STAGES - 2;
 
   // The tile of pid (false: none, or a bad table / weight find_tile flagged).
@@ -119,7 +149,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
   // CPR) and, for tid < BM * CPR, chunk c of x row tid / CPR. Offsets of the issue tile (-1: a
   // zero row), refreshed when the issue side enters a tile.
   const int c = tid % T::CPR, r0 = tid / T::CPR;
-  constexpr int kRowStep = T::THREADS / T::CPR;
+  constexpr int kRowStep = T::WG_THREADS / T::CPR;
   int64_t w_off[T::W_PER_THREAD];
   int64_t x_off = -1;
   const uint16_t* iw = p.w;
@@ -142,9 +172,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
   // Step s's chunk of this thread in slot `slot`: weights (kW) and / or x (kX).
   const auto copy_step = [&](int slot, int s, bool kW, bool kX) {
     if (s >= steps) return;
-    if (s / KT != itile && itile != -2) enter_issue_tile(s / KT);
+    if (s / KTW != itile && itile != -2) enter_issue_tile(s / KTW);
     if (itile == -2) return;
-    const int k = (s % KT) * T::BK + c * 8;
+    const int k = kt_of(s % KTW) * T::BK + c * 8;
     const int atom = c >> 3, cc = c & 7;
     if (kW) {
 #pragma unroll
@@ -258,22 +288,77 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
     }
   };
   bool pending = false;  // a slice's last group is in flight: fold it into the total first
+  // WGS > 1: this warpgroup's finished slice sums of the tile (part[q]: its q-th slice, the tile's
+  // slice q * WGS + wg), and the pending one's q.
+  float part[T::WGS > 1 ? T::kMaxParts : 1][4];
+  int pend_q = 0;
+  const auto stash = [&]() {
+#pragma unroll
+    for (int q = 0; q < (T::WGS > 1 ? T::kMaxParts : 1); ++q)
+      if (q == pend_q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[q][e] = acc[e];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] = 0.f;
+  };
+  // WGS > 1, at a tile's end in both warpgroups: warpgroup 1's slice sums into shared memory (after
+  // the rings), then warpgroup 0 adds every slice's sum to the total in slice order from +0, as the
+  // one-warpgroup loop does, and stores; the second barrier keeps warpgroup 1 from overwriting the
+  // sums before they are read.
+  const auto finish_tile = [&](int tile) {
+    float4* handed = reinterpret_cast<float4*>(gemm_smem + (base - raw) + T::WGS * T::STAGES * (T::SLOT_W + T::SLOT_X));
+    const int KS = (KT + kSteps - 1) / kSteps;  // the tile's K slices
+    if (wg == 1)
+#pragma unroll
+      for (int q = 0; q < T::kMaxParts; ++q)
+        if (2 * q + 1 < KS) handed[q * T::WG_THREADS + tid] = make_float4(part[q][0], part[q][1], part[q][2], part[q][3]);
+    __syncthreads();
+    if (wg == 0) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+#pragma unroll
+      for (int sl = 0; sl < 2 * T::kMaxParts; ++sl) {
+        if (sl < KS) {
+          float v[4];
+          if (sl % 2 == 0) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = part[sl / 2][e];
+          } else {
+            const float4 h = handed[(sl / 2) * T::WG_THREADS + tid];
+            v[0] = h.x, v[1] = h.y, v[2] = h.z, v[3] = h.w;
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], v[e]);
+        }
+      }
+      store(tile);
+    }
+    __syncthreads();
+  };
   // Step i's compute: first the pending slice's fold (and, at a tile's first step, the store of
   // the tile before), then step i's wgmma chain on its slot, committed.
   const auto compute = [&](int i) {
-    const int kt = i % KT;
+    const int kt = kt_of(i % KTW);
     if (pending) {
       wg_wait_all();
+      if constexpr (T::WGS == 1) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        tot[e] = __fadd_rn(tot[e], acc[e]);
-        acc[e] = 0.f;
+        for (int e = 0; e < 4; ++e) {
+          tot[e] = __fadd_rn(tot[e], acc[e]);
+          acc[e] = 0.f;
+        }
+      } else {
+        stash();
       }
       pending = false;
-      if (kt == 0) {  // ... and it was the tile's last
-        store(i / KT - 1);
+      if (T::WGS == 1 ? kt == 0 : i % KTW == 0) {  // ... and it was the tile's last (its first step here)
+        if constexpr (T::WGS == 1) {
+          store(i / KTW - 1);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+          for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+        } else {
+          finish_tile(i / KTW - 1);
+        }
       }
     }
     const uint32_t wb = ring_w + uint32_t((i % T::STAGES) * T::SLOT_W);
@@ -298,13 +383,17 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
     for (int i = 0; i < steps; ++i) {
       cp_async_wait<kAhead - 1>();
       fence_proxy_async_smem();  // the copies' writes (generic proxy) before the wgmma's reads
-      __syncthreads();
+      if constexpr (T::WGS == 1)
+        __syncthreads();
+      else  // this warpgroup's threads only (its ring is its own)
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(T::WG_THREADS) : "memory");
       copy_step((i + kAhead) % T::STAGES, i + kAhead, true, true);
       cp_async_commit();
       compute(i);
       wg_wait_one();
-      const int kt = i % KT;
+      const int kt = kt_of(i % KTW);
       pending = (kt + 1) % kSteps == 0 || kt + 1 == KT;
+      pend_q = kt / kSteps / T::WGS;
     }
   } else {
     // Step i: its wgmma (slot i % STAGES, stored and fenced the step before), then step i + 1's
@@ -330,10 +419,17 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
   }
   wg_wait_all();
   cp_async_wait<0>();  // nothing in flight when the block's shared memory is released
-  if (pending) {
+  if constexpr (T::WGS == 1) {
+    if (pending) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
-    store(steps / KT - 1);
+      for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
+      store(steps / KT - 1);
+    }
+  } else {
+    // Both warpgroups have steps in every tile of the block (the host keeps K past one slice), so
+    // both end here with a pending slice and meet in finish_tile as often.
+    if (pending) stash();
+    if (steps > 0) finish_tile(steps / KTW - 1);
   }
 #else
   __trap();  // the host never launches it without sm_90a device code (gemm_stream_probe_kernel)
