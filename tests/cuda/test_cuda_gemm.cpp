@@ -180,10 +180,11 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
     int M, N, K, batch;
   };
   // (Session 28: {1, 8960, 512, 1} has 140 tiles, more than the two-warpgroup config's one block
-  // per SM, so its blocks walk two tiles each and hand slice sums over twice.)
+  // per SM, so its blocks walk two tiles each and hand slice sums over twice; {3, 72, 1040, 1} a
+  // short last step (K % 128 = 16) over five slices, the stream configs' tail instances.)
   const Shape shapes[] = {{1, 8, 16, 1},    {1, 33, 1408, 1},  {5, 40, 768, 1},  {8, 2048, 256, 1},
                           {12, 72, 2048, 1}, {3, 17, 4096, 1}, {1, 100, 512, 3}, {2, 64, 128, 16},
-                          {1, 8960, 512, 1}, {1, 64, 2816, 1}};
+                          {1, 8960, 512, 1}, {1, 64, 2816, 1}, {3, 72, 1040, 1}};
   const int split = config_named("splitk16x8/8w");
   std::vector<int> streams;
   for (int c = 0; c < gemm_config_count(); ++c)
