@@ -42,15 +42,17 @@
 
 namespace atlas::cuda::kern {
 
-// WGS_ = 2 (session 28, config "streamwg64x8/4x2"; not yet run on a GPU): two warpgroups per
+// WGS_ = 2 (session 28, config "streamwg64x8/4x2", A/B only: ATLAS_GEMM_STREAM_FEW): two warpgroups per
 // block, each with its own ring, walk the same tiles; warpgroup w takes the K slices s with
 // s % 2 == w (their BK steps chained as above), keeps each finished slice's sum in registers, and
 // at the tile's end warpgroup 1 hands its slice sums to warpgroup 0 through shared memory, which
 // adds all of them to the total in slice order from +0 (the one-warpgroup loop's order: the same
 // bits) and stores. Why: one tile per block (the shared experts' gate|up, 88 tiles) is bound by
 // one warpgroup's loop (~10-20 GB/s per block whatever the ring's depth, session 28); two loops per
-// tile halve its time. K must have more than one slice and at most 2 * kMaxParts (the host falls
-// back to the one-warpgroup config otherwise: the same bits).
+// tile took it from 22.8 to 14.6 us per call (s28-5), though its 161 KB per block then keep the
+// routed gate|up's blocks off the SMs and the step is slower. K must have more than one slice
+// and at most 2 * kMaxParts (the host falls back to the one-warpgroup config otherwise: the same
+// bits).
 template <int BK_, int STAGES_, int LEAD_ = 0, int WGS_ = 1>
 struct WgStreamTile {
   static constexpr int BK = BK_, STAGES = STAGES_;
@@ -393,7 +395,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
       wg_wait_one();
       const int kt = kt_of(i % KTW);
       pending = (kt + 1) % kSteps == 0 || kt + 1 == KT;
-      pend_q = kt / kSteps / T::WGS;
+      if constexpr (T::WGS > 1) pend_q = kt / kSteps / T::WGS;
     }
   } else {
     // Step i: its wgmma (slot i % STAGES, stored and fenced the step before), then step i + 1's
