@@ -1073,6 +1073,79 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(many)).rfind("stream", 0), std::string::npos);
 }
 
+// Session 29: grouped_gemm_chain (the MoE gate|up and down in one launch, kernels/gemm_chain.cuh)
+// gives the bits of grouped_gemm(gate|up) then grouped_gemm(down): the activation and the down's
+// rows, rows past offsets[groups] untouched, with launch overlap off and on, twice in a row (the
+// counters the kernel leaves zero), and where its grid has fewer blocks than tiles (a block then
+// walks several gate|up tiles before its down tiles). Shapes: a decode step's (K 2048, I 1408,
+// N 2048; gathered rows, empty groups, a group of 2) and a small one whose down N ends inside a
+// tile and whose K is two and three 128-wide steps.
+TEST_F(GroupedGemm, ChainGivesTheBitsOfTheTwoLaunches) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  struct ChainCase {
+    std::vector<int> counts;
+    int H, I, slack;
+  };
+  const LaunchOverlap was = launch_overlap_mode();
+  for (const ChainCase& cc : {ChainCase{{1, 0, 2, 1, 0, 1, 1, 0}, 2048, 1408, 1},
+                              ChainCase{{0, 3, 1, 0, 2}, 200, 256, 2}}) {
+    // (H = 200 is not a multiple of 128: the gate|up's K must be, so that case takes H as the
+    // down's N only and a K of 384 for the gate|up.)
+    const int G = int(cc.counts.size()), I = cc.I, Kg = cc.H % 128 == 0 ? cc.H : 384, Nd = cc.H;
+    const std::vector<int32_t> offsets = group_offsets(cc.counts);
+    const int rows = offsets.back(), max_rows = rows + cc.slack, x_count = 3;
+    ASSERT_LE(max_rows, 8);
+    const auto x = random_bf16(size_t(x_count) * Kg, rng);
+    const std::vector<int32_t> x_rows = random_rows(max_rows, x_count, rng);
+    std::vector<std::vector<uint16_t>> wgu, wd;
+    for (int g = 0; g < G; ++g) {
+      wgu.push_back(random_bf16(size_t(2 * I) * Kg, rng, 0.03f));
+      wd.push_back(random_bf16(size_t(Nd) * I, rng, 0.03f));
+    }
+    const SpacedWeights sgu(wgu, size_t(2 * I) * Kg), sd(wd, size_t(Nd) * I);
+    DevBuf<uint16_t> dx(x);
+    DevBuf<int32_t> doff(offsets), drows(x_rows);
+    DevBuf<const uint16_t*> dgu(sgu.ptrs), dd(sd.ptrs);
+    const auto run_pair = [&](bool chain, bool overlap, int repeats, int cap = 0) {
+      set_launch_overlap(overlap);
+      gemm_set_moe_chain(chain ? 1 : 0);
+      gemm_set_chain_blocks(cap);
+      const std::vector<uint16_t> sentinel_act(size_t(max_rows) * I, 0x7fc1), sentinel_out(size_t(max_rows) * Nd, 0x7fc1);
+      DevBuf<uint16_t> act(sentinel_act), out(sentinel_out);
+      const GroupedGemmArgs gate_up{.x = dx.get(), .x_rows = drows.get(), .w = dgu.get(), .offsets = doff.get(),
+                                    .out = act.get(), .groups = G, .max_rows = max_rows, .N = 2 * I, .K = Kg,
+                                    .x_rows_limit = x_count, .w_base = sgu.ptrs[0], .w_group_stride = sgu.stride,
+                                    .gated = I};
+      const GroupedGemmArgs down{.x = act.get(), .w = dd.get(), .offsets = doff.get(), .out = out.get(), .groups = G,
+                                 .max_rows = max_rows, .N = Nd, .K = I, .w_base = sd.ptrs[0], .w_group_stride = sd.stride};
+      const int64_t before = gemm_chain_launches();
+      for (int r = 0; r < repeats; ++r) {
+        if (!grouped_gemm_chain(gate_up, down)) {
+          grouped_gemm(gate_up);
+          grouped_gemm(down);
+        }
+      }
+      synchronize();
+      check_device_errors();
+      EXPECT_EQ(gemm_chain_launches() - before, chain ? repeats : 0) << "chain " << chain;
+      gemm_set_moe_chain(-1);
+      gemm_set_chain_blocks(0);
+      set_launch_overlap(was);
+      return std::pair{act.download(), out.download()};
+    };
+    const auto want = run_pair(false, false, 1);
+    for (size_t i = size_t(rows) * I; i < want.first.size(); ++i) ASSERT_EQ(want.first[i], 0x7fc1) << "act " << i;
+    for (size_t i = size_t(rows) * Nd; i < want.second.size(); ++i) ASSERT_EQ(want.second[i], 0x7fc1) << "out " << i;
+    for (const auto& [overlap, cap] : {std::pair{false, 0}, std::pair{true, 0}, std::pair{true, 7}}) {
+      SCOPED_TRACE(::testing::Message() << "H " << cc.H << " overlap " << overlap << " blocks cap " << cap);
+      const auto got = run_pair(true, overlap, 2, cap);
+      EXPECT_EQ(got.first, want.first) << "activation";
+      EXPECT_EQ(got.second, want.second) << "down";
+    }
+  }
+}
+
 // Session 21: the one-row dense GEMMs the chooser gives split-K (o_proj, the router, the shared
 // down) run the staged split-K kernel, unless ATLAS_GEMM_SPLITK names another; operands without
 // 16-byte alignment run the plain one (the staged kernel has no predicated path). The bits are
