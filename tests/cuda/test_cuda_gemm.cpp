@@ -1112,11 +1112,11 @@ TEST_F(GroupedGemm, ChainGivesTheBitsOfTheTwoLaunches) {
       gemm_set_moe_chain(chain ? 1 : 0);
       gemm_set_chain_blocks(cap);
       const std::vector<uint16_t> sentinel_act(size_t(max_rows) * I, 0x7fc1), sentinel_out(size_t(max_rows) * Nd, 0x7fc1);
-      DevBuf<uint16_t> act(sentinel_act), out(sentinel_out), scratch(size_t(max_rows) * 2 * I);
+      DevBuf<uint16_t> act(sentinel_act), out(sentinel_out);
       const GroupedGemmArgs gate_up{.x = dx.get(), .x_rows = drows.get(), .w = dgu.get(), .offsets = doff.get(),
                                     .out = act.get(), .groups = G, .max_rows = max_rows, .N = 2 * I, .K = Kg,
                                     .x_rows_limit = x_count, .w_base = sgu.ptrs[0], .w_group_stride = sgu.stride,
-                                    .gated = I, .gated_scratch = scratch.get()};
+                                    .gated = I};
       const GroupedGemmArgs down{.x = act.get(), .w = dd.get(), .offsets = doff.get(), .out = out.get(), .groups = G,
                                  .max_rows = max_rows, .N = Nd, .K = I, .w_base = sd.ptrs[0], .w_group_stride = sd.stride};
       const int64_t before = gemm_chain_launches();

@@ -1331,10 +1331,10 @@ bool grouped_gemm_chain(const GroupedGemmArgs& a, const GroupedGemmArgs& b) {
   if (!(forced >= 0 ? forced == 1 : s.moe_chain) || s.chain_blocks <= 0 || forced_config.load() >= 0) return false;
   require_grouped_args(a, op);
   require_grouped_args(b, op);
+  require_gated(a, op);
   using T = CfgWs128;
   constexpr int kMinK = (T::STAGES - 2) * T::BK;
-  // (The chain fuses the SiLU gate: a.gated_scratch is not needed.)
-  if (a.gated <= 0 || a.N != 2 * a.gated || b.gated != 0 || a.out_type != OutType::bf16 || b.out_type != OutType::bf16 ||
+  if (a.gated <= 0 || b.gated != 0 || a.out_type != OutType::bf16 || b.out_type != OutType::bf16 ||
       a.offsets != b.offsets || a.groups != b.groups || a.max_rows != b.max_rows || a.max_rows > 8 || a.max_rows == 0 ||
       b.x != a.out || b.x_rows != nullptr || (b.x_stride != 0 && b.x_stride != a.gated) || a.K % T::BK != 0 ||
       b.K % T::BK != 0 || a.K < kMinK || b.K < kMinK || b.K != a.gated)
