@@ -214,7 +214,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_ARGMAX_SPLIT", {"0", "1", "split"}},
       {"ATLAS_MLA_MERGE_EARLY", {"0", "1", "early"}},
       {"ATLAS_MOE_COMBINE_PAIRS", {"0", "1", "pairs"}},
-      {"ATLAS_MOE_CHAIN", {"0", "1", "chain"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
       {"ATLAS_ABSORB", {"side", "before", "after", "main"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},

@@ -390,10 +390,6 @@ class CudaModelT final : public Model {
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
                    int64_t gated = 0, Elem* scratch = nullptr) const;
-  // grouped_gemm_chain of the layer's gate|up and down (bf16 only); false: not launched.
-  bool chain_experts(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Layer& L,
-                     const int32_t* offsets, Elem* act, Elem* out, int64_t groups, int64_t max_rows, int64_t H,
-                     int64_t I) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -803,24 +799,6 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
 }
 
 template <class Elem>
-bool CudaModelT<Elem>::chain_experts(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const Layer& L,
-                                     const int32_t* offsets, Elem* act, Elem* out, int64_t groups, int64_t max_rows,
-                                     int64_t H, int64_t I) const {
-  if constexpr (kF32) {
-    return false;
-  } else {
-    const GroupedGemmArgs gate_up{.x = x, .x_rows = x_rows, .w = L.gate_up_w.ptrs, .offsets = offsets, .out = act,
-                                  .groups = int(groups), .max_rows = int(max_rows), .N = int(2 * I), .K = int(H),
-                                  .x_rows_limit = x_rows_limit, .w_base = L.gate_up_w.base,
-                                  .w_group_stride = L.gate_up_w.stride, .gated = int(I), .stream = s_};
-    const GroupedGemmArgs down{.x = act, .w = L.down_w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
-                               .max_rows = int(max_rows), .N = int(H), .K = int(I), .w_base = L.down_w.base,
-                               .w_group_stride = L.down_w.stride, .stream = s_};
-    return grouped_gemm_chain(gate_up, down);
-  }
-}
-
-template <class Elem>
 void CudaModelT<Elem>::upload(void* dst, const void* src, size_t bytes) const {
   copy_to_device_async(dst, src, bytes, s_);
   stream_synchronize(s_);  // the source may be pageable host memory the caller reuses
@@ -1193,12 +1171,8 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   }
   // (The permutation does not read the weights: an observer's change reaches the combine only.)
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
-  // act = silu(gate) * up, then ys = down(act): one launch where grouped_gemm_chain takes them
-  // (ATLAS_MOE_CHAIN=1, a few rows), else two.
-  if (!chain_experts(b.h, b.sorted, M, L, b.offsets, b.act, b.ys, E, M * k, H, I)) {
-    expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);
-    expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
-  }
+  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
+  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).
   if (L.has_shared) join_side();  // side_ has nothing after the shared experts

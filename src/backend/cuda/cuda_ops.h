@@ -816,22 +816,6 @@ struct GroupedGemmArgs {
 };
 void grouped_gemm(const GroupedGemmArgs& a);
 int grouped_gemm_chosen_config(const GroupedGemmArgs& a);
-// The MoE experts' fused gate|up `a` and their down projection `b` (b.x = a.out, the same
-// offsets) as one launch (kernels/gemm_chain.cuh; session 29): grouped_gemm(a) then
-// grouped_gemm(b), the same bits, where both would run on the wgmma stream config (bf16, at most
-// 8 rows, K of both whole 128-wide steps, at least two) and ATLAS_MOE_CHAIN=1 (off by default
-// until measured faster). Returns false and launches nothing otherwise (the switch off, another
-// shape, a forced config, a capture before the stream's first eager call): the caller runs the
-// two launches.
-bool grouped_gemm_chain(const GroupedGemmArgs& a, const GroupedGemmArgs& b);
-// How many chained launches grouped_gemm_chain made in this process (tests check that it ran).
-int64_t gemm_chain_launches();
-// Tests: 1 lets grouped_gemm_chain launch, 0 never, -1 (the default) as ATLAS_MOE_CHAIN says;
-// process-wide, like gemm_force_config. Never bits.
-void gemm_set_moe_chain(int mode);
-// Tests: grouped_gemm_chain's grid capped at `blocks` (0: its resident slots, the default), so
-// that a block walks several tiles of each GEMM. Never bits.
-void gemm_set_chain_blocks(int blocks);
 
 // ---- f32 GEMM (the f32 checking mode, `--compute f32`) ------------------------------------
 // out[M,N] = x[M,K] . W[N,K]^T with f32 operands and output (kernels/gemm_f32.cuh). Contract

@@ -29,7 +29,6 @@
 #include "backend/cuda/kernels/gemm_mma.cuh"
 #include "backend/cuda/kernels/gemm_tma.cuh"
 #include "backend/cuda/kernels/gemm_wgmma.cuh"
-#include "backend/cuda/kernels/gemm_chain.cuh"
 #include "backend/cuda/kernels/gemm_wgstream.cuh"
 
 namespace atlas::cuda {
@@ -318,9 +317,6 @@ bool weight_evict_first() {
 std::atomic<int> tma_blocks_cap{0};  // gemm_set_tma_blocks (tests)
 std::atomic<int64_t> tailed_launches{0};  // gemm_tailed_launches (tests)
 std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
-std::atomic<int64_t> chain_launches{0};   // gemm_chain_launches (tests)
-std::atomic<int> chain_override{-1};      // gemm_set_moe_chain (tests)
-std::atomic<int> chain_blocks_cap{0};     // gemm_set_chain_blocks (tests)
 
 struct GemmSetup {
   int sm_count = 132;
@@ -358,10 +354,6 @@ struct GemmSetup {
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
   bool tails = false;
-  // ATLAS_MOE_CHAIN (default 0 until measured; session 29): grouped_gemm_chain may run the MoE
-  // gate|up and down of <= 8 rows as one launch (kernels/gemm_chain.cuh).
-  bool moe_chain = false;
-  int chain_blocks = 0;  // resident blocks per SM of the chain kernel (0: no sm_90a code)
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -435,14 +427,6 @@ const GemmSetup& setup() {
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
-    g.moe_chain = env_switch("ATLAS_MOE_CHAIN", false);
-    if (stream_code) {
-      const auto chain = kern::gemm_chain_kernel<CfgWs128>;
-      raise_smem(reinterpret_cast<KernelFn>(chain), CfgWs128::SMEM_BYTES);
-      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g.chain_blocks, chain, CfgWs128::THREADS,
-                                                               size_t(CfgWs128::SMEM_BYTES)),
-                 "gemm", "cudaOccupancyMaxActiveBlocksPerMultiprocessor (chain)");
-    }
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
@@ -881,8 +865,6 @@ struct ScratchBlock {
   void* p = nullptr;
   size_t bytes = 0;
   int* tail_counter = nullptr;  // gemm_add_rmsnorm's block counter (zero between launches)
-  int* chain_counters = nullptr;  // grouped_gemm_chain's counters (zero between launches)
-  int chain_count = 0;
 };
 std::mutex scratch_mu;
 std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 1 GiB each
@@ -919,27 +901,6 @@ int* stream_tail_counter(cudaStream_t stream) {
   check_cuda(cudaMalloc(&b.tail_counter, sizeof(int)), "gemm", "cudaMalloc (tail counter)");
   check_cuda(cudaMemset(b.tail_counter, 0, sizeof(int)), "gemm", "cudaMemset (tail counter)");
   return b.tail_counter;
-}
-
-// The stream's chain counters (kern::ChainParams::counters), at least n, zeroed once (the chain
-// kernel leaves them zero); null inside a capture before an eager call made them big enough.
-int* stream_chain_counters(cudaStream_t stream, int n) {
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(scratch_mu);
-  ScratchBlock& b = scratch_blocks[{dev, stream}];
-  if (b.chain_counters != nullptr && b.chain_count >= n) return b.chain_counters;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &cap), "gemm", "cudaStreamIsCapturing");
-  if (cap != cudaStreamCaptureStatusNone) return nullptr;
-  check_cuda(cudaStreamSynchronize(stream), "gemm", "cudaStreamSynchronize (chain counters)");
-  if (b.chain_counters) check_cuda(cudaFree(b.chain_counters), "gemm", "cudaFree (chain counters)");
-  b.chain_counters = nullptr;
-  b.chain_count = 0;
-  check_cuda(cudaMalloc(&b.chain_counters, size_t(n) * sizeof(int)), "gemm", "cudaMalloc (chain counters)");
-  check_cuda(cudaMemset(b.chain_counters, 0, size_t(n) * sizeof(int)), "gemm", "cudaMemset (chain counters)");
-  b.chain_count = n;
-  return b.chain_counters;
 }
 
 // A sliced launch (kern::MmaGemmParams::slice_stride): fp32 slice sums [slices][rows][N] in the
@@ -1250,37 +1211,6 @@ void gemm(const GemmArgs& a) {
   check_launch(op);
 }
 
-// A grouped problem's kernel parameters (grouped_gemm, grouped_gemm_chain): y_tiles x n_tiles
-// tiles at most (the host's bound; the kernels count the real ones on the device).
-static kern::MmaGemmParams grouped_params(const GroupedGemmArgs& a, int64_t xs, int64_t ws, int64_t os, int64_t y_tiles,
-                                   int64_t n_tiles, bool f32) {
-  const size_t elt = f32 ? 4 : 2;
-  kern::MmaGemmParams p;
-  p.x = a.x;
-  p.out = a.out;
-  p.w_groups = a.w;
-  p.offsets = a.offsets;
-  p.x_rows = a.x_rows;
-  p.xs = xs;
-  p.ws = ws;
-  p.os = os;
-  p.x_rows_limit = a.x_rows_limit;
-  p.N = a.N;
-  p.K = a.K;
-  p.m_tiles = int(y_tiles);
-  p.n_tiles = int(n_tiles);
-  p.groups = a.groups;
-  p.max_rows = a.max_rows;
-  p.error_flag = setup().error_flag;
-  p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
-  p.l2_evict_first = weight_evict_first() ? 1 : 0;
-  if (a.gated > 0) {  // a fusing config (never sliced): the activation out
-    p.gated = a.gated;
-    p.os = a.gated;
-  }
-  return p;
-}
-
 void grouped_gemm(const GroupedGemmArgs& a) {
   const char* op = "grouped_gemm";
   require_grouped_args(a, op);
@@ -1305,7 +1235,30 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   const int64_t y_tiles = ceil_div(a.max_rows, c.bm) + busy_groups(a), n_tiles = ceil_div(a.N, c.bn);
   require(y_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "max_rows",
           "too many tiles for one launch");
-  kern::MmaGemmParams p = grouped_params(a, xs, ws, os, y_tiles, n_tiles, f32);
+  const size_t elt = f32 ? 4 : 2;
+  kern::MmaGemmParams p;
+  p.x = a.x;
+  p.out = a.out;
+  p.w_groups = a.w;
+  p.offsets = a.offsets;
+  p.x_rows = a.x_rows;
+  p.xs = xs;
+  p.ws = ws;
+  p.os = os;
+  p.x_rows_limit = a.x_rows_limit;
+  p.N = a.N;
+  p.K = a.K;
+  p.m_tiles = int(y_tiles);
+  p.n_tiles = int(n_tiles);
+  p.groups = a.groups;
+  p.max_rows = a.max_rows;
+  p.error_flag = s.error_flag;
+  p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
+  p.l2_evict_first = weight_evict_first() ? 1 : 0;
+  if (a.gated > 0) {  // a fusing config (never sliced): the activation out
+    p.gated = a.gated;
+    p.os = a.gated;
+  }
   const int slices = int(ceil_div(a.K, kern::kSliceK));
   if (c.sliced && async && slices > 1 &&
       size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&
@@ -1319,52 +1272,6 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream));
   check_launch(op);
 }
-
-// The MoE gate|up and down as one launch (kernels/gemm_chain.cuh), where both would run on the
-// wgmma stream config: bf16, <= 8 rows, the same groups, the down reading the gate|up's
-// activation in place, K of both whole 128-wide steps (at least two). False: nothing launched
-// (the switch off, another shape, no sm_90a code, a capture before the first eager call).
-bool grouped_gemm_chain(const GroupedGemmArgs& a, const GroupedGemmArgs& b) {
-  const char* op = "grouped_gemm_chain";
-  const int forced = chain_override.load();
-  const GemmSetup& s = setup();
-  if (!(forced >= 0 ? forced == 1 : s.moe_chain) || s.chain_blocks <= 0 || forced_config.load() >= 0) return false;
-  require_grouped_args(a, op);
-  require_grouped_args(b, op);
-  require_gated(a, op);
-  using T = CfgWs128;
-  constexpr int kMinK = (T::STAGES - 2) * T::BK;
-  if (a.gated <= 0 || b.gated != 0 || a.out_type != OutType::bf16 || b.out_type != OutType::bf16 ||
-      a.offsets != b.offsets || a.groups != b.groups || a.max_rows != b.max_rows || a.max_rows > 8 || a.max_rows == 0 ||
-      b.x != a.out || b.x_rows != nullptr || (b.x_stride != 0 && b.x_stride != a.gated) || a.K % T::BK != 0 ||
-      b.K % T::BK != 0 || a.K < kMinK || b.K < kMinK || b.K != a.gated)
-    return false;
-  const int64_t xsa = a.x_stride ? a.x_stride : a.K, wsa = a.w_stride ? a.w_stride : a.K;
-  const int64_t xsb = b.x_stride ? b.x_stride : b.K, wsb = b.w_stride ? b.w_stride : b.K;
-  const int64_t osb = b.out_stride ? b.out_stride : b.N;
-  if (!grouped_async(a, xsa, wsa) || !grouped_async(b, xsb, wsb)) return false;
-  const cudaStream_t stream = stream_of(a.stream);
-  int* counters = stream_chain_counters(stream, a.groups + 1);
-  if (counters == nullptr) return false;
-  const int64_t y_tiles = ceil_div(a.max_rows, T::BM) + busy_groups(a);
-  const int64_t tiles_a = y_tiles * ceil_div(a.N, T::BN);
-  require(tiles_a <= int64_t(INT32_MAX), op, "max_rows", "too many tiles for one launch");
-  const kern::ChainParams cp{.a = grouped_params(a, xsa, wsa, a.N, y_tiles, ceil_div(a.N, T::BN), false),
-                             .b = grouped_params(b, xsb, wsb, osb, y_tiles, ceil_div(b.N, T::BN), false),
-                             .counters = counters};
-  // Every block resident at once (the waits' deadlock freedom): at most the chain kernel's slots.
-  const int64_t slots = int64_t(s.sm_count) * s.chain_blocks;
-  int64_t blocks = std::min(tiles_a, slots);
-  if (const int cap = chain_blocks_cap.load(); cap > 0) blocks = std::min<int64_t>(blocks, cap);
-  launch(kern::gemm_chain_kernel<T>, dim3(unsigned(blocks)), T::THREADS, T::SMEM_BYTES, stream, cp);
-  check_launch(op);
-  ++chain_launches;
-  return true;
-}
-
-int64_t gemm_chain_launches() { return chain_launches.load(); }
-void gemm_set_moe_chain(int mode) { chain_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
-void gemm_set_chain_blocks(int blocks) { chain_blocks_cap.store(std::max(blocks, 0)); }
 
 // o_proj's launch that also adds and norms (kernels/gemm_tail.cuh): where gemm(a) would run the
 // staged 8-warp split-K kernel on one row (o_proj at a batch-1 decode step), that kernel with

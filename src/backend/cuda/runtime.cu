@@ -242,7 +242,7 @@ void check_environment() {
                            "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY",
                            "ATLAS_MLA_EARLY_CACHE", "ATLAS_GEMM_STREAM_BALANCE", "ATLAS_GEMM_TAILS",
                            "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
-                           "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MOE_CHAIN"})
+                           "ATLAS_MOE_COMBINE_PAIRS"})
     (void)env_switch(name, true);
 }
 
@@ -389,7 +389,6 @@ void check_device_errors() {
   if (v & 64) what += " grouped_gemm: w: a group weight pointer null or not 16-byte aligned;";
   if (v & 128) what += " argmax: logits: NaN;";  // kernels/argmax.cuh
   if (v & 256) what += " mla_pattern: lengths: a length outside [0, slots];";  // kernels/mla_pattern.cuh
-  if (v & 512) what += " grouped_gemm_chain: a group's gate|up tiles never all arrived (a wait timed out);";  // kernels/gemm_chain.cuh
   throw Error("cuda: bad device data:" + what);
 }
 
