@@ -181,10 +181,13 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
   };
   // (Session 28: {1, 8960, 512, 1} has 140 tiles, more than the two-warpgroup config's one block
   // per SM, so its blocks walk two tiles each and hand slice sums over twice; {3, 72, 1040, 1} a
-  // short last step (K % 128 = 16) over five slices, the stream configs' tail instances.)
+  // short last step (K % 128 = 16) over five slices, the stream configs' tail instances. Session
+  // 30: {3, 33000, 384, 1} has 516 tiles of three steps, more than any stream config's resident
+  // blocks on an H200, so the lean loop's blocks walk two tiles, its copies running ahead across
+  // the tile boundary from the prologue on.)
   const Shape shapes[] = {{1, 8, 16, 1},    {1, 33, 1408, 1},  {5, 40, 768, 1},  {8, 2048, 256, 1},
                           {12, 72, 2048, 1}, {3, 17, 4096, 1}, {1, 100, 512, 3}, {2, 64, 128, 16},
-                          {1, 8960, 512, 1}, {1, 64, 2816, 1}, {3, 72, 1040, 1}};
+                          {1, 8960, 512, 1}, {1, 64, 2816, 1}, {3, 72, 1040, 1}, {3, 33000, 384, 1}};
   const int split = config_named("splitk16x8/8w");
   std::vector<int> streams;
   for (int c = 0; c < gemm_config_count(); ++c)
@@ -220,6 +223,19 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
       }
     }
   }
+}
+
+// The lean loop's switch (no GPU needed): off by default, 4 or 6 ring slots, a clear error otherwise.
+TEST(GemmSettings, StreamLeanSwitchNamesItselfOnBadValues) {
+  EXPECT_EQ(detail::gemm_stream_lean_setting(nullptr), 0);
+  EXPECT_EQ(detail::gemm_stream_lean_setting(""), 0);
+  EXPECT_EQ(detail::gemm_stream_lean_setting("0"), 0);
+  EXPECT_EQ(detail::gemm_stream_lean_setting("4"), 4);
+  EXPECT_EQ(detail::gemm_stream_lean_setting("6"), 6);
+  expect_each_rejected([](const char* v) { detail::gemm_stream_lean_setting(v); }, {"1", "5", "lean", " 4", "8"},
+                       [](const char* v) {
+                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_LEAN", "'" + std::string(v) + "'"};
+                       });
 }
 
 // The weight-streaming switch (no GPU needed): the three settings, and a clear error otherwise.
@@ -1058,7 +1074,12 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");  // "1": the dense problems' stream config
   const std::string stream = stream_env == nullptr ? "" : stream_env;
   const char* regs_env = std::getenv("ATLAS_GEMM_STREAM_REGS");  // "1": the register-staged wgmma config
-  const std::string wg = regs_env != nullptr && std::string(regs_env) == "1" ? "streamwg64x8/3r2" : "streamwg64x8/4";
+  const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");  // "4" / "6": the lean loop
+  const std::string lean = lean_env == nullptr ? "" : lean_env;
+  const std::string wg = regs_env != nullptr && std::string(regs_env) == "1" ? "streamwg64x8/3r2"
+                         : lean == "4"                                       ? "streamwg64x8/4l"
+                         : lean == "6"                                       ? "streamwg64x8/6l"
+                                                                             : "streamwg64x8/4";
   const std::string dense_stream = stream == "0"   ? "16x32x128/4"
                                    : stream == "3" ? "stream8x8/3w"
                                    : stream == "6" ? "stream8x8/6w"

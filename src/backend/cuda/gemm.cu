@@ -111,6 +111,9 @@ using CfgWs128x2 = kern::WgStreamTile<128, 4, 0, 2>;  // 128  2 x 4  161 KB   1
 // rings by ~10%, but in the decode step it is slower, 398.5 vs 425.9 tok/s with the same tokens;
 // the routed and shared gate|up 33.2 / 29.9 us per call vs 28.7 / 25.4, H200 s25-1).
 using CfgWs128R2 = kern::WgStreamTile<128, 3, 2>;  // 128  3 + 2 in registers  55 KB
+// The lean loop of the same tile (gemm_wgstream_lean_kernel, session 30, ATLAS_GEMM_STREAM_LEAN):
+// the 4-slot ring as CfgWs128's, and a 6-slot one (four steps in flight).
+using CfgWs128S6 = kern::WgStreamTile<128, 6>;  // 128    6     109 KB   2
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -167,6 +170,18 @@ constexpr TileConfig make_wgstream_config(const char* name) {
   c.tail[0] = kern::gemm_wgstream_kernel<T, false, true>;
   c.tail[1] = kern::gemm_wgstream_kernel<T, true, true>;
   c.tail_k = T::BK;
+  return c;
+}
+
+// The lean wgmma streaming loop: fn for K % BK == 0, the full loop's tail instance for the rest
+// (the same bits).
+template <class T>
+constexpr TileConfig make_wglean_config(const char* name) {
+  TileConfig c = make_wgstream_config<T>(name);
+  for (int h = 0; h < 2; ++h) {
+    c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false>;
+    c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true>;
+  }
   return c;
 }
 
@@ -237,7 +252,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 31> kConfigs = {
+constexpr std::array<TileConfig, 33> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -258,7 +273,8 @@ constexpr std::array<TileConfig, 31> kConfigs = {
     make_stream_config<CfgSt6>("stream8x8/6w"), make_stream_config<CfgSt3>("stream8x8/3w"),
     make_splitk_config<CfgS8, true>("splitk16x8/8w+staged"), make_splitk_config<CfgS8W2, true>("splitk16x8/2w+staged"),
     make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2"),
-    make_wgstream_config<CfgWs128x2>("streamwg64x8/4x2")};
+    make_wgstream_config<CfgWs128x2>("streamwg64x8/4x2"), make_wglean_config<CfgWs128>("streamwg64x8/4l"),
+    make_wglean_config<CfgWs128S6>("streamwg64x8/6l")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -286,7 +302,10 @@ constexpr int kCluster128 = config_index("c128x64/8w"), kCluster64 = config_inde
 constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
 constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("stream8x8/3w");
 constexpr int kStreamWg = config_index("streamwg64x8/4"), kStreamWgRegs = config_index("streamwg64x8/3r2");
-static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0, "stream config names");
+constexpr int kStreamWgLean = config_index("streamwg64x8/4l"), kStreamWgLean6 = config_index("streamwg64x8/6l");
+static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0 && kStreamWgLean >= 0 &&
+                  kStreamWgLean6 >= 0,
+              "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
@@ -415,7 +434,12 @@ const GemmSetup& setup() {
     }
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
     // The wgmma streaming config, with register-staged copies under ATLAS_GEMM_STREAM_REGS=1.
-    const int wg = env_switch("ATLAS_GEMM_STREAM_REGS", false) ? kStreamWgRegs : kStreamWg;
+    // The lean loop under ATLAS_GEMM_STREAM_LEAN (4 or 6 ring slots).
+    const int lean = gemm_stream_lean_setting(std::getenv("ATLAS_GEMM_STREAM_LEAN"));
+    const int wg = env_switch("ATLAS_GEMM_STREAM_REGS", false) ? kStreamWgRegs
+                   : lean == 4                                 ? kStreamWgLean
+                   : lean == 6                                 ? kStreamWgLean6
+                                                               : kStreamWg;
     g.stream_choice = stream_warps == 3    ? kStream3
                       : stream_warps == 6  ? kStream6
                       : stream_warps == 1  ? wg
@@ -1322,6 +1346,15 @@ int gemm_stream_setting(const char* value) {
   if (v == "6") return 6;
   if (v == "0") return 0;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0 (off), 3 or 6 (warps per block) or wg (the wgmma config), got '" +
+              v + "'");
+}
+
+int gemm_stream_lean_setting(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "0") return 0;
+  if (v == "4") return 4;
+  if (v == "6") return 6;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_LEAN: expected 0 (the full loop), 4 or 6 (the lean loop's ring slots), got '" +
               v + "'");
 }
 

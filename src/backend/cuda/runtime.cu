@@ -230,6 +230,7 @@ void check_environment() {
   (void)model_env();
   (void)detail::gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
   (void)detail::gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
+  (void)detail::gemm_stream_lean_setting(std::getenv("ATLAS_GEMM_STREAM_LEAN"));
   (void)detail::gemm_stream_few_setting(std::getenv("ATLAS_GEMM_STREAM_FEW"));
   (void)detail::gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
   (void)detail::gemm_grouped_few_down_setting(std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN"));

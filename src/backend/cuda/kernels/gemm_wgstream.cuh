@@ -438,4 +438,221 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
 #endif
 }
 
+
+// The lean loop (session 30, config "streamwg64x8/4l", ATLAS_GEMM_STREAM_LEAN): the same tiles,
+// shares, ring, wgmma chain and slice folds as gemm_wgstream_kernel<T, kOutF32, false> (so the
+// same bits), with the per-step work cut to what the step needs. Why: Nsight Compute on the
+// shared experts' gate|up alone (N 5632, K 2048, 88 blocks, s30-1) sampled its warps waiting on
+// instruction fetch, fixed-latency dependencies and selection, hardly on memory (long scoreboard
+// 4% of the samples), and counted ~400 instructions per warp per 16 KB step at ~5 cycles each:
+// ~1 us per step, the "per-block bound" of sessions 28-29. That loop finds each step's tile and
+// K offset by runtime divisions, builds eight 64-bit source addresses and swizzled destinations
+// per step, and tests every chunk against N and K. Here each thread owns one weight row half
+// (row tid / 2, the 16-byte chunks c = tid % 2 + 2 j: each warp instruction reads 16 rows x one
+// 32-byte sector) and one x chunk; its source is one pointer (plus immediates), fixed per tile,
+// and its destinations four offsets fixed for the kernel; rows past N or the tile copy zeros
+// (source size 0, a pointer to row 0 that is never read); tile and step are counters. K must be
+// a multiple of BK (the config's tail instance, the full loop, runs the rest: the same bits).
+// The lean loop's sources in tile pid (-1: past the block's share): this thread's weight row
+// half and x chunk (kernels/gemm_wgstream.cuh's copy plan below), the copy sizes (0: zeros), or
+// stop where there is no tile. Out of line: one copy of find_tile's code, off the loop's path.
+struct LeanSources {
+  const char* w = nullptr;
+  const char* x = nullptr;
+  int wsz = 0, xsz = 0;
+  bool stop = true;
+};
+template <class T>
+__device__ __noinline__ LeanSources lean_sources(const MmaGemmParams& p, int pid, int tid, int lane) {
+  LeanSources s;
+  TileSpot t;
+  if (pid < 0 || !stream_tile<T::BM>(p, pid, tid, lane, t)) return s;
+  const int wr = tid >> 1, wh = tid & 1, xr = tid >> 4, xc = tid & 15;
+  const int64_t wo = b_row_offset(p, t.n_tile * T::BN + wr), xo = a_row_offset(p, t.row_begin + xr, t.row_end);
+  s.w = reinterpret_cast<const char*>(t.w + (wo >= 0 ? wo : 0)) + 16 * wh;
+  s.x = reinterpret_cast<const char*>(t.x + (xo >= 0 ? xo : 0)) + 16 * xc;
+  s.wsz = wo >= 0 ? 16 : 0;
+  s.xsz = xo >= 0 ? 16 : 0;
+  s.stop = false;
+  return s;
+}
+
+// Store the finished tile pid from this thread's totals (gemm_wgstream_kernel's epilogue; nothing
+// where find_tile finds no tile). Out of line, as lean_sources.
+template <class T, bool kOutF32>
+__device__ __noinline__ void lean_store(const MmaGemmParams& p, int pid, int tid, int lane, float t0, float t1, float t2,
+                                        float t3) {
+  const float tot[4] = {t0, t1, t2, t3};
+  TileSpot ct;
+  if (!stream_tile<T::BM>(p, pid, tid, lane, ct)) return;
+  const int g = lane >> 2, tq = lane & 3;
+  const int n = ct.n_tile * T::BN + (tid >> 5) * 16 + g;
+  if (p.gated > 0 && !kOutF32) {
+    // Rows n and n + 8 pair with n + 1 and n + 9 (up), held by lane + 4: even g takes them.
+    float up[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) up[e] = __shfl_xor_sync(0xffffffffu, tot[e], 4);
+    if ((g & 1) != 0) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
+      if (row < ct.row_end && col < p.N)
+        static_cast<uint16_t*>(p.out)[ct.out_base + int64_t(row) * p.os + (col >> 1)] = gated_value(tot[e], up[e]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
+    if (row < ct.row_end && col < p.N) store_out_pair<kOutF32>(p, ct.out_base + int64_t(row) * p.os + col, tot[e], 0.f, false);
+  }
+}
+
+template <class T, bool kOutF32>
+__global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __grid_constant__ MmaGemmParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(T::WGS == 1 && T::LEAD == 0 && T::BK == 128, "the lean loop: one warpgroup, cp.async, 16 chunks per row");
+  extern __shared__ __align__(128) unsigned char gemm_smem[];
+  const uint32_t ring_w = (smem_u32(gemm_smem) + 1023u) & ~1023u;  // [STAGES][ATOMS][64][64]
+  const uint32_t ring_x = ring_w + uint32_t(T::STAGES * T::SLOT_W);  // [STAGES][ATOMS][8][64]
+  const int tid = int(threadIdx.x), lane = tid & 31;
+  const bool grouped = p.offsets != nullptr;
+  if (grouped) pdl_begin_gemm();
+  const auto [first, last] = stream_share<T::BM>(p, lane);
+  const int KT = p.K / T::BK;  // steps per tile
+  const int steps = (last - first) * KT;
+  constexpr int kAhead = T::STAGES - 2;
+  constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
+
+  // Copy plan. Weight row wr, chunks wh + 2 j (j = 0..7: atom j / 4, chunk in the atom
+  // 2 (j % 4) + wh, swizzled by the row); x row xr, chunk xc.
+  const int wr = tid >> 1, wh = tid & 1, xr = tid >> 4, xc = tid & 15;
+  uint32_t wdst[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) wdst[m] = uint32_t(wr * 128 + (((2 * m + wh) ^ (wr & 7)) << 4));
+  const uint32_t xdst = uint32_t((xc >> 3) * T::ATOM_X + xr * 128 + (((xc & 7) ^ (xr & 7)) << 4));
+  // Issue side: the tile (from first) and step of the next copy, this thread's sources in it.
+  struct Issue {
+    const char* w = nullptr;
+    const char* x = nullptr;
+    int wsz = 0, xsz = 0, tile = 0, kt = 0;
+    bool stop = false;
+  };
+  const auto enter = [&](Issue& s, int i) {
+    s.tile = i;
+    s.kt = 0;
+    const LeanSources src = lean_sources<T>(p, i < last - first ? first + i : -1, tid, lane);
+    s.w = src.w;
+    s.x = src.x;
+    s.wsz = src.wsz;
+    s.xsz = src.xsz;
+    s.stop = src.stop;
+  };
+  const auto advance = [&](Issue& s) {
+    if (++s.kt == KT) enter(s, s.tile + 1);
+  };
+  // The policy test once per step, not per copy (a branch around each copy otherwise).
+  const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
+  const auto copy_w = [&](const Issue& s, int slot) {
+    if (s.stop) return;
+    const uint32_t d = ring_w + uint32_t(slot * T::SLOT_W);
+    const char* src = s.w + s.kt * (T::BK * 2);
+    if (w_hint.on) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                         d + uint32_t((j >> 2) * T::ATOM_W) + wdst[j & 3]),
+                     "l"(src + 32 * j), "r"(s.wsz), "l"(w_hint.policy)
+                     : "memory");
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) cp_async16_at(d + uint32_t((j >> 2) * T::ATOM_W) + wdst[j & 3], src + 32 * j, s.wsz);
+    }
+  };
+  const auto copy_x = [&](const Issue& s, int slot) {
+    if (!s.stop) cp_async16_at(ring_x + uint32_t(slot * T::SLOT_X) + xdst, s.x + s.kt * (T::BK * 2), s.xsz);
+  };
+
+  Issue is;
+  if (steps > 0) enter(is, 0);
+  else is.stop = true;
+  // Prologue: steps [0, kAhead). Dense weights before the launch-overlap wait (staged, or pulled
+  // into L2), every x copy after it.
+  const bool early = !grouped && p.prefetch > 1;
+  if (early) {
+    Issue s = is;
+#pragma unroll 1
+    for (int k = 0; k < kAhead; ++k) {
+      copy_w(s, k);
+      if (!s.stop) advance(s);
+    }
+  } else if (!grouped && p.prefetch == 1 && !is.stop && is.wsz > 0 && wh == 0) {
+    prefetch_l2(is.w, uint32_t(min(p.K, kAhead * T::BK)) * 2u);
+  }
+  if (!grouped) pdl_begin_gemm();
+#pragma unroll 1
+  for (int k = 0; k < kAhead; ++k) {
+    if (!early) copy_w(is, k);
+    copy_x(is, k);
+    cp_async_commit();
+    if (!is.stop) advance(is);
+  }
+
+  // Compute side: as gemm_wgstream_kernel's (thread (warp w, lane l): D rows n = 16 w + l / 4
+  // and n + 8, x rows 2 (l % 4) and + 1).
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, tot[4] = {0.f, 0.f, 0.f, 0.f};
+  const auto store = [&](int tile) { lean_store<T, kOutF32>(p, first + tile, tid, lane, tot[0], tot[1], tot[2], tot[3]); };
+  const uint64_t dw0 = wg_desc(ring_w), dx0 = wg_desc(ring_x);
+  bool pending = false;  // a slice's last wgmma group is in flight: fold it into the total first
+  int ct = 0, ck = 0;    // step i's tile (from first) and step in it
+  for (int i = 0; i < steps; ++i) {
+    cp_async_wait<kAhead - 1>();
+    fence_proxy_async_smem();  // the copies' writes (generic proxy) before the wgmma's reads
+    __syncthreads();
+    const int ahead = (i + kAhead) % T::STAGES;
+    copy_w(is, ahead);
+    copy_x(is, ahead);
+    cp_async_commit();
+    if (!is.stop) advance(is);
+    if (pending) {
+      wg_wait_all();
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        tot[e] = __fadd_rn(tot[e], acc[e]);
+        acc[e] = 0.f;
+      }
+      pending = false;
+      if (ck == 0) {  // ... and it was the tile before's last slice
+        store(ct - 1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+      }
+    }
+    const int slot = i % T::STAGES;
+    const uint64_t dw = dw0 + uint64_t((slot * T::SLOT_W) >> 4), dx = dx0 + uint64_t((slot * T::SLOT_X) >> 4);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::BK / 16; ++kk)
+      wgmma_m64n8k16(acc, dw + uint64_t(((kk >> 2) * T::ATOM_W + (kk & 3) * 32) >> 4),
+                     dx + uint64_t(((kk >> 2) * T::ATOM_X + (kk & 3) * 32) >> 4));
+    wg_commit();
+    wg_wait_one();
+    pending = (ck + 1) % kSteps == 0 || ck + 1 == KT;
+    if (++ck == KT) {
+      ck = 0;
+      ++ct;
+    }
+  }
+  wg_wait_all();
+  cp_async_wait<0>();  // nothing in flight when the block's shared memory is released
+  if (pending) {  // the last step always ends its tile
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
+    store(ct - 1);
+  }
+#else
+  __trap();  // the host never launches it without sm_90a device code (gemm_stream_probe_kernel)
+#endif
+}
+
 }  // namespace atlas::cuda::kern
