@@ -37,6 +37,8 @@
 // wgmma and two after its last read (STAGES 3).
 #pragma once
 
+#include <type_traits>
+
 #include "gemm_stream.cuh"  // grouped_tile_count, gemm_stream_probe_kernel
 #include "gemm_wgmma.cuh"   // wg_desc, wg_fence, wg_commit, wg_wait_*
 
@@ -439,27 +441,30 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
 }
 
 
-// The lean loop (session 30, config "streamwg64x8/4l", ATLAS_GEMM_STREAM_LEAN): the same tiles,
-// shares, ring, wgmma chain and slice folds as gemm_wgstream_kernel<T, kOutF32, false> (so the
-// same bits), with the per-step work cut to what the step needs. Why: Nsight Compute on the
-// shared experts' gate|up alone (N 5632, K 2048, 88 blocks, s30-1) sampled its warps waiting on
-// instruction fetch, fixed-latency dependencies and selection, hardly on memory (long scoreboard
-// 4% of the samples), and counted ~400 instructions per warp per 16 KB step at ~5 cycles each:
-// ~1 us per step, the "per-block bound" of sessions 28-29. That loop finds each step's tile and
-// K offset by runtime divisions, builds eight 64-bit source addresses and swizzled destinations
-// per step, and tests every chunk against N and K. Here each thread owns one weight row half
-// (row tid / 2, the 16-byte chunks c = tid % 2 + 2 j: each warp instruction reads 16 rows x one
-// 32-byte sector) and one x chunk; its source is one pointer (plus immediates), fixed per tile,
-// and its destinations four offsets fixed for the kernel; rows past N or the tile copy zeros
-// (source size 0, a pointer to row 0 that is never read); tile and step are counters. K must be
-// a multiple of BK (the config's tail instance, the full loop, runs the rest: the same bits).
-// The lean loop's sources in tile pid (-1: past the block's share): this thread's weight row
-// half and x chunk (kernels/gemm_wgstream.cuh's copy plan below), the copy sizes (0: zeros), or
-// stop where there is no tile. Out of line: one copy of find_tile's code, off the loop's path.
+// The lean loop (session 30, configs "streamwg64x8/4l" and "/6l", ATLAS_GEMM_STREAM_LEAN): the
+// same tiles, shares, ring, copy plan, wgmma chain and slice folds as gemm_wgstream_kernel<T,
+// kOutF32, false> (so the same bits), with the per-step work cut to what the step needs. Why:
+// Nsight Compute on the shared experts' gate|up alone (N 5632, K 2048, 88 blocks, s30-1) sampled
+// its warps waiting on instruction fetch, fixed-latency dependencies and selection, hardly on
+// memory (long scoreboard 4% of the samples), and counted ~6,400 instructions per warp for 16
+// steps at ~5 cycles each: ~1 us per 16 KB step, the "per-block bound" of sessions 28-29. That
+// loop finds each step's tile and K offset by runtime divisions, computes eight 64-bit sources
+// and swizzled destinations per step, and tests every chunk against N and K. Here a thread's
+// eight weight rows lie at one stride (lean_sources), its destinations at 1 KB steps from one
+// offset fixed for the kernel, the tile and step are counters, the tile lookups and the store
+// are out of line, and K is a multiple of BK (the config's tail instance, the full loop, runs
+// the rest: the same bits).
+// The lean loop's sources in tile pid (-1: past the block's share), for thread tid's copies
+// (chunk c = tid % 16 of weight rows r0 + 8 j, r0 = tid / 16, j = 0..7, and of x row r0): the
+// first weight row's chunk, the byte stride to the next (rows r0 + 8 j of the tile are 8 j rows
+// on, or 4 j with the gate|up rows interleaved: b_row_offset), how many of the eight lie inside N,
+// the x chunk and its copy size (0: zeros), or stop where there is no tile. Out of line: one
+// copy of find_tile's code, off the loop's path.
 struct LeanSources {
   const char* w = nullptr;
   const char* x = nullptr;
-  int wsz = 0, xsz = 0;
+  int64_t wstride = 0;
+  int wrows = 0, xsz = 0;
   bool stop = true;
 };
 template <class T>
@@ -467,11 +472,13 @@ __device__ __noinline__ LeanSources lean_sources(const MmaGemmParams& p, int pid
   LeanSources s;
   TileSpot t;
   if (pid < 0 || !stream_tile<T::BM>(p, pid, tid, lane, t)) return s;
-  const int wr = tid >> 1, wh = tid & 1, xr = tid >> 4, xc = tid & 15;
-  const int64_t wo = b_row_offset(p, t.n_tile * T::BN + wr), xo = a_row_offset(p, t.row_begin + xr, t.row_end);
-  s.w = reinterpret_cast<const char*>(t.w + (wo >= 0 ? wo : 0)) + 16 * wh;
-  s.x = reinterpret_cast<const char*>(t.x + (xo >= 0 ? xo : 0)) + 16 * xc;
-  s.wsz = wo >= 0 ? 16 : 0;
+  const int r0 = tid >> 4, c = tid & 15;
+  const int n0 = t.n_tile * T::BN + r0;
+  const int64_t wo = b_row_offset(p, n0), xo = a_row_offset(p, t.row_begin + r0, t.row_end);
+  s.w = reinterpret_cast<const char*>(t.w + (wo >= 0 ? wo : 0)) + 16 * c;
+  s.wstride = int64_t(p.gated > 0 ? 4 : 8) * p.ws * 2;
+  s.wrows = n0 < p.N ? min(8, (p.N - n0 + 7) / 8) : 0;
+  s.x = reinterpret_cast<const char*>(t.x + (xo >= 0 ? xo : 0)) + 16 * c;
   s.xsz = xo >= 0 ? 16 : 0;
   s.stop = false;
   return s;
@@ -524,18 +531,20 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   constexpr int kAhead = T::STAGES - 2;
   constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
 
-  // Copy plan. Weight row wr, chunks wh + 2 j (j = 0..7: atom j / 4, chunk in the atom
-  // 2 (j % 4) + wh, swizzled by the row); x row xr, chunk xc.
-  const int wr = tid >> 1, wh = tid & 1, xr = tid >> 4, xc = tid & 15;
-  uint32_t wdst[4];
-#pragma unroll
-  for (int m = 0; m < 4; ++m) wdst[m] = uint32_t(wr * 128 + (((2 * m + wh) ^ (wr & 7)) << 4));
-  const uint32_t xdst = uint32_t((xc >> 3) * T::ATOM_X + xr * 128 + (((xc & 7) ^ (xr & 7)) << 4));
+  // Copy plan (lean_sources): chunk c of weight rows r0 + 8 j and of x row r0, as the full
+  // loop's, so that each warp instruction reads two whole 256-byte row segments (a first version
+  // gave each thread 8 chunks of one row, each instruction 16 rows x 32 bytes: faster alone,
+  // slower beside other kernels, s30-2). The swizzle term depends on r0 % 8 only, so the
+  // destinations of j are the first's + 1 KB j.
+  const int r0 = tid >> 4, c = tid & 15;
+  const uint32_t cdst = uint32_t((c >> 3) * T::ATOM_W + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
+  const uint32_t xdst = uint32_t((c >> 3) * T::ATOM_X + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
   // Issue side: the tile (from first) and step of the next copy, this thread's sources in it.
   struct Issue {
     const char* w = nullptr;
     const char* x = nullptr;
-    int wsz = 0, xsz = 0, tile = 0, kt = 0;
+    int64_t wstride = 0;
+    int wrows = 0, xsz = 0, tile = 0, kt = 0;
     bool stop = false;
   };
   const auto enter = [&](Issue& s, int i) {
@@ -544,29 +553,47 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     const LeanSources src = lean_sources<T>(p, i < last - first ? first + i : -1, tid, lane);
     s.w = src.w;
     s.x = src.x;
-    s.wsz = src.wsz;
+    s.wstride = src.wstride;
+    s.wrows = src.wrows;
     s.xsz = src.xsz;
     s.stop = src.stop;
   };
   const auto advance = [&](Issue& s) {
     if (++s.kt == KT) enter(s, s.tile + 1);
   };
-  // The policy test once per step, not per copy (a branch around each copy otherwise).
+  // The policy test once per step, not per copy (a branch around each copy otherwise). Rows past
+  // N (a last n-tile only) copy zeros from the first row, never read.
   const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
   const auto copy_w = [&](const Issue& s, int slot) {
     if (s.stop) return;
-    const uint32_t d = ring_w + uint32_t(slot * T::SLOT_W);
-    const char* src = s.w + s.kt * (T::BK * 2);
-    if (w_hint.on) {
+    const uint32_t d = ring_w + uint32_t(slot * T::SLOT_W) + cdst;
+    const char* first_row = s.w + s.kt * (T::BK * 2);
+    // Four straight-line variants (every row inside N or not, policy or not): no per-copy tests
+    // on the common path.
+    const auto issue = [&](auto full_c, auto hint_c) {
+      constexpr bool kFull = decltype(full_c)::value, kHint = decltype(hint_c)::value;
+      const char* src = first_row;
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
-                         d + uint32_t((j >> 2) * T::ATOM_W) + wdst[j & 3]),
-                     "l"(src + 32 * j), "r"(s.wsz), "l"(w_hint.policy)
-                     : "memory");
+      for (int j = 0; j < 8; ++j) {
+        const bool in = kFull || j < s.wrows;
+        const char* from = kFull || in ? src : first_row;
+        if constexpr (kHint)
+          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d + uint32_t(j * 1024)),
+                       "l"(from), "r"(in ? 16 : 0), "l"(w_hint.policy)
+                       : "memory");
+        else
+          cp_async16_at(d + uint32_t(j * 1024), from, in ? 16 : 0);
+        src += s.wstride;
+      }
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (s.wrows == 8) {
+      if (w_hint.on) issue(Yes{}, Yes{});
+      else issue(Yes{}, No{});
     } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) cp_async16_at(d + uint32_t((j >> 2) * T::ATOM_W) + wdst[j & 3], src + 32 * j, s.wsz);
+      if (w_hint.on) issue(No{}, Yes{});
+      else issue(No{}, No{});
     }
   };
   const auto copy_x = [&](const Issue& s, int slot) {
@@ -586,8 +613,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       copy_w(s, k);
       if (!s.stop) advance(s);
     }
-  } else if (!grouped && p.prefetch == 1 && !is.stop && is.wsz > 0 && wh == 0) {
-    prefetch_l2(is.w, uint32_t(min(p.K, kAhead * T::BK)) * 2u);
+  } else if (!grouped && p.prefetch == 1 && !is.stop && c == 0) {
+    for (int j = 0; j < is.wrows; ++j)
+      prefetch_l2(is.w + j * is.wstride, uint32_t(min(p.K, kAhead * T::BK)) * 2u);
   }
   if (!grouped) pdl_begin_gemm();
 #pragma unroll 1
