@@ -225,10 +225,11 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
   }
 }
 
-// The lean loop's switch (no GPU needed): off by default, 4 or 6 ring slots, a clear error otherwise.
+// The lean loop's switch (no GPU needed): 4 ring slots by default, 6, 0 (the full loop), a clear
+// error otherwise.
 TEST(GemmSettings, StreamLeanSwitchNamesItselfOnBadValues) {
-  EXPECT_EQ(detail::gemm_stream_lean_setting(nullptr), 0);
-  EXPECT_EQ(detail::gemm_stream_lean_setting(""), 0);
+  EXPECT_EQ(detail::gemm_stream_lean_setting(nullptr), 4);
+  EXPECT_EQ(detail::gemm_stream_lean_setting(""), 4);
   EXPECT_EQ(detail::gemm_stream_lean_setting("0"), 0);
   EXPECT_EQ(detail::gemm_stream_lean_setting("4"), 4);
   EXPECT_EQ(detail::gemm_stream_lean_setting("6"), 6);
@@ -965,12 +966,20 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   // ATLAS_GEMM_STREAM=0; since session 23 on the wgmma streaming config unless it names 3 or 6.
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");
   const std::string stream = stream_env == nullptr ? "" : stream_env;
+  // Session 30: the lean loop's config unless ATLAS_GEMM_STREAM_LEAN says otherwise.
+  const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");
+  const std::string lean = lean_env == nullptr ? "" : lean_env;
+  const char* regs_env = std::getenv("ATLAS_GEMM_STREAM_REGS");
+  const std::string wg = regs_env != nullptr && std::string(regs_env) == "1" ? "streamwg64x8/3r2"
+                         : lean == "0"                                       ? "streamwg64x8/4"
+                         : lean == "6"                                       ? "streamwg64x8/6l"
+                                                                             : "streamwg64x8/4l";
   GemmArgs lm_head = m1;
   lm_head.N = 102400;
   EXPECT_EQ(gemm_config_name(gemm_chosen_config(lm_head)), stream == "0"   ? "c16x64/4w"
                                                            : stream == "6" ? "stream8x8/6w"
                                                            : stream == "3" ? "stream8x8/3w"
-                                                                           : "streamwg64x8/4");
+                                                                           : wg);
   // Session 28: one-row problems of fewer 64-row tiles than SMs (the shared experts' gate|up: 88)
   // take ATLAS_GEMM_STREAM_FEW's config where it is set (A/B runs; name the staged split-K config,
   // the plain one's name runs the split-K default), else the LM head's.
@@ -1074,12 +1083,12 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");  // "1": the dense problems' stream config
   const std::string stream = stream_env == nullptr ? "" : stream_env;
   const char* regs_env = std::getenv("ATLAS_GEMM_STREAM_REGS");  // "1": the register-staged wgmma config
-  const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");  // "4" / "6": the lean loop
+  const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");  // "0": the full loop, "6": 6 slots
   const std::string lean = lean_env == nullptr ? "" : lean_env;
   const std::string wg = regs_env != nullptr && std::string(regs_env) == "1" ? "streamwg64x8/3r2"
-                         : lean == "4"                                       ? "streamwg64x8/4l"
+                         : lean == "0"                                       ? "streamwg64x8/4"
                          : lean == "6"                                       ? "streamwg64x8/6l"
-                                                                             : "streamwg64x8/4";
+                                                                             : "streamwg64x8/4l";
   const std::string dense_stream = stream == "0"   ? "16x32x128/4"
                                    : stream == "3" ? "stream8x8/3w"
                                    : stream == "6" ? "stream8x8/6w"
