@@ -435,7 +435,7 @@ const GemmSetup& setup() {
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
     // The wgmma streaming config, with register-staged copies under ATLAS_GEMM_STREAM_REGS=1.
     // The lean loop (ATLAS_GEMM_STREAM_LEAN: 4 ring slots by default since session 30, 6, or 0: the
-    // full loop; s30-2: decode 451.0 vs 442.8 tok/s, the same tokens).
+    // full loop; s30-3: decode 451.0 vs 442.8 tok/s, the same tokens).
     const int lean = gemm_stream_lean_setting(std::getenv("ATLAS_GEMM_STREAM_LEAN"));
     const int wg = env_switch("ATLAS_GEMM_STREAM_REGS", false) ? kStreamWgRegs
                    : lean == 4                                 ? kStreamWgLean

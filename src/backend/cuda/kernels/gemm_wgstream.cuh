@@ -35,6 +35,8 @@
 // atlas_stream_sweep_probe (s23-1) streamed 69 / 138 MB at 4.2-4.4 TB/s by plain 16-byte loads
 // against 3.6-3.9 through cp.async or bulk-copy rings. A slot is written one step ahead of its
 // wgmma and two after its last read (STAGES 3).
+// gemm_wgstream_lean_kernel (session 30, the default where this config runs): the same loop
+// with the per-step work cut down; its comment says why.
 #pragma once
 
 #include <type_traits>
@@ -440,20 +442,6 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
 #endif
 }
 
-
-// The lean loop (session 30, configs "streamwg64x8/4l" and "/6l", ATLAS_GEMM_STREAM_LEAN): the
-// same tiles, shares, ring, copy plan, wgmma chain and slice folds as gemm_wgstream_kernel<T,
-// kOutF32, false> (so the same bits), with the per-step work cut to what the step needs. Why:
-// Nsight Compute on the shared experts' gate|up alone (N 5632, K 2048, 88 blocks, s30-1) sampled
-// its warps waiting on instruction fetch, fixed-latency dependencies and selection, hardly on
-// memory (long scoreboard 4% of the samples), and counted ~6,400 instructions per warp for 16
-// steps at ~5 cycles each: ~1 us per 16 KB step, the "per-block bound" of sessions 28-29. That
-// loop finds each step's tile and K offset by runtime divisions, computes eight 64-bit sources
-// and swizzled destinations per step, and tests every chunk against N and K. Here a thread's
-// eight weight rows lie at one stride (lean_sources), its destinations at 1 KB steps from one
-// offset fixed for the kernel, the tile and step are counters, the tile lookups and the store
-// are out of line, and K is a multiple of BK (the config's tail instance, the full loop, runs
-// the rest: the same bits).
 // The lean loop's sources in tile pid (-1: past the block's share), for thread tid's copies
 // (chunk c = tid % 16 of weight rows r0 + 8 j, r0 = tid / 16, j = 0..7, and of x row r0): the
 // first weight row's chunk, the byte stride to the next (rows r0 + 8 j of the tile are 8 j rows
@@ -515,6 +503,21 @@ __device__ __noinline__ void lean_store(const MmaGemmParams& p, int pid, int tid
   }
 }
 
+// The lean loop (session 30, configs "streamwg64x8/4l" and "/6l", ATLAS_GEMM_STREAM_LEAN): the
+// same tiles, shares, ring, copy plan, wgmma chain and slice folds as gemm_wgstream_kernel<T,
+// kOutF32, false> (so the same bits), with the per-step work cut to what the step needs. Why:
+// Nsight Compute on the shared experts' gate|up alone (N 5632, K 2048, 88 blocks, s30-1) sampled
+// its warps waiting on instruction fetch, fixed-latency dependencies and selection, hardly on
+// memory (long scoreboard 4% of the samples), and counted ~6,400 instructions per warp for 16
+// steps at ~5 cycles each: ~1 us per 16 KB step, the "per-block bound" of sessions 28-29. That
+// loop finds each step's tile and K offset by runtime divisions, computes eight 64-bit sources
+// and swizzled destinations per step, and tests every chunk against N and K. Here a thread's
+// eight weight rows lie at one stride (lean_sources), its destinations at 1 KB steps from one
+// offset fixed for the kernel, the tile and step are counters, the tile lookups and the store
+// are out of line, and K is a multiple of BK (the config's tail instance, the full loop, runs
+// the rest: the same bits).
+// The parameter block is __grid_constant__: lean_sources and lean_store take it by reference
+// without a local copy.
 template <class T, bool kOutF32>
 __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __grid_constant__ MmaGemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
