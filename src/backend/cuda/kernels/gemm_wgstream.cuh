@@ -110,6 +110,35 @@ __device__ __forceinline__ void sts16(uint32_t dst, const uint4& v) {
                : "memory");
 }
 
+// The epilogue of a finished tile ct from a thread's totals (both loops below): thread (warp w,
+// lane l) holds D rows n = 64 n_tile + 16 w + l / 4 and n + 8 (output columns) for x rows
+// 2 (l % 4) and + 1. Fused gate|up: rows n and n + 8 (gate) pair with n + 1 and n + 9 (up), held
+// by lane + 4, and the even l / 4 store gated_value.
+template <class T, bool kOutF32>
+__device__ __forceinline__ void wgstream_store_tile(const MmaGemmParams& p, const TileSpot& ct, int warp, int lane,
+                                                    const float (&tot)[4]) {
+  const int g = lane >> 2, tq = lane & 3;
+  const int n = ct.n_tile * T::BN + warp * 16 + g;
+  if (p.gated > 0 && !kOutF32) {
+    float up[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) up[e] = __shfl_xor_sync(0xffffffffu, tot[e], 4);
+    if ((g & 1) != 0) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
+      if (row < ct.row_end && col < p.N)
+        static_cast<uint16_t*>(p.out)[ct.out_base + int64_t(row) * p.os + (col >> 1)] = gated_value(tot[e], up[e]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
+    if (row < ct.row_end && col < p.N) store_out_pair<kOutF32>(p, ct.out_base + int64_t(row) * p.os + col, tot[e], 0.f, false);
+  }
+}
+
 // kTail: K % BK != 0 (the host picks the instance): the last step of a tile has fewer chunks.
 // Its own instance because a wgmma under a data-dependent test makes ptxas serialise every wgmma
 // of the kernel (C7520); every V2-Lite shape has K % 128 == 0.
@@ -265,33 +294,12 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
   // Compute side. Thread (warp w, lane l) holds D rows n = 16 w + l / 4 and n + 8 (weight rows,
   // i.e. output columns) for x rows m = 2 (l % 4) and m + 1: acc[0] = (n, m), [1] = (n, m + 1),
   // [2] = (n + 8, m), [3] = (n + 8, m + 1).
-  const int g = lane >> 2, tq = lane & 3;
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, tot[4] = {0.f, 0.f, 0.f, 0.f};
   // Store the finished tile `tile` (from first); nothing where find_tile finds none (a bad table
   // or weight it flagged: the issue side copied nothing for it either).
   const auto store = [&](int tile) {
     TileSpot ct;
-    if (!tile_of(first + tile, ct)) return;
-    const int n = ct.n_tile * T::BN + warp * 16 + g;
-    if (p.gated > 0 && !kOutF32) {
-      // Rows n and n + 8 pair with n + 1 and n + 9 (up), held by lane + 4: even g takes them.
-      float up[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) up[e] = __shfl_xor_sync(0xffffffffu, tot[e], 4);
-      if ((g & 1) != 0) return;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
-        if (row < ct.row_end && col < p.N)
-          static_cast<uint16_t*>(p.out)[ct.out_base + int64_t(row) * p.os + (col >> 1)] = gated_value(tot[e], up[e]);
-      }
-      return;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
-      if (row < ct.row_end && col < p.N) store_out_pair<kOutF32>(p, ct.out_base + int64_t(row) * p.os + col, tot[e], 0.f, false);
-    }
+    if (tile_of(first + tile, ct)) wgstream_store_tile<T, kOutF32>(p, ct, warp, lane, tot);
   };
   bool pending = false;  // a slice's last group is in flight: fold it into the total first
   // WGS > 1: this warpgroup's finished slice sums of the tile (part[q]: its q-th slice, the tile's
@@ -479,28 +487,7 @@ __device__ __noinline__ void lean_store(const MmaGemmParams& p, int pid, int tid
                                         float t3) {
   const float tot[4] = {t0, t1, t2, t3};
   TileSpot ct;
-  if (!stream_tile<T::BM>(p, pid, tid, lane, ct)) return;
-  const int g = lane >> 2, tq = lane & 3;
-  const int n = ct.n_tile * T::BN + (tid >> 5) * 16 + g;
-  if (p.gated > 0 && !kOutF32) {
-    // Rows n and n + 8 pair with n + 1 and n + 9 (up), held by lane + 4: even g takes them.
-    float up[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) up[e] = __shfl_xor_sync(0xffffffffu, tot[e], 4);
-    if ((g & 1) != 0) return;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
-      if (row < ct.row_end && col < p.N)
-        static_cast<uint16_t*>(p.out)[ct.out_base + int64_t(row) * p.os + (col >> 1)] = gated_value(tot[e], up[e]);
-    }
-    return;
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int row = ct.row_begin + 2 * tq + (e & 1), col = n + (e >> 1) * 8;
-    if (row < ct.row_end && col < p.N) store_out_pair<kOutF32>(p, ct.out_base + int64_t(row) * p.os + col, tot[e], 0.f, false);
-  }
+  if (stream_tile<T::BM>(p, pid, tid, lane, ct)) wgstream_store_tile<T, kOutF32>(p, ct, tid >> 5, lane, tot);
 }
 
 // The lean loop (session 30, configs "streamwg64x8/4l" and "/6l", ATLAS_GEMM_STREAM_LEAN): the
