@@ -530,23 +530,13 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const uint32_t cdst = uint32_t((c >> 3) * T::ATOM_W + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
   const uint32_t xdst = uint32_t((c >> 3) * T::ATOM_X + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
   // Issue side: the tile (from first) and step of the next copy, this thread's sources in it.
-  struct Issue {
-    const char* w = nullptr;
-    const char* x = nullptr;
-    int64_t wstride = 0;
-    int wrows = 0, xsz = 0, tile = 0, kt = 0;
-    bool stop = false;
+  struct Issue : LeanSources {
+    int tile = 0, kt = 0;
   };
   const auto enter = [&](Issue& s, int i) {
     s.tile = i;
     s.kt = 0;
-    const LeanSources src = lean_sources<T>(p, i < last - first ? first + i : -1, tid, lane);
-    s.w = src.w;
-    s.x = src.x;
-    s.wstride = src.wstride;
-    s.wrows = src.wrows;
-    s.xsz = src.xsz;
-    s.stop = src.stop;
+    static_cast<LeanSources&>(s) = lean_sources<T>(p, i < last - first ? first + i : -1, tid, lane);
   };
   const auto advance = [&](Issue& s) {
     if (++s.kt == KT) enter(s, s.tile + 1);
@@ -590,9 +580,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     if (!s.stop) cp_async16_at(ring_x + uint32_t(slot * T::SLOT_X) + xdst, s.x + s.kt * (T::BK * 2), s.xsz);
   };
 
-  Issue is;
+  Issue is;  // stop until entered
   if (steps > 0) enter(is, 0);
-  else is.stop = true;
   // Prologue: steps [0, kAhead). Dense weights before the launch-overlap wait (staged, or pulled
   // into L2), every x copy after it.
   const bool early = !grouped && p.prefetch > 1;
