@@ -47,6 +47,17 @@ struct ForceConfig {
   ~ForceConfig() { gemm_force_config(-1); }
 };
 
+// The wgmma streaming config the chooser takes under this process's environment:
+// ATLAS_GEMM_STREAM_REGS=1 the register-staged one, else ATLAS_GEMM_STREAM_LEAN's loop (session
+// 30: the lean loop with 4 slots by default, "6" with 6, "0" the full loop).
+std::string expected_wgstream_config() {
+  const char* regs = std::getenv("ATLAS_GEMM_STREAM_REGS");
+  const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");
+  const std::string lean = lean_env == nullptr ? "" : lean_env;
+  if (regs != nullptr && std::string(regs) == "1") return "streamwg64x8/3r2";
+  return lean == "0" ? "streamwg64x8/4" : lean == "6" ? "streamwg64x8/6l" : "streamwg64x8/4l";
+}
+
 // The index of the config called `name` (-1: none).
 int config_named(const std::string& name) {
   for (int c = 0; c < gemm_config_count(); ++c)
@@ -966,14 +977,7 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
   // ATLAS_GEMM_STREAM=0; since session 23 on the wgmma streaming config unless it names 3 or 6.
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");
   const std::string stream = stream_env == nullptr ? "" : stream_env;
-  // Session 30: the lean loop's config unless ATLAS_GEMM_STREAM_LEAN says otherwise.
-  const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");
-  const std::string lean = lean_env == nullptr ? "" : lean_env;
-  const char* regs_env = std::getenv("ATLAS_GEMM_STREAM_REGS");
-  const std::string wg = regs_env != nullptr && std::string(regs_env) == "1" ? "streamwg64x8/3r2"
-                         : lean == "0"                                       ? "streamwg64x8/4"
-                         : lean == "6"                                       ? "streamwg64x8/6l"
-                                                                             : "streamwg64x8/4l";
+  const std::string wg = expected_wgstream_config();
   GemmArgs lm_head = m1;
   lm_head.N = 102400;
   EXPECT_EQ(gemm_config_name(gemm_chosen_config(lm_head)), stream == "0"   ? "c16x64/4w"
@@ -1082,13 +1086,7 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   const GroupedGemmArgs down{.x = dx.get(), .groups = 64, .max_rows = 6, .N = 2048, .K = 1408};
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");  // "1": the dense problems' stream config
   const std::string stream = stream_env == nullptr ? "" : stream_env;
-  const char* regs_env = std::getenv("ATLAS_GEMM_STREAM_REGS");  // "1": the register-staged wgmma config
-  const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");  // "0": the full loop, "6": 6 slots
-  const std::string lean = lean_env == nullptr ? "" : lean_env;
-  const std::string wg = regs_env != nullptr && std::string(regs_env) == "1" ? "streamwg64x8/3r2"
-                         : lean == "0"                                       ? "streamwg64x8/4"
-                         : lean == "6"                                       ? "streamwg64x8/6l"
-                                                                             : "streamwg64x8/4l";
+  const std::string wg = expected_wgstream_config();
   const std::string dense_stream = stream == "0"   ? "16x32x128/4"
                                    : stream == "3" ? "stream8x8/3w"
                                    : stream == "6" ? "stream8x8/6w"
