@@ -23,7 +23,8 @@
 # persistent-grid and TLB probes; env PROBES picks some, PROBE_ENVS runs each under several
 # environments), aba (a code A/B on one machine: `atlas bench` ABA_ARGS with the tree as it is,
 # then with the files ABA_SWAP="dst=src ..." swapped in and atlas rebuilt, then as it was again;
-# src files travel in the working tree, untracked), notests (skip the test binaries).
+# src files travel in the working tree, untracked), sass (SASS of gemm.cu's kernels matching SASS_KERNEL,
+# with instruction counts), notests (skip the test binaries).
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
@@ -273,6 +274,18 @@ if has pdl; then
   ATLAS_PDL=1 timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_pdl.json" --mode batch-invariant \
     ${PDL_ARGS:---workload decode-b1} 2>&1 | tail -6
   compare_bench "overlap on decode steps" "everywhere" "$out/bench.json" "$out/bench_pdl.json"
+fi
+if has sass; then
+  # SASS of the kernels whose names match SASS_KERNEL (an extended regex over the demangled
+  # "Function :" headers; default the wgmma stream loops) from gemm.cu's object, with per-kernel
+  # instruction counts: the loop's instruction budget is what bounds a one-warpgroup stream block.
+  echo "== SASS of ${SASS_KERNEL:=wgstream|lean_}"
+  obj=$(find "$B" -name 'gemm.cu.o' | head -1)
+  cuobjdump -sass "$obj" 2>/dev/null | c++filt > "$out/sass_all.txt"
+  awk -v re="$SASS_KERNEL" '/Function :/ { keep = ($0 ~ re) } keep' "$out/sass_all.txt" > "$out/sass.txt"
+  awk '/Function :/ { if (n) print n, name; name=$0; n=0; next } /^ +\/\*[0-9a-f]+\*\// { n++ } END { if (n) print n, name }' \
+    "$out/sass.txt" | sed 's/  */ /g' | cut -c1-220
+  rm -f "$out/sass_all.txt"
 fi
 if has envcmp; then
   # `atlas bench` under ENV_CMP (e.g. "ATLAS_MLA_BULK=0": a switch that keeps the bits) for
