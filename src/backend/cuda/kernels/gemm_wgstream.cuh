@@ -453,15 +453,16 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
 // The lean loop's sources in tile pid (-1: past the block's share), for thread tid's copies
 // (chunk c = tid % 16 of weight rows r0 + 8 j, r0 = tid / 16, j = 0..7, and of x row r0): the
 // first weight row's chunk, the byte stride to the next (rows r0 + 8 j of the tile are 8 j rows
-// on, or 4 j with the gate|up rows interleaved: b_row_offset), how many of the eight lie inside N,
-// the x chunk and its copy size (0: zeros), or stop where there is no tile. Out of line: one
+// on, or 4 j with the gate|up rows interleaved: b_row_offset), how many of the eight lie inside N
+// (full: all 64 rows of the tile do), the x chunk and its copy size (0: zeros), or stop where
+// there is no tile. Out of line: one
 // copy of find_tile's code, off the loop's path.
 struct LeanSources {
   const char* w = nullptr;
   const char* x = nullptr;
   int64_t wstride = 0;
   int wrows = 0, xsz = 0;
-  bool stop = true;
+  bool stop = true, full = false;
 };
 template <class T>
 __device__ __noinline__ LeanSources lean_sources(const MmaGemmParams& p, int pid, int tid, int lane) {
@@ -474,6 +475,7 @@ __device__ __noinline__ LeanSources lean_sources(const MmaGemmParams& p, int pid
   s.w = reinterpret_cast<const char*>(t.w + (wo >= 0 ? wo : 0)) + 16 * c;
   s.wstride = int64_t(p.gated > 0 ? 4 : 8) * p.ws * 2;
   s.wrows = n0 < p.N ? min(8, (p.N - n0 + 7) / 8) : 0;
+  s.full = (t.n_tile + 1) * T::BN <= p.N;
   s.x = reinterpret_cast<const char*>(t.x + (xo >= 0 ? xo : 0)) + 16 * c;
   s.xsz = xo >= 0 ? 16 : 0;
   s.stop = false;
@@ -517,7 +519,11 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   if (grouped) pdl_begin_gemm();
   const auto [first, last] = stream_share<T::BM>(p, lane);
   const int KT = p.K / T::BK;  // steps per tile
-  const int steps = (last - first) * KT;
+  // Lane 0's count (every lane's is the same): a trip count ptxas can see is warp-uniform lets it
+  // keep the loop's wgmma descriptors in uniform registers (session 31, from the SASS: computed
+  // from the lanes' own values, each wgmma cost ~12 instructions of 64-bit adds and moves into
+  // uniform registers, ~100 of the ~185 per step; from lane 0's, a few uniform adds).
+  const int steps = __shfl_sync(0xffffffffu, (last - first) * KT, 0);
   constexpr int kAhead = T::STAGES - 2;
   constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
 
@@ -537,6 +543,10 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     s.tile = i;
     s.kt = 0;
     static_cast<LeanSources&>(s) = lean_sources<T>(p, i < last - first ? first + i : -1, tid, lane);
+    // Lane 0's flags (the same in every lane: one tile per block): branches ptxas can see are
+    // warp-uniform keep the loop free of divergence bookkeeping around the copies.
+    s.stop = __shfl_sync(0xffffffffu, s.stop, 0);
+    s.full = __shfl_sync(0xffffffffu, s.full, 0);
   };
   const auto advance = [&](Issue& s) {
     if (++s.kt == KT) enter(s, s.tile + 1);
@@ -568,7 +578,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     };
     using Yes = std::true_type;
     using No = std::false_type;
-    if (s.wrows == 8) {
+    if (s.full) {
       if (w_hint.on) issue(Yes{}, Yes{});
       else issue(Yes{}, No{});
     } else {
