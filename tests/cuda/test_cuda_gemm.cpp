@@ -296,9 +296,10 @@ TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
   EXPECT_EQ(detail::gemm_stream_grouped_setting("1"), 1);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("wg"), 2);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("wg-gate"), 3);
+  EXPECT_EQ(detail::gemm_stream_grouped_setting("wg-split"), 4);
   expect_each_rejected([](const char* v) { detail::gemm_stream_grouped_setting(v); },
                        {"yes", "2", "true", "WG", "wg-down"}, [](const char* v) {
-                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg or wg-gate, got '" +
+                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate or wg-split, got '" +
                                                          std::string(v) + "'"};
                        });
 }
@@ -1074,7 +1075,8 @@ TEST_F(Gemm, AddRmsNormTailGivesTheBitsOfGemmThenAddRmsNorm) {
 
 // Session 23: one token's routed experts (6 rows over 64 groups) take the wgmma streaming
 // config for the fused gate|up, the tiled one for the down (ATLAS_GEMM_STREAM_GROUPED=wg-gate,
-// the default; "wg" puts the down there too, "0" neither). The bits are the same either way
+// the default; "wg" puts the down there too, "wg-split" its K-split variant there, "0" neither).
+// The bits are the same either way
 // (EveryConfig*, StreamConfigsGiveTheContractBits); this guards the speed.
 TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   DevBuf<uint16_t> dx(size_t(8) * 2048);
@@ -1094,7 +1096,10 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(gate_up)),
             grouped == "0" ? "16x32x128/4" : grouped == "1" ? dense_stream : wg);
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(down)),
-            grouped == "wg" ? wg : grouped == "1" && stream != "0" ? dense_stream : down_name);
+            grouped == "wg"         ? wg
+            : grouped == "wg-split" ? "streamwg64x8/4l2"
+            : grouped == "1" && stream != "0" ? dense_stream
+                                              : down_name);
   // Many tokens (a batch-128 step: 768 rows) keep the tiled configs.
   GroupedGemmArgs many = gate_up;
   many.max_rows = 768;

@@ -134,6 +134,10 @@ struct TileConfig {
   // > 0: two warpgroups per block splitting K's slices (kernels/gemm_wgstream.cuh, WGS 2), for
   // 1 < slices <= wg_split_max_slices only; config_or_fallback runs kStreamWg elsewhere.
   int wg_split_max_slices = 0;
+  // > 1: the lean stream loop with each tile split into k_parts runs of whole K slices
+  // (gemm_wgstream_lean_kernel's kParts; p.split_ws / split_cnt in the stream's scratch), for
+  // slices >= k_parts and K % 128 == 0 only; config_or_fallback runs kStreamWgLean elsewhere.
+  int k_parts = 0;
 };
 
 constexpr TileConfig grouped_only(TileConfig c) {
@@ -182,6 +186,18 @@ constexpr TileConfig make_wglean_config(const char* name) {
     c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false>;
     c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true>;
   }
+  return c;
+}
+
+// The same with each tile's K split into P work items (session 31).
+template <class T, int P>
+constexpr TileConfig make_wglean_split_config(const char* name) {
+  TileConfig c = make_wglean_config<T>(name);
+  for (int h = 0; h < 2; ++h) {
+    c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false, P>;
+    c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true, P>;
+  }
+  c.k_parts = P;
   return c;
 }
 
@@ -252,7 +268,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 33> kConfigs = {
+constexpr std::array<TileConfig, 34> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -274,7 +290,7 @@ constexpr std::array<TileConfig, 33> kConfigs = {
     make_splitk_config<CfgS8, true>("splitk16x8/8w+staged"), make_splitk_config<CfgS8W2, true>("splitk16x8/2w+staged"),
     make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2"),
     make_wgstream_config<CfgWs128x2>("streamwg64x8/4x2"), make_wglean_config<CfgWs128>("streamwg64x8/4l"),
-    make_wglean_config<CfgWs128S6>("streamwg64x8/6l")};
+    make_wglean_config<CfgWs128S6>("streamwg64x8/6l"), make_wglean_split_config<CfgWs128, 2>("streamwg64x8/4l2")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -303,8 +319,9 @@ constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
 constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("stream8x8/3w");
 constexpr int kStreamWg = config_index("streamwg64x8/4"), kStreamWgRegs = config_index("streamwg64x8/3r2");
 constexpr int kStreamWgLean = config_index("streamwg64x8/4l"), kStreamWgLean6 = config_index("streamwg64x8/6l");
+constexpr int kStreamWgLean2 = config_index("streamwg64x8/4l2");
 static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0 && kStreamWgLean >= 0 &&
-                  kStreamWgLean6 >= 0,
+                  kStreamWgLean6 >= 0 && kStreamWgLean2 >= 0,
               "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
@@ -447,7 +464,7 @@ const GemmSetup& setup() {
                                            : -1;
     const int grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
     g.stream_grouped_gate = grouped == 1 ? g.stream_choice : grouped >= 2 ? wg : -1;
-    g.stream_grouped_down = grouped == 3 ? -1 : g.stream_grouped_gate;
+    g.stream_grouped_down = grouped == 3 ? -1 : grouped == 4 ? kStreamWgLean2 : g.stream_grouped_gate;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
@@ -490,6 +507,8 @@ int config_or_fallback(int ci, int K) {
     const int64_t slices = ceil_div(K, kern::kSliceK);
     if (slices < 2 || slices > most) ci = kStreamWg;  // one warpgroup would hold every slice (same bits)
   }
+  if (const int parts = kConfigs[size_t(ci)].k_parts; parts > 1)
+    if (ceil_div(K, kern::kSliceK) < parts || K % 128 != 0) ci = kStreamWgLean;  // a part without a slice (same bits)
   if (kConfigs[size_t(ci)].stream) return K % 16 == 0 && setup().stream_blocks[size_t(ci)] > 0 ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
@@ -859,6 +878,10 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   return ci;
 }
 
+constexpr size_t kSplitWsFloats = size_t(4) << 20;  // 16 MiB: 8,192 (tile, slice) sums; one token's routed down: 192 x 6
+constexpr size_t kSplitTiles = 8192;
+std::pair<float*, int*> stream_split_scratch(cudaStream_t stream);  // below
+
 // `rows8`: no tile holds more than 8 rows (the split-K kernel's 8-row variant may run).
 // `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
@@ -873,6 +896,25 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
     const int64_t t = tiles * batch;
     q.tiles_total = int(t);
     const int64_t slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(&c - kConfigs.data())];
+    if (c.k_parts > 1 && f == c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0]) {
+      // Each tile's K in k_parts runs (config_or_fallback saw every part get a slice): fp32
+      // slice sums [t][slices][128][4] and a counter per tile; where they do not fit the
+      // stream's fixed block, or inside a capture before an eager call made it, the unsplit lean
+      // loop instead (same bits).
+      const int64_t slices = ceil_div(p.K, kern::kSliceK);
+      const auto [ws, cnt] = stream_split_scratch(stream);
+      if (cnt != nullptr && size_t(t * slices) * 512 <= kSplitWsFloats && size_t(t) <= kSplitTiles) {
+        q.split_ws = ws;
+        q.split_cnt = cnt;
+        launch(f, dim3(unsigned(stream_grid_blocks(t * c.k_parts, slots, setup().stream_balance))), c.threads, c.smem,
+               stream, q);
+        return;
+      }
+      const TileConfig& lean = kConfigs[size_t(kStreamWgLean)];
+      launch(lean.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0], dim3(unsigned(stream_grid_blocks(t, slots, setup().stream_balance))),
+             lean.threads, lean.smem, stream, q);
+      return;
+    }
     launch(f, dim3(unsigned(stream_grid_blocks(t, slots, setup().stream_balance))), c.threads, c.smem, stream, q);
   } else if (c.cluster)
     launch_clustered(unsigned(cluster), f, dim3(unsigned(tiles * cluster), 1, batch), c.threads, c.smem, stream, p);
@@ -890,6 +932,8 @@ struct ScratchBlock {
   void* p = nullptr;
   size_t bytes = 0;
   int* tail_counter = nullptr;  // gemm_add_rmsnorm's block counter (zero between launches)
+  float* split_ws = nullptr;       // the split lean loop's slice sums (stream_split_scratch)
+  int* split_counters = nullptr;   // and its per-tile arrivals (zero between launches)
 };
 std::mutex scratch_mu;
 std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 1 GiB each
@@ -926,6 +970,26 @@ int* stream_tail_counter(cudaStream_t stream) {
   check_cuda(cudaMalloc(&b.tail_counter, sizeof(int)), "gemm", "cudaMalloc (tail counter)");
   check_cuda(cudaMemset(b.tail_counter, 0, sizeof(int)), "gemm", "cudaMemset (tail counter)");
   return b.tail_counter;
+}
+
+// The split lean loop's workspace (kern::MmaGemmParams::split_ws, split_cnt): one fixed block
+// per stream, made once (outside a capture) and never moved, because decode graphs keep its
+// address (the slice scratch above may grow and move after a capture, so it cannot serve them).
+// The counters are zeroed when made; each launch leaves them zero.
+std::pair<float*, int*> stream_split_scratch(cudaStream_t stream) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(scratch_mu);
+  ScratchBlock& b = scratch_blocks[{dev, stream}];
+  if (b.split_counters != nullptr) return {b.split_ws, b.split_counters};
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &cap), "gemm", "cudaStreamIsCapturing");
+  if (cap != cudaStreamCaptureStatusNone) return {nullptr, nullptr};
+  check_cuda(cudaMalloc(&b.split_ws, kSplitWsFloats * 4), "gemm", "cudaMalloc (split workspace)");
+  check_cuda(cudaMalloc(&b.split_counters, kSplitTiles * sizeof(int)), "gemm", "cudaMalloc (split counters)");
+  check_cuda(cudaMemset(b.split_counters, 0, kSplitTiles * sizeof(int)), "gemm", "cudaMemset (split counters)");
+  check_cuda(cudaStreamSynchronize(stream), "gemm", "cudaStreamSynchronize (split counters)");
+  return {b.split_ws, b.split_counters};
 }
 
 // A sliced launch (kern::MmaGemmParams::slice_stride): fp32 slice sums [slices][rows][N] in the
@@ -1082,6 +1146,8 @@ void detail::gemm_release_stream(cudaStream_t s) noexcept {
     cudaStreamSynchronize(s);
     cudaFree(it->second.p);
     cudaFree(it->second.tail_counter);
+    cudaFree(it->second.split_ws);
+    cudaFree(it->second.split_counters);
     scratch_blocks.erase(it);
   } catch (...) {
   }
@@ -1365,7 +1431,8 @@ int gemm_stream_grouped_setting(const char* value) {
   if (v == "0") return 0;
   if (v == "1") return 1;
   if (v == "wg") return 2;
-  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg or wg-gate, got '" + v + "'");
+  if (v == "wg-split") return 4;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate or wg-split, got '" + v + "'");
 }
 
 int gemm_stream_few_setting(const char* value) {

@@ -109,6 +109,11 @@ struct MmaGemmParams {
   // The TMA kernel's tiles in all (dense: m_tiles * n_tiles per batch entry, batch entries one
   // after the other; grouped: the host's bound): a block walks pids blockIdx.x + i * gridDim.x.
   int tiles_total = 0;
+  // The lean wgmma stream loop split over K (gemm_wgstream_lean_kernel, kParts > 1): fp32 slice
+  // sums [tiles_total][slices][128 threads][4] and one arrival counter per tile (zero between
+  // launches: the tile's last block resets it).
+  float* split_ws = nullptr;
+  int* split_cnt = nullptr;
 };
 // Fused gate|up (gated = I > 0, N = 2I): tile column n is weight row n / 2 (gate) for even n and
 // row I + n / 2 (up) for odd n, so a thread's column pair (2j, 2j+1) holds gate j and up j of a

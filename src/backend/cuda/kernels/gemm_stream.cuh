@@ -91,9 +91,10 @@ __device__ __forceinline__ int grouped_tile_count(const MmaGemmParams& p, int la
 struct StreamShare {
   int first, last;
 };
+// parts > 1: each tile is `parts` work items (the lean loop's K-split runs), dealt the same way.
 template <int BM>
-__device__ __forceinline__ StreamShare stream_share(const MmaGemmParams& p, int lane) {
-  const int total = p.offsets != nullptr ? grouped_tile_count<BM>(p, lane) : p.tiles_total;
+__device__ __forceinline__ StreamShare stream_share(const MmaGemmParams& p, int lane, int parts = 1) {
+  const int total = (p.offsets != nullptr ? grouped_tile_count<BM>(p, lane) : p.tiles_total) * parts;
   return {int(int64_t(blockIdx.x) * total / gridDim.x), int(int64_t(blockIdx.x + 1) * total / gridDim.x)};
 }
 

@@ -507,7 +507,15 @@ __device__ __noinline__ void lean_store(const MmaGemmParams& p, int pid, int tid
 // the rest: the same bits).
 // The parameter block is __grid_constant__: lean_sources and lean_store take it by reference
 // without a local copy.
-template <class T, bool kOutF32>
+// kParts > 1 (session 31, config "streamwg64x8/4l2", ATLAS_GEMM_STREAM_GROUPED=wg-split): each
+// tile is kParts work items, runs of whole K slices (the tile's S slices dealt evenly: part q has
+// slices [q S / kParts, (q + 1) S / kParts)), so a problem of few tiles (one token's routed
+// experts' down: 192 tiles of 11 steps) fills more blocks. Part 0 folds its slices into the
+// running total as the unsplit loop does; the other parts keep each slice's sum apart; all go to
+// p.split_ws, and the tile's last block to arrive (p.split_cnt) adds the later slices to part
+// 0's total in slice order and stores the tile: the contract's running total exactly, the same
+// bits. The host runs it only where S >= kParts (every part has a slice).
+template <class T, bool kOutF32, int kParts = 1>
 __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __grid_constant__ MmaGemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(T::WGS == 1 && T::LEAD == 0 && T::BK == 128, "the lean loop: one warpgroup, cp.async, 16 chunks per row");
@@ -517,15 +525,28 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const int tid = int(threadIdx.x), lane = tid & 31;
   const bool grouped = p.offsets != nullptr;
   if (grouped) pdl_begin_gemm();
-  const auto [first, last] = stream_share<T::BM>(p, lane);
+  const auto [first, last] = stream_share<T::BM>(p, lane, kParts);
   const int KT = p.K / T::BK;  // steps per tile
+  constexpr int kAhead = T::STAGES - 2;
+  constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
+  const int S = (KT + kSteps - 1) / kSteps;  // K slices per tile
+  // Work item first + i: tile (first + i) / kParts, steps [part_begin(q), part_begin(q + 1)) of
+  // it, q = (first + i) % kParts (kParts 1: the whole tile).
+  const auto part_begin = [&](int q) { return kParts == 1 ? q * KT : min(KT, q * S / kParts * kSteps); };
+  const auto item_steps = [&](int i) {
+    const int q = (first + i) % kParts;
+    return part_begin(q + 1) - part_begin(q);
+  };
+  int my_steps = (last - first) * KT;
+  if constexpr (kParts > 1) {
+    my_steps = 0;
+    for (int i = 0; i < last - first; ++i) my_steps += item_steps(i);
+  }
   // Lane 0's count (every lane's is the same): a trip count ptxas can see is warp-uniform lets it
   // keep the loop's wgmma descriptors in uniform registers (session 31, from the SASS: computed
   // from the lanes' own values, each wgmma cost ~12 instructions of 64-bit adds and moves into
   // uniform registers, ~100 of the ~185 per step; from lane 0's, a few uniform adds).
-  const int steps = __shfl_sync(0xffffffffu, (last - first) * KT, 0);
-  constexpr int kAhead = T::STAGES - 2;
-  constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
+  const int steps = __shfl_sync(0xffffffffu, my_steps, 0);
 
   // Copy plan (lean_sources): chunk c of weight rows r0 + 8 j and of x row r0, as the full
   // loop's, so that each warp instruction reads two whole 256-byte row segments (a first version
@@ -537,19 +558,20 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const uint32_t xdst = uint32_t((c >> 3) * T::ATOM_X + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
   // Issue side: the tile (from first) and step of the next copy, this thread's sources in it.
   struct Issue : LeanSources {
-    int tile = 0, kt = 0;
+    int tile = 0, kt = 0, kend = 0;  // tile: the work item (from first); kt, kend: its steps
   };
   const auto enter = [&](Issue& s, int i) {
     s.tile = i;
-    s.kt = 0;
-    static_cast<LeanSources&>(s) = lean_sources<T>(p, i < last - first ? first + i : -1, tid, lane);
+    s.kt = part_begin((first + i) % kParts);
+    s.kend = part_begin((first + i) % kParts + 1);
+    static_cast<LeanSources&>(s) = lean_sources<T>(p, i < last - first ? (first + i) / kParts : -1, tid, lane);
     // Lane 0's flags (the same in every lane: one tile per block): branches ptxas can see are
     // warp-uniform keep the loop free of divergence bookkeeping around the copies.
     s.stop = __shfl_sync(0xffffffffu, s.stop, 0);
     s.full = __shfl_sync(0xffffffffu, s.full, 0);
   };
   const auto advance = [&](Issue& s) {
-    if (++s.kt == KT) enter(s, s.tile + 1);
+    if (++s.kt == s.kend) enter(s, s.tile + 1);
   };
   // The policy test once per step, not per copy (a branch around each copy otherwise). Rows past
   // N (a last n-tile only) copy zeros from the first row, never read.
@@ -604,7 +626,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     }
   } else if (!grouped && p.prefetch == 1 && !is.stop && c == 0) {
     for (int j = 0; j < is.wrows; ++j)
-      prefetch_l2(is.w + j * is.wstride, uint32_t(min(p.K, kAhead * T::BK)) * 2u);
+      prefetch_l2(is.w + j * is.wstride + is.kt * (T::BK * 2), uint32_t(min(p.K - is.kt * T::BK, kAhead * T::BK)) * 2u);
   }
   if (!grouped) pdl_begin_gemm();
 #pragma unroll 1
@@ -622,6 +644,46 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const uint64_t dw0 = wg_desc(ring_w), dx0 = wg_desc(ring_x);
   bool pending = false;  // a slice's last wgmma group is in flight: fold it into the total first
   int ct = 0, ck = 0;    // step i's tile (from first) and step in it
+  // kParts > 1: the pending slice's item and slice, whether it ends its item, the item's length
+  int f_item = 0, f_slice = 0, clen = item_steps(0);
+  bool f_last = false;
+  // kParts > 1: the pending slice (its groups retired) into the total (part 0) or the workspace,
+  // then, where it ended its item, the item's arrival; the tile's last arrival folds and stores.
+  const auto fold_split = [&]() {
+    __shared__ int last_arrival;
+    const int item = first + f_item, q = item % kParts, pid = item / kParts;
+    float* ws = p.split_ws + int64_t(pid) * S * 512 + tid * 4;
+    if (q == 0) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
+    } else {
+      *reinterpret_cast<float4*>(ws + f_slice * 512) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] = 0.f;
+    if (!f_last) return;
+    if (q == 0) *reinterpret_cast<float4*>(ws) = make_float4(tot[0], tot[1], tot[2], tot[3]);
+    __threadfence();  // this block's sums before its arrival
+    __syncthreads();
+    if (tid == 0) last_arrival = atomicAdd(p.split_cnt + pid, 1) == kParts - 1;
+    __syncthreads();
+    if (last_arrival) {
+      __threadfence();  // the other blocks' sums (each fenced before its arrival) after ours
+      const float4 t0 = __ldcg(reinterpret_cast<const float4*>(ws));
+      float t[4] = {t0.x, t0.y, t0.z, t0.w};
+      for (int sl = S / kParts; sl < S; ++sl) {  // part 1's first slice on, in order
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(ws + sl * 512));
+        t[0] = __fadd_rn(t[0], v.x);
+        t[1] = __fadd_rn(t[1], v.y);
+        t[2] = __fadd_rn(t[2], v.z);
+        t[3] = __fadd_rn(t[3], v.w);
+      }
+      lean_store<T, kOutF32>(p, pid, tid, lane, t[0], t[1], t[2], t[3]);
+      if (tid == 0) p.split_cnt[pid] = 0;  // zero for the next launch
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+  };
   for (int i = 0; i < steps; ++i) {
     cp_async_wait<kAhead - 1>();
     fence_proxy_async_smem();  // the copies' writes (generic proxy) before the wgmma's reads
@@ -633,17 +695,21 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     if (!is.stop) advance(is);
     if (pending) {
       wg_wait_all();
+      if constexpr (kParts > 1) {
+        fold_split();
+      } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        tot[e] = __fadd_rn(tot[e], acc[e]);
-        acc[e] = 0.f;
+        for (int e = 0; e < 4; ++e) {
+          tot[e] = __fadd_rn(tot[e], acc[e]);
+          acc[e] = 0.f;
+        }
+        if (ck == 0) {  // ... and it was the tile before's last slice
+          store(ct - 1);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+        }
       }
       pending = false;
-      if (ck == 0) {  // ... and it was the tile before's last slice
-        store(ct - 1);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tot[e] = 0.f;
-      }
     }
     const int slot = i % T::STAGES;
     const uint64_t dw = dw0 + uint64_t((slot * T::SLOT_W) >> 4), dx = dx0 + uint64_t((slot * T::SLOT_X) >> 4);
@@ -654,18 +720,34 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
                      dx + uint64_t(((kk >> 2) * T::ATOM_X + (kk & 3) * 32) >> 4));
     wg_commit();
     wg_wait_one();
-    pending = (ck + 1) % kSteps == 0 || ck + 1 == KT;
-    if (++ck == KT) {
-      ck = 0;
-      ++ct;
+    if constexpr (kParts > 1) {
+      pending = (ck + 1) % kSteps == 0 || ck + 1 == clen;
+      f_item = ct;
+      f_slice = (part_begin((first + ct) % kParts) + ck) / kSteps;
+      f_last = ck + 1 == clen;
+      if (++ck == clen) {
+        ck = 0;
+        ++ct;
+        clen = item_steps(ct);
+      }
+    } else {
+      pending = (ck + 1) % kSteps == 0 || ck + 1 == KT;
+      if (++ck == KT) {
+        ck = 0;
+        ++ct;
+      }
     }
   }
   wg_wait_all();
   cp_async_wait<0>();  // nothing in flight when the block's shared memory is released
-  if (pending) {  // the last step always ends its tile
+  if (pending) {  // the last step always ends its tile (its item)
+    if constexpr (kParts > 1) {
+      fold_split();
+    } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
-    store(ct - 1);
+      for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
+      store(ct - 1);
+    }
   }
 #else
   __trap();  // the host never launches it without sm_90a device code (gemm_stream_probe_kernel)
