@@ -906,8 +906,11 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
       if (cnt != nullptr && size_t(t * slices) * 512 <= kSplitWsFloats && size_t(t) <= kSplitTiles) {
         q.split_ws = ws;
         q.split_cnt = cnt;
-        launch(f, dim3(unsigned(stream_grid_blocks(t * c.k_parts, slots, setup().stream_balance))), c.threads, c.smem,
-               stream, q);
+        // Not balanced: the point is more blocks. (s31-4 ran it balanced: a grouped problem's
+        // host bound of 224 tiles made 448 items on 396 slots, i.e. 224 blocks of two items,
+        // the unsplit grid, and the step slowed, 415.3 vs 453.5 tok/s. Unbalanced, one token's
+        // 192 real tiles are 384 items on 396 blocks: not yet run on a GPU.)
+        launch(f, dim3(unsigned(stream_grid_blocks(t * c.k_parts, slots, false))), c.threads, c.smem, stream, q);
         return;
       }
       const TileConfig& lean = kConfigs[size_t(kStreamWgLean)];
