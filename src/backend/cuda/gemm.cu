@@ -135,7 +135,7 @@ struct TileConfig {
   // 1 < slices <= wg_split_max_slices only; config_or_fallback runs kStreamWg elsewhere.
   int wg_split_max_slices = 0;
   // > 1: the lean stream loop with each tile split into k_parts runs of whole K slices
-  // (gemm_wgstream_lean_kernel's kParts; p.split_ws / split_cnt in the stream's scratch), for
+  // (gemm_wgstream_lean_kernel's kParts; p.split_ws / split_cnt: stream_split_scratch), for
   // slices >= k_parts and K % 128 == 0 only; config_or_fallback runs kStreamWgLean elsewhere.
   int k_parts = 0;
 };
@@ -913,9 +913,10 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
         launch(f, dim3(unsigned(stream_grid_blocks(t * c.k_parts, slots, false))), c.threads, c.smem, stream, q);
         return;
       }
+      const int64_t lean_slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(kStreamWgLean)];
       const TileConfig& lean = kConfigs[size_t(kStreamWgLean)];
-      launch(lean.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0], dim3(unsigned(stream_grid_blocks(t, slots, setup().stream_balance))),
-             lean.threads, lean.smem, stream, q);
+      launch(lean.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0],
+             dim3(unsigned(stream_grid_blocks(t, lean_slots, setup().stream_balance))), lean.threads, lean.smem, stream, q);
       return;
     }
     launch(f, dim3(unsigned(stream_grid_blocks(t, slots, setup().stream_balance))), c.threads, c.smem, stream, q);
