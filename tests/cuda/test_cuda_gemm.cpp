@@ -236,6 +236,30 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
   }
 }
 
+// The split lean loop's parts (session 31, no GPU needed): for every K the host runs it on (K %
+// 128 == 0, at least `parts` slices of 256), the parts tile [0, KT) in order, each non-empty and
+// starting on a slice boundary, and part 1 starts at slice S / parts, where the tile's last
+// arrival starts adding the later parts' slice sums: the contract's slice order.
+TEST(GemmSettings, LeanSplitPartsAreWholeSlicesInOrder) {
+  for (int parts : {2, 3, 4, 8})
+    for (int K = 128; K <= 8192; K += 128) {
+      const int KT = K / 128, S = (KT + 1) / 2;
+      if (S < parts) continue;
+      SCOPED_TRACE(::testing::Message() << "parts " << parts << " K " << K);
+      EXPECT_EQ(detail::gemm_lean_part_begin(0, parts, K), 0);
+      EXPECT_EQ(detail::gemm_lean_part_begin(parts, parts, K), KT);
+      EXPECT_EQ(detail::gemm_lean_part_begin(1, parts, K), S / parts * 2);
+      for (int q = 0; q < parts; ++q) {
+        const int b = detail::gemm_lean_part_begin(q, parts, K), e = detail::gemm_lean_part_begin(q + 1, parts, K);
+        EXPECT_LT(b, e) << "part " << q << " is empty";
+        EXPECT_EQ(b % 2, 0) << "part " << q << " starts inside a slice";
+      }
+    }
+  EXPECT_EQ(detail::gemm_lean_part_begin(1, 1, 2048), 16);  // one part: the whole tile
+  // One token's routed down (K 1408: 11 steps, 6 slices): slices 0-2 and 3-5, steps 0-5 and 6-10.
+  EXPECT_EQ(detail::gemm_lean_part_begin(1, 2, 1408), 6);
+}
+
 // The lean loop's switch (no GPU needed): 4 ring slots by default, 6, 0 (the full loop), a clear
 // error otherwise.
 TEST(GemmSettings, StreamLeanSwitchNamesItselfOnBadValues) {

@@ -50,9 +50,14 @@ bool switch_setting(const char* name, const char* value, bool dflt);
 // ATLAS_GEMM_STREAM_GROUPED's value (null: unset): which stream config grouped problems of <= 8
 // rows take: 3 ("wg-gate", the default since session 23) the wgmma streaming config for the
 // fused gate|up only (the routed experts' down stays on the tiled config), 2 ("wg") that config
-// for both, 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs, the default
-// before); anything else throws an Error naming the variable.
+// for both, 4 ("wg-split", session 31) the gate|up as 3 and the down on the lean loop split over
+// K ("streamwg64x8/4l2"), 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs,
+// the default before); anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);
+// The split lean loop's first step of part q (of `parts`) of a tile of depth K
+// (kern::lean_part_begin with the config's 128-wide steps and 256-wide slices; q = parts: the
+// tile's step count), for tests of the split's invariants on the host.
+int gemm_lean_part_begin(int q, int parts, int K);
 // ATLAS_GEMM_STREAM_FEW's value (null or empty: unset, -1): the config one-row dense problems of
 // N >= 4096 but fewer 64-row tiles than SMs (the shared experts' gate|up at batch 1) take in place
 // of the stream config, where one would run (not under ATLAS_GEMM_STREAM=0; session 28, for A/B

@@ -1439,6 +1439,12 @@ int gemm_stream_grouped_setting(const char* value) {
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate or wg-split, got '" + v + "'");
 }
 
+int gemm_lean_part_begin(int q, int parts, int K) {
+  constexpr int kSteps = kern::kSliceK / CfgWs128::BK;
+  const int KT = K / CfgWs128::BK;
+  return kern::lean_part_begin(q, parts, (KT + kSteps - 1) / kSteps, KT, kSteps);
+}
+
 int gemm_stream_few_setting(const char* value) {
   return config_override_setting(
       "ATLAS_GEMM_STREAM_FEW", value, [](const TileConfig& c) { return !c.grouped_only && !c.tma && !c.sliced; },

@@ -492,6 +492,16 @@ __device__ __noinline__ void lean_store(const MmaGemmParams& p, int pid, int tid
   if (stream_tile<T::BM>(p, pid, tid, lane, ct)) wgstream_store_tile<T, kOutF32>(p, ct, tid >> 5, lane, tot);
 }
 
+// The first step of part q of a tile of KT steps, S = ceil(KT / steps_per_slice) K slices, split
+// into `parts` runs of whole slices (part q: slices [q S / parts, (q + 1) S / parts)); q = parts
+// gives KT. With S >= parts every part has at least one slice, and part 1 starts at slice
+// S / parts (where the last arrival's fold begins). parts 1: q * KT. Host-callable for tests.
+__host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int KT, int steps_per_slice) {
+  if (parts == 1) return q * KT;
+  const int b = q * S / parts * steps_per_slice;
+  return b < KT ? b : KT;
+}
+
 // The lean loop (session 30, configs "streamwg64x8/4l" and "/6l", ATLAS_GEMM_STREAM_LEAN): the
 // same tiles, shares, ring, copy plan, wgmma chain and slice folds as gemm_wgstream_kernel<T,
 // kOutF32, false> (so the same bits), with the per-step work cut to what the step needs. Why:
@@ -532,7 +542,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const int S = (KT + kSteps - 1) / kSteps;  // K slices per tile
   // Work item first + i: tile (first + i) / kParts, steps [part_begin(q), part_begin(q + 1)) of
   // it, q = (first + i) % kParts (kParts 1: the whole tile).
-  const auto part_begin = [&](int q) { return kParts == 1 ? q * KT : min(KT, q * S / kParts * kSteps); };
+  const auto part_begin = [&](int q) { return lean_part_begin(q, kParts, S, KT, kSteps); };
   const auto item_steps = [&](int i) {
     const int q = (first + i) % kParts;
     return part_begin(q + 1) - part_begin(q);
