@@ -49,13 +49,17 @@ struct ForceConfig {
 
 // The wgmma streaming config the chooser takes under this process's environment:
 // ATLAS_GEMM_STREAM_REGS=1 the register-staged one, else ATLAS_GEMM_STREAM_LEAN's loop (session
-// 30: the lean loop with 4 slots by default, "6" with 6, "0" the full loop).
+// 30: the lean loop with 4 slots by default, "6" with 6, "8" 8 slots of 64-wide steps, "0" the
+// full loop).
 std::string expected_wgstream_config() {
   const char* regs = std::getenv("ATLAS_GEMM_STREAM_REGS");
   const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");
   const std::string lean = lean_env == nullptr ? "" : lean_env;
   if (regs != nullptr && std::string(regs) == "1") return "streamwg64x8/3r2";
-  return lean == "0" ? "streamwg64x8/4" : lean == "6" ? "streamwg64x8/6l" : "streamwg64x8/4l";
+  return lean == "0"   ? "streamwg64x8/4"
+         : lean == "6" ? "streamwg64x8/6l"
+         : lean == "8" ? "streamwg64x8/8l64"
+                       : "streamwg64x8/4l";
 }
 
 // The index of the config called `name` (-1: none).
@@ -260,15 +264,16 @@ TEST(GemmSettings, LeanSplitPartsAreWholeSlicesInOrder) {
   EXPECT_EQ(detail::gemm_lean_part_begin(1, 2, 1408), 6);
 }
 
-// The lean loop's switch (no GPU needed): 4 ring slots by default, 6, 0 (the full loop), a clear
-// error otherwise.
+// The lean loop's switch (no GPU needed): 4 ring slots by default, 6, 8 (of 64-wide steps), 0
+// (the full loop), a clear error otherwise.
 TEST(GemmSettings, StreamLeanSwitchNamesItselfOnBadValues) {
   EXPECT_EQ(detail::gemm_stream_lean_setting(nullptr), 4);
   EXPECT_EQ(detail::gemm_stream_lean_setting(""), 4);
   EXPECT_EQ(detail::gemm_stream_lean_setting("0"), 0);
   EXPECT_EQ(detail::gemm_stream_lean_setting("4"), 4);
   EXPECT_EQ(detail::gemm_stream_lean_setting("6"), 6);
-  expect_each_rejected([](const char* v) { detail::gemm_stream_lean_setting(v); }, {"1", "5", "lean", " 4", "8"},
+  EXPECT_EQ(detail::gemm_stream_lean_setting("8"), 8);
+  expect_each_rejected([](const char* v) { detail::gemm_stream_lean_setting(v); }, {"1", "5", "lean", " 4", "64"},
                        [](const char* v) {
                          return std::vector<std::string>{"ATLAS_GEMM_STREAM_LEAN", "'" + std::string(v) + "'"};
                        });

@@ -114,6 +114,9 @@ using CfgWs128R2 = kern::WgStreamTile<128, 3, 2>;  // 128  3 + 2 in registers  5
 // The lean loop of the same tile (gemm_wgstream_lean_kernel, session 30, ATLAS_GEMM_STREAM_LEAN):
 // the 4-slot ring as CfgWs128's, and a 6-slot one (four steps in flight).
 using CfgWs128S6 = kern::WgStreamTile<128, 6>;  // 128    6     109 KB   2
+// Session 31: the lean loop with 64-wide steps, 8 slots in the 4-slot ring's 73 KB (six steps,
+// 48 KB, in flight instead of two of 32 KB, three blocks per SM still; ATLAS_GEMM_STREAM_LEAN=8).
+using CfgWs64S8 = kern::WgStreamTile<64, 8>;  //   64    8      73 KB   3
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -268,7 +271,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 34> kConfigs = {
+constexpr std::array<TileConfig, 35> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -290,7 +293,8 @@ constexpr std::array<TileConfig, 34> kConfigs = {
     make_splitk_config<CfgS8, true>("splitk16x8/8w+staged"), make_splitk_config<CfgS8W2, true>("splitk16x8/2w+staged"),
     make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2"),
     make_wgstream_config<CfgWs128x2>("streamwg64x8/4x2"), make_wglean_config<CfgWs128>("streamwg64x8/4l"),
-    make_wglean_config<CfgWs128S6>("streamwg64x8/6l"), make_wglean_split_config<CfgWs128, 2>("streamwg64x8/4l2")};
+    make_wglean_config<CfgWs128S6>("streamwg64x8/6l"), make_wglean_split_config<CfgWs128, 2>("streamwg64x8/4l2"),
+    make_wglean_config<CfgWs64S8>("streamwg64x8/8l64")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -319,9 +323,9 @@ constexpr int kSlicedWg128 = config_index("wg128x128x64/4+slices");
 constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("stream8x8/3w");
 constexpr int kStreamWg = config_index("streamwg64x8/4"), kStreamWgRegs = config_index("streamwg64x8/3r2");
 constexpr int kStreamWgLean = config_index("streamwg64x8/4l"), kStreamWgLean6 = config_index("streamwg64x8/6l");
-constexpr int kStreamWgLean2 = config_index("streamwg64x8/4l2");
+constexpr int kStreamWgLean2 = config_index("streamwg64x8/4l2"), kStreamWgLean8 = config_index("streamwg64x8/8l64");
 static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0 && kStreamWgLean >= 0 &&
-                  kStreamWgLean6 >= 0 && kStreamWgLean2 >= 0,
+                  kStreamWgLean6 >= 0 && kStreamWgLean2 >= 0 && kStreamWgLean8 >= 0,
               "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
@@ -457,6 +461,7 @@ const GemmSetup& setup() {
     const int wg = env_switch("ATLAS_GEMM_STREAM_REGS", false) ? kStreamWgRegs
                    : lean == 4                                 ? kStreamWgLean
                    : lean == 6                                 ? kStreamWgLean6
+                   : lean == 8                                 ? kStreamWgLean8
                                                                : kStreamWg;
     g.stream_choice = stream_warps == 3    ? kStream3
                       : stream_warps == 6  ? kStream6
@@ -1425,8 +1430,9 @@ int gemm_stream_lean_setting(const char* value) {
   if (v == "0") return 0;
   if (v.empty() || v == "4") return 4;
   if (v == "6") return 6;
-  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_LEAN: expected 0 (the full loop), 4 or 6 (the lean loop's ring slots), got '" +
-              v + "'");
+  if (v == "8") return 8;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_LEAN: expected 0 (the full loop), 4 or 6 (the lean loop's ring slots), "
+              "or 8 (8 slots of 64-wide steps), got '" + v + "'");
 }
 
 int gemm_stream_grouped_setting(const char* value) {

@@ -469,12 +469,13 @@ __device__ __noinline__ LeanSources lean_sources(const MmaGemmParams& p, int pid
   LeanSources s;
   TileSpot t;
   if (pid < 0 || !stream_tile<T::BM>(p, pid, tid, lane, t)) return s;
-  const int r0 = tid >> 4, c = tid & 15;
+  constexpr int RP = T::WG_THREADS / T::CPR;  // rows per pass: 8 (BK 128) or 16 (BK 64)
+  const int r0 = tid >> (T::CPR == 16 ? 4 : 3), c = tid & (T::CPR - 1);  // CPR 16 or 8
   const int n0 = t.n_tile * T::BN + r0;
   const int64_t wo = b_row_offset(p, n0), xo = a_row_offset(p, t.row_begin + r0, t.row_end);
   s.w = reinterpret_cast<const char*>(t.w + (wo >= 0 ? wo : 0)) + 16 * c;
-  s.wstride = int64_t(p.gated > 0 ? 4 : 8) * p.ws * 2;
-  s.wrows = n0 < p.N ? min(8, (p.N - n0 + 7) / 8) : 0;
+  s.wstride = int64_t(p.gated > 0 ? RP / 2 : RP) * p.ws * 2;
+  s.wrows = n0 < p.N ? min(T::W_PER_THREAD, (p.N - n0 + RP - 1) / RP) : 0;
   s.full = (t.n_tile + 1) * T::BN <= p.N;
   s.x = reinterpret_cast<const char*>(t.x + (xo >= 0 ? xo : 0)) + 16 * c;
   s.xsz = xo >= 0 ? 16 : 0;
@@ -528,7 +529,8 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 template <class T, bool kOutF32, int kParts = 1>
 __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __grid_constant__ MmaGemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(T::WGS == 1 && T::LEAD == 0 && T::BK == 128, "the lean loop: one warpgroup, cp.async, 16 chunks per row");
+  static_assert(T::WGS == 1 && T::LEAD == 0 && (T::BK == 128 || T::BK == 64),
+                "the lean loop: one warpgroup, cp.async, 16 or 8 chunks per row");
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   const uint32_t ring_w = (smem_u32(gemm_smem) + 1023u) & ~1023u;  // [STAGES][ATOMS][64][64]
   const uint32_t ring_x = ring_w + uint32_t(T::STAGES * T::SLOT_W);  // [STAGES][ATOMS][8][64]
@@ -563,7 +565,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   // gave each thread 8 chunks of one row, each instruction 16 rows x 32 bytes: faster alone,
   // slower beside other kernels, s30-2). The swizzle term depends on r0 % 8 only, so the
   // destinations of j are the first's + 1 KB j.
-  const int r0 = tid >> 4, c = tid & 15;
+  // (BK 64, session 31: 8 chunks per row, rows r0 + 16 j, j < 4, x copied by the threads of r0 < 8.)
+  constexpr int RP = T::WG_THREADS / T::CPR;  // rows per pass
+  const int r0 = tid >> (T::CPR == 16 ? 4 : 3), c = tid & (T::CPR - 1);  // CPR 16 or 8
   const uint32_t cdst = uint32_t((c >> 3) * T::ATOM_W + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
   const uint32_t xdst = uint32_t((c >> 3) * T::ATOM_X + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
   // Issue side: the tile (from first) and step of the next copy, this thread's sources in it.
@@ -596,15 +600,15 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       constexpr bool kFull = decltype(full_c)::value, kHint = decltype(hint_c)::value;
       const char* src = first_row;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < T::W_PER_THREAD; ++j) {
         const bool in = kFull || j < s.wrows;
         const char* from = kFull || in ? src : first_row;
         if constexpr (kHint)
-          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d + uint32_t(j * 1024)),
+          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d + uint32_t(j * RP * 128)),
                        "l"(from), "r"(in ? 16 : 0), "l"(w_hint.policy)
                        : "memory");
         else
-          cp_async16_at(d + uint32_t(j * 1024), from, in ? 16 : 0);
+          cp_async16_at(d + uint32_t(j * RP * 128), from, in ? 16 : 0);
         src += s.wstride;
       }
     };
@@ -619,7 +623,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     }
   };
   const auto copy_x = [&](const Issue& s, int slot) {
-    if (!s.stop) cp_async16_at(ring_x + uint32_t(slot * T::SLOT_X) + xdst, s.x + s.kt * (T::BK * 2), s.xsz);
+    if (!s.stop && (RP <= T::BM || r0 < T::BM))
+      cp_async16_at(ring_x + uint32_t(slot * T::SLOT_X) + xdst, s.x + s.kt * (T::BK * 2), s.xsz);
   };
 
   Issue is;  // stop until entered
