@@ -139,7 +139,7 @@ struct TileConfig {
   int wg_split_max_slices = 0;
   // > 1: the lean stream loop with each tile split into k_parts runs of whole K slices
   // (gemm_wgstream_lean_kernel's kParts; p.split_ws / split_cnt: stream_split_scratch), for
-  // slices >= k_parts and K % 128 == 0 only; config_or_fallback runs kStreamWgLean elsewhere.
+  // slices >= k_parts and K % tail_k == 0 only; config_or_fallback runs kStreamWgLean elsewhere.
   int k_parts = 0;
 };
 
@@ -455,8 +455,9 @@ const GemmSetup& setup() {
     }
     const int stream_warps = gemm_stream_setting(std::getenv("ATLAS_GEMM_STREAM"));
     // The wgmma streaming config, with register-staged copies under ATLAS_GEMM_STREAM_REGS=1.
-    // The lean loop (ATLAS_GEMM_STREAM_LEAN: 4 ring slots by default since session 30, 6, or 0: the
-    // full loop; s30-3: decode 451.0 vs 442.8 tok/s, the same tokens).
+    // The lean loop (ATLAS_GEMM_STREAM_LEAN: 4 ring slots by default since session 30, 6, 8 slots
+    // of 64-wide steps (session 31), or 0: the full loop; s30-3: decode 451.0 vs 442.8 tok/s, the
+    // same tokens).
     const int lean = gemm_stream_lean_setting(std::getenv("ATLAS_GEMM_STREAM_LEAN"));
     const int wg = env_switch("ATLAS_GEMM_STREAM_REGS", false) ? kStreamWgRegs
                    : lean == 4                                 ? kStreamWgLean
@@ -513,7 +514,8 @@ int config_or_fallback(int ci, int K) {
     if (slices < 2 || slices > most) ci = kStreamWg;  // one warpgroup would hold every slice (same bits)
   }
   if (const int parts = kConfigs[size_t(ci)].k_parts; parts > 1)
-    if (ceil_div(K, kern::kSliceK) < parts || K % 128 != 0) ci = kStreamWgLean;  // a part without a slice (same bits)
+    if (ceil_div(K, kern::kSliceK) < parts || K % kConfigs[size_t(ci)].tail_k != 0)
+      ci = kStreamWgLean;  // a part without a slice, or the tail instance's K (same bits)
   if (kConfigs[size_t(ci)].stream) return K % 16 == 0 && setup().stream_blocks[size_t(ci)] > 0 ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
@@ -941,11 +943,18 @@ struct ScratchBlock {
   void* p = nullptr;
   size_t bytes = 0;
   int* tail_counter = nullptr;  // gemm_add_rmsnorm's block counter (zero between launches)
-  float* split_ws = nullptr;       // the split lean loop's slice sums (stream_split_scratch)
-  int* split_counters = nullptr;   // and its per-tile arrivals (zero between launches)
+  float* split_ws = nullptr;      // the split lean loop's slice sums (stream_split_scratch)
+  int* split_counters = nullptr;  // and its per-tile arrivals (zero between launches)
 };
 std::mutex scratch_mu;
 std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 1 GiB each
+
+// Whether a capture is recording the stream (scratch cannot be made then: the caller falls back).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &cap), "gemm", "cudaStreamIsCapturing");
+  return cap != cudaStreamCaptureStatusNone;
+}
 
 float* stream_scratch(size_t bytes, cudaStream_t stream) {
   int dev = 0;
@@ -953,9 +962,7 @@ float* stream_scratch(size_t bytes, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(scratch_mu);
   ScratchBlock& b = scratch_blocks[{dev, stream}];
   if (b.bytes >= bytes) return static_cast<float*>(b.p);
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &cap), "gemm", "cudaStreamIsCapturing");
-  if (cap != cudaStreamCaptureStatusNone) return nullptr;
+  if (capturing(stream)) return nullptr;
   check_cuda(cudaStreamSynchronize(stream), "gemm", "cudaStreamSynchronize (slice scratch)");
   if (b.p) check_cuda(cudaFree(b.p), "gemm", "cudaFree (slice scratch)");
   b.p = nullptr;
@@ -973,9 +980,7 @@ int* stream_tail_counter(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(scratch_mu);
   ScratchBlock& b = scratch_blocks[{dev, stream}];
   if (b.tail_counter != nullptr) return b.tail_counter;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &cap), "gemm", "cudaStreamIsCapturing");
-  if (cap != cudaStreamCaptureStatusNone) return nullptr;
+  if (capturing(stream)) return nullptr;
   check_cuda(cudaMalloc(&b.tail_counter, sizeof(int)), "gemm", "cudaMalloc (tail counter)");
   check_cuda(cudaMemset(b.tail_counter, 0, sizeof(int)), "gemm", "cudaMemset (tail counter)");
   return b.tail_counter;
@@ -991,9 +996,7 @@ std::pair<float*, int*> stream_split_scratch(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(scratch_mu);
   ScratchBlock& b = scratch_blocks[{dev, stream}];
   if (b.split_counters != nullptr) return {b.split_ws, b.split_counters};
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &cap), "gemm", "cudaStreamIsCapturing");
-  if (cap != cudaStreamCaptureStatusNone) return {nullptr, nullptr};
+  if (capturing(stream)) return {nullptr, nullptr};
   check_cuda(cudaMalloc(&b.split_ws, kSplitWsFloats * 4), "gemm", "cudaMalloc (split workspace)");
   check_cuda(cudaMalloc(&b.split_counters, kSplitTiles * sizeof(int)), "gemm", "cudaMalloc (split counters)");
   check_cuda(cudaMemset(b.split_counters, 0, kSplitTiles * sizeof(int)), "gemm", "cudaMemset (split counters)");

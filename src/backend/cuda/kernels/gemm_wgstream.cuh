@@ -67,6 +67,8 @@ struct WgStreamTile {
   static constexpr int ATOM_W = 64 * 64 * 2, ATOM_X = 8 * 64 * 2;  // bytes
   static constexpr int SLOT_W = ATOMS * ATOM_W, SLOT_X = ATOMS * ATOM_X;
   static constexpr int CPR = BK / 8;                      // 16-byte chunks per row and step
+  static constexpr int CPR_LOG2 = BK == 64 ? 3 : BK == 128 ? 4 : 5;
+  static constexpr int RP = WG_THREADS / CPR;             // rows one pass of the warpgroup copies
   static constexpr int W_PER_THREAD = BN * CPR / WG_THREADS;  // weight chunks per thread and step
   static constexpr int kMaxParts = 8;  // WGS 2: slice sums per warpgroup and tile (K <= 4096)
   static constexpr int PARTS_BYTES = WGS > 1 ? kMaxParts * WG_THREADS * 16 : 0;  // warpgroup 1's, handed over
@@ -184,7 +186,6 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
   // CPR) and, for tid < BM * CPR, chunk c of x row tid / CPR. Offsets of the issue tile (-1: a
   // zero row), refreshed when the issue side enters a tile.
   const int c = tid % T::CPR, r0 = tid / T::CPR;
-  constexpr int kRowStep = T::WG_THREADS / T::CPR;
   int64_t w_off[T::W_PER_THREAD];
   int64_t x_off = -1;
   const uint16_t* iw = p.w;
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
     iw = t.w;
     ix = t.x;
 #pragma unroll
-    for (int q = 0; q < T::W_PER_THREAD; ++q) w_off[q] = b_row_offset(p, t.n_tile * T::BN + r0 + q * kRowStep);
+    for (int q = 0; q < T::W_PER_THREAD; ++q) w_off[q] = b_row_offset(p, t.n_tile * T::BN + r0 + q * T::RP);
     x_off = r0 < T::BM ? a_row_offset(p, t.row_begin + r0, t.row_end) : -1;
   };
   const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
     if (kW) {
 #pragma unroll
       for (int q = 0; q < T::W_PER_THREAD; ++q) {
-        const int r = r0 + q * kRowStep;
+        const int r = r0 + q * T::RP;
         const bool in = w_off[q] >= 0 && k < K;
         const uint32_t dst = ring_w + uint32_t(slot * T::SLOT_W + atom * T::ATOM_W + r * 128 + ((cc ^ (r & 7)) * 16));
         cp_async16_at(dst, in ? iw + w_off[q] + k : iw, in ? 16 : 0, w_hint);
@@ -248,7 +249,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
     const int atom = c >> 3, cc = c & 7;
 #pragma unroll
     for (int q = 0; q < T::W_PER_THREAD; ++q) {
-      const int row = r0 + q * kRowStep;
+      const int row = r0 + q * T::RP;
       sts16(ring_w + uint32_t(slot * T::SLOT_W + atom * T::ATOM_W + row * 128 + ((cc ^ (row & 7)) * 16)), r[q]);
     }
     if (r0 < T::BM)
@@ -451,12 +452,11 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_kernel(const MmaGemm
 }
 
 // The lean loop's sources in tile pid (-1: past the block's share), for thread tid's copies
-// (chunk c = tid % 16 of weight rows r0 + 8 j, r0 = tid / 16, j = 0..7, and of x row r0): the
-// first weight row's chunk, the byte stride to the next (rows r0 + 8 j of the tile are 8 j rows
-// on, or 4 j with the gate|up rows interleaved: b_row_offset), how many of the eight lie inside N
-// (full: all 64 rows of the tile do), the x chunk and its copy size (0: zeros), or stop where
-// there is no tile. Out of line: one
-// copy of find_tile's code, off the loop's path.
+// (chunk c = tid % CPR of weight rows r0 + RP j, r0 = tid / CPR, j < W_PER_THREAD, and of x row
+// r0): the first weight row's chunk, the byte stride to the next (rows r0 + RP j of the tile are
+// RP j rows on, or RP j / 2 with the gate|up rows interleaved: b_row_offset), how many of them lie
+// inside N (full: all 64 rows of the tile do), the x chunk and its copy size (0: zeros), or stop
+// where there is no tile. Out of line: one copy of find_tile's code, off the loop's path.
 struct LeanSources {
   const char* w = nullptr;
   const char* x = nullptr;
@@ -469,8 +469,8 @@ __device__ __noinline__ LeanSources lean_sources(const MmaGemmParams& p, int pid
   LeanSources s;
   TileSpot t;
   if (pid < 0 || !stream_tile<T::BM>(p, pid, tid, lane, t)) return s;
-  constexpr int RP = T::WG_THREADS / T::CPR;  // rows per pass: 8 (BK 128) or 16 (BK 64)
-  const int r0 = tid >> (T::CPR == 16 ? 4 : 3), c = tid & (T::CPR - 1);  // CPR 16 or 8
+  constexpr int RP = T::RP;  // 8 (BK 128) or 16 (BK 64)
+  const int r0 = tid >> T::CPR_LOG2, c = tid & (T::CPR - 1);
   const int n0 = t.n_tile * T::BN + r0;
   const int64_t wo = b_row_offset(p, n0), xo = a_row_offset(p, t.row_begin + r0, t.row_end);
   s.w = reinterpret_cast<const char*>(t.w + (wo >= 0 ? wo : 0)) + 16 * c;
@@ -566,8 +566,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   // slower beside other kernels, s30-2). The swizzle term depends on r0 % 8 only, so the
   // destinations of j are the first's + 1 KB j.
   // (BK 64, session 31: 8 chunks per row, rows r0 + 16 j, j < 4, x copied by the threads of r0 < 8.)
-  constexpr int RP = T::WG_THREADS / T::CPR;  // rows per pass
-  const int r0 = tid >> (T::CPR == 16 ? 4 : 3), c = tid & (T::CPR - 1);  // CPR 16 or 8
+  constexpr int RP = T::RP;  // rows per pass
+  const int r0 = tid >> T::CPR_LOG2, c = tid & (T::CPR - 1);
   const uint32_t cdst = uint32_t((c >> 3) * T::ATOM_W + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
   const uint32_t xdst = uint32_t((c >> 3) * T::ATOM_X + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4));
   // Issue side: the tile (from first) and step of the next copy, this thread's sources in it.
@@ -745,7 +745,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
         ++ct;
         clen = item_steps(ct);
       }
-    } else {
+    } else {  // (its own branch: the general one costs the unsplit loop ~40 instructions, SASS)
       pending = (ck + 1) % kSteps == 0 || ck + 1 == KT;
       if (++ck == KT) {
         ck = 0;
