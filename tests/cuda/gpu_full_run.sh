@@ -15,7 +15,7 @@
 # the main stream, env SIDE_ARGS, compared with the bench step's figures), ncumla (Nsight Compute sections of a batch-128
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
-# PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, env ENVCMP_ARGS,
+# PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, several split by '|', env ENVCMP_ARGS,
 # compared with the bench step's figures), ncukernel (Nsight Compute sections of single launches
 # of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), ktrace (CUPTI kernel timeline of batch-1
 # decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS; KTRACE_SUMMARY_ARGS for
@@ -290,10 +290,16 @@ fi
 if has envcmp; then
   # `atlas bench` under ENV_CMP (e.g. "ATLAS_MLA_BULK=0": a switch that keeps the bits) for
   # comparison with the bench step's figures: ENVCMP_ARGS workloads; tokens must not change.
-  echo "== atlas bench with $ENV_CMP"
-  env ${ENV_CMP:?set ENV_CMP} timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$out/bench_envcmp.json" \
-    ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -6
-  compare_bench "default" "$ENV_CMP" "$out/bench.json" "$out/bench_envcmp.json"
+  # Several settings: separate them with '|' (each runs in turn, bench_envcmp<N>.json).
+  IFS='|' read -ra envcmps <<< "${ENV_CMP:?set ENV_CMP}"
+  n=0
+  for ec in "${envcmps[@]}"; do
+    f="$out/bench_envcmp$([[ $n -gt 0 ]] && echo $n).json"; n=$((n + 1))
+    echo "== atlas bench with $ec"
+    env $ec timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$f" \
+      ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -6
+    compare_bench "default" "$ec" "$out/bench.json" "$f"
+  done
 fi
 if has aba; then
   # Same machine, same build directory: A (the tree), B (ABA_SWAP's files in place), A again, each
