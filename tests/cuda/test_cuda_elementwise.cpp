@@ -216,7 +216,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MLA_MERGE_EARLY", {"0", "1", "early"}},
       {"ATLAS_MOE_COMBINE_PAIRS", {"0", "1", "pairs"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
-      {"ATLAS_ABSORB", {"side", "before", "after", "main"}},
+      {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},
@@ -491,6 +491,103 @@ TEST_F(Elementwise, LatentToCacheEqualsTheUnfusedKernels) {
       SCOPED_TRACE("f32");
       latent_to_cache_matches_unfused<float>(rng, nh, tokens);
     }
+  }
+}
+
+// gemm_with_latent (session 32): the absorbed query's GEMM and latent_to_cache in one launch
+// give the bits of latent_to_cache() then gemm(): the cache rows, the queries' rotated rope parts
+// and the GEMM's columns of the same absorbed-query rows, the device errors of the latent job,
+// with launch overlap off and on. At V2-Lite's attention shapes (16 heads, q_nope 128, latent
+// 512 + rope 64), 1 and 7 tokens (N = 512: 16 tiles per head, more than the tokens), and a
+// narrow N of 64 (2 tiles) with 5 tokens, where the latent blocks outnumber the GEMM's tiles.
+// Where gemm() would run another config (forced here), f32 out, or tokens = 0, it launches
+// nothing and returns false.
+TEST_F(Elementwise, GemmWithLatentEqualsTheTwoLaunches) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int nh = 16, dq = 192, dn = 128, W = 576, dc = 512, max_pos = 300;
+  const RopeTable tab = build_rope_table(YarnParams{}, max_pos);
+  DevBuf<uint16_t> dcos(tab.cos), dsin(tab.sin), dnorm(random_bf16(size_t(dc), rng, 0.5f));
+  const LaunchOverlap was = launch_overlap_mode();
+  for (const auto& [T_, N] : {std::pair{1, 512}, {7, 512}, {5, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens " << T_ << " N " << N);
+    const int slots = T_ + 11;
+    const auto q = random_bf16(size_t(T_) * nh * dq, rng, 2.0f), lat = random_bf16(size_t(T_) * W, rng, 2.0f);
+    const auto wuk = random_bf16(size_t(nh) * N * dn, rng, 0.05f);
+    const auto qt0 = random_bf16(size_t(T_) * nh * W, rng), cache0 = random_bf16(size_t(slots) * W, rng);
+    std::vector<int32_t> pos(T_), rows(T_);
+    for (int t = 0; t < T_; ++t) {
+      pos[size_t(t)] = int32_t((t * 37 + 11) % max_pos);
+      rows[size_t(t)] = t == 2 ? -1 : slots - 1 - t;  // distinct slots, one padding token
+    }
+    DevBuf<uint16_t> dq_(q), dlat(lat), dwuk(wuk), dqt_a(qt0), dqt_b(qt0), dcache_a(cache0), dcache_b(cache0);
+    DevBuf<int32_t> dpos(pos), drows(rows);
+    const auto gemm_for = [&](DevBuf<uint16_t>& qt) {
+      return GemmArgs{.x = dq_.get(), .w = dwuk.get(), .out = qt.get(), .M = T_, .N = N, .K = dn,
+                      .x_stride = nh * dq, .w_stride = dn, .out_stride = nh * W, .batch = nh,
+                      .x_batch_stride = dq, .w_batch_stride = int64_t(N) * dn, .out_batch_stride = W};
+    };
+    const auto latent_for = [&](DevBuf<uint16_t>& qt, DevBuf<uint16_t>& cache) {
+      return LatentCacheArgsT<uint16_t>{
+          .lat = dlat.get(), .lat_stride = W, .norm_weight = dnorm.get(), .eps = 1e-6f, .cache = cache.get(),
+          .dst_rows = drows.get(), .cache_rows = slots, .tokens = T_, .latent = dc, .rope_dim = 64,
+          .q = dq_.get() + dn, .q_out = qt.get() + dc, .heads = nh, .q_token_stride = nh * dq, .q_head_stride = dq,
+          .q_out_token_stride = nh * W, .q_out_head_stride = W, .positions = dpos.get(), .cos = dcos.get(),
+          .sin = dsin.get(), .max_positions = max_pos};
+    };
+    latent_to_cache(latent_for(dqt_a, dcache_a));
+    gemm(gemm_for(dqt_a));
+    check_device_errors();
+    const auto want_qt = dqt_a.download(), want_cache = dcache_a.download();
+    EXPECT_NE(want_cache, cache0) << "nothing written";
+    for (auto mode : {LaunchOverlap::off, LaunchOverlap::on}) {
+      SCOPED_TRACE(::testing::Message() << "overlap " << int(mode));
+      set_launch_overlap(mode);
+      dqt_b.upload(qt0);
+      dcache_b.upload(cache0);
+      const int64_t before = gemm_latent_launches();
+      ASSERT_TRUE(gemm_with_latent(gemm_for(dqt_b), latent_for(dqt_b, dcache_b)));
+      check_device_errors();
+      EXPECT_EQ(gemm_latent_launches(), before + 1);
+      EXPECT_EQ(dqt_b.download(), want_qt) << "absorbed queries";
+      EXPECT_EQ(dcache_b.download(), want_cache) << "cache rows";
+    }
+    set_launch_overlap(was);
+    // The latent job's device errors: a cache row past cache_rows, a position past the table.
+    std::vector<int32_t> bad_rows = rows;
+    bad_rows[0] = slots;
+    drows.upload(bad_rows);
+    ASSERT_TRUE(gemm_with_latent(gemm_for(dqt_b), latent_for(dqt_b, dcache_b)));
+    EXPECT_THROW(check_device_errors(), Error);
+    drows.upload(rows);
+    std::vector<int32_t> bad_pos = pos;
+    bad_pos[0] = max_pos;
+    dpos.upload(bad_pos);
+    ASSERT_TRUE(gemm_with_latent(gemm_for(dqt_b), latent_for(dqt_b, dcache_b)));
+    EXPECT_THROW(check_device_errors(), Error);
+    dpos.upload(pos);
+    check_device_errors();  // cleared
+    // Nothing launched where it does not apply.
+    dqt_b.upload(qt0);
+    dcache_b.upload(cache0);
+    const int64_t before = gemm_latent_launches();
+    gemm_force_config(0);
+    EXPECT_FALSE(gemm_with_latent(gemm_for(dqt_b), latent_for(dqt_b, dcache_b))) << "another config";
+    gemm_force_config(-1);
+    DevBuf<float> f32_out(size_t(T_) * nh * W);
+    GemmArgs f32_gemm = gemm_for(dqt_b);
+    f32_gemm.out = f32_out.get();
+    f32_gemm.out_type = OutType::f32;
+    EXPECT_FALSE(gemm_with_latent(f32_gemm, latent_for(dqt_b, dcache_b))) << "f32 out";
+    LatentCacheArgsT<uint16_t> none = latent_for(dqt_b, dcache_b);
+    none.tokens = 0;
+    EXPECT_FALSE(gemm_with_latent(gemm_for(dqt_b), none)) << "no tokens";
+    LatentCacheArgsT<uint16_t> no_q = latent_for(dqt_b, dcache_b);
+    no_q.q = nullptr;
+    EXPECT_THROW(gemm_with_latent(gemm_for(dqt_b), no_q), Error) << "a bad latent argument";
+    EXPECT_EQ(gemm_latent_launches(), before);
+    EXPECT_EQ(dqt_b.download(), qt0) << "a call that launched nothing wrote the queries";
+    EXPECT_EQ(dcache_b.download(), cache0) << "a call that launched nothing wrote the cache";
   }
 }
 

@@ -9,6 +9,11 @@
 #include "backend/cuda/cuda_ops.h"
 #include "core/error.h"
 
+namespace atlas::cuda::kern {
+template <class T>
+struct LatentCacheParams;  // kernels/latent_cache.cuh
+}  // namespace atlas::cuda::kern
+
 namespace atlas::cuda::detail {
 
 // Throws atlas::Error("cuda: <op>: <call>: <CUDA error text>") on failure.
@@ -156,6 +161,11 @@ enum ReleaseFirstSite : unsigned {
 unsigned release_first_setting(const char* value);
 // Whether a site releases first (ATLAS_RELEASE_FIRST, read once).
 bool release_first(ReleaseFirstSite site);
+
+// latent_to_cache's argument checks (one Error naming the field) and its kernels' parameters
+// (ops.cu; gemm_with_latent in gemm.cu launches the same work inside the absorbed query's GEMM).
+template <class T>
+kern::LatentCacheParams<T> latent_cache_params(const LatentCacheArgsT<T>& a);
 
 // Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the
 // programmatic-serialization attribute when pdl_enabled(), and clusters of (cluster_x, 1, 1)

@@ -378,6 +378,14 @@ class CudaModelT final : public Model {
     Stream stream = nullptr;  // null: s_
   };
   void matmul(const MatMul& m) const;
+  // gemm()'s arguments for m (the bf16 model's matmul; also gemm_with_latent's).
+  GemmArgs gemm_args(const MatMul& m) const {
+    return {.x = reinterpret_cast<const uint16_t*>(m.x), .w = reinterpret_cast<const uint16_t*>(m.w), .out = m.out,
+            .out_type = OutType::bf16, .M = int(m.M), .N = int(m.N), .K = int(m.K), .x_stride = m.x_stride,
+            .w_stride = m.w_stride, .out_stride = m.out_stride, .mode = mode_for(m.M), .batch = int(m.batch),
+            .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
+            .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_};
+  }
   void linear(const Elem* x, const Elem* w, Elem* out, int64_t M, int64_t N, int64_t K, int64_t xs = 0,
               int64_t os = 0, Stream stream = nullptr) const {
     matmul({.x = x, .w = w, .out = out, .M = M, .N = N, .K = K, .x_stride = xs, .out_stride = os, .stream = stream});
@@ -482,8 +490,8 @@ class CudaModelT final : public Model {
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
   bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
-  // kernel (ModelEnv::absorb, ATLAS_ABSORB).
-  int absorb_ = 2;
+  // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
+  int absorb_ = 3;
   // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
@@ -762,10 +770,7 @@ void CudaModelT<Elem>::matmul(const MatMul& m) const {
               .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
               .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_});
   } else {
-    gemm({.x = m.x, .w = m.w, .out = m.out, .out_type = OutType::bf16, .M = int(m.M), .N = int(m.N), .K = int(m.K),
-          .x_stride = m.x_stride, .w_stride = m.w_stride, .out_stride = m.out_stride, .mode = mode_for(m.M),
-          .batch = int(m.batch), .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
-          .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_});
+    gemm(gemm_args(m));
   }
 }
 
@@ -1274,12 +1279,13 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // cache (joined before the attention reads qt), or, a decode step's, on s_ after it
     // (ATLAS_ABSORB, default "after": launch overlap then makes the GEMM's weights and the
     // attention kernel's older cache slots load while q|kv_a and the latent cache kernel run).
-    const auto absorb = [&](Stream st) {
-      matmul({.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
+    const auto absorb_mm = [&](Stream st) -> MatMul {
+      return {.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
               .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,
-              .out_batch_stride = W, .stream = st});
+              .out_batch_stride = W, .stream = st};
     };
-    const int absorb_at = T == 1 ? absorb_ : 0;  // a prefill's stays on side_
+    const auto absorb = [&](Stream st) { matmul(absorb_mm(st)); };
+    int absorb_at = T == 1 ? absorb_ : 0;  // a prefill's stays on side_
     if (absorb_at == 0) absorb(fork_side());
     if (absorb_at == 1) absorb(s_);
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions
@@ -1287,12 +1293,21 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     if (!(hooks && hooks->wants(names.latent_norm))) {
       // Nobody reads the normed row: written straight into its cache slot (one launch, the bits
       // of the three below).
-      latent_to_cache({.lat = lp, .lat_stride = ls, .norm_weight = L.kv_a_ln, .eps = eps, .cache = kv,
-                       .dst_rows = b.dst_rows, .cache_rows = B * cache.capacity(), .tokens = int(M), .latent = int(dc),
-                       .rope_dim = int(dr), .q = qp + dn, .q_out = b.qt + dc, .heads = int(nh),
-                       .q_token_stride = qs, .q_head_stride = dq, .q_out_token_stride = nh * W,
-                       .q_out_head_stride = W, .positions = b.pos, .cos = cos_, .sin = sin_,
-                       .max_positions = max_positions_, .stream = s_});
+      const LatentCacheArgsT<Elem> lc{
+          .lat = lp, .lat_stride = ls, .norm_weight = L.kv_a_ln, .eps = eps, .cache = kv, .dst_rows = b.dst_rows,
+          .cache_rows = B * cache.capacity(), .tokens = int(M), .latent = int(dc), .rope_dim = int(dr),
+          .q = qp + dn, .q_out = b.qt + dc, .heads = int(nh), .q_token_stride = qs, .q_head_stride = dq,
+          .q_out_token_stride = nh * W, .q_out_head_stride = W, .positions = b.pos, .cos = cos_, .sin = sin_,
+          .max_positions = max_positions_, .stream = s_};
+      // ATLAS_ABSORB=fused (a decode step's default since session 32): the absorbed query and
+      // this in one launch where gemm_with_latent can (kernels/gemm_latent.cuh), else "after".
+      bool fused = false;
+      if constexpr (!kF32)
+        if (absorb_at == 3) fused = gemm_with_latent(gemm_args(absorb_mm(s_)), lc);
+      if (fused)
+        absorb_at = -1;  // done
+      else
+        latent_to_cache(lc);
     } else {
       rmsnorm({.x = lp, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = ls,
                .out_stride = W, .eps = eps, .stream = s_});
@@ -1308,7 +1323,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                  .dst_limit = B * cache.capacity(), .stream = s_});
     }
 
-    if (absorb_at == 2) absorb(s_);
+    if (absorb_at == 2 || absorb_at == 3) absorb(s_);
     if (absorb_at == 0) join_side();  // qt complete
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
     // bf16: the tensor-core kernel; f32: the scalar kernel (MlaDecodeArgsT<float>'s default).

@@ -136,8 +136,9 @@ struct ModelEnv {
   // beside the latent cache kernel: a prefill's place always), 1 "before" / 2 "after" (the
   // model's stream, before or after the latent cache kernel: launch overlap then stages its
   // weights, and "after" lets the attention kernel follow it into early residency; the default
-  // since session 27). The same bits.
-  int absorb = 2;
+  // in sessions 27-31), 3 "fused" (one launch with the latent cache kernel, gemm_with_latent,
+  // where it can run, else "after"; the default since session 32). The same bits.
+  int absorb = 3;
 };
 ModelEnv model_env();
 bool launch_overlap();  // whether a launch issued here and now would carry the attribute
@@ -740,6 +741,18 @@ struct GemmAddRmsNormArgs {
 bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t);
 // How many tailed launches gemm_add_rmsnorm made in this process (tests check that the tail ran).
 int64_t gemm_tailed_launches();
+// A decode step's absorbed-query GEMM and latent_to_cache(l) in one launch (session 32,
+// kernels/gemm_latent.cuh): latent_to_cache(l) then gemm(a), the same bits and device errors,
+// where gemm(a) would run the tiled 16-row config in a plain launch (the absorbed query of a
+// few rows), the output is bf16, the mode batch-invariant, and the latent <= 2048 (the launch's
+// extra row of blocks runs the latent job, one block per token). The two must be independent:
+// a's output must not overlap l's queries' outputs or its cache, nor l's inputs a's (the model's
+// absorbed query writes qt[.., :dc], the latent job qt[.., dc:] and the cache). Returns false
+// and launches nothing otherwise (the caller runs the two launches); bad arguments of either
+// throw an Error as gemm() and latent_to_cache() would.
+bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l);
+// How many fused launches gemm_with_latent made in this process (tests check that it ran).
+int64_t gemm_latent_launches();
 // Tests: 1 lets gemm_add_rmsnorm launch its tail, 0 never, -1 (the default) as ATLAS_GEMM_TAILS
 // says; process-wide, like gemm_force_config. Never bits.
 void gemm_set_tails(int mode);

@@ -26,6 +26,7 @@
 #include "backend/cuda/kernels/gemm_stream.cuh"
 #include "backend/cuda/kernels/gemm_tail.cuh"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
+#include "backend/cuda/kernels/gemm_latent.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
 #include "backend/cuda/kernels/gemm_tma.cuh"
 #include "backend/cuda/kernels/gemm_wgmma.cuh"
@@ -356,6 +357,7 @@ bool weight_evict_first() {
 }
 std::atomic<int> tma_blocks_cap{0};  // gemm_set_tma_blocks (tests)
 std::atomic<int64_t> tailed_launches{0};  // gemm_tailed_launches (tests)
+std::atomic<int64_t> latent_launches{0};  // gemm_latent_launches (tests)
 std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
 
 struct GemmSetup {
@@ -1409,6 +1411,33 @@ bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
 }
 
 int64_t gemm_tailed_launches() { return tailed_launches.load(); }
+bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
+  const char* op = "gemm_with_latent";
+  require_gemm_args(a, op);
+  const kern::LatentCacheParams<uint16_t> lp = latent_cache_params(l);
+  if (a.M == 0 || l.tokens == 0 || a.mode != GemmMode::batch_invariant || a.gated != 0 ||
+      a.out_type != OutType::bf16 || l.latent > kern::kWideDim || a.batch >= 65535)
+    return false;
+  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
+  const int64_t os = a.out_stride ? a.out_stride : a.N;
+  const bool async = dense_async(a, xs, ws);
+  const GemmSetup& s = setup();
+  // The GEMM as gemm() would run it: the tiled 16-row config in a plain launch (what a decode
+  // step of a few rows gets for the absorbed query), else the caller's two launches.
+  if (!async || dense_config(a, async, s.sm_count) != kTiled16 ||
+      use_sliced(a, kConfigs[size_t(kTiled16)], async, s.sm_count))
+    return false;
+  const TileConfig& c = kConfigs[size_t(kTiled16)];
+  const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
+  const int64_t tiles = m_tiles * n_tiles;
+  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, m_tiles, n_tiles);
+  launch(kern::gemm_mma_latent_kernel<CfgD32>, dim3(unsigned(std::max<int64_t>(tiles, l.tokens)), 1, unsigned(a.batch + 1)),
+         c.threads, c.smem, stream_of(a.stream), p, lp, a.batch, int(tiles), l.tokens);
+  check_launch(op);
+  ++latent_launches;
+  return true;
+}
+int64_t gemm_latent_launches() { return latent_launches.load(); }
 void gemm_set_tails(int mode) { tails_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
 
 namespace detail {

@@ -169,8 +169,13 @@ void copy_rows_impl(const CopyRowsArgsT<T>& a) {
   check_launch(op);
 }
 
+}  // namespace
+
+namespace detail {
+
+// latent_to_cache's checks and kernel parameters (also gemm_with_latent's, gemm.cu).
 template <class T>
-void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
+kern::LatentCacheParams<T> latent_cache_params(const LatentCacheArgsT<T>& a) {
   const char* op = "latent_to_cache";
   require(a.tokens >= 0, op, "tokens", "must be >= 0");
   require(a.latent > 0, op, "latent", "must be > 0");
@@ -181,19 +186,30 @@ void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
   require(a.cache_rows > 0 && a.max_positions > 0, op, "limits", "cache_rows and max_positions must be > 0");
   require(a.lat && a.norm_weight && a.cache && a.dst_rows && a.q && a.q_out && a.positions && a.cos && a.sin, op,
           "pointers", "lat, norm_weight, cache, dst_rows, q, q_out, positions, cos and sin must be set");
+  return {.lat = a.lat, .norm_w = a.norm_weight, .cache = a.cache, .dst_rows = a.dst_rows,
+          .cache_rows = a.cache_rows, .lat_stride = ls, .latent = a.latent,
+          .half = a.rope_dim / 2, .eps = a.eps, .q = a.q, .q_out = a.q_out,
+          .heads = a.heads, .q_ts = a.q_token_stride, .q_hs = a.q_head_stride,
+          .qo_ts = a.q_out_token_stride, .qo_hs = a.q_out_head_stride,
+          .positions = a.positions, .cos_t = a.cos, .sin_t = a.sin,
+          .max_positions = a.max_positions, .error_flag = error_flag(),
+          // ATLAS_RELEASE_FIRST=latent (the wide kernel only)
+          .release_first = release_first(kRfLatent) ? 1 : 0};
+}
+template kern::LatentCacheParams<uint16_t> latent_cache_params(const LatentCacheArgsT<uint16_t>&);
+template kern::LatentCacheParams<float> latent_cache_params(const LatentCacheArgsT<float>&);
+
+}  // namespace detail
+
+namespace {
+
+template <class T>
+void latent_to_cache_impl(const LatentCacheArgsT<T>& a) {
+  const kern::LatentCacheParams<T> p = latent_cache_params(a);
   if (a.tokens == 0) return;
-  const kern::LatentCacheParams<T> p{.lat = a.lat, .norm_w = a.norm_weight, .cache = a.cache, .dst_rows = a.dst_rows,
-                                     .cache_rows = a.cache_rows, .lat_stride = ls, .latent = a.latent,
-                                     .half = a.rope_dim / 2, .eps = a.eps, .q = a.q, .q_out = a.q_out,
-                                     .heads = a.heads, .q_ts = a.q_token_stride, .q_hs = a.q_head_stride,
-                                     .qo_ts = a.q_out_token_stride, .qo_hs = a.q_out_head_stride,
-                                     .positions = a.positions, .cos_t = a.cos, .sin_t = a.sin,
-                                     .max_positions = a.max_positions, .error_flag = error_flag(),
-                                     // ATLAS_RELEASE_FIRST=latent (the wide kernel only)
-                                     .release_first = release_first(kRfLatent) ? 1 : 0};
   launch_row_norm(a.tokens, a.latent, kern::latent_cache_wide_kernel<T>, kern::latent_cache_kernel<T>,
                   stream_of(a.stream), p);
-  check_launch(op);
+  check_launch("latent_to_cache");
 }
 
 template <class T>

@@ -214,8 +214,9 @@ ModelEnv model_env() {
   }
   e.mla_tile_parallel_off = !env_switch("ATLAS_MLA_TILE_PARALLEL", true);  // "0": off, "1": automatic
   if (const std::string v = value("ATLAS_ABSORB"); !v.empty()) {
-    if (v != "side" && v != "before" && v != "after") bad("ATLAS_ABSORB", "expected side, before or after", v);
-    e.absorb = v == "side" ? 0 : v == "before" ? 1 : 2;  // unset: ModelEnv's "after"
+    if (v != "side" && v != "before" && v != "after" && v != "fused")
+      bad("ATLAS_ABSORB", "expected side, before, after or fused", v);
+    e.absorb = v == "side" ? 0 : v == "before" ? 1 : v == "after" ? 2 : 3;  // unset: ModelEnv's "fused"
   }
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;

@@ -567,9 +567,10 @@ TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
 }
 
 // Where a decode step's absorbed-query GEMM runs (ATLAS_ABSORB, read when the model is made): on
-// the side stream beside the latent cache kernel, or on the model's stream before or after it
-// (the default): the same bits in a prefill and in eager and graph-replayed decode steps (8 rows
-// and one), with the side stream on and off.
+// the side stream beside the latent cache kernel, on the model's stream before or after it, or in
+// one launch with it (the default, where gemm_with_latent can run it: else as "after"): the same
+// bits in a prefill and in eager and graph-replayed decode steps (8 rows and one), with the side
+// stream on and off.
 TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
@@ -577,16 +578,23 @@ TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
   const std::string saved = was ? was : "";
   for (bool side : {true, false}) {
     std::vector<std::vector<float>> runs;
-    for (const char* at : {"side", "before", "after"}) {
+    for (const char* at : {"side", "before", "after", "fused"}) {
       setenv("ATLAS_ABSORB", at, 1);
+      const int64_t fused_before = cuda::gemm_latent_launches();
       auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .side_stream = side});
       std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
       const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);  // batch-1 steps too
       r.insert(r.end(), one.begin(), one.end());
       runs.push_back(std::move(r));
+      // The fused launch ran (the tiny model's decode steps fit it) where asked, and only there.
+      if (std::string(at) == "fused")
+        EXPECT_GT(cuda::gemm_latent_launches(), fused_before) << "side stream " << side;
+      else
+        EXPECT_EQ(cuda::gemm_latent_launches(), fused_before) << at << ", side stream " << side;
     }
     EXPECT_EQ(runs[0], runs[1]) << "before, side stream " << side;
     EXPECT_EQ(runs[0], runs[2]) << "after, side stream " << side;
+    EXPECT_EQ(runs[0], runs[3]) << "fused, side stream " << side;
   }
   if (was)
     setenv("ATLAS_ABSORB", saved.c_str(), 1);

@@ -117,4 +117,60 @@ __global__ void __launch_bounds__(kWideThreads) latent_cache_wide_kernel(const L
   if (pos_ok) latent_rope_key<T, kWideThreads>(p, src, row, pos);
 }
 
+// latent_cache_kernel's work for token t by a block of kReduceThreads / 2 threads (128: the
+// tiled GEMM's block, kernels/gemm_latent.cuh, where one launch runs this beside the absorbed
+// query's tiles). The same steps and error bits; the norm's sum of squares in rmsnorm_row's
+// order: thread i stands for the 256-thread block's threads i and i + 128 (its elements
+// i + 128 m, even m for the first, odd m for the second, each summed in ascending m from +0),
+// warp w's two sums are that block's warps w and w + 4, and the tree over the eight warp sums
+// is block_sum's. The same bits. Rows of at most kWideDim; the caller releases the next launch
+// (kernels/pdl.cuh) and this waits after loading the norm weights.
+template <class T>
+__device__ __forceinline__ void latent_cache_half_block(const LatentCacheParams<T>& p, int t, float* scratch) {
+  constexpr int kThreads = kReduceThreads / 2, kRegs = kWideDim / kThreads;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  float v[kRegs], wv[kRegs];
+#pragma unroll
+  for (int m = 0; m < kRegs; ++m) {
+    const int i = tid + m * kThreads;
+    wv[m] = i < p.latent ? to_f32(p.norm_w[i]) : 0.0f;
+  }
+  pdl_wait_after(true);
+  const T* src = p.lat + int64_t(t) * p.lat_stride;
+#pragma unroll
+  for (int m = 0; m < kRegs; ++m) {
+    const int i = tid + m * kThreads;
+    v[m] = i < p.latent ? to_f32(src[i]) : 0.0f;
+  }
+  const int pos = p.positions[t];
+  const bool pos_ok = pos >= 0 && pos < p.max_positions;
+  T* row = latent_queries_then_row<T, kThreads>(p, t, pos, pos_ok);
+  if (row == nullptr) return;  // block-uniform: the early return keeps the barriers whole
+  float ss[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int m = 0; m < kRegs; ++m)
+    if (tid + m * kThreads < p.latent) ss[m & 1] += v[m] * v[m];
+  const float w0 = warp_sum(ss[0]), w1 = warp_sum(ss[1]);
+  if (lane == 0) {
+    scratch[warp] = w0;
+    scratch[warp + 4] = w1;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < 8 ? scratch[lane] : 0.0f;  // block_sum's tree over the eight warp sums
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if (lane == 0) scratch[8] = s;
+  }
+  __syncthreads();
+  const float r = 1.0f / sqrtf(scratch[8] / float(p.latent) + p.eps);
+#pragma unroll
+  for (int m = 0; m < kRegs; ++m) {
+    const int i = tid + m * kThreads;
+    if (i < p.latent) row[i] = from_f32<T>(wv[m] * round_as<T>(v[m] * r));
+  }
+  if (pos_ok) latent_rope_key<T, kThreads>(p, src, row, pos);
+}
+
 }  // namespace atlas::cuda::kern
