@@ -435,6 +435,10 @@ const GemmSetup& setup() {
           for (KernelFn f : per_async) raise_smem(f, c.smem);
       for (KernelFn f : c.tail) raise_smem(f, c.smem);
     }
+    // gemm_with_latent's kernel: the tiled 16-row config's ring (48 KB) plus its static tables.
+    check_cuda(cudaFuncSetAttribute(kern::gemm_mma_latent_kernel<CfgD32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    CfgD32::SMEM_BYTES),
+               "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, latent)");
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
     if (g.wgmma && env_switch("ATLAS_GEMM_TMA", true)) {
