@@ -6,8 +6,9 @@
 // GEMM waited for the latent kernel (~2.5 us) after q|kv_a; here both wait for q|kv_a only.
 // Grid (max(tiles, tokens), 1, batch + 1): z < batch is gemm_mma_kernel<T, false, true>'s tile
 // (blockIdx.x, batch entry z: the head), z == batch is the latent job of token blockIdx.x
-// (latent_cache_half_block); blocks past the tiles or the tokens exit. The same bits as
-// latent_to_cache() then gemm().
+// (latent_cache_half_block), the queries' rope pairs spread over the rest of that row (or, with
+// no blocks to spare, over all of it after the latent jobs); GEMM blocks past the tiles exit.
+// The same bits as latent_to_cache() then gemm().
 #pragma once
 
 #include "gemm_mma.cuh"
@@ -27,8 +28,18 @@ __global__ void __launch_bounds__(T::THREADS)
     // Released first, as the GEMM's blocks are (pdl_begin_gemm): the attention kernel after this
     // launch reads the new slot and the queries only after its own wait.
     pdl_release_if(true);
-    if (int(blockIdx.x) < tokens)
-      latent_cache_half_block<uint16_t>(lc, int(blockIdx.x), reinterpret_cast<float*>(gemm_smem));
+    const int x = int(blockIdx.x), blocks = int(gridDim.x);
+    if (x < tokens) {
+      latent_cache_half_block<uint16_t>(lc, x, reinterpret_cast<float*>(gemm_smem));
+      if (blocks > tokens) return;
+    } else {
+      pdl_wait_after(true);
+    }
+    // The queries' rope pairs on the blocks past the tokens (at a batch-1 step 15 blocks, one
+    // pair per thread), else on every block of the row after its latent job.
+    const int first = blocks > tokens ? tokens : 0;
+    latent_rope_queries_spread<uint16_t>(lc, tokens, (x - first) * T::THREADS + int(threadIdx.x),
+                                         (blocks - first) * T::THREADS);
     return;
   }
   if (int(blockIdx.x) >= tiles) return;

@@ -53,10 +53,8 @@ __device__ __forceinline__ void latent_rope_key(const LatentCacheParams<T>& p, c
 // Both kernels' middle: a bad position flagged (the rope pairs are then left unwritten), the
 // queries' rope parts rotated, and the token's cache row (null: a padding token, or a slot past
 // the cache, flagged). dst_rows[t] is block-uniform, so every thread gets the same answer.
-template <class T, int kThreads>
-__device__ __forceinline__ T* latent_queries_then_row(const LatentCacheParams<T>& p, int t, int pos, bool pos_ok) {
-  if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);
-  if (pos_ok) latent_rope_queries<T, kThreads>(p, t, pos);
+template <class T>
+__device__ __forceinline__ T* latent_row(const LatentCacheParams<T>& p, int t) {
   const int64_t d = p.dst_rows[t];
   if (d < 0) return nullptr;  // a padding token: no cache slot
   if (d >= p.cache_rows) {
@@ -64,6 +62,12 @@ __device__ __forceinline__ T* latent_queries_then_row(const LatentCacheParams<T>
     return nullptr;
   }
   return p.cache + d * int64_t(p.latent + 2 * p.half);
+}
+template <class T, int kThreads>
+__device__ __forceinline__ T* latent_queries_then_row(const LatentCacheParams<T>& p, int t, int pos, bool pos_ok) {
+  if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);
+  if (pos_ok) latent_rope_queries<T, kThreads>(p, t, pos);
+  return latent_row(p, t);
 }
 
 template <class T>
@@ -117,14 +121,32 @@ __global__ void __launch_bounds__(kWideThreads) latent_cache_wide_kernel(const L
   if (pos_ok) latent_rope_key<T, kWideThreads>(p, src, row, pos);
 }
 
+// The queries' rope pairs of every token, pair i (token-major, then head, then pair) by thread
+// `first + i` of `threads` (several blocks: kernels/gemm_latent.cuh spreads them over the blocks
+// the latent jobs leave free, one pair per thread at a batch-1 step where one block walked four
+// in turn). A token with a bad position keeps its pairs unwritten (its latent job flags it).
+template <class T>
+__device__ __forceinline__ void latent_rope_queries_spread(const LatentCacheParams<T>& p, int tokens, int first,
+                                                          int threads) {
+  const int per_token = p.heads * p.half;
+  for (int i = first; i < tokens * per_token; i += threads) {
+    const int t = i / per_token, j = i % per_token, h = j / p.half, k = j % p.half;
+    const int pos = p.positions[t];
+    if (pos < 0 || pos >= p.max_positions) continue;
+    rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
+                 p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+  }
+}
+
 // latent_cache_kernel's work for token t by a block of kReduceThreads / 2 threads (128: the
 // tiled GEMM's block, kernels/gemm_latent.cuh, where one launch runs this beside the absorbed
-// query's tiles). The same steps and error bits; the norm's sum of squares in rmsnorm_row's
-// order: thread i stands for the 256-thread block's threads i and i + 128 (its elements
-// i + 128 m, even m for the first, odd m for the second, each summed in ascending m from +0),
-// warp w's two sums are that block's warps w and w + 4, and the tree over the eight warp sums
-// is block_sum's. The same bits. Rows of at most kWideDim; the caller releases the next launch
-// (kernels/pdl.cuh) and this waits after loading the norm weights.
+// query's tiles), but for the queries' rope pairs (latent_rope_queries_spread, run by other
+// threads of that launch). The same steps and error bits; the norm's sum of squares in
+// rmsnorm_row's order: thread i stands for the 256-thread block's threads i and i + 128 (its
+// elements i + 128 m, even m for the first, odd m for the second, each summed in ascending m
+// from +0), warp w's two sums are that block's warps w and w + 4, and the tree over the eight
+// warp sums is block_sum's. The same bits. Rows of at most kWideDim; the caller releases the
+// next launch (kernels/pdl.cuh) and this waits after loading the norm weights.
 template <class T>
 __device__ __forceinline__ void latent_cache_half_block(const LatentCacheParams<T>& p, int t, float* scratch) {
   constexpr int kThreads = kReduceThreads / 2, kRegs = kWideDim / kThreads;
@@ -144,7 +166,8 @@ __device__ __forceinline__ void latent_cache_half_block(const LatentCacheParams<
   }
   const int pos = p.positions[t];
   const bool pos_ok = pos >= 0 && pos < p.max_positions;
-  T* row = latent_queries_then_row<T, kThreads>(p, t, pos, pos_ok);
+  if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);
+  T* row = latent_row(p, t);
   if (row == nullptr) return;  // block-uniform: the early return keeps the barriers whole
   float ss[2] = {0.0f, 0.0f};
 #pragma unroll
