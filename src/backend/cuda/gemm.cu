@@ -48,6 +48,10 @@ using CfgM64 = kern::MmaTile<64, 64, 64, 2, 2, 4>;     // 64 KB, 128 threads
 using CfgM64N32 = kern::MmaTile<64, 32, 64, 2, 2, 4>;  // 48 KB, 128 threads
 using CfgM32 = kern::MmaTile<32, 64, 64, 2, 2, 4>;     // 48 KB, 128 threads
 using CfgD32 = kern::MmaTile<16, 32, 128, 1, 4, 4>;    // 48 KB, 128 threads: 16-row tiled
+// gemm_with_latent's tile: CfgD32 with two ring slots (24 KB: its problem, the absorbed query, is
+// one K step; a smaller block finds room beside q|kv_a's sooner, and releases the attention
+// kernel after it sooner). The same bits (the ring's depth never changes a sum).
+using CfgD32Latent = kern::MmaTile<16, 32, 128, 1, 4, 2>;
 // Candidates for the grouped GEMMs of a batch-128 decode step (~12 rows per expert), where
 // 32x64x64/4 streamed the experts at ~3.3 TB/s (69% of the H200's peak, Nsight: 23% achieved
 // occupancy, SM 55% busy): wider K steps (256-byte weight row segments), a deeper ring, more
@@ -436,8 +440,8 @@ const GemmSetup& setup() {
       for (KernelFn f : c.tail) raise_smem(f, c.smem);
     }
     // gemm_with_latent's kernel: the tiled 16-row config's ring (48 KB) plus its static tables.
-    check_cuda(cudaFuncSetAttribute(kern::gemm_mma_latent_kernel<CfgD32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    CfgD32::SMEM_BYTES),
+    check_cuda(cudaFuncSetAttribute(kern::gemm_mma_latent_kernel<CfgD32Latent>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, CfgD32Latent::SMEM_BYTES),
                "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, latent)");
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
@@ -1435,8 +1439,10 @@ bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
   const int64_t tiles = m_tiles * n_tiles;
   const kern::MmaGemmParams p = dense_params(a, xs, ws, os, m_tiles, n_tiles);
-  launch(kern::gemm_mma_latent_kernel<CfgD32>, dim3(unsigned(std::max<int64_t>(tiles, l.tokens)), 1, unsigned(a.batch + 1)),
-         c.threads, c.smem, stream_of(a.stream), p, lp, a.batch, int(tiles), l.tokens);
+  static_assert(CfgD32Latent::BM == CfgD32::BM && CfgD32Latent::BN == CfgD32::BN && CfgD32Latent::THREADS == CfgD32::THREADS);
+  launch(kern::gemm_mma_latent_kernel<CfgD32Latent>,
+         dim3(unsigned(std::max<int64_t>(tiles, l.tokens)), 1, unsigned(a.batch + 1)), CfgD32Latent::THREADS,
+         CfgD32Latent::SMEM_BYTES, stream_of(a.stream), p, lp, a.batch, int(tiles), l.tokens);
   check_launch(op);
   ++latent_launches;
   return true;
