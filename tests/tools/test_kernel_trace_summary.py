@@ -74,7 +74,8 @@ with tempfile.TemporaryDirectory() as d:
     # per layer), two launches of 10 us.
     if not any(l.split()[:5] == ["15.0", "30.0", "2", "10.00", "side_kernel"] for l in text.splitlines()):
         fails.append("side kernel row missing: %s" % text)
-    layer = text.split("one step, kernels from latent_cache #0 to #1")[-1].split("the same kernels")[0].splitlines()
+    layer = text.split("one step, kernels from latent_cache|gemm_mma_latent #0 to #1")[-1]
+    layer = layer.split("the same kernels")[0].splitlines()
     rows = [l.split() for l in layer if "kernel (" in l]
     if [r[3] for r in rows] != ["latent_cache_kernel", "gemm_kernel", "side_kernel", "latent_cache_kernel"]:
         fails.append("layer listing: %s" % rows)
@@ -104,6 +105,14 @@ with tempfile.TemporaryDirectory() as d:
                          capture_output=True, text=True)
     if out.returncode != 0 or "no phase listing: no kernel of the layer matches --origin 'no_such'" not in out.stdout:
         fails.append("a missing origin should be reported: %s" % out.stdout[-300:])
+
+    # Anchor alternatives ('|'): any of them marks a layer's first kernel (the default's two names:
+    # the latent cache kernel, or session 32's fused launch); one that matches nothing adds none.
+    alt = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--layer", "0", "--anchor", "no_such|latent_cache"],
+                         capture_output=True, text=True)
+    if alt.returncode != 0 or alt.stdout.replace("no_such|latent_cache", "A") != text.replace(
+            "latent_cache|gemm_mma_latent", "A"):
+        fails.append("anchor alternatives should list the same layers: %s %s" % (alt.stdout[-300:], alt.stderr))
 
     # An anchor that matches too few kernels says so instead of printing nothing.
     out = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--anchor", "no_such_kernel"], capture_output=True,

@@ -6,7 +6,9 @@ Graph replays (kernels with a graph id) are cut into steps after each kernel who
 split over the kernels running at each instant (an instant with two kernels gives each half)
 and the idle gaps, so the figures of a step add up to its wall time; per-kernel durations are
 given beside that. --layer prints one step's kernels between two occurrences of --anchor
-(default latent_cache, a substring of both latent-cache kernels' names: one per layer), in
+(substrings separated by '|', any of which marks a kernel; default latent_cache|gemm_mma_latent:
+the latent-cache kernels, or since session 32 the launch that runs the latent cache job beside
+the absorbed query, one per layer), in
 start order, with offsets. Then the same layer's kernels with medians over every layer of every
 step whose launches match it (the same kernels in the same start order): each kernel's end minus
 the latest earlier end among the layer's kernels (the first anchor included), so one sampled
@@ -84,10 +86,15 @@ def attribute(step):
     return share
 
 
+def is_anchor(key, anchor):
+    """Whether a kernel's key holds one of the anchor's '|'-separated substrings."""
+    return any(part in key for part in anchor.split("|") if part)
+
+
 def layers(steps, anchor, ref_keys):
     """Every layer (kernels from one anchor to the next, start order) whose keys equal ref_keys."""
     for st in steps:
-        idx = [i for i, k in enumerate(st) if anchor in k["key"]]
+        idx = [i for i, k in enumerate(st) if is_anchor(k["key"], anchor)]
         for lo, hi in zip(idx, idx[1:]):
             ks = st[lo:hi + 1]
             if [k["key"] for k in ks] == ref_keys:
@@ -130,7 +137,7 @@ def main():
     ap.add_argument("--skip", type=int, default=2, help="steps to pass over first (graph upload, warm-up)")
     ap.add_argument("--layer", type=int, default=10)
     # Any kernel whose key contains it (the latent-cache kernel has two variants since session 15).
-    ap.add_argument("--anchor", default="latent_cache")
+    ap.add_argument("--anchor", default="latent_cache|gemm_mma_latent")
     ap.add_argument("--origin", default=None, help="also list the layer's kernels from this kernel's end")
     a = ap.parse_args()
     steps = steps_of(load(a.trace), a.step_end)[a.skip:]
@@ -154,7 +161,7 @@ def main():
         per = statistics.median(d) / 1e3 if d else 0.0
         print(f"{v / n / 1e3:12.1f} {100 * v / n / total:5.1f} {calls:5.0f} {per:8.2f}  {key}")
     s = steps[len(steps) // 2]
-    idx = [i for i, k in enumerate(s) if a.anchor in k["key"]]
+    idx = [i for i, k in enumerate(s) if is_anchor(k["key"], a.anchor)]
     if len(idx) > a.layer + 1:
         lo, hi = idx[a.layer], idx[a.layer + 1]
         t0 = s[lo]["start"]
