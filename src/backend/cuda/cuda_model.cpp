@@ -1277,8 +1277,9 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // heads); qt[:, h, dc:] = rotated q_pe_h (latent_to_cache or rope2 below). The two write
     // disjoint columns of qt from the q rows above, so the GEMM runs on side_ while s_ writes the
     // cache (joined before the attention reads qt), or, a decode step's, on s_ after it
-    // (ATLAS_ABSORB, default "after": launch overlap then makes the GEMM's weights and the
-    // attention kernel's older cache slots load while q|kv_a and the latent cache kernel run).
+    // (ATLAS_ABSORB=after: launch overlap then makes the GEMM's weights and the attention
+    // kernel's older cache slots load while q|kv_a and the latent cache kernel run), or in one
+    // launch with it (the default, "fused", below).
     const auto absorb_mm = [&](Stream st) -> MatMul {
       return {.x = qp, .w = L.w_uk_t, .out = b.qt, .M = M, .N = dc, .K = dn, .x_stride = qs, .w_stride = dn,
               .out_stride = nh * W, .batch = nh, .x_batch_stride = dq, .w_batch_stride = dc * dn,

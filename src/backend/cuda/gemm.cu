@@ -439,7 +439,8 @@ const GemmSetup& setup() {
           for (KernelFn f : per_async) raise_smem(f, c.smem);
       for (KernelFn f : c.tail) raise_smem(f, c.smem);
     }
-    // gemm_with_latent's kernel: the tiled 16-row config's ring (48 KB) plus its static tables.
+    // gemm_with_latent's kernel (24 KB of ring: under the default limit; raised anyway, so a
+    // deeper ring cannot fail at launch as its first 48 KB form did in s32-2).
     check_cuda(cudaFuncSetAttribute(kern::gemm_mma_latent_kernel<CfgD32Latent>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, CfgD32Latent::SMEM_BYTES),
                "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, latent)");
@@ -1439,7 +1440,8 @@ bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
   const int64_t tiles = m_tiles * n_tiles;
   const kern::MmaGemmParams p = dense_params(a, xs, ws, os, m_tiles, n_tiles);
-  static_assert(CfgD32Latent::BM == CfgD32::BM && CfgD32Latent::BN == CfgD32::BN && CfgD32Latent::THREADS == CfgD32::THREADS);
+  static_assert(CfgD32Latent::BM == CfgD32::BM && CfgD32Latent::BN == CfgD32::BN &&
+                CfgD32Latent::THREADS == CfgD32::THREADS);
   launch(kern::gemm_mma_latent_kernel<CfgD32Latent>,
          dim3(unsigned(std::max<int64_t>(tiles, l.tokens)), 1, unsigned(a.batch + 1)), CfgD32Latent::THREADS,
          CfgD32Latent::SMEM_BYTES, stream_of(a.stream), p, lp, a.batch, int(tiles), l.tokens);

@@ -50,9 +50,8 @@ __device__ __forceinline__ void latent_rope_key(const LatentCacheParams<T>& p, c
     rope_pair<T>(src + p.latent + 2 * k, row + p.latent + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
 }
 
-// Both kernels' middle: a bad position flagged (the rope pairs are then left unwritten), the
-// queries' rope parts rotated, and the token's cache row (null: a padding token, or a slot past
-// the cache, flagged). dst_rows[t] is block-uniform, so every thread gets the same answer.
+// The token's cache row (null: a padding token, or a slot past the cache, flagged). dst_rows[t]
+// is block-uniform, so every thread gets the same answer.
 template <class T>
 __device__ __forceinline__ T* latent_row(const LatentCacheParams<T>& p, int t) {
   const int64_t d = p.dst_rows[t];
@@ -63,6 +62,8 @@ __device__ __forceinline__ T* latent_row(const LatentCacheParams<T>& p, int t) {
   }
   return p.cache + d * int64_t(p.latent + 2 * p.half);
 }
+// Both kernels' middle: a bad position flagged (the rope pairs are then left unwritten), the
+// queries' rope parts rotated, and the token's cache row (latent_row).
 template <class T, int kThreads>
 __device__ __forceinline__ T* latent_queries_then_row(const LatentCacheParams<T>& p, int t, int pos, bool pos_ok) {
   if (!pos_ok && threadIdx.x == 0) atomicOr(p.error_flag, 1);
