@@ -48,10 +48,15 @@ using CfgM64 = kern::MmaTile<64, 64, 64, 2, 2, 4>;     // 64 KB, 128 threads
 using CfgM64N32 = kern::MmaTile<64, 32, 64, 2, 2, 4>;  // 48 KB, 128 threads
 using CfgM32 = kern::MmaTile<32, 64, 64, 2, 2, 4>;     // 48 KB, 128 threads
 using CfgD32 = kern::MmaTile<16, 32, 128, 1, 4, 4>;    // 48 KB, 128 threads: 16-row tiled
-// gemm_with_latent's tile: CfgD32 with two ring slots (24 KB: its problem, the absorbed query, is
-// one K step; a smaller block finds room beside q|kv_a's sooner, and releases the attention
-// kernel after it sooner). The same bits (the ring's depth never changes a sum).
-using CfgD32Latent = kern::MmaTile<16, 32, 128, 1, 4, 2>;
+// CfgD32 with three / two ring slots (36 / 24 KB; the same bits: the ring's depth never changes
+// a sum). Two slots: gemm_with_latent's tile (the absorbed query is one K step; a smaller block
+// finds room beside q|kv_a's sooner and releases the attention kernel after it sooner: s32-5).
+// Both as grouped-only configs (session 32, for ATLAS_GEMM_GROUPED_FEW_DOWN A/B runs, not yet run
+// on a GPU): the routed down at one token (448 blocks of CfgD32) gets SM room only as the
+// gate|up's 73 KB blocks leave, and its blocks prefetch their weights only once resident; a
+// shallower ring lets two blocks in where one of 48 KB fit.
+using CfgD32S3 = kern::MmaTile<16, 32, 128, 1, 4, 3>;
+using CfgD32S2 = kern::MmaTile<16, 32, 128, 1, 4, 2>;
 // Candidates for the grouped GEMMs of a batch-128 decode step (~12 rows per expert), where
 // 32x64x64/4 streamed the experts at ~3.3 TB/s (69% of the H200's peak, Nsight: 23% achieved
 // occupancy, SM 55% busy): wider K steps (256-byte weight row segments), a deeper ring, more
@@ -276,7 +281,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 35> kConfigs = {
+constexpr std::array<TileConfig, 37> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -299,7 +304,8 @@ constexpr std::array<TileConfig, 35> kConfigs = {
     make_wgstream_config<CfgWs128>("streamwg64x8/4"), make_wgstream_config<CfgWs128R2>("streamwg64x8/3r2"),
     make_wgstream_config<CfgWs128x2>("streamwg64x8/4x2"), make_wglean_config<CfgWs128>("streamwg64x8/4l"),
     make_wglean_config<CfgWs128S6>("streamwg64x8/6l"), make_wglean_split_config<CfgWs128, 2>("streamwg64x8/4l2"),
-    make_wglean_config<CfgWs64S8>("streamwg64x8/8l64")};
+    make_wglean_config<CfgWs64S8>("streamwg64x8/8l64"), grouped_only(make_config<CfgD32S3, false>("16x32x128/3")),
+    grouped_only(make_config<CfgD32S2, false>("16x32x128/2"))};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -441,8 +447,8 @@ const GemmSetup& setup() {
     }
     // gemm_with_latent's kernel (24 KB of ring: under the default limit; raised anyway, so a
     // deeper ring cannot fail at launch as its first 48 KB form did in s32-2).
-    check_cuda(cudaFuncSetAttribute(kern::gemm_mma_latent_kernel<CfgD32Latent>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, CfgD32Latent::SMEM_BYTES),
+    check_cuda(cudaFuncSetAttribute(kern::gemm_mma_latent_kernel<CfgD32S2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, CfgD32S2::SMEM_BYTES),
                "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, latent)");
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
@@ -1440,11 +1446,11 @@ bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
   const int64_t tiles = m_tiles * n_tiles;
   const kern::MmaGemmParams p = dense_params(a, xs, ws, os, m_tiles, n_tiles);
-  static_assert(CfgD32Latent::BM == CfgD32::BM && CfgD32Latent::BN == CfgD32::BN &&
-                CfgD32Latent::THREADS == CfgD32::THREADS);
-  launch(kern::gemm_mma_latent_kernel<CfgD32Latent>,
-         dim3(unsigned(std::max<int64_t>(tiles, l.tokens)), 1, unsigned(a.batch + 1)), CfgD32Latent::THREADS,
-         CfgD32Latent::SMEM_BYTES, stream_of(a.stream), p, lp, a.batch, int(tiles), l.tokens);
+  static_assert(CfgD32S2::BM == CfgD32::BM && CfgD32S2::BN == CfgD32::BN &&
+                CfgD32S2::THREADS == CfgD32::THREADS);
+  launch(kern::gemm_mma_latent_kernel<CfgD32S2>,
+         dim3(unsigned(std::max<int64_t>(tiles, l.tokens)), 1, unsigned(a.batch + 1)), CfgD32S2::THREADS,
+         CfgD32S2::SMEM_BYTES, stream_of(a.stream), p, lp, a.batch, int(tiles), l.tokens);
   check_launch(op);
   ++latent_launches;
   return true;
