@@ -554,18 +554,16 @@ TEST_F(Elementwise, GemmWithLatentEqualsTheTwoLaunches) {
     }
     set_launch_overlap(was);
     // The latent job's device errors: a cache row past cache_rows, a position past the table.
-    std::vector<int32_t> bad_rows = rows;
-    bad_rows[0] = slots;
-    drows.upload(bad_rows);
-    ASSERT_TRUE(gemm_with_latent(gemm_for(dqt_b), latent_for(dqt_b, dcache_b)));
-    EXPECT_THROW(check_device_errors(), Error);
-    drows.upload(rows);
-    std::vector<int32_t> bad_pos = pos;
-    bad_pos[0] = max_pos;
-    dpos.upload(bad_pos);
-    ASSERT_TRUE(gemm_with_latent(gemm_for(dqt_b), latent_for(dqt_b, dcache_b)));
-    EXPECT_THROW(check_device_errors(), Error);
-    dpos.upload(pos);
+    const auto expect_error_with = [&](DevBuf<int32_t>& buf, const std::vector<int32_t>& good, int32_t bad) {
+      std::vector<int32_t> v = good;
+      v[0] = bad;
+      buf.upload(v);
+      ASSERT_TRUE(gemm_with_latent(gemm_for(dqt_b), latent_for(dqt_b, dcache_b)));
+      EXPECT_THROW(check_device_errors(), Error);
+      buf.upload(good);
+    };
+    expect_error_with(drows, rows, slots);
+    expect_error_with(dpos, pos, max_pos);
     check_device_errors();  // cleared
     // Nothing launched where it does not apply.
     dqt_b.upload(qt0);
