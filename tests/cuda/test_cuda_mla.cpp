@@ -324,6 +324,74 @@ TEST_F(Mla, TileParallelGivesTheBitsOfTheWalk) {
       << "cache rows shared";
 }
 
+// mla_decode_with_value (session 32, ATLAS_MLA_MERGE_VALUE; written before its first GPU run):
+// the attention, then the value GEMM over o_lat with the split merge inside its launch, gives
+// o_lat and the GEMM's output bit for bit as mla_decode() then gemm(). Queries of one split
+// (o_lat from the attention kernel), of 2-3 splits (merged in the GEMM's blocks) and of length 0
+// (zeros), 1 and 5 rows (several rows of one 16-row tile), V2-Lite's heads and latent with the
+// value width 128 (4 tiles per head: four blocks merge the same items) and 32 (one tile); launch
+// overlap off and on. Where it does not apply it launches nothing and returns false.
+TEST_F(Mla, DecodeWithValueEqualsTheTwoCalls) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const LaunchOverlap was = launch_overlap_mode();
+  const Shape sh{};
+  for (const auto& lengths : {std::vector<int32_t>{700}, std::vector<int32_t>{300, 64, 0, 513, 256}}) {
+    for (const int dv : {128, 32}) {
+      SCOPED_TRACE(::testing::Message() << "rows " << lengths.size() << " dv " << dv);
+      const Problem p = make_problem(rng, sh, lengths, {}, 720);
+      const int Q = p.queries(), max_length = p.longest();
+      DevBuf<uint16_t> dq(p.q), dc(p.cache), dw(random_bf16(size_t(sh.heads) * dv * sh.latent, rng, 0.05f));
+      DevBuf<int32_t> dl(p.lengths);
+      DevBuf<float> ws(mla_decode_workspace_floats(Q, sh.heads, max_length, 256));
+      const auto attention = [&](DevBuf<uint16_t>& olat) {
+        return MlaDecodeArgs{.q = dq.get(), .latent_cache = dc.get(),
+                             .cache_row_stride = int64_t(p.capacity) * sh.width(), .lengths = dl.get(),
+                             .max_length = max_length, .out = olat.get(), .latent = sh.latent, .rope = sh.rope,
+                             .rows = Q, .heads = sh.heads, .scale = kScale, .workspace = ws.get(),
+                             .queries_per_block = 1};
+      };
+      const auto value = [&](DevBuf<uint16_t>& olat, DevBuf<uint16_t>& out) {
+        return GemmArgs{.x = olat.get(), .w = dw.get(), .out = out.get(), .M = Q, .N = dv, .K = sh.latent,
+                        .x_stride = int64_t(sh.heads) * sh.latent, .out_stride = int64_t(sh.heads) * dv,
+                        .batch = sh.heads, .x_batch_stride = sh.latent, .w_batch_stride = int64_t(dv) * sh.latent,
+                        .out_batch_stride = dv};
+      };
+      const size_t n_olat = size_t(Q) * sh.heads * sh.latent, n_out = size_t(Q) * sh.heads * dv;
+      DevBuf<uint16_t> olat_a(std::vector<uint16_t>(n_olat, 0x1234)), out_a(std::vector<uint16_t>(n_out, 0x1234));
+      mla_decode(attention(olat_a));
+      gemm(value(olat_a, out_a));
+      check_device_errors();
+      const auto want_olat = olat_a.download(), want_out = out_a.download();
+      for (auto mode : {LaunchOverlap::off, LaunchOverlap::on}) {
+        SCOPED_TRACE(::testing::Message() << "overlap " << int(mode));
+        set_launch_overlap(mode);
+        DevBuf<uint16_t> olat(std::vector<uint16_t>(n_olat, 0x1234)), out(std::vector<uint16_t>(n_out, 0x1234));
+        const int64_t before = mla_merge_value_launches();
+        ASSERT_TRUE(mla_decode_with_value(attention(olat), value(olat, out)));
+        check_device_errors();
+        EXPECT_EQ(mla_merge_value_launches(), before + 1);
+        EXPECT_EQ(olat.download(), want_olat) << "o_lat";
+        EXPECT_EQ(out.download(), want_out) << "the value GEMM's output";
+      }
+      set_launch_overlap(was);
+      // Nothing launched where it does not apply.
+      DevBuf<uint16_t> olat(std::vector<uint16_t>(n_olat, 0x1234)), out(std::vector<uint16_t>(n_out, 0x1234));
+      const int64_t before = mla_merge_value_launches();
+      MlaDecodeArgs scalar = attention(olat);
+      scalar.impl = MlaImpl::scalar;
+      EXPECT_FALSE(mla_decode_with_value(scalar, value(olat, out))) << "the scalar attention";
+      DevBuf<uint16_t> other(n_olat);
+      EXPECT_FALSE(mla_decode_with_value(attention(olat), value(other, out))) << "x is not o_lat";
+      gemm_force_config(0);
+      EXPECT_FALSE(mla_decode_with_value(attention(olat), value(olat, out))) << "a forced config";
+      gemm_force_config(-1);
+      EXPECT_EQ(mla_merge_value_launches(), before);
+      EXPECT_EQ(olat.download(), std::vector<uint16_t>(n_olat, 0x1234)) << "a call that launched nothing wrote o_lat";
+    }
+  }
+}
+
 TEST_F(Mla, BadLengthIsReported) {
   std::mt19937 rng(test_seed());
   for (MlaImpl impl : {MlaImpl::tensor_core, MlaImpl::scalar}) {

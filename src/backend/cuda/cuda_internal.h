@@ -12,6 +12,7 @@
 namespace atlas::cuda::kern {
 template <class T>
 struct LatentCacheParams;  // kernels/latent_cache.cuh
+struct MlaMergeParams;     // kernels/mla_merge.cuh
 }  // namespace atlas::cuda::kern
 
 namespace atlas::cuda::detail {
@@ -166,6 +167,12 @@ bool release_first(ReleaseFirstSite site);
 // (ops.cu; gemm_with_latent in gemm.cu launches the same work inside the absorbed query's GEMM).
 template <class T>
 kern::LatentCacheParams<T> latent_cache_params(const LatentCacheArgsT<T>& a);
+
+// mla_decode(a)'s checks and its attention kernel without the split merge (mla.cu): the merge's
+// arguments into `merge` for mla_decode_with_value (gemm.cu), which merges inside the value
+// GEMM's launch. False, and nothing launched, where mla_decode would run the scalar kernel or
+// there are no rows.
+bool mla_attention_only(const MlaDecodeArgs& a, kern::MlaMergeParams& merge);
 
 // Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the
 // programmatic-serialization attribute when pdl_enabled(), and clusters of (cluster_x, 1, 1)

@@ -489,6 +489,9 @@ class CudaModelT final : public Model {
   int mla_prefill_qpb_ = 4;
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
   bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
+  // A decode step's MLA split merge inside the value GEMM's launch (mla_decode_with_value;
+  // ATLAS_MLA_MERGE_VALUE=1; off by default: written in session 32, not yet run on a GPU).
+  bool mla_merge_value_ = false;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
@@ -637,6 +640,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
   fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
   mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
+  mla_merge_value_ = env_switch("ATLAS_MLA_MERGE_VALUE", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
@@ -1328,6 +1332,11 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     if (absorb_at == 0) join_side();  // qt complete
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
     // bf16: the tensor-core kernel; f32: the scalar kernel (MlaDecodeArgsT<float>'s default).
+    // O_h = o_lat_h W_UV^h^T -> heads [M, nh*dv] (one batched launch over the heads)
+    const MatMul value_mm{.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .M = M, .N = dv, .K = dc,
+                          .x_stride = nh * dc, .w_stride = dc, .out_stride = nh * dv, .batch = nh,
+                          .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc, .out_batch_stride = dv};
+    bool value_done = false;  // the value GEMM ran with the split merge (ATLAS_MLA_MERGE_VALUE)
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {
       const int64_t n = std::min(chunk, M - r0);
       int64_t ml = mla_bound;
@@ -1335,16 +1344,22 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
         ml = 1;
         for (int64_t m = r0; m < r0 + n; ++m) ml = std::max<int64_t>(ml, qlen_host[m]);
       }
-      mla_decode({.q = b.qt + r0 * nh * W, .latent_cache = kv, .cache_row_stride = cache.capacity() * W,
-                  .lengths = b.qlen + r0, .cache_rows = b.qrow + r0, .max_length = int(ml), .out = b.olat + r0 * nh * dc,
-                  .latent = int(dc), .rope = int(dr), .rows = int(n), .heads = int(nh), .scale = scale_,
-                  .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_,
-                  // prefill: consecutive queries of one row share each cache tile; decode: one
-                  // row per block (the bits are the same either way)
-                  .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1, .tile_parallel = mla_tile_parallel_,
-                  // one token per row: the latent cache kernel just above wrote each row's newest
-                  // slot only, so the older ones may be copied before the launch-overlap wait
-                  .stable_prefix = T == 1 && mla_early_cache_});
+      const MlaDecodeArgsT<Elem> da{
+          .q = b.qt + r0 * nh * W, .latent_cache = kv, .cache_row_stride = cache.capacity() * W,
+          .lengths = b.qlen + r0, .cache_rows = b.qrow + r0, .max_length = int(ml), .out = b.olat + r0 * nh * dc,
+          .latent = int(dc), .rope = int(dr), .rows = int(n), .heads = int(nh), .scale = scale_,
+          .split_tokens = kSplitTokens, .workspace = b.mla_ws, .stream = s_,
+          // prefill: consecutive queries of one row share each cache tile; decode: one
+          // row per block (the bits are the same either way)
+          .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1, .tile_parallel = mla_tile_parallel_,
+          // one token per row: the latent cache kernel just above wrote each row's newest
+          // slot only, so the older ones may be copied before the launch-overlap wait
+          .stable_prefix = T == 1 && mla_early_cache_};
+      // A decode step's merge inside the value GEMM's launch where it can run (session 32, off
+      // by default: ATLAS_MLA_MERGE_VALUE=1), else the two calls.
+      if constexpr (!kF32)
+        if (T == 1 && mla_merge_value_ && n == M) value_done = mla_decode_with_value(da, gemm_args(value_mm));
+      if (!value_done) mla_decode(da);
     }
     if (key_slot && qlen_host && hooks->wants(names.pattern)) {
       // The official eager softmax over the same absorbed queries and cache slots (the attention
@@ -1362,10 +1377,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       HookTensor t{.name = names.pattern, .layer = l, .dtype = DType::F32, .shape = {B, nh, T, Tk}, .data = pat.data()};
       hooks->fire(t);
     }
-    // O_h = o_lat_h W_UV^h^T -> heads [M, nh*dv] (one batched launch over the heads)
-    matmul({.x = b.olat, .w = L.kv_b + dn * dc, .out = b.heads, .M = M, .N = dv, .K = dc, .x_stride = nh * dc,
-            .w_stride = dc, .out_stride = nh * dv, .batch = nh, .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc,
-            .out_batch_stride = dv});
+    if (!value_done) matmul(value_mm);
     // x = x + attn; h = post_attention_layernorm(x); x = x + mlp_or_moe(h). At one row o_proj's
     // own launch may add and norm (gemm_add_rmsnorm, ATLAS_GEMM_TAILS), unless a tensor observer
     // of attn_out or resid_mid could change a value in between.

@@ -753,6 +753,16 @@ int64_t gemm_tailed_launches();
 bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l);
 // How many fused launches gemm_with_latent made in this process (tests check that it ran).
 int64_t gemm_latent_launches();
+// mla_decode(a), then gemm(v) for the value GEMM over its output (v.x = a.out, one product per
+// head, K = a.latent), with the attention's split merge inside v's launch (session 32,
+// kernels/gemm_merge.cuh; the model's ATLAS_MLA_MERGE_VALUE=1, off by default, not yet run on a
+// GPU): one launch boundary fewer at a decode step. The same bits, o_lat included. Where it does
+// not apply (the scalar attention, more than 16 rows, f32 out, fast mode, a forced config,
+// another stream or layout) it launches nothing and returns false: the caller makes the two
+// calls. Bad arguments throw as mla_decode() and gemm() would.
+bool mla_decode_with_value(const MlaDecodeArgs& a, const GemmArgs& v);
+// How many merged launches mla_decode_with_value made in this process (tests check that it ran).
+int64_t mla_merge_value_launches();
 // Tests: 1 lets gemm_add_rmsnorm launch its tail, 0 never, -1 (the default) as ATLAS_GEMM_TAILS
 // says; process-wide, like gemm_force_config. Never bits.
 void gemm_set_tails(int mode);

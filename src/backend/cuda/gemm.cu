@@ -27,6 +27,7 @@
 #include "backend/cuda/kernels/gemm_tail.cuh"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
 #include "backend/cuda/kernels/gemm_latent.cuh"
+#include "backend/cuda/kernels/gemm_merge.cuh"
 #include "backend/cuda/kernels/gemm_mma.cuh"
 #include "backend/cuda/kernels/gemm_tma.cuh"
 #include "backend/cuda/kernels/gemm_wgmma.cuh"
@@ -368,6 +369,7 @@ bool weight_evict_first() {
 std::atomic<int> tma_blocks_cap{0};  // gemm_set_tma_blocks (tests)
 std::atomic<int64_t> tailed_launches{0};  // gemm_tailed_launches (tests)
 std::atomic<int64_t> latent_launches{0};  // gemm_latent_launches (tests)
+std::atomic<int64_t> merge_launches{0};   // mla_merge_value_launches (tests)
 std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
 
 struct GemmSetup {
@@ -450,6 +452,9 @@ const GemmSetup& setup() {
     check_cuda(cudaFuncSetAttribute(kern::gemm_mma_latent_kernel<CfgD32S2>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, CfgD32S2::SMEM_BYTES),
                "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, latent)");
+    check_cuda(cudaFuncSetAttribute(kern::gemm_mma_merge_kernel<CfgD32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    CfgD32::SMEM_BYTES),
+               "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, merge)");
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
     if (g.wgmma && env_switch("ATLAS_GEMM_TMA", true)) {
@@ -1456,6 +1461,32 @@ bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   return true;
 }
 int64_t gemm_latent_launches() { return latent_launches.load(); }
+bool mla_decode_with_value(const MlaDecodeArgs& a, const GemmArgs& v) {
+  const char* op = "mla_decode_with_value";
+  require_gemm_args(v, op);
+  const int64_t xs = v.x_stride ? v.x_stride : v.K, ws = v.w_stride ? v.w_stride : v.K;
+  const int64_t os = v.out_stride ? v.out_stride : v.N;
+  // v must be the value GEMM over a's output: x = o_lat [rows, heads, latent], one product per
+  // head; a few rows (one 16-row tile: the merge runs once per tile and head); the tensor-core
+  // attention (its workspace layout); the same stream (the merge follows the attention kernel).
+  if (a.impl != MlaImpl::tensor_core || a.rows <= 0 || v.x != a.out || v.M != a.rows || v.K != a.latent ||
+      v.batch != a.heads || xs != int64_t(a.heads) * a.latent || v.x_batch_stride != a.latent ||
+      a.latent > 4 * kern::kMlaMergeThreads || v.M > CfgD32::BM || stream_of(v.stream) != stream_of(a.stream) ||
+      v.mode != GemmMode::batch_invariant || v.gated != 0 || v.out_type != OutType::bf16 || forced_config.load() >= 0 ||
+      !dense_async(v, xs, ws))
+    return false;
+  kern::MlaMergeParams merge{};
+  if (!mla_attention_only(a, merge)) return false;
+  // Any tile gives the contract's bits; the tiled 16-row one (a thread per 4 merged columns).
+  const int64_t n_tiles = ceil_div(v.N, CfgD32::BN);
+  const kern::MmaGemmParams p = dense_params(v, xs, ws, os, 1, n_tiles);
+  launch(kern::gemm_mma_merge_kernel<CfgD32>, dim3(unsigned(n_tiles), 1, unsigned(v.batch)), CfgD32::THREADS,
+         CfgD32::SMEM_BYTES, stream_of(v.stream), p, merge);
+  check_launch(op);
+  ++merge_launches;
+  return true;
+}
+int64_t mla_merge_value_launches() { return merge_launches.load(); }
 void gemm_set_tails(int mode) { tails_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
 
 namespace detail {

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/mla_decode.cuh"
 #include "backend/cuda/kernels/mla_pattern.cuh"
+#include "backend/cuda/kernels/mla_merge.cuh"
 #include "backend/cuda/kernels/mla_tc.cuh"
 
 namespace atlas::cuda {
@@ -103,7 +104,11 @@ bool tile_parallel_setup() {
   return ok;
 }
 
-void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s) {
+// merge_out: null launches the split merge after the attention kernel (mla_decode); else its
+// arguments go there and nothing more is launched (mla_attention_only: the value GEMM's launch
+// merges, kernels/gemm_merge.cuh).
+void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s,
+               kern::MlaMergeParams* merge_out = nullptr) {
   const char* op = "mla_decode";
   const int G = a.queries_per_block ? a.queries_per_block : (a.cache_rows ? 2 : 1);
   require(G == 1 || G == 2 || G == 4, op, "queries_per_block", "must be 0 (auto), 1, 2 or 4, got " + std::to_string(G));
@@ -163,6 +168,12 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   else
     vec ? launch_tc_kernel<4, true>(p, nst, s) : launch_tc_kernel<4, false>(p, nst, s);
   check_launch(op);
+  if (merge_out != nullptr) {
+    *merge_out = {.ws_acc = p.ws_acc, .ws_ml = p.ws_ml, .lengths = a.lengths, .rows = a.rows, .heads = a.heads,
+                  .latent = a.latent, .max_length = a.max_length, .S = a.split_tokens, .max_splits = max_splits,
+                  .out = a.out};
+    return;
+  }
   // Merge: one (query, head) per block iteration; a grid-stride loop keeps the block count
   // bounded when most queries have one split (prefill), where each item is one length read.
   const int64_t items = int64_t(a.rows) * a.heads;
@@ -178,8 +189,9 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   check_launch(op);
 }
 
+// mla_decode's argument checks; the split count.
 template <class T>
-void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
+int64_t check_decode_args(const MlaDecodeArgsT<T>& a) {
   const char* op = "mla_decode";
   require(a.heads > 0 && a.heads <= kern::kMlaMaxHeads, op, "heads",
           "must be in [1, 16] for this kernel, got " + std::to_string(a.heads));
@@ -198,10 +210,18 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
           "q, latent_cache, lengths, out, workspace must be set");
   require(a.tile_buffers >= 0 && a.tile_buffers <= 2, op, "tile_buffers",
           "must be 0 (auto), 1 or 2, got " + std::to_string(a.tile_buffers));
-  if (a.rows == 0) return;
-  cudaStream_t s = stream_of(a.stream);
   const int64_t max_splits = (int64_t(a.max_length) + a.split_tokens - 1) / a.split_tokens;
   require(max_splits <= 65535, op, "max_length", "too long for the split grid (max_length / split_tokens > 65535)");
+  return max_splits;
+}
+
+template <class T>
+void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
+  const char* op = "mla_decode";
+  const int64_t max_splits = check_decode_args(a);
+  const int width = a.latent + a.rope;
+  if (a.rows == 0) return;
+  cudaStream_t s = stream_of(a.stream);
   if constexpr (std::is_same_v<T, float>) {
     require(a.impl == MlaImpl::scalar, op, "impl", "the tensor-core kernel is bf16-only; f32 runs MlaImpl::scalar");
     launch_scalar(a, width, int(max_splits), s);
@@ -214,6 +234,17 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
 }
 
 }  // namespace
+
+namespace detail {
+
+bool mla_attention_only(const MlaDecodeArgs& a, kern::MlaMergeParams& merge) {
+  const int64_t max_splits = check_decode_args(a);
+  if (a.rows == 0 || a.impl != MlaImpl::tensor_core) return false;
+  launch_tc(a, a.latent + a.rope, int(max_splits), stream_of(a.stream), &merge);
+  return true;
+}
+
+}  // namespace detail
 
 void mla_decode(const MlaDecodeArgs& a) { mla_decode_impl(a); }
 void mla_decode(const MlaDecodeArgsT<float>& a) { mla_decode_impl(a); }

@@ -602,6 +602,35 @@ TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
     unsetenv("ATLAS_ABSORB");
 }
 
+// The MLA split merge inside the value GEMM's launch (ATLAS_MLA_MERGE_VALUE=1, read when the
+// model is made; session 32, off by default): the same bits in a prefill and in eager and
+// graph-replayed decode steps (8 rows and one), and the merged launch ran.
+TEST_F(CudaTiny, MergeInsideTheValueGemmGivesTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  const char* was = std::getenv("ATLAS_MLA_MERGE_VALUE");
+  const std::string saved = was ? was : "";
+  std::vector<std::vector<float>> runs;
+  for (const char* on : {"0", "1"}) {
+    setenv("ATLAS_MLA_MERGE_VALUE", on, 1);
+    const int64_t before = cuda::mla_merge_value_launches();
+    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+    std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
+    const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);
+    r.insert(r.end(), one.begin(), one.end());
+    runs.push_back(std::move(r));
+    if (std::string(on) == "1")
+      EXPECT_GT(cuda::mla_merge_value_launches(), before);
+    else
+      EXPECT_EQ(cuda::mla_merge_value_launches(), before);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  if (was)
+    setenv("ATLAS_MLA_MERGE_VALUE", saved.c_str(), 1);
+  else
+    unsetenv("ATLAS_MLA_MERGE_VALUE");
+}
+
 // Stream priorities (CudaModelOptions::stream_priority: the main stream high, the side stream
 // low) on (the default) or off: the same bits in a prefill and in eager and graph-replayed decode
 // steps (the graph keeps its nodes' priorities).
