@@ -36,7 +36,11 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_merge_kernel(const MmaGem
       mla_merge_item<true>(m.ws_acc, m.ws_ml, len, m.heads, m.latent, m.S, m.max_splits, m.out,
                            int64_t(r) * m.heads + head, 4 * tid);
   }
-  __syncthreads();  // every o_lat store of this block before its copies read the rows
+  // Every o_lat store of this block before its copies read the rows: the copies (cp.async.cg)
+  // read through L2, past the L1 that a CTA-scope barrier alone may leave the stores in, so the
+  // stores are fenced at GPU scope first.
+  __threadfence();
+  __syncthreads();
   mma_tile<T, false, true>(p, t, 0, sA, sB, a_off, b_off);
 }
 
