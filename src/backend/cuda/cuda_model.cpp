@@ -1290,7 +1290,8 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
               .out_batch_stride = W, .stream = st};
     };
     const auto absorb = [&](Stream st) { matmul(absorb_mm(st)); };
-    int absorb_at = T == 1 ? absorb_ : 0;  // a prefill's stays on side_
+    const int absorb_at = T == 1 ? absorb_ : 0;  // a prefill's stays on side_
+    bool absorbed = false;                         // ran inside the latent cache launch ("fused")
     if (absorb_at == 0) absorb(fork_side());
     if (absorb_at == 1) absorb(s_);
     // Cache slot = [rmsnorm(c) | rope(k_pe)]; the queries' rope parts rotate at the same positions
@@ -1306,13 +1307,9 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
           .max_positions = max_positions_, .stream = s_};
       // ATLAS_ABSORB=fused (a decode step's default since session 32): the absorbed query and
       // this in one launch where gemm_with_latent can (kernels/gemm_latent.cuh), else "after".
-      bool fused = false;
       if constexpr (!kF32)
-        if (absorb_at == 3) fused = gemm_with_latent(gemm_args(absorb_mm(s_)), lc);
-      if (fused)
-        absorb_at = -1;  // done
-      else
-        latent_to_cache(lc);
+        if (absorb_at == 3) absorbed = gemm_with_latent(gemm_args(absorb_mm(s_)), lc);
+      if (!absorbed) latent_to_cache(lc);
     } else {
       rmsnorm({.x = lp, .weight = L.kv_a_ln, .out = b.latn, .rows = int(M), .dim = int(dc), .x_stride = ls,
                .out_stride = W, .eps = eps, .stream = s_});
@@ -1328,7 +1325,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                  .dst_limit = B * cache.capacity(), .stream = s_});
     }
 
-    if (absorb_at == 2 || absorb_at == 3) absorb(s_);
+    if ((absorb_at == 2 || absorb_at == 3) && !absorbed) absorb(s_);
     if (absorb_at == 0) join_side();  // qt complete
     // o_lat [M, nh, dc] = softmax(q~ . cache) . c^, each query over its row's first qlen slots.
     // bf16: the tensor-core kernel; f32: the scalar kernel (MlaDecodeArgsT<float>'s default).

@@ -435,26 +435,21 @@ const GemmSetup& setup() {
     check_cuda(cudaGetDevice(&dev), "gemm", "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&g.sm_count, cudaDevAttrMultiProcessorCount, dev), "gemm",
                "cudaDeviceGetAttribute(multiProcessorCount)");
-    const auto raise_smem = [](KernelFn f, int smem) {
+    const auto raise_smem = [](const void* f, int smem) {
       if (f && smem > 0)
-        check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        smem),
-                   "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+        check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gemm",
+                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     };
     for (const TileConfig& c : kConfigs) {
       for (auto& per_out : c.fn)
         for (auto& per_async : per_out)
-          for (KernelFn f : per_async) raise_smem(f, c.smem);
-      for (KernelFn f : c.tail) raise_smem(f, c.smem);
+          for (KernelFn f : per_async) raise_smem(reinterpret_cast<const void*>(f), c.smem);
+      for (KernelFn f : c.tail) raise_smem(reinterpret_cast<const void*>(f), c.smem);
     }
-    // gemm_with_latent's kernel (24 KB of ring: under the default limit; raised anyway, so a
-    // deeper ring cannot fail at launch as its first 48 KB form did in s32-2).
-    check_cuda(cudaFuncSetAttribute(kern::gemm_mma_latent_kernel<CfgD32S2>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, CfgD32S2::SMEM_BYTES),
-               "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, latent)");
-    check_cuda(cudaFuncSetAttribute(kern::gemm_mma_merge_kernel<CfgD32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    CfgD32::SMEM_BYTES),
-               "gemm", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, merge)");
+    // The fused launches' kernels (gemm_with_latent's 24 KB ring is under the default limit;
+    // raised anyway, so a deeper ring cannot fail at launch as its first 48 KB form did in s32-2).
+    raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_latent_kernel<CfgD32S2>), CfgD32S2::SMEM_BYTES);
+    raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_merge_kernel<CfgD32>), CfgD32::SMEM_BYTES);
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
     if (g.wgmma && env_switch("ATLAS_GEMM_TMA", true)) {
@@ -515,6 +510,15 @@ const GemmSetup& setup() {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A GEMM's row strides in elements, 0 (dense) resolved: x and w K apart, out N apart.
+struct RowStrides {
+  int64_t x, w, out;
+};
+template <class A>
+RowStrides row_strides(const A& a) {
+  return {a.x_stride ? a.x_stride : a.K, a.w_stride ? a.w_stride : a.K, a.out_stride ? a.out_stride : a.N};
+}
 
 // Tile rows that make sense for `m` rows per problem (padding a 1-row decode to 128 rows
 // would waste the tensor cores; 192-row tiles from two of them per problem).
@@ -1291,8 +1295,7 @@ void gemm(const GemmArgs& a) {
   if (a.M == 0) return;
   const auto unfused = [&] { run_unfused_gated(a, a.M, [](const GemmArgs& b) { gemm(b); }); };
   if (a.gated > 0 && a.mode != GemmMode::batch_invariant) return unfused();
-  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
-  const int64_t os = a.out_stride ? a.out_stride : a.N;
+  const auto [xs, ws, os] = row_strides(a);
   const cudaStream_t stream = stream_of(a.stream);
   const bool f32 = a.out_type == OutType::f32;
   if (a.mode == GemmMode::fast || a.mode == GemmMode::cublaslt_pinned) {
@@ -1345,8 +1348,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
                                 std::to_string(a.w_group_stride));
   if (a.max_rows == 0) return;
   const GemmSetup& s = setup();
-  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
-  const int64_t os = a.out_stride ? a.out_stride : a.N;
+  const auto [xs, ws, os] = row_strides(a);
   const bool f32 = a.out_type == OutType::f32;
   const bool async = grouped_async(a, xs, ws);
   const int ci = grouped_config(a, async, s.sm_count);
@@ -1412,8 +1414,7 @@ bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
   if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::bf16 ||
       t.dim != a.N || a.out_stride > a.N)
     return false;
-  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
-  const int64_t os = a.out_stride ? a.out_stride : a.N;
+  const auto [xs, ws, os] = row_strides(a);
   const bool async = dense_async(a, xs, ws);
   if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
   const cudaStream_t stream = stream_of(a.stream);
@@ -1438,8 +1439,7 @@ bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   if (a.M == 0 || l.tokens == 0 || a.mode != GemmMode::batch_invariant || a.gated != 0 ||
       a.out_type != OutType::bf16 || l.latent > kern::kWideDim || a.batch >= 65535)
     return false;
-  const int64_t xs = a.x_stride ? a.x_stride : a.K, ws = a.w_stride ? a.w_stride : a.K;
-  const int64_t os = a.out_stride ? a.out_stride : a.N;
+  const auto [xs, ws, os] = row_strides(a);
   const bool async = dense_async(a, xs, ws);
   const GemmSetup& s = setup();
   // The GEMM as gemm() would run it: the tiled 16-row config in a plain launch (what a decode
@@ -1464,8 +1464,7 @@ int64_t gemm_latent_launches() { return latent_launches.load(); }
 bool mla_decode_with_value(const MlaDecodeArgs& a, const GemmArgs& v) {
   const char* op = "mla_decode_with_value";
   require_gemm_args(v, op);
-  const int64_t xs = v.x_stride ? v.x_stride : v.K, ws = v.w_stride ? v.w_stride : v.K;
-  const int64_t os = v.out_stride ? v.out_stride : v.N;
+  const auto [xs, ws, os] = row_strides(v);
   // v must be the value GEMM over a's output: x = o_lat [rows, heads, latent], one product per
   // head; a few rows (one 16-row tile: the merge runs once per tile and head); the tensor-core
   // attention (its workspace layout); the same stream (the merge follows the attention kernel).

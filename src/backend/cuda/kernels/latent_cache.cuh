@@ -33,15 +33,18 @@ struct LatentCacheParams {
   int release_first = 0;  // the wide kernel: the next launch released before the wait (kernels/pdl.cuh)
 };
 
+// Query rope pair j of token t (head j / half, pair j % half) at position pos.
+template <class T>
+__device__ __forceinline__ void latent_rope_query_pair(const LatentCacheParams<T>& p, int t, int j, int pos) {
+  const int h = j / p.half, k = j % p.half;
+  rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
+               p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+}
 // The rope steps both kernels below share, for a block of kThreads threads on token t.
 // The queries' rope pairs, pair i by thread i mod kThreads.
 template <class T, int kThreads>
 __device__ __forceinline__ void latent_rope_queries(const LatentCacheParams<T>& p, int t, int pos) {
-  for (int i = threadIdx.x; i < p.heads * p.half; i += kThreads) {
-    const int h = i / p.half, k = i % p.half;
-    rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
-                 p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
-  }
+  for (int i = threadIdx.x; i < p.heads * p.half; i += kThreads) latent_rope_query_pair(p, t, i, pos);
 }
 // The key's rope pairs from the latent row src into the cache row.
 template <class T, int kThreads>
@@ -131,11 +134,8 @@ __device__ __forceinline__ void latent_rope_queries_spread(const LatentCachePara
                                                           int threads) {
   const int per_token = p.heads * p.half;
   for (int i = first; i < tokens * per_token; i += threads) {
-    const int t = i / per_token, j = i % per_token, h = j / p.half, k = j % p.half;
-    const int pos = p.positions[t];
-    if (pos < 0 || pos >= p.max_positions) continue;
-    rope_pair<T>(p.q + int64_t(t) * p.q_ts + int64_t(h) * p.q_hs + 2 * k,
-                 p.q_out + int64_t(t) * p.qo_ts + int64_t(h) * p.qo_hs + 2 * k, pos, k, p.half, p.cos_t, p.sin_t);
+    const int t = i / per_token, pos = p.positions[t];
+    if (pos >= 0 && pos < p.max_positions) latent_rope_query_pair(p, t, i % per_token, pos);
   }
 }
 
