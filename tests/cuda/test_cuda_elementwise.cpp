@@ -218,6 +218,8 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MLA_MERGE_VALUE", {"0", "1", "merge"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
       {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
+      {"ATLAS_MOE_PREFETCH", {"none", "routed", "shared", "both", "down"}},
+      {"ATLAS_MOE_PREFETCH_AT", {"0", "1", "2", "3", "4", "5"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},

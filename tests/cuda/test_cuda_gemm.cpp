@@ -760,6 +760,87 @@ TEST_F(Gemm, WeightEvictFirstGivesTheSameBits) {
   set_gemm_weight_evict_first(was);
 }
 
+// GemmArgs / GroupedGemmArgs::next (session 33, ATLAS_MOE_PREFETCH) is an L2 prefetch of the
+// next GEMM's weights: every config, dense (plain, gated) and grouped (gathered rows, empty
+// groups, gated), gives the same bits with it as without, at the loop's start, middle and end;
+// and a malformed hint is one error naming the field. (The lean stream configs are the ones that
+// issue it; an address it computed wrong would fault here.)
+void expect_error(const std::function<void()>& f, const std::string& what);  // (bad arguments, below)
+
+TEST_F(Gemm, NextWeightPrefetchGivesTheSameBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const std::vector<int> counts = {0, 3, 1, 0, 70, 9, 0, 1};
+  const int G = int(counts.size());
+  const std::vector<int32_t> offsets = group_offsets(counts);
+  const int rows = offsets.back();
+  for (const auto& [M, N, K] : {std::tuple{1, 200, 520}, std::tuple{8, 2816, 2048}}) {
+    const auto x = random_bf16(size_t(M) * K * 2, rng);
+    const auto w = random_bf16(size_t(N) * K * 2, rng, 0.1f);
+    DevBuf<uint16_t> dx(x), dw(w), scratch(size_t(std::max(M, rows)) * N * 2);
+    const std::vector<int32_t> x_rows = random_rows(rows, M, rng);
+    std::vector<std::vector<uint16_t>> gw, nw;
+    for (int g = 0; g < G; ++g) gw.push_back(random_bf16(size_t(N) * K, rng, 0.1f));
+    for (int g = 0; g < G; ++g) nw.push_back(random_bf16(size_t(K) * 512, rng, 0.1f));  // the "down"s
+    const SpacedWeights sw(gw, size_t(N) * K), snext(nw, size_t(K) * 512);
+    DevBuf<int32_t> doff(offsets), drows(x_rows);
+    DevBuf<const uint16_t*> dwptr(sw.ptrs), dnext(snext.ptrs);
+    DevBuf<uint16_t> dense_next(size_t(K) * 512);
+    const int64_t next_bytes = int64_t(K) * 512 * 2;
+    for (int c = -1; c < gemm_config_count(); ++c) {
+      ForceConfig force(c);
+      for (int at : c < 0 ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0, 4}) {
+        SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K << " config "
+                                          << (c < 0 ? "auto" : gemm_config_name(c)) << " at " << at);
+        std::vector<std::vector<uint16_t>> outs[2];
+        for (int on = 0; on < 2; ++on) {
+          const L2NextWeights dn = on ? L2NextWeights{.w = dense_next.get(), .bytes = next_bytes, .at = at}
+                                      : L2NextWeights{};
+          const L2NextWeights gn = on ? L2NextWeights{.w_groups = dnext.get(), .bytes = next_bytes, .at = at}
+                                      : L2NextWeights{};
+          DevBuf<uint16_t> plain(size_t(M) * N), gated(size_t(M) * N / 2);
+          DevBuf<uint16_t> grouped(size_t(rows) * N), ggated(size_t(rows) * N / 2);
+          gemm({.x = dx.get(), .w = dw.get(), .out = plain.get(), .M = M, .N = N, .K = K, .next = dn});
+          gemm({.x = dx.get(), .w = dw.get(), .out = gated.get(), .M = M, .N = N, .K = K, .gated = N / 2,
+                .gated_scratch = scratch.get(), .next = dn});
+          const GroupedGemmArgs base{.x = dx.get(), .x_rows = drows.get(), .w = dwptr.get(), .offsets = doff.get(),
+                                     .groups = G, .max_rows = rows, .N = N, .K = K, .x_rows_limit = M,
+                                     .w_base = sw.ptrs[0], .w_group_stride = sw.stride, .next = gn};
+          GroupedGemmArgs ga = base;
+          ga.out = grouped.get();
+          grouped_gemm(ga);
+          GroupedGemmArgs gg = base;
+          gg.out = ggated.get();
+          gg.gated = N / 2;
+          gg.gated_scratch = scratch.get();
+          grouped_gemm(gg);
+          synchronize();
+          for (DevBuf<uint16_t>* b : {&plain, &gated, &grouped, &ggated}) outs[on].push_back(b->download());
+        }
+        const char* what[] = {"plain", "gated", "grouped", "grouped gated"};
+        for (size_t i = 0; i < outs[0].size(); ++i) EXPECT_EQ(outs[0][i], outs[1][i]) << what[i];
+      }
+    }
+  }
+  // Malformed hints: one error naming the field, nothing launched.
+  DevBuf<uint16_t> dx(size_t(64)), dw(size_t(64) * 64), out(size_t(64));
+  DevBuf<int32_t> doff(std::vector<int32_t>{0, 1});
+  DevBuf<const uint16_t*> dwptr(std::vector<const uint16_t*>{dw.get()});
+  const auto dense = [&](L2NextWeights n) {
+    gemm({.x = dx.get(), .w = dw.get(), .out = out.get(), .M = 1, .N = 64, .K = 64, .next = n});
+  };
+  const auto grouped = [&](L2NextWeights n) {
+    grouped_gemm({.x = dx.get(), .w = dwptr.get(), .offsets = doff.get(), .out = out.get(), .groups = 1,
+                  .max_rows = 1, .N = 64, .K = 64, .next = n});
+  };
+  expect_error([&] { dense({.w = dw.get(), .bytes = 100}); }, "gemm: next.bytes");
+  expect_error([&] { dense({.w = dw.get(), .bytes = 0}); }, "gemm: next.bytes");
+  expect_error([&] { dense({.w = dw.get(), .bytes = 128, .at = 5}); }, "gemm: next.at");
+  expect_error([&] { dense({.w_groups = dwptr.get(), .bytes = 128}); }, "gemm: next: a dense");
+  expect_error([&] { grouped({.w = dw.get(), .bytes = 128}); }, "grouped_gemm: next: a grouped");
+  expect_error([&] { grouped({.w_groups = dwptr.get(), .bytes = 64}); }, "grouped_gemm: next.bytes");
+}
+
 TEST_F(GroupedGemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());

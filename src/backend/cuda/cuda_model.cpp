@@ -357,7 +357,9 @@ class CudaModelT final : public Model {
                       int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false,
                       const std::vector<int32_t>* key_slot = nullptr) const;
   // out = down(silu(gate x) * up x) on `stream`; gu / act: its scratch and activation buffers.
-  void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act, Stream stream) const;
+  // prefetch_down: the gate|up launch pulls the down's weights into L2 (ATLAS_MOE_PREFETCH).
+  void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act, Stream stream,
+           bool prefetch_down = false) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
@@ -397,7 +399,7 @@ class CudaModelT final : public Model {
   // [max_rows, 2I] (GroupedGemmArgs::gated; the f32 mode runs the GEMM into scratch, then silu_gate).
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
-                   int64_t gated = 0, Elem* scratch = nullptr) const;
+                   int64_t gated = 0, Elem* scratch = nullptr, const L2NextWeights& next = {}) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -495,6 +497,9 @@ class CudaModelT final : public Model {
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
+  // A MoE layer's gate|up launches pull their down's weights into L2 (ModelEnv::moe_prefetch,
+  // ATLAS_MOE_PREFETCH: bit 0 the routed experts', bit 1 the shared; _AT the loop quarter).
+  int moe_prefetch_ = 0, moe_prefetch_at_ = 0;
   // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
@@ -624,6 +629,8 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     // measurements (chunking never changes the bits; it bounds working memory).
     chunk_tokens_env_ = env.prefill_chunk_tokens;
     absorb_ = env.absorb;
+    moe_prefetch_ = env.moe_prefetch;
+    moe_prefetch_at_ = env.moe_prefetch_at;
   }
   set_device(opts.device);
   const bool prio = opts.stream_priority && env_switch("ATLAS_STREAM_PRIORITY", true);
@@ -791,7 +798,7 @@ template <class Elem>
 void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit,
                                    const ExpertWeightsT<Elem>& w,
                                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
-                                   int64_t K, int64_t gated, Elem* scratch) const {
+                                   int64_t K, int64_t gated, Elem* scratch, const L2NextWeights& next) const {
   if constexpr (kF32) {
     grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = gated ? scratch : out,
                       .groups = int(groups), .max_rows = int(max_rows), .N = int(N), .K = int(K),
@@ -803,7 +810,7 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
     grouped_gemm({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
                   .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
                   .w_base = w.base, .w_group_stride = w.stride,
-                  .gated = int(gated), .gated_scratch = scratch, .stream = s_});
+                  .gated = int(gated), .gated_scratch = scratch, .stream = s_, .next = next});
   }
 }
 
@@ -1110,7 +1117,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
 
 template <class Elem>
 void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act,
-                           Stream stream) const {
+                           Stream stream, bool prefetch_down) const {
   const int64_t H = cfg_.hidden_size, I = m.inter;
   if (M == 0) return;
   // act [M, I] = silu(gate) * up from the [M, 2I] gate | up product (fused into the GEMM's
@@ -1120,8 +1127,10 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
     silu_gate({.gate = gu, .up = gu + I, .out = act, .rows = int(M), .width = int(I), .in_stride = 2 * I,
                .stream = stream});
   } else {
+    const L2NextWeights next =
+        prefetch_down ? L2NextWeights{.w = m.down, .bytes = int64_t(H * I * kEs), .at = moe_prefetch_at_} : L2NextWeights{};
     gemm({.x = x, .w = m.gate_up, .out = act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = mode_for(M),
-          .gated = int(I), .gated_scratch = gu, .stream = stream});
+          .gated = int(I), .gated_scratch = gu, .stream = stream, .next = next});
   }
   linear(act, m.down, out, M, H, I, 0, 0, stream);
 }
@@ -1135,7 +1144,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // The shared experts first, on side_ when it is on (they read h only and write b.shared,
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
-  if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side());
+  if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0);
   // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
   router_gemm(b.h, L.router, b.router_logits, M, E, H);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
@@ -1180,7 +1189,11 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   }
   // (The permutation does not read the weights: an observer's change reaches the combine only.)
   hook_f32(hooks, names.topk_weights, l, {B, T, k}, b.topk_w);
-  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu);  // act = silu(gate) * up
+  // act = silu(gate) * up (ATLAS_MOE_PREFETCH routed / both: its blocks pull the down's weights into L2)
+  L2NextWeights next{};
+  if constexpr (!kF32)
+    if ((moe_prefetch_ & 1) != 0) next = {.w_groups = L.down_w.ptrs, .bytes = int64_t(H * I * kEs), .at = moe_prefetch_at_};
+  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next);
   expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).

@@ -139,6 +139,12 @@ struct ModelEnv {
   // in sessions 27-31), 3 "fused" (one launch with the latent cache kernel, gemm_with_latent,
   // where it can run, else "after"; the default since session 32). The same bits.
   int absorb = 3;
+  // ATLAS_MOE_PREFETCH (session 33, off by default until measured): a MoE layer's gate|up
+  // launches pull their down's weights into L2 (GemmArgs::next): 1 "routed" (the routed
+  // experts'), 2 "shared" (the shared experts'), 3 "both"; 0 "none". ATLAS_MOE_PREFETCH_AT: the
+  // quarter of each block's loop where it does so (0-4, L2NextWeights::at; default 0).
+  int moe_prefetch = 0;
+  int moe_prefetch_at = 0;
 };
 ModelEnv model_env();
 bool launch_overlap();  // whether a launch issued here and now would carry the attribute
@@ -693,6 +699,20 @@ std::vector<float> pattern_to_timeline(const std::vector<float>& slot_probs, con
 // call, so warm up every fast-mode shape before capturing it).
 enum class GemmMode { batch_invariant, fast, cublaslt_pinned, fma_chain };
 enum class OutType { bf16, f32 };
+// The next GEMM's weights pulled into L2 by this launch's blocks part of the way through their
+// own weight stream (session 33; ATLAS_MOE_PREFETCH): a hint that writes nothing, so never bits.
+// The lean stream kernel (gemm_wgstream_lean_kernel) takes it; other configs ignore it. Dense:
+// `bytes` of w. Grouped: `bytes` of w_groups[g] (device array) for each group g with rows in the
+// launch's own offsets (the down's experts are the gate|up's), groups <= 256. bytes: a multiple
+// of 128 (16-byte aligned addresses); at: each block issues its share at step (steps * at) / 4 of
+// its loop (0: first, 4: after the loop).
+struct L2NextWeights {
+  const void* w = nullptr;
+  const uint16_t* const* w_groups = nullptr;
+  int64_t bytes = 0;
+  int at = 0;
+};
+
 struct GemmArgs {
   const uint16_t* x = nullptr;  // [M, K] bf16, row-major, row stride x_stride
   // [N, K] bf16, row-major, row stride w_stride. A weight no kernel of the stream writes: under
@@ -720,6 +740,7 @@ struct GemmArgs {
   int gated = 0;
   uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
+  L2NextWeights next{};  // (dense: w only)
 };
 void gemm(const GemmArgs& a);
 
@@ -836,6 +857,7 @@ struct GroupedGemmArgs {
   int gated = 0;
   uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
+  L2NextWeights next{};  // (grouped: w_groups only)
 };
 void grouped_gemm(const GroupedGemmArgs& a);
 int grouped_gemm_chosen_config(const GroupedGemmArgs& a);

@@ -1245,6 +1245,29 @@ void run_unfused_gated(const A& a, int rows, Run run) {
              .rows = rows, .width = a.gated, .in_stride = a.N, .stream = a.stream});
 }
 
+// GemmArgs / GroupedGemmArgs::next into the kernel parameters (checked: dense takes w only,
+// grouped w_groups only; bytes > 0, a multiple of 128; at 0-4; grouped, at most
+// kern::kNextMaxGroups groups). No hint: next_at stays -1.
+void check_next(const L2NextWeights& n, bool grouped, int groups, const char* op) {
+  if (n.w == nullptr && n.w_groups == nullptr) return;
+  require(grouped ? n.w == nullptr : n.w_groups == nullptr, op, "next",
+          grouped ? "a grouped GEMM's next weights are w_groups (per group), not w"
+                  : "a dense GEMM's next weights are w, not w_groups");
+  require(n.bytes > 0 && n.bytes % 128 == 0, op, "next.bytes",
+          "must be a positive multiple of 128, got " + std::to_string(n.bytes));
+  require(n.at >= 0 && n.at <= 4, op, "next.at", "must be 0-4 (quarters of a block's loop), got " + std::to_string(n.at));
+  require(!grouped || groups <= kern::kNextMaxGroups, op, "next",
+          "at most " + std::to_string(kern::kNextMaxGroups) + " groups, got " + std::to_string(groups));
+}
+void set_next(kern::MmaGemmParams& p, const L2NextWeights& n, bool grouped, int groups, const char* op) {
+  if (n.w == nullptr && n.w_groups == nullptr) return;
+  check_next(n, grouped, groups, op);
+  p.next_w = n.w;
+  p.next_w_groups = n.w_groups;
+  p.next_bytes = n.bytes;
+  p.next_at = n.at;
+}
+
 // The kernel parameters of a dense batch-invariant gemm() (`m_tiles` x `n_tiles` tiles of the
 // chosen config; strides resolved).
 kern::MmaGemmParams dense_params(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, int64_t m_tiles,
@@ -1284,6 +1307,7 @@ kern::MmaGemmParams dense_params(const GemmArgs& a, int64_t xs, int64_t ws, int6
     p.gated = a.gated;
     p.os = a.gated;
   }
+  set_next(p, a.next, false, 0, "gemm");
   return p;
 }
 
@@ -1292,6 +1316,7 @@ void gemm(const GemmArgs& a) {
   require_gemm_args(a, op);
   require_gated(a, op);
   require(a.gated == 0 || a.batch == 1, op, "gated", "needs batch 1");
+  check_next(a.next, false, 0, op);
   if (a.M == 0) return;
   const auto unfused = [&] { run_unfused_gated(a, a.M, [](const GemmArgs& b) { gemm(b); }); };
   if (a.gated > 0 && a.mode != GemmMode::batch_invariant) return unfused();
@@ -1343,6 +1368,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   const char* op = "grouped_gemm";
   require_grouped_args(a, op);
   require_gated(a, op);
+  check_next(a.next, true, a.groups, op);
   require(a.w_base == nullptr || a.w_group_stride >= int64_t(a.N) * (a.w_stride ? a.w_stride : a.K), op,
           "w_group_stride", "with w_base, must be >= N * (w row stride) (the groups' weights do not overlap), got " +
                                 std::to_string(a.w_group_stride));
@@ -1382,6 +1408,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
   p.l2_evict_first = weight_evict_first() ? 1 : 0;
+  set_next(p, a.next, true, a.groups, op);
   if (a.gated > 0) {  // a fusing config (never sliced): the activation out
     p.gated = a.gated;
     p.os = a.gated;

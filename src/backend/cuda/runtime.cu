@@ -218,6 +218,15 @@ ModelEnv model_env() {
       bad("ATLAS_ABSORB", "expected side, before, after or fused", v);
     e.absorb = v == "side" ? 0 : v == "before" ? 1 : v == "after" ? 2 : 3;  // unset: ModelEnv's "fused"
   }
+  if (const std::string v = value("ATLAS_MOE_PREFETCH"); !v.empty()) {
+    if (v != "none" && v != "routed" && v != "shared" && v != "both")
+      bad("ATLAS_MOE_PREFETCH", "expected none, routed, shared or both", v);
+    e.moe_prefetch = v == "routed" ? 1 : v == "shared" ? 2 : v == "both" ? 3 : 0;
+  }
+  if (const std::string v = value("ATLAS_MOE_PREFETCH_AT"); !v.empty()) {
+    if (v.size() != 1 || v[0] < '0' || v[0] > '4') bad("ATLAS_MOE_PREFETCH_AT", "expected 0, 1, 2, 3 or 4", v);
+    e.moe_prefetch_at = v[0] - '0';
+  }
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || std::stoll(v) < 1)

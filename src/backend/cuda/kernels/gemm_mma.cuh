@@ -114,7 +114,17 @@ struct MmaGemmParams {
   // launches: the tile's last block resets it).
   float* split_ws = nullptr;
   int* split_cnt = nullptr;
+  // The next GEMM's weights into L2 part of the way through this launch (session 33; a hint,
+  // never bits; the lean stream kernel only, lean_prefetch_next in gemm_wgstream.cuh): next_bytes
+  // (a multiple of 128) of next_w (dense), or of next_w_groups[g] for each group with rows
+  // (grouped, groups <= kNextMaxGroups), at step (steps * next_at) / 4 of each block's loop
+  // (4: after it); next_at -1: none.
+  const void* next_w = nullptr;
+  const uint16_t* const* next_w_groups = nullptr;
+  int64_t next_bytes = 0;
+  int next_at = -1;
 };
+constexpr int kNextMaxGroups = 256;
 // Fused gate|up (gated = I > 0, N = 2I): tile column n is weight row n / 2 (gate) for even n and
 // row I + n / 2 (up) for odd n, so a thread's column pair (2j, 2j+1) holds gate j and up j of a
 // row; the epilogue writes out[row][j] = bf16(bf16(silu(bf16 gate)) * bf16 up) (os: out's row

@@ -493,6 +493,55 @@ __device__ __noinline__ void lean_store(const MmaGemmParams& p, int pid, int tid
   if (stream_tile<T::BM>(p, pid, tid, lane, ct)) wgstream_store_tile<T, kOutF32>(p, ct, tid >> 5, lane, tot);
 }
 
+// MmaGemmParams::next_*: this block's share of the next GEMM's weights into L2 (a hint that
+// writes nothing, so never bits). Dense: next_bytes of next_w. Grouped: next_bytes of
+// next_w_groups[g] for each group g with rows in this launch's offsets (the down's experts are
+// the gate|up's), in ascending g. Every block of the grid takes an equal run of the whole
+// (128-byte boundaries) and issues it in pieces of at most kNextPiece bytes. Warp 0 only (the
+// busy groups by ballot), lane 0 issues; out of line, off the loop's path.
+constexpr int kNextPiece = 32768;
+__device__ __noinline__ void lean_prefetch_next(const MmaGemmParams& p, int tid) {
+  if (tid >= 32) return;
+  const int lane = tid;
+  const bool grouped = p.next_w_groups != nullptr;
+  uint32_t busy[kNextMaxGroups / 32];
+  int64_t units = 1;
+  if (grouped) {
+    units = 0;
+#pragma unroll
+    for (int w = 0; w < kNextMaxGroups / 32; ++w) {
+      const int g = 32 * w + lane;
+      busy[w] = __ballot_sync(0xffffffffu, g < p.groups && p.offsets[g + 1] > p.offsets[g]);
+      units += __popc(busy[w]);
+    }
+  }
+  if (lane != 0) return;
+  const int64_t total = units * p.next_bytes, blocks = gridDim.x, b = blockIdx.x;
+  int64_t pos = (total * b / blocks) & ~int64_t(127);
+  const int64_t end = b + 1 == blocks ? total : (total * (b + 1) / blocks) & ~int64_t(127);
+  while (pos < end) {
+    const int64_t unit = pos / p.next_bytes, off = pos - unit * p.next_bytes;
+    const char* base = reinterpret_cast<const char*>(p.next_w);
+    if (grouped) {  // the unit-th busy group
+      int64_t left = unit;
+      int g = -1;
+      for (int w = 0; w < kNextMaxGroups / 32 && g < 0; ++w) {
+        const int n = __popc(busy[w]);
+        if (left < n) {
+          uint32_t m = busy[w];
+          for (int i = 0; i < left; ++i) m &= m - 1;  // drop the lowest set bits before it
+          g = 32 * w + __ffs(m) - 1;
+        }
+        left -= n;
+      }
+      base = reinterpret_cast<const char*>(p.next_w_groups[g]);
+    }
+    const int64_t n = min(min(end - pos, p.next_bytes - off), int64_t(kNextPiece));
+    prefetch_l2(base + off, uint32_t(n));
+    pos += n;
+  }
+}
+
 // The first step of part q of a tile of KT steps, S = ceil(KT / steps_per_slice) K slices, split
 // into `parts` runs of whole slices (part q: slices [q S / parts, (q + 1) S / parts)); q = parts
 // gives KT. With S >= parts every part has at least one slice, and part 1 starts at slice
@@ -699,6 +748,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
 #pragma unroll
     for (int e = 0; e < 4; ++e) tot[e] = 0.f;
   };
+  // MmaGemmParams::next_at: the next GEMM's weights into L2 at step (steps * next_at) / 4 of this
+  // block's loop (4: after it); -1 none.
+  const int next_step = p.next_at < 0 ? -1 : steps * p.next_at / 4;
   for (int i = 0; i < steps; ++i) {
     cp_async_wait<kAhead - 1>();
     fence_proxy_async_smem();  // the copies' writes (generic proxy) before the wgmma's reads
@@ -708,6 +760,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     copy_x(is, ahead);
     cp_async_commit();
     if (!is.stop) advance(is);
+    if (i == next_step) lean_prefetch_next(p, tid);
     if (pending) {
       wg_wait_all();
       if constexpr (kParts > 1) {
@@ -753,6 +806,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       }
     }
   }
+  if (next_step >= steps) lean_prefetch_next(p, tid);  // (after the loop, or a block without steps)
   wg_wait_all();
   cp_async_wait<0>();  // nothing in flight when the block's shared memory is released
   if (pending) {  // the last step always ends its tile (its item)
