@@ -465,6 +465,154 @@ TEST_F(Moe, RouteOneTokenEqualsRouterThenPermute) {
   }
 }
 
+// gemm_moe_route (session 33, ATLAS_ROUTE_TAIL): the router GEMM's launch routes one token in its
+// last block (RouteTail). Against gemm() then moe_route(): the same logits, routes, weights,
+// permutation and device error, bit for bit, for the one-token path's cases above (random,
+// ties, +inf, NaN, all -inf: the logits are built by the GEMM itself from one-hot x), on the
+// staged split-K config (forced: what one row's router GEMM gets); what it does not take
+// launches nothing and returns false; a logits pointer other than the GEMM's output throws.
+TEST_F(Moe, RouteTailEqualsTheRouterGemmThenMoeRoute) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  int staged = -1;
+  for (int c = 0; c < gemm_config_count(); ++c)
+    if (gemm_config_name(c) == "splitk16x8/8w+staged") staged = c;
+  ASSERT_GE(staged, 0);
+  const int K = 2048;
+  struct Case {
+    int E, k;
+    bool norm;
+    int kind;  // 0 random x and w, 1 ties, 2 one +inf, 3 one NaN, 4 all -inf (one-hot x)
+  };
+  std::vector<Case> cases;
+  for (int E : {6, 33, 64})
+    for (int k : {1, 6})
+      if (k <= E)
+        for (int kind = 0; kind < 5; ++kind) cases.push_back({E, k, kind % 2 == 0, kind});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "E=" << c.E << " k=" << c.k << " kind=" << c.kind);
+    std::vector<uint16_t> x(size_t(K), 0), w(size_t(c.E) * K, 0);
+    if (c.kind == 0) {
+      x = random_bf16(size_t(K), rng);
+      w = random_bf16(size_t(c.E) * K, rng, 0.1f);
+    } else {
+      x[0] = f32_to_bf16(1.0f);
+      const auto l = random_f32(size_t(c.E), rng, 2.0f);
+      for (int e = 0; e < c.E; ++e) w[size_t(e) * K] = f32_to_bf16(c.kind == 1 ? std::floor(l[size_t(e)]) : l[size_t(e)]);
+      if (c.kind == 2) w[size_t(c.E / 2) * K] = f32_to_bf16(inf);
+      if (c.kind == 3) w[size_t(c.E - 1) * K] = f32_to_bf16(nan);
+      if (c.kind == 4)
+        for (int e = 0; e < c.E; ++e) w[size_t(e) * K] = f32_to_bf16(-inf);
+    }
+    DevBuf<uint16_t> dx(x), dw(w);
+    struct Out {
+      std::vector<float> logits, w;
+      std::vector<int32_t> ids, counts, offsets, sorted, slot;
+      bool error;
+    };
+    const auto run = [&](bool tail) {
+      const int E = c.E, k = c.k;
+      DevBuf<float> logits{size_t(E)}, wts{size_t(k)};
+      DevBuf<int32_t> ids{size_t(k)}, counts{size_t(E)}, offsets{size_t(E + 1)}, sorted{size_t(k)}, slot{size_t(k)},
+          ws{moe_permute_workspace_ints(1, E)};
+      const GemmArgs g{.x = dx.get(), .w = dw.get(), .out = logits.get(), .out_type = OutType::f32, .M = 1, .N = E,
+                       .K = K};
+      const RouterArgs r{.logits = logits.get(), .topk_ids = ids.get(), .topk_weights = wts.get(), .tokens = 1,
+                         .experts = E, .k = k, .norm_topk_prob = c.norm, .routed_scaling_factor = 1.5f};
+      const MoePermuteArgs p{.topk_ids = ids.get(), .tokens = 1, .k = k, .experts = E, .counts = counts.get(),
+                             .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
+                             .workspace = ws.get()};
+      gemm_force_config(staged);
+      gemm_set_route_tail(tail ? 1 : 0);
+      const int64_t before = gemm_route_tail_launches();
+      const bool ran = gemm_moe_route(g, r, p);
+      EXPECT_EQ(ran, tail);
+      EXPECT_EQ(gemm_route_tail_launches(), before + (tail ? 1 : 0));
+      if (!ran) {
+        gemm(g);
+        moe_route(r, p);
+      }
+      gemm_set_route_tail(-1);
+      gemm_force_config(-1);
+      bool error = false;
+      try {
+        check_device_errors();
+      } catch (const Error&) {
+        error = true;
+      }
+      return Out{logits.download(), wts.download(), ids.download(), counts.download(), offsets.download(),
+                 sorted.download(), slot.download(), error};
+    };
+    const Out a = run(true), b = run(false);
+    const auto bits = [](const std::vector<float>& v) {
+      std::vector<uint32_t> u(v.size());
+      std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
+      return u;
+    };
+    EXPECT_EQ(a.error, b.error);
+    EXPECT_EQ(a.error, c.kind >= 2);
+    EXPECT_EQ(bits(a.logits), bits(b.logits));
+    EXPECT_EQ(bits(a.w), bits(b.w));
+    EXPECT_EQ(a.ids, b.ids);
+    EXPECT_EQ(a.counts, b.counts);
+    EXPECT_EQ(a.offsets, b.offsets);
+    EXPECT_EQ(a.sorted, b.sorted);
+    EXPECT_EQ(a.slot, b.slot);
+  }
+  // What the tail does not take: nothing launched, false; a foreign logits pointer: an error.
+  DevBuf<uint16_t> dx(size_t(2) * K), dw(size_t(128) * K);
+  DevBuf<float> logits(size_t(2) * 128), other(128), wts(12);
+  DevBuf<int32_t> ids(12), counts(128), offsets(129), sorted(12), slot(12), ws(moe_permute_workspace_ints(2, 128));
+  const GemmArgs g{.x = dx.get(), .w = dw.get(), .out = logits.get(), .out_type = OutType::f32, .M = 1, .N = 64, .K = K};
+  const RouterArgs r{.logits = logits.get(), .topk_ids = ids.get(), .topk_weights = wts.get(), .tokens = 1,
+                     .experts = 64, .k = 6};
+  const MoePermuteArgs p{.topk_ids = ids.get(), .tokens = 1, .k = 6, .experts = 64, .counts = counts.get(),
+                         .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
+                         .workspace = ws.get()};
+  gemm_force_config(staged);
+  const int64_t before = gemm_route_tail_launches();
+  gemm_set_route_tail(0);
+  EXPECT_FALSE(gemm_moe_route(g, r, p)) << "the switch off";
+  gemm_set_route_tail(1);
+  {
+    GemmArgs g2 = g;
+    g2.M = 2;
+    RouterArgs r2 = r;
+    r2.tokens = 2;
+    MoePermuteArgs p2 = p;
+    p2.tokens = 2;
+    EXPECT_FALSE(gemm_moe_route(g2, r2, p2)) << "two rows";
+    RouterArgs rg = r;
+    rg.method = TopkMethod::group_limited_greedy;
+    rg.n_group = 8;
+    rg.topk_group = 4;
+    EXPECT_FALSE(gemm_moe_route(g, rg, p)) << "group-limited";
+    GemmArgs g128 = g;
+    g128.N = 128;
+    RouterArgs r128 = r;
+    r128.experts = 128;
+    MoePermuteArgs p128 = p;
+    p128.experts = 128;
+    EXPECT_FALSE(gemm_moe_route(g128, r128, p128)) << "128 experts";
+    GemmArgs gb = g;
+    gb.out_type = OutType::bf16;
+    EXPECT_FALSE(gemm_moe_route(gb, r, p)) << "bf16 logits";
+    RouterArgs ro = r;
+    ro.logits = other.get();
+    try {
+      gemm_moe_route(g, ro, p);
+      ADD_FAILURE() << "no throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("gemm_moe_route: logits"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(gemm_route_tail_launches(), before);
+  gemm_set_route_tail(-1);
+  gemm_force_config(-1);
+  synchronize();
+}
+
 TEST_F(Moe, RouteRefusesAPermutationOfOtherIds) {
   DevBuf<float> dl(64);
   DevBuf<int32_t> ids(6), other(6), dc(64), doff(65), ds(6), dslot(6), ws(moe_permute_workspace_ints(1, 64));

@@ -13,6 +13,7 @@ namespace atlas::cuda::kern {
 template <class T>
 struct LatentCacheParams;  // kernels/latent_cache.cuh
 struct MlaMergeParams;     // kernels/mla_merge.cuh
+struct RoutePermuteParams;  // kernels/moe.cuh
 }  // namespace atlas::cuda::kern
 
 namespace atlas::cuda::detail {
@@ -208,5 +209,10 @@ template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   launch_clustered(0, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
+
+// moe_route's checks (router, permutation, and that the permutation is the router's) and its
+// kernel's parameters (ops.cu); gemm_moe_route (gemm.cu) runs the same route in a GEMM's tail.
+void check_route(const RouterArgs& r, const MoePermuteArgs& p, const char* op);
+kern::RoutePermuteParams route_permute_params(const RouterArgs& r, const MoePermuteArgs& p);
 
 }  // namespace atlas::cuda::detail

@@ -1145,9 +1145,6 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
   if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0);
-  // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM).
-  router_gemm(b.h, L.router, b.router_logits, M, E, H);
-  hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
       .experts = int(E), .k = int(k),
@@ -1161,6 +1158,17 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   const MoePermuteArgs permute{.topk_ids = b.topk_ids, .tokens = int(M), .k = int(k), .experts = int(E),
                                .counts = b.counts, .offsets = b.offsets, .sorted_token = b.sorted,
                                .pair_slot = b.slot, .workspace = b.perm_ws, .stream = s_};
+  // Router logits in fp32 (bf16 products are exact in fp32: the official upcast GEMM). At one
+  // row the router's launch may route too (gemm_moe_route, ATLAS_ROUTE_TAIL), unless an observer
+  // could change the logits or the routes in between (readers see the same logits either way).
+  bool routed = false;
+  if constexpr (!kF32)
+    if (!(hooks && (hooks->wants_tensor(names.router_logits) || hooks->wants_tensor(names.topk_ids))))
+      routed = gemm_moe_route({.x = b.h, .w = L.router, .out = b.router_logits, .out_type = OutType::f32, .M = int(M),
+                               .N = int(E), .K = int(H), .mode = mode_for(M), .stream = s_},
+                              route, permute);
+  if (!routed) router_gemm(b.h, L.router, b.router_logits, M, E, H);
+  hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   if (hooks && hooks->wants_tensor(names.topk_ids)) {
     // An observer may rewrite the routes between the router and the permutation.
     deliver_all();
@@ -1177,7 +1185,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
     if (ids != before) upload(b.topk_ids, ids.data(), ids.size() * 4);
     moe_permute(permute);
   } else {
-    moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
+    if (!routed) moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
     const int32_t* ids_dev = hooks && hooks->wants_reader(names.topk_ids) ? expanded(b.topk_ids, k) : nullptr;
     if (ids_dev && !defer_hook(*hooks, {.name = names.topk_ids, .layer = l, .shape = {B, T, k}, .dtype = DType::I32},
                                ids_dev, size_t(B * T * k) * 4)) {

@@ -787,6 +787,18 @@ int64_t mla_merge_value_launches();
 // Tests: 1 lets gemm_add_rmsnorm launch its tail, 0 never, -1 (the default) as ATLAS_GEMM_TAILS
 // says; process-wide, like gemm_force_config. Never bits.
 void gemm_set_tails(int mode);
+// The router GEMM and the routing after it in one launch (session 33, kernels/gemm_tail.cuh
+// RouteTail; ATLAS_ROUTE_TAIL=1, off by default until measured): gemm(a) (the logits, fp32 out,
+// one row), then moe_route(r, p) over them (r.logits = a.out), the same bits and device
+// errors, where gemm(a) would run the staged split-K config and r routes one token greedily
+// over at most 64 experts (route_permute_kernel's one-token path): the launch's last block
+// routes. Returns false and launches nothing otherwise (the caller makes the two calls); bad
+// arguments throw as gemm() and moe_route() would.
+bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& p);
+// How many routed launches gemm_moe_route made in this process (tests check that it ran).
+int64_t gemm_route_tail_launches();
+// Tests: 1 lets gemm_moe_route launch its tail, 0 never, -1 (the default) as ATLAS_ROUTE_TAIL says.
+void gemm_set_route_tail(int mode);
 
 // Tile configurations of the batch_invariant kernel (largest first). Every one gives the same
 // bits by the contract above; they differ in speed only. gemm() and grouped_gemm() pick one

@@ -371,6 +371,8 @@ std::atomic<int64_t> tailed_launches{0};  // gemm_tailed_launches (tests)
 std::atomic<int64_t> latent_launches{0};  // gemm_latent_launches (tests)
 std::atomic<int64_t> merge_launches{0};   // mla_merge_value_launches (tests)
 std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
+std::atomic<int> route_tail_override{-1};  // gemm_set_route_tail (tests)
+std::atomic<int64_t> route_tail_launches{0};  // gemm_route_tail_launches (tests)
 
 struct GemmSetup {
   int sm_count = 132;
@@ -408,6 +410,9 @@ struct GemmSetup {
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
   bool tails = false;
+  // ATLAS_ROUTE_TAIL (default 0 until measured; session 33): gemm_moe_route may launch its
+  // routed kernel.
+  bool route_tail = false;
 };
 
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
@@ -492,6 +497,7 @@ const GemmSetup& setup() {
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
+    g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
@@ -1459,6 +1465,39 @@ bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
 }
 
 int64_t gemm_tailed_launches() { return tailed_launches.load(); }
+
+bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& pm) {
+  const char* op = "gemm_moe_route";
+  // Off (the default): nothing to check here, the caller's gemm() and moe_route() check theirs.
+  const int forced = route_tail_override.load();
+  if (!(forced >= 0 ? forced == 1 : setup().route_tail)) return false;
+  require_gemm_args(a, op);
+  check_route(r, pm, op);
+  require(r.logits == a.out, op, "logits", "must be the GEMM's output");
+  require(r.stream == a.stream, op, "stream", "the router GEMM and the routing must share a stream");
+  // route_permute_kernel's one-token path (RouteTail), after gemm()'s choice for one row.
+  if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::f32 ||
+      a.out_stride > a.N || a.N != r.experts || r.tokens != 1 || r.method != TopkMethod::greedy || r.experts > 64)
+    return false;
+  const auto [xs, ws, os] = row_strides(a);
+  const bool async = dense_async(a, xs, ws);
+  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
+  const cudaStream_t stream = stream_of(a.stream);
+  int* counter = stream_tail_counter(stream);
+  if (counter == nullptr) return false;
+  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
+  const int64_t n_tiles = ceil_div(a.N, c.bn);
+  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
+  const kern::RouteTail tail{.q = route_permute_params(r, pm), .counter = counter};
+  launch(kern::gemm_splitk_tail_kernel<CfgS8, kern::RouteTail, true>, dim3(unsigned(n_tiles)), c.threads, 0, stream, p,
+         tail);
+  check_launch(op);
+  ++route_tail_launches;
+  return true;
+}
+
+int64_t gemm_route_tail_launches() { return route_tail_launches.load(); }
+void gemm_set_route_tail(int mode) { route_tail_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
 bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   const char* op = "gemm_with_latent";
   require_gemm_args(a, op);

@@ -412,17 +412,22 @@ void moe_permute(const MoePermuteArgs& a) {
 
 void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
   const char* op = "moe_route";
-  check_router(r);
-  check_permute(p);
-  require(p.topk_ids == r.topk_ids && p.tokens == r.tokens && p.k == r.k && p.experts == r.experts &&
-              p.stream == r.stream,
-          op, "permute", "must permute the router's topk_ids (the same tokens, k, experts and stream)");
+  detail::check_route(r, p, op);
   if (r.tokens < 1 || r.tokens > kMoeRouteFusedMaxTokens) {
     launch_router(r);
     launch_permute(p);
     return;
   }
-  const kern::RoutePermuteParams q{.logits = r.logits,
+  const kern::RoutePermuteParams q = detail::route_permute_params(r, p);
+  // experts <= 256 (the router's bound): <= 10 KB, with the router's 16.5 KB of static scratch
+  const size_t smem = size_t(2 + kern::kMoeChunk / 32) * size_t(r.experts) * sizeof(int32_t);
+  launch(kern::route_permute_kernel, 1, kern::kMoeChunk, smem, stream_of(r.stream), q);
+  check_launch(op);
+}
+
+namespace detail {
+kern::RoutePermuteParams route_permute_params(const RouterArgs& r, const MoePermuteArgs& p) {
+  return kern::RoutePermuteParams{.logits = r.logits,
                                    .ids = r.topk_ids,
                                    .weights = r.topk_weights,
                                    .scores = r.scores,
@@ -440,10 +445,15 @@ void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
                                    .pair_slot = p.pair_slot,
                                    .error_flag = error_flag(),
                                    .release_first = release_first(kRfRoute) ? 1 : 0};  // ATLAS_RELEASE_FIRST=route
-  // experts <= 256 (the router's bound): <= 10 KB, with the router's 16.5 KB of static scratch
-  const size_t smem = size_t(2 + kern::kMoeChunk / 32) * size_t(r.experts) * sizeof(int32_t);
-  launch(kern::route_permute_kernel, 1, kern::kMoeChunk, smem, stream_of(r.stream), q);
-  check_launch(op);
 }
+
+void check_route(const RouterArgs& r, const MoePermuteArgs& p, const char* op) {
+  check_router(r);
+  check_permute(p);
+  require(p.topk_ids == r.topk_ids && p.tokens == r.tokens && p.k == r.k && p.experts == r.experts &&
+              p.stream == r.stream,
+          op, "permute", "must permute the router's topk_ids (the same tokens, k, experts and stream)");
+}
+}  // namespace detail
 
 }  // namespace atlas::cuda

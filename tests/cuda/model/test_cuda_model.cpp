@@ -673,6 +673,33 @@ TEST_F(CudaTiny, GemmTailsGiveTheSameBits) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+// The router's launch routing too (gemm_moe_route, session 33, ATLAS_ROUTE_TAIL): with every GEMM
+// on the staged split-K config (what a full-size router gets at one row), a one-row prefill and
+// greedy steps give the same logits with the tail on and off, and the tail ran.
+TEST_F(CudaTiny, RouteTailGivesTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  int staged = -1;
+  for (int c = 0; c < cuda::gemm_config_count(); ++c)
+    if (cuda::gemm_config_name(c) == "splitk16x8/8w+staged") staged = c;
+  ASSERT_GE(staged, 0);
+  cuda::gemm_force_config(staged);
+  std::vector<std::vector<float>> runs;
+  for (int tail : {0, 1}) {
+    cuda::gemm_set_route_tail(tail);
+    const int64_t before = cuda::gemm_route_tail_launches();
+    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+    runs.push_back(one_row_greedy_steps(*m, rows[0], V));
+    if (tail == 1)
+      EXPECT_GT(cuda::gemm_route_tail_launches(), before) << "no routed launch ran";
+    else
+      EXPECT_EQ(cuda::gemm_route_tail_launches(), before) << "a routed launch ran with the tail off";
+  }
+  cuda::gemm_set_route_tail(-1);
+  cuda::gemm_force_config(-1);
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its
 // per-token digests), in the logits and in the decode steps that follow (the cache holds the

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "gemm_mma.cuh"
+#include "route_core.cuh"
 #include "rmsnorm.cuh"
 
 namespace atlas::cuda::kern {
@@ -32,12 +33,32 @@ struct AddRmsNormTail {
   }
 };
 
-// The staged split-K kernel (bf16 out, at most 8 rows, 16-byte copies) with a tail: dense
-// problems only (every block has a tile, so every block counts itself).
-template <class T, class Tail>
+// The router's tail (session 33; gemm_moe_route in gemm.cu, ATLAS_ROUTE_TAIL): one token's
+// route and permutation from the finished fp32 logits (the GEMM's output), as route_permute_kernel's
+// one-token path runs them: warp 0 alone, route_permute_one_token, or, on a NaN score,
+// route_token and permute_one_warp (the host sends only what that path takes: one token,
+// greedy, E <= 64). The logits are read through L2 (route_permute_one_token's __ldcg loads):
+// the other blocks wrote them.
+struct RouteTail {
+  RoutePermuteParams q{};
+  int* counter = nullptr;  // zero between launches (splitk_body resets it)
+  __device__ void operator()(const MmaGemmParams&) const {
+    __shared__ float sp[kRouterMaxExperts], scand[kRouterMaxExperts], sw[kRouterMaxK];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp != 0 || route_permute_one_token(q, sp, sw, lane)) return;
+    route_token(q.logits, q.ids, q.weights, q.scores, 0, q.E, q.k, q.grouped, q.n_group, q.topk_group,
+                q.norm_topk_prob, q.scaling, sp, scand, sw, lane);
+    __syncwarp();  // the ids lane 0 wrote, visible to the warp
+    permute_one_warp(q.ids, q.k, q.k, q.E, q.counts, q.offsets, q.sorted_token, q.pair_slot, q.error_flag);
+  }
+};
+
+// The staged split-K kernel (bf16 or, kOutF32, fp32 out; at most 8 rows, 16-byte copies) with a
+// tail: dense problems only (every block has a tile, so every block counts itself).
+template <class T, class Tail, bool kOutF32 = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_tail_kernel(const MmaGemmParams p, const Tail tail) {
   static_assert(T::THREADS == kReduceThreads, "the tails' norms run rmsnorm_row's kReduceThreads order");
-  splitk_body<T, false, true, true, true, Tail>(p, tail);
+  splitk_body<T, kOutF32, true, true, true, Tail>(p, tail);
 }
 
 }  // namespace atlas::cuda::kern
