@@ -432,6 +432,61 @@ struct TileCopies {
   }
 };
 
+// TileCopies without a branch per copy (session 33, the tiled kernel's kLean instances: config
+// "16x32x128/4l", for the batch-1 routed experts' down). Nsight on that GEMM in a decode step
+// (s33-5, s33-8: 16x32x128/4, 448 blocks, 15.3-15.7 us, 47% of DRAM bandwidth) counted ~2,630
+// instructions per warp for its 11 steps, 0.40 issued per scheduler cycle, the warps mostly
+// waiting on fixed-latency dependencies; its SASS spends ~155 of the loop's ~275 instructions on
+// the step's six copies: per copy a test of the row (zero rows are written on a slot's first
+// fill only), of the L2 policy (two copy variants) and of K. Here a zero row's copy is a
+// zero-size copy from a valid address on every step (the slot holds zeros either way), the
+// policy is chosen once per step (kHint), and every copy exists (tiles whose rows * chunks are
+// multiples of the block's threads): a copy is an add, a select and the cp.async. The same
+// shared-memory contents before every mma step: the same bits.
+template <class T>
+struct LeanTileCopies {
+  static constexpr int NA = T::BM * T::CH / T::THREADS, NB = T::BN * T::CH / T::THREADS;
+  static_assert(T::BM * T::CH % T::THREADS == 0 && T::BN * T::CH % T::THREADS == 0 && T::THREADS % T::CH == 0,
+                "every thread has whole rounds of copies of one chunk column");
+  const char* src[NA + NB];  // the row's chunk at k = 0, or (a zero row) the operand's first chunk
+  uint32_t dst[NA + NB];     // shared address in slot 0
+  uint32_t bytes[NA + NB];   // 16, or 0 for a zero row
+  int kc;                    // the chunk column's first k within a step
+
+  __device__ __forceinline__ void plan(const uint16_t* sa, const uint16_t* sb, const int64_t* a_off,
+                                       const int64_t* b_off, const uint16_t* x, const uint16_t* w, int tid) {
+    const int c = tid % T::CH;
+    kc = c * 8;
+#pragma unroll
+    for (int j = 0; j < NA + NB; ++j) {
+      const bool is_a = j < NA;
+      const int r = ((is_a ? j : j - NA) * T::THREADS + tid) / T::CH;
+      const int64_t off = is_a ? a_off[r] : b_off[r];
+      const uint16_t* base = is_a ? x : w;
+      src[j] = reinterpret_cast<const char*>(base + (off >= 0 ? off + kc : 0));
+      bytes[j] = off >= 0 ? 16u : 0u;
+      dst[j] = smem_u32((is_a ? sa : sb) + r * T::BK + swz<T::CH>(r, c) * 8);
+    }
+  }
+  // Step k0 into ring slot `slot` (kHint: the weights' copies carry `policy`).
+  template <bool kHint>
+  __device__ __forceinline__ void issue(int slot, int k0, int K, uint64_t policy) const {
+    const bool in_k = k0 + kc < K;  // K % 8 == 0: a chunk is wholly inside K or outside
+    const int step = in_k ? k0 * 2 : 0;
+#pragma unroll
+    for (int j = 0; j < NA + NB; ++j) {
+      const uint32_t at = dst[j] + uint32_t(slot) * uint32_t((j < NA ? T::BM : T::BN) * T::BK * 2);
+      const uint32_t n = in_k ? bytes[j] : 0u;
+      if (kHint && j >= NA)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(at), "l"(src[j] + step),
+                     "r"(n), "l"(policy)
+                     : "memory");
+      else
+        cp_async16_at(at, src[j] + step, int(n));
+    }
+  }
+};
+
 // One BK-wide K step of a warp's WM x WN accumulators from ring slots sa [BM][BK] / sb [BN][BK]
 // (swizzled chunks): for each k16 chunk of step kt that lies inside K (KC chunks in all), the
 // A and B fragments by ldmatrix, then one mma per m16n8 accumulator, chunks in ascending order.
@@ -540,9 +595,11 @@ __device__ __forceinline__ void store_tile_pair(const MmaGemmParams& p, int64_t 
 // runs of this one (session 20, run s20-6): decode-b1 359.4 tok/s against 374.8 / 368.5, the
 // seed grid 7.31 s against 7.10 / 7.10, the traced prefill 0.487 s against 0.476 / 0.486; the
 // same bits.
-template <class T, bool kOutF32, bool kAsync>
+// kLean (async only): the step's copies through LeanTileCopies (the same bits).
+template <class T, bool kOutF32, bool kAsync, bool kLean = false>
 __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot& t, int slice, uint16_t* sA,
                                          uint16_t* sB, int64_t* a_off, int64_t* b_off) {
+  static_assert(!kLean || kAsync, "the lean copies are 16-byte copies");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
   const int n_tile = t.n_tile, row_begin = t.row_begin, row_end = t.row_end;
@@ -583,11 +640,17 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
       }
   };
 
-  TileCopies<T> copies;
+  using Copies = std::conditional_t<kLean, LeanTileCopies<T>, TileCopies<T>>;
+  Copies copies;
   const L2Hint w_hint = l2_evict_first_hint(kAsync && p.l2_evict_first > 0);
   if constexpr (kAsync) copies.plan(sA, sB, a_off, b_off, x, w, tid);
   auto load_stage = [&](int slot, int kt) {
-    if constexpr (kAsync)
+    if constexpr (kLean) {
+      if (w_hint.on)
+        copies.template issue<true>(slot, kt * T::BK, K, w_hint.policy);
+      else
+        copies.template issue<false>(slot, kt * T::BK, K, 0);
+    } else if constexpr (kAsync)
       copies.issue(slot, kt * T::BK, K, kt - kt_begin < T::STAGES, x, w_hint);
     else
       load_tile_step<T, kAsync>(sA + slot * (T::BM * T::BK), sB + slot * (T::BN * T::BK), a_off, b_off, x, w,
@@ -641,7 +704,7 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
   store_all(tot, out_base);
 }
 
-template <class T, bool kOutF32, bool kAsync>
+template <class T, bool kOutF32, bool kAsync, bool kLean = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   __shared__ int64_t a_off[T::BM];  // element offset of each tile row's A row in x; -1 = zero row
@@ -654,7 +717,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   if (!start_tile<T::BM, T::BN, kAsync>(p, int(blockIdx.x), tid, lane, t, k_first,
                                         p.slice_stride > 0 ? k_first + kSliceK : p.K))
     return;
-  mma_tile<T, kOutF32, kAsync>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
+  mma_tile<T, kOutF32, kAsync, kLean>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
 }
 
 
