@@ -703,6 +703,19 @@ TEST_F(Gemm, LaunchOverlapWithWeightPrefetchGivesTheSameBits) {
   set_launch_overlap(was);
 }
 
+// base (a grouped problem) into out, then the same problem gated (N / 2 activations) into
+// gated_out through scratch: the two grouped calls of the caching-hint tests below.
+void grouped_plain_and_gated(const GroupedGemmArgs& base, uint16_t* out, uint16_t* gated_out, uint16_t* scratch) {
+  GroupedGemmArgs ga = base;
+  ga.out = out;
+  grouped_gemm(ga);
+  GroupedGemmArgs gg = base;
+  gg.out = gated_out;
+  gg.gated = base.N / 2;
+  gg.gated_scratch = scratch;
+  grouped_gemm(gg);
+}
+
 // The weight copies' L2 evict_first policy is a caching hint: every config, dense (plain, gated,
 // strided batch) and grouped (gathered rows, empty groups, gated), gives the same bits with it
 // off and on.
@@ -741,14 +754,7 @@ TEST_F(Gemm, WeightEvictFirstGivesTheSameBits) {
         const GroupedGemmArgs base{.x = dx.get(), .x_rows = drows.get(), .w = dwptr.get(), .offsets = doff.get(),
                                    .groups = G, .max_rows = rows, .N = N, .K = K, .x_rows_limit = M,
                                    .w_base = sw.ptrs[0], .w_group_stride = sw.stride};
-        GroupedGemmArgs ga = base;
-        ga.out = grouped.get();
-        grouped_gemm(ga);
-        GroupedGemmArgs gg = base;
-        gg.out = ggated.get();
-        gg.gated = N / 2;
-        gg.gated_scratch = scratch.get();
-        grouped_gemm(gg);
+        grouped_plain_and_gated(base, grouped.get(), ggated.get(), scratch.get());
         synchronize();
         for (DevBuf<uint16_t>* b : {&plain, &gated, &batched, &grouped, &ggated}) outs[on].push_back(b->download());
       }
@@ -806,14 +812,7 @@ TEST_F(Gemm, NextWeightPrefetchGivesTheSameBits) {
           const GroupedGemmArgs base{.x = dx.get(), .x_rows = drows.get(), .w = dwptr.get(), .offsets = doff.get(),
                                      .groups = G, .max_rows = rows, .N = N, .K = K, .x_rows_limit = M,
                                      .w_base = sw.ptrs[0], .w_group_stride = sw.stride, .next = gn};
-          GroupedGemmArgs ga = base;
-          ga.out = grouped.get();
-          grouped_gemm(ga);
-          GroupedGemmArgs gg = base;
-          gg.out = ggated.get();
-          gg.gated = N / 2;
-          gg.gated_scratch = scratch.get();
-          grouped_gemm(gg);
+          grouped_plain_and_gated(base, grouped.get(), ggated.get(), scratch.get());
           synchronize();
           for (DevBuf<uint16_t>* b : {&plain, &gated, &grouped, &ggated}) outs[on].push_back(b->download());
         }

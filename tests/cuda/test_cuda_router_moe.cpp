@@ -15,6 +15,24 @@ namespace {
 
 // ---- host-only: the selection rules of the reference, from hand-built cases ----------------
 
+// Floats as bit patterns (NaN != NaN as floats), for bit-for-bit comparisons.
+std::vector<uint32_t> float_bits(const std::vector<float>& v) {
+  std::vector<uint32_t> u(v.size());
+  std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
+  return u;
+}
+
+// Whether the work issued so far raised a device error (check_device_errors throws; it clears the
+// flag for the next run).
+bool device_error_raised() {
+  try {
+    check_device_errors();
+  } catch (const Error&) {
+    return true;
+  }
+  return false;
+}
+
 TEST(RouterReference, TiesGoToTheLowerExpertAndOrderIsDescending) {
   // Experts 5 and 2 share the highest logit, 7 is next, 1 and 3 tie after it.
   std::vector<float> logits(8, -3.0f);
@@ -437,12 +455,7 @@ TEST_F(Moe, RouteOneTokenEqualsRouterThenPermute) {
         router(r);
         moe_permute(p);
       }
-      bool error = false;
-      try {
-        check_device_errors();
-      } catch (const Error&) {
-        error = true;
-      }
+      const bool error = device_error_raised();
       return Out{ids.download(), counts.download(), offsets.download(), sorted.download(), slot.download(),
                  w.download(), scores.download(), error};
     };
@@ -454,14 +467,8 @@ TEST_F(Moe, RouteOneTokenEqualsRouterThenPermute) {
     EXPECT_EQ(a.offsets, b.offsets);
     EXPECT_EQ(a.sorted, b.sorted);
     EXPECT_EQ(a.slot, b.slot);
-    // Bit patterns (NaN != NaN as floats).
-    const auto bits = [](const std::vector<float>& v) {
-      std::vector<uint32_t> u(v.size());
-      std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
-      return u;
-    };
-    EXPECT_EQ(bits(a.w), bits(b.w));
-    EXPECT_EQ(bits(a.scores), bits(b.scores));
+    EXPECT_EQ(float_bits(a.w), float_bits(b.w));
+    EXPECT_EQ(float_bits(a.scores), float_bits(b.scores));
   }
 }
 
@@ -535,25 +542,15 @@ TEST_F(Moe, RouteTailEqualsTheRouterGemmThenMoeRoute) {
       }
       gemm_set_route_tail(-1);
       gemm_force_config(-1);
-      bool error = false;
-      try {
-        check_device_errors();
-      } catch (const Error&) {
-        error = true;
-      }
+      const bool error = device_error_raised();
       return Out{logits.download(), wts.download(), ids.download(), counts.download(), offsets.download(),
                  sorted.download(), slot.download(), error};
     };
     const Out a = run(true), b = run(false);
-    const auto bits = [](const std::vector<float>& v) {
-      std::vector<uint32_t> u(v.size());
-      std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
-      return u;
-    };
     EXPECT_EQ(a.error, b.error);
     EXPECT_EQ(a.error, c.kind >= 2);
-    EXPECT_EQ(bits(a.logits), bits(b.logits));
-    EXPECT_EQ(bits(a.w), bits(b.w));
+    EXPECT_EQ(float_bits(a.logits), float_bits(b.logits));
+    EXPECT_EQ(float_bits(a.w), float_bits(b.w));
     EXPECT_EQ(a.ids, b.ids);
     EXPECT_EQ(a.counts, b.counts);
     EXPECT_EQ(a.offsets, b.offsets);

@@ -1438,6 +1438,27 @@ void grouped_gemm(const GroupedGemmArgs& a) {
 // o_proj's launch that also adds and norms (kernels/gemm_tail.cuh): where gemm(a) would run the
 // staged 8-warp split-K kernel on one row (o_proj at a batch-1 decode step), that kernel with
 // AddRmsNormTail; the last block runs add_rmsnorm's arithmetic on the finished row.
+// The one-row GEMM a on the staged split-K kernel with the tail make_tail(counter) builds
+// (kernels/gemm_tail.cuh), where gemm(a) would run that config and the stream's tail counter
+// exists; false (nothing launched) otherwise. kOutF32: a's output is fp32.
+template <bool kOutF32, class MakeTail>
+bool launch_splitk_tail(const GemmArgs& a, const char* op, const MakeTail& make_tail) {
+  const auto [xs, ws, os] = row_strides(a);
+  const bool async = dense_async(a, xs, ws);
+  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
+  const cudaStream_t stream = stream_of(a.stream);
+  int* counter = stream_tail_counter(stream);
+  if (counter == nullptr) return false;
+  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
+  const int64_t n_tiles = ceil_div(a.N, c.bn);
+  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
+  using Tail = decltype(make_tail(counter));
+  const Tail tail = make_tail(counter);
+  launch(kern::gemm_splitk_tail_kernel<CfgS8, Tail, kOutF32>, dim3(unsigned(n_tiles)), c.threads, 0, stream, p, tail);
+  check_launch(op);
+  return true;
+}
+
 bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
   const char* op = "gemm_add_rmsnorm";
   // Off (the default): nothing to check here, the caller's gemm() checks its arguments.
@@ -1449,19 +1470,10 @@ bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
   if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::bf16 ||
       t.dim != a.N || a.out_stride > a.N)
     return false;
-  const auto [xs, ws, os] = row_strides(a);
-  const bool async = dense_async(a, xs, ws);
-  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
-  const cudaStream_t stream = stream_of(a.stream);
-  int* counter = stream_tail_counter(stream);
-  if (counter == nullptr) return false;
-  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
-  const int64_t n_tiles = ceil_div(a.N, c.bn);
-  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
-  const kern::AddRmsNormTail tail{.x = t.x, .w = t.weight, .out = t.out, .dim = t.dim, .eps = t.eps, .counter = counter};
-  launch(kern::gemm_splitk_tail_kernel<CfgS8, kern::AddRmsNormTail>, dim3(unsigned(n_tiles)), c.threads, 0, stream, p,
-         tail);
-  check_launch(op);
+  if (!launch_splitk_tail<false>(a, op, [&](int* counter) {
+        return kern::AddRmsNormTail{.x = t.x, .w = t.weight, .out = t.out, .dim = t.dim, .eps = t.eps, .counter = counter};
+      }))
+    return false;
   ++tailed_launches;
   return true;
 }
@@ -1481,19 +1493,10 @@ bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs
   if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::f32 ||
       a.out_stride > a.N || a.N != r.experts || r.tokens != 1 || r.method != TopkMethod::greedy || r.experts > 64)
     return false;
-  const auto [xs, ws, os] = row_strides(a);
-  const bool async = dense_async(a, xs, ws);
-  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
-  const cudaStream_t stream = stream_of(a.stream);
-  int* counter = stream_tail_counter(stream);
-  if (counter == nullptr) return false;
-  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
-  const int64_t n_tiles = ceil_div(a.N, c.bn);
-  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
-  const kern::RouteTail tail{.q = route_permute_params(r, pm), .counter = counter};
-  launch(kern::gemm_splitk_tail_kernel<CfgS8, kern::RouteTail, true>, dim3(unsigned(n_tiles)), c.threads, 0, stream, p,
-         tail);
-  check_launch(op);
+  if (!launch_splitk_tail<true>(a, op, [&](int* counter) {
+        return kern::RouteTail{.q = route_permute_params(r, pm), .counter = counter};
+      }))
+    return false;
   ++route_tail_launches;
   return true;
 }

@@ -645,12 +645,12 @@ TEST_F(CudaTiny, StreamPriorityGivesTheSameBits) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
-// o_proj's launch adding and norming in its last block (cuda::gemm_add_rmsnorm, session 23) gives
-// the bits of the two launches: a one-row prefill and eager and graph-replayed batch-1 steps with
-// the tails on and off. The tiny model's GEMMs would take other configs, so every GEMM is forced
-// onto the staged split-K config the tail belongs to; the tailed launches are counted.
-TEST_F(CudaTiny, GemmTailsGiveTheSameBits) {
-  const int64_t V = ck_->config().vocab_size;
+// A GEMM tail's switch (set: 1 on, 0 off, -1 as its variable says) gives the same logits on a
+// one-row prefill and greedy batch-1 steps with every GEMM on the staged split-K config the
+// tails belong to (the tiny model's GEMMs would take others), and the tailed launches (count)
+// ran only with it on.
+void tails_give_the_same_bits(const Checkpoint& ck, void (*set)(int), int64_t (*count)(), const char* what) {
+  const int64_t V = ck.config().vocab_size;
   const auto rows = prompts(V);
   int staged = -1;
   for (int c = 0; c < cuda::gemm_config_count(); ++c)
@@ -658,46 +658,34 @@ TEST_F(CudaTiny, GemmTailsGiveTheSameBits) {
   ASSERT_GE(staged, 0);
   cuda::gemm_force_config(staged);
   std::vector<std::vector<float>> runs;
-  for (int tails : {0, 1}) {
-    cuda::gemm_set_tails(tails);
-    const int64_t before = cuda::gemm_tailed_launches();
-    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  for (int on : {0, 1}) {
+    set(on);
+    const int64_t before = count();
+    auto m = cuda::make_cuda_model(ck, {.compute = Compute::BF16});
     runs.push_back(one_row_greedy_steps(*m, rows[0], V));
-    if (tails == 1)
-      EXPECT_GT(cuda::gemm_tailed_launches(), before) << "no tailed launch ran";
+    if (on == 1)
+      EXPECT_GT(count(), before) << "no " << what << " launch ran";
     else
-      EXPECT_EQ(cuda::gemm_tailed_launches(), before) << "a tailed launch ran with the tails off";
+      EXPECT_EQ(count(), before) << "a " << what << " launch ran with the switch off";
   }
-  cuda::gemm_set_tails(-1);
+  set(-1);
   cuda::gemm_force_config(-1);
   EXPECT_EQ(runs[0], runs[1]);
+}
+
+// o_proj's launch adding and norming in its last block (cuda::gemm_add_rmsnorm, session 23) gives
+// the bits of the two launches: a one-row prefill and eager and graph-replayed batch-1 steps with
+// the tails on and off. The tiny model's GEMMs would take other configs, so every GEMM is forced
+// onto the staged split-K config the tail belongs to; the tailed launches are counted.
+TEST_F(CudaTiny, GemmTailsGiveTheSameBits) {
+  tails_give_the_same_bits(*ck_, cuda::gemm_set_tails, cuda::gemm_tailed_launches, "tailed");
 }
 
 // The router's launch routing too (gemm_moe_route, session 33, ATLAS_ROUTE_TAIL): with every GEMM
 // on the staged split-K config (what a full-size router gets at one row), a one-row prefill and
 // greedy steps give the same logits with the tail on and off, and the tail ran.
 TEST_F(CudaTiny, RouteTailGivesTheSameBits) {
-  const int64_t V = ck_->config().vocab_size;
-  const auto rows = prompts(V);
-  int staged = -1;
-  for (int c = 0; c < cuda::gemm_config_count(); ++c)
-    if (cuda::gemm_config_name(c) == "splitk16x8/8w+staged") staged = c;
-  ASSERT_GE(staged, 0);
-  cuda::gemm_force_config(staged);
-  std::vector<std::vector<float>> runs;
-  for (int tail : {0, 1}) {
-    cuda::gemm_set_route_tail(tail);
-    const int64_t before = cuda::gemm_route_tail_launches();
-    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-    runs.push_back(one_row_greedy_steps(*m, rows[0], V));
-    if (tail == 1)
-      EXPECT_GT(cuda::gemm_route_tail_launches(), before) << "no routed launch ran";
-    else
-      EXPECT_EQ(cuda::gemm_route_tail_launches(), before) << "a routed launch ran with the tail off";
-  }
-  cuda::gemm_set_route_tail(-1);
-  cuda::gemm_force_config(-1);
-  EXPECT_EQ(runs[0], runs[1]);
+  tails_give_the_same_bits(*ck_, cuda::gemm_set_route_tail, cuda::gemm_route_tail_launches, "routed");
 }
 
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
