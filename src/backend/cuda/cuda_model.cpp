@@ -492,7 +492,7 @@ class CudaModelT final : public Model {
   int mla_tile_parallel_ = 0;  // MlaDecodeArgs::tile_parallel (ATLAS_MLA_TILE_PARALLEL=0: 1, off)
   bool mla_early_cache_ = true;  // MlaDecodeArgs::stable_prefix at decode steps (ATLAS_MLA_EARLY_CACHE=0: off)
   // A decode step's MLA split merge inside the value GEMM's launch (mla_decode_with_value;
-  // ATLAS_MLA_MERGE_VALUE=1; off by default: written in session 32, not yet run on a GPU).
+  // ATLAS_MLA_MERGE_VALUE=1; off by default: written in session 32, slower in s33-1).
   bool mla_merge_value_ = false;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).

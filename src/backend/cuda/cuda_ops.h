@@ -139,7 +139,7 @@ struct ModelEnv {
   // in sessions 27-31), 3 "fused" (one launch with the latent cache kernel, gemm_with_latent,
   // where it can run, else "after"; the default since session 32). The same bits.
   int absorb = 3;
-  // ATLAS_MOE_PREFETCH (session 33, off by default until measured): a MoE layer's gate|up
+  // ATLAS_MOE_PREFETCH (session 33; off by default, measured slower: s33-2): a MoE layer's gate|up
   // launches pull their down's weights into L2 (GemmArgs::next): 1 "routed" (the routed
   // experts'), 2 "shared" (the shared experts'), 3 "both"; 0 "none". ATLAS_MOE_PREFETCH_AT: the
   // quarter of each block's loop where it does so (0-4, L2NextWeights::at; default 0).
@@ -776,8 +776,8 @@ bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l);
 int64_t gemm_latent_launches();
 // mla_decode(a), then gemm(v) for the value GEMM over its output (v.x = a.out, one product per
 // head, K = a.latent), with the attention's split merge inside v's launch (session 32,
-// kernels/gemm_merge.cuh; the model's ATLAS_MLA_MERGE_VALUE=1, off by default, not yet run on a
-// GPU): one launch boundary fewer at a decode step. The same bits, o_lat included. Where it does
+// kernels/gemm_merge.cuh; the model's ATLAS_MLA_MERGE_VALUE=1, off by default: slower in
+// s33-1): one launch boundary fewer at a decode step. The same bits, o_lat included. Where it does
 // not apply (the scalar attention, more than 16 rows, f32 out, fast mode, a forced config,
 // another stream or layout) it launches nothing and returns false: the caller makes the two
 // calls. Bad arguments throw as mla_decode() and gemm() would.
@@ -788,7 +788,7 @@ int64_t mla_merge_value_launches();
 // says; process-wide, like gemm_force_config. Never bits.
 void gemm_set_tails(int mode);
 // The router GEMM and the routing after it in one launch (session 33, kernels/gemm_tail.cuh
-// RouteTail; ATLAS_ROUTE_TAIL=1, off by default until measured): gemm(a) (the logits, fp32 out,
+// RouteTail; ATLAS_ROUTE_TAIL=1, off by default: measured slower, s33-4): gemm(a) (the logits, fp32 out,
 // one row), then moe_route(r, p) over them (r.logits = a.out), the same bits and device
 // errors, where gemm(a) would run the staged split-K config and r routes one token greedily
 // over at most 64 experts (route_permute_kernel's one-token path): the launch's last block

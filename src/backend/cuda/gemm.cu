@@ -412,7 +412,7 @@ struct GemmSetup {
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
   bool tails = false;
-  // ATLAS_ROUTE_TAIL (default 0 until measured; session 33): gemm_moe_route may launch its
+  // ATLAS_ROUTE_TAIL (default 0: slower, s33-4; session 33): gemm_moe_route may launch its
   // routed kernel.
   bool route_tail = false;
 };
@@ -950,7 +950,7 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
         // Not balanced: the point is more blocks. (s31-4 ran it balanced: a grouped problem's
         // host bound of 224 tiles made 448 items on 396 slots, i.e. 224 blocks of two items,
         // the unsplit grid, and the step slowed, 415.3 vs 453.5 tok/s. Unbalanced, one token's
-        // 192 real tiles are 384 items on 396 blocks: not yet run on a GPU.)
+        // 192 real tiles are 384 items on 396 blocks: 430.9 vs 452.6 tok/s, s32-1.)
         launch(f, dim3(unsigned(stream_grid_blocks(t * c.k_parts, slots, false))), c.threads, c.smem, stream, q);
         return;
       }
