@@ -13,7 +13,7 @@ namespace atlas::cuda::kern {
 template <class T>
 struct LatentCacheParams;  // kernels/latent_cache.cuh
 struct MlaMergeParams;     // kernels/mla_merge.cuh
-struct RoutePermuteParams;  // kernels/moe.cuh
+struct RoutePermuteParams;  // kernels/route_core.cuh
 }  // namespace atlas::cuda::kern
 
 namespace atlas::cuda::detail {

@@ -394,6 +394,11 @@ class CudaModelT final : public Model {
   }
   // Router logits [M, E] in fp32 (bf16: the official upcast GEMM, fp32 out).
   void router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const;
+  // The bf16 router GEMM's gemm() arguments (router_gemm's; also gemm_moe_route's).
+  GemmArgs router_args(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const {
+    return {.x = reinterpret_cast<const uint16_t*>(x), .w = reinterpret_cast<const uint16_t*>(w), .out = out,
+            .out_type = OutType::f32, .M = int(M), .N = int(E), .K = int(K), .mode = mode_for(M), .stream = s_};
+  }
   // Expert GEMM over the rows sorted by expert (device offsets), optional gather of A rows.
   // gated = I > 0: the gate|up GEMM (N = 2I) with SiLU, out = act [max_rows, I], scratch
   // [max_rows, 2I] (GroupedGemmArgs::gated; the f32 mode runs the GEMM into scratch, then silu_gate).
@@ -790,8 +795,7 @@ void CudaModelT<Elem>::router_gemm(const Elem* x, const Elem* w, float* out, int
   if constexpr (kF32)
     gemm_f32({.x = x, .w = w, .out = out, .M = int(M), .N = int(E), .K = int(K), .stream = s_});
   else
-    gemm({.x = x, .w = w, .out = out, .out_type = OutType::f32, .M = int(M), .N = int(E), .K = int(K),
-          .mode = mode_for(M), .stream = s_});
+    gemm(router_args(x, w, out, M, E, K));
 }
 
 template <class Elem>
@@ -1164,9 +1168,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   bool routed = false;
   if constexpr (!kF32)
     if (!(hooks && (hooks->wants_tensor(names.router_logits) || hooks->wants_tensor(names.topk_ids))))
-      routed = gemm_moe_route({.x = b.h, .w = L.router, .out = b.router_logits, .out_type = OutType::f32, .M = int(M),
-                               .N = int(E), .K = int(H), .mode = mode_for(M), .stream = s_},
-                              route, permute);
+      routed = gemm_moe_route(router_args(b.h, L.router, b.router_logits, M, E, H), route, permute);
   if (!routed) router_gemm(b.h, L.router, b.router_logits, M, E, H);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   if (hooks && hooks->wants_tensor(names.topk_ids)) {

@@ -52,10 +52,10 @@ using CfgD32 = kern::MmaTile<16, 32, 128, 1, 4, 4>;    // 48 KB, 128 threads: 16
 // CfgD32 with three / two ring slots (36 / 24 KB; the same bits: the ring's depth never changes
 // a sum). Two slots: gemm_with_latent's tile (the absorbed query is one K step; a smaller block
 // finds room beside q|kv_a's sooner and releases the attention kernel after it sooner: s32-5).
-// Both as grouped-only configs (session 32, for ATLAS_GEMM_GROUPED_FEW_DOWN A/B runs, not yet run
-// on a GPU): the routed down at one token (448 blocks of CfgD32) gets SM room only as the
-// gate|up's 73 KB blocks leave, and its blocks prefetch their weights only once resident; a
-// shallower ring lets two blocks in where one of 48 KB fit.
+// Both as grouped-only configs (session 32, for ATLAS_GEMM_GROUPED_FEW_DOWN A/B runs): the routed
+// down at one token (448 blocks of CfgD32) gets SM room only as the gate|up's 73 KB blocks leave;
+// a shallower ring lets two blocks in where one of 48 KB fit. Slower in the step (s33-1: 454.6 /
+// 422.2 against 458.7 tok/s).
 using CfgD32S3 = kern::MmaTile<16, 32, 128, 1, 4, 3>;
 using CfgD32S2 = kern::MmaTile<16, 32, 128, 1, 4, 2>;
 // Candidates for the grouped GEMMs of a batch-128 decode step (~12 rows per expert), where
@@ -1253,9 +1253,9 @@ void run_unfused_gated(const A& a, int rows, Run run) {
              .rows = rows, .width = a.gated, .in_stride = a.N, .stream = a.stream});
 }
 
-// GemmArgs / GroupedGemmArgs::next into the kernel parameters (checked: dense takes w only,
-// grouped w_groups only; bytes > 0, a multiple of 128; at 0-4; grouped, at most
-// kern::kNextMaxGroups groups). No hint: next_at stays -1.
+// GemmArgs / GroupedGemmArgs::next's checks (gemm() and grouped_gemm() make them on entry):
+// dense takes w only, grouped w_groups only; bytes > 0, a multiple of 128; at 0-4; grouped, at
+// most kern::kNextMaxGroups groups.
 void check_next(const L2NextWeights& n, bool grouped, int groups, const char* op) {
   if (n.w == nullptr && n.w_groups == nullptr) return;
   require(grouped ? n.w == nullptr : n.w_groups == nullptr, op, "next",
@@ -1267,9 +1267,10 @@ void check_next(const L2NextWeights& n, bool grouped, int groups, const char* op
   require(!grouped || groups <= kern::kNextMaxGroups, op, "next",
           "at most " + std::to_string(kern::kNextMaxGroups) + " groups, got " + std::to_string(groups));
 }
-void set_next(kern::MmaGemmParams& p, const L2NextWeights& n, bool grouped, int groups, const char* op) {
+// ... and into the kernel parameters (only the lean stream kernel reads them; no hint: next_at
+// stays -1).
+void set_next(kern::MmaGemmParams& p, const L2NextWeights& n) {
   if (n.w == nullptr && n.w_groups == nullptr) return;
-  check_next(n, grouped, groups, op);
   p.next_w = n.w;
   p.next_w_groups = n.w_groups;
   p.next_bytes = n.bytes;
@@ -1315,7 +1316,7 @@ kern::MmaGemmParams dense_params(const GemmArgs& a, int64_t xs, int64_t ws, int6
     p.gated = a.gated;
     p.os = a.gated;
   }
-  set_next(p, a.next, false, 0, "gemm");
+  set_next(p, a.next);
   return p;
 }
 
@@ -1416,7 +1417,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   p.error_flag = s.error_flag;
   p.pair_store = (reinterpret_cast<uintptr_t>(a.out) % (2 * elt)) == 0 && os % 2 == 0;
   p.l2_evict_first = weight_evict_first() ? 1 : 0;
-  set_next(p, a.next, true, a.groups, op);
+  set_next(p, a.next);
   if (a.gated > 0) {  // a fusing config (never sliced): the activation out
     p.gated = a.gated;
     p.os = a.gated;
@@ -1435,9 +1436,6 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   check_launch(op);
 }
 
-// o_proj's launch that also adds and norms (kernels/gemm_tail.cuh): where gemm(a) would run the
-// staged 8-warp split-K kernel on one row (o_proj at a batch-1 decode step), that kernel with
-// AddRmsNormTail; the last block runs add_rmsnorm's arithmetic on the finished row.
 // The one-row GEMM a on the staged split-K kernel with the tail make_tail(counter) builds
 // (kernels/gemm_tail.cuh), where gemm(a) would run that config and the stream's tail counter
 // exists; false (nothing launched) otherwise. kOutF32: a's output is fp32.
@@ -1459,11 +1457,19 @@ bool launch_splitk_tail(const GemmArgs& a, const char* op, const MakeTail& make_
   return true;
 }
 
+// A tail's switch: the tests' override (1 on, 0 off) where set, else the environment's setting.
+bool tail_on(const std::atomic<int>& override_mode, bool setting) {
+  const int forced = override_mode.load();
+  return forced >= 0 ? forced == 1 : setting;
+}
+
+// o_proj's launch that also adds and norms (kernels/gemm_tail.cuh): where gemm(a) would run the
+// staged 8-warp split-K kernel on one row (o_proj at a batch-1 decode step), that kernel with
+// AddRmsNormTail; the last block runs add_rmsnorm's arithmetic on the finished row.
 bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
   const char* op = "gemm_add_rmsnorm";
   // Off (the default): nothing to check here, the caller's gemm() checks its arguments.
-  const int forced = tails_override.load();
-  if (!(forced >= 0 ? forced == 1 : setup().tails)) return false;
+  if (!tail_on(tails_override, setup().tails)) return false;
   require_gemm_args(a, op);
   require(t.x && t.weight && t.out, op, "pointers", "x, weight and out must be set");
   require(t.out != t.x && t.out != a.out && t.x != a.out, op, "out", "x, out and the GEMM's out must not alias");
@@ -1483,8 +1489,7 @@ int64_t gemm_tailed_launches() { return tailed_launches.load(); }
 bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& pm) {
   const char* op = "gemm_moe_route";
   // Off (the default): nothing to check here, the caller's gemm() and moe_route() check theirs.
-  const int forced = route_tail_override.load();
-  if (!(forced >= 0 ? forced == 1 : setup().route_tail)) return false;
+  if (!tail_on(route_tail_override, setup().route_tail)) return false;
   require_gemm_args(a, op);
   check_route(r, pm, op);
   require(r.logits == a.out, op, "logits", "must be the GEMM's output");
