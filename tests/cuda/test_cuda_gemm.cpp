@@ -613,6 +613,9 @@ TEST_F(GroupedGemm, RowsEqualTheDenseGemmOfTheirGroup) {
   std::vector<int> decode(64, 0);
   for (int e : {3, 9, 10, 31, 50, 63}) decode[size_t(e)] = 1;
   check_grouped<uint16_t>({decode, 128, 256, 1, 0}, rng);
+  // The same at the routed experts' down K (11 whole 128-wide steps: "16x32x128/4u"'s unrolled
+  // loop runs twice and breaks in its last pass), fp32 out.
+  check_grouped<float>({decode, 96, 1408, 1, 0}, rng);
   // Batch-128-like: ~12 rows per expert (split-K tiles with more than 8 rows), 9 K slices.
   std::vector<int> busy(16, 0);
   for (int e = 0; e < 16; ++e) busy[size_t(e)] = (e * 7) % 13 + 6;

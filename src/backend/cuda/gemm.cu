@@ -236,8 +236,9 @@ constexpr TileConfig sliced(TileConfig c, const char* name) {
   return c;
 }
 
-// kLean: the async instances copy through kern::LeanTileCopies (session 33; the same bits).
-template <class T, bool kSync, bool kLean = false>
+// kLean: the async instances copy through kern::LeanTileCopies (1, session 33), and also run
+// kern::mma_whole_steps where it applies (2, session 34); the same bits.
+template <class T, bool kSync, int kLean = 0>
 constexpr TileConfig make_config(const char* name) {
   TileConfig c{name, T::BM, T::BN, T::THREADS, T::SMEM_BYTES, false, {}};
   for (int h = 0; h < 2; ++h) {  // the tiled kernel has no 8-row variant
@@ -283,7 +284,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 38> kConfigs = {
+constexpr std::array<TileConfig, 39> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -308,7 +309,8 @@ constexpr std::array<TileConfig, 38> kConfigs = {
     make_wglean_config<CfgWs128S6>("streamwg64x8/6l"), make_wglean_split_config<CfgWs128, 2>("streamwg64x8/4l2"),
     make_wglean_config<CfgWs64S8>("streamwg64x8/8l64"), grouped_only(make_config<CfgD32S3, false>("16x32x128/3")),
     grouped_only(make_config<CfgD32S2, false>("16x32x128/2")),
-    grouped_only(make_config<CfgD32, false, true>("16x32x128/4l"))};
+    grouped_only(make_config<CfgD32, false, 1>("16x32x128/4l")),
+    grouped_only(make_config<CfgD32, false, 2>("16x32x128/4u"))};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)

@@ -158,10 +158,11 @@ __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t at) {
                : "r"(at));
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4_at(r, smem_u32(p)); }
+__device__ __forceinline__ void ldmatrix_x2_at(uint32_t& r0, uint32_t& r1, uint32_t at) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(at));
+}
 __device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r0), "=r"(r1)
-               : "r"(smem_u32(p)));
+  ldmatrix_x2_at(r0, r1, smem_u32(p));
 }
 
 // D = A(16x16, row) * B(16x8, col) + D, fp32 accumulators (the contract's only arithmetic).
@@ -487,6 +488,101 @@ struct LeanTileCopies {
   }
 };
 
+// The tiled kernel's K loop for kLean == 2 ("16x32x128/4u", session 34) on a tile whose every
+// step is whole (K % BK == 0) and whose BN weight rows all exist (n0 + BN <= N). The SASS of
+// the kLean == 1 loop (s34-1) still spent ~180 instructions per warp per step on 8 mma: per copy
+// a select of its size (in K or not) and the zero-fill address fix-up, per k16 chunk a test
+// against K and two address computations from the ring slot. Here the loop is unrolled by the
+// ring's depth, so a step's slot (and the slot its copies fill) is a constant: ldmatrix reads
+// at a per-lane address of slot 0 plus an immediate, the copies write at LeanTileCopies' slot-0
+// address plus an immediate from a source advanced once per STAGES steps; the weights' copies
+// are plain 16-byte copies and a zero A row's copy ignores its source (cp.async's ignore-src).
+// The slice fold falls on fixed steps of the unrolled body (a slice is kSliceK / BK steps, a
+// divisor of STAGES, and a block's first step starts a slice). The same copies land in the same
+// slots before the same mma sequence and fold: the same bits.
+template <class T, bool kHint>
+__device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, const uint16_t* sA, const uint16_t* sB,
+                                                int kt_begin, int KT, int wm, int wn, int lane, bool live,
+                                                uint64_t policy, float (&tot)[T::MI][T::NI][4]) {
+  static_assert(T::MI == 1 && T::NI == 1, "one m16n8 accumulator per warp");
+  constexpr int S = T::STAGES, SPS = kSliceK / T::BK, KK = T::BK / 16, NA = LeanTileCopies<T>::NA,
+                NC = LeanTileCopies<T>::NA + LeanTileCopies<T>::NB;
+  static_assert(S % SPS == 0, "a slice ends on a fixed step of the unrolled body");
+  constexpr uint32_t kSlotA = T::BM * T::BK * 2, kSlotB = T::BN * T::BK * 2, kStep = T::BK * 2;
+  // Lane addresses in slot 0 of the A (x4) and B (x2) fragments of chunk kk (as in mma_step).
+  uint32_t a_at[KK], b_at[KK];
+  const int ra = wm * T::WM + (lane & 15), rb = wn * T::WN + (lane & 7);
+#pragma unroll
+  for (int kk = 0; kk < KK; ++kk) {
+    a_at[kk] = smem_u32(sA + ra * T::BK + swz<T::CH>(ra, kk * 2 + (lane >> 4)) * 8);
+    b_at[kk] = smem_u32(sB + rb * T::BK + swz<T::CH>(rb, kk * 2 + ((lane >> 3) & 1)) * 8);
+  }
+  const char* src[NC];  // the copies' sources at the body's first step
+  bool zero[NC];        // a zero row (A only: every weight row exists)
+#pragma unroll
+  for (int j = 0; j < NC; ++j) {
+    src[j] = c.src[j] + int64_t(kt_begin) * kStep;
+    zero[j] = c.bytes[j] == 0;
+  }
+  // Step (body start + d) into slot `slot` (both constants once unrolled).
+  auto issue = [&](int slot, int d) {
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      const char* from = src[j] + d * kStep;
+      if (j < NA) {
+        const uint32_t at = c.dst[j] + uint32_t(slot) * kSlotA;
+        asm volatile(
+            "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(at),
+            "l"(from), "r"(int(zero[j]))
+            : "memory");
+      } else {
+        const uint32_t at = c.dst[j] + uint32_t(slot) * kSlotB;
+        if constexpr (kHint)
+          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(at), "l"(from),
+                       "l"(policy)
+                       : "memory");
+        else
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(from) : "memory");
+      }
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (kt_begin + s < KT) issue(s, s);
+    cp_async_commit();
+  }
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int kb = kt_begin; kb < KT; kb += S) {
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int kt = kb + u;
+      if (kt >= KT) break;
+      cp_async_wait<S - 2>();  // step kt has landed (this thread's copies) ...
+      __syncthreads();         // ... everyone's, and slot (u + S - 1) % S is free again
+      if (kt + S - 1 < KT) issue((u + S - 1) % S, u + S - 1);
+      cp_async_commit();
+      if (live) {
+#pragma unroll
+        for (int kk = 0; kk < KK; ++kk) {
+          uint32_t af[4], b0, b1;
+          ldmatrix_x4_at(af, a_at[kk] + uint32_t(u) * kSlotA);
+          ldmatrix_x2_at(b0, b1, b_at[kk] + uint32_t(u) * kSlotB);
+          mma_bf16_16816(acc, af, b0, b1);
+        }
+      }
+      if ((u + 1) % SPS == 0 || kt == KT - 1) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          tot[0][0][q] = __fadd_rn(tot[0][0][q], acc[q]);
+          acc[q] = 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NC; ++j) src[j] += S * kStep;
+  }
+}
+
 // One BK-wide K step of a warp's WM x WN accumulators from ring slots sa [BM][BK] / sb [BN][BK]
 // (swizzled chunks): for each k16 chunk of step kt that lies inside K (KC chunks in all), the
 // A and B fragments by ldmatrix, then one mma per m16n8 accumulator, chunks in ascending order.
@@ -595,8 +691,9 @@ __device__ __forceinline__ void store_tile_pair(const MmaGemmParams& p, int64_t 
 // runs of this one (session 20, run s20-6): decode-b1 359.4 tok/s against 374.8 / 368.5, the
 // seed grid 7.31 s against 7.10 / 7.10, the traced prefill 0.487 s against 0.476 / 0.486; the
 // same bits.
-// kLean (async only): the step's copies through LeanTileCopies (the same bits).
-template <class T, bool kOutF32, bool kAsync, bool kLean = false>
+// kLean (async only): 1, the step's copies through LeanTileCopies; 2, also the whole-steps loop
+// (mma_whole_steps) where it applies (the same bits).
+template <class T, bool kOutF32, bool kAsync, int kLean = 0>
 __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot& t, int slice, uint16_t* sA,
                                          uint16_t* sB, int64_t* a_off, int64_t* b_off) {
   static_assert(!kLean || kAsync, "the lean copies are 16-byte copies");
@@ -640,12 +737,12 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
       }
   };
 
-  using Copies = std::conditional_t<kLean, LeanTileCopies<T>, TileCopies<T>>;
+  using Copies = std::conditional_t<kLean != 0, LeanTileCopies<T>, TileCopies<T>>;
   Copies copies;
   const L2Hint w_hint = l2_evict_first_hint(kAsync && p.l2_evict_first > 0);
   if constexpr (kAsync) copies.plan(sA, sB, a_off, b_off, x, w, tid);
   auto load_stage = [&](int slot, int kt) {
-    if constexpr (kLean) {
+    if constexpr (kLean != 0) {
       if (w_hint.on)
         copies.template issue<true>(slot, kt * T::BK, K, w_hint.policy);
       else
@@ -666,6 +763,19 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
     for (int ni = 0; ni < T::NI; ++ni)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mi][ni][q] = tot[mi][ni][q] = 0.0f;
+
+  if constexpr (kLean == 2) {
+    if (K % T::BK == 0 && n0 + T::BN <= p.N) {
+      const bool live = wm * T::WM < live_rows;
+      if (w_hint.on)
+        mma_whole_steps<T, true>(copies, sA, sB, kt_begin, KT, wm, wn, lane, live, w_hint.policy, tot);
+      else
+        mma_whole_steps<T, false>(copies, sA, sB, kt_begin, KT, wm, wn, lane, live, 0, tot);
+      cp_async_wait<0>();
+      store_all(tot, out_base);
+      return;
+    }
+  }
 
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
@@ -704,7 +814,7 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
   store_all(tot, out_base);
 }
 
-template <class T, bool kOutF32, bool kAsync, bool kLean = false>
+template <class T, bool kOutF32, bool kAsync, int kLean = 0>
 __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   __shared__ int64_t a_off[T::BM];  // element offset of each tile row's A row in x; -1 = zero row
