@@ -217,6 +217,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MOE_COMBINE_PAIRS", {"0", "1", "pairs"}},
       {"ATLAS_MLA_MERGE_VALUE", {"0", "1", "merge"}},
       {"ATLAS_ROUTE_TAIL", {"0", "1", "tail"}},
+      {"ATLAS_SHARED_DOWN_FIRST", {"0", "1", "first"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
       {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
       {"ATLAS_MOE_PREFETCH", {"none", "routed", "shared", "both", "down"}},

@@ -140,6 +140,9 @@ inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + thread
 // set_launch_overlap(LaunchOverlap::on), nowhere with 0 / off or on GPUs before compute
 // capability 9.0. The same bits either way.
 bool pdl_enabled();
+// Inside an UrgentLaunchScope(true): the device's greatest stream priority (numerically lowest,
+// e.g. -5) for the launch; else 0 (the stream's own).
+int urgent_launch_priority();
 // ATLAS_PDL's value as an int(LaunchOverlap): 0 off, 1 on, 2 decode (unset or "decode");
 // anything else throws an Error naming it.
 int pdl_setting(const char* value);
@@ -187,7 +190,7 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[3];
   unsigned n = 0;
   if (cluster_x > 0) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
@@ -199,6 +202,11 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   if (pdl_enabled()) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (const int prio = urgent_launch_priority(); prio != 0) {
+    attr[n].id = cudaLaunchAttributePriority;
+    attr[n].val.priority = prio;
     ++n;
   }
   cfg.attrs = n > 0 ? attr : nullptr;

@@ -357,9 +357,10 @@ class CudaModelT final : public Model {
                       int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false,
                       const std::vector<int32_t>* key_slot = nullptr) const;
   // out = down(silu(gate x) * up x) on `stream`; gu / act: its scratch and activation buffers.
-  // prefetch_down: the gate|up launch pulls the down's weights into L2 (ATLAS_MOE_PREFETCH).
+  // prefetch_down: the gate|up launch pulls the down's weights into L2 (ATLAS_MOE_PREFETCH);
+  // urgent_down: the down's launches at the device's greatest priority (UrgentLaunchScope).
   void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act, Stream stream,
-           bool prefetch_down = false) const;
+           bool prefetch_down = false, bool urgent_down = false) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
@@ -499,6 +500,11 @@ class CudaModelT final : public Model {
   // A decode step's MLA split merge inside the value GEMM's launch (mla_decode_with_value;
   // ATLAS_MLA_MERGE_VALUE=1; off by default: written in session 32, slower in s33-1).
   bool mla_merge_value_ = false;
+  // The shared experts' down (side_, low priority) launched at the greatest priority, so that
+  // its blocks take SMs as the shared gate|up's leave instead of after the routed down's
+  // (ATLAS_SHARED_DOWN_FIRST=1; session 34: with the routed down shortened, the shared down
+  // ended last, 3.9 us after it, having started only as the routed gate|up's blocks left).
+  bool shared_down_first_ = false;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
@@ -653,6 +659,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
   mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
   mla_merge_value_ = env_switch("ATLAS_MLA_MERGE_VALUE", false);
+  shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
@@ -1121,7 +1128,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
 
 template <class Elem>
 void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act,
-                           Stream stream, bool prefetch_down) const {
+                           Stream stream, bool prefetch_down, bool urgent_down) const {
   const int64_t H = cfg_.hidden_size, I = m.inter;
   if (M == 0) return;
   // act [M, I] = silu(gate) * up from the [M, 2I] gate | up product (fused into the GEMM's
@@ -1136,6 +1143,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
     gemm({.x = x, .w = m.gate_up, .out = act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = mode_for(M),
           .gated = int(I), .gated_scratch = gu, .stream = stream, .next = next});
   }
+  const UrgentLaunchScope urgent(urgent_down);
   linear(act, m.down, out, M, H, I, 0, 0, stream);
 }
 
@@ -1148,7 +1156,8 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // The shared experts first, on side_ when it is on (they read h only and write b.shared,
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
-  if (L.has_shared) mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0);
+  if (L.has_shared)
+    mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0, shared_down_first_);
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
       .experts = int(E), .k = int(k),

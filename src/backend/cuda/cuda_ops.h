@@ -113,6 +113,23 @@ class DecodeLaunchScope {
   bool was_;
 };
 
+// The launches on this thread while it lives (urgent = true) carry the device's greatest
+// priority as a launch attribute, whatever their stream's (nests like DecodeLaunchScope). For
+// one launch on the low-priority side stream whose blocks should take SMs first (session 34,
+// ATLAS_SHARED_DOWN_FIRST). Scheduling only: the same bits.
+class UrgentLaunchScope {
+ public:
+  explicit UrgentLaunchScope(bool urgent);
+  ~UrgentLaunchScope();
+  UrgentLaunchScope(const UrgentLaunchScope&) = delete;
+  UrgentLaunchScope& operator=(const UrgentLaunchScope&) = delete;
+
+ private:
+  bool was_;
+};
+// Launches made at that priority so far (tests).
+int64_t urgent_launches();
+
 // An on/off switch from the environment (the A/B switches of docs/cuda.md): unset or empty ->
 // dflt, "0" off, "1" on; any other value throws an Error naming the variable.
 bool env_switch(const char* name, bool dflt);

@@ -43,6 +43,7 @@ bool pdl_supported() {
 }  // namespace
 
 thread_local bool t_decode_step = false;  // inside a DecodeLaunchScope(true) on this thread
+thread_local bool t_urgent = false;       // inside an UrgentLaunchScope(true) on this thread
 
 int pdl_setting(const char* value) {
   const std::string v = value ? value : "";
@@ -253,7 +254,8 @@ void check_environment() {
                            "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY",
                            "ATLAS_MLA_EARLY_CACHE", "ATLAS_GEMM_STREAM_BALANCE", "ATLAS_GEMM_TAILS",
                            "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
-                           "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL"})
+                           "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL",
+                           "ATLAS_SHARED_DOWN_FIRST"})
     (void)env_switch(name, true);
 }
 
@@ -267,6 +269,24 @@ LaunchOverlap launch_overlap_mode() {
 bool launch_overlap() { return detail::pdl_enabled(); }
 DecodeLaunchScope::DecodeLaunchScope(bool decode) : was_(detail::t_decode_step) { detail::t_decode_step = decode; }
 DecodeLaunchScope::~DecodeLaunchScope() { detail::t_decode_step = was_; }
+UrgentLaunchScope::UrgentLaunchScope(bool urgent) : was_(detail::t_urgent) { detail::t_urgent = urgent; }
+UrgentLaunchScope::~UrgentLaunchScope() { detail::t_urgent = was_; }
+namespace {
+std::atomic<int64_t> g_urgent_launches{0};
+}
+int64_t urgent_launches() { return g_urgent_launches.load(); }
+namespace detail {
+int urgent_launch_priority() {
+  if (!t_urgent) return 0;
+  g_urgent_launches.fetch_add(1);
+  static const int greatest = [] {
+    int least = 0, most = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &most), "UrgentLaunchScope", "cudaDeviceGetStreamPriorityRange");
+    return most;
+  }();
+  return greatest;
+}
+}  // namespace detail
 
 Stream stream_create(StreamPriority priority) {
   cudaStream_t s = nullptr;

@@ -645,6 +645,35 @@ TEST_F(CudaTiny, StreamPriorityGivesTheSameBits) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+// The shared experts' down launched at the greatest priority (ATLAS_SHARED_DOWN_FIRST=1, read when
+// the model is made; session 34, off by default): the same bits in a prefill and in eager and
+// graph-replayed decode steps (8 rows and one), and urgent launches ran only with it on.
+TEST_F(CudaTiny, SharedDownFirstGivesTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  const char* was = std::getenv("ATLAS_SHARED_DOWN_FIRST");
+  const std::string saved = was ? was : "";
+  std::vector<std::vector<float>> runs;
+  for (const char* on : {"0", "1"}) {
+    setenv("ATLAS_SHARED_DOWN_FIRST", on, 1);
+    const int64_t before = cuda::urgent_launches();
+    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+    std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
+    const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);
+    r.insert(r.end(), one.begin(), one.end());
+    runs.push_back(std::move(r));
+    if (std::string(on) == "1")
+      EXPECT_GT(cuda::urgent_launches(), before);
+    else
+      EXPECT_EQ(cuda::urgent_launches(), before);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  if (was)
+    setenv("ATLAS_SHARED_DOWN_FIRST", saved.c_str(), 1);
+  else
+    unsetenv("ATLAS_SHARED_DOWN_FIRST");
+}
+
 // A GEMM tail's switch (set: 1 on, 0 off, -1 as its variable says) gives the same logits on a
 // one-row prefill and greedy batch-1 steps with every GEMM on the staged split-K config the
 // tails belong to (the tiny model's GEMMs would take others), and the tailed launches (count)
