@@ -1187,15 +1187,16 @@ TEST_F(Gemm, AddRmsNormTailGivesTheBitsOfGemmThenAddRmsNorm) {
 
 // Session 23: one token's routed experts (6 rows over 64 groups) take the wgmma streaming
 // config for the fused gate|up, the tiled one for the down (ATLAS_GEMM_STREAM_GROUPED=wg-gate,
-// the default; "wg" puts the down there too, "wg-split" its K-split variant there, "0" neither).
-// The bits are the same either way
+// the default; "wg" puts the down there too, "wg-split" its K-split variant there, "0" neither);
+// the down's tiled config is "16x32x128/4u" since session 34 (ATLAS_GEMM_GROUPED_FEW_DOWN names
+// another). The bits are the same either way
 // (EveryConfig*, StreamConfigsGiveTheContractBits); this guards the speed.
 TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   DevBuf<uint16_t> dx(size_t(8) * 2048);
   const char* env = std::getenv("ATLAS_GEMM_STREAM_GROUPED");
   const std::string grouped = env == nullptr ? "" : env;
   const char* down_env = std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN");
-  const std::string down_name = down_env != nullptr && *down_env != '\0' ? down_env : "16x32x128/4";
+  const std::string down_name = down_env != nullptr && *down_env != '\0' ? down_env : "16x32x128/4u";
   const GroupedGemmArgs gate_up{.x = dx.get(), .groups = 64, .max_rows = 6, .N = 2816, .K = 2048, .gated = 1408};
   const GroupedGemmArgs down{.x = dx.get(), .groups = 64, .max_rows = 6, .N = 2048, .K = 1408};
   const char* stream_env = std::getenv("ATLAS_GEMM_STREAM");  // "1": the dense problems' stream config

@@ -500,11 +500,15 @@ class CudaModelT final : public Model {
   // A decode step's MLA split merge inside the value GEMM's launch (mla_decode_with_value;
   // ATLAS_MLA_MERGE_VALUE=1; off by default: written in session 32, slower in s33-1).
   bool mla_merge_value_ = false;
-  // The shared experts' down (side_, low priority) launched at the greatest priority, so that
-  // its blocks take SMs as the shared gate|up's leave instead of after the routed down's
-  // (ATLAS_SHARED_DOWN_FIRST=1; session 34: with the routed down shortened, the shared down
-  // ended last, 3.9 us after it, having started only as the routed gate|up's blocks left).
-  bool shared_down_first_ = false;
+  // The shared experts' down (side_, low priority) launched at the greatest priority where the
+  // routed experts have few rows (M * top_k <= 16: the grouped GEMMs' few-row configs), so that
+  // its blocks get SMs early instead of after the routed down's. Session 34: with the routed down
+  // shortened (16x32x128/4u) the shared down ended last, 3.9 us after it (it started only as the
+  // routed gate|up's blocks left); urgent, it ends before the routed down and the combine ends
+  // ~2 us earlier per layer: batch-1 decode 469.2 / 467.6 against 461.7 / 461.9 tok/s (s34-3,
+  // s34-4). At 128 rows (the seed grid's steps) it cost 7.014 against 6.860 s (s34-4), hence the
+  // bound. ATLAS_SHARED_DOWN_FIRST=0 turns it off; the same bits either way.
+  bool shared_down_first_ = true;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
@@ -659,7 +663,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
   mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
   mla_merge_value_ = env_switch("ATLAS_MLA_MERGE_VALUE", false);
-  shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", false);
+  shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
@@ -1157,7 +1161,8 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
   if (L.has_shared)
-    mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0, shared_down_first_);
+    mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0,
+        shared_down_first_ && M * k <= 16);
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
       .experts = int(E), .k = int(k),

@@ -329,6 +329,7 @@ constexpr int kSplitK8W2Staged = config_index("splitk16x8/2w+staged");
 // Many: 32x128x64/8 since session 4 (H200: 209 / 107 us vs 32x64x64/4's 219 / 114 for the
 // batch-128 step's gate|up / down; seed grid 8.98 vs 9.22 s, same tokens).
 constexpr int kGroupedMany = config_index("32x128x64/8"), kGroupedFew = config_index("16x32x128/4");
+constexpr int kGroupedFewDown = config_index("16x32x128/4u");
 constexpr int kSliced64 = config_index("64x32x64/4+slices"), kSliced32 = config_index("32x64x64/4+slices");
 // Where the wgmma config is forced but this build or GPU lacks it (same bits).
 constexpr int kWgmmaFallback = config_index("128x128x32/4");
@@ -348,7 +349,7 @@ static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
 static_assert(kClusterFallback >= 0 && kCluster128 >= 0 && kCluster64 >= 0 && kCluster16 >= 0,
               "cluster config names");
-static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Staged >= 0 && kSplitK8W2Staged >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 &&
+static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Staged >= 0 && kSplitK8W2Staged >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 && kGroupedFewDown >= 0 &&
                   kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
               "config names");
 
@@ -876,9 +877,14 @@ int grouped_many_config() {
 // The config for a few rows in all (one token's routed experts) without the fused gate: the MoE
 // down projection of a batch-1 decode step. ATLAS_GEMM_GROUPED_FEW_DOWN=<config name> overrides
 // it for end-to-end measurements (session 17: that GEMM moves 34.6 MB in 18.8 us, ~1.8 TB/s,
-// where the gate|up beside it reaches ~3.2; any config gives the same bits).
+// where the gate|up beside it reaches ~3.2; any config gives the same bits). The default since
+// session 34 is 16x32x128/4's tile with the lean copies and the whole-steps loop ("/4u",
+// kern::mma_whole_steps): its loop is ~70 instructions per K step against ~180 ("/4l") and ~275
+// (the plain tile); batch-1 decode with ATLAS_SHARED_DOWN_FIRST 469.2 / 467.6 against 461.7 / 461.9
+// tok/s for the plain tile without it (s34-3, s34-4; docs/cuda.md, session 34).
 int grouped_few_down_config() {
-  static const int ci = config_or_override("ATLAS_GEMM_GROUPED_FEW_DOWN", gemm_grouped_few_down_setting, kGroupedFew);
+  static const int ci =
+      config_or_override("ATLAS_GEMM_GROUPED_FEW_DOWN", gemm_grouped_few_down_setting, kGroupedFewDown);
   return ci;
 }
 // The split-K config of dense problems where the chooser picks split-K (one-row GEMMs: o_proj,

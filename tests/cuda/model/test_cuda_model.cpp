@@ -645,9 +645,10 @@ TEST_F(CudaTiny, StreamPriorityGivesTheSameBits) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
-// The shared experts' down launched at the greatest priority (ATLAS_SHARED_DOWN_FIRST=1, read when
-// the model is made; session 34, off by default): the same bits in a prefill and in eager and
-// graph-replayed decode steps (8 rows and one), and urgent launches ran only with it on.
+// The shared experts' down launched at the greatest priority (ATLAS_SHARED_DOWN_FIRST, read when
+// the model is made; session 34, on by default where M * top_k <= 16): the same bits off and on
+// in a prefill and in eager and graph-replayed decode steps (8 rows and one), and urgent
+// launches ran only with it on (the one-row steps).
 TEST_F(CudaTiny, SharedDownFirstGivesTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
