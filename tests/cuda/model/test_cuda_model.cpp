@@ -602,33 +602,40 @@ TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
     unsetenv("ATLAS_ABSORB");
 }
 
-// The MLA split merge inside the value GEMM's launch (ATLAS_MLA_MERGE_VALUE=1, read when the
-// model is made; session 32, off by default): the same bits in a prefill and in eager and
-// graph-replayed decode steps (8 rows and one), and the merged launch ran.
-TEST_F(CudaTiny, MergeInsideTheValueGemmGivesTheSameBits) {
-  const int64_t V = ck_->config().vocab_size;
+// A model switch read when the model is made (the environment variable `var`, restored after):
+// off and on give the same logits in a prefill and in eager and graph-replayed decode steps (8
+// rows and one), and the launches `count` counts ran only with it on.
+void model_switch_gives_the_same_bits(const Checkpoint& ck, const char* var, int64_t (*count)()) {
+  const int64_t V = ck.config().vocab_size;
   const auto rows = prompts(V);
-  const char* was = std::getenv("ATLAS_MLA_MERGE_VALUE");
+  const char* was = std::getenv(var);
   const std::string saved = was ? was : "";
   std::vector<std::vector<float>> runs;
   for (const char* on : {"0", "1"}) {
-    setenv("ATLAS_MLA_MERGE_VALUE", on, 1);
-    const int64_t before = cuda::mla_merge_value_launches();
-    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+    setenv(var, on, 1);
+    const int64_t before = count();
+    auto m = cuda::make_cuda_model(ck, {.compute = Compute::BF16});
     std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
     const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);
     r.insert(r.end(), one.begin(), one.end());
     runs.push_back(std::move(r));
     if (std::string(on) == "1")
-      EXPECT_GT(cuda::mla_merge_value_launches(), before);
+      EXPECT_GT(count(), before) << var << "=1 launched nothing of its own";
     else
-      EXPECT_EQ(cuda::mla_merge_value_launches(), before);
+      EXPECT_EQ(count(), before) << var << "=0 still launched its kernels";
   }
-  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(runs[0], runs[1]) << var;
   if (was)
-    setenv("ATLAS_MLA_MERGE_VALUE", saved.c_str(), 1);
+    setenv(var, saved.c_str(), 1);
   else
-    unsetenv("ATLAS_MLA_MERGE_VALUE");
+    unsetenv(var);
+}
+
+// The MLA split merge inside the value GEMM's launch (ATLAS_MLA_MERGE_VALUE=1, read when the
+// model is made; session 32, off by default): the same bits in a prefill and in eager and
+// graph-replayed decode steps (8 rows and one), and the merged launch ran.
+TEST_F(CudaTiny, MergeInsideTheValueGemmGivesTheSameBits) {
+  model_switch_gives_the_same_bits(*ck_, "ATLAS_MLA_MERGE_VALUE", cuda::mla_merge_value_launches);
 }
 
 // Stream priorities (CudaModelOptions::stream_priority: the main stream high, the side stream
@@ -650,29 +657,7 @@ TEST_F(CudaTiny, StreamPriorityGivesTheSameBits) {
 // in a prefill and in eager and graph-replayed decode steps (8 rows and one), and urgent
 // launches ran only with it on (the one-row steps).
 TEST_F(CudaTiny, SharedDownFirstGivesTheSameBits) {
-  const int64_t V = ck_->config().vocab_size;
-  const auto rows = prompts(V);
-  const char* was = std::getenv("ATLAS_SHARED_DOWN_FIRST");
-  const std::string saved = was ? was : "";
-  std::vector<std::vector<float>> runs;
-  for (const char* on : {"0", "1"}) {
-    setenv("ATLAS_SHARED_DOWN_FIRST", on, 1);
-    const int64_t before = cuda::urgent_launches();
-    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-    std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
-    const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);
-    r.insert(r.end(), one.begin(), one.end());
-    runs.push_back(std::move(r));
-    if (std::string(on) == "1")
-      EXPECT_GT(cuda::urgent_launches(), before);
-    else
-      EXPECT_EQ(cuda::urgent_launches(), before);
-  }
-  EXPECT_EQ(runs[0], runs[1]);
-  if (was)
-    setenv("ATLAS_SHARED_DOWN_FIRST", saved.c_str(), 1);
-  else
-    unsetenv("ATLAS_SHARED_DOWN_FIRST");
+  model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_DOWN_FIRST", cuda::urgent_launches);
 }
 
 // A GEMM tail's switch (set: 1 on, 0 off, -1 as its variable says) gives the same logits on a
