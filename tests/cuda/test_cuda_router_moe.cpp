@@ -573,25 +573,27 @@ TEST_F(Moe, RouteTailEqualsTheRouterGemmThenMoeRoute) {
   EXPECT_FALSE(gemm_moe_route(g, r, p)) << "the switch off";
   gemm_set_route_tail(1);
   {
-    GemmArgs g2 = g;
-    g2.M = 2;
-    RouterArgs r2 = r;
-    r2.tokens = 2;
-    MoePermuteArgs p2 = p;
-    p2.tokens = 2;
-    EXPECT_FALSE(gemm_moe_route(g2, r2, p2)) << "two rows";
+    // The same problem on `rows` rows and `experts` experts (the GEMM's, the router's and the
+    // permutation's fields alike).
+    const auto refused_shape = [&](int rows, int experts, const char* what) {
+      GemmArgs g2 = g;
+      g2.M = rows;
+      g2.N = experts;
+      RouterArgs r2 = r;
+      r2.tokens = rows;
+      r2.experts = experts;
+      MoePermuteArgs p2 = p;
+      p2.tokens = rows;
+      p2.experts = experts;
+      EXPECT_FALSE(gemm_moe_route(g2, r2, p2)) << what;
+    };
+    refused_shape(2, 64, "two rows");
     RouterArgs rg = r;
     rg.method = TopkMethod::group_limited_greedy;
     rg.n_group = 8;
     rg.topk_group = 4;
     EXPECT_FALSE(gemm_moe_route(g, rg, p)) << "group-limited";
-    GemmArgs g128 = g;
-    g128.N = 128;
-    RouterArgs r128 = r;
-    r128.experts = 128;
-    MoePermuteArgs p128 = p;
-    p128.experts = 128;
-    EXPECT_FALSE(gemm_moe_route(g128, r128, p128)) << "128 experts";
+    refused_shape(1, 128, "128 experts");
     GemmArgs gb = g;
     gb.out_type = OutType::bf16;
     EXPECT_FALSE(gemm_moe_route(gb, r, p)) << "bf16 logits";

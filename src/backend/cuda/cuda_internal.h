@@ -141,7 +141,8 @@ inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + thread
 // capability 9.0. The same bits either way.
 bool pdl_enabled();
 // Inside an UrgentLaunchScope(true): the device's greatest stream priority (numerically lowest,
-// e.g. -5) for the launch; else 0 (the stream's own).
+// e.g. -5) for the launch, counted in urgent_launches(); else 0 (the stream's own). One call per
+// launch.
 int urgent_launch_priority();
 // ATLAS_PDL's value as an int(LaunchOverlap): 0 off, 1 on, 2 decode (unset or "decode");
 // anything else throws an Error naming it.

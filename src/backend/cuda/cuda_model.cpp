@@ -501,7 +501,7 @@ class CudaModelT final : public Model {
   // ATLAS_MLA_MERGE_VALUE=1; off by default: written in session 32, slower in s33-1).
   bool mla_merge_value_ = false;
   // The shared experts' down (side_, low priority) launched at the greatest priority where the
-  // routed experts have few rows (M * top_k <= 16: the grouped GEMMs' few-row configs), so that
+  // routed experts have few rows (M * top_k <= kGroupedFewMaxRows: the few-row configs), so that
   // its blocks get SMs early instead of after the routed down's. Session 34: with the routed down
   // shortened (16x32x128/4u) the shared down ended last, 3.9 us after it (it started only as the
   // routed gate|up's blocks left); urgent, it ends before the routed down and the combine ends
@@ -1162,7 +1162,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // back before the combine reads b.shared.
   if (L.has_shared)
     mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0,
-        shared_down_first_ && M * k <= 16);
+        shared_down_first_ && M * k <= kGroupedFewMaxRows);
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
       .experts = int(E), .k = int(k),

@@ -859,6 +859,10 @@ void gemm_set_tma_blocks(int blocks);
 // offsets[0] == 0, non-decreasing, offsets[groups] <= max_rows (else nothing is written);
 // x_rows entries in [0, x_rows_limit) when x_rows_limit > 0, >= 0 always (a bad row reads as
 // zeros); each w[g] non-null and, on the fast path, 16-byte aligned (else that tile is skipped).
+// A grouped GEMM of at most this many rows in all (one or two tokens' routed experts) takes the
+// few-row configs (gemm.cu, grouped_config); the model launches the shared experts' down first
+// in the same steps (ATLAS_SHARED_DOWN_FIRST).
+constexpr int64_t kGroupedFewMaxRows = 16;
 struct GroupedGemmArgs {
   const uint16_t* x = nullptr;              // [*, K] bf16, row stride x_stride
   const int32_t* x_rows = nullptr;          // [max_rows] device, optional: A row r = x row x_rows[r]

@@ -913,7 +913,9 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // 32x128x64/8 209 / 107 us (32x64x64/4 219 / 114, split-K 786 / 416, 16x32x128/4 314 / 156);
   // of 1 token (6 rows) 16x32x128/4 30 / 20 us (split-K 40 / 28). Any config gives the same bits.
   if (forced_config.load() < 0 && m_avg <= 16)
-    ci = a.max_rows > 16 ? grouped_many_config() : a.gated == 0 ? grouped_few_down_config() : kGroupedFew;
+    ci = a.max_rows > kGroupedFewMaxRows ? grouped_many_config()
+         : a.gated == 0                  ? grouped_few_down_config()
+                                         : kGroupedFew;
   // (Weight streaming at one token, session 13: gate|up 28.7 vs 29.2 us, down 18.9 vs 20.0 in
   // isolation, but batch-1 decode 287 vs 299 tok/s end to end: these run beside the shared
   // experts on the side stream, whose blocks its 99-198 KB per block keep off the SMs.

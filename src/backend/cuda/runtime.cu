@@ -275,25 +275,28 @@ namespace {
 std::atomic<int64_t> g_urgent_launches{0};
 }
 int64_t urgent_launches() { return g_urgent_launches.load(); }
+namespace {
+// The device's value for `priority` (0 for normal; else from its range, e.g. 0 and -5:
+// numerically lower is more urgent).
+int priority_value(StreamPriority priority, const char* op) {
+  if (priority == StreamPriority::normal) return 0;
+  int least = 0, greatest = 0;
+  check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), op, "cudaDeviceGetStreamPriorityRange");
+  return priority == StreamPriority::high ? greatest : least;
+}
+}  // namespace
 namespace detail {
 int urgent_launch_priority() {
   if (!t_urgent) return 0;
-  g_urgent_launches.fetch_add(1);
-  static const int greatest = [] {
-    int least = 0, most = 0;
-    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &most), "UrgentLaunchScope", "cudaDeviceGetStreamPriorityRange");
-    return most;
-  }();
+  g_urgent_launches.fetch_add(1);  // called once per launch (launch_clustered)
+  static const int greatest = priority_value(StreamPriority::high, "UrgentLaunchScope");
   return greatest;
 }
 }  // namespace detail
 
 Stream stream_create(StreamPriority priority) {
   cudaStream_t s = nullptr;
-  int least = 0, greatest = 0;  // e.g. 0 and -5: numerically lower is more urgent
-  if (priority != StreamPriority::normal)
-    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream_create", "cudaDeviceGetStreamPriorityRange");
-  const int p = priority == StreamPriority::high ? greatest : priority == StreamPriority::low ? least : 0;
+  const int p = priority_value(priority, "stream_create");
   check_cuda(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, p), "stream_create", "cudaStreamCreateWithPriority");
   return s;
 }

@@ -518,12 +518,11 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
     b_at[kk] = smem_u32(sB + rb * T::BK + swz<T::CH>(rb, kk * 2 + ((lane >> 3) & 1)) * 8);
   }
   const char* src[NC];  // the copies' sources at the body's first step
-  bool zero[NC];        // a zero row (A only: every weight row exists)
+  bool zero[NA];        // an A copy's zero row (every weight row exists here)
 #pragma unroll
-  for (int j = 0; j < NC; ++j) {
-    src[j] = c.src[j] + int64_t(kt_begin) * kStep;
-    zero[j] = c.bytes[j] == 0;
-  }
+  for (int j = 0; j < NC; ++j) src[j] = c.src[j] + int64_t(kt_begin) * kStep;
+#pragma unroll
+  for (int j = 0; j < NA; ++j) zero[j] = c.bytes[j] == 0;
   // Step (body start + d) into slot `slot` (both constants once unrolled).
   auto issue = [&](int slot, int d) {
 #pragma unroll
