@@ -284,7 +284,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 39> kConfigs = {
+constexpr std::array<TileConfig, 40> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -310,7 +310,8 @@ constexpr std::array<TileConfig, 39> kConfigs = {
     make_wglean_config<CfgWs64S8>("streamwg64x8/8l64"), grouped_only(make_config<CfgD32S3, false>("16x32x128/3")),
     grouped_only(make_config<CfgD32S2, false>("16x32x128/2")),
     grouped_only(make_config<CfgD32, false, 1>("16x32x128/4l")),
-    grouped_only(make_config<CfgD32, false, 2>("16x32x128/4u"))};
+    grouped_only(make_config<CfgD32, false, 2>("16x32x128/4u")),
+    make_wglean_split_config<CfgWs128, 3>("streamwg64x8/4l3")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
