@@ -409,6 +409,10 @@ struct GemmSetup {
   // (MmaGemmParams::cluster_early; only where stage_early is on, and for one-tile problems of at
   // most 16 rows).
   bool cluster_early = true;
+  // ATLAS_GEMM_CLUSTER16 (default 1; 0 for A/B runs, session 35): one-row dense problems of N >=
+  // 2816 and <= 8 K slices (q|kv_a at batch 1) on the cluster config c16x64/4w; 0: they stay on
+  // the split-K config (the staged kernel by default). The same bits.
+  bool cluster16 = true;
   // ATLAS_GEMM_STREAM_BALANCE (default 1; 0 for A/B runs): a stream config's persistent grid of
   // more tiles than resident blocks takes ceil(T / ceil(T / slots)) blocks, so that every block
   // walks the same number of tiles (launch_mma).
@@ -501,6 +505,7 @@ const GemmSetup& setup() {
     g.stream_grouped_down = grouped == 3 ? -1 : grouped == 4 ? kStreamWgLean2 : g.stream_grouped_gate;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
+    g.cluster16 = env_switch("ATLAS_GEMM_CLUSTER16", true);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
@@ -805,7 +810,7 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     } else if (a.M <= 16 && ci == kSplitK8 && a.N >= 2816) {
       // M = 1 vs split-K: N = 2816 c16x64 8.2 vs 9.5, 3072 9.0 vs 9.8, 21888 34.8 vs 39.8,
       // 102400 132 vs 166 (narrower N stays split-K: 576 4.9 vs 6.4, 2048 7.3 vs 7.6).
-      if (cluster_blocks(kCluster16, a.K) > 0) ci = kCluster16;
+      if (setup().cluster16 && cluster_blocks(kCluster16, a.K) > 0) ci = kCluster16;
     }
   }
   if (forced_config.load() < 0 && async && ci == kSplitK8 && a.K <= kern::kSliceK) {

@@ -251,7 +251,7 @@ void check_environment() {
   (void)detail::release_first_setting(std::getenv("ATLAS_RELEASE_FIRST"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",
-                           "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY",
+                           "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY", "ATLAS_GEMM_CLUSTER16",
                            "ATLAS_MLA_EARLY_CACHE", "ATLAS_GEMM_STREAM_BALANCE", "ATLAS_GEMM_TAILS",
                            "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
                            "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL",
