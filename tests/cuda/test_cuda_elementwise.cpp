@@ -194,7 +194,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_GEMM_STREAM_FEW", {"stream8x8/3w", "splitk16x8/8w+staged", "c16x64/4w", "16x32x128/4+slices"}},
       {"ATLAS_GEMM_GROUPED_MANY", {"32x64x64/4", "splitk16x8/8w"}},
       {"ATLAS_GEMM_GROUPED_FEW_DOWN", {"16x32x128/4", "splitk16x8/8w", "stream8x8/3w", "16x32x128/4+slices", "c16x64/4w",
-                                       "16x32x128/4l", "16x32x128/4u", "wg128x128x64/4"}},
+                                       "16x32x128/4l", "16x32x128/4u", "16x32x128/5h", "wg128x128x64/4"}},
       {"ATLAS_GEMM_SPLITK", {"splitk16x8/8w", "splitk16x8/8w+staged", "splitk16x16/8w", "16x32x128/4"}},
       {"ATLAS_WIDE_NORM", {"0", "1", "2"}},
       {"ATLAS_GEMM_TMA", {"0", "1", "off"}},

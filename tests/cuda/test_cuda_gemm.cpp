@@ -1219,6 +1219,30 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(many)).rfind("stream", 0), std::string::npos);
 }
 
+// Session 35: the 8-row-slot config ("16x32x128/5h", whose only loop is the whole-steps one and
+// whose slots hold x rows 0-7) runs only where every tile has at most 8 rows, K is whole 128-wide
+// steps and N whole 32-column tiles; elsewhere, forced or named, the chooser gives its 16-row
+// twin "16x32x128/4u" (the same bits: EveryConfig*, RowsEqualTheDenseGemmOfTheirGroup).
+TEST_F(Gemm, HalfSlotConfigRunsOnlyWhereItsLoopApplies) {
+  const int half = config_named("16x32x128/5h");
+  ASSERT_GE(half, 0);
+  ForceConfig force(half);
+  DevBuf<uint16_t> dx(size_t(16) * 2048), dw(size_t(2048) * 2048);
+  const auto grouped = [&](int rows, int N, int K) {
+    return gemm_config_name(grouped_gemm_chosen_config({.x = dx.get(), .groups = 64, .max_rows = rows, .N = N, .K = K}));
+  };
+  const auto dense = [&](int M, int N, int K) {
+    return gemm_config_name(gemm_chosen_config({.x = dx.get(), .w = dw.get(), .M = M, .N = N, .K = K}));
+  };
+  EXPECT_EQ(grouped(6, 2048, 1408), "16x32x128/5h");
+  EXPECT_EQ(grouped(8, 96, 256), "16x32x128/5h");
+  EXPECT_EQ(grouped(9, 2048, 1408), "16x32x128/4u");
+  EXPECT_EQ(grouped(6, 2048, 1400), "16x32x128/4u");
+  EXPECT_EQ(grouped(6, 2040, 1408), "16x32x128/4u");
+  EXPECT_EQ(dense(1, 2048, 2048), "16x32x128/5h");
+  EXPECT_EQ(dense(12, 2048, 2048), "16x32x128/4u");
+}
+
 // Session 21: the one-row dense GEMMs the chooser gives split-K (o_proj, the router, the shared
 // down) run the staged split-K kernel, unless ATLAS_GEMM_SPLITK names another; operands without
 // 16-byte alignment run the plain one (the staged kernel has no predicated path). The bits are

@@ -58,6 +58,11 @@ using CfgD32 = kern::MmaTile<16, 32, 128, 1, 4, 4>;    // 48 KB, 128 threads: 16
 // 422.2 against 458.7 tok/s).
 using CfgD32S3 = kern::MmaTile<16, 32, 128, 1, 4, 3>;
 using CfgD32S2 = kern::MmaTile<16, 32, 128, 1, 4, 2>;
+// CfgD32 with 8-row x slots and five ring slots (50 KB, four blocks per SM as CfgD32's 48 KB):
+// four weight steps in flight per block instead of three (session 35: the routed down's Nsight
+// profile at one token, s35-1, had long-scoreboard waits on top, and session 33's three-slot
+// ring had cost 2.7 us of it). Tiles of at most 8 rows only (half_a_or_fallback).
+using CfgD32H5 = kern::MmaTile<16, 32, 128, 1, 4, 5, 8>;
 // Candidates for the grouped GEMMs of a batch-128 decode step (~12 rows per expert), where
 // 32x64x64/4 streamed the experts at ~3.3 TB/s (69% of the H200's peak, Nsight: 23% achieved
 // occupancy, SM 55% busy): wider K steps (256-byte weight row segments), a deeper ring, more
@@ -284,7 +289,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 40> kConfigs = {
+constexpr std::array<TileConfig, 41> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -311,7 +316,7 @@ constexpr std::array<TileConfig, 40> kConfigs = {
     grouped_only(make_config<CfgD32S2, false>("16x32x128/2")),
     grouped_only(make_config<CfgD32, false, 1>("16x32x128/4l")),
     grouped_only(make_config<CfgD32, false, 2>("16x32x128/4u")),
-    make_wglean_split_config<CfgWs128, 3>("streamwg64x8/4l3")};
+    make_wglean_split_config<CfgWs128, 3>("streamwg64x8/4l3"), grouped_only(make_config<CfgD32H5, false, 3>("16x32x128/5h"))};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -330,7 +335,7 @@ constexpr int kSplitK8W2Staged = config_index("splitk16x8/2w+staged");
 // Many: 32x128x64/8 since session 4 (H200: 209 / 107 us vs 32x64x64/4's 219 / 114 for the
 // batch-128 step's gate|up / down; seed grid 8.98 vs 9.22 s, same tokens).
 constexpr int kGroupedMany = config_index("32x128x64/8"), kGroupedFew = config_index("16x32x128/4");
-constexpr int kGroupedFewDown = config_index("16x32x128/4u");
+constexpr int kGroupedFewDown = config_index("16x32x128/4u"), kFewDownHalfA = config_index("16x32x128/5h");
 constexpr int kSliced64 = config_index("64x32x64/4+slices"), kSliced32 = config_index("32x64x64/4+slices");
 // Where the wgmma config is forced but this build or GPU lacks it (same bits).
 constexpr int kWgmmaFallback = config_index("128x128x32/4");
@@ -350,7 +355,7 @@ static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
 static_assert(kSlicedWg128 >= 0, "sliced wgmma config name");
 static_assert(kClusterFallback >= 0 && kCluster128 >= 0 && kCluster64 >= 0 && kCluster16 >= 0,
               "cluster config names");
-static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Staged >= 0 && kSplitK8W2Staged >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 && kGroupedFewDown >= 0 &&
+static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Staged >= 0 && kSplitK8W2Staged >= 0 && kGroupedMany >= 0 && kGroupedFew >= 0 && kGroupedFewDown >= 0 && kFewDownHalfA >= 0 &&
                   kSliced64 >= 0 && kSliced32 >= 0 && kWgmmaFallback >= 0,
               "config names");
 
@@ -562,6 +567,13 @@ int config_or_fallback(int ci, int K) {
   if (kConfigs[size_t(ci)].stream) return K % 16 == 0 && setup().stream_blocks[size_t(ci)] > 0 ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
+}
+// The 8-row-slot config runs only where its whole-steps loop applies to every tile: at most 8 rows
+// per tile (rows: M, or a grouped problem's max_rows), K whole 128-wide steps, N whole 32-column
+// tiles; elsewhere the same tile with 16-row slots, "16x32x128/4u" (the same bits).
+int half_a_or_fallback(int ci, int64_t rows, int64_t N, int64_t K) {
+  if (ci == kFewDownHalfA && !(rows <= 8 && K % 128 == 0 && N % 32 == 0)) return kGroupedFewDown;
+  return ci;
 }
 
 
@@ -832,6 +844,7 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
       if (const int few = stream_few_config(); few >= 0) ci = few;
   }
   ci = config_or_fallback(ci, a.K);
+  ci = half_a_or_fallback(ci, a.M, a.N, a.K);
   if (forced_config.load() < 0 && ci == kSplitK8) {
     ci = dense_splitk_config();
     // At most two K slices (the MLA value GEMM, K = 512) on two-warp blocks: the 8-warp blocks'
@@ -931,6 +944,7 @@ int grouped_config(const GroupedGemmArgs& a, bool async, int sm_count) {
   // (The sliced grouped config, 16x32x128/4+slices, is not chosen automatically: at a batch-1
   // decode step it measured slower end to end than these tiles, 189 vs 215 tok/s on the H200.)
   ci = config_or_fallback(ci, a.K);
+  ci = half_a_or_fallback(ci, a.max_rows, a.N, a.K);
   if (!async && !kConfigs[size_t(ci)].fn[0][0][0]) ci = kConfigs[size_t(ci)].bm <= 16 ? kSyncSmall : kSyncLarge;
   return ci;
 }

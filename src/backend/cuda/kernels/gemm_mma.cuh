@@ -55,15 +55,19 @@ constexpr int kErrGroupWeight = 64;     // a group's weight pointer null or not 
 constexpr int kSliceK = 256;
 constexpr int kSliceChunks = kSliceK / 16;
 
-template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_>
+// AROWS: the rows of x a ring slot holds (BM; or 8 for the whole-steps loop of kLean == 3, whose
+// tiles hold at most 8 rows: the A fragment's rows 8-15 are zero registers, so a slot is 8 rows
+// smaller and the ring one slot deeper in the same shared memory).
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int AROWS_ = BM_>
 struct MmaTile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
-  static constexpr int STAGES = STAGES_;
+  static constexpr int STAGES = STAGES_, AROWS = AROWS_;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
   static constexpr int MI = WM / 16, NI = WN / 8;
   static constexpr int CH = BK / 8;  // 16-byte chunks per shared-memory row
-  static constexpr int SMEM_BYTES = STAGES * (BM + BN) * BK * 2;
+  static constexpr int SMEM_BYTES = STAGES * (AROWS + BN) * BK * 2;
+  static_assert(AROWS == BM || (AROWS == 8 && BM == 16 && WARPS_M == 1), "8-row slots: one m16 block of 8 rows");
   static_assert(WM % 16 == 0 && WN % 8 == 0, "warp tile must be whole m16n8 tiles");
   static_assert(NI == 1 || NI % 2 == 0, "B fragments load n8 tiles in pairs (or one)");
   static_assert(BK == 32 || BK == 64 || BK == 128, "swizzle defined for 4, 8 or 16 chunks per row");
@@ -446,8 +450,8 @@ struct TileCopies {
 // shared-memory contents before every mma step: the same bits.
 template <class T>
 struct LeanTileCopies {
-  static constexpr int NA = T::BM * T::CH / T::THREADS, NB = T::BN * T::CH / T::THREADS;
-  static_assert(T::BM * T::CH % T::THREADS == 0 && T::BN * T::CH % T::THREADS == 0 && T::THREADS % T::CH == 0,
+  static constexpr int NA = T::AROWS * T::CH / T::THREADS, NB = T::BN * T::CH / T::THREADS;
+  static_assert(T::AROWS * T::CH % T::THREADS == 0 && T::BN * T::CH % T::THREADS == 0 && T::THREADS % T::CH == 0,
                 "every thread has whole rounds of copies of one chunk column");
   const char* src[NA + NB];  // the row's chunk at k = 0, or (a zero row) the operand's first chunk
   uint32_t dst[NA + NB];     // shared address in slot 0
@@ -476,7 +480,7 @@ struct LeanTileCopies {
     const int step = in_k ? k0 * 2 : 0;
 #pragma unroll
     for (int j = 0; j < NA + NB; ++j) {
-      const uint32_t at = dst[j] + uint32_t(slot) * uint32_t((j < NA ? T::BM : T::BN) * T::BK * 2);
+      const uint32_t at = dst[j] + uint32_t(slot) * uint32_t((j < NA ? T::AROWS : T::BN) * T::BK * 2);
       const uint32_t n = in_k ? bytes[j] : 0u;
       if (kHint && j >= NA)
         asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(at), "l"(src[j] + step),
@@ -497,8 +501,11 @@ struct LeanTileCopies {
 // at a per-lane address of slot 0 plus an immediate, the copies write at LeanTileCopies' slot-0
 // address plus an immediate from a source advanced once per STAGES steps; the weights' copies
 // are plain 16-byte copies and a zero A row's copy ignores its source (cp.async's ignore-src).
-// The slice fold falls on fixed steps of the unrolled body (a slice is kSliceK / BK steps, a
-// divisor of STAGES, and a block's first step starts a slice). The same copies land in the same
+// The body is unrolled over U = lcm(STAGES, kSliceK / BK) steps, so that the slice fold falls on
+// fixed steps of it too (a slice is kSliceK / BK steps and a block's first step starts a slice).
+// T::AROWS == 8 (kLean == 3, "16x32x128/5h", session 35): a slot holds x rows 0-7 only; the A
+// fragment's registers of rows 0-7 come by ldmatrix.x2 and those of rows 8-15 are zeros (rows
+// the tile never has: a row's sums use its own A row only). The same copies land in the same
 // slots before the same mma sequence and fold: the same bits.
 template <class T, bool kHint>
 __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, const uint16_t* sA, const uint16_t* sB,
@@ -507,14 +514,18 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
   static_assert(T::MI == 1 && T::NI == 1, "one m16n8 accumulator per warp");
   constexpr int S = T::STAGES, SPS = kSliceK / T::BK, KK = T::BK / 16, NA = LeanTileCopies<T>::NA,
                 NC = LeanTileCopies<T>::NA + LeanTileCopies<T>::NB;
-  static_assert(S % SPS == 0, "a slice ends on a fixed step of the unrolled body");
-  constexpr uint32_t kSlotA = T::BM * T::BK * 2, kSlotB = T::BN * T::BK * 2, kStep = T::BK * 2;
-  // Lane addresses in slot 0 of the A (x4) and B (x2) fragments of chunk kk (as in mma_step).
+  constexpr int U = S % SPS == 0 ? S : S * SPS;  // a multiple of both (SPS is 1, 2 or 4; /5h: 10)
+  static_assert(U % S == 0 && U % SPS == 0, "");
+  constexpr bool kHalfA = T::AROWS == 8;
+  constexpr uint32_t kSlotA = T::AROWS * T::BK * 2, kSlotB = T::BN * T::BK * 2, kStep = T::BK * 2;
+  // Lane addresses in slot 0 of the A (x4, or x2 for 8-row slots) and B (x2) fragments of chunk
+  // kk (as in mma_step; x2: lanes 0-7 rows 0-7 at k 0-7, lanes 8-15 at k 8-15).
   uint32_t a_at[KK], b_at[KK];
-  const int ra = wm * T::WM + (lane & 15), rb = wn * T::WN + (lane & 7);
+  const int ra = kHalfA ? (lane & 7) : wm * T::WM + (lane & 15), rb = wn * T::WN + (lane & 7);
+  const int ca = kHalfA ? (lane >> 3) & 1 : lane >> 4;
 #pragma unroll
   for (int kk = 0; kk < KK; ++kk) {
-    a_at[kk] = smem_u32(sA + ra * T::BK + swz<T::CH>(ra, kk * 2 + (lane >> 4)) * 8);
+    a_at[kk] = smem_u32(sA + ra * T::BK + swz<T::CH>(ra, kk * 2 + ca) * 8);
     b_at[kk] = smem_u32(sB + rb * T::BK + swz<T::CH>(rb, kk * 2 + ((lane >> 3) & 1)) * 8);
   }
   const char* src[NC];  // the copies' sources at the body's first step
@@ -551,9 +562,9 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
     cp_async_commit();
   }
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int kb = kt_begin; kb < KT; kb += S) {
+  for (int kb = kt_begin; kb < KT; kb += U) {
 #pragma unroll
-    for (int u = 0; u < S; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int kt = kb + u;
       if (kt >= KT) break;
       cp_async_wait<S - 2>();  // step kt has landed (this thread's copies) ...
@@ -564,8 +575,13 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
 #pragma unroll
         for (int kk = 0; kk < KK; ++kk) {
           uint32_t af[4], b0, b1;
-          ldmatrix_x4_at(af, a_at[kk] + uint32_t(u) * kSlotA);
-          ldmatrix_x2_at(b0, b1, b_at[kk] + uint32_t(u) * kSlotB);
+          if constexpr (kHalfA) {
+            ldmatrix_x2_at(af[0], af[2], a_at[kk] + uint32_t(u % S) * kSlotA);
+            af[1] = af[3] = 0u;
+          } else {
+            ldmatrix_x4_at(af, a_at[kk] + uint32_t(u % S) * kSlotA);
+          }
+          ldmatrix_x2_at(b0, b1, b_at[kk] + uint32_t(u % S) * kSlotB);
           mma_bf16_16816(acc, af, b0, b1);
         }
       }
@@ -578,7 +594,7 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
       }
     }
 #pragma unroll
-    for (int j = 0; j < NC; ++j) src[j] += S * kStep;
+    for (int j = 0; j < NC; ++j) src[j] += U * kStep;
   }
 }
 
@@ -691,7 +707,8 @@ __device__ __forceinline__ void store_tile_pair(const MmaGemmParams& p, int64_t 
 // seed grid 7.31 s against 7.10 / 7.10, the traced prefill 0.487 s against 0.476 / 0.486; the
 // same bits.
 // kLean (async only): 1, the step's copies through LeanTileCopies; 2, also the whole-steps loop
-// (mma_whole_steps) where it applies (the same bits).
+// (mma_whole_steps) where it applies (the same bits); 3, the whole-steps loop only, for tiles
+// of 8-row x slots (T::AROWS == 8, "16x32x128/5h").
 template <class T, bool kOutF32, bool kAsync, int kLean = 0>
 __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot& t, int slice, uint16_t* sA,
                                          uint16_t* sB, int64_t* a_off, int64_t* b_off) {
@@ -763,7 +780,13 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mi][ni][q] = tot[mi][ni][q] = 0.0f;
 
-  if constexpr (kLean == 2) {
+  if constexpr (kLean == 3) {
+    // 8-row slots: the whole-steps loop is this config's only loop (mma_step reads 16 A rows).
+    // The host runs it only where every step is whole, every weight row exists and no tile has
+    // more than 8 rows (gemm.cu, half_a_or_fallback); anything else is a launcher bug.
+    if (K % T::BK != 0 || n0 + T::BN > p.N || live_rows > T::AROWS) __trap();
+  }
+  if constexpr (kLean >= 2) {
     if (K % T::BK == 0 && n0 + T::BN <= p.N) {
       const bool live = wm * T::WM < live_rows;
       if (w_hint.on)
@@ -818,8 +841,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   __shared__ int64_t a_off[T::BM];  // element offset of each tile row's A row in x; -1 = zero row
   __shared__ int64_t b_off[T::BN];  // element offset of each tile column's W row; -1 = zero row
-  uint16_t* sA = reinterpret_cast<uint16_t*>(gemm_smem);    // [STAGES][BM][BK] (swizzled chunks)
-  uint16_t* sB = sA + T::STAGES * T::BM * T::BK;             // [STAGES][BN][BK]
+  uint16_t* sA = reinterpret_cast<uint16_t*>(gemm_smem);    // [STAGES][AROWS][BK] (swizzled chunks)
+  uint16_t* sB = sA + T::STAGES * T::AROWS * T::BK;          // [STAGES][BN][BK]
   const int tid = threadIdx.x, lane = tid & 31;
   TileSpot t;
   const int k_first = p.slice_stride > 0 ? int(blockIdx.y) * kSliceK : 0;  // this block's K range
