@@ -61,7 +61,9 @@ using CfgD32S2 = kern::MmaTile<16, 32, 128, 1, 4, 2>;
 // CfgD32 with 8-row x slots and five ring slots (50 KB, four blocks per SM as CfgD32's 48 KB):
 // four weight steps in flight per block instead of three (session 35: the routed down's Nsight
 // profile at one token, s35-1, had long-scoreboard waits on top, and session 33's three-slot
-// ring had cost 2.7 us of it). Tiles of at most 8 rows only (half_a_or_fallback).
+// ring had cost 2.7 us of it). Tiles of at most 8 rows only (half_a_or_fallback). Grouped-only,
+// for ATLAS_GEMM_GROUPED_FEW_DOWN A/B runs: the same bits, slower in the step (s35-4: 464.8
+// against 466.9 tok/s; the down phase is bound by the memory system as a whole).
 using CfgD32H5 = kern::MmaTile<16, 32, 128, 1, 4, 5, 8>;
 // Candidates for the grouped GEMMs of a batch-128 decode step (~12 rows per expert), where
 // 32x64x64/4 streamed the experts at ~3.3 TB/s (69% of the H200's peak, Nsight: 23% achieved
@@ -316,6 +318,8 @@ constexpr std::array<TileConfig, 41> kConfigs = {
     grouped_only(make_config<CfgD32S2, false>("16x32x128/2")),
     grouped_only(make_config<CfgD32, false, 1>("16x32x128/4l")),
     grouped_only(make_config<CfgD32, false, 2>("16x32x128/4u")),
+    // The lean loop in three K parts (session 35, for ATLAS_GEMM_STREAM_FEW A/B runs on the shared
+    // experts' gate|up: 264 blocks at one row; slower in the step, s35-2: 453.7 against 468.8 tok/s).
     make_wglean_split_config<CfgWs128, 3>("streamwg64x8/4l3"), grouped_only(make_config<CfgD32H5, false, 3>("16x32x128/5h"))};
 
 constexpr int config_index(std::string_view name) {
@@ -416,7 +420,8 @@ struct GemmSetup {
   bool cluster_early = true;
   // ATLAS_GEMM_CLUSTER16 (default 1; 0 for A/B runs, session 35): one-row dense problems of N >=
   // 2816 and <= 8 K slices (q|kv_a at batch 1) on the cluster config c16x64/4w; 0: they stay on
-  // the split-K config (the staged kernel by default). The same bits.
+  // the split-K config (the staged kernel by default). The same bits; slower in the step (s35-3:
+  // 465.7 against 467.9 tok/s: its 256-thread blocks keep the next launch from becoming resident).
   bool cluster16 = true;
   // ATLAS_GEMM_STREAM_BALANCE (default 1; 0 for A/B runs): a stream config's persistent grid of
   // more tiles than resident blocks takes ceil(T / ceil(T / slots)) blocks, so that every block
