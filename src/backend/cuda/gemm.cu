@@ -577,7 +577,8 @@ int config_or_fallback(int ci, int K) {
 // per tile (rows: M, or a grouped problem's max_rows), K whole 128-wide steps, N whole 32-column
 // tiles; elsewhere the same tile with 16-row slots, "16x32x128/4u" (the same bits).
 int half_a_or_fallback(int ci, int64_t rows, int64_t N, int64_t K) {
-  if (ci == kFewDownHalfA && !(rows <= 8 && K % 128 == 0 && N % 32 == 0)) return kGroupedFewDown;
+  using T = CfgD32H5;
+  if (ci == kFewDownHalfA && !(rows <= T::AROWS && K % T::BK == 0 && N % T::BN == 0)) return kGroupedFewDown;
   return ci;
 }
 

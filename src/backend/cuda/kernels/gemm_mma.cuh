@@ -515,7 +515,7 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
   constexpr int S = T::STAGES, SPS = kSliceK / T::BK, KK = T::BK / 16, NA = LeanTileCopies<T>::NA,
                 NC = LeanTileCopies<T>::NA + LeanTileCopies<T>::NB;
   constexpr int U = S % SPS == 0 ? S : S * SPS;  // a multiple of both (SPS is 1, 2 or 4; /5h: 10)
-  static_assert(U % S == 0 && U % SPS == 0, "");
+  static_assert(U % S == 0 && U % SPS == 0, "the unrolled body is whole ring turns and whole slices");
   constexpr bool kHalfA = T::AROWS == 8;
   constexpr uint32_t kSlotA = T::AROWS * T::BK * 2, kSlotB = T::BN * T::BK * 2, kStep = T::BK * 2;
   // Lane addresses in slot 0 of the A (x4, or x2 for 8-row slots) and B (x2) fragments of chunk
