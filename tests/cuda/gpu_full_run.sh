@@ -291,13 +291,14 @@ if has envcmp; then
   # `atlas bench` under ENV_CMP (e.g. "ATLAS_MLA_BULK=0": a switch that keeps the bits) for
   # comparison with the bench step's figures: ENVCMP_ARGS workloads; tokens must not change.
   # Several settings: separate them with '|' (each runs in turn, bench_envcmp<N>.json).
+  # ENVCMP_TAIL: lines of each run's output shown (default 6; ATLAS_PHASE_CLOCKS reports at exit).
   IFS='|' read -ra envcmps <<< "${ENV_CMP:?set ENV_CMP}"
   n=0
   for ec in "${envcmps[@]}"; do
     f="$out/bench_envcmp$([[ $n -gt 0 ]] && echo $n).json"; n=$((n + 1))
     echo "== atlas bench with $ec"
     env $ec timeout ${BENCH_TIMEOUT:-400} $B/atlas bench --model $lite --json "$f" \
-      ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -6
+      ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -${ENVCMP_TAIL:-6}
     compare_bench "default" "$ec" "$out/bench.json" "$f"
   done
 fi

@@ -5,6 +5,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_ops.h"
 #include "core/error.h"
@@ -167,6 +168,15 @@ enum ReleaseFirstSite : unsigned {
 unsigned release_first_setting(const char* value);
 // Whether a site releases first (ATLAS_RELEASE_FIRST, read once).
 bool release_first(ReleaseFirstSite site);
+
+// ATLAS_PHASE_CLOCKS's value (null or empty: unset, ""): "attention" (the MLA cluster kernel's
+// clocked instantiation, kernels/phase_clock.cuh); anything else throws an Error naming the
+// variable.
+std::string phase_clocks_setting(const char* value);
+// The device sums of `site`'s phase clocks where ATLAS_PHASE_CLOCKS names it, else null; the
+// first call allocates them (call it outside a stream capture) and has the means of `phases`
+// (names of the phases between consecutive marks) printed on stderr at exit.
+unsigned long long* phase_clock_sums(const char* site, const std::vector<std::string>& phases);
 
 // latent_to_cache's argument checks (one Error naming the field) and its kernels' parameters
 // (ops.cu; gemm_with_latent in gemm.cu launches the same work inside the absorbed query's GEMM).

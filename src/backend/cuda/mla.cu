@@ -86,6 +86,18 @@ int sm_count() {
   return n;
 }
 
+// The cluster kernel's phase-clock sums under ATLAS_PHASE_CLOCKS=attention, else null: one name
+// per phase between its marks (kern::kMlaClusterMarks; the early path's marks, a decode step's).
+unsigned long long* cluster_clocks() {
+  static unsigned long long* const sums = phase_clock_sums(
+      "attention", {"start to the older slots' copies issued", "launch-overlap wait",
+                    "query and newest slot copied, every copy landed", "phase 1 (scores)",
+                    "row maxima, cluster barrier 1", "softmax of the tile, cluster barrier 2",
+                    "P, alphas and sums copied (DSMEM), barrier 3", "l chain and phase 2", "epilogue stores"});
+  static_assert(kern::kMlaClusterMarks == 10, "one name per phase between marks");
+  return sums;
+}
+
 // The tile-parallel kernel's one-time setup: device code for sm_90, cluster launch, the shared
 // memory limit raised to what the widest cache needs, and a cluster of 4 such blocks placeable.
 bool tile_parallel_setup() {
@@ -96,9 +108,11 @@ bool tile_parallel_setup() {
                "cudaDeviceGetAttribute(clusterLaunch)");
     if (!cluster_launch || !probe_device_code(kern::mla_tc_cluster_probe_kernel, "mla_decode")) return false;
     const int smem = kern::mla_tc_cluster_smem_bytes(kMlaWidthMax);
-    check_cuda(cudaFuncSetAttribute(kern::mla_tc_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "mla_decode", "cudaFuncSetAttribute");
-    return cluster_fits(reinterpret_cast<const void*>(kern::mla_tc_cluster_kernel), kern::kMlaClusterTiles,
+    for (const auto kernel : {kern::mla_tc_cluster_kernel<false>, kern::mla_tc_cluster_kernel<true>})
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "mla_decode",
+                 "cudaFuncSetAttribute");
+    (void)cluster_clocks();  // (allocates outside any capture)
+    return cluster_fits(reinterpret_cast<const void*>(kern::mla_tc_cluster_kernel<false>), kern::kMlaClusterTiles,
                         kern::kMlaTcThreads, smem);
   }();
   return ok;
@@ -145,7 +159,8 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                             .scale = a.scale,
                             .stable_prefix = a.stable_prefix ? 1 : 0,
                             // ATLAS_RELEASE_FIRST=attention (the cluster kernel only)
-                            .release_first = release_first(kRfAttention) ? 1 : 0};
+                            .release_first = release_first(kRfAttention) ? 1 : 0,
+                            .phase_clocks = nullptr};
   // One tile buffer (two blocks per SM) where the blocks outnumber the SMs (a batch-128 decode
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.
@@ -158,9 +173,12 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                   (a.tile_parallel == 0 && tp_fits && blocks * kern::kMlaClusterTiles <= sms && tile_parallel_setup());
   const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sms) ? 1 : 2);
   if (tp) {
-    launch_clustered(unsigned(kern::kMlaClusterTiles), kern::mla_tc_cluster_kernel,
+    kern::MlaTcParams pc = p;
+    pc.phase_clocks = cluster_clocks();
+    launch_clustered(unsigned(kern::kMlaClusterTiles),
+                     pc.phase_clocks ? kern::mla_tc_cluster_kernel<true> : kern::mla_tc_cluster_kernel<false>,
                      dim3(unsigned(a.rows * kern::kMlaClusterTiles), unsigned(max_splits)), kern::kMlaTcThreads,
-                     size_t(kern::mla_tc_cluster_smem_bytes(wp)), s, p);
+                     size_t(kern::mla_tc_cluster_smem_bytes(wp)), s, pc);
   } else if (G == 1)
     vec ? launch_tc_kernel<1, true>(p, nst, s) : launch_tc_kernel<1, false>(p, nst, s);
   else if (G == 2)

@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/kernels/phase_clock.cuh"
 
 namespace atlas::cuda {
 namespace detail {
@@ -85,6 +88,69 @@ unsigned release_first_setting(const char* value) {
 bool release_first(ReleaseFirstSite site) {
   static const unsigned set = release_first_setting(std::getenv("ATLAS_RELEASE_FIRST"));
   return (set & site) != 0;
+}
+
+std::string phase_clocks_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "attention") return v;
+  throw Error("cuda: ATLAS_PHASE_CLOCKS: expected attention (or unset), got '" + v + "'");
+}
+
+namespace {
+struct PhaseClockSite {
+  std::string site;
+  std::vector<std::string> names;
+  unsigned long long* sums = nullptr;
+};
+std::mutex g_clock_mutex;
+std::vector<PhaseClockSite>* g_clock_sites = nullptr;  // leaked: read by the exit handler
+
+// At exit (registered after the CUDA runtime's first use, so it runs before the runtime's own
+// teardown): each site's mean cycles per phase and block, on stderr.
+void report_phase_clocks() {
+  std::lock_guard<std::mutex> lock(g_clock_mutex);
+  int dev = 0, khz = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess)
+    khz = 0;
+  for (const PhaseClockSite& s : *g_clock_sites) {
+    unsigned long long h[kern::kPhaseClockMax + 1] = {};
+    if (cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpy(h, s.sums, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      std::fprintf(stderr, "phase clocks of %s: could not be read back\n", s.site.c_str());
+      continue;
+    }
+    std::fprintf(stderr, "phase clocks of %s: %llu blocks; mean cycles per block (us at the %d MHz clock rate)\n",
+                 s.site.c_str(), h[0], khz / 1000);
+    if (h[0] == 0) continue;
+    double total = 0;
+    for (size_t i = 0; i < s.names.size(); ++i) {
+      const double c = double(h[i + 1]) / double(h[0]);
+      total += c;
+      std::fprintf(stderr, "  %10.1f  %7.3f  %s\n", c, khz ? c / (khz / 1000.0) : 0.0, s.names[i].c_str());
+    }
+    std::fprintf(stderr, "  %10.1f  %7.3f  (all)\n", total, khz ? total / (khz / 1000.0) : 0.0);
+  }
+}
+}  // namespace
+
+unsigned long long* phase_clock_sums(const char* site, const std::vector<std::string>& phases) {
+  static const std::string wanted = phase_clocks_setting(std::getenv("ATLAS_PHASE_CLOCKS"));
+  if (wanted != site) return nullptr;
+  require(phases.size() < size_t(kern::kPhaseClockMax), "phase_clock_sums", "phases",
+          "at most " + std::to_string(kern::kPhaseClockMax - 1) + " phases");
+  std::lock_guard<std::mutex> lock(g_clock_mutex);
+  if (g_clock_sites == nullptr) {
+    g_clock_sites = new std::vector<PhaseClockSite>();
+    std::atexit(report_phase_clocks);
+  }
+  for (const PhaseClockSite& s : *g_clock_sites)
+    if (s.site == site) return s.sums;
+  PhaseClockSite s{.site = site, .names = phases};
+  const size_t bytes = sizeof(unsigned long long) * (kern::kPhaseClockMax + 1);
+  check_cuda(cudaMalloc(&s.sums, bytes), "phase_clock_sums", "cudaMalloc");
+  check_cuda(cudaMemset(s.sums, 0, bytes), "phase_clock_sums", "cudaMemset");
+  g_clock_sites->push_back(s);
+  return s.sums;
 }
 
 bool pdl_enabled() {
@@ -249,6 +315,7 @@ void check_environment() {
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
   (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
   (void)detail::release_first_setting(std::getenv("ATLAS_RELEASE_FIRST"));
+  (void)detail::phase_clocks_setting(std::getenv("ATLAS_PHASE_CLOCKS"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",
                            "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY", "ATLAS_GEMM_CLUSTER16",

@@ -53,6 +53,7 @@
 
 #include "common.cuh"
 #include "mla_merge.cuh"  // kMlaAccStride, f2bf_out, mla_merge_item
+#include "phase_clock.cuh"
 
 namespace atlas::cuda::kern {
 
@@ -81,6 +82,9 @@ struct MlaTcParams {
   // waits first: kernels/pdl.cuh), so the cluster kernel reads them before its launch-overlap wait.
   int stable_prefix = 0;
   int release_first = 0;  // the cluster kernel: the next launch released first (kernels/pdl.cuh)
+  // The cluster kernel's clocked instantiation only (ATLAS_PHASE_CLOCKS=attention,
+  // kernels/phase_clock.cuh): the sums of its phases' clocks.
+  unsigned long long* phase_clocks = nullptr;
 };
 
 // Shared memory: Q [16G][wp+8], C [NST][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
@@ -523,9 +527,18 @@ __global__ void mla_tc_cluster_probe_kernel(int* out) {
 }
 
 // Grid (rows * kMlaClusterTiles, max_splits), clusters of (kMlaClusterTiles, 1, 1).
+// kClocks: the diagnostic instantiation (ATLAS_PHASE_CLOCKS=attention): the same work, with
+// thread 0's clock marks (mark(i) below; mla.cu names the phases between them) added to p.phase_clocks.
+constexpr int kMlaClusterMarks = 10;
+template <bool kClocks = false>
 __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const MlaTcParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
+  PhaseClock<kMlaClusterMarks> clk;
+  const auto mark = [&](int i) {
+    if constexpr (kClocks) clk.mark(i);
+  };
+  mark(0);
   // p.stable_prefix (a decode step): everything up to the copies of the slots before the
   // query's newest one runs before the launch-overlap wait (the lengths, the cache rows and
   // those slots were written before the kernel this one follows: MlaTcParams), the newest slot
@@ -601,8 +614,10 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
                     kMlaTile, min(kMlaTile, send - t0), slice_cpr, tid, early ? fresh_row(t) : -1);
     }
     cp_async_commit();
+    mark(1);
     if (early) {
       pdl_wait_after(rf);
+      mark(2);
       copy_query();
       const int ft = (fresh - j0) / kMlaTile;  // the newest slot's tile, if in this split
       if (fresh >= j0 && fresh < send) {
@@ -621,18 +636,22 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   const int my_t0 = j0 + rank * kMlaTile;
   const int my_nv = rank < ntiles ? min(kMlaTile, send - my_t0) : 0;
   float s[16];
+  if (!early) mark(2);
   if (early)
     cp_async_wait<0>();  // the query came last
   else
     cp_async_wait<1>();
   __syncthreads();
+  mark(3);
   if (rank < ntiles && warp * 8 < my_nv) mla_scores<1>(Qs, Ct, ldq, p.wp, 0, warp * 8, lane, p.scale, Ss);
   __syncthreads();
+  mark(4);
   if (tid < 64 && rank < ntiles) {
     const float mx = mla_row_max(Ss + sm_row * kMlaSStride, sm_q, my_nv, s);
     if (sm_q == 0) mx_a[rank * 16 + sm_row] = mx;
   }
   cluster.sync();  // every tile's row maxima are visible to the cluster
+  mark(5);
 
   // ---- softmax of tile r with the running max of tiles < r ----
   if (tid < 64 && rank < ntiles) {
@@ -647,6 +666,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     }
   }
   cluster.sync();  // every tile's P, alpha and sum are visible to the cluster
+  mark(6);
 
   // Copy the other tiles' P (16 rows x 64 bf16 = 128 16-byte chunks per tile), maxima, alphas
   // and sums into this block's shared memory.
@@ -664,6 +684,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   }
   cp_async_wait<0>();
   cluster.sync();  // copies done (no block leaves while another reads it) and visible in the block
+  mark(7);
   float m_fin = -INFINITY;
   if (tid < 16) {  // the walk's l and final m of row tid
     float l = 0.0f;
@@ -706,6 +727,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   }
 
   // ---- epilogue (the walk's) ----
+  mark(8);
   const bool direct = len <= p.S;  // the query has exactly one split
   if (!direct && rank == 0 && tid < p.heads) {
     const int64_t base = ((int64_t(qi) * p.max_splits + split) * p.heads + tid) * 2;
@@ -725,6 +747,10 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
         mla_store_pair(p, qi, split, h, d, o[nt][half * 2], o[nt][half * 2 + 1], l, direct);
       }
     }
+  }
+  if constexpr (kClocks) {
+    mark(9);
+    if (tid == 0 && rank < ntiles) clk.flush(p.phase_clocks);
   }
 #else
   __trap();  // the host never launches it without sm_90 device code (mla_tc_cluster_probe_kernel)
