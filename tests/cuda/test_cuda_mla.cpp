@@ -63,6 +63,7 @@ struct Call {
   int max_length = 0;     // 0: the longest query
   bool misalign = false;  // q and cache one element off 16-byte alignment: the element-load path
   bool stable_prefix = false;  // the cluster kernel's decode-step copy order (MlaDecodeArgs)
+  int exchange = 0;            // MlaDecodeArgs::cluster_exchange
 };
 
 std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
@@ -80,7 +81,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
               .out = dout.get(), .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
               .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
               .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers,
-              .tile_parallel = c.tile_parallel, .stable_prefix = c.stable_prefix});
+              .tile_parallel = c.tile_parallel, .cluster_exchange = c.exchange, .stable_prefix = c.stable_prefix});
   check_device_errors();
   return dout.download();
 }
@@ -309,19 +310,25 @@ TEST_F(Mla, TileParallelGivesTheBitsOfTheWalk) {
     SCOPED_TRACE(::testing::Message() << "heads " << sh.heads << " latent " << sh.latent << " rope " << sh.rope);
     const Problem p = make_problem(rng, sh, lengths, {}, 720);
     const auto walk = run_gpu(p, {.tile_parallel = 1});
-    EXPECT_EQ(run_gpu(p, {.tile_parallel = 2}), walk);
-    EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .max_length = p.capacity}), walk) << "max_length = capacity";
-    EXPECT_EQ(run_gpu(p, {.tile_parallel = 2}), walk) << "second run";
-    // A decode step's order: every slot but the newest copied first, then the newest and the
-    // query (under launch overlap: before and after the wait; the model tests' overlap runs take
-    // this order wherever their decode attention runs the cluster kernel).
-    EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .stable_prefix = true}), walk) << "stable prefix";
+    // Each way the blocks exchange the row maxima and P (1 pull, 2 push, 3 async; session 36).
+    for (const int x : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "exchange " << x);
+      EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .exchange = x}), walk);
+      EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .max_length = p.capacity, .exchange = x}), walk)
+          << "max_length = capacity";
+      EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .exchange = x}), walk) << "second run";
+      // A decode step's order: every slot but the newest copied first, then the newest and the
+      // query (under launch overlap: before and after the wait; the model tests' overlap runs
+      // take this order wherever their decode attention runs the cluster kernel).
+      EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .stable_prefix = true, .exchange = x}), walk) << "stable prefix";
+    }
   }
   // Queries sharing cache rows (one query per block: the decode form of a shared prompt).
   const Problem p = make_problem(rng, {}, {300, 64, 257, 1, 513, 40}, {0, 0, 1, 1, 2, 2}, 600);
-  EXPECT_EQ(run_gpu(p, {.queries_per_block = 1, .tile_parallel = 2}),
-            run_gpu(p, {.queries_per_block = 1, .tile_parallel = 1}))
-      << "cache rows shared";
+  const auto walk = run_gpu(p, {.queries_per_block = 1, .tile_parallel = 1});
+  for (const int x : {1, 2, 3})
+    EXPECT_EQ(run_gpu(p, {.queries_per_block = 1, .tile_parallel = 2, .exchange = x}), walk)
+        << "cache rows shared, exchange " << x;
 }
 
 // mla_decode_with_value (session 32, ATLAS_MLA_MERGE_VALUE; written before its first GPU run):

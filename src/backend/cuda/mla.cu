@@ -3,6 +3,7 @@
 // f32 checking mode's attention).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -92,10 +93,22 @@ unsigned long long* cluster_clocks() {
   static unsigned long long* const sums = phase_clock_sums(
       "attention", {"start to the older slots' copies issued", "launch-overlap wait",
                     "query and newest slot copied, every copy landed", "phase 1 (scores)",
-                    "row maxima, cluster barrier 1", "softmax of the tile, cluster barrier 2",
-                    "P, alphas and sums copied (DSMEM), barrier 3", "l chain and phase 2", "epilogue stores"});
+                    "row maxima exchanged (barrier 1)", "softmax of the tile, P exchanged (barrier 2)",
+                    "pull: P, alphas and sums copied, barrier 3", "l chain and phase 2", "epilogue stores"});
   static_assert(kern::kMlaClusterMarks == 10, "one name per phase between marks");
   return sums;
+}
+
+static_assert(kern::kMlaXPull == 1 && kern::kMlaXPush == 2 && kern::kMlaXAsync == 3,
+              "MlaDecodeArgs::cluster_exchange and ATLAS_MLA_EXCHANGE's values (mla_exchange_setting)");
+using ClusterKernel = void (*)(kern::MlaTcParams);
+ClusterKernel cluster_kernel(bool clocks, int exchange) {
+  using namespace kern;
+  switch (exchange) {
+    case kMlaXPush: return clocks ? mla_tc_cluster_kernel<true, kMlaXPush> : mla_tc_cluster_kernel<false, kMlaXPush>;
+    case kMlaXAsync: return clocks ? mla_tc_cluster_kernel<true, kMlaXAsync> : mla_tc_cluster_kernel<false, kMlaXAsync>;
+    default: return clocks ? mla_tc_cluster_kernel<true, kMlaXPull> : mla_tc_cluster_kernel<false, kMlaXPull>;
+  }
 }
 
 // The tile-parallel kernel's one-time setup: device code for sm_90, cluster launch, the shared
@@ -108,9 +121,10 @@ bool tile_parallel_setup() {
                "cudaDeviceGetAttribute(clusterLaunch)");
     if (!cluster_launch || !probe_device_code(kern::mla_tc_cluster_probe_kernel, "mla_decode")) return false;
     const int smem = kern::mla_tc_cluster_smem_bytes(kMlaWidthMax);
-    for (const auto kernel : {kern::mla_tc_cluster_kernel<false>, kern::mla_tc_cluster_kernel<true>})
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "mla_decode",
-                 "cudaFuncSetAttribute");
+    for (const int x : {kern::kMlaXPull, kern::kMlaXPush, kern::kMlaXAsync})
+      for (const bool clocks : {false, true})
+        check_cuda(cudaFuncSetAttribute(cluster_kernel(clocks, x), cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                   "mla_decode", "cudaFuncSetAttribute");
     (void)cluster_clocks();  // (allocates outside any capture)
     return cluster_fits(reinterpret_cast<const void*>(kern::mla_tc_cluster_kernel<false>), kern::kMlaClusterTiles,
                         kern::kMlaTcThreads, smem);
@@ -132,6 +146,9 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   const bool vec = width % 8 == 0 && a.cache_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(a.latent_cache) % 16 == 0;
   // (Host checks before anything touches the device: the error flag below is a device buffer.)
+  require(a.cluster_exchange >= 0 && a.cluster_exchange <= 3, op, "cluster_exchange",
+          "must be 0 (ATLAS_MLA_EXCHANGE's), 1 (pull), 2 (push) or 3 (async), got " +
+              std::to_string(a.cluster_exchange));
   require(a.tile_parallel >= 0 && a.tile_parallel <= 2, op, "tile_parallel",
           "must be 0 (auto), 1 (off) or 2 (on), got " + std::to_string(a.tile_parallel));
   const bool tp_fits = G == 1 && vec && a.split_tokens == kern::kMlaTile * kern::kMlaClusterTiles;
@@ -175,8 +192,9 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   if (tp) {
     kern::MlaTcParams pc = p;
     pc.phase_clocks = cluster_clocks();
+    static const int env_exchange = mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
     launch_clustered(unsigned(kern::kMlaClusterTiles),
-                     pc.phase_clocks ? kern::mla_tc_cluster_kernel<true> : kern::mla_tc_cluster_kernel<false>,
+                     cluster_kernel(pc.phase_clocks != nullptr, a.cluster_exchange ? a.cluster_exchange : env_exchange),
                      dim3(unsigned(a.rows * kern::kMlaClusterTiles), unsigned(max_splits)), kern::kMlaTcThreads,
                      size_t(kern::mla_tc_cluster_smem_bytes(wp)), s, pc);
   } else if (G == 1)

@@ -90,6 +90,14 @@ bool release_first(ReleaseFirstSite site) {
   return (set & site) != 0;
 }
 
+int mla_exchange_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "pull") return 1;
+  if (v == "push") return 2;
+  if (v == "async") return 3;
+  throw Error("cuda: ATLAS_MLA_EXCHANGE: expected pull, push or async, got '" + v + "'");
+}
+
 std::string phase_clocks_setting(const char* value) {
   const std::string v = value ? value : "";
   if (v.empty() || v == "attention") return v;
@@ -316,6 +324,7 @@ void check_environment() {
   (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
   (void)detail::release_first_setting(std::getenv("ATLAS_RELEASE_FIRST"));
   (void)detail::phase_clocks_setting(std::getenv("ATLAS_PHASE_CLOCKS"));
+  (void)detail::mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",
                            "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY", "ATLAS_GEMM_CLUSTER16",

@@ -52,6 +52,7 @@
 #include <cooperative_groups.h>
 
 #include "common.cuh"
+#include "dsmem.cuh"
 #include "mla_merge.cuh"  // kMlaAccStride, f2bf_out, mla_merge_item
 #include "phase_clock.cuh"
 
@@ -514,7 +515,8 @@ constexpr int kMlaClusterCols = kMlaAccStride / kMlaClusterTiles;       // laten
 constexpr int kMlaSliceStride = kMlaClusterCols + 8;                   // 272-byte rows: conflict-free ldmatrix
 __host__ __device__ constexpr int mla_tc_cluster_smem_bytes(int wp) {
   return 2 * 16 * (wp + 8) + 2 * kMlaTile * (wp + 8) + 2 * kMlaClusterTiles * kMlaTile * kMlaSliceStride +
-         4 * 16 * kMlaSStride + 2 * kMlaClusterTiles * 16 * kMlaPStride + 4 * 3 * kMlaClusterTiles * 16 + 4 * 16;
+         4 * 16 * kMlaSStride + 2 * kMlaClusterTiles * 16 * kMlaPStride + 4 * 3 * kMlaClusterTiles * 16 + 4 * 16 +
+         2 * 8;  // + the two mbarriers of the st.async exchange (8-byte aligned: every part is)
 }
 
 // 1 where this binary's device code has the cluster kernel (sm_90 or later), else 0.
@@ -530,7 +532,17 @@ __global__ void mla_tc_cluster_probe_kernel(int* out) {
 // kClocks: the diagnostic instantiation (ATLAS_PHASE_CLOCKS=attention): the same work, with
 // thread 0's clock marks (mark(i) below; mla.cu names the phases between them) added to p.phase_clocks.
 constexpr int kMlaClusterMarks = 10;
-template <bool kClocks = false>
+// kX: how the blocks exchange the row maxima and P (the same values either way, so the same
+// bits; ATLAS_MLA_EXCHANGE, MlaDecodeArgs::cluster_exchange):
+//   kMlaXPull:  each block reads the others' maxima after cluster barrier 1 and copies their P,
+//               alphas and sums after barrier 2, then barrier 3 (no block leaves while read);
+//   kMlaXPush:  each block writes its maxima, P, alphas and sums into the others' shared memory
+//               before barriers 1 and 2; no third barrier;
+//   kMlaXAsync: as push, by st.async counted on each receiver's mbarriers (kernels/dsmem.cuh):
+//               no cluster barrier on the way (one at the start, before the launch-overlap
+//               wait, makes the mbarriers' init visible).
+constexpr int kMlaXPull = 1, kMlaXPush = 2, kMlaXAsync = 3;
+template <bool kClocks = false, int kX = kMlaXPull>
 __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const MlaTcParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -558,6 +570,8 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   float* al_a = mx_a + T * 16;                                                // [T][16] alpha
   float* su_a = al_a + T * 16;                                                // [T][16] tile sums
   float* l_s = su_a + T * 16;                                                 // [16]
+  uint64_t* mbars = reinterpret_cast<uint64_t*>(l_s + 16);                    // [2] (kMlaXAsync)
+  const uint32_t mbar0 = smem_u32(mbars), mbar1 = smem_u32(mbars + 1);
 
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank());
@@ -582,6 +596,24 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   const int c0 = rank * kMlaClusterCols;                 // this block's latent columns (phase 2)
   const int dcols = (p.latent + 7) & ~7;                 // latent columns the MMAs cover (<= width)
   const int slice_cpr = max(0, min(kMlaClusterCols, dcols - c0)) / 8;
+  if constexpr (kX == kMlaXAsync) {
+    // The bytes this block receives: barrier 0 the row maxima (64 bytes from each other tile,
+    // where this block runs a softmax), barrier 1 each other tile's P rows (64 threads x 32
+    // bytes), alphas and sums (16 x 8 bytes). A count the stores may reach before the expect:
+    // the phase also waits for this one arrival.
+    if (tid == 0) {
+      const uint32_t others = uint32_t(ntiles - (rank < ntiles ? 1 : 0));
+      mbar_init(mbar0, 1);
+      mbar_init(mbar1, 1);
+      mbar_arrive_expect(mbar0, rank < ntiles ? others * 16 * 4 : 0);
+      mbar_arrive_expect(mbar1, others * (64 * 32 + 16 * 8));
+      fence_mbarrier_init();
+    }
+  }
+  // Push and async write into the other blocks before any cluster barrier of the exchange: this
+  // one (its wait after phase 1, long after every block of the cluster has started) makes sure
+  // each has, and under async that its mbarriers are initialised.
+  if constexpr (kX != kMlaXPull) cluster_arrive_relaxed();
 
   // Copies: group 0 = the query (zeros for padded heads and the k pad) and this block's tile;
   // group 1 = the latent slices of every tile (needed only after the softmax). Early (a decode
@@ -646,44 +678,107 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   if (rank < ntiles && warp * 8 < my_nv) mla_scores<1>(Qs, Ct, ldq, p.wp, 0, warp * 8, lane, p.scale, Ss);
   __syncthreads();
   mark(4);
+  // The tile's row maxima to the blocks (pull: the others read them after barrier 1; push:
+  // written into every block; async: st.async into the blocks that run a softmax, counted on
+  // their barrier 0).
+  if constexpr (kX != kMlaXPull) cluster_wait();  // every block has started (and initialised its barriers)
+  float mx = -INFINITY;
   if (tid < 64 && rank < ntiles) {
-    const float mx = mla_row_max(Ss + sm_row * kMlaSStride, sm_q, my_nv, s);
-    if (sm_q == 0) mx_a[rank * 16 + sm_row] = mx;
+    mx = mla_row_max(Ss + sm_row * kMlaSStride, sm_q, my_nv, s);
+    float* mine = mx_a + rank * 16 + sm_row;
+    if (sm_q == 0) {
+      *mine = mx;
+      if constexpr (kX == kMlaXPush) {
+        for (int t = 0; t < T; ++t)
+          if (t != rank) *cluster.map_shared_rank(mine, t) = mx;
+      } else if constexpr (kX == kMlaXAsync) {
+        for (int t = 0; t < ntiles; ++t)
+          if (t != rank) st_async_f32(dsmem_addr(smem_u32(mine), t), mx, dsmem_addr(mbar0, t));
+      }
+    }
   }
-  cluster.sync();  // every tile's row maxima are visible to the cluster
+  if constexpr (kX == kMlaXAsync) {
+    if (tid < 64 && rank < ntiles) mbar_wait(mbar0, 0);
+  } else {
+    cluster.sync();  // every tile's row maxima are visible to the cluster
+  }
   mark(5);
 
   // ---- softmax of tile r with the running max of tiles < r ----
   if (tid < 64 && rank < ntiles) {
     float m_run = -INFINITY;
-    for (int t = 0; t < rank; ++t) m_run = fmaxf(m_run, *cluster.map_shared_rank(mx_a + t * 16 + sm_row, t));
-    const float m_new = fmaxf(m_run, mx_a[rank * 16 + sm_row]);
+    if constexpr (kX == kMlaXPull) {
+      for (int t = 0; t < rank; ++t) m_run = fmaxf(m_run, *cluster.map_shared_rank(mx_a + t * 16 + sm_row, t));
+    } else {
+      for (int t = 0; t < rank; ++t) m_run = fmaxf(m_run, mx_a[t * 16 + sm_row]);
+    }
+    const float m_new = fmaxf(m_run, mx);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: avoid inf - inf
-    const float sum = mla_row_p(s, sm_q, my_nv, m_use, Pa + (rank * 16 + sm_row) * kMlaPStride + sm_q * 16);
+    uint16_t* prow = Pa + (rank * 16 + sm_row) * kMlaPStride + sm_q * 16;
+    const float sum = mla_row_p(s, sm_q, my_nv, m_use, prow);
+    const float alpha = expf(m_run - m_use);  // 0 on the split's first tile
+    float* al = al_a + rank * 16 + sm_row;
+    float* su = su_a + rank * 16 + sm_row;
     if (sm_q == 0) {
-      al_a[rank * 16 + sm_row] = expf(m_run - m_use);  // 0 on the split's first tile
-      su_a[rank * 16 + sm_row] = sum;
+      *al = alpha;
+      *su = sum;
+    }
+    if constexpr (kX != kMlaXPull) {
+      // This thread's 16 P values (two 16-byte pieces) and, in the row's first thread, its
+      // alpha and sum into every other block: each block runs phase 2 over every tile.
+      const uint4 v0 = reinterpret_cast<const uint4*>(prow)[0], v1 = reinterpret_cast<const uint4*>(prow)[1];
+      for (int t = 0; t < T; ++t) {
+        if (t == rank) continue;
+        if constexpr (kX == kMlaXPush) {
+          uint4* rp = reinterpret_cast<uint4*>(cluster.map_shared_rank(prow, t));
+          rp[0] = v0;
+          rp[1] = v1;
+          if (sm_q == 0) {
+            *cluster.map_shared_rank(al, t) = alpha;
+            *cluster.map_shared_rank(su, t) = sum;
+          }
+        } else {
+          const uint32_t bar = dsmem_addr(mbar1, t), rp = dsmem_addr(smem_u32(prow), t);
+          st_async_v4(rp, v0, bar);
+          st_async_v4(rp + 16, v1, bar);
+          if (sm_q == 0) {
+            st_async_f32(dsmem_addr(smem_u32(al), t), alpha, bar);
+            st_async_f32(dsmem_addr(smem_u32(su), t), sum, bar);
+          }
+        }
+      }
     }
   }
-  cluster.sync();  // every tile's P, alpha and sum are visible to the cluster
-  mark(6);
-
-  // Copy the other tiles' P (16 rows x 64 bf16 = 128 16-byte chunks per tile), maxima, alphas
-  // and sums into this block's shared memory.
-  for (int i = tid; i < ntiles * 128; i += kMlaTcThreads) {
-    const int t = i >> 7, r = (i >> 3) & 15, c = (i & 7) * 8;
-    if (t == rank) continue;
-    uint16_t* dst = Pa + (t * 16 + r) * kMlaPStride + c;
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(cluster.map_shared_rank(dst, t));
+  if constexpr (kX == kMlaXPull) {
+    cluster.sync();  // every tile's P, alpha and sum are visible to the cluster
+    mark(6);
+    // Copy the other tiles' P (16 rows x 64 bf16 = 128 16-byte chunks per tile), maxima, alphas
+    // and sums into this block's shared memory.
+    for (int i = tid; i < ntiles * 128; i += kMlaTcThreads) {
+      const int t = i >> 7, r = (i >> 3) & 15, c = (i & 7) * 8;
+      if (t == rank) continue;
+      uint16_t* dst = Pa + (t * 16 + r) * kMlaPStride + c;
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(cluster.map_shared_rank(dst, t));
+    }
+    for (int i = tid; i < ntiles * 48; i += kMlaTcThreads) {
+      const int t = i / 48, a = (i % 48) / 16, r = i % 16;
+      if (t == rank) continue;
+      float* dst = (a == 0 ? mx_a : a == 1 ? al_a : su_a) + t * 16 + r;
+      *dst = *cluster.map_shared_rank(dst, t);
+    }
+    cp_async_wait<0>();
+    cluster.sync();  // copies done (no block leaves while another reads it) and visible in the block
+  } else if constexpr (kX == kMlaXPush) {
+    // After this barrier no block touches another's shared memory: each may leave when done.
+    cp_async_wait<0>();
+    cluster.sync();  // every tile's P, alpha and sum are in every block
+    mark(6);
+  } else {
+    cp_async_wait<0>();
+    mbar_wait(mbar1, 0);  // the other tiles' P, alphas and sums have landed here
+    __syncthreads();      // this block's own (and its slice copies) are visible to every warp
+    mark(6);
   }
-  for (int i = tid; i < ntiles * 48; i += kMlaTcThreads) {
-    const int t = i / 48, a = (i % 48) / 16, r = i % 16;
-    if (t == rank) continue;
-    float* dst = (a == 0 ? mx_a : a == 1 ? al_a : su_a) + t * 16 + r;
-    *dst = *cluster.map_shared_rank(dst, t);
-  }
-  cp_async_wait<0>();
-  cluster.sync();  // copies done (no block leaves while another reads it) and visible in the block
   mark(7);
   float m_fin = -INFINITY;
   if (tid < 16) {  // the walk's l and final m of row tid
