@@ -270,6 +270,20 @@ TEST(NormSettings, WideSwitchNamesItselfOnBadValues) {
 
 // The release-first sites (no GPU needed): unset = combine, latent, norm; "none", "all", or a list;
 // an unknown or empty name is one error naming the variable and the whole value.
+TEST(EnvSettings, MlaExchangeParses) {
+  using namespace detail;
+  EXPECT_EQ(mla_exchange_setting(nullptr), 3);  // async, the default since session 36
+  EXPECT_EQ(mla_exchange_setting(""), 3);
+  EXPECT_EQ(mla_exchange_setting("pull"), 1);
+  EXPECT_EQ(mla_exchange_setting("push"), 2);
+  EXPECT_EQ(mla_exchange_setting("async"), 3);
+  expect_each_rejected([](const char* v) { mla_exchange_setting(v); }, {"0", "3", "Async", "pull,push"},
+                       [](const char* v) {
+                         return std::vector<std::string>{"ATLAS_MLA_EXCHANGE: expected pull, push or async",
+                                                         "got '" + std::string(v) + "'"};
+                       });
+}
+
 TEST(EnvSettings, ReleaseFirstSitesParse) {
   using namespace detail;
   EXPECT_EQ(release_first_setting(nullptr), unsigned(kRfCombine | kRfLatent | kRfNorm));

@@ -92,9 +92,9 @@ bool release_first(ReleaseFirstSite site) {
 
 int mla_exchange_setting(const char* value) {
   const std::string v = value ? value : "";
-  if (v.empty() || v == "pull") return 1;
+  if (v == "pull") return 1;
   if (v == "push") return 2;
-  if (v == "async") return 3;
+  if (v.empty() || v == "async") return 3;
   throw Error("cuda: ATLAS_MLA_EXCHANGE: expected pull, push or async, got '" + v + "'");
 }
 

@@ -226,8 +226,8 @@ __device__ __forceinline__ float mla_row_p(const float (&s)[16], int q, int nv, 
   for (int i = 0; i < 16; i += 2) {
     // An invalid slot's exp is expf(-inf) = +0, whose bf16 is the 0 it had (its s may be
     // anything, stale shared memory included, and never reaches p): every exp is computed, with
-    // no branch per slot, so the 16 interleave (session 36: with the branches the softmax took
-    // ~1,000 cycles of a decode step).
+    // no branch per slot, so the 16 interleave (session 36: the decode step's softmax and P
+    // exchange went from ~2,900 to ~2,200 cycles, phase clocks, ATLAS_PHASE_CLOCKS).
     const uint16_t b0 = f2bf(expf(q * 16 + i < nv ? s[i] - m_use : -INFINITY));
     const uint16_t b1 = f2bf(expf(q * 16 + i + 1 < nv ? s[i + 1] - m_use : -INFINITY));
     sum += bf2f(b0);
@@ -535,7 +535,9 @@ __global__ void mla_tc_cluster_probe_kernel(int* out) {
 // thread 0's clock marks (mark(i) below; mla.cu names the phases between them) added to p.phase_clocks.
 constexpr int kMlaClusterMarks = 10;
 // kX: how the blocks exchange the row maxima and P (the same values either way, so the same
-// bits; ATLAS_MLA_EXCHANGE, MlaDecodeArgs::cluster_exchange):
+// bits; ATLAS_MLA_EXCHANGE, MlaDecodeArgs::cluster_exchange; async is the default since session
+// 36: batch-1 decode 478.7 against 471.4 tok/s with pull, 474.0 / 471.0 / 465.1 for async /
+// push / pull before the softmax lost its branches, runs s36-2 and s36-3):
 //   kMlaXPull:  each block reads the others' maxima after cluster barrier 1 and copies their P,
 //               alphas and sums after barrier 2, then barrier 3 (no block leaves while read);
 //   kMlaXPush:  each block writes its maxima, P, alphas and sums into the others' shared memory
@@ -800,30 +802,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
   if (d0 < dcols) {
-    // A tile's fragments (at most four k steps) are all loaded before its MMAs, the next tile's
-    // while they run (two register sets), so that only the MMA chain is serial (session 36: the
-    // loop that loaded each k step's fragments before its MMA took ~2,100 cycles in a decode
-    // step). The same MMAs in the same order: the same bits.
-    const auto ksteps_of = [&](int t) { return (min(kMlaTile, send - (j0 + t * kMlaTile)) + 15) / 16; };
-    uint32_t fa[2][4][4], fb[2][4][4];
-    const auto load_tile = [&](int t, uint32_t(&a)[4][4], uint32_t(&b)[4][4]) {
-      const int ksteps = ksteps_of(t);
-      const uint16_t* C = Cl + t * kMlaTile * kMlaSliceStride;
-      const uint16_t* P = Pa + t * 16 * kMlaPStride;
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if (ks >= ksteps) break;
-        ldsm_x4_trans(b[ks], C + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kMlaSliceStride + 16 * warp +
-                                 (lane >> 4) * 8);
-        ldsm_x4(a[ks], P + ((lane & 7) + ((lane >> 3) & 1) * 8) * kMlaPStride + ks * 16 + (lane >> 4) * 8);
-      }
-    };
-    static_assert(T * kMlaTile == 256 && kMlaTile / 16 == 4, "four tiles of four k steps per split");
-    load_tile(0, fa[0], fb[0]);
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      if (t >= ntiles) break;
-      if (t + 1 < ntiles) load_tile(t + 1, fa[(t + 1) & 1], fb[(t + 1) & 1]);
+    for (int t = 0; t < ntiles; ++t) {
       const float a_lo = al_a[t * 16 + (lane >> 2)], a_hi = al_a[t * 16 + (lane >> 2) + 8];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -832,12 +811,16 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
         o[nt][2] *= a_hi;
         o[nt][3] *= a_hi;
       }
-      const int ksteps = ksteps_of(t);
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if (ks >= ksteps) break;
-        mma_bf16(o[0], fa[t & 1][ks], fb[t & 1][ks][0], fb[t & 1][ks][1]);
-        if (d0 + 8 < dcols) mma_bf16(o[1], fa[t & 1][ks], fb[t & 1][ks][2], fb[t & 1][ks][3]);
+      const int ksteps = (min(kMlaTile, send - (j0 + t * kMlaTile)) + 15) / 16;
+      const uint16_t* C = Cl + t * kMlaTile * kMlaSliceStride;
+      const uint16_t* P = Pa + t * 16 * kMlaPStride;
+      for (int ks = 0; ks < ksteps; ++ks) {
+        uint32_t b[4], a[4];
+        ldsm_x4_trans(b, C + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kMlaSliceStride + 16 * warp +
+                             (lane >> 4) * 8);
+        ldsm_x4(a, P + ((lane & 7) + ((lane >> 3) & 1) * 8) * kMlaPStride + ks * 16 + (lane >> 4) * 8);
+        mma_bf16(o[0], a, b[0], b[1]);
+        if (d0 + 8 < dcols) mma_bf16(o[1], a, b[2], b[3]);
       }
     }
   }
