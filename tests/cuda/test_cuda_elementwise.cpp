@@ -226,7 +226,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},
-      {"ATLAS_MLA_EXCHANGE", {"pull", "push", "async", "pair", "2"}},
+      {"ATLAS_MLA_EXCHANGE", {"pull", "push", "async", "2"}},
       {"ATLAS_PHASE_CLOCKS", {"attention", "merge"}},
   };
   std::vector<Saved> saved;
@@ -277,10 +277,9 @@ TEST(EnvSettings, MlaExchangeParses) {
   EXPECT_EQ(mla_exchange_setting("pull"), 1);
   EXPECT_EQ(mla_exchange_setting("push"), 2);
   EXPECT_EQ(mla_exchange_setting("async"), 3);
-  EXPECT_EQ(mla_exchange_setting("pair"), 4);
   expect_each_rejected([](const char* v) { mla_exchange_setting(v); }, {"0", "3", "Async", "pull,push"},
                        [](const char* v) {
-                         return std::vector<std::string>{"ATLAS_MLA_EXCHANGE: expected pull, push, async or pair",
+                         return std::vector<std::string>{"ATLAS_MLA_EXCHANGE: expected pull, push or async",
                                                          "got '" + std::string(v) + "'"};
                        });
 }

@@ -171,9 +171,7 @@ bool release_first(ReleaseFirstSite site);
 
 // ATLAS_MLA_EXCHANGE's value (null or empty: unset): the MLA cluster kernel's exchange between
 // its blocks, kern::kMlaXPull (1, "pull", the default before session 36), kMlaXPush (2, "push")
-// kMlaXAsync (3, "async", the default) or kMlaXPair (4, "pair": async in clusters of two splits,
-// a query of two splits merged inside the cluster); anything else throws an Error naming the
-// variable.
+// or kMlaXAsync (3, "async", the default); anything else throws an Error naming the variable.
 int mla_exchange_setting(const char* value);
 // ATLAS_PHASE_CLOCKS's value (null or empty: unset, ""): "attention" (the MLA cluster kernel's
 // clocked instantiation, kernels/phase_clock.cuh); anything else throws an Error naming the

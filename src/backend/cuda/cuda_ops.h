@@ -641,10 +641,8 @@ struct MlaDecodeArgsT {
   // most SMs idle (small batches). Never changes results (tested).
   int tile_parallel = 0;
   // The cluster kernel only: how its blocks exchange the row maxima and P (kernels/mla_tc.cuh):
-  // 1 pull, 2 push, 3 async (st.async on mbarriers), 4 pair (async in clusters of two splits
-  // that merge a two-split query inside the cluster; async where that does not apply);
-  // 0 = ATLAS_MLA_EXCHANGE's (pull, push, async or pair; unset: async). Never changes results
-  // (tested).
+  // 1 pull, 2 push, 3 async (st.async on mbarriers); 0 = ATLAS_MLA_EXCHANGE's (pull, push or
+  // async; unset: async). Never changes results (tested).
   int cluster_exchange = 0;
   // A decode step's launch right after the latent cache kernel (one query per cache row, which
   // wrote slot lengths[q] - 1 and nothing else): the cluster kernel copies the older slots before

@@ -99,7 +99,7 @@ unsigned long long* cluster_clocks() {
   return sums;
 }
 
-static_assert(kern::kMlaXPull == 1 && kern::kMlaXPush == 2 && kern::kMlaXAsync == 3 && kern::kMlaXPair == 4,
+static_assert(kern::kMlaXPull == 1 && kern::kMlaXPush == 2 && kern::kMlaXAsync == 3,
               "MlaDecodeArgs::cluster_exchange and ATLAS_MLA_EXCHANGE's values (mla_exchange_setting)");
 using ClusterKernel = void (*)(kern::MlaTcParams);
 ClusterKernel cluster_kernel(bool clocks, int exchange) {
@@ -107,7 +107,6 @@ ClusterKernel cluster_kernel(bool clocks, int exchange) {
   switch (exchange) {
     case kMlaXPush: return clocks ? mla_tc_cluster_kernel<true, kMlaXPush> : mla_tc_cluster_kernel<false, kMlaXPush>;
     case kMlaXAsync: return clocks ? mla_tc_cluster_kernel<true, kMlaXAsync> : mla_tc_cluster_kernel<false, kMlaXAsync>;
-    case kMlaXPair: return clocks ? mla_tc_cluster_kernel<true, kMlaXPair> : mla_tc_cluster_kernel<false, kMlaXPair>;
     default: return clocks ? mla_tc_cluster_kernel<true, kMlaXPull> : mla_tc_cluster_kernel<false, kMlaXPull>;
   }
 }
@@ -122,7 +121,7 @@ bool tile_parallel_setup() {
                "cudaDeviceGetAttribute(clusterLaunch)");
     if (!cluster_launch || !probe_device_code(kern::mla_tc_cluster_probe_kernel, "mla_decode")) return false;
     const int smem = kern::mla_tc_cluster_smem_bytes(kMlaWidthMax);
-    for (const int x : {kern::kMlaXPull, kern::kMlaXPush, kern::kMlaXAsync, kern::kMlaXPair})
+    for (const int x : {kern::kMlaXPull, kern::kMlaXPush, kern::kMlaXAsync})
       for (const bool clocks : {false, true})
         check_cuda(cudaFuncSetAttribute(cluster_kernel(clocks, x), cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                    "mla_decode", "cudaFuncSetAttribute");
@@ -130,15 +129,6 @@ bool tile_parallel_setup() {
     return cluster_fits(reinterpret_cast<const void*>(kern::mla_tc_cluster_kernel<false>), kern::kMlaClusterTiles,
                         kern::kMlaTcThreads, smem);
   }();
-  return ok;
-}
-
-// Whether clusters of 2 * kMlaClusterTiles such blocks fit (the pair exchange), after the setup.
-bool pair_fits() {
-  static const bool ok = tile_parallel_setup() &&
-                         cluster_fits(reinterpret_cast<const void*>(cluster_kernel(false, kern::kMlaXPair)),
-                                      2 * kern::kMlaClusterTiles, kern::kMlaTcThreads,
-                                      kern::mla_tc_cluster_smem_bytes(kMlaWidthMax));
   return ok;
 }
 
@@ -156,8 +146,8 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   const bool vec = width % 8 == 0 && a.cache_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(a.latent_cache) % 16 == 0;
   // (Host checks before anything touches the device: the error flag below is a device buffer.)
-  require(a.cluster_exchange >= 0 && a.cluster_exchange <= 4, op, "cluster_exchange",
-          "must be 0 (ATLAS_MLA_EXCHANGE's), 1 (pull), 2 (push), 3 (async) or 4 (pair), got " +
+  require(a.cluster_exchange >= 0 && a.cluster_exchange <= 3, op, "cluster_exchange",
+          "must be 0 (ATLAS_MLA_EXCHANGE's), 1 (pull), 2 (push) or 3 (async), got " +
               std::to_string(a.cluster_exchange));
   require(a.tile_parallel >= 0 && a.tile_parallel <= 2, op, "tile_parallel",
           "must be 0 (auto), 1 (off) or 2 (on), got " + std::to_string(a.tile_parallel));
@@ -199,20 +189,14 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   const bool tp = a.tile_parallel == 2 ||
                   (a.tile_parallel == 0 && tp_fits && blocks * kern::kMlaClusterTiles <= sms && tile_parallel_setup());
   const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sms) ? 1 : 2);
-  bool pair = false;  // the cluster kernel merged the queries of two splits
   if (tp) {
     kern::MlaTcParams pc = p;
     pc.phase_clocks = cluster_clocks();
     static const int env_exchange = mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
-    int x = a.cluster_exchange ? a.cluster_exchange : env_exchange;
-    // The pair exchange merges two-split queries itself: not where the value GEMM's launch
-    // merges (merge_out), nor where clusters of 8 do not fit; async there (the same bits).
-    if (x == kern::kMlaXPair && (merge_out != nullptr || !pair_fits())) x = kern::kMlaXAsync;
-    pair = x == kern::kMlaXPair;
-    const int per_cluster = (pair ? 2 : 1) * kern::kMlaClusterTiles;
-    launch_clustered(unsigned(per_cluster), cluster_kernel(pc.phase_clocks != nullptr, x),
-                     dim3(unsigned(a.rows * per_cluster), unsigned(pair ? (max_splits + 1) / 2 : max_splits)),
-                     kern::kMlaTcThreads, size_t(kern::mla_tc_cluster_smem_bytes(wp)), s, pc);
+    launch_clustered(unsigned(kern::kMlaClusterTiles),
+                     cluster_kernel(pc.phase_clocks != nullptr, a.cluster_exchange ? a.cluster_exchange : env_exchange),
+                     dim3(unsigned(a.rows * kern::kMlaClusterTiles), unsigned(max_splits)), kern::kMlaTcThreads,
+                     size_t(kern::mla_tc_cluster_smem_bytes(wp)), s, pc);
   } else if (G == 1)
     vec ? launch_tc_kernel<1, true>(p, nst, s) : launch_tc_kernel<1, false>(p, nst, s);
   else if (G == 2)
@@ -237,7 +221,7 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                            : (merge_rf ? mla_tc_merge_kernel<false, true> : mla_tc_merge_kernel<false, false>);
   launch(merge, merge_blocks,
          kern::kMlaMergeThreads, 0, s, p.ws_acc, p.ws_ml, a.lengths, a.rows, a.heads, a.latent, a.max_length,
-         a.split_tokens, max_splits, a.out, (pair ? 2 : 1) * a.split_tokens);
+         a.split_tokens, max_splits, a.out);
   check_launch(op);
 }
 

@@ -95,8 +95,7 @@ int mla_exchange_setting(const char* value) {
   if (v == "pull") return 1;
   if (v == "push") return 2;
   if (v.empty() || v == "async") return 3;
-  if (v == "pair") return 4;
-  throw Error("cuda: ATLAS_MLA_EXCHANGE: expected pull, push, async or pair, got '" + v + "'");
+  throw Error("cuda: ATLAS_MLA_EXCHANGE: expected pull, push or async, got '" + v + "'");
 }
 
 std::string phase_clocks_setting(const char* value) {

@@ -41,11 +41,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
-// One arrival on barrier `bar` of another block (an address from dsmem_addr), releasing this
-// thread's earlier writes and reads at cluster scope.
-__device__ __forceinline__ void mbar_remote_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // The address of `local` (a shared::cta address) in block `rank` of the cluster.
 __device__ __forceinline__ uint32_t dsmem_addr(uint32_t local, uint32_t rank) {
   uint32_t r;

@@ -518,7 +518,7 @@ constexpr int kMlaSliceStride = kMlaClusterCols + 8;                   // 272-by
 __host__ __device__ constexpr int mla_tc_cluster_smem_bytes(int wp) {
   return 2 * 16 * (wp + 8) + 2 * kMlaTile * (wp + 8) + 2 * kMlaClusterTiles * kMlaTile * kMlaSliceStride +
          4 * 16 * kMlaSStride + 2 * kMlaClusterTiles * 16 * kMlaPStride + 4 * 3 * kMlaClusterTiles * 16 + 4 * 16 +
-         4 * 16 + 4 * 8;  // + m_s and the four mbarriers of the st.async exchange (8-byte aligned: every part is)
+         2 * 8;  // + the two mbarriers of the st.async exchange (8-byte aligned: every part is)
 }
 
 // 1 where this binary's device code has the cluster kernel (sm_90 or later), else 0.
@@ -545,12 +545,7 @@ constexpr int kMlaClusterMarks = 10;
 //   kMlaXAsync: as push, by st.async counted on each receiver's mbarriers (kernels/dsmem.cuh):
 //               no cluster barrier on the way (one at the start, before the launch-overlap
 //               wait, makes the mbarriers' init visible).
-//   kMlaXPair:  as async, in clusters of 2 * kMlaClusterTiles blocks: the two halves run splits
-//               2y and 2y + 1 of the query, and a query of exactly two splits is merged inside
-//               the cluster (the second half's blocks push their fp32 partials, m and l into the
-//               first half's, which merge them as the merge kernel does and write the output;
-//               the merge kernel leaves those queries alone: MlaTcParams::direct_max).
-constexpr int kMlaXPull = 1, kMlaXPush = 2, kMlaXAsync = 3, kMlaXPair = 4;
+constexpr int kMlaXPull = 1, kMlaXPush = 2, kMlaXAsync = 3;
 template <bool kClocks = false, int kX = kMlaXPull>
 __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const MlaTcParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -579,22 +574,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   float* al_a = mx_a + T * 16;                                                // [T][16] alpha
   float* su_a = al_a + T * 16;                                                // [T][16] tile sums
   float* l_s = su_a + T * 16;                                                 // [16]
-  float* m_s = l_s + 16;                                                      // [16] (kMlaXPair)
-  uint64_t* mbars = reinterpret_cast<uint64_t*>(m_s + 16);                    // [4] (async, pair)
+  uint64_t* mbars = reinterpret_cast<uint64_t*>(l_s + 16);                    // [2] (kMlaXAsync)
   const uint32_t mbar0 = smem_u32(mbars), mbar1 = smem_u32(mbars + 1);
-  // Pair only: barrier 2 (first half) the partner's partials, barrier 3 (second half) the
-  // partner's "this block's tile buffer is free": the partials land there (Ct, dead after phase 1).
-  const uint32_t mbar2 = smem_u32(mbars + 2), mbar3 = smem_u32(mbars + 3);
-  constexpr bool kPair = kX == kMlaXPair, kAsync = kX == kMlaXAsync || kPair;
 
   const cg::cluster_group cluster = cg::this_cluster();
-  const int crank = int(cluster.block_rank());
-  const int half = kPair ? crank / T : 0;  // which split of the pair
-  const int rank = crank - half * T;      // the block's tile in its split
-  const int base = half * T;              // cluster rank of the split's tile 0
+  const int rank = int(cluster.block_rank());
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int qi = int(blockIdx.x) / (kPair ? 2 * T : T), split = kPair ? 2 * int(blockIdx.y) + half : int(blockIdx.y);
-  const int j0 = split * p.S;
+  const int qi = int(blockIdx.x) / T, split = blockIdx.y, j0 = split * p.S;
 
   // Every block of the cluster reads the same length, so all of them leave here or none.
   const int len = p.lengths[qi];
@@ -605,15 +591,8 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   }
   if (len <= j0) {  // no slot of this split
     if (early) pdl_wait_after(rf);
-    // (pair: the other half may have slots; its barrier after phase 1 counts this block too)
-    if constexpr (kPair) {
-      cluster_arrive_relaxed();
-      cluster_wait();
-    }
     return;
   }
-  // Pair: the query's two splits are this cluster's (merged here; only in the first pair).
-  const bool pair_merge = kPair && blockIdx.y == 0 && len > p.S && len <= 2 * p.S;
   const int send = min(len, j0 + p.S);  // end slot of the split
   const int ntiles = (send - j0 + kMlaTile - 1) / kMlaTile;
   const int64_t crow = p.cache_rows ? p.cache_rows[qi] : qi;
@@ -621,25 +600,17 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   const int c0 = rank * kMlaClusterCols;                 // this block's latent columns (phase 2)
   const int dcols = (p.latent + 7) & ~7;                 // latent columns the MMAs cover (<= width)
   const int slice_cpr = max(0, min(kMlaClusterCols, dcols - c0)) / 8;
-  if constexpr (kAsync) {
-    // The bytes this block receives: barrier 0 the row maxima (64 bytes from each other tile:
-    // the softmax needs them, and every block's m for the workspace or the pair merge), barrier
-    // 1 each other tile's P rows (64 threads x 32 bytes), alphas and sums (16 x 8 bytes). A
-    // count the stores may reach before the expect: the phase also waits for this one arrival.
+  if constexpr (kX == kMlaXAsync) {
+    // The bytes this block receives: barrier 0 the row maxima (64 bytes from each other tile,
+    // where this block runs a softmax), barrier 1 each other tile's P rows (64 threads x 32
+    // bytes), alphas and sums (16 x 8 bytes). A count the stores may reach before the expect:
+    // the phase also waits for this one arrival.
     if (tid == 0) {
       const uint32_t others = uint32_t(ntiles - (rank < ntiles ? 1 : 0));
       mbar_init(mbar0, 1);
       mbar_init(mbar1, 1);
-      mbar_arrive_expect(mbar0, others * 16 * 4);
+      mbar_arrive_expect(mbar0, rank < ntiles ? others * 16 * 4 : 0);
       mbar_arrive_expect(mbar1, others * (64 * 32 + 16 * 8));
-      if (pair_merge) {
-        if (half == 0) {
-          mbar_init(mbar2, 1);
-          mbar_arrive_expect(mbar2, kMlaTcThreads * 8 * 4 + 16 * 2 * 4);  // partials, m and l
-        } else {
-          mbar_init(mbar3, 1);  // the partner's one remote arrival
-        }
-      }
       fence_mbarrier_init();
     }
   }
@@ -715,8 +686,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // written into every block; async: st.async into the blocks that run a softmax, counted on
   // their barrier 0).
   if constexpr (kX != kMlaXPull) cluster_wait();  // every block has started (and initialised its barriers)
-  // Pair: this block's tile buffer is free for the partner's partials.
-  if (pair_merge && half == 0 && tid == 0) mbar_remote_arrive(dsmem_addr(mbar3, crank + T));
   float mx = -INFINITY;
   if (tid < 64 && rank < ntiles) {
     mx = mla_row_max(Ss + sm_row * kMlaSStride, sm_q, my_nv, s);
@@ -726,13 +695,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
       if constexpr (kX == kMlaXPush) {
         for (int t = 0; t < T; ++t)
           if (t != rank) *cluster.map_shared_rank(mine, t) = mx;
-      } else if constexpr (kAsync) {
-        for (int t = 0; t < T; ++t)
-          if (t != rank) st_async_f32(dsmem_addr(smem_u32(mine), base + t), mx, dsmem_addr(mbar0, base + t));
+      } else if constexpr (kX == kMlaXAsync) {
+        for (int t = 0; t < ntiles; ++t)
+          if (t != rank) st_async_f32(dsmem_addr(smem_u32(mine), t), mx, dsmem_addr(mbar0, t));
       }
     }
   }
-  if constexpr (kAsync) {
+  if constexpr (kX == kMlaXAsync) {
     if (tid < 64 && rank < ntiles) mbar_wait(mbar0, 0);
   } else {
     cluster.sync();  // every tile's row maxima are visible to the cluster
@@ -773,12 +742,12 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
             *cluster.map_shared_rank(su, t) = sum;
           }
         } else {
-          const uint32_t bar = dsmem_addr(mbar1, base + t), rp = dsmem_addr(smem_u32(prow), base + t);
+          const uint32_t bar = dsmem_addr(mbar1, t), rp = dsmem_addr(smem_u32(prow), t);
           st_async_v4(rp, v0, bar);
           st_async_v4(rp + 16, v1, bar);
           if (sm_q == 0) {
-            st_async_f32(dsmem_addr(smem_u32(al), base + t), alpha, bar);
-            st_async_f32(dsmem_addr(smem_u32(su), base + t), sum, bar);
+            st_async_f32(dsmem_addr(smem_u32(al), t), alpha, bar);
+            st_async_f32(dsmem_addr(smem_u32(su), t), sum, bar);
           }
         }
       }
@@ -817,14 +786,12 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   mark(7);
   float m_fin = -INFINITY;
   if (tid < 16) {  // the walk's l and final m of row tid
-    if constexpr (kAsync) mbar_wait(mbar0, 0);  // (a block without a tile of its own has not waited)
     float l = 0.0f;
     for (int t = 0; t < ntiles; ++t) {
       l = __fmaf_rn(l, al_a[t * 16 + tid], su_a[t * 16 + tid]);
       m_fin = fmaxf(m_fin, mx_a[t * 16 + tid]);
     }
     l_s[tid] = l;
-    m_s[tid] = m_fin;
   }
 
   // ---- phase 2: columns c0 + 16 warp .. + 16 over all tiles, ascending ----
@@ -860,52 +827,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
 
   // ---- epilogue (the walk's) ----
   mark(8);
-  if (pair_merge) {
-    // The partials of split 1 (this thread's 8 accumulators; m and l of rows 0-15) go to the
-    // block of split 0 with the same tile rank (the same columns and thread layout), which
-    // merges them with its own as mla_merge_item does for two splits: M = fmaxf(fmaxf(-inf, m0),
-    // m1), f_s = expf(m_s - M), L and o fmaf chains from 0 in split order, out = bf16(o / L).
-    float* recv = reinterpret_cast<float*>(Ct);  // [256][8] partials, then [16][2] (m, l)
-    if (half == 1) {
-      mbar_wait(mbar3, 0);  // the partner's tile buffer is free
-      const uint32_t bar = dsmem_addr(mbar2, crank - T), dst = dsmem_addr(smem_u32(recv + tid * 8), crank - T);
-      st_async_v4(dst, make_uint4(__float_as_uint(o[0][0]), __float_as_uint(o[0][1]), __float_as_uint(o[0][2]),
-                                  __float_as_uint(o[0][3])),
-                  bar);
-      st_async_v4(dst + 16, make_uint4(__float_as_uint(o[1][0]), __float_as_uint(o[1][1]), __float_as_uint(o[1][2]),
-                                       __float_as_uint(o[1][3])),
-                  bar);
-      if (tid < 16) {
-        const uint32_t ml = dsmem_addr(smem_u32(recv + kMlaTcThreads * 8 + tid * 2), crank - T);
-        st_async_f32(ml, m_fin, bar);
-        st_async_f32(ml + 4, l_s[tid], bar);
-      }
-    } else {
-      mbar_wait(mbar2, 0);
-      __syncthreads();  // m_s, l_s
-      if (d0 < dcols) {
-        const float* v1 = recv + tid * 8;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int h = (lane >> 2) + hh * 8;
-          if (h >= p.heads) continue;
-          const float m0 = m_s[h], l0 = l_s[h], m1 = recv[kMlaTcThreads * 8 + h * 2],
-                      l1 = recv[kMlaTcThreads * 8 + h * 2 + 1];
-          const float M = fmaxf(fmaxf(-INFINITY, m0), m1);
-          const float f0 = expf(m0 - M), f1 = expf(m1 - M);
-          const float L = __fmaf_rn(l1, f1, __fmaf_rn(l0, f0, 0.0f));
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int d = d0 + nt * 8 + 2 * (lane & 3) + e;
-              const float ov = __fmaf_rn(v1[nt * 4 + hh * 2 + e], f1, __fmaf_rn(o[nt][hh * 2 + e], f0, 0.0f));
-              if (d < p.latent) p.out[(int64_t(qi) * p.heads + h) * p.latent + d] = f2bf_out(ov / L);
-            }
-        }
-      }
-    }
-  } else {
   const bool direct = len <= p.S;  // the query has exactly one split
   if (!direct && rank == 0 && tid < p.heads) {
     const int64_t base = ((int64_t(qi) * p.max_splits + split) * p.heads + tid) * 2;
@@ -915,17 +836,16 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   __syncthreads();  // l_s
   if (d0 < dcols) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int h = (lane >> 2) + hf * 8;
+    for (int half = 0; half < 2; ++half) {
+      const int h = (lane >> 2) + half * 8;
       if (h >= p.heads) continue;
       const float l = l_s[h];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int d = d0 + nt * 8 + 2 * (lane & 3);
-        mla_store_pair(p, qi, split, h, d, o[nt][hf * 2], o[nt][hf * 2 + 1], l, direct);
+        mla_store_pair(p, qi, split, h, d, o[nt][half * 2], o[nt][half * 2 + 1], l, direct);
       }
     }
-  }
   }
   if constexpr (kClocks) {
     mark(9);
@@ -946,13 +866,11 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
 // kEarly (ATLAS_MLA_MERGE_EARLY, default on): a decode step's length read before the
 // launch-overlap wait, and each item's loads in one round (mla_merge_item<true>); the same bits.
 // kReleaseFirst (ATLAS_RELEASE_FIRST=merge): the next launch released first (kernels/pdl.cuh).
-// direct_max: queries of lengths in (0, direct_max] were written by the attention kernel (S;
-// 2 S after the cluster kernel's pair exchange, which merges queries of two splits itself).
 template <bool kEarly, bool kReleaseFirst = false>
 __global__ void __launch_bounds__(kMlaMergeThreads)
 mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                     const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
-                    int max_splits, uint16_t* __restrict__ out, int direct_max) {
+                    int max_splits, uint16_t* __restrict__ out) {
   pdl_release_if(kReleaseFirst);
   __shared__ int s_cnt[kMlaMergeThreads / 32];
   __shared__ int s_list[kMlaMergeThreads];
@@ -966,7 +884,7 @@ mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ 
     if (!kEarly) pdl_wait_after(kReleaseFirst);
     const int len = lengths[blockIdx.x / heads];
     if (kEarly) pdl_wait_after(kReleaseFirst);
-    if (len >= 0 && len <= max_length && (len == 0 || len > direct_max))
+    if (len >= 0 && len <= max_length && (len == 0 || len > S))
       mla_merge_item<kEarly>(ws_acc, ws_ml, len, heads, latent, S, max_splits, out, blockIdx.x, d);
     return;
   }
@@ -976,7 +894,7 @@ mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ 
     bool need = false;
     if (mine < items) {
       const int len = lengths[mine / heads];  // bad lengths: reported by the split kernel
-      need = len >= 0 && len <= max_length && (len == 0 || len > direct_max);
+      need = len >= 0 && len <= max_length && (len == 0 || len > S);
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, need);
     if (lane == 0) s_cnt[warp] = __popc(ballot);
