@@ -209,6 +209,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_FAST_SMALL_M", {"0", "1", "cublas"}},
       {"ATLAS_GEMM_CLUSTER_EARLY", {"0", "1", "on"}},
       {"ATLAS_GEMM_CLUSTER16", {"0", "1", "c16"}},
+      {"ATLAS_GEMM_CLUSTER_PUSH", {"0", "1", "push"}},
       {"ATLAS_MLA_EARLY_CACHE", {"0", "1", "true"}},
       {"ATLAS_GEMM_STREAM_BALANCE", {"0", "1", "even"}},
       {"ATLAS_GEMM_TAILS", {"0", "1", "yes"}},

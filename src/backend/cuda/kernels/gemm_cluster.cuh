@@ -29,6 +29,7 @@
 
 #include <type_traits>
 
+#include "dsmem.cuh"
 #include "gemm_mma.cuh"
 
 namespace atlas::cuda::kern {
@@ -63,7 +64,21 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 #endif
 }
 
-template <class T, bool kOutF32>
+// kPush (config "c16x64/4w+push", ATLAS_GEMM_CLUSTER_PUSH; session 36, written after that
+// session's GPU time was spent: not yet run on a GPU): where the slice sums of all C blocks fit
+// the ring beside this block's own, (1 + C) * BM * BN * 4 <= SMEM_BYTES, the blocks push their
+// slice sums by st.async (kernels/dsmem.cuh) into the block that adds each column quad instead
+// of that block reading them after a cluster barrier: no cluster barrier after the main loop
+// (barrier.cluster.arrive's release is a GPU-scope memory barrier, MEMBAR.ALL.GPU; the MLA
+// cluster kernel's exchange gained ~9 tok/s at batch-1 decode from the same change, s36-2/-3).
+// Each block's mbarrier 1 ("free") counts one remote arrival from every adding block once that
+// block's ring is no longer read by its main loop; a block pushes only after its own barrier 1
+// has completed, into the adding block's ring past its own slice sum ([C][BM][BN] fp32, slice s
+// at s); the adding block waits on its mbarrier 0 for C * (its quads) * 16 bytes, then adds
+// slice 0, 1, ... from +0 as before: the same values in the same order, the same bits.
+// Elsewhere (more slices) the kernel runs the barrier path. The mbarriers follow the ring in
+// dynamic shared memory (the config's smem is SMEM_BYTES + 16).
+template <class T, bool kOutF32, bool kPush = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -126,6 +141,25 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   }
   const int row_begin = t.row_begin, row_end = t.row_end;
   const int n0 = t.n_tile * T::BN;
+  // kPush: the two mbarriers (after the ring), the blocks that add quads and this one's quads.
+  [[maybe_unused]] bool push = false;
+  [[maybe_unused]] uint32_t xdata = 0, xfree = 0;
+  [[maybe_unused]] int owners = 0, my_quads = 0;
+  if constexpr (kPush) push = (1 + C) * T::SUM_BYTES <= T::SMEM_BYTES;  // the same in every block
+  if (push) {
+    xdata = smem_u32(gemm_smem + T::SMEM_BYTES);
+    xfree = xdata + 8;
+    const int n_quads = (row_end - row_begin) * (T::BN / 4);
+    owners = min(C, (n_quads + T::THREADS - 1) / T::THREADS);
+    for (int i = rank * T::THREADS; i < n_quads; i += C * T::THREADS) my_quads += min(T::THREADS, n_quads - i);
+    if (tid == 0) {
+      mbar_init(xdata, 1);
+      mbar_arrive_expect_tx(xdata, uint32_t(C * my_quads * 16));
+      mbar_init(xfree, uint32_t(owners));
+      fence_mbarrier_init();
+    }
+    cluster_arrive_relaxed();  // its wait after the main loop: every block started, barriers ready
+  }
   for (int r = tid; r < T::BM; r += T::THREADS) a_off[r] = a_row_offset(p, row_begin + r, row_end);
   if (!early)
     for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, n0 + r);
@@ -168,6 +202,41 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
         *reinterpret_cast<float2*>(part + r * T::BN + c) = make_float2(acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1]);
       }
     }
+  if (push) {
+    const int quads = (row_end - row_begin) * (T::BN / 4);
+    float* recv = part + T::BM * T::BN;  // [C][BM][BN]: slice s's sums pushed by block s
+    cluster_wait();
+    if (rank < owners && tid == 0)
+      for (int s = 0; s < C; ++s) mbar_remote_arrive(dsmem_addr(xfree, uint32_t(s)));  // my ring is free
+    __syncthreads();       // this block's slice sum (part) is complete
+    mbar_wait_cluster(xfree, 0);   // every adding block's ring is free
+    for (int i = tid; i < quads; i += T::THREADS) {
+      const int r = i / (T::BN / 4), c = (i % (T::BN / 4)) * 4;
+      const uint32_t owner = uint32_t((i / T::THREADS) % C);
+      st_async_v4(dsmem_addr(smem_u32(recv + (rank * T::BM + r) * T::BN + c), owner),
+                  *reinterpret_cast<const uint4*>(part + r * T::BN + c), dsmem_addr(xdata, owner));
+    }
+    // A block that adds nothing receives nothing but the adding blocks' arrivals on its barrier 1,
+    // which it has waited for: it may leave (the adding blocks wait for their bytes).
+    if (my_quads == 0) return;
+    mbar_wait_cluster(xdata, 0);
+    for (int i = rank * T::THREADS + tid; i < quads; i += C * T::THREADS) {
+      const int r = i / (T::BN / 4), c = (i % (T::BN / 4)) * 4;
+      float4 tot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int s = 0; s < C; ++s) {
+        const float4 v = *reinterpret_cast<const float4*>(recv + (s * T::BM + r) * T::BN + c);
+        tot.x = __fadd_rn(tot.x, v.x);
+        tot.y = __fadd_rn(tot.y, v.y);
+        tot.z = __fadd_rn(tot.z, v.z);
+        tot.w = __fadd_rn(tot.w, v.w);
+      }
+      const int col = n0 + c;
+      const int64_t o_row = t.out_base + int64_t(row_begin + r) * p.os;
+      if (col < p.N) store_tile_pair<kOutF32>(p, o_row, col, tot.x, tot.y);
+      if (col + 2 < p.N) store_tile_pair<kOutF32>(p, o_row, col + 2, tot.z, tot.w);
+    }
+    return;
+  }
   cluster.sync();  // every block's slice sum is written and visible to the cluster
 
   // Block `rank` finishes column quads rank, rank + C, ... of the tile's real rows: total = +0,

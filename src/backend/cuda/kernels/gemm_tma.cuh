@@ -31,6 +31,7 @@
 
 #include <cuda.h>  // CUtensorMap (a 128-byte parameter type; no driver call is made here)
 
+#include "dsmem.cuh"
 #include "gemm_wgmma.cuh"
 
 namespace atlas::cuda::kern {
@@ -53,17 +54,8 @@ struct TmaTile {
   static_assert(kSliceK % BK == 0, "a K slice must be whole BK steps");
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-// Thread 0's arrival on a full barrier, announcing the bytes its tensor copies will deliver.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
+// mbar_init, mbar_arrive_expect_tx (thread 0's arrival on a full barrier, announcing the bytes
+// its tensor copies will deliver): kernels/dsmem.cuh.
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");

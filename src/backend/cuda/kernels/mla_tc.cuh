@@ -497,11 +497,11 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
 // same numbers with the work spread out:
 //   * block r runs phase 1 for tile r only (mla_scores, the same k order: the same scores) and
 //     its tile's row max;
-//   * after a cluster barrier each block reads the row maxima of tiles < r (distributed shared
-//     memory), so it has the running max m_{r-1} and m_r = fmaxf(m_{r-1}, max_r) exactly as the
+//   * once the row maxima of tiles < r are in (distributed shared memory: kX below says how),
+//     each block has the running max m_{r-1} and m_r = fmaxf(m_{r-1}, max_r) exactly as the
 //     sequential walk has them, and computes its tile's P, tile sum and alpha = expf(m_{r-1} -
 //     m_use) (mla_row_p, the same formulas);
-//   * after a second barrier every block copies all tiles' P, alpha and sums, chains
+//   * once every tile's P, alpha and sum are in every block, each block chains
 //     l = fmaf(l, alpha_t, sum_t) over t ascending (the walk's l), and runs phase 2 for latent
 //     columns [128 r, 128 r + 128) over all tiles in ascending order: o = o * alpha_t, then the
 //     tile's k steps through the same mma.sync as the walk; a column's chain depends only on P,
@@ -609,8 +609,8 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
       const uint32_t others = uint32_t(ntiles - (rank < ntiles ? 1 : 0));
       mbar_init(mbar0, 1);
       mbar_init(mbar1, 1);
-      mbar_arrive_expect(mbar0, rank < ntiles ? others * 16 * 4 : 0);
-      mbar_arrive_expect(mbar1, others * (64 * 32 + 16 * 8));
+      mbar_arrive_expect_tx(mbar0, rank < ntiles ? others * 16 * 4 : 0);
+      mbar_arrive_expect_tx(mbar1, others * (64 * 32 + 16 * 8));
       fence_mbarrier_init();
     }
   }
@@ -702,7 +702,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     }
   }
   if constexpr (kX == kMlaXAsync) {
-    if (tid < 64 && rank < ntiles) mbar_wait(mbar0, 0);
+    if (tid < 64 && rank < ntiles) mbar_wait_cluster(mbar0, 0);
   } else {
     cluster.sync();  // every tile's row maxima are visible to the cluster
   }
@@ -779,7 +779,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     mark(6);
   } else {
     cp_async_wait<0>();
-    mbar_wait(mbar1, 0);  // the other tiles' P, alphas and sums have landed here
+    mbar_wait_cluster(mbar1, 0);  // the other tiles' P, alphas and sums have landed here
     __syncthreads();      // this block's own (and its slice copies) are visible to every warp
     mark(6);
   }
