@@ -115,6 +115,11 @@ for spec in ${MODEL_TEST_ENVS:-}; do
   env ${vars//,/ } $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests_$label.log" 2>&1 || rc=1
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$out/model_tests_$label.log" | head -20
 done
+# (Say so where the test binaries were asked to run once and did not: session 36's final run
+# passed MODEL_TESTS_ONCE=1 with notests and no GTEST_ONLY and ran no test.)
+if has notests && [[ -z "${GTEST_ONLY:-}" && ${MODEL_TESTS_ONCE:-0} == 1 ]]; then
+  echo "== no test binary ran: notests without GTEST_ONLY skips them all (MODEL_TESTS_ONCE needs GTEST_ONLY)"
+fi
 if ! has notests; then
 echo "== atlas_cuda_tests"
 $B/tests/cuda/atlas_cuda_tests >"$out/cuda_tests.log" 2>&1 || rc=1
