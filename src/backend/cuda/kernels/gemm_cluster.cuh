@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   [[maybe_unused]] bool push = false;
   [[maybe_unused]] uint32_t xdata = 0, xfree = 0;
   [[maybe_unused]] int owners = 0, my_quads = 0;
-  if constexpr (kPush) push = (1 + C) * T::SUM_BYTES <= T::SMEM_BYTES;  // the same in every block
+  // (the same in every block; a tile has rows, but an mbarrier must not count 0 arrivals)
+  if constexpr (kPush) push = (1 + C) * T::SUM_BYTES <= T::SMEM_BYTES && row_end > row_begin;
   if (push) {
     xdata = smem_u32(gemm_smem + T::SMEM_BYTES);
     xfree = xdata + 8;
