@@ -176,8 +176,7 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                             .scale = a.scale,
                             .stable_prefix = a.stable_prefix ? 1 : 0,
                             // ATLAS_RELEASE_FIRST=attention (the cluster kernel only)
-                            .release_first = release_first(kRfAttention) ? 1 : 0,
-                            .phase_clocks = nullptr};
+                            .release_first = release_first(kRfAttention) ? 1 : 0};
   // One tile buffer (two blocks per SM) where the blocks outnumber the SMs (a batch-128 decode
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.

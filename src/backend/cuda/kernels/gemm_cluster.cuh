@@ -203,6 +203,34 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
         *reinterpret_cast<float2*>(part + r * T::BN + c) = make_float2(acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1]);
       }
     }
+  // Block `rank` finishes column quads rank, rank + C, ... of the tile's real rows: total = +0,
+  // then + slice 0, + slice 1, ... , one rounding to the output type. slice_at(s, r, c): where
+  // slice s's sums of the quad are (block s's part, or this block's receive area under push).
+  // Every load is issued before the first addition (the DSMEM latency once, not per slice).
+  const auto add_quads = [&](auto slice_at) {
+    const int rows = row_end - row_begin;
+    const int quads = rows * (T::BN / 4);
+    for (int i = rank * T::THREADS + tid; i < quads; i += C * T::THREADS) {
+      const int r = i / (T::BN / 4), c = (i % (T::BN / 4)) * 4;
+      float4 v[kClusterMax];
+#pragma unroll
+      for (int s = 0; s < kClusterMax; ++s)
+        if (s < C) v[s] = *slice_at(s, r, c);
+      float4 tot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < kClusterMax; ++s)
+        if (s < C) {
+          tot.x = __fadd_rn(tot.x, v[s].x);
+          tot.y = __fadd_rn(tot.y, v[s].y);
+          tot.z = __fadd_rn(tot.z, v[s].z);
+          tot.w = __fadd_rn(tot.w, v[s].w);
+        }
+      const int col = n0 + c;
+      const int64_t o_row = t.out_base + int64_t(row_begin + r) * p.os;
+      if (col < p.N) store_tile_pair<kOutF32>(p, o_row, col, tot.x, tot.y);
+      if (col + 2 < p.N) store_tile_pair<kOutF32>(p, o_row, col + 2, tot.z, tot.w);
+    }
+  };
   if (push) {
     const int quads = (row_end - row_begin) * (T::BN / 4);
     float* recv = part + T::BM * T::BN;  // [C][BM][BN]: slice s's sums pushed by block s
@@ -221,51 +249,13 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
     // which it has waited for: it may leave (the adding blocks wait for their bytes).
     if (my_quads == 0) return;
     mbar_wait_cluster(xdata, 0);
-    for (int i = rank * T::THREADS + tid; i < quads; i += C * T::THREADS) {
-      const int r = i / (T::BN / 4), c = (i % (T::BN / 4)) * 4;
-      float4 tot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int s = 0; s < C; ++s) {
-        const float4 v = *reinterpret_cast<const float4*>(recv + (s * T::BM + r) * T::BN + c);
-        tot.x = __fadd_rn(tot.x, v.x);
-        tot.y = __fadd_rn(tot.y, v.y);
-        tot.z = __fadd_rn(tot.z, v.z);
-        tot.w = __fadd_rn(tot.w, v.w);
-      }
-      const int col = n0 + c;
-      const int64_t o_row = t.out_base + int64_t(row_begin + r) * p.os;
-      if (col < p.N) store_tile_pair<kOutF32>(p, o_row, col, tot.x, tot.y);
-      if (col + 2 < p.N) store_tile_pair<kOutF32>(p, o_row, col + 2, tot.z, tot.w);
-    }
+    add_quads([&](int s, int r, int c) { return reinterpret_cast<const float4*>(recv + (s * T::BM + r) * T::BN + c); });
     return;
   }
   cluster.sync();  // every block's slice sum is written and visible to the cluster
-
-  // Block `rank` finishes column quads rank, rank + C, ... of the tile's real rows: total = +0,
-  // then + slice 0, + slice 1, ... (block s holds slice s), one rounding to the output type. All
-  // remote loads are issued before the first addition (the DSMEM latency once, not per slice).
-  const int rows = row_end - row_begin;
-  const int quads = rows * (T::BN / 4);
-  for (int i = rank * T::THREADS + tid; i < quads; i += C * T::THREADS) {
-    const int r = i / (T::BN / 4), c = (i % (T::BN / 4)) * 4;
-    float4 v[kClusterMax];
-#pragma unroll
-    for (int s = 0; s < kClusterMax; ++s)
-      if (s < C)
-        v[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(part + r * T::BN + c, s));
-    float4 tot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int s = 0; s < kClusterMax; ++s)
-      if (s < C) {
-        tot.x = __fadd_rn(tot.x, v[s].x);
-        tot.y = __fadd_rn(tot.y, v[s].y);
-        tot.z = __fadd_rn(tot.z, v[s].z);
-        tot.w = __fadd_rn(tot.w, v[s].w);
-      }
-    const int col = n0 + c;
-    const int64_t o_row = t.out_base + int64_t(row_begin + r) * p.os;
-    if (col < p.N) store_tile_pair<kOutF32>(p, o_row, col, tot.x, tot.y);
-    if (col + 2 < p.N) store_tile_pair<kOutF32>(p, o_row, col + 2, tot.z, tot.w);
-  }
+  add_quads([&](int s, int r, int c) {
+    return reinterpret_cast<const float4*>(cluster.map_shared_rank(part + r * T::BN + c, s));
+  });
   cluster.sync();  // no block leaves while another may still read its shared memory
 #else
   __trap();  // the host never launches it without sm_90 device code (gemm_cluster_probe_kernel)

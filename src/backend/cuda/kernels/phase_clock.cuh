@@ -4,8 +4,8 @@
 // single launch do not reproduce. A clocked instantiation of the kernel marks SM clock readings
 // (clock64) at fixed points in thread 0 of each block and, at its end, adds the differences of
 // consecutive marks to a device buffer; the host prints the means when the process exits
-// (runtime.cu, phase_clock_sums). The default instantiation has none of it: its machine code is
-// what it was.
+// (runtime.cu, phase_clock_sums). The default instantiation carries none of it (no marks, no
+// buffer).
 #pragma once
 
 #include <cstdint>
