@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <numbers>
 #include <numeric>
 #include <string>
@@ -224,6 +225,8 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
       {"ATLAS_MOE_PREFETCH", {"none", "routed", "shared", "both", "down"}},
       {"ATLAS_MOE_PREFETCH_AT", {"0", "1", "2", "3", "4", "5"}},
+      {"ATLAS_L2_PREFETCH", {"none", "gate_up", "down", "both", "shared"}},
+      {"ATLAS_L2_PREFETCH_HOW", {"bulk", "bulk_last", "line", "line_last", "lines"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},
@@ -407,6 +410,43 @@ TEST_F(Elementwise, AddBitExact) {
   EXPECT_EQ(da.download(), want);
 }
 
+
+// l2_prefetch (ATLAS_L2_PREFETCH): every way of issuing it over one to four ranges (a range's
+// last bulk piece shorter than 32 KB, more units than the grid's threads) runs without a launch
+// or device error and leaves every byte as it was; bad ranges are one error naming the range.
+TEST_F(Elementwise, L2PrefetchRunsOverItsRangesAndWritesNothing) {
+  std::mt19937 rng(test_seed());
+  const int64_t sizes[4] = {32768 * 3 + 128, 128, 4096 * 128, 32768 * 70};
+  std::vector<std::vector<uint16_t>> host;
+  std::deque<DevBuf<uint16_t>> dev;  // (DevBuf does not move)
+  for (int64_t b : sizes) host.push_back(random_bf16(b / 2, rng));
+  for (const auto& h : host) dev.emplace_back(h);
+  for (const L2PrefetchHow how : {L2PrefetchHow::bulk, L2PrefetchHow::line})
+    for (const bool last : {false, true})
+      for (int ranges = 1; ranges <= 4; ++ranges)
+        for (const int blocks : {0, 1, 3}) {
+          L2PrefetchArgs a{.how = how, .evict_last = last, .blocks = blocks};
+          for (int r = 0; r < ranges; ++r) a.ptr[r] = dev[size_t(r)].get(), a.bytes[r] = sizes[r];
+          EXPECT_NO_THROW(l2_prefetch(a));
+        }
+  EXPECT_NO_THROW(l2_prefetch({}));  // no range: nothing launched
+  for (size_t r = 0; r < host.size(); ++r) EXPECT_EQ(dev[r].download(), host[r]) << "range " << r;
+  EXPECT_NO_THROW(check_device_errors());
+  const auto rejects = [](const L2PrefetchArgs& a, const std::string& what) {
+    try {
+      l2_prefetch(a);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  const char* base = reinterpret_cast<const char*>(dev[0].get());
+  rejects({.ptr = {base}, .bytes = {100}}, "l2_prefetch: ranges[0]");
+  rejects({.ptr = {base, base + 8}, .bytes = {128, 128}}, "l2_prefetch: ranges[1]");
+  rejects({.ptr = {nullptr, nullptr, base}, .bytes = {0, 0, -128}}, "l2_prefetch: ranges[2]");
+  rejects({.ptr = {}, .bytes = {0, 0, 0, 256}}, "l2_prefetch: ranges[3]");
+  rejects({.ptr = {base}, .bytes = {128}, .blocks = -1}, "l2_prefetch: blocks");
+}
 
 // latent_to_cache: one launch gives the bits of rmsnorm, rope2 and copy_rows through an
 // intermediate row (the unfused sequence the traced forward still runs), in bf16 and f32: the

@@ -515,6 +515,9 @@ class CudaModelT final : public Model {
   // A MoE layer's gate|up launches pull their down's weights into L2 (ModelEnv::moe_prefetch,
   // ATLAS_MOE_PREFETCH: bit 0 the routed experts', bit 1 the shared; _AT the loop quarter).
   int moe_prefetch_ = 0, moe_prefetch_at_ = 0;
+  // ATLAS_L2_PREFETCH / _HOW (ModelEnv::l2_prefetch, session 37; off by default): a decode step's
+  // MoE layers pull their shared experts' weights into L2 from side_ at the layer's start.
+  int l2_prefetch_ = 0, l2_prefetch_how_ = 0;
   // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
@@ -646,6 +649,8 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     absorb_ = env.absorb;
     moe_prefetch_ = env.moe_prefetch;
     moe_prefetch_at_ = env.moe_prefetch_at;
+    l2_prefetch_ = env.l2_prefetch;
+    l2_prefetch_how_ = env.l2_prefetch_how;
   }
   set_device(opts.device);
   const bool prio = opts.stream_priority && env_switch("ATLAS_STREAM_PRIORITY", true);
@@ -1287,6 +1292,19 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     const int64_t l = layers_.first + li;
     const LayerHookNames names(l);
     Elem* kv = cache.layer<Elem>(li);
+    // ATLAS_L2_PREFETCH: the shared experts' weights into L2 beside the attention section, whose
+    // launches leave HBM mostly idle, so that the MoE phase's HBM reads are the routed experts'
+    // alone (a hint on side_: it writes nothing; side_'s shared experts follow it).
+    if constexpr (!kF32)
+      if (l2_prefetch_ && side_on_ && T == 1 && M <= kGroupedFewMaxRows && L.moe && L.has_shared) {
+        const int64_t I = L.shared.inter, bytes_gu = 2 * I * H * kEs, bytes_down = H * I * kEs;
+        L2PrefetchArgs pf{.how = l2_prefetch_how_ >= 2 ? L2PrefetchHow::line : L2PrefetchHow::bulk,
+                          .evict_last = (l2_prefetch_how_ & 1) != 0, .stream = fork_side()};
+        int r = 0;
+        if (l2_prefetch_ & 1) pf.ptr[r] = L.shared.gate_up, pf.bytes[r++] = bytes_gu;
+        if (l2_prefetch_ & 2) pf.ptr[r] = L.shared.down, pf.bytes[r++] = bytes_down;
+        l2_prefetch(pf);
+      }
 
     // h = input_layernorm(x)
     hook_act(hooks, names.ln1, l, {B, T, H}, b.h);

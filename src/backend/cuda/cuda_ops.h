@@ -162,6 +162,12 @@ struct ModelEnv {
   // quarter of each block's loop where it does so (0-4, L2NextWeights::at; default 0).
   int moe_prefetch = 0;
   int moe_prefetch_at = 0;
+  // ATLAS_L2_PREFETCH (session 37; off by default): at a decode step of <= 16 rows, each MoE
+  // layer's shared experts' weights are pulled into L2 from the side stream at the layer's start,
+  // beside its attention section (l2_prefetch): 1 "gate_up", 2 "down", 3 "both"; 0 "none".
+  // ATLAS_L2_PREFETCH_HOW: bulk (default), bulk_last, line, line_last (L2PrefetchArgs).
+  int l2_prefetch = 0;
+  int l2_prefetch_how = 0;
 };
 ModelEnv model_env();
 bool launch_overlap();  // whether a launch issued here and now would carry the attribute
@@ -361,6 +367,22 @@ using AddArgs = AddArgsT<uint16_t>;
 void add(const AddArgs& a);
 void add(const AddArgsT<float>& a);
 inline void add_bf16(const AddArgs& a) { add(a); }
+
+// ---- L2 prefetch (session 37; ATLAS_L2_PREFETCH) ------------------------------------------
+// Pulls up to four byte ranges into L2 from a small grid (kernels/l2_prefetch.cuh) and writes
+// nothing: a hint that cannot change any output. `bytes`: multiples of 128, 16-byte aligned
+// bases. how: bulk (cp.async.bulk.prefetch.L2 in 32 KB pieces), line (prefetch.global.L2 per
+// 128-byte line); `evict_last` adds the L2 evict_last hint.
+enum class L2PrefetchHow { bulk, line };
+struct L2PrefetchArgs {
+  const void* ptr[4] = {};
+  int64_t bytes[4] = {};
+  L2PrefetchHow how = L2PrefetchHow::bulk;
+  bool evict_last = false;
+  int blocks = 0;  // 0: the launcher's choice
+  Stream stream = nullptr;
+};
+void l2_prefetch(const L2PrefetchArgs& a);
 
 // ---- router (spec section 4) --------------------------------------------------------------
 // fp32 softmax over the experts, top-k, weights. Output in descending weight order, ties ->

@@ -11,6 +11,7 @@
 #include "backend/cuda/kernels/argmax.cuh"
 #include "backend/cuda/kernels/copy_rows.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
+#include "backend/cuda/kernels/l2_prefetch.cuh"
 #include "backend/cuda/kernels/latent_cache.cuh"
 #include "backend/cuda/kernels/moe.cuh"
 #include "backend/cuda/kernels/rmsnorm.cuh"
@@ -325,6 +326,34 @@ void moe_gather(const MoeGatherArgs& a) { moe_gather_impl(a); }
 void moe_gather(const MoeGatherArgsT<float>& a) { moe_gather_impl(a); }
 void moe_combine(const MoeCombineArgs& a) { moe_combine_impl(a); }
 void moe_combine(const MoeCombineArgsT<float>& a) { moe_combine_impl(a); }
+
+void l2_prefetch(const L2PrefetchArgs& a) {
+  const char* op = "l2_prefetch";
+  kern::L2PrefetchParams p;
+  int64_t units = 0;
+  const int64_t unit = a.how == L2PrefetchHow::bulk ? kern::kL2PrefetchPiece : kern::kL2PrefetchLine;
+  for (int i = 0; i < kern::kL2PrefetchRanges; ++i) {
+    if (a.bytes[i] == 0) continue;
+    const std::string f = "ranges[" + std::to_string(i) + "]";
+    require(a.ptr[i] != nullptr, op, f.c_str(), "bytes without a pointer");
+    require(a.bytes[i] > 0 && a.bytes[i] % 128 == 0, op, f.c_str(),
+            "bytes must be a positive multiple of 128, got " + std::to_string(a.bytes[i]));
+    require(reinterpret_cast<uintptr_t>(a.ptr[i]) % 16 == 0, op, f.c_str(), "the base must be 16-byte aligned");
+    p.base[p.ranges] = static_cast<const char*>(a.ptr[i]);
+    p.bytes[p.ranges] = a.bytes[i];
+    ++p.ranges;
+    units += (a.bytes[i] + unit - 1) / unit;
+  }
+  require(a.blocks >= 0, op, "blocks", "must be >= 0");
+  if (p.ranges == 0) return;
+  p.how = (a.how == L2PrefetchHow::bulk ? 0 : 2) + (a.evict_last ? 1 : 0);
+  // Bulk: one warp per block (a few threads issue the copy engine's requests); lines: 256 threads.
+  const int threads = a.how == L2PrefetchHow::bulk ? 32 : 256;
+  const int64_t want = (units + threads - 1) / threads;
+  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(want, a.blocks > 0 ? a.blocks : 32)));
+  launch(kern::l2_prefetch_kernel, unsigned(blocks), unsigned(threads), 0, stream_of(a.stream), p);
+  check_launch(op);
+}
 
 namespace {
 

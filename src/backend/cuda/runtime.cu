@@ -302,6 +302,16 @@ ModelEnv model_env() {
     if (v.size() != 1 || v[0] < '0' || v[0] > '4') bad("ATLAS_MOE_PREFETCH_AT", "expected 0, 1, 2, 3 or 4", v);
     e.moe_prefetch_at = v[0] - '0';
   }
+  if (const std::string v = value("ATLAS_L2_PREFETCH"); !v.empty()) {
+    if (v != "none" && v != "gate_up" && v != "down" && v != "both")
+      bad("ATLAS_L2_PREFETCH", "expected none, gate_up, down or both", v);
+    e.l2_prefetch = v == "gate_up" ? 1 : v == "down" ? 2 : v == "both" ? 3 : 0;
+  }
+  if (const std::string v = value("ATLAS_L2_PREFETCH_HOW"); !v.empty()) {
+    if (v != "bulk" && v != "bulk_last" && v != "line" && v != "line_last")
+      bad("ATLAS_L2_PREFETCH_HOW", "expected bulk, bulk_last, line or line_last", v);
+    e.l2_prefetch_how = v == "bulk" ? 0 : v == "bulk_last" ? 1 : v == "line" ? 2 : 3;
+  }
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || std::stoll(v) < 1)
