@@ -517,7 +517,7 @@ class CudaModelT final : public Model {
   int moe_prefetch_ = 0, moe_prefetch_at_ = 0;
   // ATLAS_L2_PREFETCH / _HOW (ModelEnv::l2_prefetch, session 37; off by default): a decode step's
   // MoE layers pull their shared experts' weights into L2 from side_ at the layer's start.
-  int l2_prefetch_ = 0, l2_prefetch_how_ = 0;
+  int l2_prefetch_ = 0, l2_prefetch_how_ = 0, l2_prefetch_blocks_ = 0;
   // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
@@ -651,6 +651,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     moe_prefetch_at_ = env.moe_prefetch_at;
     l2_prefetch_ = env.l2_prefetch;
     l2_prefetch_how_ = env.l2_prefetch_how;
+    l2_prefetch_blocks_ = env.l2_prefetch_blocks;
   }
   set_device(opts.device);
   const bool prio = opts.stream_priority && env_switch("ATLAS_STREAM_PRIORITY", true);
@@ -1299,7 +1300,8 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       if (l2_prefetch_ && side_on_ && T == 1 && M <= kGroupedFewMaxRows && L.moe && L.has_shared) {
         const int64_t I = L.shared.inter, bytes_gu = 2 * I * H * kEs, bytes_down = H * I * kEs;
         L2PrefetchArgs pf{.how = l2_prefetch_how_ >= 2 ? L2PrefetchHow::line : L2PrefetchHow::bulk,
-                          .evict_last = (l2_prefetch_how_ & 1) != 0, .stream = fork_side()};
+                          .evict_last = (l2_prefetch_how_ & 1) != 0, .blocks = l2_prefetch_blocks_,
+                          .stream = fork_side()};
         int r = 0;
         if (l2_prefetch_ & 1) pf.ptr[r] = L.shared.gate_up, pf.bytes[r++] = bytes_gu;
         if (l2_prefetch_ & 2) pf.ptr[r] = L.shared.down, pf.bytes[r++] = bytes_down;

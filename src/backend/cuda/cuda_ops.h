@@ -166,8 +166,10 @@ struct ModelEnv {
   // layer's shared experts' weights are pulled into L2 from the side stream at the layer's start,
   // beside its attention section (l2_prefetch): 1 "gate_up", 2 "down", 3 "both"; 0 "none".
   // ATLAS_L2_PREFETCH_HOW: bulk (default), bulk_last, line, line_last (L2PrefetchArgs).
+  // ATLAS_L2_PREFETCH_BLOCKS: its grid (1-1024 blocks; default 0, the launcher's 32).
   int l2_prefetch = 0;
   int l2_prefetch_how = 0;
+  int l2_prefetch_blocks = 0;
 };
 ModelEnv model_env();
 bool launch_overlap();  // whether a launch issued here and now would carry the attribute

@@ -312,6 +312,12 @@ ModelEnv model_env() {
       bad("ATLAS_L2_PREFETCH_HOW", "expected bulk, bulk_last, line or line_last", v);
     e.l2_prefetch_how = v == "bulk" ? 0 : v == "bulk_last" ? 1 : v == "line" ? 2 : 3;
   }
+  if (const std::string v = value("ATLAS_L2_PREFETCH_BLOCKS"); !v.empty()) {
+    const bool digits = v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(v) < 1 || std::stoi(v) > 1024)
+      bad("ATLAS_L2_PREFETCH_BLOCKS", "expected a whole number of blocks from 1 to 1024", v);
+    e.l2_prefetch_blocks = std::stoi(v);
+  }
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || std::stoll(v) < 1)
