@@ -60,7 +60,9 @@ bool switch_setting(const char* name, const char* value, bool dflt);
 // rows take: 3 ("wg-gate", the default since session 23) the wgmma streaming config for the
 // fused gate|up only (the routed experts' down stays on the tiled config), 2 ("wg") that config
 // for both, 4 ("wg-split", session 31) the gate|up as 3 and the down on the lean loop split over
-// K ("streamwg64x8/4l2"), 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs,
+// K ("streamwg64x8/4l2"), 5 / 6 ("split-gate" / "split-gate3", session 37) the gate|up on the
+// lean loop split over K in two / three parts ("/4l2", "/4l3") and the down on the tiled config,
+// 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs,
 // the default before); anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);
 // The split lean loop's first step of part q (of `parts`) of a tile of depth K

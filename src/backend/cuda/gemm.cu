@@ -357,6 +357,8 @@ constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("
 constexpr int kStreamWg = config_index("streamwg64x8/4"), kStreamWgRegs = config_index("streamwg64x8/3r2");
 constexpr int kStreamWgLean = config_index("streamwg64x8/4l"), kStreamWgLean6 = config_index("streamwg64x8/6l");
 constexpr int kStreamWgLean2 = config_index("streamwg64x8/4l2"), kStreamWgLean8 = config_index("streamwg64x8/8l64");
+constexpr int kStreamWgLean3 = config_index("streamwg64x8/4l3");
+static_assert(kStreamWgLean3 >= 0, "the three-part lean config");
 static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0 && kStreamWgLean >= 0 &&
                   kStreamWgLean6 >= 0 && kStreamWgLean2 >= 0 && kStreamWgLean8 >= 0,
               "stream config names");
@@ -520,8 +522,12 @@ const GemmSetup& setup() {
                       : stream_warps == 1  ? wg
                                            : -1;
     const int grouped = gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
-    g.stream_grouped_gate = grouped == 1 ? g.stream_choice : grouped >= 2 ? wg : -1;
-    g.stream_grouped_down = grouped == 3 ? -1 : grouped == 4 ? kStreamWgLean2 : g.stream_grouped_gate;
+    g.stream_grouped_gate = grouped == 1   ? g.stream_choice
+                            : grouped == 5 ? kStreamWgLean2
+                            : grouped == 6 ? kStreamWgLean3
+                            : grouped >= 2 ? wg
+                                           : -1;
+    g.stream_grouped_down = grouped == 3 || grouped >= 5 ? -1 : grouped == 4 ? kStreamWgLean2 : g.stream_grouped_gate;
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.cluster16 = env_switch("ATLAS_GEMM_CLUSTER16", true);
@@ -1645,7 +1651,10 @@ int gemm_stream_grouped_setting(const char* value) {
   if (v == "1") return 1;
   if (v == "wg") return 2;
   if (v == "wg-split") return 4;
-  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate or wg-split, got '" + v + "'");
+  if (v == "split-gate") return 5;
+  if (v == "split-gate3") return 6;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate, wg-split, split-gate or split-gate3, got '" +
+              v + "'");
 }
 
 int gemm_lean_part_begin(int q, int parts, int K) {
