@@ -61,7 +61,9 @@ bool switch_setting(const char* name, const char* value, bool dflt);
 // fused gate|up only (the routed experts' down stays on the tiled config), 2 ("wg") that config
 // for both, 4 ("wg-split", session 31) the gate|up as 3 and the down on the lean loop split over
 // K ("streamwg64x8/4l2"), 5 / 6 ("split-gate" / "split-gate3", session 37) the gate|up on the
-// lean loop split over K in two / three parts ("/4l2", "/4l3") and the down on the tiled config,
+// lean loop split over K in two / three parts ("/4l2", "/4l3") and the down on the tiled config
+// (the same bits; slower: 429.9 / 431.3 against 476.6 tok/s, s37-4: 396 blocks wait for the
+// shared gate|up's slots and crowd out the shared down),
 // 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs,
 // the default before); anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);

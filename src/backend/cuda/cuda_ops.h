@@ -162,9 +162,10 @@ struct ModelEnv {
   // quarter of each block's loop where it does so (0-4, L2NextWeights::at; default 0).
   int moe_prefetch = 0;
   int moe_prefetch_at = 0;
-  // ATLAS_L2_PREFETCH (session 37; off by default): at a decode step of <= 16 rows, each MoE
-  // layer's shared experts' weights are pulled into L2 from the side stream at the layer's start,
-  // beside its attention section (l2_prefetch): 1 "gate_up", 2 "down", 3 "both"; 0 "none".
+  // ATLAS_L2_PREFETCH (session 37; off by default: the same bits, slower, 470.0 at best against
+  // 478.9 tok/s, s37-3): at a decode step of <= 16 rows, each MoE layer's shared experts' weights
+  // are pulled into L2 from the side stream at the layer's start, beside its attention section
+  // (l2_prefetch): 1 "gate_up", 2 "down", 3 "both"; 0 "none".
   // ATLAS_L2_PREFETCH_HOW: bulk (default), bulk_last, line, line_last (L2PrefetchArgs).
   // ATLAS_L2_PREFETCH_BLOCKS: its grid (1-1024 blocks; default 0, the launcher's 32).
   int l2_prefetch = 0;

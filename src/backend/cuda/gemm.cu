@@ -325,7 +325,7 @@ constexpr std::array<TileConfig, 42> kConfigs = {
     // experts' gate|up: 264 blocks at one row; slower in the step, s35-2: 453.7 against 468.8 tok/s).
     make_wglean_split_config<CfgWs128, 3>("streamwg64x8/4l3"), grouped_only(make_config<CfgD32H5, false, 3>("16x32x128/5h")),
     // q|kv_a's cluster config with the slice sums pushed instead of read after a cluster barrier
-    // (session 36, ATLAS_GEMM_CLUSTER_PUSH; written after the session's GPU time: not yet run).
+    // (session 36, ATLAS_GEMM_CLUSTER_PUSH; the same bits, slower: 468.1 against 475.9 tok/s, s37-1).
     make_cluster_config<CfgC16, true>("c16x64/4w+push")};
 
 constexpr int config_index(std::string_view name) {
@@ -432,7 +432,7 @@ struct GemmSetup {
   // 465.7 against 467.9 tok/s: its 256-thread blocks keep the next launch from becoming resident).
   bool cluster16 = true;
   // ATLAS_GEMM_CLUSTER_PUSH=1: those problems on c16x64/4w+push (the slice sums pushed by
-  // st.async, no cluster barrier after the main loop; session 36, off until measured).
+  // st.async, no cluster barrier after the main loop; session 36; slower in s37-1, so off).
   bool cluster_push = false;
   // ATLAS_GEMM_STREAM_BALANCE (default 1; 0 for A/B runs): a stream config's persistent grid of
   // more tiles than resident blocks takes ceil(T / ceil(T / slots)) blocks, so that every block

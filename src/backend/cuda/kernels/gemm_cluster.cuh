@@ -64,8 +64,10 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 #endif
 }
 
-// kPush (config "c16x64/4w+push", ATLAS_GEMM_CLUSTER_PUSH; session 36, written after that
-// session's GPU time was spent: not yet run on a GPU): where the slice sums of all C blocks fit
+// kPush (config "c16x64/4w+push", ATLAS_GEMM_CLUSTER_PUSH; session 36; measured in session 37:
+// the same bits, slower, 468.1 against 475.9 tok/s, q|kv_a ending 7.2 us after the combine
+// against 6.1, s37-1: a block may push only after the adding block's "free" arrival, a round
+// trip the barrier path does not wait for; off by default): where the slice sums of all C blocks fit
 // the ring beside this block's own, (1 + C) * BM * BN * 4 <= SMEM_BYTES, the blocks push their
 // slice sums by st.async (kernels/dsmem.cuh) into the block that adds each column quad instead
 // of that block reading them after a cluster barrier: no cluster barrier after the main loop
