@@ -515,7 +515,7 @@ class CudaModelT final : public Model {
   // A MoE layer's gate|up launches pull their down's weights into L2 (ModelEnv::moe_prefetch,
   // ATLAS_MOE_PREFETCH: bit 0 the routed experts', bit 1 the shared; _AT the loop quarter).
   int moe_prefetch_ = 0, moe_prefetch_at_ = 0;
-  // ATLAS_L2_PREFETCH / _HOW (ModelEnv::l2_prefetch, session 37; off by default): a decode step's
+  // ATLAS_L2_PREFETCH / _HOW / _BLOCKS (ModelEnv::l2_prefetch, session 37; off: slower): a decode step's
   // MoE layers pull their shared experts' weights into L2 from side_ at the layer's start.
   int l2_prefetch_ = 0, l2_prefetch_how_ = 0, l2_prefetch_blocks_ = 0;
   // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
