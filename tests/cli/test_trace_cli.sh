@@ -59,9 +59,12 @@ else
   expect_error "bad stream config" "ATLAS_GEMM_STREAM: expected 0 .* or wg .*, got 'WG'" \
     env ATLAS_GEMM_STREAM=WG "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad stream config" "$work/env.json"
-  expect_error "bad grouped stream config" "ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate or wg-split, got 'wg-down'" \
+  expect_error "bad grouped stream config" "ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate, wg-split, split-gate or split-gate3, got 'wg-down'" \
     env ATLAS_GEMM_STREAM_GROUPED=wg-down "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad grouped stream config" "$work/env.json"
+  expect_error "bad L2 prefetch setting" "ATLAS_L2_PREFETCH: expected none, gate_up, down or both, got 'all'" \
+    env ATLAS_L2_PREFETCH=all "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad L2 prefetch setting" "$work/env.json"
   # On/off switches of sessions 21-23 (env_switch): one error naming the variable, no file.
   for bad_switch in ATLAS_GEMM_STAGE_EARLY=yes ATLAS_GEMM_CLUSTER_EARLY=on ATLAS_MLA_EARLY_CACHE=true \
     ATLAS_GEMM_STREAM_BALANCE=even ATLAS_GEMM_TAILS=yes; do
