@@ -65,6 +65,9 @@ else
   expect_error "bad L2 prefetch setting" "ATLAS_L2_PREFETCH: expected none, gate_up, down or both, got 'all'" \
     env ATLAS_L2_PREFETCH=all "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad L2 prefetch setting" "$work/env.json"
+  expect_error "bad block stamps file" "ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '$work/none/s.csv'" \
+    env ATLAS_BLOCK_STAMPS="$work/none/s.csv" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad block stamps file" "$work/env.json"
   # On/off switches of sessions 21-23 (env_switch): one error naming the variable, no file.
   for bad_switch in ATLAS_GEMM_STAGE_EARLY=yes ATLAS_GEMM_CLUSTER_EARLY=on ATLAS_MLA_EARLY_CACHE=true \
     ATLAS_GEMM_STREAM_BALANCE=even ATLAS_GEMM_TAILS=yes; do

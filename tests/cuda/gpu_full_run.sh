@@ -24,7 +24,8 @@
 # environments), aba (a code A/B on one machine: `atlas bench` ABA_ARGS with the tree as it is,
 # then with the files ABA_SWAP="dst=src ..." swapped in and atlas rebuilt, then as it was again;
 # src files travel in the working tree, untracked), sass (SASS of gemm.cu's kernels matching SASS_KERNEL,
-# with instruction counts), notests (skip the test binaries).
+# with instruction counts), stamps (ATLAS_BLOCK_STAMPS: each MoE GEMM block's SM, residency and bytes in
+# batch-1 decode steps, env STAMPS_ENVS/STAMPS_ARGS/STAMPS_SUMMARY_ARGS), notests (skip the test binaries).
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
@@ -234,7 +235,7 @@ if has ncustall; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace || has ncukernel || has envcmp || has aba; then
+if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace || has ncukernel || has envcmp || has aba || has stamps; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -381,6 +382,26 @@ if has ktrace; then
     python3 tools/profile/kernel_trace_summary.py "$out/ktrace_$label.txt" ${KTRACE_SUMMARY_ARGS:---origin rmsnorm_wide} >"$out/ktrace_${label}_summary.txt" || rc=1
     head -${KTRACE_LINES:-90} "$out/ktrace_${label}_summary.txt"
     gzip -f "$out/ktrace_$label.txt"
+  done
+fi
+if has stamps; then
+  # Block stamps (session 38, ATLAS_BLOCK_STAMPS, kernels/block_stamp.cuh): where and when each
+  # block of the MoE phase's GEMMs ran in real batch-1 decode steps (each block's SM, residency,
+  # wait and bytes), summarised per role and per layer window (tools/profile/block_stamps_summary.py,
+  # STAMPS_SUMMARY_ARGS, default --skip-windows 2 --timeline: the ring keeps the last 262,144 blocks,
+  # ~11 steps, and its oldest windows may be cut).
+  # STAMPS_ENVS: runs as KTRACE_ENVS's. The tokens must equal the bench step's (the same bits).
+  echo "== block stamps"
+  for spec in ${STAMPS_ENVS:-default:}; do
+    label=${spec%%:*}; vars=${spec#*:}
+    env ${vars//,/ } ATLAS_BLOCK_STAMPS="$out/stamps_$label.csv" \
+      timeout 300 $B/atlas bench --model $lite --json "$out/bench_stamps_$label.json" ${STAMPS_ARGS:---workload decode-b1 --mode batch-invariant} 2>&1 | tail -3
+    echo "-- $label ($vars)"
+    [[ $label == default ]] && compare_bench "default" "stamped" "$out/bench.json" "$out/bench_stamps_$label.json"
+    python3 tools/profile/block_stamps_summary.py "$out/stamps_$label.csv" ${STAMPS_SUMMARY_ARGS:---skip-windows 2 --timeline} \
+      >"$out/stamps_${label}_summary.txt" || rc=1
+    head -${STAMPS_LINES:-120} "$out/stamps_${label}_summary.txt"
+    gzip -f "$out/stamps_$label.csv"
   done
 fi
 if has side; then

@@ -336,6 +336,19 @@ TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
                        });
 }
 
+// ATLAS_BLOCK_STAMPS names a file in an existing directory; anything else is one error naming the
+// variable (no GPU needed: check_environment runs it before any GPU is looked for).
+TEST(GemmSettings, BlockStampsFileMustBeInAnExistingDirectory) {
+  EXPECT_EQ(detail::block_stamps_setting(nullptr), "");
+  EXPECT_EQ(detail::block_stamps_setting(""), "");
+  EXPECT_EQ(detail::block_stamps_setting("stamps.csv"), "stamps.csv");
+  EXPECT_EQ(detail::block_stamps_setting("/tmp/stamps.csv"), "/tmp/stamps.csv");
+  expect_each_rejected([](const char* v) { detail::block_stamps_setting(v); }, {"/nonexistent-atlas-dir/s.csv", "/tmp"},
+                       [](const char* v) {
+                         return std::vector<std::string>{"ATLAS_BLOCK_STAMPS: expected a file", std::string(v)};
+                       });
+}
+
 TEST_F(Gemm, InvariantModeMatchesReferenceWithinTolerance) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
@@ -1223,6 +1236,82 @@ TEST_F(Gemm, OneTokenExpertGemmsTakeTheWgmmaStreamForTheGateUp) {
   GroupedGemmArgs many = gate_up;
   many.max_rows = 768;
   EXPECT_EQ(gemm_config_name(grouped_gemm_chosen_config(many)).rfind("stream", 0), std::string::npos);
+}
+
+// Block stamps (session 38, ATLAS_BLOCK_STAMPS): on the MoE phase's three default configs (the
+// lean stream loop on one dense row, 16x32x128/4u on one token's grouped rows, the staged split-K
+// on one dense row) the stamped instantiation gives the unstamped bits, and records every block of
+// the launch exactly once: its SM, times in order, the launch's weight as its site, the shape, the
+// kind, and (lean, tiled) the weight bytes the launch's tiles span. Off, nothing is recorded; a
+// capacity that is not a power of two is one error naming it.
+TEST_F(Gemm, BlockStampsRecordEveryBlockOnceAndKeepTheBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int sms = device_info().sm_count;
+  struct Case {
+    const char* config;
+    bool grouped;
+    int N, K, kind;
+  };
+  for (const Case& c : {Case{"streamwg64x8/4l", false, 2816, 2048, 0}, Case{"16x32x128/4u", true, 2048, 1408, 1},
+                        Case{"splitk16x8/8w+staged", false, 2048, 2816, 2}}) {
+    SCOPED_TRACE(c.config);
+    const int ci = config_named(c.config);
+    ASSERT_GE(ci, 0);
+    ForceConfig force(ci);
+    const int G = 8;
+    const std::vector<int32_t> offsets = group_offsets({1, 0, 1, 1, 0, 1, 1, 1});  // one token's six experts
+    const int rows = c.grouped ? offsets.back() : 1;
+    const auto x = random_bf16(size_t(rows) * c.K, rng);
+    std::vector<std::vector<uint16_t>> gw;
+    for (int g = 0; g < (c.grouped ? G : 1); ++g) gw.push_back(random_bf16(size_t(c.N) * c.K, rng, 0.1f));
+    const SpacedWeights sw(gw, size_t(c.N) * c.K);
+    DevBuf<uint16_t> dx(x);
+    DevBuf<int32_t> doff(offsets);
+    DevBuf<const uint16_t*> dwptr(sw.ptrs);
+    const auto launch = [&](uint16_t* out) {
+      if (c.grouped)
+        grouped_gemm({.x = dx.get(), .w = dwptr.get(), .offsets = doff.get(), .out = out, .groups = G, .max_rows = rows,
+                      .N = c.N, .K = c.K});
+      else
+        gemm({.x = dx.get(), .w = sw.ptrs[0], .out = out, .M = 1, .N = c.N, .K = c.K});
+    };
+    DevBuf<uint16_t> plain(size_t(rows) * c.N), stamped(size_t(rows) * c.N);
+    launch(plain.get());
+    gemm_block_stamps_start(size_t(1) << 12);
+    launch(stamped.get());
+    const std::vector<BlockStampRecord> recs = gemm_block_stamps_take();
+    gemm_block_stamps_stop();
+    EXPECT_EQ(plain.download(), stamped.download()) << "the stamped kernel's bits";
+    ASSERT_FALSE(recs.empty()) << "no block stamped";
+    const int grid = recs[0].grid;
+    std::vector<int> seen(size_t(std::max(grid, 1)), 0);
+    int64_t bytes = 0;
+    for (const BlockStampRecord& r : recs) {
+      EXPECT_EQ(r.grid, grid);
+      ASSERT_TRUE(r.block >= 0 && r.block < grid) << r.block;
+      ++seen[size_t(r.block)];
+      EXPECT_EQ(r.site, reinterpret_cast<uint64_t>(c.grouped ? static_cast<const void*>(dwptr.get())
+                                                              : static_cast<const void*>(sw.ptrs[0])));
+      EXPECT_EQ(r.n, c.N);
+      EXPECT_EQ(r.k, c.K);
+      EXPECT_EQ(r.kind, c.kind + (c.grouped ? 16 : 0));
+      EXPECT_TRUE(r.smid >= 0 && r.smid < sms) << r.smid;
+      EXPECT_LE(r.t0, r.t1);
+      if (r.go != 0) EXPECT_TRUE(r.t0 <= r.go && r.go <= r.t1) << r.t0 << " " << r.go << " " << r.t1;
+      if (c.kind == 0) EXPECT_NE(r.go, 0u) << "the lean loop marks its wait's end in every block";
+      bytes += r.bytes;
+    }
+    EXPECT_EQ(seen, std::vector<int>(size_t(grid), 1)) << "each block exactly once";
+    // The tiles' weight rows: lean 64-row tiles of the one problem; tiled, each group with rows
+    // spans its N x K once (one 16-row tile of rows per group); split-K counts none.
+    const int64_t want = c.kind == 2 ? 0 : int64_t(c.grouped ? 6 : 1) * c.N * c.K * 2;
+    EXPECT_EQ(bytes, want);
+    // Off: nothing recorded.
+    launch(stamped.get());
+    EXPECT_TRUE(gemm_block_stamps_take().empty());
+  }
+  expect_error([] { gemm_block_stamps_start(3); }, "gemm_block_stamps_start: capacity");
 }
 
 // Session 35: the 8-row-slot config ("16x32x128/5h", whose only loop is the whole-steps one and

@@ -90,4 +90,27 @@ with tempfile.TemporaryDirectory() as d:
     if "missing.cubin" not in r.stderr:
         sys.exit(f"FAIL: missing file: {r.stderr}")
 
-print("cubin_ops: table, clash, ops and loop bounds as expected")
+    # `same`: kernel a kept under its name, b renamed (a template argument added), c changed;
+    # d is new. Exit 1, naming c only.
+    def elf(path, secs):
+        src = path + ".s"
+        with open(src, "w") as f:
+            for name, words in secs:
+                f.write('.section .text.%s,"ax"\n' % name)
+                for w in words:
+                    f.write(".quad 0x%x\n.quad 0\n" % w)
+        subprocess.run(["as", "-o", path, src], check=True)
+    before, after = os.path.join(d, "before.o"), os.path.join(d, "after.o")
+    elf(before, [("ka", [0x7424, 0x794D]), ("kb", [0x7290, 0x794D]), ("kc", [0x7424, 0x7424, 0x794D])])
+    elf(after, [("ka", [0x7424, 0x794D]), ("kb_Lb0E", [0x7290, 0x794D]), ("kc", [0x7424, 0x794D, 0x794D]),
+                ("kd", [0x7947])])
+    r = run("same", before, after, "--verbose", ok=False)
+    if r.returncode != 1 or "changed  kc" not in r.stdout or "renamed  kb -> kb_Lb0E" not in r.stdout or \
+            "3 kernels of" not in r.stdout or "1 the same under their names, 1 the same under another name, 1 changed" \
+            not in r.stdout or "changed  ka" in r.stdout:
+        sys.exit(f"FAIL: same: rc {r.returncode}: {r.stdout}")
+    r = run("same", before, after, "k[ab]")
+    if "2 kernels of" not in r.stdout or "0 changed" not in r.stdout:
+        sys.exit(f"FAIL: same with a pattern: {r.stdout}")
+
+print("cubin_ops: table, clash, ops, loop bounds and same as expected")

@@ -9,11 +9,16 @@ share an opcode; `show` then lists a local cubin's kernels whose section names m
 their sizes, and with --ops their instructions (offset, predicated or not, mnemonic; operands are
 not decoded), or with --loop the main loop's static size: from the last DEPBAR before the block
 barrier ahead of the first HGMMA to the branch after the last HGMMA (the wgmma stream loops'
-shape). Opcodes the table lacks print as ?xyz.
+shape). Opcodes the table lacks print as ?xyz. `same` says, for each kernel of one cubin, whether
+another cubin holds its code byte for byte (under its name, or under another: a template
+argument added with a default renames every instantiation), so a change that must leave the
+default kernels as they were (a diagnostic instantiation beside them) can be checked here, with
+no GPU and no disassembler; it exits 1 where any kernel's code changed or went.
 
   python3 tools/profile/cubin_ops.py table sass.txt tools/profile/sm90a_opcodes.json
   nvcc -DATLAS_HAVE_CUDA -Isrc -O3 -DNDEBUG -arch=sm_90a --fmad=false -std=c++20 -cubin -o /tmp/k.cubin FILE.cu
   python3 tools/profile/cubin_ops.py show /tmp/k.cubin 'lean_kernel.*Lb1E' --loop
+  python3 tools/profile/cubin_ops.py same /tmp/before.cubin /tmp/after.cubin [PATTERN]
 """
 import argparse
 import collections
@@ -107,6 +112,40 @@ def show(args):
         die(f"{args.cubin}: no .text section matches {args.pattern!r}")
 
 
+def code(cubin, pattern):
+    """{kernel name: its .text bytes} of the sections whose names match pattern."""
+    try:
+        with open(cubin, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        die(f"{e.filename}: {e.strerror}")
+    return {name: data[off:off + size] for name, off, size in sections(cubin, pattern)}
+
+
+def same(args):
+    old, new = code(args.old, args.pattern), code(args.new, args.pattern)
+    if not old:
+        die(f"{args.old}: no .text section matches {args.pattern!r}")
+    by_bytes = {}
+    for name, b in new.items():
+        by_bytes.setdefault(b, []).append(name)
+    kept = renamed = 0
+    changed = []
+    for name, b in sorted(old.items()):
+        if new.get(name) == b:
+            kept += 1
+        elif b in by_bytes:
+            renamed += 1
+            if args.verbose:
+                print(f"renamed  {name} -> {by_bytes[b][0]}")
+        else:
+            changed.append(name)
+            print(f"changed  {name}" + ("" if name in new else " (no section of that name)"))
+    print(f"{len(old)} kernels of {args.old}: {kept} the same under their names, {renamed} the same under "
+          f"another name, {len(changed)} changed; {len(new)} kernels in {args.new}")
+    sys.exit(1 if changed else 0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -119,9 +158,16 @@ def main():
     s.add_argument("--table", default=DEFAULT_TABLE)
     s.add_argument("--ops", action="store_true", help="every instruction's mnemonic")
     s.add_argument("--loop", action="store_true", help="the wgmma stream loop's static size and mix")
+    c = sub.add_parser("same", help="which kernels of OLD have the same code in NEW")
+    c.add_argument("old")
+    c.add_argument("new")
+    c.add_argument("pattern", nargs="?", default="", help="regex over the mangled section name")
+    c.add_argument("--verbose", action="store_true", help="name the renamed kernels too")
     a = ap.parse_args()
     if a.cmd == "table":
         learn(a.listing, a.out)
+    elif a.cmd == "same":
+        same(a)
     else:
         show(a)
 

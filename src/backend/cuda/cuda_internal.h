@@ -67,6 +67,10 @@ bool switch_setting(const char* name, const char* value, bool dflt);
 // 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs,
 // the default before); anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);
+// ATLAS_BLOCK_STAMPS's value (null or empty: off, ""): the file the block stamps go to at exit
+// (gemm_block_stamps_start); a path whose directory does not exist throws an Error naming the
+// variable.
+std::string block_stamps_setting(const char* value);
 // The split lean loop's first step of part q (of `parts`) of a tile of depth K
 // (kern::lean_part_begin with the config's 128-wide steps and 256-wide slices; q = parts: the
 // tile's step count), for tests of the split's invariants on the host.

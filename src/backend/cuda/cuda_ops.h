@@ -859,6 +859,27 @@ void gemm_force_config(int config);
 // the call; captured graphs keep theirs). A caching hint only: the same bits either way.
 void set_gemm_weight_evict_first(bool on);
 bool gemm_weight_evict_first();
+// Block stamps (a diagnostic, session 38; kernels/block_stamp.cuh): while on, the MoE phase's
+// default GEMM configs (the lean stream loop, 16x32x128/4u, the staged split-K) run their stamped
+// instantiations, the same work and bits, and thread 0 of every block records its SM and its
+// %globaltimer start, end of launch-overlap wait (go; 0 where not marked) and end. The layout is
+// the device record's. ATLAS_BLOCK_STAMPS=FILE turns them on at the first GEMM (a ring of the
+// last 262,144 blocks) and writes FILE (CSV, tools/profile/block_stamps_summary.py reads it) at
+// exit. Launches see the setting at launch (graphs captured earlier keep theirs).
+struct BlockStampRecord {
+  uint64_t t0 = 0, go = 0, t1 = 0;  // ns
+  uint64_t site = 0;                 // the launch's weight address (dense w, grouped w_groups)
+  int32_t n = 0, k = 0, grid = 0, block = 0, smid = 0;
+  int32_t kind = 0;   // 0 the lean stream loop, 1 the tiled kernel, 2 split-K
+  int64_t bytes = 0;  // weight bytes the block copied (0: not counted)
+};
+// On, with a fresh ring of `capacity` records (a power of two; outside any capture).
+void gemm_block_stamps_start(size_t capacity);
+// The records so far, oldest first (the last `capacity` where more were written); the ring is
+// emptied, stamps stay on.
+std::vector<BlockStampRecord> gemm_block_stamps_take();
+// Off (the ring freed).
+void gemm_block_stamps_stop();
 // The config a batch_invariant gemm() / grouped_gemm() with these arguments would run (for
 // benchmark labels and tuning; -1 for an empty grouped problem).
 int gemm_chosen_config(const GemmArgs& a);

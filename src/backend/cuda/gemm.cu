@@ -14,12 +14,16 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/gemm_cluster.cuh"
@@ -159,6 +163,10 @@ struct TileConfig {
   // (gemm_wgstream_lean_kernel's kParts; p.split_ws / split_cnt: stream_split_scratch), for
   // slices >= k_parts and K % tail_k == 0 only; config_or_fallback runs kStreamWgLean elsewhere.
   int k_parts = 0;
+  // [out f32][at most 8 rows per tile]: the stamped instantiation (kStamp, ATLAS_BLOCK_STAMPS,
+  // kernels/block_stamp.cuh) of fn[f32][1][rows8], where there is one: the MoE phase's default
+  // configs only (the lean stream loop, 16x32x128/4u, the staged split-K).
+  KernelFn stamped[2][2] = {{nullptr, nullptr}, {nullptr, nullptr}};
 };
 
 constexpr TileConfig grouped_only(TileConfig c) {
@@ -206,6 +214,8 @@ constexpr TileConfig make_wglean_config(const char* name) {
   for (int h = 0; h < 2; ++h) {
     c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false>;
     c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true>;
+    c.stamped[0][h] = kern::gemm_wgstream_lean_kernel<T, false, 1, true>;
+    c.stamped[1][h] = kern::gemm_wgstream_lean_kernel<T, true, 1, true>;
   }
   return c;
 }
@@ -217,6 +227,7 @@ constexpr TileConfig make_wglean_split_config(const char* name) {
   for (int h = 0; h < 2; ++h) {
     c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false, P>;
     c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true, P>;
+    c.stamped[0][h] = c.stamped[1][h] = nullptr;  // (no stamped split loop)
   }
   c.k_parts = P;
   return c;
@@ -251,6 +262,10 @@ constexpr TileConfig make_config(const char* name) {
   for (int h = 0; h < 2; ++h) {  // the tiled kernel has no 8-row variant
     c.fn[0][1][h] = kern::gemm_mma_kernel<T, false, true, kLean>;
     c.fn[1][1][h] = kern::gemm_mma_kernel<T, true, true, kLean>;
+    if constexpr (kLean == 2) {  // 16x32x128/4u, the routed down's default
+      c.stamped[0][h] = kern::gemm_mma_kernel<T, false, true, kLean, true>;
+      c.stamped[1][h] = kern::gemm_mma_kernel<T, true, true, kLean, true>;
+    }
     if constexpr (kSync) {
       c.fn[0][0][h] = kern::gemm_mma_kernel<T, false, false>;
       c.fn[1][0][h] = kern::gemm_mma_kernel<T, true, false>;
@@ -280,6 +295,12 @@ constexpr TileConfig make_splitk_config(const char* name) {
   c.fn[1][1][0] = kern::gemm_splitk_kernel<T, true, true, false, kStaged>;
   c.fn[0][1][1] = kern::gemm_splitk_kernel<T, false, true, true, kStaged>;
   c.fn[1][1][1] = kern::gemm_splitk_kernel<T, true, true, true, kStaged>;
+  if constexpr (kStaged) {  // the dense one-row default (the shared down)
+    c.stamped[0][0] = kern::gemm_splitk_kernel<T, false, true, false, true, true>;
+    c.stamped[1][0] = kern::gemm_splitk_kernel<T, true, true, false, true, true>;
+    c.stamped[0][1] = kern::gemm_splitk_kernel<T, false, true, true, true, true>;
+    c.stamped[1][1] = kern::gemm_splitk_kernel<T, true, true, true, true, true>;
+  }
   if constexpr (!kStaged) {
     c.fn[0][0][0] = kern::gemm_splitk_kernel<T, false, false, false>;
     c.fn[1][0][0] = kern::gemm_splitk_kernel<T, true, false, false>;
@@ -446,6 +467,79 @@ struct GemmSetup {
   bool route_tail = false;
 };
 
+// Block stamps (ATLAS_BLOCK_STAMPS=FILE or gemm_block_stamps_start; kernels/block_stamp.cuh):
+// the device ring the stamped launches write to, null pointers while off. Set outside any
+// capture (the ring's address goes into the captured launches' parameters).
+std::mutex stamp_mu;
+kern::BlockStampLog stamp_log{};
+std::atomic<bool> stamps_on{false};
+std::string stamp_path;  // ATLAS_BLOCK_STAMPS's file, written at exit
+constexpr size_t kBlockStampsEnvCapacity = size_t(1) << 18;  // ~10 batch-1 decode steps' MoE blocks
+static_assert(sizeof(kern::BlockStamp) == sizeof(BlockStampRecord) &&
+                  offsetof(kern::BlockStamp, site) == offsetof(BlockStampRecord, site) &&
+                  offsetof(kern::BlockStamp, smid) == offsetof(BlockStampRecord, smid) &&
+                  offsetof(kern::BlockStamp, bytes) == offsetof(BlockStampRecord, bytes),
+              "the host record is the device stamp's layout");
+
+// The stamps written so far, oldest first (at most the ring's capacity), and the count reset.
+std::vector<BlockStampRecord> take_stamps_locked() {
+  std::vector<BlockStampRecord> out;
+  if (stamp_log.entries == nullptr) return out;
+  check_cuda(cudaDeviceSynchronize(), "gemm_block_stamps", "cudaDeviceSynchronize");
+  unsigned long long n = 0;
+  check_cuda(cudaMemcpy(&n, stamp_log.count, sizeof n, cudaMemcpyDeviceToHost), "gemm_block_stamps", "cudaMemcpy (count)");
+  const unsigned long long cap = stamp_log.cap, kept = std::min(n, cap);
+  std::vector<BlockStampRecord> ring(static_cast<size_t>(cap));
+  check_cuda(cudaMemcpy(ring.data(), stamp_log.entries, size_t(cap) * sizeof(BlockStampRecord), cudaMemcpyDeviceToHost),
+             "gemm_block_stamps", "cudaMemcpy (entries)");
+  out.reserve(size_t(kept));
+  for (unsigned long long i = n - kept; i < n; ++i) out.push_back(ring[size_t(i % cap)]);
+  check_cuda(cudaMemset(stamp_log.count, 0, sizeof n), "gemm_block_stamps", "cudaMemset (count)");
+  return out;
+}
+
+// At exit (registered after the CUDA runtime's first use, so it runs before the runtime's own
+// teardown): ATLAS_BLOCK_STAMPS's CSV, one line a block, through a temporary file and a rename.
+void write_stamp_file() {
+  std::lock_guard<std::mutex> lock(stamp_mu);
+  if (stamp_path.empty()) return;  // stopped since
+  try {
+    const std::vector<BlockStampRecord> rows = take_stamps_locked();
+    const std::string tmp = stamp_path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr) throw Error("cuda: ATLAS_BLOCK_STAMPS: cannot write '" + tmp + "'");
+    std::fprintf(f, "t0_ns,go_ns,t1_ns,site,n,k,grid,block,smid,kind,bytes\n");
+    for (const BlockStampRecord& r : rows)
+      std::fprintf(f, "%llu,%llu,%llu,%llx,%d,%d,%d,%d,%d,%d,%lld\n", (unsigned long long)r.t0, (unsigned long long)r.go,
+                   (unsigned long long)r.t1, (unsigned long long)r.site, r.n, r.k, r.grid, r.block, r.smid, r.kind,
+                   (long long)r.bytes);
+    const bool ok = std::fflush(f) == 0 && std::ferror(f) == 0;
+    if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), stamp_path.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw Error("cuda: ATLAS_BLOCK_STAMPS: cannot write '" + stamp_path + "'");
+    }
+    std::fprintf(stderr, "block stamps: %zu blocks into %s\n", rows.size(), stamp_path.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "atlas: error: %s\n", e.what());
+  }
+}
+
+void start_stamps_locked(size_t capacity) {
+  if (stamp_log.entries != nullptr) {
+    check_cuda(cudaDeviceSynchronize(), "gemm_block_stamps", "cudaDeviceSynchronize");
+    check_cuda(cudaFree(stamp_log.entries), "gemm_block_stamps", "cudaFree");
+    check_cuda(cudaFree(stamp_log.count), "gemm_block_stamps", "cudaFree");
+    stamp_log = {};
+  }
+  check_cuda(cudaMalloc(&stamp_log.entries, capacity * sizeof(kern::BlockStamp)), "gemm_block_stamps", "cudaMalloc (ring)");
+  check_cuda(cudaMalloc(&stamp_log.count, sizeof(unsigned long long)), "gemm_block_stamps", "cudaMalloc (count)");
+  check_cuda(cudaMemset(stamp_log.count, 0, sizeof(unsigned long long)), "gemm_block_stamps", "cudaMemset (count)");
+  stamp_log.cap = unsigned(capacity);
+  check_cuda(cudaMemcpyToSymbol(kern::g_block_stamp_log, &stamp_log, sizeof stamp_log), "gemm_block_stamps",
+             "cudaMemcpyToSymbol");
+  stamps_on.store(true);
+}
+
 // The largest C <= kClusterMax such that clusters of 1..C blocks of cluster config c fit the
 // device (cluster_fits for both output types); 0 if none does.
 int max_cluster_blocks(const TileConfig& c) {
@@ -481,6 +575,8 @@ const GemmSetup& setup() {
         for (auto& per_async : per_out)
           for (KernelFn f : per_async) raise_smem(reinterpret_cast<const void*>(f), c.smem);
       for (KernelFn f : c.tail) raise_smem(reinterpret_cast<const void*>(f), c.smem);
+      for (auto& per_out : c.stamped)
+        for (KernelFn f : per_out) raise_smem(reinterpret_cast<const void*>(f), c.smem);
     }
     // The fused launches' kernels (gemm_with_latent's 24 KB ring is under the default limit;
     // raised anyway, so a deeper ring cannot fail at launch as its first 48 KB form did in s32-2).
@@ -536,6 +632,12 @@ const GemmSetup& setup() {
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
+    if (const std::string path = detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS")); !path.empty()) {
+      std::lock_guard<std::mutex> lock(stamp_mu);
+      stamp_path = path;
+      start_stamps_locked(kBlockStampsEnvCapacity);
+      std::atexit(write_stamp_file);
+    }
     if (g.encode_map)
       for (const void* f : {reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, false>),
                             reinterpret_cast<const void*>(kern::gemm_tma_kernel<CfgTma192, true>)})
@@ -980,7 +1082,12 @@ std::pair<float*, int*> stream_split_scratch(cudaStream_t stream);  // below
 // `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
                 bool async, bool rows8, int cluster, cudaStream_t stream) {
-  const KernelFn f = c.tail_k > 0 && p.K % c.tail_k != 0 ? c.tail[f32 ? 1 : 0] : c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
+  KernelFn f = c.tail_k > 0 && p.K % c.tail_k != 0 ? c.tail[f32 ? 1 : 0] : c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
+  // Block stamps on: the stamped instantiation of the same kernel, where the config has one (the
+  // same parameters; the ring is the module's device global).
+  const KernelFn with_stamps = c.stamped[f32 ? 1 : 0][rows8 ? 1 : 0];
+  if (stamps_on.load(std::memory_order_relaxed) && async && with_stamps != nullptr && f == c.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0])
+    f = with_stamps;
   if (c.stream) {
     // Persistent: every block takes an even share of the tiles (dense: the batch flattened).
     // Balanced where there are more tiles than resident blocks: the LM head's 1,600 tiles of the
@@ -990,7 +1097,7 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
     const int64_t t = tiles * batch;
     q.tiles_total = int(t);
     const int64_t slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(&c - kConfigs.data())];
-    if (c.k_parts > 1 && f == c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0]) {
+    if (c.k_parts > 1 && f == c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0]) {  // (no stamped split loop)
       // Each tile's K in k_parts runs (config_or_fallback saw every part get a slice): fp32
       // slice sums [t][slices][128][4] and a counter per tile; where they do not fit the
       // stream's fixed block, or inside a capture before an eager call made it, the unsplit lean
@@ -1269,6 +1376,30 @@ void gemm_force_config(int config) {
 }
 
 void set_gemm_weight_evict_first(bool on) { g_weight_evict_first.store(on ? 1 : 0); }
+void gemm_block_stamps_start(size_t capacity) {
+  require(capacity > 0 && capacity <= (size_t(1) << 24) && (capacity & (capacity - 1)) == 0, "gemm_block_stamps_start",
+          "capacity", "a power of two from 1 to 16,777,216, got " + std::to_string(capacity));
+  (void)setup();  // the GEMMs' first-use setup (ATLAS_BLOCK_STAMPS) before this ring replaces its
+  std::lock_guard<std::mutex> lock(stamp_mu);
+  start_stamps_locked(capacity);
+}
+std::vector<BlockStampRecord> gemm_block_stamps_take() {
+  std::lock_guard<std::mutex> lock(stamp_mu);
+  return take_stamps_locked();
+}
+void gemm_block_stamps_stop() {
+  std::lock_guard<std::mutex> lock(stamp_mu);
+  stamps_on.store(false);
+  if (stamp_log.entries == nullptr) return;
+  check_cuda(cudaDeviceSynchronize(), "gemm_block_stamps_stop", "cudaDeviceSynchronize");
+  const kern::BlockStampLog old = stamp_log;
+  stamp_log = {};  // (a graph captured with stamps on then records nothing)
+  check_cuda(cudaMemcpyToSymbol(kern::g_block_stamp_log, &stamp_log, sizeof stamp_log), "gemm_block_stamps_stop",
+             "cudaMemcpyToSymbol");
+  check_cuda(cudaFree(old.entries), "gemm_block_stamps_stop", "cudaFree");
+  check_cuda(cudaFree(old.count), "gemm_block_stamps_stop", "cudaFree");
+  stamp_path.clear();  // (nothing left for the exit handler to write)
+}
 bool gemm_weight_evict_first() { return weight_evict_first(); }
 
 int gemm_chosen_config(const GemmArgs& a) {
@@ -1642,6 +1773,18 @@ int gemm_stream_lean_setting(const char* value) {
   if (v == "8") return 8;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM_LEAN: expected 0 (the full loop), 4 or 6 (the lean loop's ring slots), "
               "or 8 (8 slots of 64-wide steps), got '" + v + "'");
+}
+
+std::string block_stamps_setting(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty()) return v;
+  const std::filesystem::path dir = std::filesystem::path(v).parent_path();
+  std::error_code ec;
+  if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+    throw Error("cuda: ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '" + v + "'");
+  if (std::filesystem::is_directory(v, ec))
+    throw Error("cuda: ATLAS_BLOCK_STAMPS: expected a file, got the directory '" + v + "'");
+  return v;
 }
 
 int gemm_stream_grouped_setting(const char* value) {

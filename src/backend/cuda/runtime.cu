@@ -340,6 +340,7 @@ void check_environment() {
   (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
   (void)detail::release_first_setting(std::getenv("ATLAS_RELEASE_FIRST"));
   (void)detail::phase_clocks_setting(std::getenv("ATLAS_PHASE_CLOCKS"));
+  (void)detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS"));
   (void)detail::mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",

@@ -41,6 +41,7 @@
 
 #include <cstdint>
 
+#include "block_stamp.cuh"
 #include "common.cuh"
 
 namespace atlas::cuda::kern {
@@ -129,6 +130,15 @@ struct MmaGemmParams {
   int next_at = -1;
 };
 constexpr int kNextMaxGroups = 256;
+
+// A GEMM block's stamp (the kStamp instantiations, kernels/block_stamp.cuh): the launch's weight
+// (dense w, grouped w_groups) as its site, a grouped launch's kind marked.
+template <bool kOn>
+__device__ __forceinline__ BlockStampScope<kOn> gemm_block_stamp(const MmaGemmParams& p, int kind) {
+  const bool grouped = p.offsets != nullptr;
+  return BlockStampScope<kOn>(grouped ? static_cast<const void*>(p.w_groups) : p.w, p.N, p.K,
+                              kind + (grouped ? kBlockStampGrouped : 0));
+}
 // Fused gate|up (gated = I > 0, N = 2I): tile column n is weight row n / 2 (gate) for even n and
 // row I + n / 2 (up) for odd n, so a thread's column pair (2j, 2j+1) holds gate j and up j of a
 // row; the epilogue writes out[row][j] = bf16(bf16(silu(bf16 gate)) * bf16 up) (os: out's row
@@ -836,8 +846,10 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
   store_all(tot, out_base);
 }
 
-template <class T, bool kOutF32, bool kAsync, int kLean = 0>
+// kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS, kernels/block_stamp.cuh).
+template <class T, bool kOutF32, bool kAsync, int kLean = 0, bool kStamp = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
+  auto stamp = gemm_block_stamp<kStamp>(p, kBlockStampTiled);
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   __shared__ int64_t a_off[T::BM];  // element offset of each tile row's A row in x; -1 = zero row
   __shared__ int64_t b_off[T::BN];  // element offset of each tile column's W row; -1 = zero row
@@ -849,6 +861,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   if (!start_tile<T::BM, T::BN, kAsync>(p, int(blockIdx.x), tid, lane, t, k_first,
                                         p.slice_stride > 0 ? k_first + kSliceK : p.K))
     return;
+  stamp.go();
+  stamp.add_bytes(int64_t(min(T::BN, p.N - t.n_tile * T::BN)) * ((p.slice_stride > 0 ? min(kSliceK, p.K - k_first) : p.K)) * 2);
   mma_tile<T, kOutF32, kAsync, kLean>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
 }
 
@@ -1090,8 +1104,10 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
   }
 }
 
-template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged = false>
+// kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS; start and end only, no bytes).
+template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged = false, bool kStamp = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
+  auto stamp = gemm_block_stamp<kStamp>(p, kBlockStampSplitK);
   splitk_body<T, kOutF32, kVec, kHalf, kStaged, NoSplitKTail>(p, NoSplitKTail{});
 }
 

@@ -575,17 +575,23 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // p.split_ws, and the tile's last block to arrive (p.split_cnt) adds the later slices to part
 // 0's total in slice order and stores the tile: the contract's running total exactly, the same
 // bits. The host runs it only where S >= kParts (every part has a slice).
-template <class T, bool kOutF32, int kParts = 1>
+// kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS, kernels/block_stamp.cuh): the same
+// work, each block's stamp appended to p.stamps.
+template <class T, bool kOutF32, int kParts = 1, bool kStamp = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __grid_constant__ MmaGemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(T::WGS == 1 && T::LEAD == 0 && (T::BK == 128 || T::BK == 64),
                 "the lean loop: one warpgroup, cp.async, 16 or 8 chunks per row");
+  auto stamp = gemm_block_stamp<kStamp>(p, kBlockStampLean);
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   const uint32_t ring_w = (smem_u32(gemm_smem) + 1023u) & ~1023u;  // [STAGES][ATOMS][64][64]
   const uint32_t ring_x = ring_w + uint32_t(T::STAGES * T::SLOT_W);  // [STAGES][ATOMS][8][64]
   const int tid = int(threadIdx.x), lane = tid & 31;
   const bool grouped = p.offsets != nullptr;
-  if (grouped) pdl_begin_gemm();
+  if (grouped) {
+    pdl_begin_gemm();
+    stamp.go();
+  }
   const auto [first, last] = stream_share<T::BM>(p, lane, kParts);
   const int KT = p.K / T::BK;  // steps per tile
   constexpr int kAhead = T::STAGES - 2;
@@ -608,6 +614,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   // from the lanes' own values, each wgmma cost ~12 instructions of 64-bit adds and moves into
   // uniform registers, ~100 of the ~185 per step; from lane 0's, a few uniform adds).
   const int steps = __shfl_sync(0xffffffffu, my_steps, 0);
+  stamp.add_bytes(int64_t(steps) * T::BM * T::BK * 2);  // (rows past N copy zeros: counted anyway)
 
   // Copy plan (lean_sources): chunk c of weight rows r0 + 8 j and of x row r0, as the full
   // loop's, so that each warp instruction reads two whole 256-byte row segments (a first version
@@ -692,7 +699,10 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     for (int j = 0; j < is.wrows; ++j)
       prefetch_l2(is.w + j * is.wstride + is.kt * (T::BK * 2), uint32_t(min(p.K - is.kt * T::BK, kAhead * T::BK)) * 2u);
   }
-  if (!grouped) pdl_begin_gemm();
+  if (!grouped) {
+    pdl_begin_gemm();
+    stamp.go();
+  }
 #pragma unroll 1
   for (int k = 0; k < kAhead; ++k) {
     if (!early) copy_w(is, k);
