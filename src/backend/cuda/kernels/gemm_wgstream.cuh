@@ -614,7 +614,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   // from the lanes' own values, each wgmma cost ~12 instructions of 64-bit adds and moves into
   // uniform registers, ~100 of the ~185 per step; from lane 0's, a few uniform adds).
   const int steps = __shfl_sync(0xffffffffu, my_steps, 0);
-  stamp.add_bytes(int64_t(steps) * T::BM * T::BK * 2);  // (rows past N copy zeros: counted anyway)
+  stamp.add_bytes(int64_t(steps) * T::BN * T::BK * 2);  // (BN weight rows a step; rows past N copy zeros: counted anyway)
 
   // Copy plan (lean_sources): chunk c of weight rows r0 + 8 j and of x row r0, as the full
   // loop's, so that each warp instruction reads two whole 256-byte row segments (a first version
