@@ -2,7 +2,8 @@
 known: two decode steps of one MoE window each (a dense lean launch of 2 blocks beside a grouped
 lean launch of 3 blocks, on 2 SMs), then the roles, the per-SM bytes and busy times, the most
 blocks resident on one SM, the timeline, and bad input (a wrong header, a short line, times out of
-order: one error naming the file and line, exit 1).
+order: one error naming the file and line, exit 1), the co-residency of a launch's blocks, and the
+orders of residency of two racing launches.
 """
 import os
 import subprocess
@@ -63,10 +64,42 @@ with tempfile.TemporaryDirectory() as d:
     if lines[comp + 1] != want:
         sys.exit(f"FAIL: window {lines[comp + 1]!r}")
     # Timeline: at 0.5 us 2 resident / 2 running; at 1.5 us 5 / 2; at 2.5 us 5 / 5; at 7.5 us 3 / 3; at 11.5 us 1 / 1.
-    tl = {int(x.split()[0]): x.split()[1:] for x in lines[comp + 3:] if x.strip()}
+    tl = {}
+    for x in lines[comp + 3:]:
+        if not x.strip() or not x.split()[0].isdigit():
+            break
+        tl[int(x.split()[0])] = x.split()[1:]
     for us, want in {0: ["2", "2"], 1: ["5", "2"], 2: ["5", "5"], 7: ["3", "3"], 11: ["1", "1"]}.items():
         if tl.get(us) != want:
             sys.exit(f"FAIL: timeline at {us} us: {tl.get(us)}")
+    # Co-residency: the grouped launch has 2 blocks on SM 0 (runs 4 and 10 us) and 1 on SM 1 (4 us).
+    co = [x for x in lines if " on the SM: " in x]
+    if co != ["lean    2816x2048  grouped   1 on the SM:       2 blocks, run    4.00 us",
+              "lean    2816x2048  grouped   2 on the SM:       4 blocks, run    7.00 us",
+              "lean    5632x2048  dense     1 on the SM:       4 blocks, run   10.00 us"]:
+        sys.exit(f"FAIL: co-residency {co}")
+    # One order of residency only: no order listing unless asked (--orders).
+    if "order of residency" in out or "2 windows in this order" not in run(good, "--orders").stdout:
+        sys.exit("FAIL: orders with one order")
+    # A third window where the grouped launch became resident first: two orders, each listed.
+    raced = os.path.join(d, "raced.csv")
+    with open(raced, "w") as f:
+        f.write(HEAD + "\n")
+        for t in (1_000_000, 3_000_000):
+            for r in step(t):
+                f.write(",".join(str(x) for x in r) + "\n")
+        for r in step(5_000_000):
+            r = list(r)
+            if r[3] == "b0":  # the grouped blocks resident 1 us before the dense ones (the window's start)
+                r[0], r[1], r[2] = r[0] - 2000, r[1] - 2000, r[2] - 2000
+            f.write(",".join(str(x) for x in r) + "\n")
+    ol = run(raced).stdout.splitlines()
+    i = ol.index("   2 windows in this order of residency (start, end: us from the window's first block):")
+    j = ol.index("   1 windows in this order of residency (start, end: us from the window's first block):")
+    if ol[i + 1].split()[:3] != ["lean", "5632x2048", "dense"] or ol[i + 1].split()[3:] != ["0.00", "10.00"] or \
+            ol[j + 1].split()[:3] != ["lean", "2816x2048", "grouped"] or ol[j + 1].split()[3:] != ["0.00", "11.00"] or \
+            ol[j + 2].split()[:3] != ["lean", "5632x2048", "dense"] or ol[j + 2].split()[3:] != ["1.00", "11.00"]:
+        sys.exit(f"FAIL: orders {ol[i:i + 3]} {ol[j:j + 3]}")
     # --skip-windows 1 leaves one window.
     if not run(good, "--skip-windows", "1").stdout.startswith("10 blocks, 2 launches in 1 windows"):
         sys.exit("FAIL: --skip-windows")

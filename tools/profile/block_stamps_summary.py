@@ -18,7 +18,12 @@ beside the routed ones). Printed:
      the SMs that ran a block, each SM's bytes and busy time (the union of its blocks' runs;
      min / median / max over the SMs), and the most blocks resident on one SM at once;
   3. with --timeline, the median over those windows of the blocks resident and running at each
-     microsecond of the window (the slots a phase leaves idle).
+     microsecond of the window (the slots a phase leaves idle);
+  4. per window composition, its windows grouped by the order in which their launches' first
+     blocks became resident (a race between streams shows as two orders), with each launch's start
+     and end (medians, us from the window's first block) in each order;
+  5. per role, the blocks' run time by how many blocks of the same launch ran on their SM (1, 2,
+     3 ...): flat means each block is bound by itself, not by its SM (session 38's question).
 
   python3 tools/profile/block_stamps_summary.py stamps.csv [--skip-windows 10] [--timeline]
 """
@@ -138,6 +143,7 @@ def main():
     ap.add_argument("--gap-us", type=float, default=500.0, help="a new launch of a site after this gap (default 500)")
     ap.add_argument("--skip-windows", type=int, default=0, help="leave out the first N windows (warm-up)")
     ap.add_argument("--timeline", action="store_true", help="resident / running blocks per microsecond")
+    ap.add_argument("--orders", action="store_true", help="the orders of residency even where there is one only")
     a = ap.parse_args()
     rows = load(a.stamps)
     wins = windows_of(launches_of(rows, int(a.gap_us * 1000)))[a.skip_windows:]
@@ -195,6 +201,18 @@ def main():
         print("   span %.2f us, %.2f MB, %d SMs; per SM: %.0f/%.0f/%.0f KB, busy %.2f/%.2f/%.2f us; at most %d blocks "
               "resident on one SM" % (med(spans), med(mbs), med(sms), med(kb_lo), med(kb_md), med(kb_hi), med(busy_lo),
                                       med(busy_md), med(busy_hi), max(res)))
+        orders = collections.defaultdict(list)
+        for w in ws:
+            orders[tuple(x["role"] for x in sorted(w, key=lambda x: (x["start"], x["role"])))].append(w)
+        if len(orders) > 1 or a.orders:
+            for order, ows in sorted(orders.items(), key=lambda kv: -len(kv[1])):
+                print("   %d windows in this order of residency (start, end: us from the window's first block):" % len(ows))
+                for i, name in enumerate(order):
+                    st = [(sorted(w, key=lambda x: (x["start"], x["role"]))[i]["start"] - min(x["start"] for x in w)) / 1e3
+                          for w in ows]
+                    en = [(sorted(w, key=lambda x: (x["start"], x["role"]))[i]["end"] - min(x["start"] for x in w)) / 1e3
+                          for w in ows]
+                    print("     %-28s %7.2f %7.2f" % (name, med(st), med(en)))
         if a.timeline:
             lines = collections.defaultdict(lambda: ([], []))
             for w in ws:
@@ -210,6 +228,20 @@ def main():
                 res_us, run_us = lines[us]
                 pad = [0] * (len(ws) - len(res_us))
                 print("   %3d  %8.0f  %7.0f" % (us, med(res_us + pad), med(run_us + pad)))
+    coresidency(wins)
+
+
+def coresidency(wins):
+    print("\n== per role: block run (us, medians) by the blocks of the same launch on its SM (blocks that moved bytes)")
+    runs = collections.defaultdict(list)
+    for w in wins:
+        for x in w:
+            live = [r for r in x["blocks"] if r["bytes"] > 0]
+            per_sm = collections.Counter(r["smid"] for r in live)
+            for r in live:
+                runs[(x["role"], per_sm[r["smid"]])].append((r["t1"] - r["go"]) / 1e3)
+    for (name, n), v in sorted(runs.items()):
+        print("%-28s %d on the SM: %7d blocks, run %7.2f us" % (name, n, len(v), med(v)))
 
 
 if __name__ == "__main__":

@@ -69,24 +69,40 @@ struct BlockStampScope {
   __device__ __forceinline__ void add_bytes(long long) {}
 };
 
+// The record lives in shared memory and only thread 0 touches it: the other threads hold nothing
+// for it, so the stamped kernel keeps (nearly) the registers of the default one (in registers,
+// s38-1's lean loop went from 80 to 88 per thread).
 template <>
 struct BlockStampScope<true> {
-  BlockStamp s{};
+  static __device__ __forceinline__ BlockStamp& record() {
+    __shared__ BlockStamp s;
+    return s;
+  }
+  static __device__ __forceinline__ bool first() { return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0; }
   __device__ __forceinline__ BlockStampScope(const void* site, int n, int k, int kind) {
+    if (!first()) return;
+    BlockStamp& s = record();
     s.t0 = global_timer_ns();
+    s.go = 0;
     s.site = reinterpret_cast<unsigned long long>(site);
     s.n = n;
     s.k = k;
     s.grid = int(gridDim.x * gridDim.y * gridDim.z);
     s.block = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
     s.kind = kind;
+    s.bytes = 0;
   }
-  __device__ __forceinline__ void go() { s.go = global_timer_ns(); }
-  __device__ __forceinline__ void add_bytes(long long b) { s.bytes += b; }
+  __device__ __forceinline__ void go() {
+    if (first()) record().go = global_timer_ns();
+  }
+  __device__ __forceinline__ void add_bytes(long long b) {
+    if (first()) record().bytes += b;
+  }
   __device__ __forceinline__ ~BlockStampScope() {
-    if (threadIdx.x != 0 || threadIdx.y != 0) return;
+    if (!first()) return;
     const BlockStampLog log = g_block_stamp_log;
     if (log.entries == nullptr || log.cap == 0) return;
+    BlockStamp s = record();
     s.t1 = global_timer_ns();
     s.smid = sm_id();
     const unsigned long long i = atomicAdd(log.count, 1ull);
