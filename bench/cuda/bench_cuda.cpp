@@ -181,7 +181,7 @@ std::vector<int> forced_configs(int rows) {
   if (rows <= 16)
     want = {"splitk16x8/8w", "16x32x128/4", "c16x64/4w", "stream8x8/6w", "stream8x8/3w", "streamwg64x8/4",
             "streamwg64x8/3r2", "streamwg64x8/4l", "streamwg64x8/6l", "streamwg64x8/4l2", "streamwg64x8/8l64", "16x32x128/3", "16x32x128/2",
-            "16x32x128/4l", "16x32x128/4u", "streamwg64x8/4l3", "16x32x128/5h"};
+            "16x32x128/4l", "16x32x128/4u", "streamwg64x8/4l3", "16x32x128/5h", "streamwg64x8/4l/3"};
   else if (rows <= 1024)
     want = {"32x64x64/4+slices", "c128x64/8w", "c64x64/4w", "wg128x128x64/4+slices"};
   else

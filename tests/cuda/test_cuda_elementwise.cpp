@@ -191,7 +191,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       // name, {good values..., then one bad value}
       {"ATLAS_GEMM_STREAM", {"0", "3", "6", "wg", "5"}},
       {"ATLAS_GEMM_STREAM_GROUPED", {"0", "1", "wg", "wg-gate", "wg-split", "split-gate", "split-gate3", "yes"}},
-      {"ATLAS_GEMM_STREAM_LEAN", {"0", "4", "6", "8", "5"}},
+      {"ATLAS_GEMM_STREAM_LEAN", {"0", "4", "6", "8", "4/3", "5"}},
       {"ATLAS_GEMM_STREAM_FEW", {"stream8x8/3w", "splitk16x8/8w+staged", "c16x64/4w", "16x32x128/4+slices"}},
       {"ATLAS_GEMM_GROUPED_MANY", {"32x64x64/4", "splitk16x8/8w"}},
       {"ATLAS_GEMM_GROUPED_FEW_DOWN", {"16x32x128/4", "splitk16x8/8w", "stream8x8/3w", "16x32x128/4+slices", "c16x64/4w",
@@ -221,6 +221,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MLA_MERGE_VALUE", {"0", "1", "merge"}},
       {"ATLAS_ROUTE_TAIL", {"0", "1", "tail"}},
       {"ATLAS_SHARED_DOWN_FIRST", {"0", "1", "first"}},
+      {"ATLAS_SHARED_DOWN_WAIT", {"0", "1", "wait"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
       {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
       {"ATLAS_MOE_PREFETCH", {"none", "routed", "shared", "both", "down"}},

@@ -49,8 +49,8 @@ struct ForceConfig {
 
 // The wgmma streaming config the chooser takes under this process's environment:
 // ATLAS_GEMM_STREAM_REGS=1 the register-staged one, else ATLAS_GEMM_STREAM_LEAN's loop (session
-// 30: the lean loop with 4 slots by default, "6" with 6, "8" 8 slots of 64-wide steps, "0" the
-// full loop).
+// 30: the lean loop with 4 slots by default, "6" with 6, "8" 8 slots of 64-wide steps, "4/3" 4
+// slots with the copies 3 steps ahead (session 38), "0" the full loop).
 std::string expected_wgstream_config() {
   const char* regs = std::getenv("ATLAS_GEMM_STREAM_REGS");
   const char* lean_env = std::getenv("ATLAS_GEMM_STREAM_LEAN");
@@ -59,6 +59,7 @@ std::string expected_wgstream_config() {
   return lean == "0"   ? "streamwg64x8/4"
          : lean == "6" ? "streamwg64x8/6l"
          : lean == "8" ? "streamwg64x8/8l64"
+         : lean == "4/3" ? "streamwg64x8/4l/3"
                        : "streamwg64x8/4l";
 }
 
@@ -273,7 +274,9 @@ TEST(GemmSettings, StreamLeanSwitchNamesItselfOnBadValues) {
   EXPECT_EQ(detail::gemm_stream_lean_setting("4"), 4);
   EXPECT_EQ(detail::gemm_stream_lean_setting("6"), 6);
   EXPECT_EQ(detail::gemm_stream_lean_setting("8"), 8);
-  expect_each_rejected([](const char* v) { detail::gemm_stream_lean_setting(v); }, {"1", "5", "lean", " 4", "64"},
+  EXPECT_EQ(detail::gemm_stream_lean_setting("4/3"), 3);
+  expect_each_rejected([](const char* v) { detail::gemm_stream_lean_setting(v); },
+                       {"1", "5", "lean", " 4", "64", "3", "4/2", "4/4"},
                        [](const char* v) {
                          return std::vector<std::string>{"ATLAS_GEMM_STREAM_LEAN", "'" + std::string(v) + "'"};
                        });
@@ -1298,8 +1301,12 @@ TEST_F(Gemm, BlockStampsRecordEveryBlockOnceAndKeepTheBits) {
       EXPECT_EQ(r.kind, c.kind + (c.grouped ? 16 : 0));
       EXPECT_TRUE(r.smid >= 0 && r.smid < sms) << r.smid;
       EXPECT_LE(r.t0, r.t1);
-      if (r.go != 0) EXPECT_TRUE(r.t0 <= r.go && r.go <= r.t1) << r.t0 << " " << r.go << " " << r.t1;
-      if (c.kind == 0) EXPECT_NE(r.go, 0u) << "the lean loop marks its wait's end in every block";
+      if (r.go != 0) {
+        EXPECT_TRUE(r.t0 <= r.go && r.go <= r.t1) << r.t0 << " " << r.go << " " << r.t1;
+      }
+      if (c.kind == 0) {
+        EXPECT_NE(r.go, 0u) << "the lean loop marks its wait's end in every block";
+      }
       bytes += r.bytes;
     }
     EXPECT_EQ(seen, std::vector<int>(size_t(grid), 1)) << "each block exactly once";

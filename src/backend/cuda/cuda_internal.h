@@ -45,8 +45,9 @@ int gemm_stream_setting(const char* value);
 // ATLAS_GEMM_STREAM_LEAN's value (null: unset): which loop the wgmma streaming config runs where
 // it runs (kernels/gemm_wgstream.cuh, session 30): 4 (the default) or 6 the lean loop with that
 // many ring slots ("streamwg64x8/4l", "streamwg64x8/6l"), 8 the lean loop with 8 slots of 64-wide
-// steps ("streamwg64x8/8l64", session 31), 0 the full loop ("streamwg64x8/4", the default
-// before); anything else throws an Error naming the variable. The same bits each way.
+// steps ("streamwg64x8/8l64", session 31), 3 ("4/3", session 38) the lean loop with 4 slots and
+// its copies three steps ahead ("streamwg64x8/4l/3"), 0 the full loop ("streamwg64x8/4", the
+// default before); anything else throws an Error naming the variable. The same bits each way.
 int gemm_stream_lean_setting(const char* value);
 // The persistent grid of a stream config with `tiles` tiles and `slots` resident blocks (SMs x
 // blocks per SM): min(tiles, slots), or with `balance` (ATLAS_GEMM_STREAM_BALANCE) and more

@@ -358,9 +358,10 @@ class CudaModelT final : public Model {
                       const std::vector<int32_t>* key_slot = nullptr) const;
   // out = down(silu(gate x) * up x) on `stream`; gu / act: its scratch and activation buffers.
   // prefetch_down: the gate|up launch pulls the down's weights into L2 (ATLAS_MOE_PREFETCH);
-  // urgent_down: the down's launches at the device's greatest priority (UrgentLaunchScope).
+  // urgent_down: the down's launches at the device's greatest priority (UrgentLaunchScope);
+  // plain_down: without launch overlap (PlainLaunchScope).
   void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act, Stream stream,
-           bool prefetch_down = false, bool urgent_down = false) const;
+           bool prefetch_down = false, bool urgent_down = false, bool plain_down = false) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
@@ -509,6 +510,15 @@ class CudaModelT final : public Model {
   // s34-4). At 128 rows (the seed grid's steps) it cost 7.014 against 6.860 s (s34-4), hence the
   // bound. ATLAS_SHARED_DOWN_FIRST=0 turns it off; the same bits either way.
   bool shared_down_first_ = true;
+  // The shared experts' down launched without launch overlap where the routed experts have few
+  // rows (PlainLaunchScope; ATLAS_SHARED_DOWN_WAIT=1, session 38, off until measured): its 256
+  // split-K blocks (256 threads x 128 registers: half an SM's register file each) then become
+  // resident only when the shared gate|up has finished, and cannot hold SMs while they wait. In
+  // session 38's stamped run (ATLAS_BLOCK_STAMPS, s38-1) they became resident before the routed
+  // gate|up in 87 of 156 layers, two per SM on most SMs, and there the routed gate|up started only
+  // when the shared gate|up ended: the routed down ended 55.9 us after the shared gate|up's start
+  // against 44.1 in the other 69 layers. The same bits either way.
+  bool shared_down_wait_ = false;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
@@ -670,6 +680,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
   mla_merge_value_ = env_switch("ATLAS_MLA_MERGE_VALUE", false);
   shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
+  shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
@@ -1138,7 +1149,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
 
 template <class Elem>
 void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act,
-                           Stream stream, bool prefetch_down, bool urgent_down) const {
+                           Stream stream, bool prefetch_down, bool urgent_down, bool plain_down) const {
   const int64_t H = cfg_.hidden_size, I = m.inter;
   if (M == 0) return;
   // act [M, I] = silu(gate) * up from the [M, 2I] gate | up product (fused into the GEMM's
@@ -1154,6 +1165,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
           .gated = int(I), .gated_scratch = gu, .stream = stream, .next = next});
   }
   const UrgentLaunchScope urgent(urgent_down);
+  const PlainLaunchScope plain(plain_down);
   linear(act, m.down, out, M, H, I, 0, 0, stream);
 }
 
@@ -1168,7 +1180,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // back before the combine reads b.shared.
   if (L.has_shared)
     mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0,
-        shared_down_first_ && M * k <= kGroupedFewMaxRows);
+        shared_down_first_ && M * k <= kGroupedFewMaxRows, shared_down_wait_ && M * k <= kGroupedFewMaxRows);
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
       .experts = int(E), .k = int(k),

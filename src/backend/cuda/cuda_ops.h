@@ -130,6 +130,27 @@ class UrgentLaunchScope {
 // Launches made at that priority so far (tests).
 int64_t urgent_launches();
 
+// The launches on this thread while it lives (plain = true) carry no launch-overlap attribute
+// even where launch_overlap() would give them one (nests like UrgentLaunchScope): their blocks
+// become resident only once the kernel before them in their stream has finished, and a GEMM
+// among them stages no weights early (it has nothing to overlap). For the shared experts' down at
+// batch-1 decode steps (session 38, ATLAS_SHARED_DOWN_WAIT), whose blocks, resident early at the
+// greatest priority, can hold the SMs the routed gate|up needs while they wait. Scheduling only:
+// the same bits.
+class PlainLaunchScope {
+ public:
+  explicit PlainLaunchScope(bool plain);
+  ~PlainLaunchScope();
+  PlainLaunchScope(const PlainLaunchScope&) = delete;
+  PlainLaunchScope& operator=(const PlainLaunchScope&) = delete;
+
+ private:
+  bool was_;
+};
+// How often a PlainLaunchScope turned launch overlap off where it would have been on (a GEMM
+// asks twice per launch: for its parameters and at the launch; tests).
+int64_t plain_launches();
+
 // An on/off switch from the environment (the A/B switches of docs/cuda.md): unset or empty ->
 // dflt, "0" off, "1" on; any other value throws an Error naming the variable.
 bool env_switch(const char* name, bool dflt);

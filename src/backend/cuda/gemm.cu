@@ -207,15 +207,15 @@ constexpr TileConfig make_wgstream_config(const char* name) {
 }
 
 // The lean wgmma streaming loop: fn for K % BK == 0, the full loop's tail instance for the rest
-// (the same bits).
-template <class T>
+// (the same bits). kLead: the copies' steps ahead (0: STAGES - 2; gemm_wgstream_lean_kernel).
+template <class T, int kLead = 0>
 constexpr TileConfig make_wglean_config(const char* name) {
   TileConfig c = make_wgstream_config<T>(name);
   for (int h = 0; h < 2; ++h) {
-    c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false>;
-    c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true>;
-    c.stamped[0][h] = kern::gemm_wgstream_lean_kernel<T, false, 1, true>;
-    c.stamped[1][h] = kern::gemm_wgstream_lean_kernel<T, true, 1, true>;
+    c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false, 1, false, kLead>;
+    c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true, 1, false, kLead>;
+    c.stamped[0][h] = kern::gemm_wgstream_lean_kernel<T, false, 1, true, kLead>;
+    c.stamped[1][h] = kern::gemm_wgstream_lean_kernel<T, true, 1, true, kLead>;
   }
   return c;
 }
@@ -315,7 +315,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 42> kConfigs = {
+constexpr std::array<TileConfig, 43> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -347,7 +347,10 @@ constexpr std::array<TileConfig, 42> kConfigs = {
     make_wglean_split_config<CfgWs128, 3>("streamwg64x8/4l3"), grouped_only(make_config<CfgD32H5, false, 3>("16x32x128/5h")),
     // q|kv_a's cluster config with the slice sums pushed instead of read after a cluster barrier
     // (session 36, ATLAS_GEMM_CLUSTER_PUSH; the same bits, slower: 468.1 against 475.9 tok/s, s37-1).
-    make_cluster_config<CfgC16, true>("c16x64/4w+push")};
+    make_cluster_config<CfgC16, true>("c16x64/4w+push"),
+    // The lean loop with three 16 KB steps in flight in its 4-slot ring (session 38,
+    // ATLAS_GEMM_STREAM_LEAN=4/3; written after the session's device time was spent: not yet run).
+    make_wglean_config<CfgWs128, 3>("streamwg64x8/4l/3")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -378,10 +381,11 @@ constexpr int kStream6 = config_index("stream8x8/6w"), kStream3 = config_index("
 constexpr int kStreamWg = config_index("streamwg64x8/4"), kStreamWgRegs = config_index("streamwg64x8/3r2");
 constexpr int kStreamWgLean = config_index("streamwg64x8/4l"), kStreamWgLean6 = config_index("streamwg64x8/6l");
 constexpr int kStreamWgLean2 = config_index("streamwg64x8/4l2"), kStreamWgLean8 = config_index("streamwg64x8/8l64");
+constexpr int kStreamWgLeanLead3 = config_index("streamwg64x8/4l/3");
 constexpr int kStreamWgLean3 = config_index("streamwg64x8/4l3");
 static_assert(kStreamWgLean3 >= 0, "the three-part lean config");
 static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0 && kStreamWgLean >= 0 &&
-                  kStreamWgLean6 >= 0 && kStreamWgLean2 >= 0 && kStreamWgLean8 >= 0,
+                  kStreamWgLean6 >= 0 && kStreamWgLean2 >= 0 && kStreamWgLean8 >= 0 && kStreamWgLeanLead3 >= 0,
               "stream config names");
 constexpr int kTiled32 = config_index("32x64x64/4"), kTiled16 = config_index("16x32x128/4");
 static_assert(kTiled32 >= 0 && kTiled16 >= 0, "tiled config names");
@@ -612,6 +616,7 @@ const GemmSetup& setup() {
                    : lean == 4                                 ? kStreamWgLean
                    : lean == 6                                 ? kStreamWgLean6
                    : lean == 8                                 ? kStreamWgLean8
+                   : lean == 3                                 ? kStreamWgLeanLead3
                                                                : kStreamWg;
     g.stream_choice = stream_warps == 3    ? kStream3
                       : stream_warps == 6  ? kStream6
@@ -1771,8 +1776,9 @@ int gemm_stream_lean_setting(const char* value) {
   if (v.empty() || v == "4") return 4;
   if (v == "6") return 6;
   if (v == "8") return 8;
+  if (v == "4/3") return 3;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM_LEAN: expected 0 (the full loop), 4 or 6 (the lean loop's ring slots), "
-              "or 8 (8 slots of 64-wide steps), got '" + v + "'");
+              "8 (8 slots of 64-wide steps) or 4/3 (4 slots, 3 steps ahead), got '" + v + "'");
 }
 
 std::string block_stamps_setting(const char* value) {

@@ -47,6 +47,8 @@ bool pdl_supported() {
 
 thread_local bool t_decode_step = false;  // inside a DecodeLaunchScope(true) on this thread
 thread_local bool t_urgent = false;       // inside an UrgentLaunchScope(true) on this thread
+thread_local bool t_plain = false;        // inside a PlainLaunchScope(true) on this thread
+std::atomic<int64_t> g_plain_launches{0};
 
 int pdl_setting(const char* value) {
   const std::string v = value ? value : "";
@@ -169,7 +171,12 @@ bool pdl_enabled() {
     if (v && !pdl_supported()) v = 0;
     g_pdl.store(v, std::memory_order_relaxed);
   }
-  return v == int(LaunchOverlap::on) || (v == int(LaunchOverlap::decode) && t_decode_step);
+  const bool on = v == int(LaunchOverlap::on) || (v == int(LaunchOverlap::decode) && t_decode_step);
+  if (on && t_plain) {
+    g_plain_launches.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  return on;
 }
 
 void arg_error(const char* op, const char* field, const std::string& what) {
@@ -348,7 +355,7 @@ void check_environment() {
                            "ATLAS_MLA_EARLY_CACHE", "ATLAS_GEMM_STREAM_BALANCE", "ATLAS_GEMM_TAILS",
                            "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
                            "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL",
-                           "ATLAS_SHARED_DOWN_FIRST"})
+                           "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT"})
     (void)env_switch(name, true);
 }
 
@@ -364,6 +371,9 @@ DecodeLaunchScope::DecodeLaunchScope(bool decode) : was_(detail::t_decode_step) 
 DecodeLaunchScope::~DecodeLaunchScope() { detail::t_decode_step = was_; }
 UrgentLaunchScope::UrgentLaunchScope(bool urgent) : was_(detail::t_urgent) { detail::t_urgent = urgent; }
 UrgentLaunchScope::~UrgentLaunchScope() { detail::t_urgent = was_; }
+PlainLaunchScope::PlainLaunchScope(bool plain) : was_(detail::t_plain) { detail::t_plain = plain; }
+PlainLaunchScope::~PlainLaunchScope() { detail::t_plain = was_; }
+int64_t plain_launches() { return detail::g_plain_launches.load(); }
 namespace {
 std::atomic<int64_t> g_urgent_launches{0};
 }

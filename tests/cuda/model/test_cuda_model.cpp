@@ -660,6 +660,14 @@ TEST_F(CudaTiny, SharedDownFirstGivesTheSameBits) {
   model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_DOWN_FIRST", cuda::urgent_launches);
 }
 
+// The shared experts' down launched without launch overlap (ATLAS_SHARED_DOWN_WAIT, read when
+// the model is made; session 38, off by default, where M * top_k <= 16): the same bits off and on
+// in a prefill and in eager and graph-replayed decode steps (8 rows and one), and the scope turned
+// overlap off only with it on (the one-row decode steps, where overlap is on).
+TEST_F(CudaTiny, SharedDownWaitGivesTheSameBits) {
+  model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_DOWN_WAIT", cuda::plain_launches);
+}
+
 // A GEMM tail's switch (set: 1 on, 0 off, -1 as its variable says) gives the same logits on a
 // one-row prefill and greedy batch-1 steps with every GEMM on the staged split-K config the
 // tails belong to (the tiny model's GEMMs would take others), and the tailed launches (count)

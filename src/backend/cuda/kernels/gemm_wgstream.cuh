@@ -576,8 +576,18 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // 0's total in slice order and stores the tile: the contract's running total exactly, the same
 // bits. The host runs it only where S >= kParts (every part has a slice).
 // kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS, kernels/block_stamp.cuh): the same
-// work, each block's stamp appended to p.stamps.
-template <class T, bool kOutF32, int kParts = 1, bool kStamp = false>
+// work, each block's stamp appended to the module's ring.
+// kLead (session 38, config "streamwg64x8/4l/3", ATLAS_GEMM_STREAM_LEAN=4/3; 0: STAGES - 2): the
+// copies run kLead steps ahead. STAGES - 1 keeps three 16 KB steps in flight in the 4-slot ring
+// (48 KB against 32, the same 73 KB of shared memory, so the same three blocks per SM): the slot a
+// step's copies refill was read by the step before's wgmma, so each step waits for its wgmma
+// group (wg_wait_all) instead of leaving it in flight (wg_wait_one). Why: session 38's block
+// stamps found a routed gate|up block's time independent of how many blocks share its SM (23 us
+// for 256 KB with one, two or three) while the same loop's blocks ran twice as fast under less
+// load: each block is bound by its bytes in flight over the memory's loaded latency. (The 64-wide
+// lean loop, /8l64, had 48 KB in flight too but twice the steps and their instructions: slower,
+// s32-1.) The same bits: the same steps in the same order.
+template <class T, bool kOutF32, int kParts = 1, bool kStamp = false, int kLead = 0>
 __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __grid_constant__ MmaGemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(T::WGS == 1 && T::LEAD == 0 && (T::BK == 128 || T::BK == 64),
@@ -594,7 +604,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   }
   const auto [first, last] = stream_share<T::BM>(p, lane, kParts);
   const int KT = p.K / T::BK;  // steps per tile
-  constexpr int kAhead = T::STAGES - 2;
+  constexpr int kAhead = kLead > 0 ? kLead : T::STAGES - 2;
+  static_assert(kAhead >= 1 && kAhead <= T::STAGES - 1, "a step's slot is free once its wgmma has read it");
+  constexpr bool kWaitAll = kAhead == T::STAGES - 1;  // the refilled slot is the step before's
   constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
   const int S = (KT + kSteps - 1) / kSteps;  // K slices per tile
   // Work item first + i: tile (first + i) / kParts, steps [part_begin(q), part_begin(q + 1)) of
@@ -797,7 +809,10 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       wgmma_m64n8k16(acc, dw + uint64_t(((kk >> 2) * T::ATOM_W + (kk & 3) * 32) >> 4),
                      dx + uint64_t(((kk >> 2) * T::ATOM_X + (kk & 3) * 32) >> 4));
     wg_commit();
-    wg_wait_one();
+    if constexpr (kWaitAll)
+      wg_wait_all();
+    else
+      wg_wait_one();
     if constexpr (kParts > 1) {
       pending = (ck + 1) % kSteps == 0 || ck + 1 == clen;
       f_item = ct;
