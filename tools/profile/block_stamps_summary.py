@@ -2,9 +2,10 @@
 """Where the MoE phase's GEMM blocks ran, from an ATLAS_BLOCK_STAMPS file (kernels/block_stamp.cuh).
 
 Each line of the file is one block of a stamped launch: %globaltimer at its start (t0), after its
-launch-overlap wait (go; 0 where the kernel does not mark it) and at its end (t1), the launch's
-weight address (site), N, K, grid, block index, SM, kind (low 4 bits: 0 the lean stream loop,
-1 the tiled kernel, 2 split-K; +16: a grouped launch) and the weight bytes it copied.
+launch-overlap wait and tile lookup (go; 0: no tile, or a kernel that did not mark it: then the
+block's run counts from t0) and at its end (t1), the launch's weight address (site), N, K, grid,
+block index, SM, kind (low 4 bits: 0 the lean stream loop, 1 the tiled kernel, 2 split-K; +16: a
+grouped launch) and the weight bytes it copied.
 
 Blocks are gathered into launches (one site, shape and grid; a new launch of the same site where
 its blocks' starts are more than --gap-us apart: a site recurs once per decode step), launches

@@ -515,9 +515,10 @@ class CudaModelT final : public Model {
   // split-K blocks (256 threads x 128 registers: half an SM's register file each) then become
   // resident only when the shared gate|up has finished, and cannot hold SMs while they wait. In
   // session 38's stamped run (ATLAS_BLOCK_STAMPS, s38-1) they became resident before the routed
-  // gate|up in 87 of 156 layers, two per SM on most SMs, and there the routed gate|up started only
-  // when the shared gate|up ended: the routed down ended 55.9 us after the shared gate|up's start
-  // against 44.1 in the other 69 layers. The same bits either way.
+  // gate|up in 78 of 144 layers, two per SM on nearly every SM, and there the routed gate|up
+  // became resident only as they left: the routed down ended 66.0 us after the window's first
+  // block against 54.3 in the other 66 layers (rare in the unstamped default, but a race). The
+  // same bits either way.
   bool shared_down_wait_ = false;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).

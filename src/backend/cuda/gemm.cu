@@ -472,8 +472,9 @@ struct GemmSetup {
 };
 
 // Block stamps (ATLAS_BLOCK_STAMPS=FILE or gemm_block_stamps_start; kernels/block_stamp.cuh):
-// the device ring the stamped launches write to, null pointers while off. Set outside any
-// capture (the ring's address goes into the captured launches' parameters).
+// the device ring the stamped launches write to (null pointers while off), mirrored into the
+// module's device global kern::g_block_stamp_log, which the stamped kernels read when they run
+// (so a graph captured with stamps on records into whatever ring is set when it is replayed).
 std::mutex stamp_mu;
 kern::BlockStampLog stamp_log{};
 std::atomic<bool> stamps_on{false};

@@ -19,8 +19,8 @@ namespace atlas::cuda::kern {
 // One block of one launch (64 bytes).
 struct BlockStamp {
   // %globaltimer (ns, one clock for every SM): the block became resident, passed its
-  // launch-overlap wait (and found its tile; 0 where the kernel does not mark it), ended
-  // (thread 0's end).
+  // launch-overlap wait and found its tile (0: it had none; s38-1's split-K kernel did not mark
+  // it), ended (thread 0's end).
   unsigned long long t0, go, t1;
   // The launch's weight: the dense w, or the grouped launch's per-group table w_groups. One
   // address per GEMM of each layer: which launch of a step the block belongs to.

@@ -924,9 +924,11 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K,
 // gemm_tail.cuh functor that the launch's last block runs on the whole output once every block's
 // stores are done (gemm_splitk_tail_kernel; dense problems only, where every block has a tile).
 struct NoSplitKTail {};
-template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged, class Tail>
+// kStamp: the stamped instantiation's block stamp (ATLAS_BLOCK_STAMPS; its wait's end marked).
+template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged, class Tail, bool kStamp = false>
 __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& tail) {
   static_assert(!kStaged || kVec, "the staged copies are 16-byte copies");
+  auto stamp = gemm_block_stamp<kStamp>(p, kBlockStampSplitK);
   __shared__ float part[T::KW][T::BM][T::BN];  // one round's slice sums, [warp][row][col]
   __shared__ int64_t a_off[T::BM];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -976,6 +978,7 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
     }
   }
   if (!staged_early && !start_tile<T::BM, T::BN, kVec>(p, int(blockIdx.x), tid, lane, t, 0, p.K)) return;
+  stamp.go();
   const int n0 = t.n_tile * T::BN;
   if (tid < T::BM) a_off[tid] = a_row_offset(p, t.row_begin + tid, t.row_end);
   __syncthreads();
@@ -1104,11 +1107,10 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
   }
 }
 
-// kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS; start and end only, no bytes).
+// kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS; start, end of wait and end, no bytes).
 template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged = false, bool kStamp = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
-  auto stamp = gemm_block_stamp<kStamp>(p, kBlockStampSplitK);
-  splitk_body<T, kOutF32, kVec, kHalf, kStaged, NoSplitKTail>(p, NoSplitKTail{});
+  splitk_body<T, kOutF32, kVec, kHalf, kStaged, NoSplitKTail, kStamp>(p, NoSplitKTail{});
 }
 
 }  // namespace atlas::cuda::kern

@@ -584,7 +584,8 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // group (wg_wait_all) instead of leaving it in flight (wg_wait_one). Why: session 38's block
 // stamps found a routed gate|up block's time independent of how many blocks share its SM (23 us
 // for 256 KB with one, two or three) while the same loop's blocks ran twice as fast under less
-// load: each block is bound by its bytes in flight over the memory's loaded latency. (The 64-wide
+// load, which suggests each block is bound by its bytes in flight over the memory's loaded
+// latency; this config tests that. (The 64-wide
 // lean loop, /8l64, had 48 KB in flight too but twice the steps and their instructions: slower,
 // s32-1.) The same bits: the same steps in the same order.
 template <class T, bool kOutF32, int kParts = 1, bool kStamp = false, int kLead = 0>
