@@ -32,6 +32,9 @@
 # MODEL_TEST_ENVS='label:VAR=val,VAR2=val ...' runs the model tests once more under each.
 # CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
+# PREBUILT_DIR=build-device-bin (carried with it): the binaries `tools/dev device-bin` built on the
+# CPU machine instead of a build here (~160 s of lease saved per fresh machine; atlas_cuda_bench
+# and the ktrace library are not among them).
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
 # libonig5 libutf8proc-dev libutf8proc2 libzip-dev libzip4 libcli11-dev nlohmann-json3-dev
 # libssl-dev libssl3 zlib1g-dev libtomlplusplus-dev libtomlplusplus3). Each -dev package whose header the system lacks is unpacked
@@ -85,6 +88,14 @@ export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_L
 # so the binaries (and every artifact's provenance) name the commit actually built.
 [[ -n "${ATLAS_GIT_COMMIT:-}" ]] && echo "== building commit $ATLAS_GIT_COMMIT (from ATLAS_GIT_COMMIT)"
 B=${BUILD_DIR:-build-gpu-full}  # outside the carried tree, a warm machine keeps it between runs
+if [[ -n "${PREBUILT_DIR:-}" ]]; then
+  # Binaries built on the CPU machine (`tools/dev device-bin`: the same CUDA toolkit, the tree at
+  # the same path), carried: no build here. Only the steps whose binaries it holds can run.
+  [[ -x "$PREBUILT_DIR/atlas" ]] || { echo "== PREBUILT_DIR=$PREBUILT_DIR holds no atlas binary"; exit 1; }
+  B=$(realpath "$PREBUILT_DIR")
+  echo "== prebuilt binaries from $PREBUILT_DIR: $(head -1 "$B/COMMIT" 2>/dev/null) ($(sed -n 2p "$B/COMMIT" 2>/dev/null || true))"
+  "$B/atlas" version 2>&1 | head -3 || { echo "== the prebuilt atlas does not run here"; ldd "$B/atlas" | grep "not found"; exit 1; }
+else
 start=$(date +%s)
 {
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" &&
@@ -94,6 +105,7 @@ brc=$?
 echo "== build rc=$brc in $(( $(date +%s) - start )) s"
 grep -E "error|CMake Error|not found" "$out/build.log" | head -30
 [[ $brc -ne 0 ]] && { tail -40 "$out/build.log"; exit 1; }
+fi
 
 
 rc=0
