@@ -30,24 +30,18 @@ struct Rec {
   unsigned long long start, end;
 };
 
-__device__ __forceinline__ unsigned smid() {
-  unsigned s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
-
 // Holds its SM for hold_ns from its start. Its shared memory is the launch's dynamic size: the
 // block scheduler reserves it whether or not the kernel touches it.
 __global__ void k_hold(Rec* rec, unsigned long long hold_ns) {
-  const unsigned long long t0 = gtimer();
+  const unsigned long long t0 = global_timer_ns();
   if (threadIdx.x == 0) {
-    rec[blockIdx.x].smid = smid();
+    rec[blockIdx.x].smid = sm_id();
     rec[blockIdx.x].start = t0;
   }
-  while (gtimer() - t0 < hold_ns) {
+  while (global_timer_ns() - t0 < hold_ns) {
   }
   __syncthreads();
-  if (threadIdx.x == 0) rec[blockIdx.x].end = gtimer();
+  if (threadIdx.x == 0) rec[blockIdx.x].end = global_timer_ns();
 }
 
 struct Launch {

@@ -71,12 +71,9 @@ float graph_us_per_launch(cudaStream_t s, int launches, F&& body) {
 }
 
 #ifdef __CUDACC__
-// The global nanosecond timer (%globaltimer), comparable across blocks and SMs.
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+#include "backend/cuda/kernels/common.cuh"  // global_timer_ns (%globaltimer), sm_id (%smid)
+using atlas::cuda::kern::global_timer_ns;
+using atlas::cuda::kern::sm_id;
 
 // A kernel's own span: the first block's start and the last block's end (%globaltimer, ns); every
 // block calls span_begin first and span_end last (span_end has a block barrier). Null: off.
@@ -84,11 +81,11 @@ struct KernelSpan {
   unsigned long long start, end;
 };
 __device__ __forceinline__ void span_begin(KernelSpan* s) {
-  if (s != nullptr && threadIdx.x == 0) atomicMin(&s->start, gtimer());
+  if (s != nullptr && threadIdx.x == 0) atomicMin(&s->start, global_timer_ns());
 }
 __device__ __forceinline__ void span_end(KernelSpan* s) {
   __syncthreads();
-  if (s != nullptr && threadIdx.x == 0) atomicMax(&s->end, gtimer());
+  if (s != nullptr && threadIdx.x == 0) atomicMax(&s->end, global_timer_ns());
 }
 // The span (us) of one more launch by launch(d), d a device KernelSpan.
 template <class F>

@@ -28,13 +28,13 @@ struct Span {
 };
 
 __device__ __forceinline__ void span_begin(Span* s) {
-  if (threadIdx.x == 0) atomicMin(&s->start, gtimer());
+  if (threadIdx.x == 0) atomicMin(&s->start, global_timer_ns());
 }
 __device__ __forceinline__ void span_end(Span* s) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    atomicMax(&s->end, gtimer());
+    atomicMax(&s->end, global_timer_ns());
   }
 }
 

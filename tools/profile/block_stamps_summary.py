@@ -66,7 +66,7 @@ def load(path):
                 die(f"{path}:{n}: expected {len(FIELDS)} fields ({','.join(FIELDS)}), got {line.strip()!r}")
             if t1 < t0 or (go and not t0 <= go <= t1):
                 die(f"{path}:{n}: times out of order (t0 {t0}, go {go}, t1 {t1})")
-            rows.append(dict(t0=t0, go=go or t0, marked=go != 0, t1=t1, site=site, n=nn, k=kk, grid=grid,
+            rows.append(dict(t0=t0, go=go or t0, t1=t1, site=site, n=nn, k=kk, grid=grid,
                              block=block, smid=smid, kind=kind, bytes=nbytes))
     if not rows:
         die(f"{path}: no blocks")
@@ -134,10 +134,6 @@ def med(xs):
     return statistics.median(xs) if xs else 0.0
 
 
-def mmm(xs, fmt):
-    return "/".join(fmt % v for v in (min(xs), med(xs), max(xs))) if xs else "-"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stamps")
@@ -202,17 +198,16 @@ def main():
         print("   span %.2f us, %.2f MB, %d SMs; per SM: %.0f/%.0f/%.0f KB, busy %.2f/%.2f/%.2f us; at most %d blocks "
               "resident on one SM" % (med(spans), med(mbs), med(sms), med(kb_lo), med(kb_md), med(kb_hi), med(busy_lo),
                                       med(busy_md), med(busy_hi), max(res)))
-        orders = collections.defaultdict(list)
+        orders = collections.defaultdict(list)  # order -> [(the window's start, its launches in order)]
         for w in ws:
-            orders[tuple(x["role"] for x in sorted(w, key=lambda x: (x["start"], x["role"])))].append(w)
+            ordered = sorted(w, key=lambda x: (x["start"], x["role"]))
+            orders[tuple(x["role"] for x in ordered)].append((ordered[0]["start"], ordered))
         if len(orders) > 1 or a.orders:
             for order, ows in sorted(orders.items(), key=lambda kv: -len(kv[1])):
                 print("   %d windows in this order of residency (start, end: us from the window's first block):" % len(ows))
                 for i, name in enumerate(order):
-                    st = [(sorted(w, key=lambda x: (x["start"], x["role"]))[i]["start"] - min(x["start"] for x in w)) / 1e3
-                          for w in ows]
-                    en = [(sorted(w, key=lambda x: (x["start"], x["role"]))[i]["end"] - min(x["start"] for x in w)) / 1e3
-                          for w in ows]
+                    st = [(o[i]["start"] - w0) / 1e3 for w0, o in ows]
+                    en = [(o[i]["end"] - w0) / 1e3 for w0, o in ows]
                     print("     %-28s %7.2f %7.2f" % (name, med(st), med(en)))
         if a.timeline:
             lines = collections.defaultdict(lambda: ([], []))

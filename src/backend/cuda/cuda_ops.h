@@ -884,10 +884,10 @@ bool gemm_weight_evict_first();
 // default GEMM configs (the lean stream loop, 16x32x128/4u, the staged split-K) run their stamped
 // instantiations, the same work and bits, and thread 0 of every block records its SM and its
 // %globaltimer start, end of launch-overlap wait and tile lookup (go; 0: the block had no tile)
-// and end. The layout is
-// the device record's. ATLAS_BLOCK_STAMPS=FILE turns them on at the first GEMM (a ring of the
-// last 262,144 blocks) and writes FILE (CSV, tools/profile/block_stamps_summary.py reads it) at
-// exit. Launches see the setting at launch (graphs captured earlier keep theirs).
+// and end. The layout is the device record's. ATLAS_BLOCK_STAMPS=FILE turns them on at the first
+// GEMM (a ring of the last 262,144 blocks) and writes FILE (CSV, tools/profile/
+// block_stamps_summary.py reads it) at exit. Launches see the setting at launch (graphs captured
+// earlier keep theirs).
 struct BlockStampRecord {
   uint64_t t0 = 0, go = 0, t1 = 0;  // ns
   uint64_t site = 0;                 // the launch's weight address (dense w, grouped w_groups)

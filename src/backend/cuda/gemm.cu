@@ -504,7 +504,8 @@ std::vector<BlockStampRecord> take_stamps_locked() {
 }
 
 // At exit (registered after the CUDA runtime's first use, so it runs before the runtime's own
-// teardown): ATLAS_BLOCK_STAMPS's CSV, one line a block, through a temporary file and a rename.
+// teardown): ATLAS_BLOCK_STAMPS's CSV, one line a block, through a temporary file and a rename
+// (by hand: atlas_cuda builds without atlas_lib, whose core/file.h AtomicFile is not linked there).
 void write_stamp_file() {
   std::lock_guard<std::mutex> lock(stamp_mu);
   if (stamp_path.empty()) return;  // stopped since
@@ -529,13 +530,22 @@ void write_stamp_file() {
   }
 }
 
+// Off: the device global cleared (a graph captured with stamps on then records nothing), the
+// ring freed once nothing in flight can write to it.
+void release_stamps_locked() {
+  stamps_on.store(false);
+  if (stamp_log.entries == nullptr) return;
+  check_cuda(cudaDeviceSynchronize(), "gemm_block_stamps", "cudaDeviceSynchronize");
+  const kern::BlockStampLog old = stamp_log;
+  stamp_log = {};
+  check_cuda(cudaMemcpyToSymbol(kern::g_block_stamp_log, &stamp_log, sizeof stamp_log), "gemm_block_stamps",
+             "cudaMemcpyToSymbol");
+  check_cuda(cudaFree(old.entries), "gemm_block_stamps", "cudaFree");
+  check_cuda(cudaFree(old.count), "gemm_block_stamps", "cudaFree");
+}
+
 void start_stamps_locked(size_t capacity) {
-  if (stamp_log.entries != nullptr) {
-    check_cuda(cudaDeviceSynchronize(), "gemm_block_stamps", "cudaDeviceSynchronize");
-    check_cuda(cudaFree(stamp_log.entries), "gemm_block_stamps", "cudaFree");
-    check_cuda(cudaFree(stamp_log.count), "gemm_block_stamps", "cudaFree");
-    stamp_log = {};
-  }
+  release_stamps_locked();
   check_cuda(cudaMalloc(&stamp_log.entries, capacity * sizeof(kern::BlockStamp)), "gemm_block_stamps", "cudaMalloc (ring)");
   check_cuda(cudaMalloc(&stamp_log.count, sizeof(unsigned long long)), "gemm_block_stamps", "cudaMalloc (count)");
   check_cuda(cudaMemset(stamp_log.count, 0, sizeof(unsigned long long)), "gemm_block_stamps", "cudaMemset (count)");
@@ -1395,15 +1405,7 @@ std::vector<BlockStampRecord> gemm_block_stamps_take() {
 }
 void gemm_block_stamps_stop() {
   std::lock_guard<std::mutex> lock(stamp_mu);
-  stamps_on.store(false);
-  if (stamp_log.entries == nullptr) return;
-  check_cuda(cudaDeviceSynchronize(), "gemm_block_stamps_stop", "cudaDeviceSynchronize");
-  const kern::BlockStampLog old = stamp_log;
-  stamp_log = {};  // (a graph captured with stamps on then records nothing)
-  check_cuda(cudaMemcpyToSymbol(kern::g_block_stamp_log, &stamp_log, sizeof stamp_log), "gemm_block_stamps_stop",
-             "cudaMemcpyToSymbol");
-  check_cuda(cudaFree(old.entries), "gemm_block_stamps_stop", "cudaFree");
-  check_cuda(cudaFree(old.count), "gemm_block_stamps_stop", "cudaFree");
+  release_stamps_locked();
   stamp_path.clear();  // (nothing left for the exit handler to write)
 }
 bool gemm_weight_evict_first() { return weight_evict_first(); }

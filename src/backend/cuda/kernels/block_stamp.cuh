@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "common.cuh"  // global_timer_ns, sm_id
+
 namespace atlas::cuda::kern {
 
 // One block of one launch (64 bytes).
@@ -47,18 +49,6 @@ struct BlockStampLog {
 // block then records nothing). static: each translation unit that includes this header has its
 // own, and only gemm.cu's launches stamped kernels.
 static __device__ BlockStampLog g_block_stamp_log;
-
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ int sm_id() {
-  unsigned s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return int(s);
-}
 
 // A block's stamp: the constructor marks its start, go() the end of its wait, add_bytes() what it
 // copied, and the destructor (at any return) appends the record. kOn false: nothing at all.
@@ -104,7 +94,7 @@ struct BlockStampScope<true> {
     if (log.entries == nullptr || log.cap == 0) return;
     BlockStamp s = record();
     s.t1 = global_timer_ns();
-    s.smid = sm_id();
+    s.smid = int(sm_id());
     const unsigned long long i = atomicAdd(log.count, 1ull);
     log.entries[i & (log.cap - 1)] = s;
   }

@@ -155,4 +155,17 @@ __device__ __forceinline__ void cp_async_wait() {
 // sums after rounding them to bf16 as a stored output would be).
 __device__ __forceinline__ float silu_f32(float g) { return g / (1.0f + expf(-g)); }
 
+// The global nanosecond timer (%globaltimer: one clock for every SM) and the SM a thread runs on:
+// the block stamps' readings (block_stamp.cuh) and bench/cuda's probes.
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+
 }  // namespace atlas::cuda::kern
