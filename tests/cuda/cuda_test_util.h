@@ -79,6 +79,17 @@ inline std::vector<float> random_f32(size_t n, std::mt19937& rng, float sigma = 
   return v;
 }
 
+// Whether the work issued so far raised a device error (check_device_errors throws; it clears the
+// flag for the next run).
+inline bool device_error_raised() {
+  try {
+    check_device_errors();
+  } catch (const Error&) {
+    return true;
+  }
+  return false;
+}
+
 inline uint32_t test_seed() {
   static const uint32_t s = std::random_device{}();
   return s;

@@ -95,6 +95,9 @@ if [[ -n "${PREBUILT_DIR:-}" ]]; then
   B=$(realpath "$PREBUILT_DIR")
   echo "== prebuilt binaries from $PREBUILT_DIR: $(head -1 "$B/COMMIT" 2>/dev/null) ($(sed -n 2p "$B/COMMIT" 2>/dev/null || true))"
   "$B/atlas" version 2>&1 | head -3 || { echo "== the prebuilt atlas does not run here"; ldd "$B/atlas" | grep "not found"; exit 1; }
+  # The model tests run the atlas binary by its path at build time (ATLAS_BINARY,
+  # /work/main/build-device/atlas): that folder is not carried, so it names the prebuilt one.
+  [[ -e build-device ]] || ln -sfn "$B" build-device
 else
 start=$(date +%s)
 {

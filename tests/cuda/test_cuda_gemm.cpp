@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -1319,6 +1320,90 @@ TEST_F(Gemm, BlockStampsRecordEveryBlockOnceAndKeepTheBits) {
     EXPECT_TRUE(gemm_block_stamps_take().empty());
   }
   expect_error([] { gemm_block_stamps_start(3); }, "gemm_block_stamps_start: capacity");
+}
+
+// One token's routed gate|up routing the token itself (GroupedSelfRoute, session 39,
+// ATLAS_MOE_SELF_ROUTE): right after moe_route() of the same logits, grouped_gemm with the route
+// gives the bits of the plain call (which reads the routing kernel's table), launch overlap off
+// and on (on, the routing instantiation never waits at its start), over 6 to 64 experts, k from
+// 1 to 6, the weights normalised or scaled, random and tied scores, and scores the routing
+// kernel's fallback handles (a NaN: no row placed, a device error raised: the same outputs and
+// the same error either way). The routing instantiation ran for each call that asked (the lean
+// stream loop: K a multiple of 128); a problem of other rows than k ignores the route.
+TEST_F(Gemm, SelfRoutedGateUpGivesTheRoutingKernelsBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const int I = 200, N = 2 * I, K = 512;
+  const LaunchOverlap was = launch_overlap_mode();
+  const auto x = random_bf16(size_t(K), rng);
+  std::vector<std::vector<uint16_t>> gw;
+  for (int g = 0; g < 64; ++g) gw.push_back(random_bf16(size_t(N) * K, rng, 0.1f));
+  const SpacedWeights sw(gw, size_t(N) * K);
+  DevBuf<uint16_t> dx(x);
+  DevBuf<const uint16_t*> dwptr(sw.ptrs);
+  struct Case {
+    int E, k, kind;  // kind: 0 random, 1 ties, 2 one +inf, 3 one NaN
+  };
+  std::vector<Case> cases;
+  for (int E : {6, 33, 64})
+    for (int k : {1, 6})
+      for (int kind = 0; kind < 4; ++kind) cases.push_back({E, k, kind});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "E=" << c.E << " k=" << c.k << " kind=" << c.kind);
+    auto logits = random_f32(size_t(c.E), rng, 2.0f);
+    if (c.kind == 1)
+      for (float& v : logits) v = std::floor(v);
+    if (c.kind == 2) logits[size_t(c.E / 2)] = inf;
+    if (c.kind == 3) logits[size_t(c.E - 1)] = nan;
+    DevBuf<float> dl(logits);
+    const bool norm = c.kind % 2 == 0;
+    std::vector<std::vector<uint16_t>> outs;
+    std::vector<bool> errors;
+    for (bool overlap : {false, true})
+      for (bool self : {false, true}) {
+        set_launch_overlap(overlap);
+        DevBuf<int32_t> ids{size_t(c.k)}, counts{size_t(c.E)}, offsets{size_t(c.E + 1)}, sorted{size_t(c.k)},
+            slot{size_t(c.k)}, ws{moe_permute_workspace_ints(1, c.E)};
+        DevBuf<float> w{size_t(c.k)};
+        DevBuf<uint16_t> act(size_t(c.k) * I), scratch(size_t(c.k) * N);
+        const RouterArgs r{.logits = dl.get(), .topk_ids = ids.get(), .topk_weights = w.get(), .tokens = 1,
+                           .experts = c.E, .k = c.k, .method = TopkMethod::greedy, .n_group = 1, .topk_group = 1,
+                           .norm_topk_prob = norm, .routed_scaling_factor = 1.5f};
+        const MoePermuteArgs p{.topk_ids = ids.get(), .tokens = 1, .k = c.k, .experts = c.E, .counts = counts.get(),
+                               .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
+                               .workspace = ws.get()};
+        const int64_t before = grouped_self_routed_launches();
+        moe_route(r, p);
+        grouped_gemm({.x = dx.get(), .x_rows = sorted.get(), .w = dwptr.get(), .offsets = offsets.get(),
+                      .out = act.get(), .groups = c.E, .max_rows = c.k, .N = N, .K = K, .x_rows_limit = 1,
+                      .gated = I, .gated_scratch = scratch.get(),
+                      .self_route = self ? GroupedSelfRoute{.logits = dl.get(), .k = c.k, .norm_topk_prob = norm,
+                                                            .scaling = 1.5f}
+                                         : GroupedSelfRoute{}});
+        synchronize();
+        EXPECT_EQ(grouped_self_routed_launches(), before + (self ? 1 : 0)) << "overlap " << overlap;
+        errors.push_back(device_error_raised());
+        outs.push_back(act.download());
+      }
+    set_launch_overlap(was);
+    for (size_t i = 1; i < outs.size(); ++i) {
+      EXPECT_EQ(outs[i], outs[0]) << "run " << i;
+      EXPECT_EQ(errors[i], errors[0]) << "run " << i;
+    }
+    EXPECT_EQ(errors[0], c.kind >= 2);
+  }
+  // Rows other than the route's k (two tokens' worth): the route ignored, the plain launch.
+  DevBuf<float> dl(random_f32(8, rng));
+  DevBuf<int32_t> offsets(group_offsets({2, 0, 1, 1, 0, 1, 0, 1})), rows(std::vector<int32_t>(6, 0));
+  DevBuf<uint16_t> act(size_t(6) * I), scratch(size_t(6) * N);
+  const int64_t before = grouped_self_routed_launches();
+  grouped_gemm({.x = dx.get(), .x_rows = rows.get(), .w = dwptr.get(), .offsets = offsets.get(), .out = act.get(),
+                .groups = 8, .max_rows = 6, .N = N, .K = K, .x_rows_limit = 1, .gated = I,
+                .gated_scratch = scratch.get(), .self_route = {.logits = dl.get(), .k = 3}});
+  synchronize();
+  EXPECT_EQ(grouped_self_routed_launches(), before);
+  set_launch_overlap(was);
 }
 
 // Session 35: the 8-row-slot config ("16x32x128/5h", whose only loop is the whole-steps one and

@@ -22,17 +22,6 @@ std::vector<uint32_t> float_bits(const std::vector<float>& v) {
   return u;
 }
 
-// Whether the work issued so far raised a device error (check_device_errors throws; it clears the
-// flag for the next run).
-bool device_error_raised() {
-  try {
-    check_device_errors();
-  } catch (const Error&) {
-    return true;
-  }
-  return false;
-}
-
 TEST(RouterReference, TiesGoToTheLowerExpertAndOrderIsDescending) {
   // Experts 5 and 2 share the highest logit, 7 is next, 1 and 3 tie after it.
   std::vector<float> logits(8, -3.0f);

@@ -406,7 +406,8 @@ class CudaModelT final : public Model {
   // [max_rows, 2I] (GroupedGemmArgs::gated; the f32 mode runs the GEMM into scratch, then silu_gate).
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
-                   int64_t gated = 0, Elem* scratch = nullptr, const L2NextWeights& next = {}) const;
+                   int64_t gated = 0, Elem* scratch = nullptr, const L2NextWeights& next = {},
+                   const GroupedSelfRoute& self_route = {}) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -520,6 +521,11 @@ class CudaModelT final : public Model {
   // block against 54.3 in the other 66 layers (rare in the unstamped default, but a race). The
   // same bits either way.
   bool shared_down_wait_ = false;
+  // One token's routed gate|up routes the token again in its own blocks (GroupedSelfRoute;
+  // ATLAS_MOE_SELF_ROUTE=1, session 39, off until measured) instead of waiting for the routing
+  // kernel: only where nothing runs between the two launches (no route tail, no observer of the
+  // routes). The same bits.
+  bool self_route_ = false;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
@@ -682,6 +688,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   mla_merge_value_ = env_switch("ATLAS_MLA_MERGE_VALUE", false);
   shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
   shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
+  self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
@@ -831,7 +838,8 @@ template <class Elem>
 void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit,
                                    const ExpertWeightsT<Elem>& w,
                                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
-                                   int64_t K, int64_t gated, Elem* scratch, const L2NextWeights& next) const {
+                                   int64_t K, int64_t gated, Elem* scratch, const L2NextWeights& next,
+                                   const GroupedSelfRoute& self_route) const {
   if constexpr (kF32) {
     grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = gated ? scratch : out,
                       .groups = int(groups), .max_rows = int(max_rows), .N = int(N), .K = int(K),
@@ -843,7 +851,8 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
     grouped_gemm({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
                   .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
                   .w_base = w.base, .w_group_stride = w.stride,
-                  .gated = int(gated), .gated_scratch = scratch, .stream = s_, .next = next});
+                  .gated = int(gated), .gated_scratch = scratch, .stream = s_, .next = next,
+                  .self_route = self_route});
   }
 }
 
@@ -1236,7 +1245,16 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   L2NextWeights next{};
   if constexpr (!kF32)
     if ((moe_prefetch_ & 1) != 0) next = {.w_groups = L.down_w.ptrs, .bytes = int64_t(H * I * kEs), .at = moe_prefetch_at_};
-  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next);
+  // ATLAS_MOE_SELF_ROUTE: one token, greedy, routed by the one routing launch just before
+  // (moe_route: no route tail, no observer of the logits or routes, which would launch between).
+  GroupedSelfRoute self{};
+  if constexpr (!kF32)
+    if (self_route_ && M == 1 && !routed && route.method == TopkMethod::greedy &&
+        !(hooks && (hooks->wants(names.router_logits) || hooks->wants(names.topk_ids) ||
+                    hooks->wants(names.topk_weights))))
+      self = {.logits = b.router_logits, .k = int(k), .norm_topk_prob = c.norm_topk_prob,
+              .scaling = float(c.routed_scaling_factor)};
+  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next, self);
   expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).

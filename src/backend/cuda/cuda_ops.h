@@ -935,6 +935,20 @@ void gemm_set_tma_blocks(int blocks);
 // few-row configs (gemm.cu, grouped_config); the model launches the shared experts' down first
 // in the same steps (ATLAS_SHARED_DOWN_FIRST).
 constexpr int64_t kGroupedFewMaxRows = 16;
+// A grouped GEMM over one token's routed experts may find its groups' table by routing the
+// token again inside the launch (session 39, ATLAS_MOE_SELF_ROUTE; kernels/gemm_wgstream.cuh
+// kRoute) instead of waiting for the routing kernel before it. The caller's promise: the launch
+// directly follows moe_route() of that token (one token, greedy, the wait-first routing kernel)
+// on the same stream, whose offsets and rows it is given, from these logits and this rule. The
+// launcher uses it only where the config has that instantiation (the lean stream loop at k
+// rows, k <= groups <= 64); the bits are the same either way.
+struct GroupedSelfRoute {
+  const float* logits = nullptr;  // [groups] fp32, the token's router logits; null: off
+  int k = 0;
+  bool norm_topk_prob = false;
+  float scaling = 1.0f;  // routed_scaling_factor (without normalisation)
+};
+
 struct GroupedGemmArgs {
   const uint16_t* x = nullptr;              // [*, K] bf16, row stride x_stride
   const int32_t* x_rows = nullptr;          // [max_rows] device, optional: A row r = x row x_rows[r]
@@ -963,9 +977,13 @@ struct GroupedGemmArgs {
   uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
   L2NextWeights next{};  // (grouped: w_groups only)
+  GroupedSelfRoute self_route{};
 };
 void grouped_gemm(const GroupedGemmArgs& a);
 int grouped_gemm_chosen_config(const GroupedGemmArgs& a);
+// How many grouped launches in this process routed their token themselves (GroupedSelfRoute;
+// tests check that the path ran).
+int64_t grouped_self_routed_launches();
 
 // ---- f32 GEMM (the f32 checking mode, `--compute f32`) ------------------------------------
 // out[M,N] = x[M,K] . W[N,K]^T with f32 operands and output (kernels/gemm_f32.cuh). Contract

@@ -167,6 +167,10 @@ struct TileConfig {
   // kernels/block_stamp.cuh) of fn[f32][1][rows8], where there is one: the MoE phase's default
   // configs only (the lean stream loop, 16x32x128/4u, the staged split-K).
   KernelFn stamped[2][2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+  // [at most 8 rows per tile]: fn[0][1][rows8]'s instantiation that routes one token itself
+  // (kRoute, MmaGemmParams::route_logits; kernels/gemm_wgstream.cuh), where there is one: the
+  // unsplit lean stream loops (bf16 out, the MoE gate|up).
+  KernelFn routed[2] = {nullptr, nullptr};
 };
 
 constexpr TileConfig grouped_only(TileConfig c) {
@@ -216,6 +220,7 @@ constexpr TileConfig make_wglean_config(const char* name) {
     c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true, 1, false, kLead>;
     c.stamped[0][h] = kern::gemm_wgstream_lean_kernel<T, false, 1, true, kLead>;
     c.stamped[1][h] = kern::gemm_wgstream_lean_kernel<T, true, 1, true, kLead>;
+    c.routed[h] = kern::gemm_wgstream_lean_kernel<T, false, 1, false, kLead, true>;
   }
   return c;
 }
@@ -228,6 +233,7 @@ constexpr TileConfig make_wglean_split_config(const char* name) {
     c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false, P>;
     c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true, P>;
     c.stamped[0][h] = c.stamped[1][h] = nullptr;  // (no stamped split loop)
+    c.routed[h] = nullptr;
   }
   c.k_parts = P;
   return c;
@@ -421,6 +427,7 @@ std::atomic<int64_t> merge_launches{0};   // mla_merge_value_launches (tests)
 std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
 std::atomic<int> route_tail_override{-1};  // gemm_set_route_tail (tests)
 std::atomic<int64_t> route_tail_launches{0};  // gemm_route_tail_launches (tests)
+std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
 
 struct GemmSetup {
   int sm_count = 132;
@@ -592,6 +599,7 @@ const GemmSetup& setup() {
       for (KernelFn f : c.tail) raise_smem(reinterpret_cast<const void*>(f), c.smem);
       for (auto& per_out : c.stamped)
         for (KernelFn f : per_out) raise_smem(reinterpret_cast<const void*>(f), c.smem);
+      for (KernelFn f : c.routed) raise_smem(reinterpret_cast<const void*>(f), c.smem);
     }
     // The fused launches' kernels (gemm_with_latent's 24 KB ring is under the default limit;
     // raised anyway, so a deeper ring cannot fail at launch as its first 48 KB form did in s32-2).
@@ -1104,6 +1112,13 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
   const KernelFn with_stamps = c.stamped[f32 ? 1 : 0][rows8 ? 1 : 0];
   if (stamps_on.load(std::memory_order_relaxed) && async && with_stamps != nullptr && f == c.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0])
     f = with_stamps;
+  // One token's routing in the launch (grouped_gemm set route_logits): the routing instantiation
+  // of the same kernel, where the config has one; elsewhere the plain kernel, which ignores the
+  // fields and waits for the routing kernel's table (the same bits either way).
+  else if (p.route_logits != nullptr && !f32 && async && c.routed[rows8 ? 1 : 0] != nullptr && f == c.fn[0][1][rows8 ? 1 : 0]) {
+    f = c.routed[rows8 ? 1 : 0];
+    self_routed_launches.fetch_add(1, std::memory_order_relaxed);
+  }
   if (c.stream) {
     // Persistent: every block takes an even share of the tiles (dense: the batch flattened).
     // Balanced where there are more tiles than resident blocks: the LM head's 1,600 tiles of the
@@ -1614,6 +1629,16 @@ void grouped_gemm(const GroupedGemmArgs& a) {
     p.gated = a.gated;
     p.os = a.gated;
   }
+  // The one token's routing again in the launch (GroupedSelfRoute): only where it is the whole
+  // problem (k rows, k <= groups <= 64, greedy); launch_mma takes it where the config has it.
+  const GroupedSelfRoute& r = a.self_route;
+  if (r.logits != nullptr && a.groups <= kern::LeanRouted::kMaxE && r.k >= 1 && r.k <= a.groups &&
+      r.k <= kern::kRouterMaxK && a.max_rows == r.k && !f32 && !release_first(kRfRoute)) {
+    p.route_logits = r.logits;
+    p.route_k = r.k;
+    p.route_norm = r.norm_topk_prob ? 1 : 0;
+    p.route_scaling = r.scaling;
+  }
   const int slices = int(ceil_div(a.K, kern::kSliceK));
   if (c.sliced && async && slices > 1 &&
       size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&
@@ -1699,6 +1724,7 @@ bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs
 }
 
 int64_t gemm_route_tail_launches() { return route_tail_launches.load(); }
+int64_t grouped_self_routed_launches() { return self_routed_launches.load(); }
 void gemm_set_route_tail(int mode) { route_tail_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
 bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   const char* op = "gemm_with_latent";

@@ -128,6 +128,16 @@ struct MmaGemmParams {
   const uint16_t* const* next_w_groups = nullptr;
   int64_t next_bytes = 0;
   int next_at = -1;
+  // One token's routing done again by every block of the grouped gate|up (session 39,
+  // ATLAS_MOE_SELF_ROUTE; the lean stream kernel's kRoute instantiation only, picked by the
+  // launcher where route_logits is set): route_logits [groups] fp32 are the router's logits of
+  // the one token, route_k its top-k, route_norm / route_scaling the weights' rule. The offsets
+  // and x_rows arrays stay the routing kernel's (the down and the combine read them); this
+  // launch finds the same table itself (the same device code: the same integers) instead of
+  // waiting for that kernel to end. Other kernels ignore these fields.
+  const float* route_logits = nullptr;
+  int route_k = 0, route_norm = 0;
+  float route_scaling = 0.f;
 };
 constexpr int kNextMaxGroups = 256;
 

@@ -43,6 +43,7 @@
 
 #include "gemm_stream.cuh"  // grouped_tile_count, gemm_stream_probe_kernel
 #include "gemm_wgmma.cuh"   // wg_desc, wg_fence, wg_commit, wg_wait_*
+#include "route_core.cuh"   // route_permute_one_token, route_token, permute_one_warp (kRoute)
 
 namespace atlas::cuda::kern {
 
@@ -588,7 +589,73 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // latency; this config tests that. (The 64-wide
 // lean loop, /8l64, had 48 KB in flight too but twice the steps and their instructions: slower,
 // s32-1.) The same bits: the same steps in the same order.
-template <class T, bool kOutF32, int kParts = 1, bool kStamp = false, int kLead = 0>
+// kRoute (session 39, ATLAS_MOE_SELF_ROUTE): the grouped gate|up of one token's routed experts
+// finds its groups' table by routing the token itself, from the router's logits
+// (MmaGemmParams::route_*), instead of waiting for the routing kernel before it to end. Why:
+// session 38's block stamps found this launch's blocks resident 1.4 us after the router's end and
+// held 2.8 us more by their launch-overlap wait on the routing kernel (one warp's work, then its
+// completion and the release), at the head of every MoE layer's critical path.
+// What it relies on (the launcher and the model see to it): the launch directly follows the
+// routing kernel (route_permute_kernel, wait-first: it releases this launch only once its own
+// wait has seen the router complete, so the logits are in memory when these blocks start; read
+// through L2, __ldcg), and reads nothing else any kernel of the last few wrote but x, through
+// cp.async.cg (L2); it writes only its output. It never waits at its start, and waits at its end
+// (griddepcontrol.wait), so the launch completes only after the routing kernel has: the down
+// after it, whose wait covers this launch, reads the routing kernel's table and rows.
+// The same integers as the routing kernel's: the same device code (route_core.cuh) on the same
+// logits, one warp; the table and rows go to shared memory, and the block's tile lookups and
+// stores read a shared-memory copy of the parameters pointing there.
+struct LeanRouted {
+  static constexpr int kMaxE = 64;  // route_permute_one_token's bound (two experts per lane)
+  MmaGemmParams q;                  // p with offsets / x_rows below
+  int32_t offsets[kMaxE + 1];
+  int32_t rows[kRouterMaxK];
+};
+// Scratch floats of lean_route (in the ring's shared memory, before its first copy).
+constexpr int kLeanRouteScratch = 64 * 3 + kRouterMaxK * 3 + 64 + kRouterMaxK + 1;
+__device__ __noinline__ void lean_route(const MmaGemmParams& p, LeanRouted& r, float* scratch, int tid) {
+  if (tid < 32) {
+    const int lane = tid, E = p.groups, k = p.route_k;
+    float* sp = scratch;               // [64] scores
+    float* scand = sp + 64;            // [64] candidates (route_token)
+    float* lg = scand + 64;            // [64] the logits (route_token's copy)
+    float* sw = lg + 64;               // [16] picks' scores
+    float* weights = sw + kRouterMaxK;  // [16]
+    int32_t* ids = reinterpret_cast<int32_t*>(weights + kRouterMaxK);  // [16]
+    int32_t* counts = ids + kRouterMaxK;                                // [64]
+    int32_t* slot = counts + 64;                                        // [16]
+    int* err = slot + kRouterMaxK;
+    const RoutePermuteParams q{.logits = p.route_logits, .ids = ids, .weights = weights, .scores = nullptr,
+                               .tokens = 1, .E = E, .k = k, .grouped = 0, .n_group = 1, .topk_group = 1,
+                               .norm_topk_prob = p.route_norm, .scaling = p.route_scaling, .counts = counts,
+                               .offsets = r.offsets, .sorted_token = r.rows, .pair_slot = slot, .error_flag = err};
+    if (!route_permute_one_token(q, sp, sw, lane)) {
+      // A NaN score: route_token and permute_one_warp, as route_permute_kernel does then (the
+      // logits copied through L2 first: route_token reads them with plain loads).
+      for (int e = lane; e < E; e += 32) lg[e] = __ldcg(p.route_logits + e);
+      __syncwarp();
+      route_token(lg, ids, weights, nullptr, 0, E, k, 0, 1, 1, p.route_norm, p.route_scaling, sp, scand, sw, lane);
+      __syncwarp();
+      permute_one_warp(ids, k, k, E, counts, r.offsets, r.rows, slot, err);
+    }
+  }
+  if (tid == 0) {
+    r.q = p;
+    r.q.offsets = r.offsets;
+    r.q.x_rows = r.rows;
+  }
+  __syncthreads();
+}
+// The parameters a block finds its tiles with: p, or kRoute's shared-memory copy.
+template <bool kRoute>
+__device__ __forceinline__ const MmaGemmParams& lean_tile_params(const MmaGemmParams& p, const LeanRouted* r) {
+  if constexpr (kRoute)
+    return r->q;
+  else
+    return p;
+}
+
+template <class T, bool kOutF32, int kParts = 1, bool kStamp = false, int kLead = 0, bool kRoute = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __grid_constant__ MmaGemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(T::WGS == 1 && T::LEAD == 0 && (T::BK == 128 || T::BK == 64),
@@ -599,11 +666,21 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const uint32_t ring_x = ring_w + uint32_t(T::STAGES * T::SLOT_W);  // [STAGES][ATOMS][8][64]
   const int tid = int(threadIdx.x), lane = tid & 31;
   const bool grouped = p.offsets != nullptr;
-  if (grouped) {
+  static_assert(!kRoute || (kParts == 1 && !kStamp && kLeanRouteScratch * 4 + 1024 <= T::SMEM_BYTES),
+                "kRoute: the unsplit, unstamped loop; its scratch in the ring");
+  [[maybe_unused]] const LeanRouted* routed = nullptr;
+  if constexpr (kRoute) {
+    // (raw bytes: MmaGemmParams's member initialisers would make it a dynamic initialisation)
+    __shared__ __align__(16) unsigned char route_smem[sizeof(LeanRouted)];
+    pdl_release_if(true);  // release, never wait here (above)
+    routed = reinterpret_cast<const LeanRouted*>(route_smem);
+    lean_route(p, *reinterpret_cast<LeanRouted*>(route_smem), reinterpret_cast<float*>(gemm_smem), tid);
+  } else if (grouped) {
     pdl_begin_gemm();
     stamp.go();
   }
-  const auto [first, last] = stream_share<T::BM>(p, lane, kParts);
+  const MmaGemmParams& pt = lean_tile_params<kRoute>(p, routed);  // tile lookups and stores
+  const auto [first, last] = stream_share<T::BM>(pt, lane, kParts);
   const int KT = p.K / T::BK;  // steps per tile
   constexpr int kAhead = kLead > 0 ? kLead : T::STAGES - 2;
   static_assert(kAhead >= 1 && kAhead <= T::STAGES - 1, "a step's slot is free once its wgmma has read it");
@@ -647,7 +724,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     s.tile = i;
     s.kt = part_begin((first + i) % kParts);
     s.kend = part_begin((first + i) % kParts + 1);
-    static_cast<LeanSources&>(s) = lean_sources<T>(p, i < last - first ? (first + i) / kParts : -1, tid, lane);
+    static_cast<LeanSources&>(s) = lean_sources<T>(pt, i < last - first ? (first + i) / kParts : -1, tid, lane);
     // Lane 0's flags (the same in every lane: one tile per block): branches ptxas can see are
     // warp-uniform keep the loop free of divergence bookkeeping around the copies.
     s.stop = __shfl_sync(0xffffffffu, s.stop, 0);
@@ -727,7 +804,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   // Compute side: as gemm_wgstream_kernel's (thread (warp w, lane l): D rows n = 16 w + l / 4
   // and n + 8, x rows 2 (l % 4) and + 1).
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, tot[4] = {0.f, 0.f, 0.f, 0.f};
-  const auto store = [&](int tile) { lean_store<T, kOutF32>(p, first + tile, tid, lane, tot[0], tot[1], tot[2], tot[3]); };
+  const auto store = [&](int tile) { lean_store<T, kOutF32>(pt, first + tile, tid, lane, tot[0], tot[1], tot[2], tot[3]); };
   const uint64_t dw0 = wg_desc(ring_w), dx0 = wg_desc(ring_x);
   bool pending = false;  // a slice's last wgmma group is in flight: fold it into the total first
   int ct = 0, ck = 0;    // step i's tile (from first) and step in it
@@ -783,7 +860,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     copy_x(is, ahead);
     cp_async_commit();
     if (!is.stop) advance(is);
-    if (i == next_step) lean_prefetch_next(p, tid);
+    if (i == next_step) lean_prefetch_next(pt, tid);
     if (pending) {
       wg_wait_all();
       if constexpr (kParts > 1) {
@@ -832,7 +909,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       }
     }
   }
-  if (next_step >= steps) lean_prefetch_next(p, tid);  // (after the loop, or a block without steps)
+  if (next_step >= steps) lean_prefetch_next(pt, tid);  // (after the loop, or a block without steps)
   wg_wait_all();
   cp_async_wait<0>();  // nothing in flight when the block's shared memory is released
   if (pending) {  // the last step always ends its tile (its item)
@@ -844,6 +921,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       store(ct - 1);
     }
   }
+  if constexpr (kRoute) pdl_wait_after(true);  // complete only after the routing kernel (above)
 #else
   __trap();  // the host never launches it without sm_90a device code (gemm_stream_probe_kernel)
 #endif
