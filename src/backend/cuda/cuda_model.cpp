@@ -522,7 +522,7 @@ class CudaModelT final : public Model {
   // same bits either way.
   bool shared_down_wait_ = false;
   // One token's routed gate|up routes the token again in its own blocks (GroupedSelfRoute;
-  // ATLAS_MOE_SELF_ROUTE=1, session 39, off until measured) instead of waiting for the routing
+  // ATLAS_MOE_SELF_ROUTE=1, session 39; off: slower, s39-3) instead of waiting for the routing
   // kernel: only where nothing runs between the two launches (no route tail, no observer of the
   // routes). The same bits.
   bool self_route_ = false;

@@ -941,7 +941,7 @@ constexpr int64_t kGroupedFewMaxRows = 16;
 // directly follows moe_route() of that token (one token, greedy, the wait-first routing kernel)
 // on the same stream, whose offsets and rows it is given, from these logits and this rule. The
 // launcher uses it only where the config has that instantiation (the lean stream loop at k
-// rows, k <= groups <= 64); the bits are the same either way.
+// rows, k <= groups <= 64); the bits are the same either way. Off by default: slower (s39-3).
 struct GroupedSelfRoute {
   const float* logits = nullptr;  // [groups] fp32, the token's router logits; null: off
   int k = 0;

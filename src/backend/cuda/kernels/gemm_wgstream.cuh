@@ -605,6 +605,9 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // The same integers as the routing kernel's: the same device code (route_core.cuh) on the same
 // logits, one warp; the table and rows go to shared memory, and the block's tile lookups and
 // stores read a shared-memory copy of the parameters pointing there.
+// Measured (s39-3): the same bits, slower (467 against 477.6 tok/s): while these blocks route,
+// the shared experts' gate|up streams alone, and the routed launch then ends later, not sooner:
+// the MoE phase is bound by what the memory system gives all its blocks (docs/cuda.md, session 39).
 struct LeanRouted {
   static constexpr int kMaxE = 64;  // route_permute_one_token's bound (two experts per lane)
   MmaGemmParams q;                  // p with offsets / x_rows below
