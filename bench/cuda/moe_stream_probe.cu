@@ -12,6 +12,12 @@
 //   grouped spread six experts spread over the block (3, 14, 25, 36, 47, 58), gated: the model's
 //                  case (routes are spread)
 //   grouped plain  the spread experts without the gated order
+//   spread gated, tables in L2 / no gather / 6 groups: the model's case with the one-token
+//                  tables (offsets, gathered rows, weight pointers) read into L2 after the flush
+//                  (as in a decode step, where the routing kernel just wrote them), without the
+//                  gather (x holds six copies of the row), or over a table of only the six
+//                  experts: each removes or shortens one of the block's dependent loads before
+//                  its first weight step (the offsets scan, w_groups[g], x_rows[row])
 // Each case: 7 launches, each after a 256 MB write that evicts L2; per launch the span (first
 // block's start to the last block's end, %globaltimer) and the median block's run (end of its
 // wait to its end); the medians over the launches are printed with the span's rate. Run it once
@@ -43,13 +49,14 @@ T median(std::vector<T> v) {
   return v[v.size() / 2];
 }
 
-// launch() once per repetition after evicting L2; the stamps of its blocks only.
-template <class F>
-Timing measure(F&& launch, char* flush, size_t flush_bytes) {
+// launch() once per repetition after evicting L2 (then warm(), if any); the stamps of its blocks only.
+template <class F, class W = void (*)()>
+Timing measure(F&& launch, char* flush, size_t flush_bytes, W warm = [] {}) {
   std::vector<double> spans, runs;
   int blocks = 0;
   for (int r = 0; r < 8; ++r) {
     CK(cudaMemset(flush, r, flush_bytes));
+    warm();
     CK(cudaDeviceSynchronize());
     (void)gemm_block_stamps_take();  // (empty: nothing stamped since)
     launch();
@@ -81,8 +88,8 @@ int main() {
   const size_t flush_bytes = size_t(256) << 20;
   CK(cudaMalloc(&w, size_t(E) * per * 2));
   CK(cudaMemset(w, 0x3c, size_t(E) * per * 2));  // bf16 0x3c3c (~0.0115) everywhere
-  CK(cudaMalloc(&x, size_t(K) * 2));
-  CK(cudaMemset(x, 0x3c, size_t(K) * 2));
+  CK(cudaMalloc(&x, size_t(k) * K * 2));  // k identical rows (the "no gather" case reads them all)
+  CK(cudaMemset(x, 0x3c, size_t(k) * K * 2));
   CK(cudaMalloc(&out, size_t(k) * N * 2 * 2));
   CK(cudaMalloc(&scratch, size_t(k) * N * 2 * 2));
   CK(cudaMalloc(&flush, flush_bytes));
@@ -126,6 +133,36 @@ int main() {
   table(spread);
   cases.push_back({"grouped spread gated", mb, measure([&] { grouped(true); }, flush, flush_bytes)});
   cases.push_back({"grouped spread plain", mb, measure([&] { grouped(false); }, flush, flush_bytes)});
+  // The tables read through L2 after the flush (a device-to-device copy reads them).
+  char* sink = nullptr;
+  CK(cudaMalloc(&sink, 4096));
+  const auto warm_tables = [&] {
+    CK(cudaMemcpyAsync(sink, offsets, (E + 1) * sizeof(int32_t), cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpyAsync(sink + 1024, rows, k * sizeof(int32_t), cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpyAsync(sink + 2048, ptrs, E * sizeof(uint16_t*), cudaMemcpyDeviceToDevice));
+  };
+  cases.push_back({"spread gated, tables L2", mb, measure([&] { grouped(true); }, flush, flush_bytes, warm_tables)});
+  cases.push_back({"spread gated, no gather", mb, measure([&] {
+                     grouped_gemm({.x = x, .w = ptrs, .offsets = offsets, .out = out, .groups = E, .max_rows = k,
+                                   .N = N, .K = K, .w_base = w, .w_group_stride = int64_t(per), .gated = I,
+                                   .gated_scratch = scratch});
+                   }, flush, flush_bytes)});
+  // A table of the six chosen experts only: offsets 0..6, their six pointers.
+  int32_t* offsets6 = nullptr;
+  const uint16_t** ptrs6 = nullptr;
+  CK(cudaMalloc(&offsets6, (k + 1) * sizeof(int32_t)));
+  CK(cudaMalloc(&ptrs6, k * sizeof(uint16_t*)));
+  std::vector<int32_t> off6(size_t(k) + 1);
+  std::vector<const uint16_t*> hp6(static_cast<size_t>(k));
+  for (int j = 0; j <= k; ++j) off6[size_t(j)] = j;
+  for (int j = 0; j < k; ++j) hp6[size_t(j)] = hp[size_t(spread[size_t(j)])];
+  CK(cudaMemcpy(offsets6, off6.data(), off6.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(ptrs6, hp6.data(), hp6.size() * sizeof(uint16_t*), cudaMemcpyHostToDevice));
+  cases.push_back({"spread gated, 6 groups", mb, measure([&] {
+                     grouped_gemm({.x = x, .x_rows = rows, .w = ptrs6, .offsets = offsets6, .out = out, .groups = k,
+                                   .max_rows = k, .N = N, .K = K, .x_rows_limit = 1, .gated = I,
+                                   .gated_scratch = scratch});
+                   }, flush, flush_bytes)});
   gemm_block_stamps_stop();
   check_device_errors();
   std::printf("atlas_moe_stream_probe: alone on a flushed L2, medians of 7 launches (L2 evict_first %s)\n",
