@@ -1713,7 +1713,7 @@ bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs
   require(r.stream == a.stream, op, "stream", "the router GEMM and the routing must share a stream");
   // route_permute_kernel's one-token path (RouteTail), after gemm()'s choice for one row.
   if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::f32 ||
-      a.out_stride > a.N || a.N != r.experts || r.tokens != 1 || r.method != TopkMethod::greedy || r.experts > 64)
+      a.out_stride > a.N || a.N != r.experts || r.tokens != 1 || r.method != TopkMethod::greedy || r.experts > kern::kRouteOneTokenMaxExperts)
     return false;
   if (!launch_splitk_tail<true>(a, op, [&](int* counter) {
         return kern::RouteTail{.q = route_permute_params(r, pm), .counter = counter};

@@ -609,7 +609,7 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // the shared experts' gate|up streams alone, and the routed launch then ends later, not sooner:
 // the MoE phase is bound by what the memory system gives all its blocks (docs/cuda.md, session 39).
 struct LeanRouted {
-  static constexpr int kMaxE = 64;  // route_permute_one_token's bound (two experts per lane)
+  static constexpr int kMaxE = kRouteOneTokenMaxExperts;
   MmaGemmParams q;                  // p with offsets / x_rows below
   int32_t offsets[kMaxE + 1];
   int32_t rows[kRouterMaxK];

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePer
   __shared__ float sw[kRoutePermuteWarps][kRouterMaxK];
   extern __shared__ int32_t permute_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (q.tokens == 1 && !q.grouped && q.E <= 64 && q.k <= q.E) {  // block-uniform
+  if (q.tokens == 1 && !q.grouped && q.E <= kRouteOneTokenMaxExperts && q.k <= q.E) {  // block-uniform
     if (warp != 0 || route_permute_one_token(q, sp[0], sw[0], lane)) return;
     // A NaN score: route_token and permute_one_warp exactly as below, by this warp alone.
     route_token(q.logits, q.ids, q.weights, q.scores, 0, q.E, q.k, q.grouped, q.n_group, q.topk_group,

@@ -172,6 +172,9 @@ struct RoutePermuteParams {
   int release_first = 0;  // the next launch released before the wait (kernels/pdl.cuh)
 };
 
+// The most experts route_permute_one_token takes: two per lane of its warp.
+constexpr int kRouteOneTokenMaxExperts = 64;
+
 // One token, greedy, E <= 64 experts (two per lane), k <= E: the route and its permutation by
 // one warp with nothing between them but registers and this warp's shared scratch (a batch-1
 // decode step; the general path below took ~6 us at one token on the H200, Nsight session 15:
