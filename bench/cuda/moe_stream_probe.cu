@@ -20,8 +20,13 @@
 //                  its first weight step (the offsets scan, w_groups[g], x_rows[row])
 // Each case: 7 launches, each after a 256 MB write that evicts L2; per launch the span (first
 // block's start to the last block's end, %globaltimer) and the median block's run (end of its
-// wait to its end); the medians over the launches are printed with the span's rate. Run it once
-// more with ATLAS_L2_EVICT_FIRST=0 for the copies without the evict_first policy.
+// wait to its end); the medians over the launches are printed with the span's rate, the median
+// block's time to its wait's end ("to go"), the spread of the blocks' starts ("stagger"), and
+// how many SMs held 0, 1, 2, 3 or more working blocks in the last launch with their blocks'
+// median run (session 40: whether placement or the loop makes blocks slow). Run it once more
+// with ATLAS_L2_EVICT_FIRST=0 for the copies without the evict_first policy. (Session 40 found
+// the grouped block's tile lookup, before its first copy, with the stamp's go moved after it:
+// docs/cuda.md "Status after session 40".)
 //   build/bench/cuda/atlas_moe_stream_probe
 #include <cuda_runtime.h>
 
@@ -39,8 +44,13 @@ namespace {
 using namespace atlas::cuda;
 
 struct Timing {
-  double span_us = 0, block_us = 0;
+  double span_us = 0, block_us = 0, wait_us = 0, stagger_us = 0;
   int blocks = 0;
+  // The last launch's working blocks (weight bytes > 0) per SM: sms[c] SMs held c of them, and
+  // the median run of a block on such an SM (us): whether the block scheduler's placement,
+  // not the loop, makes blocks slow.
+  int sms[5] = {0, 0, 0, 0, 0};
+  double run_by_load[5] = {0, 0, 0, 0, 0};
 };
 
 template <class T>
@@ -52,8 +62,9 @@ T median(std::vector<T> v) {
 // launch() once per repetition after evicting L2 (then warm(), if any); the stamps of its blocks only.
 template <class F, class W = void (*)()>
 Timing measure(F&& launch, char* flush, size_t flush_bytes, W warm = [] {}) {
-  std::vector<double> spans, runs;
+  std::vector<double> spans, runs, waits, staggers;
   int blocks = 0;
+  Timing out;
   for (int r = 0; r < 8; ++r) {
     CK(cudaMemset(flush, r, flush_bytes));
     warm();
@@ -64,17 +75,42 @@ Timing measure(F&& launch, char* flush, size_t flush_bytes, W warm = [] {}) {
     const std::vector<BlockStampRecord> recs = gemm_block_stamps_take();
     if (r == 0 || recs.empty()) continue;  // the first launch warms the code
     uint64_t t0 = UINT64_MAX, t1 = 0;
-    std::vector<double> run;
+    std::vector<double> run, wait;
+    uint64_t last_start = 0;
     for (const BlockStampRecord& b : recs) {
       t0 = std::min(t0, b.t0);
       t1 = std::max(t1, b.t1);
-      if (b.bytes > 0) run.push_back(double(b.t1 - (b.go ? b.go : b.t0)) / 1000.0);
+      if (b.bytes > 0) {
+        run.push_back(double(b.t1 - (b.go ? b.go : b.t0)) / 1000.0);
+        wait.push_back(double((b.go ? b.go : b.t0) - b.t0) / 1000.0);
+        last_start = std::max(last_start, b.t0);
+      }
     }
+    if (!wait.empty()) waits.push_back(median(wait));
+    staggers.push_back(double(last_start - t0) / 1000.0);
     spans.push_back(double(t1 - t0) / 1000.0);
     if (!run.empty()) runs.push_back(median(run));
     blocks = int(recs.size());
+    std::vector<int> load(1024, 0);
+    for (const BlockStampRecord& b : recs)
+      if (b.bytes > 0 && b.smid >= 0 && b.smid < 1024) ++load[size_t(b.smid)];
+    const int sm_count = hopper_sm_count("atlas_moe_stream_probe");
+    std::vector<double> by[5];
+    for (const BlockStampRecord& b : recs)
+      if (b.bytes > 0 && b.smid >= 0 && b.smid < 1024)
+        by[std::min(load[size_t(b.smid)], 4)].push_back(double(b.t1 - (b.go ? b.go : b.t0)) / 1000.0);
+    for (int c = 0; c < 5; ++c) {
+      out.sms[c] = 0;
+      out.run_by_load[c] = by[c].empty() ? 0.0 : median(by[c]);
+    }
+    for (int sm = 0; sm < sm_count && sm < 1024; ++sm) ++out.sms[std::min(load[size_t(sm)], 4)];
   }
-  return {median(spans), runs.empty() ? 0.0 : median(runs), blocks};
+  out.span_us = median(spans);
+  out.block_us = runs.empty() ? 0.0 : median(runs);
+  out.wait_us = waits.empty() ? 0.0 : median(waits);
+  out.stagger_us = median(staggers);
+  out.blocks = blocks;
+  return out;
 }
 
 }  // namespace
@@ -167,9 +203,13 @@ int main() {
   check_device_errors();
   std::printf("atlas_moe_stream_probe: alone on a flushed L2, medians of 7 launches (L2 evict_first %s)\n",
               std::getenv("ATLAS_L2_EVICT_FIRST") && std::getenv("ATLAS_L2_EVICT_FIRST")[0] == '0' ? "off" : "on");
-  std::printf("%-24s %8s %7s %10s %8s %12s\n", "case", "MB", "blocks", "span us", "TB/s", "block run us");
-  for (const Case& c : cases)
-    std::printf("%-24s %8.1f %7d %10.2f %8.2f %12.2f\n", c.name, c.mb, c.t.blocks, c.t.span_us,
-                c.mb / c.t.span_us, c.t.block_us);  // MB per us = TB/s
+  std::printf("%-24s %8s %7s %10s %8s %12s %8s %8s  %s\n", "case", "MB", "blocks", "span us", "TB/s", "block run us",
+              "to go us", "stagger", "SMs holding 0/1/2/3/4+ working blocks (their blocks' median run, us)");
+  for (const Case& c : cases) {
+    std::printf("%-24s %8.1f %7d %10.2f %8.2f %12.2f %8.2f %8.2f ", c.name, c.mb, c.t.blocks, c.t.span_us,
+                c.mb / c.t.span_us, c.t.block_us, c.t.wait_us, c.t.stagger_us);  // MB per us = TB/s
+    for (int l = 0; l < 5; ++l) std::printf(" %d (%.1f)", c.t.sms[l], c.t.run_by_load[l]);
+    std::printf("\n");
+  }
   return 0;
 }

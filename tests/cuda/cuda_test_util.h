@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -90,8 +91,13 @@ inline bool device_error_raised() {
   return false;
 }
 
+// The tests' random seed: ATLAS_TEST_SEED where set (to rerun a failure: every test prints its
+// seed), else a fresh one per process.
 inline uint32_t test_seed() {
-  static const uint32_t s = std::random_device{}();
+  static const uint32_t s = [] {
+    const char* v = std::getenv("ATLAS_TEST_SEED");
+    return v != nullptr && *v != '\0' ? uint32_t(std::strtoul(v, nullptr, 10)) : uint32_t(std::random_device{}());
+  }();
   return s;
 }
 

@@ -131,7 +131,18 @@ TEST_F(ForwardOps, StridedGemmIsBitExactAndEqualsDenseOnSlices) {
   DevBuf<uint16_t> dx(x), dw(w), dout(std::vector<uint16_t>(size_t(M) * os, 0));
   gemm({.x = dx.get() + xoff, .w = dw.get() + woff, .out = dout.get() + 5, .M = M, .N = N, .K = K, .x_stride = xs,
         .w_stride = ws, .out_stride = os});
-  EXPECT_EQ(dout.download(), want);
+  const std::vector<uint16_t> got = dout.download();
+  // (The first difference by row and column: the vectors' heads, which gtest prints, agree.)
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      ADD_FAILURE() << "first difference at element " << i << " (row " << i / size_t(os) << ", column "
+                    << int64_t(i % size_t(os)) - 5 << "): got " << got[i] << ", want " << want[i] << "; config "
+                    << gemm_config_name(gemm_chosen_config({.x = dx.get() + xoff, .w = dw.get() + woff,
+                                                            .out = dout.get() + 5, .M = M, .N = N, .K = K,
+                                                            .x_stride = xs, .w_stride = ws, .out_stride = os}));
+      break;
+    }
+  EXPECT_EQ(got, want);
 }
 
 // ---- generalised MLA -------------------------------------------------------------------------

@@ -645,6 +645,14 @@ TEST_F(GroupedGemm, RowsEqualTheDenseGemmOfTheirGroup) {
   check_grouped<uint16_t>({{9, 0, 1, 12, 0, 3}, 44, 1408, 30, 2}, rng);
   // Unaligned K (predicated path) with gather.
   check_grouped<float>({{4, 0, 9}, 24, 20, 7, 2}, rng);
+  // The lean stream loop's shared-memory tables (session 40: at most 64 groups and 64 rows) at
+  // their bound, and just past it on either count (the global tables): the same bits either way.
+  std::vector<int> at_bound(64, 1), more_groups(65, 0), more_rows(64, 1);
+  for (int g = 0; g < 65; g += 7) more_groups[size_t(g)] = 2;
+  more_rows[17] = 2;
+  check_grouped<uint16_t>({at_bound, 72, 512, 40, 0}, rng);
+  check_grouped<uint16_t>({more_groups, 72, 512, 40, 0}, rng);
+  check_grouped<uint16_t>({more_rows, 72, 512, 40, 0}, rng);
 }
 
 // Bad offsets: the kernel writes nothing and raises the device flag; check_device_errors()

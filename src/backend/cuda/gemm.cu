@@ -1632,7 +1632,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   // The one token's routing again in the launch (GroupedSelfRoute): only where it is the whole
   // problem (k rows, k <= groups <= 64, greedy); launch_mma takes it where the config has it.
   const GroupedSelfRoute& r = a.self_route;
-  if (r.logits != nullptr && a.groups <= kern::LeanRouted::kMaxE && r.k >= 1 && r.k <= a.groups &&
+  if (r.logits != nullptr && a.groups <= kern::LeanTable::kMaxGroups && r.k >= 1 && r.k <= a.groups &&
       r.k <= kern::kRouterMaxK && a.max_rows == r.k && !f32 && !release_first(kRfRoute)) {
     p.route_logits = r.logits;
     p.route_k = r.k;

@@ -608,15 +608,19 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // Measured (s39-3): the same bits, slower (467 against 477.6 tok/s): while these blocks route,
 // the shared experts' gate|up streams alone, and the routed launch then ends later, not sooner:
 // the MoE phase is bound by what the memory system gives all its blocks (docs/cuda.md, session 39).
-struct LeanRouted {
-  static constexpr int kMaxE = kRouteOneTokenMaxExperts;
-  MmaGemmParams q;                  // p with offsets / x_rows below
-  int32_t offsets[kMaxE + 1];
-  int32_t rows[kRouterMaxK];
+struct LeanTable {
+  static constexpr int kMaxGroups = kRouteOneTokenMaxExperts, kMaxRows = 64;
+  MmaGemmParams q;                   // p with offsets / x_rows / w_groups below
+  int32_t offsets[kMaxGroups + 1];
+  int32_t rows[kMaxRows];
+  const uint16_t* w[kMaxGroups];
 };
+// Its static shared memory must leave the lean ring's three blocks per SM (3 x (73 KB + 1 KB
+// reserved) of 228 KB leave 2 KB a block).
+static_assert(sizeof(LeanTable) <= 2048, "the lean kernel's table would cost a resident block");
 // Scratch floats of lean_route (in the ring's shared memory, before its first copy).
 constexpr int kLeanRouteScratch = 64 * 3 + kRouterMaxK * 3 + 64 + kRouterMaxK + 1;
-__device__ __noinline__ void lean_route(const MmaGemmParams& p, LeanRouted& r, float* scratch, int tid) {
+__device__ __noinline__ void lean_route(const MmaGemmParams& p, LeanTable& r, float* scratch, int tid) {
   if (tid < 32) {
     const int lane = tid, E = p.groups, k = p.route_k;
     float* sp = scratch;               // [64] scores
@@ -642,20 +646,7 @@ __device__ __noinline__ void lean_route(const MmaGemmParams& p, LeanRouted& r, f
       permute_one_warp(ids, k, k, E, counts, r.offsets, r.rows, slot, err);
     }
   }
-  if (tid == 0) {
-    r.q = p;
-    r.q.offsets = r.offsets;
-    r.q.x_rows = r.rows;
-  }
   __syncthreads();
-}
-// The parameters a block finds its tiles with: p, or kRoute's shared-memory copy.
-template <bool kRoute>
-__device__ __forceinline__ const MmaGemmParams& lean_tile_params(const MmaGemmParams& p, const LeanRouted* r) {
-  if constexpr (kRoute)
-    return r->q;
-  else
-    return p;
 }
 
 template <class T, bool kOutF32, int kParts = 1, bool kStamp = false, int kLead = 0, bool kRoute = false>
@@ -671,18 +662,41 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const bool grouped = p.offsets != nullptr;
   static_assert(!kRoute || (kParts == 1 && !kStamp && kLeanRouteScratch * 4 + 1024 <= T::SMEM_BYTES),
                 "kRoute: the unsplit, unstamped loop; its scratch in the ring");
-  [[maybe_unused]] const LeanRouted* routed = nullptr;
+  // Grouped problems of at most 64 groups and rows find their tiles in a shared-memory copy of
+  // the tables (session 40): the weight pointers and the parameters before the launch-overlap
+  // wait (the model's expert table: no kernel of the stream writes it), the offsets and gathered
+  // rows after it in one round of loads, all at once. Why: atlas_moe_stream_probe's stamps
+  // (s40-3) found a routed gate|up block 3.3-3.6 us from its start to its first weight copy on
+  // the global tables (the tile count's scan, find_tile's scan, w_groups[g], x_rows[row]: one
+  // dependent load after another, in each of the four warps) against 19.6 us for all its steps
+  // after it. The same values, so the same tiles, checks and bits. kRoute's routing writes the
+  // same table.
+  // (raw bytes: MmaGemmParams's member initialisers would make it a dynamic initialisation)
+  __shared__ __align__(16) unsigned char table_smem[sizeof(LeanTable)];
+  LeanTable& tab = *reinterpret_cast<LeanTable*>(table_smem);
+  const bool tabled = kRoute || (grouped && p.groups <= LeanTable::kMaxGroups && p.max_rows <= LeanTable::kMaxRows);
+  if (tabled) {
+    if (tid < p.groups) tab.w[tid] = p.w_groups[tid];
+    if (tid == 0) {
+      tab.q = p;
+      tab.q.offsets = tab.offsets;
+      tab.q.x_rows = kRoute || p.x_rows != nullptr ? tab.rows : nullptr;
+      tab.q.w_groups = tab.w;
+    }
+  }
   if constexpr (kRoute) {
-    // (raw bytes: MmaGemmParams's member initialisers would make it a dynamic initialisation)
-    __shared__ __align__(16) unsigned char route_smem[sizeof(LeanRouted)];
     pdl_release_if(true);  // release, never wait here (above)
-    routed = reinterpret_cast<const LeanRouted*>(route_smem);
-    lean_route(p, *reinterpret_cast<LeanRouted*>(route_smem), reinterpret_cast<float*>(gemm_smem), tid);
+    lean_route(p, tab, reinterpret_cast<float*>(gemm_smem), tid);  // (its barrier covers the copies above)
   } else if (grouped) {
     pdl_begin_gemm();
     stamp.go();
+    if (tabled) {
+      if (tid <= p.groups) tab.offsets[tid] = p.offsets[tid];
+      if (p.x_rows != nullptr && tid < p.max_rows) tab.rows[tid] = p.x_rows[tid];
+      __syncthreads();
+    }
   }
-  const MmaGemmParams& pt = lean_tile_params<kRoute>(p, routed);  // tile lookups and stores
+  const MmaGemmParams& pt = tabled ? tab.q : p;  // tile lookups and stores
   const auto [first, last] = stream_share<T::BM>(pt, lane, kParts);
   const int KT = p.K / T::BK;  // steps per tile
   constexpr int kAhead = kLead > 0 ? kLead : T::STAGES - 2;
@@ -845,7 +859,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
         t[2] = __fadd_rn(t[2], v.z);
         t[3] = __fadd_rn(t[3], v.w);
       }
-      lean_store<T, kOutF32>(p, pid, tid, lane, t[0], t[1], t[2], t[3]);
+      lean_store<T, kOutF32>(pt, pid, tid, lane, t[0], t[1], t[2], t[3]);
       if (tid == 0) p.split_cnt[pid] = 0;  // zero for the next launch
     }
 #pragma unroll
