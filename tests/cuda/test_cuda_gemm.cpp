@@ -1414,6 +1414,102 @@ TEST_F(Gemm, SelfRoutedGateUpGivesTheRoutingKernelsBits) {
   set_launch_overlap(was);
 }
 
+// Session 40 (GroupedChain, ATLAS_MOE_CHAIN): one token's gate|up and down chained by the
+// per-group counters give the bits of the two plain launches, with launch overlap off and on,
+// chain after chain on the same counters (each consumer's last block zeroes them: they read zero
+// after every chain), one token's k of E experts, the decode shape's kind; configs that cannot
+// take part are refused naming "chain"; a consumer whose producer never stores ends its wait
+// with the device error instead of hanging.
+TEST_F(Gemm, ChainedGateUpAndDownGiveThePlainLaunchesBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int I = 192, H = 512;
+  const LaunchOverlap was = launch_overlap_mode();
+  const auto x = random_bf16(size_t(H), rng);
+  std::vector<std::vector<uint16_t>> gw, dw;
+  for (int g = 0; g < 64; ++g) {
+    gw.push_back(random_bf16(size_t(2 * I) * H, rng, 0.1f));
+    dw.push_back(random_bf16(size_t(H) * I, rng, 0.1f));
+  }
+  const SpacedWeights sgw(gw, size_t(2 * I) * H), sdw(dw, size_t(H) * I);
+  DevBuf<uint16_t> dx(x);
+  DevBuf<const uint16_t*> dgw(sgw.ptrs), ddw(sdw.ptrs);
+  DevBuf<int32_t> counters(std::vector<int32_t>(size_t(kGroupedChainSlots), 0));
+  const std::vector<int32_t> zeros(size_t(kGroupedChainSlots), 0);
+  for (int E : {8, 64})
+    for (int k : {1, 6}) {
+      SCOPED_TRACE(::testing::Message() << "E=" << E << " k=" << k);
+      for (int rep = 0; rep < 3; ++rep) {
+        std::vector<int> experts(static_cast<size_t>(E));
+        std::iota(experts.begin(), experts.end(), 0);
+        std::shuffle(experts.begin(), experts.end(), rng);
+        std::vector<int> counts(static_cast<size_t>(E), 0);
+        for (int j = 0; j < k; ++j) counts[size_t(experts[size_t(j)])] = 1;
+        DevBuf<int32_t> offsets(group_offsets(counts)), rows(std::vector<int32_t>(size_t(k), 0));
+        const auto up = [&](DevBuf<uint16_t>& act, DevBuf<uint16_t>& scratch, const GroupedChain& chain) {
+          return GroupedGemmArgs{.x = dx.get(), .x_rows = rows.get(), .w = dgw.get(), .offsets = offsets.get(),
+                                 .out = act.get(), .groups = E, .max_rows = k, .N = 2 * I, .K = H,
+                                 .x_rows_limit = 1, .w_base = sgw.ptrs[0], .w_group_stride = sgw.stride, .gated = I,
+                                 .gated_scratch = scratch.get(), .chain = chain};
+        };
+        const auto down = [&](DevBuf<uint16_t>& act, DevBuf<uint16_t>& ys, const GroupedChain& chain) {
+          return GroupedGemmArgs{.x = act.get(), .w = ddw.get(), .offsets = offsets.get(), .out = ys.get(),
+                                 .groups = E, .max_rows = k, .N = H, .K = I, .w_base = sdw.ptrs[0],
+                                 .w_group_stride = sdw.stride, .chain = chain};
+        };
+        std::vector<std::vector<uint16_t>> acts, outs;
+        for (bool overlap : {false, true})
+          for (bool chained : {false, true}) {
+            set_launch_overlap(overlap);
+            DevBuf<uint16_t> act(size_t(k) * I), scratch(size_t(k) * 2 * I), ys(size_t(k) * H);
+            const GroupedChain pc = chained ? GroupedChain{.counters = counters.get(), .role = 1} : GroupedChain{};
+            const GroupedChain cc = chained ? GroupedChain{.counters = counters.get(), .role = 2} : GroupedChain{};
+            ASSERT_TRUE(grouped_chain_fits(up(act, scratch, {}), down(act, ys, {})));
+            grouped_gemm(up(act, scratch, pc));
+            grouped_gemm(down(act, ys, cc));
+            check_device_errors();
+            acts.push_back(act.download());
+            outs.push_back(ys.download());
+            ASSERT_EQ(counters.download(), zeros) << "overlap " << overlap << " chained " << chained;
+          }
+        set_launch_overlap(was);
+        for (size_t i = 1; i < outs.size(); ++i) {
+          ASSERT_EQ(acts[i], acts[0]) << "run " << i;
+          ASSERT_EQ(outs[i], outs[0]) << "run " << i;
+        }
+      }
+    }
+  // Refused: a producer on the tiled kernel, a consumer on a stream config, f32 out, a bad role.
+  DevBuf<int32_t> offsets(group_offsets({1, 0, 1})), rows(std::vector<int32_t>(2, 0));
+  DevBuf<uint16_t> act(size_t(2) * I), scratch(size_t(2) * 2 * I), ys(size_t(2) * H);
+  DevBuf<float> ys32(size_t(2) * H);
+  const GroupedGemmArgs up{.x = dx.get(), .x_rows = rows.get(), .w = dgw.get(), .offsets = offsets.get(),
+                           .out = act.get(), .groups = 3, .max_rows = 2, .N = 2 * I, .K = H, .x_rows_limit = 1,
+                           .gated = I, .gated_scratch = scratch.get(), .chain = {.counters = counters.get(), .role = 1}};
+  const GroupedGemmArgs dn{.x = act.get(), .w = ddw.get(), .offsets = offsets.get(), .out = ys.get(), .groups = 3,
+                           .max_rows = 2, .N = H, .K = I, .chain = {.counters = counters.get(), .role = 2}};
+  {
+    ForceConfig force(config_named("16x32x128/4u"));
+    expect_error([&] { grouped_gemm(up); }, "grouped_gemm: chain: the producer runs config 16x32x128/4u");
+  }
+  {
+    ForceConfig force(config_named("streamwg64x8/4l"));
+    expect_error([&] { grouped_gemm(dn); }, "grouped_gemm: chain: the consumer runs config streamwg64x8/4l");
+  }
+  GroupedGemmArgs bad = dn;
+  bad.out = ys32.get();
+  bad.out_type = OutType::f32;
+  expect_error([&] { grouped_gemm(bad); }, "grouped_gemm: chain: bf16 out only");
+  bad = dn;
+  bad.chain.role = 3;
+  expect_error([&] { grouped_gemm(bad); }, "grouped_gemm: chain: role must be");
+  // A consumer alone: its blocks wait 1 s for input that never comes, then raise the error (and
+  // the counters are zero again).
+  grouped_gemm(dn);
+  expect_error([&] { check_device_errors(); }, "chain");
+  EXPECT_EQ(counters.download(), zeros);
+}
+
 // Session 35: the 8-row-slot config ("16x32x128/5h", whose only loop is the whole-steps one and
 // whose slots hold x rows 0-7) runs only where every tile has at most 8 rows, K is whole 128-wide
 // steps and N whole 32-column tiles; elsewhere, forced or named, the chooser gives its 16-row
