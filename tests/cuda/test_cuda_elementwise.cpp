@@ -223,7 +223,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_SHARED_DOWN_FIRST", {"0", "1", "first"}},
       {"ATLAS_SHARED_DOWN_WAIT", {"0", "1", "wait"}},
       {"ATLAS_MOE_SELF_ROUTE", {"0", "1", "self"}},
-      {"ATLAS_MOE_CHAIN", {"0", "1", "chain"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
       {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
       {"ATLAS_MOE_PREFETCH", {"none", "routed", "shared", "both", "down"}},

@@ -407,11 +407,7 @@ class CudaModelT final : public Model {
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
                    int64_t gated = 0, Elem* scratch = nullptr, const L2NextWeights& next = {},
-                   const GroupedSelfRoute& self_route = {}, const GroupedChain& chain = {}) const;
-  // The GroupedGemmArgs expert_gemm passes for a bf16 model (grouped_chain_fits asks about them).
-  GroupedGemmArgs expert_args(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit,
-                              const ExpertWeightsT<Elem>& w, const int32_t* offsets, Elem* out, int64_t groups,
-                              int64_t max_rows, int64_t N, int64_t K, int64_t gated, Elem* scratch) const;
+                   const GroupedSelfRoute& self_route = {}) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -530,13 +526,6 @@ class CudaModelT final : public Model {
   // kernel: only where nothing runs between the two launches (no route tail, no observer of the
   // routes). The same bits.
   bool self_route_ = false;
-  // One token's routed gate|up and down chained by per-expert counters instead of the down's
-  // launch-overlap wait (GroupedChain; ATLAS_MOE_CHAIN=1, session 40): where both launches'
-  // configs can (grouped_chain_fits) and nothing runs between them. The same bits. Its counters
-  // ([kGroupedChainSlots], zero between chains: the down's last block resets them) live apart
-  // from scratch_, allocated and zeroed once.
-  bool moe_chain_ = false;
-  DeviceBlock chain_counters_;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
@@ -700,11 +689,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
   shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
   self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
-  moe_chain_ = env_switch("ATLAS_MOE_CHAIN", false);
-  if (moe_chain_) {
-    chain_counters_ = DeviceBlock(size_t(kGroupedChainSlots) * 4);
-    device_memset(chain_counters_.get(), 0, size_t(kGroupedChainSlots) * 4);
-  }
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
@@ -855,7 +839,7 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
                                    const ExpertWeightsT<Elem>& w,
                                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
                                    int64_t K, int64_t gated, Elem* scratch, const L2NextWeights& next,
-                                   const GroupedSelfRoute& self_route, const GroupedChain& chain) const {
+                                   const GroupedSelfRoute& self_route) const {
   if constexpr (kF32) {
     grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = gated ? scratch : out,
                       .groups = int(groups), .max_rows = int(max_rows), .N = int(N), .K = int(K),
@@ -864,27 +848,11 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
       silu_gate({.gate = scratch, .up = scratch + gated, .out = out, .rows = int(max_rows), .width = int(gated),
                  .in_stride = N, .stream = s_});
   } else {
-    GroupedGemmArgs a = expert_args(x, x_rows, x_rows_limit, w, offsets, out, groups, max_rows, N, K, gated, scratch);
-    a.next = next;
-    a.self_route = self_route;
-    a.chain = chain;
-    grouped_gemm(a);
-  }
-}
-
-template <class Elem>
-GroupedGemmArgs CudaModelT<Elem>::expert_args(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit,
-                                              const ExpertWeightsT<Elem>& w, const int32_t* offsets, Elem* out,
-                                              int64_t groups, int64_t max_rows, int64_t N, int64_t K, int64_t gated,
-                                              Elem* scratch) const {
-  if constexpr (kF32) {
-    fail("cuda", "expert_args", "the f32 mode runs grouped_gemm_f32");  // (never called there)
-    return {};
-  } else {
-    return {.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
-            .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
-            .w_base = w.base, .w_group_stride = w.stride, .gated = int(gated), .gated_scratch = scratch,
-            .stream = s_};
+    grouped_gemm({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
+                  .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
+                  .w_base = w.base, .w_group_stride = w.stride,
+                  .gated = int(gated), .gated_scratch = scratch, .stream = s_, .next = next,
+                  .self_route = self_route});
   }
 }
 
@@ -1286,18 +1254,8 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
                     hooks->wants(names.topk_weights))))
       self = {.logits = b.router_logits, .k = int(k), .norm_topk_prob = c.norm_topk_prob,
               .scaling = float(c.routed_scaling_factor)};
-  // ATLAS_MOE_CHAIN: the down waits per expert for the gate|up's counted tiles, not for its grid.
-  GroupedChain up_chain{}, down_chain{};
-  if constexpr (!kF32)
-    if (moe_chain_ && self.logits == nullptr &&
-        grouped_chain_fits(expert_args(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu),
-                           expert_args(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I, 0, nullptr))) {
-      int* counters = reinterpret_cast<int*>(chain_counters_.get());
-      up_chain = {.counters = counters, .role = 1};
-      down_chain = {.counters = counters, .role = 2};
-    }
-  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next, self, up_chain);
-  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I, 0, nullptr, {}, {}, down_chain);
+  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next, self);
+  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).
   if (L.has_shared) join_side();  // side_ has nothing after the shared experts

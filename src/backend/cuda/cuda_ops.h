@@ -949,25 +949,6 @@ struct GroupedSelfRoute {
   float scaling = 1.0f;  // routed_scaling_factor (without normalisation)
 };
 
-// Two grouped launches chained by counters instead of the launch-overlap wait (session 40,
-// ATLAS_MOE_CHAIN): one token's routed gate|up (the producer) and the down after it (the
-// consumer, whose x is the producer's out: rows in the same groups, K = the producer's output
-// width). The consumer's blocks do not wait for the producer's grid to complete and its writes
-// to be flushed (~2 us after its last block, session 40's block stamps) but only until the
-// producer has stored their group's whole input, counted per group in `counters`; the consumer
-// still completes only after the producer, and its last block zeroes the counters for the next
-// chain. The same bits. What the caller promises: the two launches directly follow each other
-// on one stream, the producer's offsets come from a kernel that completed before the producer's
-// own wait (the routing kernel; not GroupedSelfRoute), and the counters ([kGroupedChainSlots]
-// ints, zero before the first chain) serve one chain at a time. grouped_chain_fits() says
-// whether the configs these launches would run can take part (the producer: the unsplit lean
-// stream loop; the consumer: the tiled kernel); grouped_gemm throws naming "chain" otherwise.
-constexpr int kGroupedChainSlots = 65 * 32;  // (one 128-byte line per counter)
-struct GroupedChain {
-  int* counters = nullptr;  // null: no chain
-  int role = 0;             // 1 the producer, 2 the consumer
-};
-
 struct GroupedGemmArgs {
   const uint16_t* x = nullptr;              // [*, K] bf16, row stride x_stride
   const int32_t* x_rows = nullptr;          // [max_rows] device, optional: A row r = x row x_rows[r]
@@ -997,10 +978,8 @@ struct GroupedGemmArgs {
   Stream stream = nullptr;
   L2NextWeights next{};  // (grouped: w_groups only)
   GroupedSelfRoute self_route{};
-  GroupedChain chain{};
 };
 void grouped_gemm(const GroupedGemmArgs& a);
-bool grouped_chain_fits(const GroupedGemmArgs& producer, const GroupedGemmArgs& consumer);
 int grouped_gemm_chosen_config(const GroupedGemmArgs& a);
 // How many grouped launches in this process routed their token themselves (GroupedSelfRoute;
 // tests check that the path ran).

@@ -1580,43 +1580,6 @@ void gemm(const GemmArgs& a) {
   check_launch(op);
 }
 
-static_assert(kGroupedChainSlots == kern::kChainSlots, "cuda_ops.h's chain counters are the kernels'");
-namespace {
-// GroupedChain (cuda_ops.h): the configs whose kernels take part. The producer: the unsplit lean
-// stream loop (its routed[] instantiations mark it), not its tail instance; the consumer: the
-// tiled kernel (gemm_mma_kernel), not sliced.
-bool chain_producer_config(const TileConfig& c, int K) {
-  return c.routed[0] != nullptr && !(c.tail_k > 0 && K % c.tail_k != 0);
-}
-bool chain_consumer_config(const TileConfig& c) {
-  return !c.stream && !c.cluster && !c.tma && !c.sliced && !c.splitk && !c.wgmma;
-}
-// Why a chained grouped call cannot run ("" where it can).
-std::string chain_misfit(const GroupedGemmArgs& a) {
-  if (a.chain.role != 1 && a.chain.role != 2) return "role must be 1 (producer) or 2 (consumer)";
-  if (a.groups > kern::kChainMaxGroups) return "at most " + std::to_string(kern::kChainMaxGroups) + " groups";
-  if (a.out_type != OutType::bf16) return "bf16 out only";
-  if (a.self_route.logits != nullptr) return "not with self_route (its offsets are not ready at the producer's start)";
-  const auto [xs, ws, os] = row_strides(a);
-  const bool async = grouped_async(a, xs, ws);
-  const TileConfig& c = kConfigs[size_t(grouped_config(a, async, setup().sm_count))];
-  if (a.gated > 0 && !fuses_gated(c)) return std::string("config ") + c.name + " does not fuse the gate";
-  if (a.chain.role == 1 && !(async && chain_producer_config(c, a.K)))
-    return std::string("the producer runs config ") + c.name + ", not the unsplit lean stream loop";
-  if (a.chain.role == 2 && !chain_consumer_config(c))
-    return std::string("the consumer runs config ") + c.name + ", not the tiled kernel";
-  return "";
-}
-}  // namespace
-
-bool grouped_chain_fits(const GroupedGemmArgs& producer, const GroupedGemmArgs& consumer) {
-  GroupedGemmArgs pa = producer, ca = consumer;
-  pa.chain.role = 1;
-  ca.chain.role = 2;
-  return chain_misfit(pa).empty() && chain_misfit(ca).empty() && producer.groups == consumer.groups &&
-         consumer.K == (producer.gated > 0 ? producer.gated : producer.N);
-}
-
 void grouped_gemm(const GroupedGemmArgs& a) {
   const char* op = "grouped_gemm";
   require_grouped_args(a, op);
@@ -1625,11 +1588,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   require(a.w_base == nullptr || a.w_group_stride >= int64_t(a.N) * (a.w_stride ? a.w_stride : a.K), op,
           "w_group_stride", "with w_base, must be >= N * (w row stride) (the groups' weights do not overlap), got " +
                                 std::to_string(a.w_group_stride));
-  if (a.chain.counters != nullptr) {
-    const std::string why = chain_misfit(a);
-    require(why.empty(), op, "chain", why);
-  }
-  if (a.max_rows == 0) return;  // (a chain of no rows launches neither half: its counters stay zero)
+  if (a.max_rows == 0) return;
   const GemmSetup& s = setup();
   const auto [xs, ws, os] = row_strides(a);
   const bool f32 = a.out_type == OutType::f32;
@@ -1680,8 +1639,6 @@ void grouped_gemm(const GroupedGemmArgs& a) {
     p.route_norm = r.norm_topk_prob ? 1 : 0;
     p.route_scaling = r.scaling;
   }
-  p.chain = a.chain.counters;
-  p.chain_role = a.chain.counters != nullptr ? a.chain.role : 0;
   const int slices = int(ceil_div(a.K, kern::kSliceK));
   if (c.sliced && async && slices > 1 &&
       size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&

@@ -355,8 +355,7 @@ void check_environment() {
                            "ATLAS_MLA_EARLY_CACHE", "ATLAS_GEMM_STREAM_BALANCE", "ATLAS_GEMM_TAILS",
                            "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
                            "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL",
-                           "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT", "ATLAS_MOE_SELF_ROUTE",
-                           "ATLAS_MOE_CHAIN"})
+                           "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT", "ATLAS_MOE_SELF_ROUTE"})
     (void)env_switch(name, true);
 }
 
@@ -527,7 +526,6 @@ void check_device_errors() {
   if (v & 64) what += " grouped_gemm: w: a group weight pointer null or not 16-byte aligned;";
   if (v & 128) what += " argmax: logits: NaN;";  // kernels/argmax.cuh
   if (v & 256) what += " mla_pattern: lengths: a length outside [0, slots];";  // kernels/mla_pattern.cuh
-  if (v & 512) what += " grouped_gemm: chain: the producer never stored a group's whole input (1 s);";  // kErrChain
   throw Error("cuda: bad device data:" + what);
 }
 

@@ -50,7 +50,6 @@ namespace atlas::cuda::kern {
 constexpr int kErrGroupedOffsets = 16;  // offsets not 0 = o[0] <= o[1] <= ... <= o[groups] <= max_rows
 constexpr int kErrGatherRows = 32;      // an x_rows entry outside [0, x_rows_limit) (or negative)
 constexpr int kErrGroupWeight = 64;     // a group's weight pointer null or not 16-byte aligned
-constexpr int kErrChain = 512;          // a chain consumer waited 1 s for its producer's tiles
 
 // The contract's K slice width (elements): slices of 16 chunks. A constant of the contract:
 // changing it changes the bits of every batch_invariant GEMM.
@@ -139,18 +138,7 @@ struct MmaGemmParams {
   const float* route_logits = nullptr;
   int route_k = 0, route_norm = 0;
   float route_scaling = 0.f;
-  // A chain of two grouped launches on one stream (session 40, ATLAS_MOE_CHAIN; GroupedChain in
-  // cuda_ops.h): the producer (the gate|up, the unsplit lean stream loop: chain_role 1) waits for
-  // its predecessor before it releases the consumer, and counts the output elements of every
-  // tile it stores into chain[group]; the consumer (the down, the tiled kernel: chain_role 2)
-  // never waits at its start: each block waits until chain[g] holds its group's whole input
-  // (rows_g x K), and for the producer's grid at its end; its last block zeroes the counters.
-  int* chain = nullptr;  // [kChainSlots]: per-group counts, then the consumer's finished blocks
-  int chain_role = 0;
 };
-// One 128-byte line per counter: the consumer's blocks poll them while the producer's blocks
-// add to them (s40-10: with the counters packed in one line the polls and adds met there).
-constexpr int kChainMaxGroups = 64, kChainStride = 32, kChainSlots = (kChainMaxGroups + 1) * kChainStride;
 constexpr int kNextMaxGroups = 256;
 
 // A GEMM block's stamp (the kStamp instantiations, kernels/block_stamp.cuh): the launch's weight
@@ -285,10 +273,8 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int t
       const int g = g0 + lane;
       int lo = 0, hi = 0;
       if (g < p.groups) {
-        // (A chain consumer reads them before any wait: through L2, where the routing kernel's
-        // writes are once the producer has passed its own wait; MmaGemmParams::chain.)
-        lo = p.chain_role == 2 ? __ldcg(offsets + g) : offsets[g];
-        hi = p.chain_role == 2 ? __ldcg(offsets + g + 1) : offsets[g + 1];
+        lo = offsets[g];
+        hi = offsets[g + 1];
         bad |= (g == 0 && lo != 0) || hi < lo || hi > p.max_rows || lo < 0;
       }
       clamp_group_rows(p, lo, hi);
@@ -326,65 +312,6 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int t
     }
   }
   return true;
-}
-
-// ---- the chain of two grouped launches (MmaGemmParams::chain) ----
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-// Producer: tile t's output is stored (every thread of the block calls this after its part of
-// the store): its elements (rows x output columns; gated: half the tile's columns) join
-// chain[group]. Each thread's fence orders its own stores before the block's barrier, thread 0's
-// atomic publishes them all.
-__device__ __forceinline__ void chain_arrive(const MmaGemmParams& p, const TileSpot& t, int bn, int tid) {
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int cols = min(bn, p.N - t.n_tile * bn);
-    atomicAdd(p.chain + t.group * kChainStride, (t.row_end - t.row_begin) * (p.gated > 0 ? cols / 2 : cols));
-  }
-}
-// Consumer: wait until group t.group's input is whole (its rows x K elements counted by the
-// producer), thread 0 polling, the block after it. A producer that never gets there (a bad
-// table or weight on its side, flagged there) ends the wait after 1 s with kErrChain instead of
-// hanging the stream.
-__device__ __forceinline__ void chain_wait(const MmaGemmParams& p, const TileSpot& t, int tid) {
-  if (tid == 0) {
-    int lo = __ldcg(p.offsets + t.group), hi = __ldcg(p.offsets + t.group + 1);
-    clamp_group_rows(p, lo, hi);
-    const int want = (hi - lo) * p.K;
-    const uint64_t t0 = global_ns();
-    while (ld_acquire_gpu(p.chain + t.group * kChainStride) < want) {
-      if (global_ns() - t0 > 1000000000ull) {
-        atomicOr(p.error_flag, kErrChain);
-        break;
-      }
-      __nanosleep(256);
-    }
-  }
-  __syncthreads();
-}
-// Consumer, every block at its end (found a tile or not): wait for the producer's grid (so this
-// launch completes after it, as in stream order), then count the block; the last one zeroes the
-// counters for the next chain (every block has passed its wait by then, and the producer is done).
-__device__ __forceinline__ void chain_end(const MmaGemmParams& p, int tid) {
-  pdl_wait_after(true);
-  __syncthreads();
-  if (tid == 0) {
-    const int blocks = int(gridDim.x * gridDim.y * gridDim.z);
-    if (atomicAdd(p.chain + kChainMaxGroups * kChainStride, 1) == blocks - 1) {
-      for (int g = 0; g < p.groups; ++g) p.chain[g * kChainStride] = 0;
-      p.chain[kChainMaxGroups * kChainStride] = 0;
-      __threadfence();
-    }
-  }
 }
 
 // Element offset in x of the A row for output row `row` of [row_begin, row_end) (-1: a zero row),
@@ -438,12 +365,6 @@ template <int BM, int BN, bool kAsync>
 __device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t,
                                            int k_begin, int k_end, int z = -1) {
   if (p.offsets != nullptr) {
-    if (p.chain_role == 2) {  // a chain consumer: release now, wait for its group's input only
-      pdl_release_if(true);
-      const bool found = find_tile<BM, kAsync>(p, pid, tid, lane, t);
-      if (found) chain_wait(p, t, tid);
-      return found;
-    }
     pdl_begin_gemm();
     return find_tile<BM, kAsync>(p, pid, tid, lane, t);
   }
@@ -947,13 +868,12 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   const int tid = threadIdx.x, lane = tid & 31;
   TileSpot t;
   const int k_first = p.slice_stride > 0 ? int(blockIdx.y) * kSliceK : 0;  // this block's K range
-  if (start_tile<T::BM, T::BN, kAsync>(p, int(blockIdx.x), tid, lane, t, k_first,
-                                       p.slice_stride > 0 ? k_first + kSliceK : p.K)) {
-    stamp.go();
-    stamp.add_bytes(int64_t(min(T::BN, p.N - t.n_tile * T::BN)) * ((p.slice_stride > 0 ? min(kSliceK, p.K - k_first) : p.K)) * 2);
-    mma_tile<T, kOutF32, kAsync, kLean>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
-  }
-  if (p.chain_role == 2) chain_end(p, tid);
+  if (!start_tile<T::BM, T::BN, kAsync>(p, int(blockIdx.x), tid, lane, t, k_first,
+                                        p.slice_stride > 0 ? k_first + kSliceK : p.K))
+    return;
+  stamp.go();
+  stamp.add_bytes(int64_t(min(T::BN, p.N - t.n_tile * T::BN)) * ((p.slice_stride > 0 ? min(kSliceK, p.K - k_first) : p.K)) * 2);
+  mma_tile<T, kOutF32, kAsync, kLean>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
 }
 
 

@@ -491,10 +491,7 @@ __device__ __noinline__ void lean_store(const MmaGemmParams& p, int pid, int tid
                                         float t3) {
   const float tot[4] = {t0, t1, t2, t3};
   TileSpot ct;
-  if (stream_tile<T::BM>(p, pid, tid, lane, ct)) {
-    wgstream_store_tile<T, kOutF32>(p, ct, tid >> 5, lane, tot);
-    if (p.chain_role == 1) chain_arrive(p, ct, T::BN, tid);
-  }
+  if (stream_tile<T::BM>(p, pid, tid, lane, ct)) wgstream_store_tile<T, kOutF32>(p, ct, tid >> 5, lane, tot);
 }
 
 // MmaGemmParams::next_*: this block's share of the next GEMM's weights into L2 (a hint that
@@ -691,12 +688,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     pdl_release_if(true);  // release, never wait here (above)
     lean_route(p, tab, reinterpret_cast<float*>(gemm_smem), tid);  // (its barrier covers the copies above)
   } else if (grouped) {
-    // A chain producer waits before it releases: its consumer reads the offsets before any wait
-    // of its own (MmaGemmParams::chain).
-    if (p.chain_role == 1)
-      pdl_begin();
-    else
-      pdl_begin_gemm();
+    pdl_begin_gemm();
     stamp.go();
     if (tabled) {
       if (tid <= p.groups) tab.offsets[tid] = p.offsets[tid];
