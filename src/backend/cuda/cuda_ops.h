@@ -952,7 +952,10 @@ struct GroupedSelfRoute {
 struct GroupedGemmArgs {
   const uint16_t* x = nullptr;              // [*, K] bf16, row stride x_stride
   const int32_t* x_rows = nullptr;          // [max_rows] device, optional: A row r = x row x_rows[r]
-  const uint16_t* const* w = nullptr;       // [groups] device array of device pointers, each [N, K]
+  // [groups] device array of device pointers, each [N, K]. Model weights no kernel of the stream
+  // writes, the array too: under launch overlap the lean stream loop copies the array before its
+  // predecessor is done (session 40, kernels/gemm_wgstream.cuh LeanTable).
+  const uint16_t* const* w = nullptr;
   const int32_t* offsets = nullptr;         // [groups + 1] device, non-decreasing, offsets[0] = 0
   void* out = nullptr;                      // [max_rows, N], row stride out_stride
   OutType out_type = OutType::bf16;
