@@ -143,7 +143,9 @@ TEST_F(ForwardOps, StridedGemmIsBitExactAndEqualsDenseOnSlices) {
     std::vector<uint16_t> expect(size_t(M) * os, 0);  // the dense result placed as the strided one
     for (int m = 0; m < M; ++m) std::copy_n(dense.begin() + m * N, N, expect.begin() + m * os + 5);
     EXPECT_EQ(got, expect);
-    if (mode == GemmMode::fma_chain) EXPECT_EQ(got, want);
+    if (mode == GemmMode::fma_chain) {
+      EXPECT_EQ(got, want);
+    }
   }
 }
 
