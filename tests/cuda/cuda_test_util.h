@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -92,11 +93,17 @@ inline bool device_error_raised() {
 }
 
 // The tests' random seed: ATLAS_TEST_SEED where set (to rerun a failure: every test prints its
-// seed), else a fresh one per process.
+// seed; not a decimal number below 2^32: the test using it fails naming the variable), else a
+// fresh one per process.
 inline uint32_t test_seed() {
   static const uint32_t s = [] {
     const char* v = std::getenv("ATLAS_TEST_SEED");
-    return v != nullptr && *v != '\0' ? uint32_t(std::strtoul(v, nullptr, 10)) : uint32_t(std::random_device{}());
+    if (v == nullptr || *v == '\0') return uint32_t(std::random_device{}());
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*end != '\0' || n > 0xffffffffull || *v == '-')
+      throw std::invalid_argument(std::string("ATLAS_TEST_SEED: expected a decimal seed below 2^32, got '") + v + "'");
+    return uint32_t(n);
   }();
   return s;
 }

@@ -8,7 +8,8 @@
 // stream order. Model weights are the one exception, since no kernel writes them: the dense GEMMs
 // stage or prefetch theirs before the wait (kern::start_tile in gemm_mma.cuh, the staged split-K
 // and the cluster kernels), the wide norms, the latent cache and the MoE combine load their norm
-// weights before it, and the lean stream loop copies a grouped launch's weight-pointer table. Launched without the attribute both instructions are no-ops.
+// weights before it, and the lean stream loop copies a grouped launch's weight-pointer table.
+// Launched without the attribute both instructions are no-ops.
 #pragma once
 
 namespace atlas::cuda::kern {
