@@ -61,7 +61,7 @@ T median(std::vector<T> v) {
 
 // launch() once per repetition after evicting L2 (then warm(), if any); the stamps of its blocks only.
 template <class F, class W = void (*)()>
-Timing measure(F&& launch, char* flush, size_t flush_bytes, W warm = [] {}) {
+Timing measure(F&& launch, char* flush, size_t flush_bytes, int sm_count, W warm = [] {}) {
   std::vector<double> spans, runs, waits, staggers;
   int blocks = 0;
   Timing out;
@@ -74,16 +74,27 @@ Timing measure(F&& launch, char* flush, size_t flush_bytes, W warm = [] {}) {
     CK(cudaDeviceSynchronize());
     const std::vector<BlockStampRecord> recs = gemm_block_stamps_take();
     if (r == 0 || recs.empty()) continue;  // the first launch warms the code
-    uint64_t t0 = UINT64_MAX, t1 = 0;
+    uint64_t t0 = UINT64_MAX, t1 = 0, last_start = 0;
+    // The working blocks (weight bytes > 0): each one's run (end of its wait to its end), time to
+    // its wait's end, and SM; how many of them each SM held.
+    struct Working {
+      double run;
+      int sm;
+    };
+    std::vector<Working> work;
     std::vector<double> run, wait;
-    uint64_t last_start = 0;
+    std::vector<int> load(size_t(sm_count), 0);
     for (const BlockStampRecord& b : recs) {
       t0 = std::min(t0, b.t0);
       t1 = std::max(t1, b.t1);
-      if (b.bytes > 0) {
-        run.push_back(double(b.t1 - (b.go ? b.go : b.t0)) / 1000.0);
-        wait.push_back(double((b.go ? b.go : b.t0) - b.t0) / 1000.0);
-        last_start = std::max(last_start, b.t0);
+      if (b.bytes <= 0) continue;
+      const uint64_t go = b.go ? b.go : b.t0;
+      run.push_back(double(b.t1 - go) / 1000.0);
+      wait.push_back(double(go - b.t0) / 1000.0);
+      last_start = std::max(last_start, b.t0);
+      if (b.smid >= 0 && b.smid < sm_count) {
+        work.push_back({run.back(), b.smid});
+        ++load[size_t(b.smid)];
       }
     }
     if (!wait.empty()) waits.push_back(median(wait));
@@ -91,19 +102,13 @@ Timing measure(F&& launch, char* flush, size_t flush_bytes, W warm = [] {}) {
     spans.push_back(double(t1 - t0) / 1000.0);
     if (!run.empty()) runs.push_back(median(run));
     blocks = int(recs.size());
-    std::vector<int> load(1024, 0);
-    for (const BlockStampRecord& b : recs)
-      if (b.bytes > 0 && b.smid >= 0 && b.smid < 1024) ++load[size_t(b.smid)];
-    const int sm_count = hopper_sm_count("atlas_moe_stream_probe");
     std::vector<double> by[5];
-    for (const BlockStampRecord& b : recs)
-      if (b.bytes > 0 && b.smid >= 0 && b.smid < 1024)
-        by[std::min(load[size_t(b.smid)], 4)].push_back(double(b.t1 - (b.go ? b.go : b.t0)) / 1000.0);
+    for (const Working& w : work) by[std::min(load[size_t(w.sm)], 4)].push_back(w.run);
     for (int c = 0; c < 5; ++c) {
       out.sms[c] = 0;
       out.run_by_load[c] = by[c].empty() ? 0.0 : median(by[c]);
     }
-    for (int sm = 0; sm < sm_count && sm < 1024; ++sm) ++out.sms[std::min(load[size_t(sm)], 4)];
+    for (int l : load) ++out.sms[std::min(l, 4)];
   }
   out.span_us = median(spans);
   out.block_us = runs.empty() ? 0.0 : median(runs);
@@ -116,7 +121,8 @@ Timing measure(F&& launch, char* flush, size_t flush_bytes, W warm = [] {}) {
 }  // namespace
 
 int main() {
-  if (hopper_sm_count("atlas_moe_stream_probe") == 0) return 0;
+  const int sm_count = hopper_sm_count("atlas_moe_stream_probe");
+  if (sm_count == 0) return 0;
   const int E = 64, k = 6, I = 1408, N = 2 * I, K = 2048;
   const size_t per = size_t(N) * K;  // one expert's gate|up, elements
   uint16_t *w = nullptr, *x = nullptr, *out = nullptr, *scratch = nullptr;
@@ -159,16 +165,16 @@ int main() {
   };
   std::vector<Case> cases;
   const double mb = double(k) * per * 2 / 1e6;
-  cases.push_back({"dense", mb, measure([&] { gemm({.x = x, .w = w, .out = out, .M = 1, .N = k * N, .K = K}); }, flush, flush_bytes)});
+  cases.push_back({"dense", mb, measure([&] { gemm({.x = x, .w = w, .out = out, .M = 1, .N = k * N, .K = K}); }, flush, flush_bytes, sm_count)});
   cases.push_back({"dense gated", mb,
                    measure([&] {
                      gemm({.x = x, .w = w, .out = out, .M = 1, .N = k * N, .K = K, .gated = k * I, .gated_scratch = scratch});
-                   }, flush, flush_bytes)});
+                   }, flush, flush_bytes, sm_count)});
   table(consecutive);
-  cases.push_back({"grouped 0-5 gated", mb, measure([&] { grouped(true); }, flush, flush_bytes)});
+  cases.push_back({"grouped 0-5 gated", mb, measure([&] { grouped(true); }, flush, flush_bytes, sm_count)});
   table(spread);
-  cases.push_back({"grouped spread gated", mb, measure([&] { grouped(true); }, flush, flush_bytes)});
-  cases.push_back({"grouped spread plain", mb, measure([&] { grouped(false); }, flush, flush_bytes)});
+  cases.push_back({"grouped spread gated", mb, measure([&] { grouped(true); }, flush, flush_bytes, sm_count)});
+  cases.push_back({"grouped spread plain", mb, measure([&] { grouped(false); }, flush, flush_bytes, sm_count)});
   // The tables read through L2 after the flush (a device-to-device copy reads them).
   char* sink = nullptr;
   CK(cudaMalloc(&sink, 4096));
@@ -177,12 +183,12 @@ int main() {
     CK(cudaMemcpyAsync(sink + 1024, rows, k * sizeof(int32_t), cudaMemcpyDeviceToDevice));
     CK(cudaMemcpyAsync(sink + 2048, ptrs, E * sizeof(uint16_t*), cudaMemcpyDeviceToDevice));
   };
-  cases.push_back({"spread gated, tables L2", mb, measure([&] { grouped(true); }, flush, flush_bytes, warm_tables)});
+  cases.push_back({"spread gated, tables L2", mb, measure([&] { grouped(true); }, flush, flush_bytes, sm_count, warm_tables)});
   cases.push_back({"spread gated, no gather", mb, measure([&] {
                      grouped_gemm({.x = x, .w = ptrs, .offsets = offsets, .out = out, .groups = E, .max_rows = k,
                                    .N = N, .K = K, .w_base = w, .w_group_stride = int64_t(per), .gated = I,
                                    .gated_scratch = scratch});
-                   }, flush, flush_bytes)});
+                   }, flush, flush_bytes, sm_count)});
   // A table of the six chosen experts only: offsets 0..6, their six pointers.
   int32_t* offsets6 = nullptr;
   const uint16_t** ptrs6 = nullptr;
@@ -198,7 +204,7 @@ int main() {
                      grouped_gemm({.x = x, .x_rows = rows, .w = ptrs6, .offsets = offsets6, .out = out, .groups = k,
                                    .max_rows = k, .N = N, .K = K, .x_rows_limit = 1, .gated = I,
                                    .gated_scratch = scratch});
-                   }, flush, flush_bytes)});
+                   }, flush, flush_bytes, sm_count)});
   gemm_block_stamps_stop();
   check_device_errors();
   std::printf("atlas_moe_stream_probe: alone on a flushed L2, medians of 7 launches (L2 evict_first %s)\n",

@@ -32,7 +32,8 @@
 # MODEL_TEST_ENVS='label:VAR=val,VAR2=val ...' runs the model tests once more under each.
 # CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
-# PREBUILT_DIR=build-device-bin (carried with it): the binaries `tools/dev device-bin` built on the
+# PREBUILT_DIR=build-device-bin (carried with it; or build-device-gz/bin.tgz, its archive, carried
+# instead and unpacked into build-device-bin first): the binaries `tools/dev device-bin` built on the
 # CPU machine instead of a build here (~160 s of lease saved per fresh machine; atlas_cuda_bench
 # and the ktrace library are not among them).
 # DEBS_DIR holds .deb files fetched elsewhere with `apt-get download` (Debian 12: libonig-dev
@@ -88,6 +89,15 @@ export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_L
 # so the binaries (and every artifact's provenance) name the commit actually built.
 [[ -n "${ATLAS_GIT_COMMIT:-}" ]] && echo "== building commit $ATLAS_GIT_COMMIT (from ATLAS_GIT_COMMIT)"
 B=${BUILD_DIR:-build-gpu-full}  # outside the carried tree, a warm machine keeps it between runs
+if [[ "${PREBUILT_DIR:-}" == *.tgz ]]; then
+  # `tools/dev device-bin`'s archive (build-device-gz/bin.tgz: the three binaries no longer fit the
+  # device tool's carry unpacked): unpacked into build-device-bin, then used as the folder below.
+  [[ -f "$PREBUILT_DIR" ]] || { echo "== PREBUILT_DIR=$PREBUILT_DIR: no such archive"; exit 1; }
+  rm -rf build-device-bin && mkdir -p build-device-bin
+  tar xzf "$PREBUILT_DIR" -C build-device-bin ||
+    { rm -rf build-device-bin; echo "== PREBUILT_DIR=$PREBUILT_DIR: not a readable .tgz"; exit 1; }
+  PREBUILT_DIR=build-device-bin
+fi
 if [[ -n "${PREBUILT_DIR:-}" ]]; then
   # Binaries built on the CPU machine (`tools/dev device-bin`: the same CUDA toolkit, the tree at
   # the same path), carried: no build here. Only the steps whose binaries it holds can run.
