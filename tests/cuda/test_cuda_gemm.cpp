@@ -1630,5 +1630,82 @@ TEST_F(Gemm, BadArgumentsThrowNamingTheField) {
                "grouped_gemm: w_group_stride");
 }
 
+// Flag chain links (session 41, kernels/chain.cuh, ATLAS_FLAG_CHAIN): a GEMM, a GEMM of its
+// output and an add + norm of that, linked (both GEMMs on the split-K kernel, the only one that
+// takes a link; launch overlap on, so each consumer may start while its producer runs), give
+// the bits of the same three launches unlinked, three times over the same slots (each consumer
+// zeroes its slot: a slot left nonzero would let the next consumer read too early); the slots
+// are zero afterwards. A consumer whose producer never signals reports one device error naming
+// the flag chain after its 2 s timeout instead of hanging; a config that takes no link throws
+// naming "chain".
+TEST_F(Gemm, FlagChainLinksGiveTheSameBits) {
+  const uint32_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int staged = config_named("splitk16x8/8w+staged");
+  ASSERT_GE(staged, 0);
+  const LaunchOverlap was = launch_overlap_mode();
+  set_launch_overlap(LaunchOverlap::on);
+  const int K = 512, N = 256, N2 = 1024;
+  DevBuf<uint16_t> dx(random_bf16(size_t(K), rng)), dw1(random_bf16(size_t(N) * K, rng, 0.05f)),
+      dw2(random_bf16(size_t(N2) * N, rng, 0.05f)), dnorm(random_bf16(size_t(N2), rng));
+  const std::vector<uint16_t> resid = random_bf16(size_t(N2), rng);
+  DevBuf<int> slots(size_t(3) * kern::kChainSlotInts);
+  device_memset(slots.get(), 0, size_t(3) * kern::kChainSlotInts * sizeof(int));
+  int* s0 = slots.get();
+  int* s1 = s0 + kern::kChainSlotInts;
+  int* s2 = s1 + kern::kChainSlotInts;
+  std::vector<std::vector<uint16_t>> runs;
+  {
+    ForceConfig force(staged);
+    for (const bool linked : {false, true, true, true}) {
+      DevBuf<uint16_t> y(static_cast<size_t>(N)), z(static_cast<size_t>(N2)), x(resid), h(static_cast<size_t>(N2));
+      const int64_t before = gemm_linked_launches();
+      gemm({.x = dx.get(), .w = dw1.get(), .out = y.get(), .M = 1, .N = N, .K = K,
+            .chain = {.signal = linked ? s0 : nullptr}});
+      const int n0 = int(last_launch_blocks());
+      gemm({.x = y.get(), .w = dw2.get(), .out = z.get(), .M = 1, .N = N2, .K = N,
+            .chain = {.wait = linked ? s0 : nullptr, .count = n0, .signal = linked ? s1 : nullptr,
+                      .error = device_error_flag()}});
+      const int n1 = int(last_launch_blocks());
+      add_rmsnorm({.x = x.get(), .y = z.get(), .weight = dnorm.get(), .out = h.get(), .rows = 1, .dim = N2,
+                   .chain = {.wait = linked ? s1 : nullptr, .count = n1, .error = device_error_flag()}});
+      synchronize();
+      EXPECT_FALSE(device_error_raised());
+      EXPECT_EQ(gemm_linked_launches() - before, linked ? 2 : 0);
+      std::vector<uint16_t> r = h.download(), rx = x.download(), rz = z.download();
+      r.insert(r.end(), rx.begin(), rx.end());
+      r.insert(r.end(), rz.begin(), rz.end());
+      runs.push_back(std::move(r));
+      const std::vector<int> left = slots.download();
+      EXPECT_EQ(std::count(left.begin(), left.end(), 0), int64_t(left.size())) << "a slot was left nonzero";
+    }
+    for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[0], runs[i]) << "run " << i;
+    // A consumer without its producer: one device error after the timeout, its slot zero again.
+    DevBuf<uint16_t> z(static_cast<size_t>(N2));
+    gemm({.x = dx.get(), .w = dw2.get(), .out = z.get(), .M = 1, .N = N2, .K = N,
+          .chain = {.wait = s2, .count = 1, .error = device_error_flag()}});
+    synchronize();
+    try {
+      check_device_errors();
+      ADD_FAILURE() << "no device error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("flag chain"), std::string::npos) << e.what();
+    }
+  }
+  // Another config takes no link.
+  const int tiled = config_named("16x32x128/4");
+  ASSERT_GE(tiled, 0);
+  ForceConfig force(tiled);
+  DevBuf<uint16_t> z(static_cast<size_t>(N2));
+  try {
+    gemm({.x = dx.get(), .w = dw2.get(), .out = z.get(), .M = 1, .N = N2, .K = N, .chain = {.signal = s2}});
+    ADD_FAILURE() << "config 16x32x128/4 took a link";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm: chain"), std::string::npos) << e.what();
+  }
+  set_launch_overlap(was);
+}
+
 }  // namespace
 }  // namespace atlas::cuda::test
