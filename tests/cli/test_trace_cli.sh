@@ -65,9 +65,6 @@ else
   expect_error "bad L2 prefetch setting" "ATLAS_L2_PREFETCH: expected none, gate_up, down or both, got 'all'" \
     env ATLAS_L2_PREFETCH=all "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad L2 prefetch setting" "$work/env.json"
-  expect_error "bad flag chain setting" "ATLAS_FLAG_CHAIN: expected none, all or a list of merge, value, oproj, norm, router, route, got 'merge,attention'" \
-    env ATLAS_FLAG_CHAIN=merge,attention "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
-  no_file "bad flag chain setting" "$work/env.json"
   expect_error "bad block stamps file" "ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '$work/none/s.csv'" \
     env ATLAS_BLOCK_STAMPS="$work/none/s.csv" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad block stamps file" "$work/env.json"

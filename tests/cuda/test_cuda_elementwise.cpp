@@ -230,7 +230,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_L2_PREFETCH", {"none", "gate_up", "down", "both", "shared"}},
       {"ATLAS_L2_PREFETCH_HOW", {"bulk", "bulk_last", "line", "line_last", "lines"}},
       {"ATLAS_L2_PREFETCH_BLOCKS", {"1", "132", "1024", "0"}},
-      {"ATLAS_FLAG_CHAIN", {"none", "all", "merge", "value,oproj", "norm+router+route", "merge,"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},

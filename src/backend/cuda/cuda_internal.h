@@ -206,13 +206,9 @@ bool mla_attention_only(const MlaDecodeArgs& a, kern::MlaMergeParams& merge);
 // programmatic-serialization attribute when pdl_enabled(), and clusters of (cluster_x, 1, 1)
 // blocks when cluster_x > 0 (launch_clustered; the GEMM's cluster configs). Launch errors are
 // picked up by the caller's check_launch, as with <<<>>>.
-// The number of blocks of this thread's last launch (launch_clustered; last_launch_blocks() in
-// cuda_ops.h, runtime.cu).
-extern thread_local int64_t g_last_launch_blocks;
 template <class... Params, class... Args>
 void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, Args&&... args) {
-  g_last_launch_blocks = int64_t(grid.x) * grid.y * grid.z;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;

@@ -367,15 +367,8 @@ class CudaModelT final : public Model {
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
   // MoE parts or the residual sum, moe() also does x += y and h = next_norm(x) (one launch with
   // the combine) and returns true; false: y holds the MoE output for the caller's add + norm.
-  // A producer launch's flag chain link (ATLAS_FLAG_CHAIN, flag_chain_ below): its slot (null:
-  // none) and, once launched, its number of blocks.
-  struct Link {
-    int* slot = nullptr;
-    int64_t blocks = 0;
-  };
-  // norm_link: the post-attention norm's link to the router, if any.
   bool moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-           const Hooks* hooks, const Elem* next_norm, const Link& norm_link) const;
+           const Hooks* hooks, const Elem* next_norm) const;
   // GEMMs in the model's element type, one place per form, so the loop never names a kernel:
   // bf16 -> gemm() / grouped_gemm() (batch-invariant tensor cores; dense ones through cuBLASLt
   // in the fast mode), f32 -> gemm_f32() / grouped_gemm_f32() (the FMA-chain f32 kernel).
@@ -387,7 +380,6 @@ class CudaModelT final : public Model {
     int64_t x_stride = 0, w_stride = 0, out_stride = 0;  // 0 = dense
     int64_t batch = 1, x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
     Stream stream = nullptr;  // null: s_
-    kern::ChainLink chain{};  // a flag chain link (bf16; GemmArgs::chain)
   };
   void matmul(const MatMul& m) const;
   // gemm()'s arguments for m (the bf16 model's matmul; also gemm_with_latent's).
@@ -396,15 +388,14 @@ class CudaModelT final : public Model {
             .out_type = OutType::bf16, .M = int(m.M), .N = int(m.N), .K = int(m.K), .x_stride = m.x_stride,
             .w_stride = m.w_stride, .out_stride = m.out_stride, .mode = mode_for(m.M), .batch = int(m.batch),
             .x_batch_stride = m.x_batch_stride, .w_batch_stride = m.w_batch_stride,
-            .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_, .chain = m.chain};
+            .out_batch_stride = m.out_batch_stride, .stream = m.stream ? m.stream : s_};
   }
   void linear(const Elem* x, const Elem* w, Elem* out, int64_t M, int64_t N, int64_t K, int64_t xs = 0,
               int64_t os = 0, Stream stream = nullptr) const {
     matmul({.x = x, .w = w, .out = out, .M = M, .N = N, .K = K, .x_stride = xs, .out_stride = os, .stream = stream});
   }
   // Router logits [M, E] in fp32 (bf16: the official upcast GEMM, fp32 out).
-  void router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K,
-                   const kern::ChainLink& chain = {}) const;
+  void router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const;
   // The bf16 router GEMM's gemm() arguments (router_gemm's; also gemm_moe_route's).
   GemmArgs router_args(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const {
     return {.x = reinterpret_cast<const uint16_t*>(x), .w = reinterpret_cast<const uint16_t*>(w), .out = out,
@@ -535,36 +526,6 @@ class CudaModelT final : public Model {
   // kernel: only where nothing runs between the two launches (no route tail, no observer of the
   // routes). The same bits.
   bool self_route_ = false;
-  // ATLAS_FLAG_CHAIN (ModelEnv::flag_chain, session 41): a one-row decode step without hooks
-  // chains the launches from the attention kernel to the routing by flag links
-  // (kernels/chain_link.h) instead of launch-overlap waits, those whose bits are set. One slot
-  // (kern::kChainSlotInts ints, zero between uses) per link and layer; each forward takes them
-  // from the first (chain_next_). The same bits.
-  unsigned flag_chain_ = 0;
-  DeviceBlock chain_slots_;
-  int chain_slot_count_ = 0;
-  mutable unsigned chain_now_ = 0;  // this forward's links (flag_chain_ where it applies, else 0)
-  mutable int chain_next_ = 0;
-  // Whether the router GEMM of M rows takes a link (gemm_chain_fits on router_args).
-  bool router_chain_fits(int64_t M) const {
-    if constexpr (kF32) {
-      return false;
-    } else {
-      const ModelConfig& c = cfg_;
-      return chain_now_ != 0 &&
-             gemm_chain_fits(router_args(nullptr, nullptr, nullptr, M, c.n_routed_experts, c.hidden_size));
-    }
-  }
-  // A new slot for this forward where bit is on in chain_now_, else none.
-  Link chain_link(unsigned bit) const {
-    if ((chain_now_ & bit) == 0) return {};
-    if (chain_next_ >= chain_slot_count_) fail("cuda", "flag chain", "more links than slots (a bug)");
-    return {.slot = reinterpret_cast<int*>(chain_slots_.get()) + int64_t(chain_next_++) * kern::kChainSlotInts};
-  }
-  // A launch's ChainLink: wait on `in` (its producer, launched just before), signal `out`.
-  static kern::ChainLink chain_args(const Link& in, const Link& out) {
-    return {.wait = in.slot, .count = int(in.blocks), .signal = out.slot, .error = device_error_flag()};
-  }
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
@@ -728,15 +689,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
   shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
   self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
-  if constexpr (!kF32) {
-    flag_chain_ = model_env().flag_chain;
-    if (flag_chain_ != 0) {
-      chain_slot_count_ = int(cfg_.num_hidden_layers) * 6 + 8;  // (every layer: a bound)
-      const size_t bytes = size_t(chain_slot_count_) * kern::kChainSlotInts * sizeof(int);
-      chain_slots_ = DeviceBlock(bytes);
-      device_memset(chain_slots_.get(), 0, bytes);
-    }
-  }
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
@@ -880,15 +832,11 @@ void CudaModelT<Elem>::matmul(const MatMul& m) const {
 }
 
 template <class Elem>
-void CudaModelT<Elem>::router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K,
-                                   const kern::ChainLink& chain) const {
-  if constexpr (kF32) {
+void CudaModelT<Elem>::router_gemm(const Elem* x, const Elem* w, float* out, int64_t M, int64_t E, int64_t K) const {
+  if constexpr (kF32)
     gemm_f32({.x = x, .w = w, .out = out, .M = int(M), .N = int(E), .K = int(K), .stream = s_});
-  } else {
-    GemmArgs a = router_args(x, w, out, M, E, K);
-    a.chain = chain;
-    gemm(a);
-  }
+  else
+    gemm(router_args(x, w, out, M, E, K));
 }
 
 template <class Elem>
@@ -1238,7 +1186,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
 
 template <class Elem>
 bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-                    const Hooks* hooks, const Elem* next_norm, const Link& norm_link) const {
+                    const Hooks* hooks, const Elem* next_norm) const {
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
@@ -1266,15 +1214,9 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // could change the logits or the routes in between (readers see the same logits either way).
   bool routed = false;
   if constexpr (!kF32)
-    if (chain_now_ == 0 &&
-        !(hooks && (hooks->wants_tensor(names.router_logits) || hooks->wants_tensor(names.topk_ids))))
+    if (!(hooks && (hooks->wants_tensor(names.router_logits) || hooks->wants_tensor(names.topk_ids))))
       routed = gemm_moe_route(router_args(b.h, L.router, b.router_logits, M, E, H), route, permute);
-  // ATLAS_FLAG_CHAIN: the router waits on the norm's link, the routing on the router's.
-  Link to_route = router_chain_fits(M) ? chain_link(kFlagChainRoute) : Link{};
-  if (!routed) {
-    router_gemm(b.h, L.router, b.router_logits, M, E, H, chain_args(norm_link, to_route));
-    to_route.blocks = last_launch_blocks();
-  }
+  if (!routed) router_gemm(b.h, L.router, b.router_logits, M, E, H);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   if (hooks && hooks->wants_tensor(names.topk_ids)) {
     // An observer may rewrite the routes between the router and the permutation.
@@ -1292,11 +1234,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
     if (ids != before) upload(b.topk_ids, ids.data(), ids.size() * 4);
     moe_permute(permute);
   } else {
-    if (!routed) {  // one launch for a few tokens (the same routes and order)
-      RouterArgs linked = route;
-      linked.chain = chain_args(to_route, {});
-      moe_route(linked, permute);
-    }
+    if (!routed) moe_route(route, permute);  // one launch for a few tokens (the same routes and order)
     const int32_t* ids_dev = hooks && hooks->wants_reader(names.topk_ids) ? expanded(b.topk_ids, k) : nullptr;
     if (ids_dev && !defer_hook(*hooks, {.name = names.topk_ids, .layer = l, .shape = {B, T, k}, .dtype = DType::I32},
                                ids_dev, size_t(B * T * k) * 4)) {
@@ -1362,10 +1300,6 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   const int64_t M = rows_, H = c.hidden_size, V = c.vocab_size;  // rows computed (B x T, or fewer: forward)
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
   const int64_t dc = c.kv_lora_rank, dq = dn + dr, W = dc + dr;
-  // ATLAS_FLAG_CHAIN: a one-row decode step without hooks (nothing launches between the linked
-  // launches), bf16.
-  chain_now_ = !kF32 && T == 1 && M == 1 && hooks == nullptr ? flag_chain_ : 0;
-  chain_next_ = 0;
 
   // Embedding lookup: x [M, H], the residual stream.
   copy_rows({.src = embed_, .dst = b.x, .src_rows = b.ids, .rows = M, .width = int(H), .src_limit = V, .dst_limit = M,
@@ -1375,14 +1309,11 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   const float eps = float(c.rms_norm_eps);
   // x = x + y, then h = rmsnorm(x) with norm_w (if any): one launch (add_rmsnorm, the same bits)
   // unless a tensor observer of the sum could change it between the two (Hooks can write).
-  const auto add_then_norm = [&](const std::string& sum_hook, const Elem* norm_w, int64_t layer,
-                                  const kern::ChainLink& link = {}) {
+  const auto add_then_norm = [&](const std::string& sum_hook, const Elem* norm_w, int64_t layer) {
     const bool fused = norm_w && !(hooks && hooks->wants_tensor(sum_hook));
     if (fused)
       add_rmsnorm({.x = b.x, .y = b.y, .weight = norm_w, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps,
-                   .stream = s_, .chain = link});
-    else if (link.wait != nullptr || link.signal != nullptr)
-      fail("cuda", "flag chain", "a link on an unfused add + norm (a bug)");
+                   .stream = s_});
     else
       add({.a = b.x, .b = b.y, .out = b.x, .n = M * H, .stream = s_});
     hook_act(hooks, sum_hook, layer, {B, T, H}, b.x);
@@ -1496,22 +1427,6 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                           .x_stride = nh * dc, .w_stride = dc, .out_stride = nh * dv, .batch = nh,
                           .x_batch_stride = dc, .w_batch_stride = (dn + dv) * dc, .out_batch_stride = dv};
     bool value_done = false;  // the value GEMM ran with the split merge (ATLAS_MLA_MERGE_VALUE)
-    // ATLAS_FLAG_CHAIN's links of this layer (chain_now_; M == 1: one chunk), each signalled by
-    // the launch named: the attention kernel, the merge, the value GEMM, o_proj, the add + norm.
-    // A GEMM takes part where it runs the split-K kernel (gemm_chain_fits: the full-size model's
-    // value GEMM, o_proj and router at one row; a tiny model's may run other configs).
-    const MatMul o_mm{.x = b.heads, .w = L.o, .out = b.y, .M = M, .N = H, .K = nh * dv};
-    bool value_fits = false, oproj_fits = false;
-    if constexpr (!kF32)
-      if (chain_now_ != 0) {
-        value_fits = gemm_chain_fits(gemm_args(value_mm));
-        oproj_fits = gemm_chain_fits(gemm_args(o_mm));
-      }
-    const Link to_merge = chain_link(kFlagChainMerge);
-    Link to_value = value_fits ? chain_link(kFlagChainValue) : Link{};
-    Link to_oproj = value_fits && oproj_fits ? chain_link(kFlagChainOproj) : Link{};
-    Link to_norm = oproj_fits ? chain_link(kFlagChainNorm) : Link{};
-    Link to_router = L.moe && router_chain_fits(M) ? chain_link(kFlagChainRouter) : Link{};
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {
       const int64_t n = std::min(chunk, M - r0);
       int64_t ml = mla_bound;
@@ -1529,16 +1444,12 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
           .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1, .tile_parallel = mla_tile_parallel_,
           // one token per row: the latent cache kernel just above wrote each row's newest
           // slot only, so the older ones may be copied before the launch-overlap wait
-          .stable_prefix = T == 1 && mla_early_cache_,
-          .chain = {.signal = to_value.slot},
-          .chain_inner = to_merge.slot};
+          .stable_prefix = T == 1 && mla_early_cache_};
       // A decode step's merge inside the value GEMM's launch where it can run (session 32, off
       // by default: ATLAS_MLA_MERGE_VALUE=1), else the two calls.
       if constexpr (!kF32)
-        if (T == 1 && mla_merge_value_ && n == M && chain_now_ == 0)
-          value_done = mla_decode_with_value(da, gemm_args(value_mm));
+        if (T == 1 && mla_merge_value_ && n == M) value_done = mla_decode_with_value(da, gemm_args(value_mm));
       if (!value_done) mla_decode(da);
-      to_value.blocks = last_launch_blocks();
     }
     if (key_slot && qlen_host && hooks->wants(names.pattern)) {
       // The official eager softmax over the same absorbed queries and cache slots (the attention
@@ -1556,40 +1467,27 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       HookTensor t{.name = names.pattern, .layer = l, .dtype = DType::F32, .shape = {B, nh, T, Tk}, .data = pat.data()};
       hooks->fire(t);
     }
-    if (!value_done) {
-      MatMul vm = value_mm;
-      vm.chain = chain_args(to_value, to_oproj);
-      matmul(vm);
-      to_oproj.blocks = last_launch_blocks();
-    }
+    if (!value_done) matmul(value_mm);
     // x = x + attn; h = post_attention_layernorm(x); x = x + mlp_or_moe(h). At one row o_proj's
     // own launch may add and norm (gemm_add_rmsnorm, ATLAS_GEMM_TAILS), unless a tensor observer
     // of attn_out or resid_mid could change a value in between.
     bool tailed = false;
     if constexpr (!kF32) {
-      if (M == 1 && L.ln2 && chain_now_ == 0 &&
-          !(hooks && (hooks->wants_tensor(names.attn_out) || hooks->wants_tensor(names.resid_mid))))
+      if (M == 1 && L.ln2 && !(hooks && (hooks->wants_tensor(names.attn_out) || hooks->wants_tensor(names.resid_mid))))
         tailed = gemm_add_rmsnorm({.x = b.heads, .w = L.o, .out = b.y, .out_type = OutType::bf16, .M = 1, .N = int(H),
                                    .K = int(nh * dv), .mode = mode_for(1), .stream = s_},
                                   {.x = b.x, .weight = L.ln2, .out = b.h, .dim = int(H), .eps = eps});
     }
-    if (!tailed) {
-      MatMul om = o_mm;
-      om.chain = chain_args(to_oproj, to_norm);
-      matmul(om);
-      to_norm.blocks = last_launch_blocks();
-    }
+    if (!tailed) linear(b.heads, L.o, b.y, M, H, nh * dv);
     hook_act(hooks, names.attn_out, l, {B, T, H}, b.y);
-    if (tailed) {
+    if (tailed)
       hook_act(hooks, names.resid_mid, l, {B, T, H}, b.x);
-    } else {
-      add_then_norm(names.resid_mid, L.ln2, l, chain_args(to_norm, to_router));
-      to_router.blocks = last_launch_blocks();
-    }
+    else
+      add_then_norm(names.resid_mid, L.ln2, l);
     hook_act(hooks, names.ln2, l, {B, T, H}, b.h);
     // ... and the next layer's input_layernorm (or the final norm) in the same launch.
     const Elem* next_norm = li + 1 < int64_t(blocks_.size()) ? blocks_[size_t(li + 1)].ln1 : has_head_ ? final_ln_ : nullptr;
-    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, to_router)) continue;  // combined, added and normed
+    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm)) continue;  // combined, added and normed
     if (!L.moe) mlp(L.dense, M, b.h, b.y, b.gu, b.act, s_);
     hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
     add_then_norm(names.resid_post, next_norm, l);

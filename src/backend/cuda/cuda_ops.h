@@ -21,8 +21,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda/kernels/chain_link.h"
-
 namespace atlas::sample_core {
 struct RowParams;  // decode/sample_core.h
 }
@@ -194,16 +192,7 @@ struct ModelEnv {
   int l2_prefetch = 0;
   int l2_prefetch_how = 0;
   int l2_prefetch_blocks = 0;
-  // ATLAS_FLAG_CHAIN (session 41): which launches of a one-row decode step wait on their
-  // predecessor through a flag chain link (kernels/chain_link.h) instead of the launch-overlap
-  // wait: a set of kFlagChain* bits; "none" (unset), "all", or a list of merge (attention ->
-  // split merge), value (merge -> value GEMM), oproj (value -> o_proj), norm (o_proj -> add +
-  // norm), router (norm -> router GEMM, MoE layers), route (router -> routing) separated by
-  // commas or "+". The same bits.
-  unsigned flag_chain = 0;
 };
-constexpr unsigned kFlagChainMerge = 1, kFlagChainValue = 2, kFlagChainOproj = 4, kFlagChainNorm = 8,
-                   kFlagChainRouter = 16, kFlagChainRoute = 32, kFlagChainAll = 63;
 ModelEnv model_env();
 bool launch_overlap();  // whether a launch issued here and now would carry the attribute
 void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
@@ -233,11 +222,6 @@ class Graph {
 // device flag instead of trapping; this synchronises, reads and clears it, and throws
 // atlas::Error naming the op and field. Call it wherever a host sync happens anyway.
 void check_device_errors();
-// The number of blocks of the calling thread's last kernel launch: a flag chain's consumer waits
-// for that many signals from the launch before it (kern::ChainLink, kernels/chain_link.h).
-int64_t last_launch_blocks();
-// The device error flag check_device_errors() reads (a ChainLink's error).
-int* device_error_flag();
 
 // Device-side timing for benchmarks: two CUDA events around work issued on `stream`.
 class EventTimer {
@@ -287,9 +271,6 @@ struct AddRmsNormArgsT {
   int dim = 0;
   float eps = 1e-6f;
   Stream stream = nullptr;
-  // A flag chain link (kernels/chain_link.h; bf16, one row, the wide kernel): wait on the
-  // producer of y instead of the launch-overlap wait, and/or signal the next launch.
-  kern::ChainLink chain{};
 };
 void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a);
 void add_rmsnorm(const AddRmsNormArgsT<float>& a);
@@ -448,9 +429,6 @@ struct RouterArgs {
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
   Stream stream = nullptr;
-  // moe_route's one-launch path only (kernels/chain_link.h): wait on the logits' producer
-  // instead of the launch-overlap wait (chain.signal must be null). Others throw naming "chain".
-  kern::ChainLink chain{};
 };
 void router(const RouterArgs& a);
 
@@ -716,11 +694,6 @@ struct MlaDecodeArgsT {
   // wrote slot lengths[q] - 1 and nothing else): the cluster kernel copies the older slots before
   // its launch-overlap wait (kern::MlaTcParams::stable_prefix). Never changes results.
   bool stable_prefix = false;
-  // A flag chain (kernels/chain_link.h; the tensor-core kernels with their merge launch, not
-  // merge_out): the attention kernel signals chain_inner, the merge waits on it and signals
-  // chain.signal (chain.wait must be null: the attention kernel keeps its launch-overlap wait).
-  kern::ChainLink chain{};
-  int* chain_inner = nullptr;
 };
 // Whether this GPU and build run the tile-parallel (cluster) MLA kernel. The first call
 // synchronises the device: make it outside any capture (mla_decode's first call does).
@@ -835,16 +808,8 @@ struct GemmArgs {
   uint16_t* gated_scratch = nullptr;
   Stream stream = nullptr;
   L2NextWeights next{};  // (dense: w only)
-  // A flag chain link (kernels/chain_link.h): only where the launch runs the split-K kernel
-  // (gemm_splitk_kernel; gemm() throws naming "chain" otherwise). The same bits.
-  kern::ChainLink chain{};
 };
 void gemm(const GemmArgs& a);
-// Whether gemm(a) runs the split-K kernel, the one that takes GemmArgs::chain (a flag chain's
-// consumer or producer).
-bool gemm_chain_fits(const GemmArgs& a);
-// How many gemm() launches in this process took a link (tests check that the path ran).
-int64_t gemm_linked_launches();
 
 // o_proj and the add + norm after it in one launch (session 23; written after the session's GPU
 // time was spent, so off unless ATLAS_GEMM_TAILS=1 until its tests have run on a GPU):

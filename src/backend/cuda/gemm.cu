@@ -422,7 +422,6 @@ bool weight_evict_first() {
 }
 std::atomic<int> tma_blocks_cap{0};  // gemm_set_tma_blocks (tests)
 std::atomic<int64_t> tailed_launches{0};  // gemm_tailed_launches (tests)
-std::atomic<int64_t> linked_launches{0};  // gemm_linked_launches (tests)
 std::atomic<int64_t> latent_launches{0};  // gemm_latent_launches (tests)
 std::atomic<int64_t> merge_launches{0};   // mla_merge_value_launches (tests)
 std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
@@ -1534,10 +1533,6 @@ void gemm(const GemmArgs& a) {
   require_gated(a, op);
   require(a.gated == 0 || a.batch == 1, op, "gated", "needs batch 1");
   check_next(a.next, false, 0, op);
-  const bool linked = a.chain.wait != nullptr || a.chain.signal != nullptr;
-  require(!linked || (a.M > 0 && a.gated == 0 && a.mode == GemmMode::batch_invariant), op, "chain",
-          "a link needs M > 0, no gate and the batch_invariant mode");
-  require(a.chain.wait == nullptr || a.chain.count > 0, op, "chain", "a link's count must be > 0");
   if (a.M == 0) return;
   const auto unfused = [&] { run_unfused_gated(a, a.M, [](const GemmArgs& b) { gemm(b); }); };
   if (a.gated > 0 && a.mode != GemmMode::batch_invariant) return unfused();
@@ -1573,12 +1568,6 @@ void gemm(const GemmArgs& a) {
   const int64_t m_tiles = ceil_div(a.M, c.bm), n_tiles = ceil_div(a.N, c.bn);
   require(m_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "M", "too many tiles for one launch");
   kern::MmaGemmParams p = dense_params(a, xs, ws, os, m_tiles, n_tiles);
-  if (linked) {  // only the split-K kernel takes a link (kernels/chain.cuh)
-    require(c.splitk && !sliced && cluster == 0, op, "chain",
-            std::string("config ") + c.name + " takes no link (the split-K kernel does)");
-    p.chain = a.chain;
-    ++linked_launches;
-  }
   if (sliced &&
       launch_sliced(c, p, m_tiles * n_tiles, int(ceil_div(a.K, kern::kSliceK)), a.M, a.N, f32, async, a.out, os,
                     nullptr, stream, op))
@@ -1589,15 +1578,6 @@ void gemm(const GemmArgs& a) {
   }
   launch_mma(c, p, m_tiles * n_tiles, unsigned(a.batch), f32, async, a.M <= 8, cluster, stream);
   check_launch(op);
-}
-
-bool gemm_chain_fits(const GemmArgs& a) {
-  if (a.M <= 0 || a.gated != 0 || a.mode != GemmMode::batch_invariant) return false;
-  const auto [xs, ws, os] = row_strides(a);
-  const bool async = dense_async(a, xs, ws);
-  const int ci = dense_config(a, async, setup().sm_count);
-  const TileConfig& c = kConfigs[size_t(ci)];
-  return c.splitk && !use_sliced(a, c, async, setup().sm_count) && cluster_blocks(ci, a.K) == 0;
 }
 
 void grouped_gemm(const GroupedGemmArgs& a) {
@@ -1722,7 +1702,6 @@ bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
 }
 
 int64_t gemm_tailed_launches() { return tailed_launches.load(); }
-int64_t gemm_linked_launches() { return linked_launches.load(); }
 
 bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& pm) {
   const char* op = "gemm_moe_route";

@@ -155,9 +155,6 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   require(a.tile_parallel != 2 || (tp_fits && tile_parallel_setup()), op, "tile_parallel",
           "2 needs one query per block, split_tokens 256, width % 8 == 0, 16-byte aligned q and cache rows "
           "and a GPU with cluster launch (mla_tile_parallel_available())");
-  const bool linked = a.chain_inner != nullptr || a.chain.signal != nullptr || a.chain.wait != nullptr;
-  require(!linked || (a.chain.wait == nullptr && merge_out == nullptr), op, "chain",
-          "links are chain_inner and chain.signal (no chain.wait), with the merge launch");
   const int64_t acc_floats = int64_t(a.rows) * max_splits * a.heads * kern::kMlaAccStride;
   const kern::MlaTcParams p{.q = a.q,
                             .cache = a.latent_cache,
@@ -179,10 +176,7 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                             .scale = a.scale,
                             .stable_prefix = a.stable_prefix ? 1 : 0,
                             // ATLAS_RELEASE_FIRST=attention (the cluster kernel only)
-                            .release_first = release_first(kRfAttention) ? 1 : 0,
-                            .phase_clocks = nullptr,
-                            // a flag chain: the attention kernel's blocks signal the merge's link
-                            .chain = {.signal = a.chain_inner}};
+                            .release_first = release_first(kRfAttention) ? 1 : 0};
   // One tile buffer (two blocks per SM) where the blocks outnumber the SMs (a batch-128 decode
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.
@@ -209,7 +203,6 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   else
     vec ? launch_tc_kernel<4, true>(p, nst, s) : launch_tc_kernel<4, false>(p, nst, s);
   check_launch(op);
-  const int attention_blocks = int(last_launch_blocks());
   if (merge_out != nullptr) {
     *merge_out = {.ws_acc = p.ws_acc, .ws_ml = p.ws_ml, .lengths = a.lengths, .rows = a.rows, .heads = a.heads,
                   .latent = a.latent, .max_length = a.max_length, .S = a.split_tokens, .max_splits = max_splits,
@@ -227,9 +220,7 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                            : (merge_rf ? mla_tc_merge_kernel<false, true> : mla_tc_merge_kernel<false, false>);
   launch(merge, merge_blocks,
          kern::kMlaMergeThreads, 0, s, p.ws_acc, p.ws_ml, a.lengths, a.rows, a.heads, a.latent, a.max_length,
-         a.split_tokens, max_splits, a.out,
-         kern::ChainLink{.wait = a.chain_inner, .count = attention_blocks, .signal = a.chain.signal,
-                         .error = error_flag()});
+         a.split_tokens, max_splits, a.out);
   check_launch(op);
 }
 
@@ -268,15 +259,11 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
   cudaStream_t s = stream_of(a.stream);
   if constexpr (std::is_same_v<T, float>) {
     require(a.impl == MlaImpl::scalar, op, "impl", "the tensor-core kernel is bf16-only; f32 runs MlaImpl::scalar");
-    require(a.chain_inner == nullptr && a.chain.signal == nullptr && a.chain.wait == nullptr, op, "chain",
-            "the scalar kernel takes no link");
     launch_scalar(a, width, int(max_splits), s);
   } else {
-    if (a.impl == MlaImpl::scalar) {
-      require(a.chain_inner == nullptr && a.chain.signal == nullptr && a.chain.wait == nullptr, op, "chain",
-              "the scalar kernel takes no link");
+    if (a.impl == MlaImpl::scalar)
       launch_scalar(a, width, int(max_splits), s);
-    } else
+    else
       launch_tc(a, width, int(max_splits), s);
   }
 }

@@ -60,7 +60,7 @@ void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   static const bool rf = release_first(kRfNorm);
   const auto wide = rf ? kern::rmsnorm_wide_kernel<T, false, true> : kern::rmsnorm_wide_kernel<T, false, false>;
   launch_row_norm(a.rows, a.dim, wide, kern::rmsnorm_kernel<T, false>, stream_of(a.stream), const_cast<T*>(a.x),
-                  nullptr, a.weight, a.out, a.dim, xs, os, a.eps, kern::ChainLink{});
+                  nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
@@ -74,9 +74,8 @@ void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
   if (a.rows == 0) return;
   static const bool rf = release_first(kRfNorm);  // as rmsnorm_impl
   const auto wide = rf ? kern::rmsnorm_wide_kernel<T, true, true> : kern::rmsnorm_wide_kernel<T, true, false>;
-  require(a.chain.wait == nullptr || a.chain.count > 0, op, "chain", "a link's count must be > 0");
   launch_row_norm(a.rows, a.dim, wide, kern::rmsnorm_kernel<T, true>, stream_of(a.stream), a.x, a.y, a.weight, a.out,
-                  a.dim, a.dim, a.dim, a.eps, a.chain);
+                  a.dim, a.dim, a.dim, a.eps);
   check_launch(op);
 }
 
@@ -432,8 +431,6 @@ size_t moe_permute_workspace_ints(int tokens, int experts) {
 
 void router(const RouterArgs& a) {
   check_router(a);
-  require(a.chain.wait == nullptr && a.chain.signal == nullptr, "router", "chain",
-          "takes no link (moe_route's one-launch path does)");
   launch_router(a);
 }
 
@@ -445,9 +442,6 @@ void moe_permute(const MoePermuteArgs& a) {
 void moe_route(const RouterArgs& r, const MoePermuteArgs& p) {
   const char* op = "moe_route";
   detail::check_route(r, p, op);
-  require(r.chain.signal == nullptr, op, "chain", "the routing launch signals no link");
-  require(r.chain.wait == nullptr || (r.tokens >= 1 && r.tokens <= kMoeRouteFusedMaxTokens), op, "chain",
-          "a link waits only in the one-launch path (1 to " + std::to_string(kMoeRouteFusedMaxTokens) + " tokens)");
   if (r.tokens < 1 || r.tokens > kMoeRouteFusedMaxTokens) {
     launch_router(r);
     launch_permute(p);
@@ -479,8 +473,7 @@ kern::RoutePermuteParams route_permute_params(const RouterArgs& r, const MoePerm
                                    .sorted_token = p.sorted_token,
                                    .pair_slot = p.pair_slot,
                                    .error_flag = error_flag(),
-                                   .release_first = release_first(kRfRoute) ? 1 : 0,  // ATLAS_RELEASE_FIRST=route
-                                   .chain = r.chain};
+                                   .release_first = release_first(kRfRoute) ? 1 : 0};  // ATLAS_RELEASE_FIRST=route
 }
 
 void check_route(const RouterArgs& r, const MoePermuteArgs& p, const char* op) {

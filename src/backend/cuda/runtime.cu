@@ -183,8 +183,6 @@ void arg_error(const char* op, const char* field, const std::string& what) {
   throw Error(std::string("cuda: ") + op + ": " + field + ": " + what);
 }
 
-thread_local int64_t g_last_launch_blocks = 0;
-
 int* error_flag() {
   // One flag for the current device (atlas uses one GPU per process).
   static int* flag = nullptr;
@@ -326,28 +324,6 @@ ModelEnv model_env() {
     if (!digits || std::stoi(v) < 1 || std::stoi(v) > 1024)
       bad("ATLAS_L2_PREFETCH_BLOCKS", "expected a whole number of blocks from 1 to 1024", v);
     e.l2_prefetch_blocks = std::stoi(v);
-  }
-  if (const std::string v = value("ATLAS_FLAG_CHAIN"); !v.empty() && v != "none") {
-    if (v == "all") {
-      e.flag_chain = kFlagChainAll;
-    } else {
-      static const std::pair<const char*, unsigned> names[] = {
-          {"merge", kFlagChainMerge}, {"value", kFlagChainValue},   {"oproj", kFlagChainOproj},
-          {"norm", kFlagChainNorm},   {"router", kFlagChainRouter}, {"route", kFlagChainRoute}};
-      size_t at = 0;
-      while (at <= v.size()) {
-        const size_t end = std::min(v.find(',', at), v.find('+', at));
-        const std::string item = v.substr(at, end == std::string::npos ? std::string::npos : end - at);
-        unsigned bit = 0;
-        for (const auto& [n, b] : names)
-          if (item == n) bit = b;
-        if (bit == 0)
-          bad("ATLAS_FLAG_CHAIN", "expected none, all or a list of merge, value, oproj, norm, router, route", v);
-        e.flag_chain |= bit;
-        if (end == std::string::npos) break;
-        at = end + 1;
-      }
-    }
   }
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
@@ -532,9 +508,6 @@ float EventTimer::stop_ms(Stream stream) {
   return ms;
 }
 
-int64_t last_launch_blocks() { return detail::g_last_launch_blocks; }
-int* device_error_flag() { return detail::error_flag(); }
-
 void check_device_errors() {
   synchronize();
   int v = 0;
@@ -553,8 +526,6 @@ void check_device_errors() {
   if (v & 64) what += " grouped_gemm: w: a group weight pointer null or not 16-byte aligned;";
   if (v & 128) what += " argmax: logits: NaN;";  // kernels/argmax.cuh
   if (v & 256) what += " mla_pattern: lengths: a length outside [0, slots];";  // kernels/mla_pattern.cuh
-  // kernels/chain_link.h (kErrChainTimeout)
-  if (v & 1024) what += " flag chain: a consumer waited 2 s for its producer's blocks (a link without its producer);";
   throw Error("cuda: bad device data:" + what);
 }
 

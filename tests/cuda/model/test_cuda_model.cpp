@@ -711,54 +711,6 @@ TEST_F(CudaTiny, RouteTailGivesTheSameBits) {
   tails_give_the_same_bits(*ck_, cuda::gemm_set_route_tail, cuda::gemm_route_tail_launches, "routed");
 }
 
-// Flag chain links in place of launch-overlap waits (ATLAS_FLAG_CHAIN, session 41, read when the
-// model is made): the same logits in a prefill and eager and graph-replayed decode steps of 8
-// rows (no links: M > 1) and one row, with every link, with some, and with none; once with the
-// tiny model's own GEMM configs (where its GEMMs do not run the split-K kernel they take no
-// link) and once with every GEMM on the staged split-K config, as the full-size model's value
-// GEMM, o_proj and router are at one row: there the linked launches must have run. Each run's
-// slots are reused by every step, so a slot left nonzero would show as a device error (a
-// consumer past its producer) or a wrong logit in a later step.
-TEST_F(CudaTiny, FlagChainGivesTheSameBits) {
-  const int64_t V = ck_->config().vocab_size;
-  const auto rows = prompts(V);
-  int staged = -1;
-  for (int c = 0; c < cuda::gemm_config_count(); ++c)
-    if (cuda::gemm_config_name(c) == "splitk16x8/8w+staged") staged = c;
-  ASSERT_GE(staged, 0);
-  const char* was = std::getenv("ATLAS_FLAG_CHAIN");
-  const std::string saved = was ? was : "";
-  for (const bool forced : {false, true}) {
-    SCOPED_TRACE(forced ? "every GEMM on split-K" : "the tiny model's configs");
-    cuda::gemm_force_config(forced ? staged : -1);
-    std::vector<std::vector<float>> runs;
-    for (const char* v : {"none", "all", "merge,norm+route", "value,oproj,router"}) {
-      SCOPED_TRACE(v);
-      setenv("ATLAS_FLAG_CHAIN", v, 1);
-      const int64_t before = cuda::gemm_linked_launches();
-      auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-      std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
-      const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);
-      r.insert(r.end(), one.begin(), one.end());
-      const std::vector<float> again = one_row_greedy_steps(*m, rows[1], V);  // the slots reused
-      r.insert(r.end(), again.begin(), again.end());
-      runs.push_back(std::move(r));
-      cuda::check_device_errors();
-      if (std::string(v) == "none") {
-        EXPECT_EQ(cuda::gemm_linked_launches(), before) << "a GEMM took a link with ATLAS_FLAG_CHAIN=none";
-      } else if (forced) {  // (every list links a GEMM: o_proj, the router or the value GEMM)
-        EXPECT_GT(cuda::gemm_linked_launches(), before) << "no GEMM took a link";
-      }
-    }
-    for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[0], runs[i]) << "run " << i;
-  }
-  cuda::gemm_force_config(-1);
-  if (was)
-    setenv("ATLAS_FLAG_CHAIN", saved.c_str(), 1);
-  else
-    unsetenv("ATLAS_FLAG_CHAIN");
-}
-
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its
 // per-token digests), in the logits and in the decode steps that follow (the cache holds the

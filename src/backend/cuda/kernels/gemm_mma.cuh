@@ -42,7 +42,6 @@
 #include <cstdint>
 
 #include "block_stamp.cuh"
-#include "chain.cuh"
 #include "common.cuh"
 
 namespace atlas::cuda::kern {
@@ -139,10 +138,6 @@ struct MmaGemmParams {
   const float* route_logits = nullptr;
   int route_k = 0, route_norm = 0;
   float route_scaling = 0.f;
-  // A flag chain link (session 41, ATLAS_FLAG_CHAIN; kernels/chain.cuh): the split-K kernel
-  // (gemm_splitk_kernel) only, dense: polls chain.wait instead of the launch-overlap wait and
-  // signals chain.signal at each block's end. The same bits. Other kernels leave it empty.
-  ChainLink chain{};
 };
 constexpr int kNextMaxGroups = 256;
 
@@ -368,18 +363,14 @@ __device__ __forceinline__ void prefetch_weights_l2(const MmaGemmParams& p, cons
 // wrote, so they wait first.
 template <int BM, int BN, bool kAsync>
 __device__ __forceinline__ bool start_tile(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t,
-                                           int k_begin, int k_end, int z = -1, int* chain_ticket = nullptr) {
+                                           int k_begin, int k_end, int z = -1) {
   if (p.offsets != nullptr) {
     pdl_begin_gemm();
     return find_tile<BM, kAsync>(p, pid, tid, lane, t);
   }
   const bool found = find_tile<BM, kAsync>(p, pid, tid, lane, t, z);
   if (kAsync && found && p.prefetch > 0) prefetch_weights_l2<BN>(p, t.w, t.n_tile * BN, k_begin, k_end);
-  // (p.chain: the split-K kernel's only, which passes chain_ticket; empty for every other kernel)
-  if (chain_ticket != nullptr)
-    chain_or_pdl_begin_gemm(p.chain, *chain_ticket);
-  else
-    pdl_begin_gemm();
+  pdl_begin_gemm();
   return found;
 }
 
@@ -945,7 +936,7 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K,
 struct NoSplitKTail {};
 // kStamp: the stamped instantiation's block stamp (ATLAS_BLOCK_STAMPS; its wait's end marked).
 template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged, class Tail, bool kStamp = false>
-__device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& tail, int* chain_ticket = nullptr) {
+__device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& tail) {
   static_assert(!kStaged || kVec, "the staged copies are 16-byte copies");
   auto stamp = gemm_block_stamp<kStamp>(p, kBlockStampSplitK);
   __shared__ float part[T::KW][T::BM][T::BN];  // one round's slice sums, [warp][row][col]
@@ -991,16 +982,12 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
         if (warp < S) stage_slice(warp);
         prefetch_weights_l2<T::BN>(p, t.w, t.n_tile * T::BN, T::KW * kSliceK, K);
       }
-      if (chain_ticket != nullptr)
-        chain_or_pdl_begin_gemm(p.chain, *chain_ticket);
-      else
-        pdl_begin_gemm();
+      pdl_begin_gemm();
       if (!found) return;
       staged_early = true;
     }
   }
-  if (!staged_early && !start_tile<T::BM, T::BN, kVec>(p, int(blockIdx.x), tid, lane, t, 0, p.K, -1, chain_ticket))
-    return;
+  if (!staged_early && !start_tile<T::BM, T::BN, kVec>(p, int(blockIdx.x), tid, lane, t, 0, p.K)) return;
   stamp.go();
   const int n0 = t.n_tile * T::BN;
   if (tid < T::BM) a_off[tid] = a_row_offset(p, t.row_begin + tid, t.row_end);
@@ -1133,9 +1120,7 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
 // kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS; start, end of wait and end, no bytes).
 template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged = false, bool kStamp = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_splitk_kernel(const MmaGemmParams p) {
-  int ticket = 0;
-  splitk_body<T, kOutF32, kVec, kHalf, kStaged, NoSplitKTail, kStamp>(p, NoSplitKTail{}, &ticket);
-  chain_end(p.chain, ticket);  // (every path of the body returns here, block-uniformly)
+  splitk_body<T, kOutF32, kVec, kHalf, kStaged, NoSplitKTail, kStamp>(p, NoSplitKTail{});
 }
 
 }  // namespace atlas::cuda::kern

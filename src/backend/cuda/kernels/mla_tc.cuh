@@ -51,7 +51,6 @@
 
 #include <cooperative_groups.h>
 
-#include "chain.cuh"
 #include "common.cuh"
 #include "dsmem.cuh"
 #include "mla_merge.cuh"  // kMlaAccStride, f2bf_out, mla_merge_item
@@ -87,9 +86,6 @@ struct MlaTcParams {
   // The cluster kernel's clocked instantiation only (ATLAS_PHASE_CLOCKS=attention,
   // kernels/phase_clock.cuh): the sums of its phases' clocks.
   unsigned long long* phase_clocks = nullptr;
-  // A flag chain (kernels/chain.cuh; session 41): every block adds to chain.signal at its end,
-  // which the merge launch after it polls instead of its launch-overlap wait.
-  ChainLink chain{};
 };
 
 // Shared memory: Q [16G][wp+8], C [NST][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
@@ -268,7 +264,7 @@ __device__ __forceinline__ void mla_store_pair(const MlaTcParams& p, int qi, int
 // loads. Otherwise element loads (slower; the same values land in shared memory, so the same
 // bits come out; tested).
 template <int G, bool kVec, int NST>
-__device__ __forceinline__ void mla_tc_body(const MlaTcParams& p) {
+__global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla_tc_kernel(const MlaTcParams p) {
   static_assert(NST == 1 || NST == 2, "one or two cache tile buffers");
   static_assert(G == 1 || G == 2 || (G == 4 && NST == 1), "1, 2 or 4 queries per block (4: one tile buffer)");
   pdl_begin();
@@ -493,11 +489,6 @@ __device__ __forceinline__ void mla_tc_body(const MlaTcParams& p) {
     __syncthreads();  // l_s and the stages are reused by the next run
   }
 }
-template <int G, bool kVec, int NST>
-__global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla_tc_kernel(const MlaTcParams p) {
-  mla_tc_body<G, kVec, NST>(p);
-  chain_end(p.chain, 0);  // (every path of the body returns here, block-uniformly)
-}
 
 // ---- tile-parallel split: one query per cluster of kMlaClusterTiles blocks (sm_90) ----------
 // The kernel above walks a split's tiles in one block: at batch 1 that is one block per split,
@@ -555,8 +546,8 @@ constexpr int kMlaClusterMarks = 10;
 //               no cluster barrier on the way (one at the start, before the launch-overlap
 //               wait, makes the mbarriers' init visible).
 constexpr int kMlaXPull = 1, kMlaXPush = 2, kMlaXAsync = 3;
-template <bool kClocks, int kX>
-__device__ __forceinline__ void mla_tc_cluster_body(const MlaTcParams& p) {
+template <bool kClocks = false, int kX = kMlaXPull>
+__global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const MlaTcParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   PhaseClock<kMlaClusterMarks> clk;
@@ -864,11 +855,6 @@ __device__ __forceinline__ void mla_tc_cluster_body(const MlaTcParams& p) {
   __trap();  // the host never launches it without sm_90 device code (mla_tc_cluster_probe_kernel)
 #endif
 }
-template <bool kClocks = false, int kX = kMlaXPull>
-__global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const MlaTcParams p) {
-  mla_tc_cluster_body<kClocks, kX>(p);
-  chain_end(p.chain, 0);  // (every path of the body returns here, block-uniformly)
-}
 
 // Merge of the split partials of queries with more than one split (and zeros for length 0).
 // One (query, head) per block iteration, 4 latent columns per thread. Block b's items are b,
@@ -880,14 +866,11 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
 // kEarly (ATLAS_MLA_MERGE_EARLY, default on): a decode step's length read before the
 // launch-overlap wait, and each item's loads in one round (mla_merge_item<true>); the same bits.
 // kReleaseFirst (ATLAS_RELEASE_FIRST=merge): the next launch released first (kernels/pdl.cuh).
-// chain (session 41, kernels/chain.cuh): wait on the attention kernel's link instead of the
-// launch-overlap wait (a decode step's one-item path), signal the value GEMM's at the end.
-template <bool kEarly, bool kReleaseFirst>
-__device__ __forceinline__ void mla_tc_merge_body(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
-                                                  const int32_t* __restrict__ lengths, int rows, int heads,
-                                                  int latent, int max_length, int S, int max_splits,
-                                                  uint16_t* __restrict__ out, const ChainLink& chain,
-                                                  int& ticket) {
+template <bool kEarly, bool kReleaseFirst = false>
+__global__ void __launch_bounds__(kMlaMergeThreads)
+mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+                    const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
+                    int max_splits, uint16_t* __restrict__ out) {
   pdl_release_if(kReleaseFirst);
   __shared__ int s_cnt[kMlaMergeThreads / 32];
   __shared__ int s_list[kMlaMergeThreads];
@@ -898,14 +881,14 @@ __device__ __forceinline__ void mla_tc_merge_body(const float* __restrict__ ws_a
     // The length before the launch-overlap wait: the lengths were written before the kernel
     // this one follows (the attention kernel, launched just before it by the same call) began
     // its work (kernels/pdl.cuh; the cluster kernel reads them early too: MlaTcParams).
-    if (!kEarly) chain_or_pdl_wait_after(chain, kReleaseFirst, ticket);
+    if (!kEarly) pdl_wait_after(kReleaseFirst);
     const int len = lengths[blockIdx.x / heads];
-    if (kEarly) chain_or_pdl_wait_after(chain, kReleaseFirst, ticket);
+    if (kEarly) pdl_wait_after(kReleaseFirst);
     if (len >= 0 && len <= max_length && (len == 0 || len > S))
       mla_merge_item<kEarly>(ws_acc, ws_ml, len, heads, latent, S, max_splits, out, blockIdx.x, d);
     return;
   }
-  chain_or_pdl_wait_after(chain, kReleaseFirst, ticket);
+  pdl_wait_after(kReleaseFirst);
   for (int64_t c0 = blockIdx.x; c0 < items; c0 += stride * kMlaMergeThreads) {
     const int64_t mine = c0 + int64_t(tid) * stride;
     bool need = false;
@@ -930,16 +913,6 @@ __device__ __forceinline__ void mla_tc_merge_body(const float* __restrict__ ws_a
     }
     __syncthreads();  // s_cnt and s_list are rewritten for the next 128 items
   }
-}
-template <bool kEarly, bool kReleaseFirst = false>
-__global__ void __launch_bounds__(kMlaMergeThreads)
-mla_tc_merge_kernel(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
-                    const int32_t* __restrict__ lengths, int rows, int heads, int latent, int max_length, int S,
-                    int max_splits, uint16_t* __restrict__ out, const ChainLink chain) {
-  int ticket = 0;
-  mla_tc_merge_body<kEarly, kReleaseFirst>(ws_acc, ws_ml, lengths, rows, heads, latent, max_length, S, max_splits,
-                                           out, chain, ticket);
-  chain_end(chain, ticket);  // (every path of the body returns here, block-uniformly)
 }
 
 }  // namespace atlas::cuda::kern

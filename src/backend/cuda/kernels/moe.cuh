@@ -15,7 +15,6 @@
 // epilogue.
 #pragma once
 
-#include "chain.cuh"
 #include "common.cuh"
 #include "rmsnorm.cuh"
 #include "router.cuh"
@@ -177,9 +176,8 @@ moe_permute_one_chunk_kernel(const int32_t* __restrict__ ids, int tokens, int k,
 // two launches, one launch fewer.
 constexpr int kRoutePermuteWarps = kMoeChunk / 32;
 // Dynamic shared memory: (2 + kMoeChunk / 32) * E ints.
-__device__ __forceinline__ void route_permute_body(const RoutePermuteParams& q, int& ticket) {
-  pdl_release_if(q.release_first != 0);
-  chain_or_pdl_wait_after(q.chain, q.release_first != 0, ticket);
+__global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePermuteParams q) {
+  pdl_begin_rf(q.release_first != 0);
   __shared__ float sp[kRoutePermuteWarps][kRouterMaxExperts];
   __shared__ float scand[kRoutePermuteWarps][kRouterMaxExperts];
   __shared__ float sw[kRoutePermuteWarps][kRouterMaxK];
@@ -208,11 +206,6 @@ __device__ __forceinline__ void route_permute_body(const RoutePermuteParams& q, 
   }
   permute_one_chunk(q.ids, q.tokens, q.k, q.E, q.counts, q.offsets, q.sorted_token, q.pair_slot, q.error_flag,
                     permute_smem);
-}
-__global__ void __launch_bounds__(kMoeChunk) route_permute_kernel(const RoutePermuteParams q) {
-  int ticket = 0;
-  route_permute_body(q, ticket);
-  chain_end(q.chain, ticket);  // (no signal: thread 0 only; every path of the body returns here)
 }
 
 template <class T>

@@ -13,7 +13,6 @@
 // norm is taken of the rounded sum: the bits of add() followed by rmsnorm().
 #pragma once
 
-#include "chain.cuh"
 #include "common.cuh"
 
 namespace atlas::cuda::kern {
@@ -140,7 +139,7 @@ __device__ __forceinline__ void rmsnorm_wide_finish(const float (&v)[kWideRegs],
 template <class T, bool kAdd, bool kReleaseFirst = false>
 __global__ void __launch_bounds__(kWideThreads)
     rmsnorm_wide_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim, int64_t x_stride,
-                        int64_t out_stride, float eps, const ChainLink chain) {
+                        int64_t out_stride, float eps) {
   __shared__ float scratch[16];
   __shared__ float sq[kWideDim];
   T* xr = x + int64_t(blockIdx.x) * x_stride;
@@ -153,9 +152,7 @@ __global__ void __launch_bounds__(kWideThreads)
     const int i = threadIdx.x + m * kWideThreads;
     wv[m] = i < dim ? to_f32(w[i]) : 0.0f;
   }
-  pdl_release_if(kReleaseFirst);
-  int ticket = 0;
-  chain_or_pdl_wait_after(chain, kReleaseFirst, ticket);  // (a flag chain link: kernels/chain.cuh)
+  pdl_begin_rf(kReleaseFirst);
 #pragma unroll
   for (int m = 0; m < kWideRegs; ++m) {
     const int i = threadIdx.x + m * kWideThreads;
@@ -174,20 +171,17 @@ __global__ void __launch_bounds__(kWideThreads)
   }
   // out may alias x (rmsnorm): every read of the row is above, before the barriers.
   rmsnorm_wide_finish<T>(v, wv, out + int64_t(blockIdx.x) * out_stride, dim, eps, sq, scratch);
-  chain_end(chain, ticket);
 }
 
 template <class T, bool kAdd>
 __global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim,
-                               int64_t x_stride, int64_t out_stride, float eps, const ChainLink chain) {
-  int ticket = 0;
-  chain_or_pdl_wait_after(chain, false, ticket);
+                               int64_t x_stride, int64_t out_stride, float eps) {
+  pdl_begin();
   __shared__ float scratch[16];
   const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
   T* xr = x + int64_t(blockIdx.x) * x_stride;
   rmsnorm_row<T, kAdd>(rms_preload(xr, w, dim), xr, [yr](int, int i) { return to_f32(yr[i]); }, w,
                        out + int64_t(blockIdx.x) * out_stride, dim, eps, scratch);
-  chain_end(chain, ticket);
 }
 
 }  // namespace atlas::cuda::kern

@@ -4,7 +4,6 @@
 // permute_one_warp and route_permute_one_token (route_permute_kernel's one-token path).
 #pragma once
 
-#include "chain_link.h"
 #include "common.cuh"
 
 namespace atlas::cuda::kern {
@@ -171,7 +170,6 @@ struct RoutePermuteParams {
   int32_t *counts, *offsets, *sorted_token, *pair_slot;
   int* error_flag;
   int release_first = 0;  // the next launch released before the wait (kernels/pdl.cuh)
-  ChainLink chain{};      // route_permute_kernel: wait on the logits' producer (chain.cuh)
 };
 
 // The most experts route_permute_one_token takes: two per lane of its warp.
