@@ -301,6 +301,43 @@ TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
 // slots; balanced, no block walks more tiles than ceil(T / slots), the fewest blocks that allow
 // it, so the last round is never walked by a few blocks alone (the LM head: 1,600 tiles on 396
 // slots, 320 blocks of five instead of 396 blocks of which 16 walk a fifth).
+// A grouped launch's row-tile bound (detail::grouped_y_tiles), ceil and tight (floor,
+// ATLAS_GEMM_TIGHT_TILES): never fewer than the tiles of any split of at most max_rows rows
+// over the groups (random splits, and the worst cases: every group one row past a whole tile),
+// and one token's six experts on 16-row tiles exactly six tight, seven not.
+TEST(GemmSettings, GroupedTileBoundCoversEverySplit) {
+  EXPECT_EQ(detail::grouped_y_tiles(6, 16, 64, true), 6);
+  EXPECT_EQ(detail::grouped_y_tiles(6, 16, 64, false), 7);
+  std::mt19937 rng(test_seed());
+  for (int bm : {16, 32, 64, 128})
+    for (int64_t groups : {1, 2, 6, 64})
+      for (int64_t max_rows : {1, 5, 6, 16, 17, 33, 100, 768}) {
+        for (int trial = 0; trial < 200; ++trial) {
+          // rows: a random split of at most max_rows over the groups (some empty)
+          std::uniform_int_distribution<int64_t> total_d(0, max_rows);
+          int64_t left = total_d(rng), tiles = 0;
+          for (int64_t g = 0; g < groups && left > 0; ++g) {
+            std::uniform_int_distribution<int64_t> take(0, left);
+            const int64_t r = g + 1 == groups ? left : take(rng);
+            tiles += (r + bm - 1) / bm;
+            left -= r;
+          }
+          for (bool tight : {false, true})
+            ASSERT_GE(detail::grouped_y_tiles(max_rows, bm, groups, tight), tiles)
+                << "bm " << bm << " groups " << groups << " max_rows " << max_rows << (tight ? " tight" : "");
+        }
+        // Worst case: as many groups as fit each hold bm + 1 rows (one row past a whole tile).
+        int64_t left = max_rows, tiles = 0;
+        for (int64_t g = 0; g < groups && left > 0; ++g) {
+          const int64_t r = std::min<int64_t>(left, g + 1 == groups ? left : bm + 1);
+          tiles += (r + bm - 1) / bm;
+          left -= r;
+        }
+        ASSERT_GE(detail::grouped_y_tiles(max_rows, bm, groups, true), tiles)
+            << "bm " << bm << " groups " << groups << " max_rows " << max_rows;
+      }
+}
+
 TEST(GemmSettings, StreamGridsAreBalanced) {
   EXPECT_EQ(detail::stream_grid_blocks(1600, 396, true), 320);
   EXPECT_EQ(detail::stream_grid_blocks(1600, 396, false), 396);

@@ -98,6 +98,16 @@ int gemm_grouped_many_setting(const char* value);
 // where unset; a wgmma / TMA config or an unknown name throws an Error naming the variable. For
 // A/B measurements.
 int gemm_grouped_few_down_setting(const char* value);
+// ATLAS_GEMM_DOWN_BLOCKS_PER_SM's value (null or empty: unset, 0): 1-4, at most that many blocks
+// of the routed experts' few-row down (grouped_few_down_config's launch) per SM, by asking for
+// enough shared memory that one more does not fit (session 41); anything else throws an Error
+// naming the variable. Never bits.
+int gemm_down_blocks_setting(const char* value);
+// A grouped launch's bound on the row tiles of one column (its grid: that x the column tiles):
+// ceil(max_rows / bm) or, tight (ATLAS_GEMM_TIGHT_TILES=1), floor(max_rows / bm), plus the
+// groups that can have rows, min(groups, max_rows). Either is at least the tiles any offsets of
+// at most max_rows rows make.
+int64_t grouped_y_tiles(int64_t max_rows, int bm, int64_t groups, bool tight);
 // ATLAS_GEMM_SPLITK's value (null or empty: unset): the split-K config dense problems run where
 // the chooser picks split-K; -1 where unset (the staged config). Anything else throws naming the
 // variable. For A/B measurements.

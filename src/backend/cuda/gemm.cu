@@ -450,6 +450,17 @@ struct GemmSetup {
   // (ATLAS_GEMM_STREAM_GROUPED: "1" the dense one's for both, "wg" the wgmma one for both,
   // "wg-gate" the wgmma one for the gate|up only; -1: none, the tiled configs).
   int stream_grouped_gate = -1, stream_grouped_down = -1;
+  // ATLAS_GEMM_DOWN_BLOCKS_PER_SM (session 41; unset: 0): the dynamic shared memory the routed
+  // experts' few-row down launches with (grouped_few_down_config, gated == 0), sized so that at
+  // most that many of its blocks fit an SM; 0: the config's own (48 KB: four per SM). Session
+  // 38's block stamps found the down's blocks 10.2 us long on SMs that held four of them against
+  // 8.1 on SMs with three. The same kernel and tiles: never bits.
+  int down_smem = 0;
+  // ATLAS_GEMM_TIGHT_TILES (session 41; default 0): a grouped launch's grid bound on its row tiles
+  // per column is floor(max_rows / BM) + the busy groups instead of ceil(...) + them
+  // (detail::grouped_y_tiles): one token's routed gate|up 264 blocks instead of 308, its down 384
+  // instead of 448, none of the dropped ones with a tile. Never bits.
+  bool tight_tiles = false;
   // ATLAS_GEMM_STAGE_EARLY (default 1; 0 for A/B runs): the staged split-K kernel's first weight
   // slices into shared memory before its launch-overlap wait (MmaGemmParams::prefetch = 2).
   bool stage_early = true;
@@ -578,6 +589,8 @@ int max_cluster_blocks(const TileConfig& c) {
   return fits;
 }
 
+int grouped_few_down_config();  // (below: ATLAS_GEMM_GROUPED_FEW_DOWN's config or the default)
+
 // First call (outside any capture): raise the dynamic shared-memory limit of every kernel
 // instantiation (> 48 KB needs it), read the SM count, create the device error flag.
 const GemmSetup& setup() {
@@ -648,6 +661,23 @@ const GemmSetup& setup() {
                             : grouped >= 2 ? wg
                                            : -1;
     g.stream_grouped_down = grouped == 3 || grouped >= 5 ? -1 : grouped == 4 ? kStreamWgLean2 : g.stream_grouped_gate;
+    if (const int n = gemm_down_blocks_setting(std::getenv("ATLAS_GEMM_DOWN_BLOCKS_PER_SM")); n > 0) {
+      int per_sm = 0, reserved = 0;
+      check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "gemm",
+                 "cudaDeviceGetAttribute(maxSharedMemoryPerMultiprocessor)");
+      check_cuda(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev), "gemm",
+                 "cudaDeviceGetAttribute(reservedSharedMemoryPerBlock)");
+      // n + 1 blocks must not fit: each asks for more than per_sm / (n + 1) with its reserve.
+      const int want = (per_sm / (n + 1) - reserved + 1 + 127) / 128 * 128;
+      const TileConfig& down = kConfigs[size_t(grouped_few_down_config())];
+      if (want > down.smem) {
+        g.down_smem = want;
+        for (auto& per_out : down.fn)
+          for (auto& per_async : per_out)
+            for (KernelFn f : per_async) raise_smem(reinterpret_cast<const void*>(f), want);
+      }
+    }
+    g.tight_tiles = env_switch("ATLAS_GEMM_TIGHT_TILES", false);
     g.stage_early = env_switch("ATLAS_GEMM_STAGE_EARLY", true);
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.cluster16 = env_switch("ATLAS_GEMM_CLUSTER16", true);
@@ -1105,7 +1135,7 @@ std::pair<float*, int*> stream_split_scratch(cudaStream_t stream);  // below
 // `rows8`: no tile holds more than 8 rows (the split-K kernel's 8-row variant may run).
 // `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
-                bool async, bool rows8, int cluster, cudaStream_t stream) {
+                bool async, bool rows8, int cluster, cudaStream_t stream, int smem_at_least = 0) {
   KernelFn f = c.tail_k > 0 && p.K % c.tail_k != 0 ? c.tail[f32 ? 1 : 0] : c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
   // Block stamps on: the stamped instantiation of the same kernel, where the config has one (the
   // same parameters; the ring is the module's device global).
@@ -1155,7 +1185,7 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
   } else if (c.cluster)
     launch_clustered(unsigned(cluster), f, dim3(unsigned(tiles * cluster), 1, batch), c.threads, c.smem, stream, p);
   else
-    launch(f, dim3(unsigned(tiles), 1, batch), c.threads, c.smem, stream, p);
+    launch(f, dim3(unsigned(tiles), 1, batch), c.threads, std::max(c.smem, smem_at_least), stream, p);
 }
 
 // The slice sums' scratch, also holding the TMA kernel's gathered A rows (try_tma_grouped): one
@@ -1601,7 +1631,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
     return;
   }
   const int cluster = cluster_blocks(ci, a.K);  // 0 unless a cluster config
-  const int64_t y_tiles = ceil_div(a.max_rows, c.bm) + busy_groups(a), n_tiles = ceil_div(a.N, c.bn);
+  const int64_t y_tiles = grouped_y_tiles(a.max_rows, c.bm, a.groups, s.tight_tiles), n_tiles = ceil_div(a.N, c.bn);
   require(y_tiles * n_tiles * std::max(cluster, 1) <= int64_t(INT32_MAX), op, "max_rows",
           "too many tiles for one launch");
   const size_t elt = f32 ? 4 : 2;
@@ -1649,7 +1679,10 @@ void grouped_gemm(const GroupedGemmArgs& a) {
     check_launch(op);
     return;
   }
-  launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream));
+  // ATLAS_GEMM_DOWN_BLOCKS_PER_SM: the routed down's launch with more shared memory (GemmSetup).
+  const bool few_down = a.gated == 0 && &c == &kConfigs[size_t(grouped_few_down_config())];
+  launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream),
+             few_down ? s.down_smem : 0);
   check_launch(op);
 }
 
@@ -1875,6 +1908,21 @@ bool probe_device_code(void (*probe)(int*), const char* what) {
   cudaFree(flag);
   check_cuda(e, what, "probe kernel");
   return have == 1;
+}
+
+int64_t grouped_y_tiles(int64_t max_rows, int bm, int64_t groups, bool tight) {
+  // Groups of r_g rows (sum <= max_rows) have sum_g ceil(r_g / bm) tiles; ceil(r / bm) <=
+  // floor(r / bm) + 1 for r > 0 and the floors add up to at most floor(max_rows / bm), so the
+  // tight bound holds too; at most min(groups, max_rows) groups have rows.
+  return (tight ? max_rows / bm : (max_rows + bm - 1) / bm) + std::min<int64_t>(groups, max_rows);
+}
+
+int gemm_down_blocks_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty()) return 0;
+  if (v.size() != 1 || v[0] < '1' || v[0] > '4')
+    throw Error("cuda: ATLAS_GEMM_DOWN_BLOCKS_PER_SM: expected 1, 2, 3 or 4 (blocks per SM), got '" + v + "'");
+  return v[0] - '0';
 }
 
 bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem) {
