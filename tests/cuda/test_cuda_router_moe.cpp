@@ -507,7 +507,7 @@ TEST_F(Moe, RouteTailEqualsTheRouterGemmThenMoeRoute) {
       std::vector<int32_t> ids, counts, offsets, sorted, slot;
       bool error;
     };
-    const auto run = [&](bool tail) {
+    const auto run = [&](int tail) {  // gemm_set_route_tail's mode: 0 the two launches, 1 split-K tail, 2 cluster
       const int E = c.E, k = c.k;
       DevBuf<float> logits{size_t(E)}, wts{size_t(k)};
       DevBuf<int32_t> ids{size_t(k)}, counts{size_t(E)}, offsets{size_t(E + 1)}, sorted{size_t(k)}, slot{size_t(k)},
@@ -520,11 +520,12 @@ TEST_F(Moe, RouteTailEqualsTheRouterGemmThenMoeRoute) {
                              .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
                              .workspace = ws.get()};
       gemm_force_config(staged);
-      gemm_set_route_tail(tail ? 1 : 0);
-      const int64_t before = gemm_route_tail_launches();
+      gemm_set_route_tail(tail);
+      const int64_t before = gemm_route_tail_launches(), before_cluster = gemm_route_cluster_launches();
       const bool ran = gemm_moe_route(g, r, p);
-      EXPECT_EQ(ran, tail);
-      EXPECT_EQ(gemm_route_tail_launches(), before + (tail ? 1 : 0));
+      EXPECT_EQ(ran, tail != 0);
+      EXPECT_EQ(gemm_route_tail_launches(), before + (tail == 1 ? 1 : 0));
+      EXPECT_EQ(gemm_route_cluster_launches(), before_cluster + (tail == 2 ? 1 : 0));
       if (!ran) {
         gemm(g);
         moe_route(r, p);
@@ -535,16 +536,20 @@ TEST_F(Moe, RouteTailEqualsTheRouterGemmThenMoeRoute) {
       return Out{logits.download(), wts.download(), ids.download(), counts.download(), offsets.download(),
                  sorted.download(), slot.download(), error};
     };
-    const Out a = run(true), b = run(false);
-    EXPECT_EQ(a.error, b.error);
-    EXPECT_EQ(a.error, c.kind >= 2);
-    EXPECT_EQ(float_bits(a.logits), float_bits(b.logits));
-    EXPECT_EQ(float_bits(a.w), float_bits(b.w));
-    EXPECT_EQ(a.ids, b.ids);
-    EXPECT_EQ(a.counts, b.counts);
-    EXPECT_EQ(a.offsets, b.offsets);
-    EXPECT_EQ(a.sorted, b.sorted);
-    EXPECT_EQ(a.slot, b.slot);
+    const Out b = run(0);
+    for (const int mode : {1, 2}) {
+      SCOPED_TRACE(mode == 1 ? "split-K tail" : "cluster route");
+      const Out a = run(mode);
+      EXPECT_EQ(a.error, b.error);
+      EXPECT_EQ(a.error, c.kind >= 2);
+      EXPECT_EQ(float_bits(a.logits), float_bits(b.logits));
+      EXPECT_EQ(float_bits(a.w), float_bits(b.w));
+      EXPECT_EQ(a.ids, b.ids);
+      EXPECT_EQ(a.counts, b.counts);
+      EXPECT_EQ(a.offsets, b.offsets);
+      EXPECT_EQ(a.sorted, b.sorted);
+      EXPECT_EQ(a.slot, b.slot);
+    }
   }
   // What the tail does not take: nothing launched, false; a foreign logits pointer: an error.
   DevBuf<uint16_t> dx(size_t(2) * K), dw(size_t(128) * K);
@@ -557,11 +562,12 @@ TEST_F(Moe, RouteTailEqualsTheRouterGemmThenMoeRoute) {
                          .offsets = offsets.get(), .sorted_token = sorted.get(), .pair_slot = slot.get(),
                          .workspace = ws.get()};
   gemm_force_config(staged);
-  const int64_t before = gemm_route_tail_launches();
+  const int64_t before = gemm_route_tail_launches(), before_cluster = gemm_route_cluster_launches();
   gemm_set_route_tail(0);
   EXPECT_FALSE(gemm_moe_route(g, r, p)) << "the switch off";
-  gemm_set_route_tail(1);
-  {
+  for (const int mode : {1, 2}) {
+    SCOPED_TRACE(mode == 1 ? "split-K tail" : "cluster route");
+    gemm_set_route_tail(mode);
     // The same problem on `rows` rows and `experts` experts (the GEMM's, the router's and the
     // permutation's fields alike).
     const auto refused_shape = [&](int rows, int experts, const char* what) {
@@ -596,6 +602,7 @@ TEST_F(Moe, RouteTailEqualsTheRouterGemmThenMoeRoute) {
     }
   }
   EXPECT_EQ(gemm_route_tail_launches(), before);
+  EXPECT_EQ(gemm_route_cluster_launches(), before_cluster);
   gemm_set_route_tail(-1);
   gemm_force_config(-1);
   synchronize();

@@ -861,10 +861,20 @@ void gemm_set_tails(int mode);
 // over at most 64 experts (route_permute_kernel's one-token path): the launch's last block
 // routes. Returns false and launches nothing otherwise (the caller makes the two calls); bad
 // arguments throw as gemm() and moe_route() would.
+// ATLAS_ROUTE_CLUSTER=1 (session 41, off by default) runs, in gemm_moe_route's place, the router
+// GEMM of one row on the cluster config (c16x64/4w: one 64-column tile, one block per K slice,
+// the slice sums added in block 0 through distributed shared memory) with block 0 routing the
+// token after the cluster's last barrier (gemm_cluster_route_kernel, kernels/gemm_tail.cuh):
+// the same bits, one launch, no grid-wide counter; where it cannot run (no cluster launch, rows
+// not 16-byte aligned, more than 64 experts, launch overlap without the staged-early path) it
+// returns false as above.
 bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& p);
-// How many routed launches gemm_moe_route made in this process (tests check that it ran).
+// How many routed launches gemm_moe_route made in this process (tests check that it ran): the
+// split-K tail's, the cluster route's.
 int64_t gemm_route_tail_launches();
-// Tests: 1 lets gemm_moe_route launch its tail, 0 never, -1 (the default) as ATLAS_ROUTE_TAIL says.
+int64_t gemm_route_cluster_launches();
+// Tests: 1 lets gemm_moe_route launch its split-K tail, 2 the cluster route, 0 neither, -1 (the
+// default) as ATLAS_ROUTE_CLUSTER and ATLAS_ROUTE_TAIL say.
 void gemm_set_route_tail(int mode);
 
 // Tile configurations of the batch_invariant kernel (largest first). Every one gives the same

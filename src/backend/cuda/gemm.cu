@@ -427,6 +427,7 @@ std::atomic<int64_t> merge_launches{0};   // mla_merge_value_launches (tests)
 std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
 std::atomic<int> route_tail_override{-1};  // gemm_set_route_tail (tests)
 std::atomic<int64_t> route_tail_launches{0};  // gemm_route_tail_launches (tests)
+std::atomic<int64_t> route_cluster_launches{0};  // gemm_route_cluster_launches (tests)
 std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
 
 struct GemmSetup {
@@ -487,6 +488,10 @@ struct GemmSetup {
   // ATLAS_ROUTE_TAIL (default 0: slower, s33-4; session 33): gemm_moe_route may launch its
   // routed kernel.
   bool route_tail = false;
+  // ATLAS_ROUTE_CLUSTER (session 41; default 0): gemm_moe_route runs the router GEMM of one row on
+  // the cluster config with the routing in its adding block (gemm_cluster_route_kernel) instead;
+  // it takes precedence over ATLAS_ROUTE_TAIL.
+  bool route_cluster = false;
 };
 
 // Block stamps (ATLAS_BLOCK_STAMPS=FILE or gemm_block_stamps_start; kernels/block_stamp.cuh):
@@ -618,6 +623,7 @@ const GemmSetup& setup() {
     // raised anyway, so a deeper ring cannot fail at launch as its first 48 KB form did in s32-2).
     raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_latent_kernel<CfgD32S2>), CfgD32S2::SMEM_BYTES);
     raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_merge_kernel<CfgD32>), CfgD32::SMEM_BYTES);
+    raise_smem(reinterpret_cast<const void*>(kern::gemm_cluster_route_kernel<CfgC16>), CfgC16::SMEM_BYTES);
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
     if (g.wgmma && env_switch("ATLAS_GEMM_TMA", true)) {
@@ -685,6 +691,7 @@ const GemmSetup& setup() {
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
+    g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (const std::string path = detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS")); !path.empty()) {
       std::lock_guard<std::mutex> lock(stamp_mu);
@@ -1738,8 +1745,12 @@ int64_t gemm_tailed_launches() { return tailed_launches.load(); }
 
 bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& pm) {
   const char* op = "gemm_moe_route";
+  // gemm_set_route_tail's mode where a test set one, else the switches: 2 the cluster route
+  // (ATLAS_ROUTE_CLUSTER), 1 the split-K tail (ATLAS_ROUTE_TAIL), 0 neither.
+  const int forced = route_tail_override.load();
+  const int mode = forced >= 0 ? forced : setup().route_cluster ? 2 : setup().route_tail ? 1 : 0;
   // Off (the default): nothing to check here, the caller's gemm() and moe_route() check theirs.
-  if (!tail_on(route_tail_override, setup().route_tail)) return false;
+  if (mode == 0) return false;
   require_gemm_args(a, op);
   check_route(r, pm, op);
   require(r.logits == a.out, op, "logits", "must be the GEMM's output");
@@ -1748,6 +1759,22 @@ bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs
   if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::f32 ||
       a.out_stride > a.N || a.N != r.experts || r.tokens != 1 || r.method != TopkMethod::greedy || r.experts > kern::kRouteOneTokenMaxExperts)
     return false;
+  if (mode == 2) {
+    // The cluster config's one 64-column tile, one block per K slice (what q|kv_a runs at one
+    // row): 16-byte rows, the cluster placeable, N <= 64; under launch overlap only where the
+    // kernel takes its early path (weights staged, then wait, then release).
+    const auto [xs, ws, os] = row_strides(a);
+    const TileConfig& c = kConfigs[size_t(kCluster16)];
+    const int cluster = cluster_blocks(kCluster16, a.K);
+    if (!dense_async(a, xs, ws) || cluster == 0 || a.N > c.bn) return false;
+    const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, 1);
+    if (pdl_enabled() && !(p.prefetch > 1 && p.cluster_early > 0)) return false;
+    launch_clustered(unsigned(cluster), kern::gemm_cluster_route_kernel<CfgC16>, dim3(unsigned(cluster), 1, 1),
+                     c.threads, c.smem, stream_of(a.stream), p, kern::RouteTail{.q = route_permute_params(r, pm)});
+    check_launch(op);
+    ++route_cluster_launches;
+    return true;
+  }
   if (!launch_splitk_tail<true>(a, op, [&](int* counter) {
         return kern::RouteTail{.q = route_permute_params(r, pm), .counter = counter};
       }))
@@ -1757,8 +1784,9 @@ bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs
 }
 
 int64_t gemm_route_tail_launches() { return route_tail_launches.load(); }
+int64_t gemm_route_cluster_launches() { return route_cluster_launches.load(); }
 int64_t grouped_self_routed_launches() { return self_routed_launches.load(); }
-void gemm_set_route_tail(int mode) { route_tail_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
+void gemm_set_route_tail(int mode) { route_tail_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
 bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   const char* op = "gemm_with_latent";
   require_gemm_args(a, op);

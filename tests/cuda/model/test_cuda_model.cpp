@@ -711,6 +711,15 @@ TEST_F(CudaTiny, RouteTailGivesTheSameBits) {
   tails_give_the_same_bits(*ck_, cuda::gemm_set_route_tail, cuda::gemm_route_tail_launches, "routed");
 }
 
+// The router GEMM on the cluster config routing in its adding block (gemm_moe_route's mode 2,
+// session 41, ATLAS_ROUTE_CLUSTER): the same logits in a one-row prefill and greedy steps with it
+// on and off, and it ran (its kernel does not depend on the forced split-K config).
+TEST_F(CudaTiny, RouteClusterGivesTheSameBits) {
+  tails_give_the_same_bits(
+      *ck_, [](int on) { cuda::gemm_set_route_tail(on > 0 ? 2 : on); }, cuda::gemm_route_cluster_launches,
+      "cluster-routed");
+}
+
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its
 // per-token digests), in the logits and in the decode steps that follow (the cache holds the

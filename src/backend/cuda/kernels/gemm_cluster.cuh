@@ -80,8 +80,15 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 // slice 0, 1, ... from +0 as before: the same values in the same order, the same bits.
 // Elsewhere (more slices) the kernel runs the barrier path. The mbarriers follow the ring in
 // dynamic shared memory (the config's smem is SMEM_BYTES + 16).
-template <class T, bool kOutF32, bool kPush = false>
-__global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmParams p) {
+// Tail (not NoSplitKTail: gemm_cluster_route_kernel, kernels/gemm_tail.cuh; session 41): a dense
+// one-tile problem whose block 0 runs tail(p) on the finished output after the last cluster
+// barrier (the barrier path only), and which releases the next launch only after its own
+// launch-overlap wait (wait-first: a routing tail's routed gate|up must not become resident
+// before the shared experts' gate|up, session 33's lesson).
+template <class T, bool kOutF32, bool kPush, class Tail>
+__device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const Tail& tail) {
+  constexpr bool kTail = !std::is_same_v<Tail, NoSplitKTail>;
+  static_assert(!(kTail && kPush), "a tail runs on the barrier path");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   extern __shared__ __align__(128) unsigned char gemm_smem[];
@@ -135,7 +142,10 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
                                           (kt_begin + i) * T::BK, K, true, tid, w_hint);
       cp_async_commit();
     }
-    pdl_begin_gemm();
+    if constexpr (kTail)
+      pdl_begin();
+    else
+      pdl_begin_gemm();
     if (!found) return;
   } else if (!start_tile<T::BM, T::BN, true>(p, int(blockIdx.x) / C, tid, lane, t, rank * kSliceK,
                                              (rank + 1) * kSliceK)) {
@@ -258,10 +268,22 @@ __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmP
   add_quads([&](int s, int r, int c) {
     return reinterpret_cast<const float4*>(cluster.map_shared_rank(part + r * T::BN + c, s));
   });
+  // The tail before the last cluster barrier: the others wait there for block 0 anyway (the
+  // launch completes with its last block), so block 0 does not wait for them first.
+  if constexpr (kTail)
+    if (rank == 0) {  // (block 0 stored the whole output: at one row it adds every quad)
+      __syncthreads();  // its threads' stores of the output, visible to the block
+      tail(p);
+    }
   cluster.sync();  // no block leaves while another may still read its shared memory
 #else
   __trap();  // the host never launches it without sm_90 device code (gemm_cluster_probe_kernel)
 #endif
+}
+
+template <class T, bool kOutF32, bool kPush = false>
+__global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmParams p) {
+  gemm_cluster_body<T, kOutF32, kPush, NoSplitKTail>(p, NoSplitKTail{});
 }
 
 }  // namespace atlas::cuda::kern

@@ -7,6 +7,7 @@
 // launches (tests/cuda/test_cuda_gemm.cpp, Gemm.AddRmsNormTail*).
 #pragma once
 
+#include "gemm_cluster.cuh"
 #include "gemm_mma.cuh"
 #include "route_core.cuh"
 #include "rmsnorm.cuh"
@@ -52,6 +53,17 @@ struct RouteTail {
     permute_one_warp(q.ids, q.k, q.k, q.E, q.counts, q.offsets, q.sorted_token, q.pair_slot, q.error_flag);
   }
 };
+
+// The router GEMM of one row on the cluster config (c16x64/4w: one 64-column tile, one block per
+// K slice; session 41, ATLAS_ROUTE_CLUSTER, gemm_moe_route in gemm.cu): the adding block (block
+// 0 at one row) holds every logit after the cluster's slice sums and routes the token itself
+// (RouteTail), so the routing costs no launch, no grid-wide counter and no fence; the
+// kernel releases the next launch after its own wait (gemm_cluster_body). fp32 out (the
+// logits), the same bits as the router GEMM then route_permute_kernel.
+template <class T>
+__global__ void __launch_bounds__(T::THREADS) gemm_cluster_route_kernel(const MmaGemmParams p, const RouteTail tail) {
+  gemm_cluster_body<T, true, false, RouteTail>(p, tail);
+}
 
 // The staged split-K kernel (bf16 or, kOutF32, fp32 out; at most 8 rows, 16-byte copies) with a
 // tail: dense problems only (every block has a tile, so every block counts itself).
