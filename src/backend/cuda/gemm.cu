@@ -115,6 +115,7 @@ using CfgTma192 = kern::TmaTile<3>;
 using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
 using CfgS8W2 = kern::SplitKTile<1, 2>;  // 8 columns, 64 threads: K <= 512 (two slices, two warps)
+using CfgS8W4 = kern::SplitKTile<1, 4>;  // 8 columns, 128 threads (ATLAS_GEMM_WIDE_SPLITK4)
 // Weight streaming (at most 8 rows per tile, kernels/gemm_stream.cuh): one 8 x 8 tile per warp
 // at a time, per-warp rings of 4 KB K slices, persistent blocks with even shares.
 //                                     warps stages   smem    blocks per SM
@@ -321,7 +322,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 43> kConfigs = {
+constexpr std::array<TileConfig, 44> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -356,7 +357,11 @@ constexpr std::array<TileConfig, 43> kConfigs = {
     make_cluster_config<CfgC16, true>("c16x64/4w+push"),
     // The lean loop with three 16 KB steps in flight in its 4-slot ring (session 38,
     // ATLAS_GEMM_STREAM_LEAN=4/3; written after the session's device time was spent: not yet run).
-    make_wglean_config<CfgWs128, 3>("streamwg64x8/4l/3")};
+    make_wglean_config<CfgWs128, 3>("streamwg64x8/4l/3"),
+    // The staged split-K kernel on four warps (session 41, ATLAS_GEMM_WIDE_SPLITK4): 128-thread
+    // blocks, so that q|kv_a's 456 blocks at one row fit the SMs in one wave (the 8-warp blocks'
+    // registers allow two per SM) and all stage their first four slices early.
+    make_splitk_config<CfgS8W4, true>("splitk16x8/4w+staged")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -371,6 +376,8 @@ constexpr int kSyncLarge = config_index("64x64x64/4"), kSyncSmall = config_index
 constexpr int kSplitK8 = config_index("splitk16x8/8w");
 constexpr int kSplitK8Staged = config_index("splitk16x8/8w+staged");
 constexpr int kSplitK8W2Staged = config_index("splitk16x8/2w+staged");
+constexpr int kSplitK8W4Staged = config_index("splitk16x8/4w+staged");
+static_assert(kSplitK8W4Staged >= 0);
 // Grouped GEMMs with small groups (grouped_config): many rows in total / a handful.
 // Many: 32x128x64/8 since session 4 (H200: 209 / 107 us vs 32x64x64/4's 219 / 114 for the
 // batch-128 step's gate|up / down; seed grid 8.98 vs 9.22 s, same tokens).
@@ -492,6 +499,9 @@ struct GemmSetup {
   // the cluster config with the routing in its adding block (gemm_cluster_route_kernel) instead;
   // it takes precedence over ATLAS_ROUTE_TAIL.
   bool route_cluster = false;
+  // ATLAS_GEMM_WIDE_SPLITK4 (session 41; default 0): one-row dense problems of N >= 2816 and <= 8
+  // K slices (q|kv_a at batch 1) on splitk16x8/4w+staged instead of the cluster config.
+  bool wide_splitk4 = false;
 };
 
 // Block stamps (ATLAS_BLOCK_STAMPS=FILE or gemm_block_stamps_start; kernels/block_stamp.cuh):
@@ -692,6 +702,7 @@ const GemmSetup& setup() {
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
+    g.wide_splitk4 = env_switch("ATLAS_GEMM_WIDE_SPLITK4", false);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (const std::string path = detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS")); !path.empty()) {
       std::lock_guard<std::mutex> lock(stamp_mu);
@@ -1007,7 +1018,9 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     } else if (a.M <= 16 && ci == kSplitK8 && a.N >= 2816) {
       // M = 1 vs split-K: N = 2816 c16x64 8.2 vs 9.5, 3072 9.0 vs 9.8, 21888 34.8 vs 39.8,
       // 102400 132 vs 166 (narrower N stays split-K: 576 4.9 vs 6.4, 2048 7.3 vs 7.6).
-      if (setup().cluster16 && cluster_blocks(kCluster16, a.K) > 0)
+      if (setup().wide_splitk4)
+        ci = kSplitK8W4Staged;
+      else if (setup().cluster16 && cluster_blocks(kCluster16, a.K) > 0)
         ci = setup().cluster_push && cluster_blocks(kCluster16Push, a.K) > 0 ? kCluster16Push : kCluster16;
     }
   }
@@ -1924,7 +1937,7 @@ int gemm_grouped_few_down_setting(const char* value) {
 int gemm_splitk_setting(const char* value) {
   return config_override_setting("ATLAS_GEMM_SPLITK", value, [](const TileConfig& c) { return c.splitk; },
                                  "a split-K config name (splitk16x8/8w, splitk16x16/8w, splitk16x8/8w+staged, "
-                                 "splitk16x8/2w+staged)");
+                                 "splitk16x8/2w+staged, splitk16x8/4w+staged)");
 }
 
 bool probe_device_code(void (*probe)(int*), const char* what) {
