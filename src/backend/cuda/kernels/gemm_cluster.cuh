@@ -81,7 +81,7 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 // Elsewhere (more slices) the kernel runs the barrier path. The mbarriers follow the ring in
 // dynamic shared memory (the config's smem is SMEM_BYTES + 16).
 // Tail (not NoSplitKTail: gemm_cluster_route_kernel, kernels/gemm_tail.cuh; session 41): a dense
-// one-tile problem whose block 0 runs tail(p) on the finished output after the last cluster
+// one-tile problem whose block 0 runs tail(p) on the finished output before the last cluster
 // barrier (the barrier path only), and which releases the next launch only after its own
 // launch-overlap wait (wait-first: a routing tail's routed gate|up must not become resident
 // before the shared experts' gate|up, session 33's lesson).
