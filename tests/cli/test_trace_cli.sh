@@ -65,7 +65,7 @@ else
   expect_error "bad L2 prefetch setting" "ATLAS_L2_PREFETCH: expected none, gate_up, down or both, got 'all'" \
     env ATLAS_L2_PREFETCH=all "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad L2 prefetch setting" "$work/env.json"
-  expect_error "bad down blocks setting" "ATLAS_GEMM_DOWN_BLOCKS_PER_SM: expected 1, 2, 3 or 4 (blocks per SM), got '0'" \
+  expect_error "bad down blocks setting" "ATLAS_GEMM_DOWN_BLOCKS_PER_SM: expected 1, 2, 3 or 4 .blocks per SM., got '0'" \
     env ATLAS_GEMM_DOWN_BLOCKS_PER_SM=0 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad down blocks setting" "$work/env.json"
   expect_error "bad block stamps file" "ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '$work/none/s.csv'" \

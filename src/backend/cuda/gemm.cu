@@ -691,6 +691,8 @@ const GemmSetup& setup() {
         for (auto& per_out : down.fn)
           for (auto& per_async : per_out)
             for (KernelFn f : per_async) raise_smem(reinterpret_cast<const void*>(f), want);
+        for (auto& per_out : down.stamped)  // (ATLAS_BLOCK_STAMPS launches these in its place)
+          for (KernelFn f : per_out) raise_smem(reinterpret_cast<const void*>(f), want);
       }
     }
     g.tight_tiles = env_switch("ATLAS_GEMM_TIGHT_TILES", false);
