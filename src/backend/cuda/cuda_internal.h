@@ -193,8 +193,9 @@ bool release_first(ReleaseFirstSite site);
 // or kMlaXAsync (3, "async", the default); anything else throws an Error naming the variable.
 int mla_exchange_setting(const char* value);
 // ATLAS_PHASE_CLOCKS's value (null or empty: unset, ""): "attention" (the MLA cluster kernel's
-// clocked instantiation, kernels/phase_clock.cuh); anything else throws an Error naming the
-// variable.
+// clocked instantiation, kernels/phase_clock.cuh) or "cluster_gemm" (the cluster GEMM kernel's,
+// c16x64/4w with bf16 out: q|kv_a at a batch-1 decode step; session 41); anything else throws an
+// Error naming the variable.
 std::string phase_clocks_setting(const char* value);
 // The device sums of `site`'s phase clocks where ATLAS_PHASE_CLOCKS names it, else null; the
 // first call allocates them (call it outside a stream capture) and has the means of `phases`

@@ -502,6 +502,9 @@ struct GemmSetup {
   // ATLAS_GEMM_WIDE_SPLITK4 (session 41; default 0): one-row dense problems of N >= 2816 and <= 8
   // K slices (q|kv_a at batch 1) on splitk16x8/4w+staged instead of the cluster config.
   bool wide_splitk4 = false;
+  // ATLAS_PHASE_CLOCKS=cluster_gemm (session 41, a diagnostic): the phase-clock sums of the
+  // cluster config c16x64/4w's bf16 launches (q|kv_a at one row), else null.
+  unsigned long long* cluster_clocks = nullptr;
 };
 
 // Block stamps (ATLAS_BLOCK_STAMPS=FILE or gemm_block_stamps_start; kernels/block_stamp.cuh):
@@ -634,6 +637,14 @@ const GemmSetup& setup() {
     raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_latent_kernel<CfgD32S2>), CfgD32S2::SMEM_BYTES);
     raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_merge_kernel<CfgD32>), CfgD32::SMEM_BYTES);
     raise_smem(reinterpret_cast<const void*>(kern::gemm_cluster_route_kernel<CfgC16>), CfgC16::SMEM_BYTES);
+    raise_smem(reinterpret_cast<const void*>(kern::gemm_cluster_kernel<CfgC16, false, false, true>),
+               CfgC16::SMEM_BYTES);
+    // (allocated here, outside any capture: the first GEMM call)
+    static_assert(kern::kClusterGemmMarks == 9, "one name per phase between marks");
+    g.cluster_clocks = phase_clock_sums(
+        "cluster_gemm", {"start to the weight slice's copies issued", "launch-overlap wait",
+                         "x copies issued", "the four K steps (copies landed, mma)", "slice sum into shared memory",
+                         "cluster barrier 1", "block 0: the DSMEM sums added and stored", "cluster barrier 2"});
     g.error_flag = error_flag();
     g.wgmma = probe_device_code(kern::gemm_wgmma_probe_kernel, "wgmma probe");
     if (g.wgmma && env_switch("ATLAS_GEMM_TMA", true)) {
@@ -1625,6 +1636,13 @@ void gemm(const GemmArgs& a) {
                     nullptr, stream, op))
     return;
   if (c.tma && async && try_tma_dense(a, p, xs, ws, m_tiles * n_tiles, f32, stream)) {
+    check_launch(op);
+    return;
+  }
+  if (ci == kCluster16 && !f32 && s.cluster_clocks != nullptr) {  // ATLAS_PHASE_CLOCKS=cluster_gemm
+    p.phase_clocks = s.cluster_clocks;
+    launch_clustered(unsigned(cluster), kern::gemm_cluster_kernel<CfgC16, false, false, true>,
+                     dim3(unsigned(m_tiles * n_tiles * cluster), 1, unsigned(a.batch)), c.threads, c.smem, stream, p);
     check_launch(op);
     return;
   }

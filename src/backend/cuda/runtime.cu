@@ -102,8 +102,8 @@ int mla_exchange_setting(const char* value) {
 
 std::string phase_clocks_setting(const char* value) {
   const std::string v = value ? value : "";
-  if (v.empty() || v == "attention") return v;
-  throw Error("cuda: ATLAS_PHASE_CLOCKS: expected attention (or unset), got '" + v + "'");
+  if (v.empty() || v == "attention" || v == "cluster_gemm") return v;
+  throw Error("cuda: ATLAS_PHASE_CLOCKS: expected attention or cluster_gemm (or unset), got '" + v + "'");
 }
 
 namespace {

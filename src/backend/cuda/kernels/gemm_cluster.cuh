@@ -31,6 +31,7 @@
 
 #include "dsmem.cuh"
 #include "gemm_mma.cuh"
+#include "phase_clock.cuh"
 
 namespace atlas::cuda::kern {
 
@@ -85,11 +86,20 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 // barrier (the barrier path only), and which releases the next launch only after its own
 // launch-overlap wait (wait-first: a routing tail's routed gate|up must not become resident
 // before the shared experts' gate|up, session 33's lesson).
-template <class T, bool kOutF32, bool kPush, class Tail>
+// kClocks (ATLAS_PHASE_CLOCKS=cluster_gemm; the early barrier path, block rank 0 of each
+// cluster): kClusterGemmMarks clock64 readings (kernels/phase_clock.cuh) into p.phase_clocks.
+constexpr int kClusterGemmMarks = 9;
+template <class T, bool kOutF32, bool kPush, class Tail, bool kClocks = false>
 __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const Tail& tail) {
   constexpr bool kTail = !std::is_same_v<Tail, NoSplitKTail>;
   static_assert(!(kTail && kPush), "a tail runs on the barrier path");
+  static_assert(!(kClocks && (kTail || kPush)), "clocks on the plain barrier path");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  PhaseClock<kClusterGemmMarks> clk;
+  const auto mark = [&](int i) {
+    if constexpr (kClocks) clk.mark(i);
+  };
+  mark(0);
   namespace cg = cooperative_groups;
   extern __shared__ __align__(128) unsigned char gemm_smem[];
   __shared__ int64_t a_off[T::BM];
@@ -142,10 +152,12 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
                                           (kt_begin + i) * T::BK, K, true, tid, w_hint);
       cp_async_commit();
     }
+    mark(1);
     if constexpr (kTail)
       pdl_begin();
     else
       pdl_begin_gemm();
+    mark(2);
     if (!found) return;
   } else if (!start_tile<T::BM, T::BN, true>(p, int(blockIdx.x) / C, tid, lane, t, rank * kSliceK,
                                              (rank + 1) * kSliceK)) {
@@ -183,6 +195,7 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
     copy_steps(std::integral_constant<int, kTileA>{});
   else
     copy_steps(std::integral_constant<int, kTileA | kTileB>{});
+  mark(3);
   static_assert(T::STAGES == 4, "cp_async_wait<3> below: 4 groups in flight");
 
   float acc[T::MI][T::NI][4];
@@ -200,6 +213,7 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the ring: it becomes the slice sum
+  mark(4);
 
   // The slice sum into shared memory, part[row][col] (accumulator (mi, ni, q): row gid (+8 for
   // q >= 2), columns 2*tig + {0, 1}).
@@ -264,10 +278,14 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
     add_quads([&](int s, int r, int c) { return reinterpret_cast<const float4*>(recv + (s * T::BM + r) * T::BN + c); });
     return;
   }
+  mark(5);
   cluster.sync();  // every block's slice sum is written and visible to the cluster
+  mark(6);
   add_quads([&](int s, int r, int c) {
     return reinterpret_cast<const float4*>(cluster.map_shared_rank(part + r * T::BN + c, s));
   });
+  if constexpr (kClocks) __syncthreads();  // (thread 0's mark after every adding thread's stores)
+  mark(7);
   // The tail before the last cluster barrier: the others wait there for block 0 anyway (the
   // launch completes with its last block), so block 0 does not wait for them first.
   if constexpr (kTail)
@@ -276,14 +294,17 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
       tail(p);
     }
   cluster.sync();  // no block leaves while another may still read its shared memory
+  mark(8);
+  if constexpr (kClocks)
+    if (tid == 0 && rank == 0) clk.flush(p.phase_clocks);
 #else
   __trap();  // the host never launches it without sm_90 device code (gemm_cluster_probe_kernel)
 #endif
 }
 
-template <class T, bool kOutF32, bool kPush = false>
+template <class T, bool kOutF32, bool kPush = false, bool kClocks = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_cluster_kernel(const MmaGemmParams p) {
-  gemm_cluster_body<T, kOutF32, kPush, NoSplitKTail>(p, NoSplitKTail{});
+  gemm_cluster_body<T, kOutF32, kPush, NoSplitKTail, kClocks>(p, NoSplitKTail{});
 }
 
 }  // namespace atlas::cuda::kern

@@ -138,6 +138,9 @@ struct MmaGemmParams {
   const float* route_logits = nullptr;
   int route_k = 0, route_norm = 0;
   float route_scaling = 0.f;
+  // The cluster kernel's clocked instantiation only (ATLAS_PHASE_CLOCKS=cluster_gemm,
+  // kernels/phase_clock.cuh; session 41): the sums of its phases' clocks.
+  unsigned long long* phase_clocks = nullptr;
 };
 constexpr int kNextMaxGroups = 256;
 
