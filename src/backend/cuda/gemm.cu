@@ -1182,6 +1182,9 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
     f = c.routed[rows8 ? 1 : 0];
     self_routed_launches.fetch_add(1, std::memory_order_relaxed);
   }
+  // ATLAS_PHASE_CLOCKS=cluster_gemm (gemm() set phase_clocks): c16x64/4w's clocked instantiation.
+  else if (p.phase_clocks != nullptr && &c == &kConfigs[size_t(kCluster16)] && !f32 && f == c.fn[0][1][0])
+    f = kern::gemm_cluster_kernel<CfgC16, false, false, true>;
   if (c.stream) {
     // Persistent: every block takes an even share of the tiles (dense: the batch flattened).
     // Balanced where there are more tiles than resident blocks: the LM head's 1,600 tiles of the
@@ -1639,13 +1642,7 @@ void gemm(const GemmArgs& a) {
     check_launch(op);
     return;
   }
-  if (ci == kCluster16 && !f32 && s.cluster_clocks != nullptr) {  // ATLAS_PHASE_CLOCKS=cluster_gemm
-    p.phase_clocks = s.cluster_clocks;
-    launch_clustered(unsigned(cluster), kern::gemm_cluster_kernel<CfgC16, false, false, true>,
-                     dim3(unsigned(m_tiles * n_tiles * cluster), 1, unsigned(a.batch)), c.threads, c.smem, stream, p);
-    check_launch(op);
-    return;
-  }
+  if (ci == kCluster16 && !f32) p.phase_clocks = s.cluster_clocks;  // (null unless ATLAS_PHASE_CLOCKS)
   launch_mma(c, p, m_tiles * n_tiles, unsigned(a.batch), f32, async, a.M <= 8, cluster, stream);
   check_launch(op);
 }
@@ -1975,7 +1972,7 @@ int64_t grouped_y_tiles(int64_t max_rows, int bm, int64_t groups, bool tight) {
   // Groups of r_g rows (sum <= max_rows) have sum_g ceil(r_g / bm) tiles; ceil(r / bm) <=
   // floor(r / bm) + 1 for r > 0 and the floors add up to at most floor(max_rows / bm), so the
   // tight bound holds too; at most min(groups, max_rows) groups have rows.
-  return (tight ? max_rows / bm : (max_rows + bm - 1) / bm) + std::min<int64_t>(groups, max_rows);
+  return (tight ? max_rows / bm : ceil_div(max_rows, bm)) + std::min<int64_t>(groups, max_rows);
 }
 
 int gemm_down_blocks_setting(const char* value) {
