@@ -288,6 +288,93 @@ TEST_F(Moe, CombineAddRmsNormIsCombineThenAddRmsNorm) {
   EXPECT_THROW(moe_combine_add_rmsnorm(ok), Error);  // k > 16 (and out aliases x)
 }
 
+// gemm_combine_norm (session 42, ATLAS_COMBINE_QKV): the next layer's q|kv_a GEMM with the MoE
+// combine + residual add + input norm inside (gemm_cluster_combine_kernel) against
+// moe_combine_add_rmsnorm then gemm(): the same GEMM output, residual sum (in x_out; x itself
+// untouched) and normed row, bit for bit, at V2-Lite's shape (dim 2048: clusters of eight blocks
+// exchanging their squares; k = 6 and the run-time k path), at 512 (two blocks) and at the tiny
+// preset's 64 (one block: no exchange), with and without the shared experts' addend. What it does
+// not take launches nothing and returns false; aliasing x_out and x throws.
+TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  struct Case {
+    int dim, N, k;
+    bool shared;
+  };
+  for (const Case c : {Case{2048, 3648, 6, true}, Case{2048, 3648, 6, false}, Case{2048, 3648, 4, true},
+                       Case{512, 200, 8, true}, Case{64, 136, 3, true}, Case{64, 136, 1, false}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << c.dim << " N " << c.N << " k " << c.k << (c.shared ? " shared" : ""));
+    const int dim = c.dim, k = c.k;
+    std::vector<int32_t> slot(static_cast<size_t>(k));
+    std::iota(slot.begin(), slot.end(), 0);
+    std::shuffle(slot.begin(), slot.end(), rng);
+    const auto y = random_bf16(size_t(k) * dim, rng), sh = random_bf16(size_t(dim), rng), x = random_bf16(size_t(dim), rng),
+               nw = random_bf16(size_t(dim), rng, 0.5f), wq = random_bf16(size_t(c.N) * dim, rng, 0.1f);
+    const auto w = random_f32(size_t(k), rng, 0.2f);
+    DevBuf<uint16_t> dy(y), dsh(sh), dnw(nw), dwq(wq);
+    DevBuf<int32_t> dslot(slot);
+    DevBuf<float> dw(w);
+    struct Out {
+      std::vector<uint16_t> out, x, x_out, h;
+    };
+    const auto run = [&](bool fused) {
+      DevBuf<uint16_t> dx(x), dh(static_cast<size_t>(dim)), dxo(static_cast<size_t>(dim)), dout(static_cast<size_t>(c.N));
+      const MoeCombineNormArgsT<uint16_t> a{.y_sorted = dy.get(), .pair_slot = dslot.get(), .topk_weights = dw.get(),
+                                            .addend = c.shared ? dsh.get() : nullptr, .x = dx.get(), .weight = dnw.get(),
+                                            .out = dh.get(), .tokens = 1, .k = k, .dim = dim, .eps = 1e-6f};
+      const GemmArgs g{.x = dh.get(), .w = dwq.get(), .out = dout.get(), .M = 1, .N = c.N, .K = dim};
+      gemm_set_combine_norm(fused ? 1 : 0);
+      const int64_t before = gemm_combine_norm_launches();
+      const bool ran = gemm_combine_norm(g, a, dxo.get());
+      EXPECT_EQ(ran, fused);
+      EXPECT_EQ(gemm_combine_norm_launches(), before + (fused ? 1 : 0));
+      if (!ran) {
+        moe_combine_add_rmsnorm(a);
+        gemm(g);
+      }
+      gemm_set_combine_norm(-1);
+      check_device_errors();
+      return Out{dout.download(), dx.download(), dxo.download(), dh.download()};
+    };
+    const Out want = run(false), got = run(true);
+    EXPECT_EQ(got.out, want.out) << "q|kv_a output";
+    EXPECT_EQ(got.x_out, want.x) << "residual sum";
+    EXPECT_EQ(got.h, want.h) << "normed row";
+    EXPECT_EQ(got.x, x) << "x written";
+    EXPECT_NE(want.x, x) << "the combine added nothing";
+  }
+  // Not taken: two rows, K unlike dim, K not a multiple of 64, k > 8, f32 out; x_out = x throws.
+  const int dim = 2048;
+  DevBuf<uint16_t> d(size_t(4) * dim), dq(size_t(64) * dim), dxo(static_cast<size_t>(dim)), dout(size_t(2) * 64);
+  DevBuf<int32_t> ds(16);
+  DevBuf<float> dw(16);
+  const MoeCombineNormArgsT<uint16_t> a{.y_sorted = d.get(), .pair_slot = ds.get(), .topk_weights = dw.get(),
+                                        .x = d.get() + dim, .weight = d.get() + 2 * dim, .out = d.get() + 3 * dim,
+                                        .tokens = 1, .k = 6, .dim = dim};
+  const GemmArgs g{.x = a.out, .w = dq.get(), .out = dout.get(), .M = 1, .N = 64, .K = dim};
+  gemm_set_combine_norm(1);
+  const int64_t before = gemm_combine_norm_launches();
+  GemmArgs g2 = g;
+  g2.M = 2;
+  EXPECT_FALSE(gemm_combine_norm(g2, a, dxo.get()));
+  MoeCombineNormArgsT<uint16_t> a2 = a;
+  a2.dim = 1024;
+  EXPECT_FALSE(gemm_combine_norm(g, a2, dxo.get()));
+  GemmArgs g3 = g;
+  g3.K = a2.dim = 1000;
+  EXPECT_FALSE(gemm_combine_norm(g3, a2, dxo.get()));
+  a2 = a;
+  a2.k = 9;
+  EXPECT_FALSE(gemm_combine_norm(g, a2, dxo.get()));
+  GemmArgs g4 = g;
+  g4.out_type = OutType::f32;
+  EXPECT_FALSE(gemm_combine_norm(g4, a, dxo.get()));
+  EXPECT_EQ(gemm_combine_norm_launches(), before);
+  EXPECT_THROW(gemm_combine_norm(g, a, const_cast<uint16_t*>(a.x)), Error);
+  gemm_set_combine_norm(-1);
+}
+
 TEST_F(Moe, PermutationIsRepeatable) {
   std::mt19937 rng(test_seed());
   const int T = 4096, k = 6, E = 64;

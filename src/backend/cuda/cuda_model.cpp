@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -334,6 +335,10 @@ class CudaModelT final : public Model {
   // Per-call device buffers, carved from one grow-only block (decode steps reuse it).
   struct Buffers {
     Elem *x, *h, *y, *q, *qa, *qn, *lat, *latn, *qkv, *qt, *olat, *heads, *gu, *act, *ys, *routed, *shared;
+    // One row's second residual buffer (M = 1 only): where the q|kv_a launch with the MoE combine
+    // inside (gemm_combine_norm) stores the residual sum, since its other blocks read x meanwhile;
+    // layers_forward then swaps x and x_alt (the residual ping-pongs between the two).
+    Elem* x_alt;
     Elem *sgu, *sact;  // the shared experts' gate|up scratch and activation (they run on side_)
     Elem *hl, *logits;
     float *router_logits, *topk_w, *mla_ws;
@@ -367,8 +372,12 @@ class CudaModelT final : public Model {
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
   // MoE parts or the residual sum, moe() also does x += y and h = next_norm(x) (one launch with
   // the combine) and returns true; false: y holds the MoE output for the caller's add + norm.
+  // defer (a batch-1 decode step's, where the caller's next launch is the next layer's q|kv_a):
+  // that launch's arguments are left in *defer instead of launched (gemm_combine_norm runs them
+  // inside q|kv_a).
   bool moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-           const Hooks* hooks, const Elem* next_norm) const;
+           const Hooks* hooks, const Elem* next_norm,
+           std::optional<MoeCombineNormArgsT<Elem>>* defer = nullptr) const;
   // GEMMs in the model's element type, one place per form, so the loop never names a kernel:
   // bf16 -> gemm() / grouped_gemm() (batch-invariant tensor cores; dense ones through cuBLASLt
   // in the fast mode), f32 -> gemm_f32() / grouped_gemm_f32() (the FMA-chain f32 kernel).
@@ -1105,6 +1114,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
       {(void**)&b.act, size_t(inter_rows) * e},    {(void**)&b.ys, size_t(M * k * H) * e},
       {(void**)&b.sgu, size_t(2 * shared_rows) * e}, {(void**)&b.sact, size_t(shared_rows) * e},
       {(void**)&b.routed, size_t(M * H) * e},      {(void**)&b.shared, size_t(M * H) * e},
+      {(void**)&b.x_alt, M == 1 ? size_t(H) * e : 0},
       {(void**)&b.hl, size_t(rows_out * H) * e},   {(void**)&b.logits, size_t(rows_out * c.vocab_size) * e},
       {(void**)&b.router_logits, size_t(M * E) * 4},
       {(void**)&b.topk_w, size_t(M * k) * 4},
@@ -1186,7 +1196,8 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
 
 template <class Elem>
 bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-                    const Hooks* hooks, const Elem* next_norm) const {
+                    const Hooks* hooks, const Elem* next_norm,
+                    std::optional<MoeCombineNormArgsT<Elem>>* defer) const {
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
@@ -1269,10 +1280,15 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // prefill digests every resid_post. A tensor observer could write the sum before the norm.
   if (next_norm && !(hooks && (hooks->wants(names.routed_out) || hooks->wants(names.shared_out) ||
                                hooks->wants(names.mlp_out) || hooks->wants_tensor(names.resid_post)))) {
-    moe_combine_add_rmsnorm({.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w,
-                             .addend = L.has_shared ? b.shared : nullptr, .x = b.x, .weight = next_norm, .out = b.h,
-                             .tokens = int(M), .k = int(k), .dim = int(H), .eps = float(c.rms_norm_eps),
-                             .stream = s_});
+    const MoeCombineNormArgsT<Elem> ca{.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w,
+                                       .addend = L.has_shared ? b.shared : nullptr, .x = b.x, .weight = next_norm,
+                                       .out = b.h, .tokens = int(M), .k = int(k), .dim = int(H),
+                                       .eps = float(c.rms_norm_eps), .stream = s_};
+    if (defer) {  // (the caller checked that no hook reads resid_post)
+      defer->emplace(ca);
+      return true;
+    }
+    moe_combine_add_rmsnorm(ca);
     hook_act(hooks, names.resid_post, l, {B, T, H}, b.x);  // readers and digests only (or nothing)
     return true;
   }
@@ -1292,12 +1308,21 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
 }
 
 template <class Elem>
-void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Buffers& b, int64_t chunk,
+void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Buffers& b0, int64_t chunk,
                                const int32_t* qlen_host, int64_t mla_bound, bool last_only,
                                const Hooks* hooks, bool sample, const std::vector<int32_t>* key_slot) const {
   auto& cache = static_cast<CudaCache&>(cache_base);
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, V = c.vocab_size;  // rows computed (B x T, or fewer: forward)
+  // The buffers, but x and x_alt swap where a q|kv_a launch stored the residual sum in x_alt.
+  Buffers b = b0;
+  // A batch-1 decode step's MoE combine + norm, left by moe() for the next layer's q|kv_a launch
+  // (gemm_combine_norm, ATLAS_COMBINE_QKV), which runs it inside or, where it cannot, first.
+  std::optional<MoeCombineNormArgsT<Elem>> pending;
+  const auto flush_pending = [&] {
+    if (pending) moe_combine_add_rmsnorm(*pending);
+    pending.reset();
+  };
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
   const int64_t dc = c.kv_lora_rank, dq = dn + dr, W = dc + dr;
 
@@ -1353,11 +1378,21 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     Elem *qp = b.q, *lp = b.lat;  // q and latent rows, strides qs and ls
     int64_t qs = nh * dq, ls = W;
     if (L.q_kv && !(hooks && (hooks->wants(names.q) || hooks->wants(names.latent)))) {
-      linear(b.h, L.q_kv, b.qkv, M, nh * dq + W, H);
+      bool combined = false;  // q|kv_a ran with the previous layer's MoE combine + norm inside
+      if constexpr (!kF32)
+        if (pending) {
+          combined = gemm_combine_norm(gemm_args({.x = b.h, .w = L.q_kv, .out = b.qkv, .M = M, .N = nh * dq + W, .K = H}),
+                                       *pending, b.x_alt);
+          if (combined) std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
+        }
+      if (pending && !combined) moe_combine_add_rmsnorm(*pending);
+      pending.reset();
+      if (!combined) linear(b.h, L.q_kv, b.qkv, M, nh * dq + W, H);
       qp = b.qkv;
       lp = b.qkv + nh * dq;
       qs = ls = nh * dq + W;
     } else {
+      flush_pending();  // (moe() defers only where the next layer takes the branch above)
       if (c.q_lora_rank) {
         const int64_t r = *c.q_lora_rank;
         linear(b.h, L.q_a, b.qa, M, r, H);
@@ -1487,11 +1522,22 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     hook_act(hooks, names.ln2, l, {B, T, H}, b.h);
     // ... and the next layer's input_layernorm (or the final norm) in the same launch.
     const Elem* next_norm = li + 1 < int64_t(blocks_.size()) ? blocks_[size_t(li + 1)].ln1 : has_head_ ? final_ln_ : nullptr;
-    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm)) continue;  // combined, added and normed
+    // A batch-1 decode step defers its combine + norm to the next layer's q|kv_a launch where
+    // that is the next launch and nothing observes the sum or the normed row in between.
+    bool defer = false;
+    if constexpr (!kF32) {
+      if (M == 1 && li + 1 < int64_t(blocks_.size()) && blocks_[size_t(li + 1)].q_kv && gemm_combine_norm_on()) {
+        const LayerHookNames nn(l + 1);
+        defer = !(hooks && (hooks->wants(names.resid_post) || hooks->wants(nn.ln1) || hooks->wants(nn.q) ||
+                            hooks->wants(nn.latent)));
+      }
+    }
+    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr)) continue;  // combined, added and normed
     if (!L.moe) mlp(L.dense, M, b.h, b.y, b.gu, b.act, s_);
     hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
     add_then_norm(names.resid_post, next_norm, l);
   }
+  flush_pending();  // (never left: the last layer does not defer)
   if (!has_head_) return;
   if (blocks_.empty())
     rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});

@@ -876,6 +876,24 @@ int64_t gemm_route_cluster_launches();
 // Tests: 1 lets gemm_moe_route launch its split-K tail, 2 the cluster route, 0 neither, -1 (the
 // default) as ATLAS_ROUTE_CLUSTER and ATLAS_ROUTE_TAIL say.
 void gemm_set_route_tail(int mode);
+// A batch-1 decode step's MoE combine + residual add + next input norm inside the next layer's
+// q|kv_a GEMM (session 42, kernels/gemm_combine.cuh; ATLAS_COMBINE_QKV=1, off by default until
+// measured): moe_combine_add_rmsnorm(c) then gemm(a) with a.x = c.out, the same bits, but the
+// residual sum goes to x_out (c.x is only read: other blocks read it while the sum is stored)
+// and c.out gets the normed row as well. One launch on the cluster config c16x64/4w (one block per
+// 256-wide K slice, the norm's sum of squares exchanged through distributed shared memory), where
+// it can run: one token, one row, bf16, batch-invariant, k <= 8, c.dim = a.K a multiple of 64 of
+// at most 2048 (8 slices), 4-byte aligned rows, 16-byte GEMM operands and cluster launch on this
+// GPU. Returns false and launches nothing otherwise (the caller makes the two calls); bad
+// arguments throw.
+bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out);
+// Whether gemm_combine_norm may launch (the switch or the test override; its other conditions
+// aside): the caller defers the combine only then.
+bool gemm_combine_norm_on();
+// How many fused launches gemm_combine_norm made in this process (tests check that it ran).
+int64_t gemm_combine_norm_launches();
+// Tests: 1 lets gemm_combine_norm launch, 0 not, -1 (the default) as ATLAS_COMBINE_QKV says.
+void gemm_set_combine_norm(int mode);
 
 // Tile configurations of the batch_invariant kernel (largest first). Every one gives the same
 // bits by the contract above; they differ in speed only. gemm() and grouped_gemm() pick one

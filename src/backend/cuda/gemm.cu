@@ -27,6 +27,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/gemm_cluster.cuh"
+#include "backend/cuda/kernels/gemm_combine.cuh"
 #include "backend/cuda/kernels/gemm_stream.cuh"
 #include "backend/cuda/kernels/gemm_tail.cuh"
 #include "backend/cuda/kernels/gemm_invariant.cuh"
@@ -435,6 +436,8 @@ std::atomic<int> tails_override{-1};      // gemm_set_tails (tests)
 std::atomic<int> route_tail_override{-1};  // gemm_set_route_tail (tests)
 std::atomic<int64_t> route_tail_launches{0};  // gemm_route_tail_launches (tests)
 std::atomic<int64_t> route_cluster_launches{0};  // gemm_route_cluster_launches (tests)
+std::atomic<int> combine_norm_override{-1};      // gemm_set_combine_norm (tests)
+std::atomic<int64_t> combine_norm_launches{0};   // gemm_combine_norm_launches (tests)
 std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
 
 struct GemmSetup {
@@ -502,6 +505,9 @@ struct GemmSetup {
   // ATLAS_GEMM_WIDE_SPLITK4 (session 41; default 0): one-row dense problems of N >= 2816 and <= 8
   // K slices (q|kv_a at batch 1) on splitk16x8/4w+staged instead of the cluster config.
   bool wide_splitk4 = false;
+  // ATLAS_COMBINE_QKV (session 42; default 0 until measured): gemm_combine_norm may launch the
+  // q|kv_a GEMM with the MoE combine + norm inside (gemm_cluster_combine_kernel).
+  bool combine_qkv = false;
   // ATLAS_PHASE_CLOCKS=cluster_gemm (session 41, a diagnostic): the phase-clock sums of the
   // cluster config c16x64/4w's bf16 launches (q|kv_a at one row), else null.
   unsigned long long* cluster_clocks = nullptr;
@@ -716,6 +722,7 @@ const GemmSetup& setup() {
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
     g.wide_splitk4 = env_switch("ATLAS_GEMM_WIDE_SPLITK4", false);
+    g.combine_qkv = env_switch("ATLAS_COMBINE_QKV", false);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (const std::string path = detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS")); !path.empty()) {
       std::lock_guard<std::mutex> lock(stamp_mu);
@@ -1817,6 +1824,52 @@ int64_t gemm_route_tail_launches() { return route_tail_launches.load(); }
 int64_t gemm_route_cluster_launches() { return route_cluster_launches.load(); }
 int64_t grouped_self_routed_launches() { return self_routed_launches.load(); }
 void gemm_set_route_tail(int mode) { route_tail_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
+
+bool gemm_combine_norm_on() {
+  const int forced = combine_norm_override.load();
+  return forced >= 0 ? forced > 0 : setup().combine_qkv;
+}
+bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out) {
+  const char* op = "gemm_combine_norm";
+  // Off (the default): nothing to check here, the caller's two calls check their arguments.
+  if (!gemm_combine_norm_on()) return false;
+  require_gemm_args(a, op);
+  require(c.y_sorted && c.pair_slot && c.topk_weights && c.x && c.weight && c.out && x_out, op, "pointers",
+          "y_sorted, pair_slot, topk_weights, x, weight, out and x_out must be set");
+  require(x_out != c.x && x_out != c.out && c.out != c.x, op, "x_out", "x, out and x_out must not alias");
+  require(a.x == c.out, op, "x", "the GEMM must read the norm's output");
+  const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
+  if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::bf16 ||
+      c.tokens != 1 || c.k < 1 || c.k > kern::kCombineStageK || c.dim != a.K || a.K % 64 != 0 ||
+      a.K > kern::kWideDim || !a4(c.y_sorted) || !a4(c.x) || !a4(c.weight) || !a4(x_out) ||
+      (c.addend && !a4(c.addend)))
+    return false;
+  const auto [xs, ws, os] = row_strides(a);
+  const int cluster = cluster_blocks(kCluster16, a.K);
+  // (at most 8 blocks: a portable cluster, like the plain kernel's at K = 2048)
+  if (!dense_async(a, xs, ws) || cluster == 0 || cluster > 8) return false;
+  const TileConfig& cfg = kConfigs[size_t(kCluster16)];
+  const int64_t n_tiles = ceil_div(a.N, cfg.bn);
+  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
+  const auto run = [&](auto kernel, const auto& pro) {
+    launch_clustered(unsigned(cluster), kernel, dim3(unsigned(n_tiles * cluster), 1, 1), cfg.threads, cfg.smem,
+                     stream_of(a.stream), p, pro);
+  };
+  const auto pro = [&](auto kk) {
+    return kern::CombineNormPrologue<decltype(kk)::value>{
+        .ys = c.y_sorted, .slot = c.pair_slot, .w = c.topk_weights, .k = c.k, .addend = c.addend, .x = c.x,
+        .x_out = x_out, .norm_w = c.weight, .h_out = c.out, .dim = c.dim, .eps = c.eps};
+  };
+  if (c.k == 6)
+    run(kern::gemm_cluster_combine_kernel<CfgC16, 6>, pro(std::integral_constant<int, 6>{}));
+  else
+    run(kern::gemm_cluster_combine_kernel<CfgC16, 0>, pro(std::integral_constant<int, 0>{}));
+  check_launch(op);
+  ++combine_norm_launches;
+  return true;
+}
+int64_t gemm_combine_norm_launches() { return combine_norm_launches.load(); }
+void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 1)); }
 bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   const char* op = "gemm_with_latent";
   require_gemm_args(a, op);

@@ -720,6 +720,14 @@ TEST_F(CudaTiny, RouteClusterGivesTheSameBits) {
       "cluster-routed");
 }
 
+// A batch-1 step's MoE combine + norm inside the next layer's q|kv_a launch (gemm_combine_norm,
+// session 42, ATLAS_COMBINE_QKV; the tiny preset: hidden 64, one block per cluster, k = 3 on the
+// run-time k path): the same logits in a one-row prefill and eager and graph-replayed greedy
+// steps with it on and off, and it ran (the residual then ping-pongs between x and x_alt).
+TEST_F(CudaTiny, CombineInsideQkvGivesTheSameBits) {
+  tails_give_the_same_bits(*ck_, cuda::gemm_set_combine_norm, cuda::gemm_combine_norm_launches, "combine-in-q|kv_a");
+}
+
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its
 // per-token digests), in the logits and in the decode steps that follow (the cache holds the

@@ -88,12 +88,24 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 // before the shared experts' gate|up, session 33's lesson).
 // kClocks (ATLAS_PHASE_CLOCKS=cluster_gemm; the early barrier path, block rank 0 of each
 // cluster): kClusterGemmMarks clock64 readings (kernels/phase_clock.cuh) into p.phase_clocks.
+// Prologue (not NoPrologue: the MoE combine + norm before q|kv_a, kernels/gemm_combine.cuh;
+// session 42): a dense one-row problem whose A row the blocks compute themselves instead of
+// copying it: the early path always (weights staged, then the wait), `float2 w =
+// pro.before_wait(rank, C)` before the wait, and after it `pro.after_wait(w, sA, rank, C, first)`
+// writes row 0 of each of the block's ring slots (the block's K slice of the row, bf16, in the
+// swizzled layout the copies would have used) in place of the x copies; `first`: the block is in
+// the first cluster (the one that stores the row's side outputs).
+struct NoPrologue {
+  static constexpr bool kOn = false;
+};
 constexpr int kClusterGemmMarks = 9;
-template <class T, bool kOutF32, bool kPush, class Tail, bool kClocks = false>
-__device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const Tail& tail) {
+template <class T, bool kOutF32, bool kPush, class Tail, bool kClocks = false, class Pro = NoPrologue>
+__device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const Tail& tail, const Pro& pro = {}) {
   constexpr bool kTail = !std::is_same_v<Tail, NoSplitKTail>;
+  constexpr bool kPro = Pro::kOn;
   static_assert(!(kTail && kPush), "a tail runs on the barrier path");
   static_assert(!(kClocks && (kTail || kPush)), "clocks on the plain barrier path");
+  static_assert(!(kPro && (kTail || kPush || kClocks || kOutF32)), "a prologue on the plain bf16 barrier path");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   PhaseClock<kClusterGemmMarks> clk;
   const auto mark = [&](int i) {
@@ -139,7 +151,8 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
   // groups; x only after the wait. At a batch-1 decode step that is the q|kv_a GEMM (14.9 MB)
   // staged during the MoE combine's one-block launch: 2516 -> 2475 us per step (session 22).
   // The same data in the same ring slots: the same bits.
-  const bool early = p.offsets == nullptr && p.prefetch > 1 && p.cluster_early > 0;
+  const bool early = kPro || (p.offsets == nullptr && p.prefetch > 1 && p.cluster_early > 0);
+  [[maybe_unused]] float2 pro_w{};
   if (early) {
     const bool found = find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t);
     if (found) {
@@ -152,6 +165,7 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
                                           (kt_begin + i) * T::BK, K, true, tid, w_hint);
       cp_async_commit();
     }
+    if constexpr (kPro) pro_w = pro.before_wait(rank, C);
     mark(1);
     if constexpr (kTail)
       pdl_begin();
@@ -190,8 +204,13 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
     for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, n0 + r);
   __syncthreads();
   // One commit group per step (the early weights' group, if any, was committed before them, so
-  // the waits below cover it too).
-  if (early)
+  // the waits below cover it too). A prologue writes the A rows itself: empty groups keep the
+  // count of the waits below.
+  if constexpr (kPro) {
+    pro.template after_wait<T::BM, T::BK, T::CH, T::STAGES>(pro_w, sA, rank, C, int(blockIdx.x) / C == 0);
+#pragma unroll
+    for (int i = 0; i < T::STAGES; ++i) cp_async_commit();
+  } else if (early)
     copy_steps(std::integral_constant<int, kTileA>{});
   else
     copy_steps(std::integral_constant<int, kTileA | kTileB>{});

@@ -15,6 +15,7 @@
 // epilogue.
 #pragma once
 
+#include "combine_core.cuh"
 #include "common.cuh"
 #include "rmsnorm.cuh"
 #include "router.cuh"
@@ -250,7 +251,7 @@ constexpr int kCombineMaxK = 16;
 // it the k rounds of gathered loads ran one after another: the loop over k leaves early for
 // q >= k, so no load of a later round could be issued before the earlier round's sums
 // (12.5 us per launch at one token, H200 session 8).
-constexpr int kCombineStageK = 8, kCombineStageDim = kRmsRegs * kReduceThreads;
+constexpr int kCombineStageDim = kRmsRegs * kReduceThreads;  // (kCombineStageK: combine_core.cuh)
 template <class T, bool kStage>
 __global__ void __launch_bounds__(kReduceThreads)
     moe_combine_add_rmsnorm_kernel(const T* __restrict__ ys, const int32_t* __restrict__ slot,
@@ -407,14 +408,8 @@ __global__ void __launch_bounds__(kWideThreads)
 // 6.0 us in isolation set by the instructions and their latencies, not by memory; this form
 // issues half the loads and address sums and no rounds for slots past k. Each element's
 // arithmetic is the wide kernel's and the squares land in sq at their element's index (the sum
-// reads sq by index): the same bits.
-__device__ __forceinline__ float2 bf16_pair(uint32_t u) {
-  return make_float2(bf2f(uint16_t(u & 0xffffu)), bf2f(uint16_t(u >> 16)));
-}
-__device__ __forceinline__ uint32_t bf16_pack(float lo, float hi) {
-  return uint32_t(f2bf(lo)) | (uint32_t(f2bf(hi)) << 16);
-}
-
+// reads sq by index): the same bits. (bf16_pair, bf16_pack and combine_residual_bf16:
+// combine_core.cuh.)
 template <int kK, bool kReleaseFirst = false>
 __global__ void __launch_bounds__(kWideThreads)
     moe_combine_add_rmsnorm_pairs_kernel(const uint16_t* __restrict__ ys, const int32_t* __restrict__ slot,
@@ -455,12 +450,8 @@ __global__ void __launch_bounds__(kWideThreads)
       acc0 += wt[q] * yq[q].x;
       acc1 += wt[q] * yq[q].y;
     }
-  const auto finish = [&](float acc, float a, float xe) {
-    const uint16_t routed = f2bf(acc);
-    const float y = addend ? bf2f(f2bf(bf2f(routed) + a)) : bf2f(routed);
-    return round_as<uint16_t>(xe + y);  // the residual add, as rmsnorm_row<T, true>
-  };
-  const float v0 = finish(acc0, av.x, xv.x), v1 = finish(acc1, av.y, xv.y);
+  const bool add = addend != nullptr;
+  const float v0 = combine_residual_bf16(acc0, av.x, xv.x, add), v1 = combine_residual_bf16(acc1, av.y, xv.y, add);
   if (in) {
     *reinterpret_cast<uint32_t*>(xr + i0) = bf16_pack(v0, v1);
     sq[i0] = v0 * v0;  // the products rmsnorm_row adds, at their elements' indices
