@@ -90,13 +90,15 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 // cluster): kClusterGemmMarks clock64 readings (kernels/phase_clock.cuh) into p.phase_clocks.
 // Prologue (not NoPrologue: the MoE combine + norm before q|kv_a, kernels/gemm_combine.cuh;
 // session 42): a dense one-row problem whose A row the blocks compute themselves instead of
-// copying it: the early path always (weights staged, then the wait), `float2 w =
-// pro.before_wait(rank, C)` before the wait, and after it `pro.after_wait(w, sA, rank, C, first)`
-// writes row 0 of each of the block's ring slots (the block's K slice of the row, bf16, in the
-// swizzled layout the copies would have used) in place of the x copies; `first`: the block is in
-// the first cluster (the one that stores the row's side outputs).
+// copying it: `float2 w = pro.before_wait(rank, C)` before the launch-overlap wait; after it
+// `in = pro.load(rank)` (its loads issued before the weights' copies), the weights' copies, and
+// `pro.after_wait(in, w, sA, rank, C, first)`, which writes row 0 of each of the block's ring
+// slots (the block's K slice of the row, bf16, in the swizzled layout the copies would have used)
+// in place of the x copies; `first`: the block is in the first cluster (the one that stores the
+// row's side outputs).
 struct NoPrologue {
   static constexpr bool kOn = false;
+  struct Loaded {};
 };
 constexpr int kClusterGemmMarks = 9;
 template <class T, bool kOutF32, bool kPush, class Tail, bool kClocks = false, class Pro = NoPrologue>
@@ -153,7 +155,25 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
   // The same data in the same ring slots: the same bits.
   const bool early = kPro || (p.offsets == nullptr && p.prefetch > 1 && p.cluster_early > 0);
   [[maybe_unused]] float2 pro_w{};
-  if (early) {
+  [[maybe_unused]] typename Pro::Loaded pro_in{};
+  if constexpr (kPro) {
+    // A prologue's launch follows a join of two streams (the MoE's shared experts), so its
+    // kernel starts after its predecessor's end and staging the weights before the wait gains
+    // nothing: wait, issue the prologue's loads, then the weights' copies (session 42).
+    const bool found = find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t);
+    pro_w = pro.before_wait(rank, C);
+    pdl_begin_gemm();
+    if (!found) return;  // (never, dense: every cluster has its tile)
+    pro_in = pro.load(rank);
+    for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, t.n_tile * T::BN + r);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < T::STAGES; ++i)
+      if (i < nsteps)
+        load_tile_step<T, true, kTileB>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
+                                        (kt_begin + i) * T::BK, K, true, tid, w_hint);
+    cp_async_commit();
+  } else if (early) {
     const bool found = find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t);
     if (found) {
       for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, t.n_tile * T::BN + r);
@@ -165,7 +185,6 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
                                           (kt_begin + i) * T::BK, K, true, tid, w_hint);
       cp_async_commit();
     }
-    if constexpr (kPro) pro_w = pro.before_wait(rank, C);
     mark(1);
     if constexpr (kTail)
       pdl_begin();
@@ -207,7 +226,7 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
   // the waits below cover it too). A prologue writes the A rows itself: empty groups keep the
   // count of the waits below.
   if constexpr (kPro) {
-    pro.template after_wait<T::BM, T::BK, T::CH, T::STAGES>(pro_w, sA, rank, C, int(blockIdx.x) / C == 0);
+    pro.template after_wait<T::BM, T::BK, T::CH, T::STAGES>(pro_in, pro_w, sA, rank, C, int(blockIdx.x) / C == 0);
 #pragma unroll
     for (int i = 0; i < T::STAGES; ++i) cp_async_commit();
   } else if (early)

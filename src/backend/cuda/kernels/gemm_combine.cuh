@@ -68,37 +68,51 @@ struct CombineNormPrologue {
     }
     return wv;
   }
-  template <int BM, int BK, int CH, int STAGES>
-  __device__ void after_wait(float2 wv, uint16_t* sA, int rank, int C, bool first) const {
-    static_assert(STAGES * BM * BK * 2 >= kWideDim * 4, "the squares fit the A slots");
-    static_assert(BK == 64 && kSliceK == STAGES * BK, "a slice is the ring's steps");
-    constexpr int kQ = kK > 0 ? kK : kCombineStageK;
-    constexpr int kThreads = kReduceThreads / 2;  // the cluster config's 128 threads
-    float* sq = reinterpret_cast<float*>(sA);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int base = rank * kSliceK, len = min(kSliceK, dim - base), e = 2 * tid, i0 = base + e;
+  // After the launch-overlap wait, before the weights' copies (so that these loads are served
+  // first: issued after 32 KB of copies per block they waited for them, session 42's first
+  // run): the thread's two elements of the residual row, of the shared experts' row and of each
+  // routed row (the slots first: one dependent round).
+  static constexpr int kQ = kK > 0 ? kK : kCombineStageK;
+  struct Loaded {
+    float2 xv, av;
+    float wt[kQ];
+    float2 yq[kQ];
+  };
+  __device__ Loaded load(int rank) const {
+    const int base = rank * kSliceK, len = min(kSliceK, dim - base), e = 2 * threadIdx.x, i0 = base + e;
     const bool in = e < len;  // dim is even: both elements or neither
     const auto pair = [](const uint16_t* p) { return bf16_pair(*reinterpret_cast<const uint32_t*>(p)); };
     const float2 zero = make_float2(0.f, 0.f);
-    const float2 xv = in ? pair(x + i0) : zero;
-    const float2 av = addend && in ? pair(addend + i0) : zero;
+    Loaded l;
+    l.xv = in ? pair(x + i0) : zero;
+    l.av = addend && in ? pair(addend + i0) : zero;
     int32_t sl[kQ];
-    float wt[kQ];
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       const bool use = kK > 0 || q < k;
       sl[q] = use ? slot[q] : 0;
-      wt[q] = use ? w[q] : 0.0f;
+      l.wt[q] = use ? w[q] : 0.0f;
     }
-    float2 yq[kQ];
 #pragma unroll
-    for (int q = 0; q < kQ; ++q) yq[q] = (kK > 0 || q < k) && in ? pair(ys + int64_t(sl[q]) * dim + i0) : zero;
+    for (int q = 0; q < kQ; ++q) l.yq[q] = (kK > 0 || q < k) && in ? pair(ys + int64_t(sl[q]) * dim + i0) : zero;
+    return l;
+  }
+  template <int BM, int BK, int CH, int STAGES>
+  __device__ void after_wait(const Loaded& l, float2 wv, uint16_t* sA, int rank, int C, bool first) const {
+    static_assert(STAGES * BM * BK * 2 >= kWideDim * 4, "the squares fit the A slots");
+    static_assert(BK == 64 && kSliceK == STAGES * BK, "a slice is the ring's steps");
+    constexpr int kThreads = kReduceThreads / 2;  // the cluster config's 128 threads
+    float* sq = reinterpret_cast<float*>(sA);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int base = rank * kSliceK, len = min(kSliceK, dim - base), e = 2 * tid, i0 = base + e;
+    const bool in = e < len;
+    const float2 xv = l.xv, av = l.av;
     float acc0 = 0.0f, acc1 = 0.0f;  // moe_combine_kernel's order: slots ascending from +0
 #pragma unroll
     for (int q = 0; q < kQ; ++q)
       if (kK > 0 || q < k) {
-        acc0 += wt[q] * yq[q].x;
-        acc1 += wt[q] * yq[q].y;
+        acc0 += l.wt[q] * l.yq[q].x;
+        acc1 += l.wt[q] * l.yq[q].y;
       }
     const bool add = addend != nullptr;
     const float v0 = combine_residual_bf16(acc0, av.x, xv.x, add), v1 = combine_residual_bf16(acc1, av.y, xv.y, add);
