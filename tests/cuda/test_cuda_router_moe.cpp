@@ -318,15 +318,17 @@ TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
     struct Out {
       std::vector<uint16_t> out, x, x_out, h;
     };
-    const auto run = [&](bool fused) {
+    const auto run = [&](bool fused, bool flagged = false) {
       DevBuf<uint16_t> dx(x), dh(static_cast<size_t>(dim)), dxo(static_cast<size_t>(dim)), dout(static_cast<size_t>(c.N));
+      DevBuf<uint32_t> flags(std::vector<uint32_t>(3, 0u));
+      if (flagged) gemm_combine_signal(flags.get(), 3, 1, nullptr);  // (before it in the stream here)
       const MoeCombineNormArgsT<uint16_t> a{.y_sorted = dy.get(), .pair_slot = dslot.get(), .topk_weights = dw.get(),
                                             .addend = c.shared ? dsh.get() : nullptr, .x = dx.get(), .weight = dnw.get(),
                                             .out = dh.get(), .tokens = 1, .k = k, .dim = dim, .eps = 1e-6f};
       const GemmArgs g{.x = dh.get(), .w = dwq.get(), .out = dout.get(), .M = 1, .N = c.N, .K = dim};
       gemm_set_combine_norm(fused ? 1 : 0);
       const int64_t before = gemm_combine_norm_launches();
-      const bool ran = gemm_combine_norm(g, a, dxo.get());
+      const bool ran = gemm_combine_norm(g, a, dxo.get(), flagged ? flags.get() + 1 : nullptr);
       EXPECT_EQ(ran, fused);
       EXPECT_EQ(gemm_combine_norm_launches(), before + (fused ? 1 : 0));
       if (!ran) {
@@ -335,14 +337,19 @@ TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
       }
       gemm_set_combine_norm(-1);
       check_device_errors();
+      if (flagged) EXPECT_EQ(flags.download(), (std::vector<uint32_t>{0u, 1u, 0u}));
       return Out{dout.download(), dx.download(), dxo.download(), dh.download()};
     };
-    const Out want = run(false), got = run(true);
-    EXPECT_EQ(got.out, want.out) << "q|kv_a output";
-    EXPECT_EQ(got.x_out, want.x) << "residual sum";
-    EXPECT_EQ(got.h, want.h) << "normed row";
-    EXPECT_EQ(got.x, x) << "x written";
+    const Out want = run(false);
     EXPECT_NE(want.x, x) << "the combine added nothing";
+    for (const bool flagged : {false, true}) {
+      SCOPED_TRACE(flagged ? "flagged (weights before the wait)" : "joined");
+      const Out got = run(true, flagged);
+      EXPECT_EQ(got.out, want.out) << "q|kv_a output";
+      EXPECT_EQ(got.x_out, want.x) << "residual sum";
+      EXPECT_EQ(got.h, want.h) << "normed row";
+      EXPECT_EQ(got.x, x) << "x written";
+    }
   }
   // Not taken: two rows, K unlike dim, K not a multiple of 64, k > 8, f32 out; x_out = x throws.
   const int dim = 2048;

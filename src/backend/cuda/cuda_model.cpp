@@ -339,6 +339,9 @@ class CudaModelT final : public Model {
     // inside (gemm_combine_norm) stores the residual sum, since its other blocks read x meanwhile;
     // layers_forward then swaps x and x_alt (the residual ping-pongs between the two).
     Elem* x_alt;
+    // One flag per layer (M = 1 only; zero until a layer's shared experts are done, see moe()):
+    // the q|kv_a launch with the combine inside polls its layer's instead of the stream join.
+    uint32_t* shared_ready;
     Elem *sgu, *sact;  // the shared experts' gate|up scratch and activation (they run on side_)
     Elem *hl, *logits;
     float *router_logits, *topk_w, *mla_ws;
@@ -549,6 +552,11 @@ class CudaModelT final : public Model {
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
   bool argmax_split_ = true;
   mutable DeviceBlock argmax_counters_;
+  mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
+  // layers_forward's state for the flagged deferral (moe()): side_ not joined since a layer's
+  // shared experts, and the flag the pending combine's launch polls (null: none, joined).
+  mutable bool side_unjoined_ = false;
+  mutable const uint32_t* deferred_ready_ = nullptr;
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
@@ -1165,6 +1173,18 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
   } else {
     b.argmax_parts = nullptr;
   }
+  b.shared_ready = nullptr;
+  if (M == 1 && side_on_) {
+    const size_t bytes = size_t(std::max<int64_t>(1, c.num_hidden_layers)) * 4;
+    if (shared_ready_.bytes() < bytes) {
+      stream_synchronize(s_);
+      shared_ready_ = DeviceBlock(bytes);
+      device_memset(shared_ready_.get(), 0, bytes);
+      synchronize();  // (cudaMemset is not ordered with a non-blocking stream)
+      ++scratch_epoch_;  // captured graphs hold the old pointer
+    }
+    b.shared_ready = reinterpret_cast<uint32_t*>(shared_ready_.get());
+  }
   b.pos = b.ids + M;
   b.dst_rows = b.ids + 2 * M;
   b.qlen = b.ids + 3 * M;
@@ -1274,7 +1294,18 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add).
-  if (L.has_shared) join_side();  // side_ has nothing after the shared experts
+  // Deferred into the next q|kv_a launch (below) with the side stream on: no join here. The
+  // shared experts' end raises the layer's flag on side_ (gemm_combine_signal; the launch polls
+  // it before reading b.shared), so that launch follows the routed down with launch overlap
+  // (a join makes it wait for the down's end, session 42) and may stage its weights beside it.
+  // side_ joins s_ again at the next layer's fork or at the end of the layers.
+  const bool flagged = defer && side_on_ && L.has_shared && b.shared_ready && gemm_combine_flagged();
+  if (flagged) {
+    gemm_combine_signal(b.shared_ready, int(cfg_.num_hidden_layers), int(l), side_);
+    side_unjoined_ = true;
+  } else if (L.has_shared) {
+    join_side();  // side_ has nothing after the shared experts
+  }
   // Readers and digest observers of the residual sum only read it, and the fused launch leaves the sum in x
   // (as add_then_norm's fused launch does), so they do not keep the MoE tail apart: the traced
   // prefill digests every resid_post. A tensor observer could write the sum before the norm.
@@ -1286,6 +1317,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
                                        .eps = float(c.rms_norm_eps), .stream = s_};
     if (defer) {  // (the caller checked that no hook reads resid_post)
       defer->emplace(ca);
+      deferred_ready_ = flagged ? b.shared_ready + l : nullptr;
       return true;
     }
     moe_combine_add_rmsnorm(ca);
@@ -1319,7 +1351,10 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   // A batch-1 decode step's MoE combine + norm, left by moe() for the next layer's q|kv_a launch
   // (gemm_combine_norm, ATLAS_COMBINE_QKV), which runs it inside or, where it cannot, first.
   std::optional<MoeCombineNormArgsT<Elem>> pending;
+  side_unjoined_ = false;
+  deferred_ready_ = nullptr;
   const auto flush_pending = [&] {
+    if (deferred_ready_) join_side();  // (the flag is for the fused launch only)
     if (pending) moe_combine_add_rmsnorm(*pending);
     pending.reset();
   };
@@ -1382,11 +1417,15 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       if constexpr (!kF32)
         if (pending) {
           combined = gemm_combine_norm(gemm_args({.x = b.h, .w = L.q_kv, .out = b.qkv, .M = M, .N = nh * dq + W, .K = H}),
-                                       *pending, b.x_alt);
+                                       *pending, b.x_alt, deferred_ready_);
           if (combined) std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
         }
-      if (pending && !combined) moe_combine_add_rmsnorm(*pending);
+      if (pending && !combined) {
+        if (deferred_ready_) join_side();
+        moe_combine_add_rmsnorm(*pending);
+      }
       pending.reset();
+      deferred_ready_ = nullptr;
       if (!combined) linear(b.h, L.q_kv, b.qkv, M, nh * dq + W, H);
       qp = b.qkv;
       lp = b.qkv + nh * dq;
@@ -1538,6 +1577,8 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     add_then_norm(names.resid_post, next_norm, l);
   }
   flush_pending();  // (never left: the last layer does not defer)
+  if (side_unjoined_) join_side();  // (before the capture ends; the last MoE layer joins anyway)
+  side_unjoined_ = false;
   if (!has_head_) return;
   if (blocks_.empty())
     rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});

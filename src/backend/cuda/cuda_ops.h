@@ -886,13 +886,26 @@ void gemm_set_route_tail(int mode);
 // at most 2048 (8 slices), 4-byte aligned rows, 16-byte GEMM operands and cluster launch on this
 // GPU. Returns false and launches nothing otherwise (the caller makes the two calls); bad
 // arguments throw.
-bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out);
+// ready (optional): where the caller did not join the stream that wrote c.addend (the shared
+// experts on the side stream) before this launch, a flag that gemm_combine_signal raises on
+// that stream after them: every block polls it (acquire) before reading c.addend, and stages
+// its weights before the launch-overlap wait (session 42, ATLAS_COMBINE_QKV=flag).
+bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out,
+                       const uint32_t* ready = nullptr);
+// On `stream`: flags[i] = (i == index) for i < count, released at GPU scope once the stream's
+// earlier kernels are done (a one-thread launch). The flags of the other layers drop to 0: their
+// pollers ran before (the stream was forked from theirs after them).
+void gemm_combine_signal(uint32_t* flags, int count, int index, Stream stream);
+// Whether ATLAS_COMBINE_QKV asks for the flagged form ("flag"; the test override: 2).
+bool gemm_combine_flagged();
 // Whether gemm_combine_norm may launch (the switch or the test override; its other conditions
 // aside): the caller defers the combine only then.
 bool gemm_combine_norm_on();
 // How many fused launches gemm_combine_norm made in this process (tests check that it ran).
 int64_t gemm_combine_norm_launches();
-// Tests: 1 lets gemm_combine_norm launch, 0 not, -1 (the default) as ATLAS_COMBINE_QKV says.
+int64_t gemm_combine_flagged_launches();  // (those with a ready flag)
+// Tests: 1 lets gemm_combine_norm launch, 2 in the flagged form, 0 not, -1 (the default) as
+// ATLAS_COMBINE_QKV says.
 void gemm_set_combine_norm(int mode);
 
 // Tile configurations of the batch_invariant kernel (largest first). Every one gives the same

@@ -438,6 +438,7 @@ std::atomic<int64_t> route_tail_launches{0};  // gemm_route_tail_launches (tests
 std::atomic<int64_t> route_cluster_launches{0};  // gemm_route_cluster_launches (tests)
 std::atomic<int> combine_norm_override{-1};      // gemm_set_combine_norm (tests)
 std::atomic<int64_t> combine_norm_launches{0};   // gemm_combine_norm_launches (tests)
+std::atomic<int64_t> combine_flagged_launches{0};  // ... of them with a ready flag
 std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
 
 struct GemmSetup {
@@ -505,9 +506,10 @@ struct GemmSetup {
   // ATLAS_GEMM_WIDE_SPLITK4 (session 41; default 0): one-row dense problems of N >= 2816 and <= 8
   // K slices (q|kv_a at batch 1) on splitk16x8/4w+staged instead of the cluster config.
   bool wide_splitk4 = false;
-  // ATLAS_COMBINE_QKV (session 42; default 0 until measured): gemm_combine_norm may launch the
-  // q|kv_a GEMM with the MoE combine + norm inside (gemm_cluster_combine_kernel).
-  bool combine_qkv = false;
+  // ATLAS_COMBINE_QKV (session 42; default 0 until measured): 1 gemm_combine_norm may launch the
+  // q|kv_a GEMM with the MoE combine + norm inside (gemm_cluster_combine_kernel), 2 ("flag") and
+  // the model may leave the side stream unjoined before it (a flag instead).
+  int combine_qkv = 0;
   // ATLAS_PHASE_CLOCKS=cluster_gemm (session 41, a diagnostic): the phase-clock sums of the
   // cluster config c16x64/4w's bf16 launches (q|kv_a at one row), else null.
   unsigned long long* cluster_clocks = nullptr;
@@ -722,7 +724,7 @@ const GemmSetup& setup() {
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
     g.wide_splitk4 = env_switch("ATLAS_GEMM_WIDE_SPLITK4", false);
-    g.combine_qkv = env_switch("ATLAS_COMBINE_QKV", false);
+    g.combine_qkv = combine_qkv_setting(std::getenv("ATLAS_COMBINE_QKV"));
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (const std::string path = detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS")); !path.empty()) {
       std::lock_guard<std::mutex> lock(stamp_mu);
@@ -1827,9 +1829,10 @@ void gemm_set_route_tail(int mode) { route_tail_override.store(mode < 0 ? -1 : s
 
 bool gemm_combine_norm_on() {
   const int forced = combine_norm_override.load();
-  return forced >= 0 ? forced > 0 : setup().combine_qkv;
+  return (forced >= 0 ? forced : setup().combine_qkv) > 0;
 }
-bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out) {
+bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out,
+                       const uint32_t* ready) {
   const char* op = "gemm_combine_norm";
   // Off (the default): nothing to check here, the caller's two calls check their arguments.
   if (!gemm_combine_norm_on()) return false;
@@ -1858,7 +1861,7 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
   const auto pro = [&](auto kk) {
     return kern::CombineNormPrologue<decltype(kk)::value>{
         .ys = c.y_sorted, .slot = c.pair_slot, .w = c.topk_weights, .k = c.k, .addend = c.addend, .x = c.x,
-        .x_out = x_out, .norm_w = c.weight, .h_out = c.out, .dim = c.dim, .eps = c.eps};
+        .x_out = x_out, .norm_w = c.weight, .h_out = c.out, .dim = c.dim, .eps = c.eps, .ready = ready};
   };
   if (c.k == 6)
     run(kern::gemm_cluster_combine_kernel<CfgC16, 6>, pro(std::integral_constant<int, 6>{}));
@@ -1866,10 +1869,23 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
     run(kern::gemm_cluster_combine_kernel<CfgC16, 0>, pro(std::integral_constant<int, 0>{}));
   check_launch(op);
   ++combine_norm_launches;
+  if (ready) ++combine_flagged_launches;
   return true;
 }
 int64_t gemm_combine_norm_launches() { return combine_norm_launches.load(); }
-void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 1)); }
+int64_t gemm_combine_flagged_launches() { return combine_flagged_launches.load(); }
+void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
+bool gemm_combine_flagged() {
+  const int forced = combine_norm_override.load();
+  return (forced >= 0 ? forced : setup().combine_qkv) == 2;
+}
+void gemm_combine_signal(uint32_t* flags, int count, int index, Stream stream) {
+  const char* op = "gemm_combine_signal";
+  require(flags != nullptr && count > 0 && index >= 0 && index < count, op, "flags",
+          "a flag array of count > 0 and an index inside it");
+  launch(kern::combine_signal_kernel, 1, 32, 0, stream_of(stream), flags, count, index);
+  check_launch(op);
+}
 bool gemm_with_latent(const GemmArgs& a, const LatentCacheArgsT<uint16_t>& l) {
   const char* op = "gemm_with_latent";
   require_gemm_args(a, op);
@@ -2026,6 +2042,14 @@ int64_t grouped_y_tiles(int64_t max_rows, int bm, int64_t groups, bool tight) {
   // floor(r / bm) + 1 for r > 0 and the floors add up to at most floor(max_rows / bm), so the
   // tight bound holds too; at most min(groups, max_rows) groups have rows.
   return (tight ? max_rows / bm : ceil_div(max_rows, bm)) + std::min<int64_t>(groups, max_rows);
+}
+
+int combine_qkv_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "0") return 0;
+  if (v == "1") return 1;
+  if (v == "flag") return 2;
+  throw Error("cuda: ATLAS_COMBINE_QKV: expected 0, 1 or flag, got '" + v + "'");
 }
 
 int gemm_down_blocks_setting(const char* value) {

@@ -343,6 +343,7 @@ void check_environment() {
   (void)detail::gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
   (void)detail::gemm_grouped_few_down_setting(std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN"));
   (void)detail::gemm_down_blocks_setting(std::getenv("ATLAS_GEMM_DOWN_BLOCKS_PER_SM"));
+  (void)detail::combine_qkv_setting(std::getenv("ATLAS_COMBINE_QKV"));
   (void)detail::gemm_splitk_setting(std::getenv("ATLAS_GEMM_SPLITK"));
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
   (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
@@ -357,8 +358,7 @@ void check_environment() {
                            "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
                            "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL",
                            "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT", "ATLAS_MOE_SELF_ROUTE",
-                           "ATLAS_GEMM_TIGHT_TILES", "ATLAS_ROUTE_CLUSTER", "ATLAS_GEMM_WIDE_SPLITK4",
-                           "ATLAS_COMBINE_QKV"})
+                           "ATLAS_GEMM_TIGHT_TILES", "ATLAS_ROUTE_CLUSTER", "ATLAS_GEMM_WIDE_SPLITK4"})
     (void)env_switch(name, true);
 }
 

@@ -727,6 +727,13 @@ TEST_F(CudaTiny, RouteClusterGivesTheSameBits) {
 TEST_F(CudaTiny, CombineInsideQkvGivesTheSameBits) {
   tails_give_the_same_bits(*ck_, cuda::gemm_set_combine_norm, cuda::gemm_combine_norm_launches, "combine-in-q|kv_a");
 }
+// ... and in its flagged form (ATLAS_COMBINE_QKV=flag): the side stream not joined before that
+// launch, which polls the layer's flag raised after the shared experts instead.
+TEST_F(CudaTiny, FlaggedCombineInsideQkvGivesTheSameBits) {
+  tails_give_the_same_bits(
+      *ck_, [](int on) { cuda::gemm_set_combine_norm(on > 0 ? 2 : on); }, cuda::gemm_combine_flagged_launches,
+      "flagged combine-in-q|kv_a");
+}
 
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its

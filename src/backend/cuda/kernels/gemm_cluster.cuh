@@ -157,22 +157,29 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
   [[maybe_unused]] float2 pro_w{};
   [[maybe_unused]] typename Pro::Loaded pro_in{};
   if constexpr (kPro) {
-    // A prologue's launch follows a join of two streams (the MoE's shared experts), so its
-    // kernel starts after its predecessor's end and staging the weights before the wait gains
-    // nothing: wait, issue the prologue's loads, then the weights' copies (session 42).
+    // A prologue's launch follows a join of two streams (the MoE's shared experts) unless the
+    // prologue polls a flag for them (weights_first): joined, its kernel starts after its
+    // predecessor's end, so staging the weights before the wait gains nothing and the
+    // prologue's loads are issued first (behind 32 KB of copies per block they waited, s42-1);
+    // flagged, it follows the routed down with launch overlap and stages them before the wait.
     const bool found = find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t);
+    const bool weights_first = pro.weights_first();
+    for (int r = tid; found && r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, t.n_tile * T::BN + r);
+    __syncthreads();
+    const auto stage_weights = [&] {
+#pragma unroll
+      for (int i = 0; i < T::STAGES; ++i)
+        if (i < nsteps)
+          load_tile_step<T, true, kTileB>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
+                                          (kt_begin + i) * T::BK, K, true, tid, w_hint);
+      cp_async_commit();
+    };
+    if (found && weights_first) stage_weights();
     pro_w = pro.before_wait(rank, C);
     pdl_begin_gemm();
     if (!found) return;  // (never, dense: every cluster has its tile)
     pro_in = pro.load(rank);
-    for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, t.n_tile * T::BN + r);
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < T::STAGES; ++i)
-      if (i < nsteps)
-        load_tile_step<T, true, kTileB>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
-                                        (kt_begin + i) * T::BK, K, true, tid, w_hint);
-    cp_async_commit();
+    if (!weights_first) stage_weights();
   } else if (early) {
     const bool found = find_tile<T::BM, true>(p, int(blockIdx.x) / C, tid, lane, t);
     if (found) {

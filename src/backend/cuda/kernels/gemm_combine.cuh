@@ -47,6 +47,12 @@ struct CombineNormPrologue {
   uint16_t* h_out = nullptr;         // [dim] the normed row, or null
   int dim = 0;                       // = K: a multiple of 64, at most kWideDim
   float eps = 0.0f;
+  // Set where the launch was not ordered after the shared experts (no stream join: session 42's
+  // flagged form): their flag, 1 once they are done (combine_signal_kernel). Every block's
+  // thread 0 polls it (acquire) before any thread reads the addend; the launch then follows the
+  // routed down with launch overlap, so its blocks stage their weights before the wait.
+  const uint32_t* ready = nullptr;
+  __device__ bool weights_first() const { return ready != nullptr; }
 
   static __device__ uint64_t* barrier() {
     __shared__ uint64_t bar;
@@ -83,6 +89,15 @@ struct CombineNormPrologue {
     const bool in = e < len;  // dim is even: both elements or neither
     const auto pair = [](const uint16_t* p) { return bf16_pair(*reinterpret_cast<const uint32_t*>(p)); };
     const float2 zero = make_float2(0.f, 0.f);
+    if (ready) {
+      if (threadIdx.x == 0) {
+        uint32_t v = 0;
+        do {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ready) : "memory");
+        } while (v == 0);
+      }
+      __syncthreads();  // (thread 0's acquire, then the block's reads)
+    }
     Loaded l;
     l.xv = in ? pair(x + i0) : zero;
     l.av = addend && in ? pair(addend + i0) : zero;
@@ -163,6 +178,18 @@ struct CombineNormPrologue {
     }
   }
 };
+
+// gemm_combine_signal: flags[i] = (i == index), the raised one released at GPU scope after the
+// stream's earlier kernels (the launch-overlap wait: the shared experts' down) are done. One
+// thread; the others of the warp idle.
+__global__ void combine_signal_kernel(uint32_t* flags, int count, int index) {
+  pdl_begin();
+  if (threadIdx.x != 0) return;
+  for (int i = 0; i < count; ++i)
+    if (i != index) flags[i] = 0u;
+  __threadfence();
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flags + index), "r"(1u) : "memory");
+}
 
 // The cluster GEMM of one row (c16x64/4w) with CombineNormPrologue (gemm_combine_norm, gemm.cu).
 template <class T, int kK>
