@@ -877,8 +877,8 @@ int64_t gemm_route_cluster_launches();
 // default) as ATLAS_ROUTE_CLUSTER and ATLAS_ROUTE_TAIL say.
 void gemm_set_route_tail(int mode);
 // A batch-1 decode step's MoE combine + residual add + next input norm inside the next layer's
-// q|kv_a GEMM (session 42, kernels/gemm_combine.cuh; ATLAS_COMBINE_QKV=1, off by default until
-// measured): moe_combine_add_rmsnorm(c) then gemm(a) with a.x = c.out, the same bits, but the
+// q|kv_a GEMM (session 42, kernels/gemm_combine.cuh; ATLAS_COMBINE_QKV=1 or flag, the default;
+// 0 off): moe_combine_add_rmsnorm(c) then gemm(a) with a.x = c.out, the same bits, but the
 // residual sum goes to x_out (c.x is only read: other blocks read it while the sum is stored)
 // and c.out gets the normed row as well. One launch on the cluster config c16x64/4w (one block per
 // 256-wide K slice, the norm's sum of squares exchanged through distributed shared memory), where

@@ -101,13 +101,6 @@ struct CombineNormPrologue {
     Loaded l;
     l.xv = in ? pair(x + i0) : zero;
     l.av = addend && in ? pair(addend + i0) : zero;
-    // One token: its k routed rows are rows 0 .. k-1 of ys (its slots are a permutation of
-    // them), so all k load in the slots' round and each slot picks its row afterwards, where
-    // gathering by slot cost a second, dependent round trip after the launch-overlap wait. The
-    // same values; a slot outside [0, k) (never, from moe_route) reads its row itself.
-    float2 row[kQ];
-#pragma unroll
-    for (int j = 0; j < kQ; ++j) row[j] = (kK > 0 || j < k) && in ? pair(ys + int64_t(j) * dim + i0) : zero;
     int32_t sl[kQ];
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
@@ -116,15 +109,7 @@ struct CombineNormPrologue {
       l.wt[q] = use ? w[q] : 0.0f;
     }
 #pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      float2 v = zero;
-#pragma unroll
-      for (int j = 0; j < kQ; ++j)
-        if (sl[q] == j) v = row[j];
-      const bool use = (kK > 0 || q < k) && in;
-      if (use && (sl[q] < 0 || sl[q] >= k)) v = pair(ys + int64_t(sl[q]) * dim + i0);
-      l.yq[q] = use ? v : zero;
-    }
+    for (int q = 0; q < kQ; ++q) l.yq[q] = (kK > 0 || q < k) && in ? pair(ys + int64_t(sl[q]) * dim + i0) : zero;
     return l;
   }
   template <int BM, int BK, int CH, int STAGES>
