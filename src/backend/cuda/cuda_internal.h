@@ -103,7 +103,7 @@ int gemm_grouped_few_down_setting(const char* value);
 // enough shared memory that one more does not fit (session 41); anything else throws an Error
 // naming the variable. Never bits.
 int gemm_down_blocks_setting(const char* value);
-// ATLAS_COMBINE_QKV's value (null or empty: unset, 2, the default): "0", "1" (the MoE combine + norm inside
+// ATLAS_COMBINE_QKV's value (null or empty: unset, 0): "0", "1" (the MoE combine + norm inside
 // the next q|kv_a launch, gemm_combine_norm) or "flag" (2: and the side stream left unjoined
 // before it, a flag polled instead); anything else throws an Error naming the variable.
 int combine_qkv_setting(const char* value);

@@ -877,8 +877,8 @@ int64_t gemm_route_cluster_launches();
 // default) as ATLAS_ROUTE_CLUSTER and ATLAS_ROUTE_TAIL say.
 void gemm_set_route_tail(int mode);
 // A batch-1 decode step's MoE combine + residual add + next input norm inside the next layer's
-// q|kv_a GEMM (session 42, kernels/gemm_combine.cuh; ATLAS_COMBINE_QKV=1 or flag, the default;
-// 0 off): moe_combine_add_rmsnorm(c) then gemm(a) with a.x = c.out, the same bits, but the
+// q|kv_a GEMM (session 42, kernels/gemm_combine.cuh; ATLAS_COMBINE_QKV=1 or flag, off by
+// default): moe_combine_add_rmsnorm(c) then gemm(a) with a.x = c.out, the same bits, but the
 // residual sum goes to x_out (c.x is only read: other blocks read it while the sum is stored)
 // and c.out gets the normed row as well. One launch on the cluster config c16x64/4w (one block per
 // 256-wide K slice, the norm's sum of squares exchanged through distributed shared memory), where
@@ -889,7 +889,9 @@ void gemm_set_route_tail(int mode);
 // ready (optional): where the caller did not join the stream that wrote c.addend (the shared
 // experts on the side stream) before this launch, a flag that gemm_combine_signal raises on
 // that stream after them: every block polls it (acquire) before reading c.addend, and stages
-// its weights before the launch-overlap wait (session 42, ATLAS_COMBINE_QKV=flag).
+// its weights before the launch-overlap wait (session 42, ATLAS_COMBINE_QKV=flag). A measurement
+// form only: nothing guarantees that the flag's writer gets an SM while these blocks spin (a
+// run hung, s42-8); a programmatic dependency on that stream is the safe form (docs/cuda.md).
 bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out,
                        const uint32_t* ready = nullptr);
 // On `stream`: flags[i] = (i == index) for i < count, released at GPU scope once the stream's

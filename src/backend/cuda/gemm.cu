@@ -506,11 +506,12 @@ struct GemmSetup {
   // ATLAS_GEMM_WIDE_SPLITK4 (session 41; default 0): one-row dense problems of N >= 2816 and <= 8
   // K slices (q|kv_a at batch 1) on splitk16x8/4w+staged instead of the cluster config.
   bool wide_splitk4 = false;
-  // ATLAS_COMBINE_QKV (session 42): 1 gemm_combine_norm may launch the q|kv_a GEMM with the MoE
-  // combine + norm inside (gemm_cluster_combine_kernel), 2 ("flag", the default since s42-5:
-  // 488.5 / 487.7 against 482.9 / 483.7 tok/s) and the model may leave the side stream unjoined
-  // before it (a flag instead), 0 neither.
-  int combine_qkv = 2;
+  // ATLAS_COMBINE_QKV (session 42; default 0): 1 gemm_combine_norm may launch the q|kv_a GEMM
+  // with the MoE combine + norm inside (gemm_cluster_combine_kernel; slower, s42-1/-4), 2 ("flag")
+  // and the model may leave the side stream unjoined before it, a flag polled instead (faster,
+  // 488.3 against 483.0 / 483.3 tok/s in s42-7, but UNSAFE: the launch's blocks spin on work of
+  // another stream that nothing guarantees an SM; a run under it hung, s42-8; docs/cuda.md).
+  int combine_qkv = 0;
   // ATLAS_PHASE_CLOCKS=cluster_gemm (session 41, a diagnostic): the phase-clock sums of the
   // cluster config c16x64/4w's bf16 launches (q|kv_a at one row), else null.
   unsigned long long* cluster_clocks = nullptr;
@@ -2047,8 +2048,7 @@ int64_t grouped_y_tiles(int64_t max_rows, int bm, int64_t groups, bool tight) {
 
 int combine_qkv_setting(const char* value) {
   const std::string v = value ? value : "";
-  if (v.empty()) return 2;  // the default: "flag"
-  if (v == "0") return 0;
+  if (v.empty() || v == "0") return 0;
   if (v == "1") return 1;
   if (v == "flag") return 2;
   throw Error("cuda: ATLAS_COMBINE_QKV: expected 0, 1 or flag, got '" + v + "'");

@@ -51,6 +51,8 @@ struct CombineNormPrologue {
   // flagged form): their flag, 1 once they are done (combine_signal_kernel). Every block's
   // thread 0 polls it (acquire) before any thread reads the addend; the launch then follows the
   // routed down with launch overlap, so its blocks stage their weights before the wait.
+  // Unsafe as a default: these blocks spin while holding SMs, and nothing guarantees that the
+  // shared experts' blocks or the signal kernel get one (a run hung under it, s42-8).
   const uint32_t* ready = nullptr;
   __device__ bool weights_first() const { return ready != nullptr; }
 
