@@ -66,6 +66,16 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Warp 0's tree over the 8 warp sums scratch[0..7] into scratch[8]: offsets 4, 2, 1 (lanes >= 8
+// carry zeros that never mix in: lane i < 8 only reads lanes i^4, i^2, i^1 < 8).
+__device__ __forceinline__ void eight_warp_tree(float* scratch, int lane) {
+  float s = lane < 8 ? scratch[lane] : 0.0f;
+  s += __shfl_xor_sync(0xffffffffu, s, 4);
+  s += __shfl_xor_sync(0xffffffffu, s, 2);
+  s += __shfl_xor_sync(0xffffffffu, s, 1);
+  if (lane == 0) scratch[8] = s;
+}
+
 // `scratch` holds at least 9 floats. The block has kReduceThreads threads, or more (the wide
 // norms of rmsnorm.cuh: 1024), in which case only the first kReduceThreads threads' values
 // count: the order is the same whatever the block size.
@@ -75,15 +85,26 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0 && warp < kReduceThreads / 32) scratch[warp] = v;
   __syncthreads();
-  if (warp == 0) {
-    float s = lane < 8 ? scratch[lane] : 0.0f;
-    // Tree over the 8 warp sums: offsets 4, 2, 1 (lanes >= 8 carry zeros that never mix in:
-    // lane i < 8 only reads lanes i^4, i^2, i^1 < 8).
-    s += __shfl_xor_sync(0xffffffffu, s, 4);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if (lane == 0) scratch[8] = s;
+  if (warp == 0) eight_warp_tree(scratch, lane);
+  __syncthreads();
+  return scratch[8];
+}
+
+// block_sum's order on a block of kReduceThreads / 2 threads (128: the cluster GEMM's and the
+// tiled 16-row GEMM's blocks): thread t stands for the 256-thread block's threads t and t + 128,
+// holding their values v0 and v1, so warp w's two warp sums are that block's warps w and w + 4;
+// then block_sum's tree over the eight. The same bits as block_sum over those 256 values. Every
+// thread gets the sum. `scratch` holds at least 9 floats.
+__device__ __forceinline__ float half_block_sum(float v0, float v1, float* scratch) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float w0 = warp_sum(v0), w1 = warp_sum(v1);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) {
+    scratch[warp] = w0;
+    scratch[warp + 4] = w1;
   }
+  __syncthreads();
+  if (warp == 0) eight_warp_tree(scratch, lane);  // block_sum's tree over the eight warp sums
   __syncthreads();
   return scratch[8];
 }

@@ -156,6 +156,15 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
   const bool early = kPro || (p.offsets == nullptr && p.prefetch > 1 && p.cluster_early > 0);
   [[maybe_unused]] float2 pro_w{};
   [[maybe_unused]] typename Pro::Loaded pro_in{};
+  // The block's weight slice into the ring (one commit group), once b_off holds its rows.
+  const auto stage_weights = [&] {
+#pragma unroll
+    for (int i = 0; i < T::STAGES; ++i)
+      if (i < nsteps)
+        load_tile_step<T, true, kTileB>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
+                                        (kt_begin + i) * T::BK, K, true, tid, w_hint);
+    cp_async_commit();
+  };
   if constexpr (kPro) {
     // A prologue's launch follows a join of two streams (the MoE's shared experts) unless the
     // prologue polls a flag for them (weights_first): joined, its kernel starts after its
@@ -166,14 +175,6 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
     const bool weights_first = pro.weights_first();
     for (int r = tid; found && r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, t.n_tile * T::BN + r);
     __syncthreads();
-    const auto stage_weights = [&] {
-#pragma unroll
-      for (int i = 0; i < T::STAGES; ++i)
-        if (i < nsteps)
-          load_tile_step<T, true, kTileB>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
-                                          (kt_begin + i) * T::BK, K, true, tid, w_hint);
-      cp_async_commit();
-    };
     if (found && weights_first) stage_weights();
     pro_w = pro.before_wait(rank, C);
     pdl_begin_gemm();
@@ -185,12 +186,7 @@ __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const 
     if (found) {
       for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, t.n_tile * T::BN + r);
       __syncthreads();
-#pragma unroll
-      for (int i = 0; i < T::STAGES; ++i)
-        if (i < nsteps)
-          load_tile_step<T, true, kTileB>(sA + i * (T::BM * T::BK), sB + i * (T::BN * T::BK), a_off, b_off, t.x, t.w,
-                                          (kt_begin + i) * T::BK, K, true, tid, w_hint);
-      cp_async_commit();
+      stage_weights();
     }
     mark(1);
     if constexpr (kTail)

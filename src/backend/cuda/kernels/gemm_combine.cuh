@@ -120,7 +120,7 @@ struct CombineNormPrologue {
     static_assert(BK == 64 && kSliceK == STAGES * BK, "a slice is the ring's steps");
     constexpr int kThreads = kReduceThreads / 2;  // the cluster config's 128 threads
     float* sq = reinterpret_cast<float*>(sA);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     const int base = rank * kSliceK, len = min(kSliceK, dim - base), e = 2 * tid, i0 = base + e;
     const bool in = e < len;
     const float2 xv = l.xv, av = l.av;
@@ -154,21 +154,8 @@ struct CombineNormPrologue {
         const int i = tid + hf * kThreads + j * kReduceThreads;
         if (i < dim) ss[hf] += sq[i];
       }
-    const float w0 = warp_sum(ss[0]), w1 = warp_sum(ss[1]);
-    if (lane == 0) {
-      scratch[warp] = w0;
-      scratch[warp + 4] = w1;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      float s = lane < 8 ? scratch[lane] : 0.0f;  // block_sum's tree over the eight warp sums
-      s += __shfl_xor_sync(0xffffffffu, s, 4);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      if (lane == 0) scratch[8] = s;
-    }
-    __syncthreads();  // (every read of the squares is done: the A slots may be written)
-    const float r = 1.0f / sqrtf(scratch[8] / float(dim) + eps);
+    // (half_block_sum's barriers: every read of the squares is done, the A slots may be written)
+    const float r = 1.0f / sqrtf(half_block_sum(ss[0], ss[1], scratch) / float(dim) + eps);
     if (!in) return;
     const uint32_t h = bf16_pack(wv.x * round_as<uint16_t>(v0 * r), wv.y * round_as<uint16_t>(v1 * r));
     // Row 0 of slot e / BK, element e % BK: chunk (e % BK) / 8 swizzled for row 0.

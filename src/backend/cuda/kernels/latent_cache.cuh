@@ -151,7 +151,7 @@ __device__ __forceinline__ void latent_rope_queries_spread(const LatentCachePara
 template <class T>
 __device__ __forceinline__ void latent_cache_half_block(const LatentCacheParams<T>& p, int t, float* scratch) {
   constexpr int kThreads = kReduceThreads / 2, kRegs = kWideDim / kThreads;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x;
   float v[kRegs], wv[kRegs];
 #pragma unroll
   for (int m = 0; m < kRegs; ++m) {
@@ -174,21 +174,7 @@ __device__ __forceinline__ void latent_cache_half_block(const LatentCacheParams<
 #pragma unroll
   for (int m = 0; m < kRegs; ++m)
     if (tid + m * kThreads < p.latent) ss[m & 1] += v[m] * v[m];
-  const float w0 = warp_sum(ss[0]), w1 = warp_sum(ss[1]);
-  if (lane == 0) {
-    scratch[warp] = w0;
-    scratch[warp + 4] = w1;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    float s = lane < 8 ? scratch[lane] : 0.0f;  // block_sum's tree over the eight warp sums
-    s += __shfl_xor_sync(0xffffffffu, s, 4);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if (lane == 0) scratch[8] = s;
-  }
-  __syncthreads();
-  const float r = 1.0f / sqrtf(scratch[8] / float(p.latent) + p.eps);
+  const float r = 1.0f / sqrtf(half_block_sum(ss[0], ss[1], scratch) / float(p.latent) + p.eps);
 #pragma unroll
   for (int m = 0; m < kRegs; ++m) {
     const int i = tid + m * kThreads;
