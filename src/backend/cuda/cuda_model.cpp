@@ -1299,18 +1299,20 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // it before reading b.shared), so that launch follows the routed down with launch overlap
   // (a join makes it wait for the down's end, session 42) and may stage its weights beside it.
   // side_ joins s_ again at the next layer's fork or at the end of the layers.
-  const bool flagged = defer && side_on_ && L.has_shared && b.shared_ready && gemm_combine_flagged();
+  // Readers and digest observers of the residual sum only read it, and the fused launch leaves the sum in x
+  // (as add_then_norm's fused launch does), so they do not keep the MoE tail apart: the traced
+  // prefill digests every resid_post. A tensor observer could write the sum before the norm.
+  const bool tail = next_norm && !(hooks && (hooks->wants(names.routed_out) || hooks->wants(names.shared_out) ||
+                                             hooks->wants(names.mlp_out) || hooks->wants_tensor(names.resid_post)));
+  // (only where the combine is deferred: every other reader of b.shared needs the join)
+  const bool flagged = defer && tail && side_on_ && L.has_shared && b.shared_ready && gemm_combine_flagged();
   if (flagged) {
     gemm_combine_signal(b.shared_ready, int(cfg_.num_hidden_layers), int(l), side_);
     side_unjoined_ = true;
   } else if (L.has_shared) {
     join_side();  // side_ has nothing after the shared experts
   }
-  // Readers and digest observers of the residual sum only read it, and the fused launch leaves the sum in x
-  // (as add_then_norm's fused launch does), so they do not keep the MoE tail apart: the traced
-  // prefill digests every resid_post. A tensor observer could write the sum before the norm.
-  if (next_norm && !(hooks && (hooks->wants(names.routed_out) || hooks->wants(names.shared_out) ||
-                               hooks->wants(names.mlp_out) || hooks->wants_tensor(names.resid_post)))) {
+  if (tail) {
     const MoeCombineNormArgsT<Elem> ca{.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w,
                                        .addend = L.has_shared ? b.shared : nullptr, .x = b.x, .weight = next_norm,
                                        .out = b.h, .tokens = int(M), .k = int(k), .dim = int(H),
