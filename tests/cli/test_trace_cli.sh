@@ -68,7 +68,7 @@ else
   expect_error "bad down blocks setting" "ATLAS_GEMM_DOWN_BLOCKS_PER_SM: expected 1, 2, 3 or 4 .blocks per SM., got '0'" \
     env ATLAS_GEMM_DOWN_BLOCKS_PER_SM=0 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad down blocks setting" "$work/env.json"
-  expect_error "bad combine setting" "ATLAS_COMBINE_QKV: expected 0, 1 or flag, got 'fused'" \
+  expect_error "bad combine setting" "ATLAS_COMBINE_QKV: expected 0, 1, flag or event, got 'fused'" \
     env ATLAS_COMBINE_QKV=fused "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad combine setting" "$work/env.json"
   expect_error "bad block stamps file" "ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '$work/none/s.csv'" \

@@ -226,7 +226,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_GEMM_TIGHT_TILES", {"0", "1", "tight"}},
       {"ATLAS_ROUTE_CLUSTER", {"0", "1", "cluster"}},
       {"ATLAS_GEMM_WIDE_SPLITK4", {"0", "1", "4"}},
-      {"ATLAS_COMBINE_QKV", {"0", "1", "flag", "fused"}},
+      {"ATLAS_COMBINE_QKV", {"0", "1", "flag", "event", "fused"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
       {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
       {"ATLAS_MOE_PREFETCH", {"none", "routed", "shared", "both", "down"}},

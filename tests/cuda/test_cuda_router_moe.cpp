@@ -337,7 +337,9 @@ TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
       }
       gemm_set_combine_norm(-1);
       check_device_errors();
-      if (flagged) EXPECT_EQ(flags.download(), (std::vector<uint32_t>{0u, 1u, 0u}));
+      if (flagged) {
+        EXPECT_EQ(flags.download(), (std::vector<uint32_t>{0u, 1u, 0u}));
+      }
       return Out{dout.download(), dx.download(), dxo.download(), dh.download()};
     };
     const Out want = run(false);

@@ -103,7 +103,8 @@ int gemm_grouped_few_down_setting(const char* value);
 // enough shared memory that one more does not fit (session 41); anything else throws an Error
 // naming the variable. Never bits.
 int gemm_down_blocks_setting(const char* value);
-// ATLAS_COMBINE_QKV's value (null or empty: unset, 0): "0", "1" (the MoE combine + norm inside
+// ATLAS_COMBINE_QKV's value (null or empty: unset, 0): "event" (3: a programmatic event in place
+// of the flag), "0", "1" (the MoE combine + norm inside
 // the next q|kv_a launch, gemm_combine_norm) or "flag" (2: and the side stream left unjoined
 // before it, a flag polled instead); anything else throws an Error naming the variable.
 int combine_qkv_setting(const char* value);
@@ -168,6 +169,9 @@ bool pdl_enabled();
 // e.g. -5) for the launch, counted in urgent_launches(); else 0 (the stream's own). One call per
 // launch.
 int urgent_launch_priority();
+// Inside a ProgrammaticEventScope: its event (a cudaEvent_t) for the launch to record
+// programmatically; else null.
+void* programmatic_event();
 // ATLAS_PDL's value as an int(LaunchOverlap): 0 off, 1 on, 2 decode (unset or "decode");
 // anything else throws an Error naming it.
 int pdl_setting(const char* value);
@@ -229,7 +233,7 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[3];
+  cudaLaunchAttribute attr[4];
   unsigned n = 0;
   if (cluster_x > 0) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
@@ -246,6 +250,13 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   if (const int prio = urgent_launch_priority(); prio != 0) {
     attr[n].id = cudaLaunchAttributePriority;
     attr[n].val.priority = prio;
+    ++n;
+  }
+  if (void* ev = programmatic_event(); ev != nullptr) {
+    attr[n].id = cudaLaunchAttributeProgrammaticEvent;
+    attr[n].val.programmaticEvent.event = static_cast<cudaEvent_t>(ev);
+    attr[n].val.programmaticEvent.flags = 0;
+    attr[n].val.programmaticEvent.triggerAtBlockStart = 1;  // every block started: it will finish
     ++n;
   }
   cfg.attrs = n > 0 ? attr : nullptr;

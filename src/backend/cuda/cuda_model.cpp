@@ -304,6 +304,7 @@ class CudaModelT final : public Model {
     stream_destroy(side_);
     event_destroy(fork_);
     event_destroy(join_);
+    event_destroy(shared_done_);
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -368,8 +369,10 @@ class CudaModelT final : public Model {
   // prefetch_down: the gate|up launch pulls the down's weights into L2 (ATLAS_MOE_PREFETCH);
   // urgent_down: the down's launches at the device's greatest priority (UrgentLaunchScope);
   // plain_down: without launch overlap (PlainLaunchScope).
+  // down_event: the down's launch records it programmatically (ProgrammaticEventScope).
   void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act, Stream stream,
-           bool prefetch_down = false, bool urgent_down = false, bool plain_down = false) const;
+           bool prefetch_down = false, bool urgent_down = false, bool plain_down = false,
+           Event down_event = nullptr) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
@@ -557,6 +560,8 @@ class CudaModelT final : public Model {
   // shared experts, and the flag the pending combine's launch polls (null: none, joined).
   mutable bool side_unjoined_ = false;
   mutable const uint32_t* deferred_ready_ = nullptr;
+  mutable bool deferred_event_ = false;  // ... or the event the shared experts' down recorded
+  Event shared_done_ = nullptr;          // (ATLAS_COMBINE_QKV=event; with the side stream)
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
@@ -697,6 +702,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     side_ = stream_create(prio ? StreamPriority::low : StreamPriority::normal);
     fork_ = event_create();
     join_ = event_create();
+    shared_done_ = event_create();
     gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
   }
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
@@ -1194,7 +1200,8 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
 
 template <class Elem>
 void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act,
-                           Stream stream, bool prefetch_down, bool urgent_down, bool plain_down) const {
+                           Stream stream, bool prefetch_down, bool urgent_down, bool plain_down,
+                           Event down_event) const {
   const int64_t H = cfg_.hidden_size, I = m.inter;
   if (M == 0) return;
   // act [M, I] = silu(gate) * up from the [M, 2I] gate | up product (fused into the GEMM's
@@ -1211,6 +1218,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
   }
   const UrgentLaunchScope urgent(urgent_down);
   const PlainLaunchScope plain(plain_down);
+  const ProgrammaticEventScope done(down_event);
   linear(act, m.down, out, M, H, I, 0, 0, stream);
 }
 
@@ -1221,12 +1229,23 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
+  // Readers and digest observers of the residual sum only read it, and the fused launch leaves the sum in x
+  // (as add_then_norm's fused launch does), so they do not keep the MoE tail apart: the traced
+  // prefill digests every resid_post. A tensor observer could write the sum before the norm.
+  const bool tail = next_norm && !(hooks && (hooks->wants(names.routed_out) || hooks->wants(names.shared_out) ||
+                                             hooks->wants(names.mlp_out) || hooks->wants_tensor(names.resid_post)));
+  // Where the combine is deferred into the next q|kv_a launch with the side stream on, how that
+  // launch learns that the shared experts are done instead of a join here (gemm_combine_mode:
+  // 2 a flag, 3 a programmatic event; 1 the join). Every other reader of b.shared needs the join.
+  const int wait_mode = defer && tail && side_on_ && L.has_shared ? gemm_combine_mode() : 1;
+  const bool flagged = wait_mode == 2 && b.shared_ready, evented = wait_mode == 3;
   // The shared experts first, on side_ when it is on (they read h only and write b.shared,
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
   if (L.has_shared)
     mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0,
-        shared_down_first_ && M * k <= kGroupedFewMaxRows, shared_down_wait_ && M * k <= kGroupedFewMaxRows);
+        shared_down_first_ && M * k <= kGroupedFewMaxRows, shared_down_wait_ && M * k <= kGroupedFewMaxRows,
+        evented ? shared_done_ : nullptr);
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
       .experts = int(E), .k = int(k),
@@ -1299,16 +1318,11 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // it before reading b.shared), so that launch follows the routed down with launch overlap
   // (a join makes it wait for the down's end, session 42) and may stage its weights beside it.
   // side_ joins s_ again at the next layer's fork or at the end of the layers.
-  // Readers and digest observers of the residual sum only read it, and the fused launch leaves the sum in x
-  // (as add_then_norm's fused launch does), so they do not keep the MoE tail apart: the traced
-  // prefill digests every resid_post. A tensor observer could write the sum before the norm.
-  const bool tail = next_norm && !(hooks && (hooks->wants(names.routed_out) || hooks->wants(names.shared_out) ||
-                                             hooks->wants(names.mlp_out) || hooks->wants_tensor(names.resid_post)));
-  // (only where the combine is deferred: every other reader of b.shared needs the join)
-  const bool flagged = defer && tail && side_on_ && L.has_shared && b.shared_ready && gemm_combine_flagged();
   if (flagged) {
     gemm_combine_signal(b.shared_ready, int(cfg_.num_hidden_layers), int(l), side_);
     side_unjoined_ = true;
+  } else if (evented) {
+    side_unjoined_ = true;  // (s_ waits on shared_done_ programmatically before the fused launch)
   } else if (L.has_shared) {
     join_side();  // side_ has nothing after the shared experts
   }
@@ -1320,6 +1334,7 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
     if (defer) {  // (the caller checked that no hook reads resid_post)
       defer->emplace(ca);
       deferred_ready_ = flagged ? b.shared_ready + l : nullptr;
+      deferred_event_ = evented;
       return true;
     }
     moe_combine_add_rmsnorm(ca);
@@ -1355,8 +1370,9 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   std::optional<MoeCombineNormArgsT<Elem>> pending;
   side_unjoined_ = false;
   deferred_ready_ = nullptr;
+  deferred_event_ = false;
   const auto flush_pending = [&] {
-    if (deferred_ready_) join_side();  // (the flag is for the fused launch only)
+    if (deferred_ready_ || deferred_event_) join_side();  // (the flag / event is for the fused launch only)
     if (pending) moe_combine_add_rmsnorm(*pending);
     pending.reset();
   };
@@ -1418,16 +1434,18 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       bool combined = false;  // q|kv_a ran with the previous layer's MoE combine + norm inside
       if constexpr (!kF32)
         if (pending) {
+          if (deferred_event_) stream_wait_programmatic(s_, shared_done_);
           combined = gemm_combine_norm(gemm_args({.x = b.h, .w = L.q_kv, .out = b.qkv, .M = M, .N = nh * dq + W, .K = H}),
-                                       *pending, b.x_alt, deferred_ready_);
+                                       *pending, b.x_alt, deferred_ready_, deferred_event_);
           if (combined) std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
         }
       if (pending && !combined) {
-        if (deferred_ready_) join_side();
+        if (deferred_ready_ || deferred_event_) join_side();
         moe_combine_add_rmsnorm(*pending);
       }
       pending.reset();
       deferred_ready_ = nullptr;
+      deferred_event_ = false;
       if (!combined) linear(b.h, L.q_kv, b.qkv, M, nh * dq + W, H);
       qp = b.qkv;
       lp = b.qkv + nh * dq;

@@ -147,6 +147,26 @@ class PlainLaunchScope {
  private:
   bool was_;
 };
+// The launches on this thread while it lives (event set) record `event` programmatically
+// (cudaLaunchAttributeProgrammaticEvent, triggered once every block of the launch has started):
+// a stream that waits on it (stream_wait_programmatic) may start its next launch before that
+// launch ends, whose launch-overlap wait then waits for it as for its own stream's kernel. The
+// last launch in the scope records it. For the shared experts' down under
+// ATLAS_COMBINE_QKV=event (session 42, written after the device time was spent; not yet run).
+class ProgrammaticEventScope {
+ public:
+  explicit ProgrammaticEventScope(Event event);
+  ~ProgrammaticEventScope();
+  ProgrammaticEventScope(const ProgrammaticEventScope&) = delete;
+  ProgrammaticEventScope& operator=(const ProgrammaticEventScope&) = delete;
+
+ private:
+  Event was_;
+};
+// `waiter`'s next launches wait for the launch that recorded `event` in a ProgrammaticEventScope
+// (no new record: the event as that launch left it).
+void stream_wait_programmatic(Stream waiter, Event event);
+
 // How often a PlainLaunchScope turned launch overlap off where it would have been on (a GEMM
 // asks twice per launch: for its parameters and at the launch; tests).
 int64_t plain_launches();
@@ -892,22 +912,27 @@ void gemm_set_route_tail(int mode);
 // its weights before the launch-overlap wait (session 42, ATLAS_COMBINE_QKV=flag). A measurement
 // form only: nothing guarantees that the flag's writer gets an SM while these blocks spin (a
 // run hung, s42-8); a programmatic dependency on that stream is the safe form (docs/cuda.md).
+// weights_early: stage the weights before the launch-overlap wait without a flag (the caller
+// made this launch programmatically dependent on the addend's writer: ATLAS_COMBINE_QKV=event).
 bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out,
-                       const uint32_t* ready = nullptr);
+                       const uint32_t* ready = nullptr, bool weights_early = false);
 // On `stream`: flags[i] = (i == index) for i < count, released at GPU scope once the stream's
 // earlier kernels are done (a one-thread launch). The flags of the other layers drop to 0: their
 // pollers ran before (the stream was forked from theirs after them).
 void gemm_combine_signal(uint32_t* flags, int count, int index, Stream stream);
-// Whether ATLAS_COMBINE_QKV asks for the flagged form ("flag"; the test override: 2).
-bool gemm_combine_flagged();
+// ATLAS_COMBINE_QKV's mode (or the test override's): 0 off, 1 joined, 2 "flag", 3 "event" (the
+// shared experts' down records a programmatic event that the fused launch's stream waits on:
+// ProgrammaticEventScope, stream_wait_programmatic; session 42, not yet run on a GPU).
+int gemm_combine_mode();
 // Whether gemm_combine_norm may launch (the switch or the test override; its other conditions
 // aside): the caller defers the combine only then.
 bool gemm_combine_norm_on();
 // How many fused launches gemm_combine_norm made in this process (tests check that it ran).
 int64_t gemm_combine_norm_launches();
 int64_t gemm_combine_flagged_launches();  // (those with a ready flag)
-// Tests: 1 lets gemm_combine_norm launch, 2 in the flagged form, 0 not, -1 (the default) as
-// ATLAS_COMBINE_QKV says.
+int64_t gemm_combine_early_launches();    // (those staging their weights early without one)
+// Tests: 1 lets gemm_combine_norm launch, 2 in the flagged form, 3 in the event form, 0 not,
+// -1 (the default) as ATLAS_COMBINE_QKV says.
 void gemm_set_combine_norm(int mode);
 
 // Tile configurations of the batch_invariant kernel (largest first). Every one gives the same

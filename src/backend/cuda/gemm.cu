@@ -439,6 +439,7 @@ std::atomic<int64_t> route_cluster_launches{0};  // gemm_route_cluster_launches 
 std::atomic<int> combine_norm_override{-1};      // gemm_set_combine_norm (tests)
 std::atomic<int64_t> combine_norm_launches{0};   // gemm_combine_norm_launches (tests)
 std::atomic<int64_t> combine_flagged_launches{0};  // ... of them with a ready flag
+std::atomic<int64_t> combine_early_launches{0};    // ... with the weights staged early without one
 std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
 
 struct GemmSetup {
@@ -510,7 +511,9 @@ struct GemmSetup {
   // with the MoE combine + norm inside (gemm_cluster_combine_kernel; slower, s42-1/-4), 2 ("flag")
   // and the model may leave the side stream unjoined before it, a flag polled instead (faster,
   // 488.3 against 483.0 / 483.3 tok/s in s42-7, but UNSAFE: the launch's blocks spin on work of
-  // another stream that nothing guarantees an SM; a run under it hung, s42-8; docs/cuda.md).
+  // another stream that nothing guarantees an SM; a run under it hung, s42-8; docs/cuda.md),
+  // 3 ("event") a programmatic event of the shared experts' down in place of the flag (written
+  // after the device time was spent; not yet run).
   int combine_qkv = 0;
   // ATLAS_PHASE_CLOCKS=cluster_gemm (session 41, a diagnostic): the phase-clock sums of the
   // cluster config c16x64/4w's bf16 launches (q|kv_a at one row), else null.
@@ -1834,7 +1837,7 @@ bool gemm_combine_norm_on() {
   return (forced >= 0 ? forced : setup().combine_qkv) > 0;
 }
 bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out,
-                       const uint32_t* ready) {
+                       const uint32_t* ready, bool weights_early) {
   const char* op = "gemm_combine_norm";
   // Off (the default): nothing to check here, the caller's two calls check their arguments.
   if (!gemm_combine_norm_on()) return false;
@@ -1863,7 +1866,8 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
   const auto pro = [&](auto kk) {
     return kern::CombineNormPrologue<decltype(kk)::value>{
         .ys = c.y_sorted, .slot = c.pair_slot, .w = c.topk_weights, .k = c.k, .addend = c.addend, .x = c.x,
-        .x_out = x_out, .norm_w = c.weight, .h_out = c.out, .dim = c.dim, .eps = c.eps, .ready = ready};
+        .x_out = x_out, .norm_w = c.weight, .h_out = c.out, .dim = c.dim, .eps = c.eps, .ready = ready,
+        .early_weights = weights_early ? 1 : 0};
   };
   if (c.k == 6)
     run(kern::gemm_cluster_combine_kernel<CfgC16, 6>, pro(std::integral_constant<int, 6>{}));
@@ -1872,14 +1876,16 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
   check_launch(op);
   ++combine_norm_launches;
   if (ready) ++combine_flagged_launches;
+  if (weights_early && !ready) ++combine_early_launches;
   return true;
 }
 int64_t gemm_combine_norm_launches() { return combine_norm_launches.load(); }
 int64_t gemm_combine_flagged_launches() { return combine_flagged_launches.load(); }
-void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
-bool gemm_combine_flagged() {
+int64_t gemm_combine_early_launches() { return combine_early_launches.load(); }
+void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 3)); }
+int gemm_combine_mode() {
   const int forced = combine_norm_override.load();
-  return (forced >= 0 ? forced : setup().combine_qkv) == 2;
+  return forced >= 0 ? forced : setup().combine_qkv;
 }
 void gemm_combine_signal(uint32_t* flags, int count, int index, Stream stream) {
   const char* op = "gemm_combine_signal";
@@ -2051,7 +2057,8 @@ int combine_qkv_setting(const char* value) {
   if (v.empty() || v == "0") return 0;
   if (v == "1") return 1;
   if (v == "flag") return 2;
-  throw Error("cuda: ATLAS_COMBINE_QKV: expected 0, 1 or flag, got '" + v + "'");
+  if (v == "event") return 3;
+  throw Error("cuda: ATLAS_COMBINE_QKV: expected 0, 1, flag or event, got '" + v + "'");
 }
 
 int gemm_down_blocks_setting(const char* value) {

@@ -48,6 +48,7 @@ bool pdl_supported() {
 thread_local bool t_decode_step = false;  // inside a DecodeLaunchScope(true) on this thread
 thread_local bool t_urgent = false;       // inside an UrgentLaunchScope(true) on this thread
 thread_local bool t_plain = false;        // inside a PlainLaunchScope(true) on this thread
+thread_local void* t_prog_event = nullptr;  // inside a ProgrammaticEventScope(event) on this thread
 std::atomic<int64_t> g_plain_launches{0};
 
 int pdl_setting(const char* value) {
@@ -374,6 +375,14 @@ DecodeLaunchScope::DecodeLaunchScope(bool decode) : was_(detail::t_decode_step) 
 DecodeLaunchScope::~DecodeLaunchScope() { detail::t_decode_step = was_; }
 UrgentLaunchScope::UrgentLaunchScope(bool urgent) : was_(detail::t_urgent) { detail::t_urgent = urgent; }
 UrgentLaunchScope::~UrgentLaunchScope() { detail::t_urgent = was_; }
+ProgrammaticEventScope::ProgrammaticEventScope(Event event) : was_(detail::t_prog_event) {
+  detail::t_prog_event = event;
+}
+ProgrammaticEventScope::~ProgrammaticEventScope() { detail::t_prog_event = was_; }
+void stream_wait_programmatic(Stream waiter, Event event) {
+  check_cuda(cudaStreamWaitEvent(stream_of(waiter), static_cast<cudaEvent_t>(event), 0), "stream_wait_programmatic",
+             "cudaStreamWaitEvent");
+}
 PlainLaunchScope::PlainLaunchScope(bool plain) : was_(detail::t_plain) { detail::t_plain = plain; }
 PlainLaunchScope::~PlainLaunchScope() { detail::t_plain = was_; }
 int64_t plain_launches() { return detail::g_plain_launches.load(); }
@@ -392,6 +401,7 @@ int priority_value(StreamPriority priority, const char* op) {
 }
 }  // namespace
 namespace detail {
+void* programmatic_event() { return t_prog_event; }
 int urgent_launch_priority() {
   if (!t_urgent) return 0;
   g_urgent_launches.fetch_add(1);  // called once per launch (launch_clustered)

@@ -734,6 +734,13 @@ TEST_F(CudaTiny, FlaggedCombineInsideQkvGivesTheSameBits) {
       *ck_, [](int on) { cuda::gemm_set_combine_norm(on > 0 ? 2 : on); }, cuda::gemm_combine_flagged_launches,
       "flagged combine-in-q|kv_a");
 }
+// ... and in its event form (ATLAS_COMBINE_QKV=event): the shared experts' down records a
+// programmatic event that the fused launch's stream waits on (no join, no flag).
+TEST_F(CudaTiny, EventCombineInsideQkvGivesTheSameBits) {
+  tails_give_the_same_bits(
+      *ck_, [](int on) { cuda::gemm_set_combine_norm(on > 0 ? 3 : on); }, cuda::gemm_combine_early_launches,
+      "event combine-in-q|kv_a");
+}
 
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its

@@ -54,7 +54,10 @@ struct CombineNormPrologue {
   // Unsafe as a default: these blocks spin while holding SMs, and nothing guarantees that the
   // shared experts' blocks or the signal kernel get one (a run hung under it, s42-8).
   const uint32_t* ready = nullptr;
-  __device__ bool weights_first() const { return ready != nullptr; }
+  // > 0: the weights before the wait without a flag (the launch depends programmatically on the
+  // addend's writer: ATLAS_COMBINE_QKV=event).
+  int early_weights = 0;
+  __device__ bool weights_first() const { return ready != nullptr || early_weights > 0; }
 
   static __device__ uint64_t* barrier() {
     __shared__ uint64_t bar;
