@@ -103,10 +103,10 @@ int gemm_grouped_few_down_setting(const char* value);
 // enough shared memory that one more does not fit (session 41); anything else throws an Error
 // naming the variable. Never bits.
 int gemm_down_blocks_setting(const char* value);
-// ATLAS_COMBINE_QKV's value (null or empty: unset, 0): "event" (3: a programmatic event in place
-// of the flag), "0", "1" (the MoE combine + norm inside
-// the next q|kv_a launch, gemm_combine_norm) or "flag" (2: and the side stream left unjoined
-// before it, a flag polled instead); anything else throws an Error naming the variable.
+// ATLAS_COMBINE_QKV's value (null or empty: unset, 0): "0", "1" (the MoE combine + norm inside
+// the next q|kv_a launch, gemm_combine_norm), "flag" (2: and the side stream left unjoined
+// before it, a flag polled instead) or "event" (3: a programmatic event in place of the flag);
+// anything else throws an Error naming the variable.
 int combine_qkv_setting(const char* value);
 // A grouped launch's bound on the row tiles of one column (its grid: that x the column tiles):
 // ceil(max_rows / bm) or, tight (ATLAS_GEMM_TIGHT_TILES=1), floor(max_rows / bm), plus the

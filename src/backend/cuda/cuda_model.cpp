@@ -340,8 +340,9 @@ class CudaModelT final : public Model {
     // inside (gemm_combine_norm) stores the residual sum, since its other blocks read x meanwhile;
     // layers_forward then swaps x and x_alt (the residual ping-pongs between the two).
     Elem* x_alt;
-    // One flag per layer (M = 1 only; zero until a layer's shared experts are done, see moe()):
-    // the q|kv_a launch with the combine inside polls its layer's instead of the stream join.
+    // One flag per layer (M = 1 under ATLAS_COMBINE_QKV=flag only, else null; zero until a
+    // layer's shared experts are done, moe()): the q|kv_a launch with the combine inside polls
+    // its layer's instead of the stream join.
     uint32_t* shared_ready;
     Elem *sgu, *sact;  // the shared experts' gate|up scratch and activation (they run on side_)
     Elem *hl, *logits;
@@ -378,12 +379,20 @@ class CudaModelT final : public Model {
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
   // MoE parts or the residual sum, moe() also does x += y and h = next_norm(x) (one launch with
   // the combine) and returns true; false: y holds the MoE output for the caller's add + norm.
+  // A batch-1 decode step's combine + add + norm left by moe() for the next layer's q|kv_a launch
+  // (gemm_combine_norm runs it inside), and how that launch learns that the shared experts on
+  // side_ are done where moe() did not join side_: their flag (ATLAS_COMBINE_QKV=flag) or the
+  // programmatic event their down recorded (=event).
+  struct DeferredCombine {
+    MoeCombineNormArgsT<Elem> args;
+    const uint32_t* ready = nullptr;
+    bool event = false;
+    bool unjoined() const { return ready != nullptr || event; }
+  };
   // defer (a batch-1 decode step's, where the caller's next launch is the next layer's q|kv_a):
-  // that launch's arguments are left in *defer instead of launched (gemm_combine_norm runs them
-  // inside q|kv_a).
+  // the combine launch is left in *defer instead of launched.
   bool moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-           const Hooks* hooks, const Elem* next_norm,
-           std::optional<MoeCombineNormArgsT<Elem>>* defer = nullptr) const;
+           const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer = nullptr) const;
   // GEMMs in the model's element type, one place per form, so the loop never names a kernel:
   // bf16 -> gemm() / grouped_gemm() (batch-invariant tensor cores; dense ones through cuBLASLt
   // in the fast mode), f32 -> gemm_f32() / grouped_gemm_f32() (the FMA-chain f32 kernel).
@@ -556,12 +565,7 @@ class CudaModelT final : public Model {
   bool argmax_split_ = true;
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
-  // layers_forward's state for the flagged deferral (moe()): side_ not joined since a layer's
-  // shared experts, and the flag the pending combine's launch polls (null: none, joined).
-  mutable bool side_unjoined_ = false;
-  mutable const uint32_t* deferred_ready_ = nullptr;
-  mutable bool deferred_event_ = false;  // ... or the event the shared experts' down recorded
-  Event shared_done_ = nullptr;          // (ATLAS_COMBINE_QKV=event; with the side stream)
+  Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
@@ -1180,7 +1184,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
     b.argmax_parts = nullptr;
   }
   b.shared_ready = nullptr;
-  if (M == 1 && side_on_) {
+  if (M == 1 && side_on_ && gemm_combine_mode() == 2) {  // (ATLAS_COMBINE_QKV=flag only)
     const size_t bytes = size_t(std::max<int64_t>(1, c.num_hidden_layers)) * 4;
     if (shared_ready_.bytes() < bytes) {
       stream_synchronize(s_);
@@ -1224,8 +1228,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
 
 template <class Elem>
 bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-                    const Hooks* hooks, const Elem* next_norm,
-                    std::optional<MoeCombineNormArgsT<Elem>>* defer) const {
+                    const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer) const {
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
@@ -1312,29 +1315,22 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next, self);
   expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
-  // could change it in between (the bits are those of combine, then add).
-  // Deferred into the next q|kv_a launch (below) with the side stream on: no join here. The
-  // shared experts' end raises the layer's flag on side_ (gemm_combine_signal; the launch polls
-  // it before reading b.shared), so that launch follows the routed down with launch overlap
-  // (a join makes it wait for the down's end, session 42) and may stage its weights beside it.
-  // side_ joins s_ again at the next layer's fork or at the end of the layers.
-  if (flagged) {
+  // could change it in between (the bits are those of combine, then add). Flagged or evented, no
+  // join here: the deferred launch then follows the routed down with launch overlap (a join
+  // makes it wait for the down's end, session 42) and stages its weights beside it; flagged, the
+  // shared experts' end raises the layer's flag on side_ (gemm_combine_signal), which that launch
+  // polls. layers_forward joins side_ again where the launch does not run, and at the end.
+  if (flagged)
     gemm_combine_signal(b.shared_ready, int(cfg_.num_hidden_layers), int(l), side_);
-    side_unjoined_ = true;
-  } else if (evented) {
-    side_unjoined_ = true;  // (s_ waits on shared_done_ programmatically before the fused launch)
-  } else if (L.has_shared) {
+  else if (L.has_shared && !evented)
     join_side();  // side_ has nothing after the shared experts
-  }
   if (tail) {
     const MoeCombineNormArgsT<Elem> ca{.y_sorted = b.ys, .pair_slot = b.slot, .topk_weights = b.topk_w,
                                        .addend = L.has_shared ? b.shared : nullptr, .x = b.x, .weight = next_norm,
                                        .out = b.h, .tokens = int(M), .k = int(k), .dim = int(H),
                                        .eps = float(c.rms_norm_eps), .stream = s_};
     if (defer) {  // (the caller checked that no hook reads resid_post)
-      defer->emplace(ca);
-      deferred_ready_ = flagged ? b.shared_ready + l : nullptr;
-      deferred_event_ = evented;
+      defer->emplace(DeferredCombine{.args = ca, .ready = flagged ? b.shared_ready + l : nullptr, .event = evented});
       return true;
     }
     moe_combine_add_rmsnorm(ca);
@@ -1367,13 +1363,13 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   Buffers b = b0;
   // A batch-1 decode step's MoE combine + norm, left by moe() for the next layer's q|kv_a launch
   // (gemm_combine_norm, ATLAS_COMBINE_QKV), which runs it inside or, where it cannot, first.
-  std::optional<MoeCombineNormArgsT<Elem>> pending;
-  side_unjoined_ = false;
-  deferred_ready_ = nullptr;
-  deferred_event_ = false;
+  std::optional<DeferredCombine> pending;
+  bool side_unjoined = false;  // a deferral left side_ unjoined since its last join
+  // The pending combine as its own launch (after side_'s join where moe() did not join it).
   const auto flush_pending = [&] {
-    if (deferred_ready_ || deferred_event_) join_side();  // (the flag / event is for the fused launch only)
-    if (pending) moe_combine_add_rmsnorm(*pending);
+    if (!pending) return;
+    if (pending->unjoined()) join_side();
+    moe_combine_add_rmsnorm(pending->args);
     pending.reset();
   };
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
@@ -1434,18 +1430,15 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       bool combined = false;  // q|kv_a ran with the previous layer's MoE combine + norm inside
       if constexpr (!kF32)
         if (pending) {
-          if (deferred_event_) stream_wait_programmatic(s_, shared_done_);
+          if (pending->event) stream_wait_programmatic(s_, shared_done_);
           combined = gemm_combine_norm(gemm_args({.x = b.h, .w = L.q_kv, .out = b.qkv, .M = M, .N = nh * dq + W, .K = H}),
-                                       *pending, b.x_alt, deferred_ready_, deferred_event_);
-          if (combined) std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
+                                       pending->args, b.x_alt, pending->ready, pending->event);
+          if (combined) {
+            std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
+            pending.reset();
+          }
         }
-      if (pending && !combined) {
-        if (deferred_ready_ || deferred_event_) join_side();
-        moe_combine_add_rmsnorm(*pending);
-      }
-      pending.reset();
-      deferred_ready_ = nullptr;
-      deferred_event_ = false;
+      flush_pending();  // (where it did not run inside)
       if (!combined) linear(b.h, L.q_kv, b.qkv, M, nh * dq + W, H);
       qp = b.qkv;
       lp = b.qkv + nh * dq;
@@ -1591,14 +1584,16 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                             hooks->wants(nn.latent)));
       }
     }
-    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr)) continue;  // combined, added and normed
+    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr)) {
+      side_unjoined = side_unjoined || (pending && pending->unjoined());
+      continue;  // combined, added and normed (or left in pending)
+    }
     if (!L.moe) mlp(L.dense, M, b.h, b.y, b.gu, b.act, s_);
     hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
     add_then_norm(names.resid_post, next_norm, l);
   }
   flush_pending();  // (never left: the last layer does not defer)
-  if (side_unjoined_) join_side();  // (before the capture ends; the last MoE layer joins anyway)
-  side_unjoined_ = false;
+  if (side_unjoined) join_side();  // (before the capture ends; the last MoE layer joins anyway)
   if (!has_head_) return;
   if (blocks_.empty())
     rmsnorm({.x = b.x, .weight = final_ln_, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});

@@ -1832,10 +1832,7 @@ int64_t gemm_route_cluster_launches() { return route_cluster_launches.load(); }
 int64_t grouped_self_routed_launches() { return self_routed_launches.load(); }
 void gemm_set_route_tail(int mode) { route_tail_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
 
-bool gemm_combine_norm_on() {
-  const int forced = combine_norm_override.load();
-  return (forced >= 0 ? forced : setup().combine_qkv) > 0;
-}
+bool gemm_combine_norm_on() { return gemm_combine_mode() > 0; }
 bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out,
                        const uint32_t* ready, bool weights_early) {
   const char* op = "gemm_combine_norm";
