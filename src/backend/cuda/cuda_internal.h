@@ -172,6 +172,11 @@ int urgent_launch_priority();
 // Inside a ProgrammaticEventScope: its event (a cudaEvent_t) for the launch to record
 // programmatically; else null.
 void* programmatic_event();
+// Whether `stream` is capturing into a graph (cudaStreamIsCapturing; throws on its error).
+bool stream_capturing(cudaStream_t stream);
+// Under capture: the node `stream`'s last launch made, as `event`'s programmatic source for
+// stream_wait_programmatic (cudaStreamGetCaptureInfo; throws on its error).
+void note_programmatic_node(cudaStream_t stream, void* event);
 // ATLAS_PDL's value as an int(LaunchOverlap): 0 off, 1 on, 2 decode (unset or "decode");
 // anything else throws an Error naming it.
 int pdl_setting(const char* value);
@@ -252,7 +257,12 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
     attr[n].val.priority = prio;
     ++n;
   }
-  if (void* ev = programmatic_event(); ev != nullptr) {
+  // Inside a ProgrammaticEventScope: eagerly, the launch records the event programmatically; under
+  // stream capture the launch's graph node is noted for the event instead (stream_wait_programmatic
+  // then adds a programmatic edge from it), a form the graph API documents (cudaGraphEdgeData).
+  void* const ev = programmatic_event();
+  const bool capturing = ev != nullptr && stream_capturing(stream);
+  if (ev != nullptr && !capturing) {
     attr[n].id = cudaLaunchAttributeProgrammaticEvent;
     attr[n].val.programmaticEvent.event = static_cast<cudaEvent_t>(ev);
     attr[n].val.programmaticEvent.flags = 0;
@@ -261,7 +271,8 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   }
   cfg.attrs = n > 0 ? attr : nullptr;
   cfg.numAttrs = n;
-  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (capturing && err == cudaSuccess) note_programmatic_node(stream, ev);
 }
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {

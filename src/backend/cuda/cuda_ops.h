@@ -151,8 +151,9 @@ class PlainLaunchScope {
 // (cudaLaunchAttributeProgrammaticEvent, triggered once every block of the launch has started):
 // a stream that waits on it (stream_wait_programmatic) may start its next launch before that
 // launch ends, whose launch-overlap wait then waits for it as for its own stream's kernel. The
-// last launch in the scope records it. For the shared experts' down under
-// ATLAS_COMBINE_QKV=event (session 42, written after the device time was spent; not yet run).
+// last launch in the scope records it (under stream capture: is noted as the event's node, see
+// stream_wait_programmatic). For the shared experts' down under ATLAS_COMBINE_QKV=event
+// (session 42, written after the device time was spent; the capture form session 43; not yet run).
 class ProgrammaticEventScope {
  public:
   explicit ProgrammaticEventScope(Event event);
@@ -164,8 +165,11 @@ class ProgrammaticEventScope {
   Event was_;
 };
 // `waiter`'s next launches wait for the launch that recorded `event` in a ProgrammaticEventScope
-// (no new record: the event as that launch left it).
+// (no new record: the event as that launch left it). Under stream capture the event is not
+// recorded: the waiter's next node gets a programmatic edge from that launch's node instead
+// (from its launch-completion port: every block begun), counted in programmatic_capture_edges().
 void stream_wait_programmatic(Stream waiter, Event event);
+int64_t programmatic_capture_edges();
 
 // How often a PlainLaunchScope turned launch overlap off where it would have been on (a GEMM
 // asks twice per launch: for its parameters and at the launch; tests).

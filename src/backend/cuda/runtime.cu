@@ -49,6 +49,15 @@ thread_local bool t_decode_step = false;  // inside a DecodeLaunchScope(true) on
 thread_local bool t_urgent = false;       // inside an UrgentLaunchScope(true) on this thread
 thread_local bool t_plain = false;        // inside a PlainLaunchScope(true) on this thread
 thread_local void* t_prog_event = nullptr;  // inside a ProgrammaticEventScope(event) on this thread
+// Under stream capture, the graph node each programmatic event's launch made (and the capture it
+// belongs to): stream_wait_programmatic's source. A few entries per thread (one event per model).
+struct ProgrammaticNode {
+  void* event;
+  cudaGraphNode_t node;
+  unsigned long long capture;
+};
+thread_local std::vector<ProgrammaticNode> t_prog_nodes;
+std::atomic<int64_t> g_programmatic_edges{0};  // programmatic_capture_edges()
 std::atomic<int64_t> g_plain_launches{0};
 
 int pdl_setting(const char* value) {
@@ -380,9 +389,31 @@ ProgrammaticEventScope::ProgrammaticEventScope(Event event) : was_(detail::t_pro
 }
 ProgrammaticEventScope::~ProgrammaticEventScope() { detail::t_prog_event = was_; }
 void stream_wait_programmatic(Stream waiter, Event event) {
-  check_cuda(cudaStreamWaitEvent(stream_of(waiter), static_cast<cudaEvent_t>(event), 0), "stream_wait_programmatic",
-             "cudaStreamWaitEvent");
+  cudaStream_t w = stream_of(waiter);
+  if (!detail::stream_capturing(w)) {
+    check_cuda(cudaStreamWaitEvent(w, static_cast<cudaEvent_t>(event), 0), "stream_wait_programmatic",
+               "cudaStreamWaitEvent");
+    return;
+  }
+  // Under capture: a programmatic edge from the event's launch (noted by launch_clustered) to the
+  // waiter's next node. Its port activates once every block of that launch has begun (as the
+  // eager event's triggerAtBlockStart), and its type lets the next launch's launch-overlap wait
+  // (griddepcontrol.wait) cover that launch's completion and memory.
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  check_cuda(cudaStreamGetCaptureInfo(w, &status, &id), "stream_wait_programmatic", "cudaStreamGetCaptureInfo");
+  const auto it = std::find_if(detail::t_prog_nodes.begin(), detail::t_prog_nodes.end(),
+                               [&](const detail::ProgrammaticNode& p) { return p.event == event; });
+  if (it == detail::t_prog_nodes.end() || it->capture != id)
+    throw Error("cuda: stream_wait_programmatic: no launch recorded this event in the capture under way");
+  cudaGraphEdgeData edge = {};
+  edge.from_port = cudaGraphKernelNodePortLaunchCompletion;
+  edge.type = cudaGraphDependencyTypeProgrammatic;
+  check_cuda(cudaStreamUpdateCaptureDependencies(w, &it->node, &edge, 1, cudaStreamAddCaptureDependencies),
+             "stream_wait_programmatic", "cudaStreamUpdateCaptureDependencies");
+  detail::g_programmatic_edges.fetch_add(1);
 }
+int64_t programmatic_capture_edges() { return detail::g_programmatic_edges.load(); }
 PlainLaunchScope::PlainLaunchScope(bool plain) : was_(detail::t_plain) { detail::t_plain = plain; }
 PlainLaunchScope::~PlainLaunchScope() { detail::t_plain = was_; }
 int64_t plain_launches() { return detail::g_plain_launches.load(); }
@@ -402,6 +433,31 @@ int priority_value(StreamPriority priority, const char* op) {
 }  // namespace
 namespace detail {
 void* programmatic_event() { return t_prog_event; }
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &status), "stream_capturing", "cudaStreamIsCapturing");
+  return status == cudaStreamCaptureStatusActive;
+}
+void note_programmatic_node(cudaStream_t stream, void* event) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;  // (asked for: a query without it may fail as lossy)
+  size_t n = 0;
+  check_cuda(cudaStreamGetCaptureInfo(stream, &status, &id, nullptr, &deps, &edges, &n), "ProgrammaticEventScope",
+             "cudaStreamGetCaptureInfo");
+  // Right after a kernel launch the stream's next node depends on that launch's node alone.
+  if (status != cudaStreamCaptureStatusActive || n != 1)
+    throw Error("cuda: ProgrammaticEventScope: expected one capture dependency after the launch, found " +
+                std::to_string(n));
+  const ProgrammaticNode entry{.event = event, .node = deps[0], .capture = id};
+  for (ProgrammaticNode& p : t_prog_nodes)
+    if (p.event == event) {
+      p = entry;
+      return;
+    }
+  t_prog_nodes.push_back(entry);
+}
 int urgent_launch_priority() {
   if (!t_urgent) return 0;
   g_urgent_launches.fetch_add(1);  // called once per launch (launch_clustered)

@@ -735,11 +735,14 @@ TEST_F(CudaTiny, FlaggedCombineInsideQkvGivesTheSameBits) {
       "flagged combine-in-q|kv_a");
 }
 // ... and in its event form (ATLAS_COMBINE_QKV=event): the shared experts' down records a
-// programmatic event that the fused launch's stream waits on (no join, no flag).
+// programmatic event that the fused launch's stream waits on (no join, no flag) in the eager
+// one-row prefill; in the graph-captured steps that wait is a programmatic graph edge, and ran.
 TEST_F(CudaTiny, EventCombineInsideQkvGivesTheSameBits) {
+  const int64_t edges = cuda::programmatic_capture_edges();
   tails_give_the_same_bits(
       *ck_, [](int on) { cuda::gemm_set_combine_norm(on > 0 ? 3 : on); }, cuda::gemm_combine_early_launches,
       "event combine-in-q|kv_a");
+  EXPECT_GT(cuda::programmatic_capture_edges(), edges) << "no captured step waited through a programmatic edge";
 }
 
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
