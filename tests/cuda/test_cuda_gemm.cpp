@@ -1253,6 +1253,83 @@ TEST_F(Gemm, AddRmsNormTailGivesTheBitsOfGemmThenAddRmsNorm) {
   }
 }
 
+// Session 43: the router's launch with the post-attention add + norm inside
+// (gemm_after_add_rmsnorm, every block adding and norming the row for itself) gives the bits of
+// add_rmsnorm() followed by gemm(): the fp32 logits, the residual sum (in x_out; x untouched)
+// and the normed row, over repeated launches, with launch overlap off and on: V2-Lite's router
+// (64 experts over 2048) on the config gemm() picks, and a 512-wide row over 160 columns with
+// the staged split-K config forced. Where it does not apply it launches nothing and says so;
+// aliasing throws.
+TEST_F(Gemm, RouterAfterAddRmsNormGivesTheBitsOfAddRmsNormThenGemm) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const LaunchOverlap was = launch_overlap_mode();
+  const int staged = config_named("splitk16x8/8w+staged");
+  ASSERT_GE(staged, 0);
+  for (const auto& [N, K, forced] : {std::tuple{64, 2048, false}, std::tuple{160, 512, true}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " K=" << K);
+    gemm_force_config(forced ? staged : -1);
+    const auto resid = random_bf16(size_t(K), rng), attn = random_bf16(size_t(K), rng);
+    const auto norm_w = random_bf16(size_t(K), rng, 0.5f), w = random_bf16(size_t(N) * K, rng, 0.02f);
+    DevBuf<uint16_t> dy(attn), dnorm(norm_w), dw(w);
+    // The two launches.
+    DevBuf<uint16_t> x_ref(resid), h_ref(static_cast<size_t>(K));
+    DevBuf<float> l_ref(static_cast<size_t>(N));
+    add_rmsnorm({.x = x_ref.get(), .y = dy.get(), .weight = dnorm.get(), .out = h_ref.get(), .rows = 1, .dim = K,
+                 .eps = 1e-6f});
+    gemm({.x = h_ref.get(), .w = dw.get(), .out = l_ref.get(), .out_type = OutType::f32, .M = 1, .N = N, .K = K});
+    synchronize();
+    const auto want_x = x_ref.download(), want_h = h_ref.download();
+    const auto want_l = l_ref.download();
+    gemm_set_router_norm(1);
+    for (auto mode : {LaunchOverlap::off, LaunchOverlap::on}) {
+      set_launch_overlap(mode);
+      for (int rep = 0; rep < 3; ++rep) {
+        SCOPED_TRACE(::testing::Message() << "overlap " << int(mode) << " launch " << rep);
+        DevBuf<uint16_t> x(resid), x_out(static_cast<size_t>(K)), h(static_cast<size_t>(K));
+        DevBuf<float> l(static_cast<size_t>(N));
+        const int64_t before = gemm_router_norm_launches();
+        ASSERT_TRUE(gemm_after_add_rmsnorm(
+            {.x = h.get(), .w = dw.get(), .out = l.get(), .out_type = OutType::f32, .M = 1, .N = N, .K = K},
+            {.x = x.get(), .y = dy.get(), .weight = dnorm.get(), .x_out = x_out.get(), .h_out = h.get(), .dim = K,
+             .eps = 1e-6f}));
+        synchronize();
+        check_device_errors();
+        EXPECT_EQ(gemm_router_norm_launches(), before + 1);
+        ASSERT_EQ(l.download(), want_l) << "the logits";
+        ASSERT_EQ(x_out.download(), want_x) << "the residual sum";
+        ASSERT_EQ(h.download(), want_h) << "the normed row";
+        ASSERT_EQ(x.download(), resid) << "x itself is only read";
+      }
+    }
+    set_launch_overlap(was);
+    // Where it does not apply nothing is launched; aliasing throws.
+    DevBuf<uint16_t> x(resid), x_out(static_cast<size_t>(K)), h(size_t(2) * K);
+    DevBuf<float> l(size_t(2) * N);
+    const GemmArgs one{.x = h.get(), .w = dw.get(), .out = l.get(), .out_type = OutType::f32, .M = 1, .N = N, .K = K};
+    const GemmAfterAddRmsNormArgs norm{.x = x.get(), .y = dy.get(), .weight = dnorm.get(), .x_out = x_out.get(),
+                                       .h_out = h.get(), .dim = K, .eps = 1e-6f};
+    GemmArgs two = one;
+    two.M = 2;
+    EXPECT_FALSE(gemm_after_add_rmsnorm(two, norm)) << "two rows";
+    GemmArgs bf16_out = one;
+    bf16_out.out_type = OutType::bf16;
+    EXPECT_FALSE(gemm_after_add_rmsnorm(bf16_out, norm)) << "bf16 out";
+    GemmAfterAddRmsNormArgs narrow = norm;
+    narrow.dim = K - 8;
+    EXPECT_FALSE(gemm_after_add_rmsnorm(one, narrow)) << "dim != K";
+    GemmAfterAddRmsNormArgs aliased = norm;
+    aliased.x_out = x.get();
+    EXPECT_THROW(gemm_after_add_rmsnorm(one, aliased), Error) << "x_out aliasing x";
+    gemm_set_router_norm(0);
+    EXPECT_FALSE(gemm_after_add_rmsnorm(one, norm)) << "the switch off";
+    gemm_set_router_norm(-1);
+    gemm_force_config(-1);
+    synchronize();
+    EXPECT_EQ(x.download(), resid) << "a call that launched nothing changed the residual row";
+  }
+}
+
 // Session 23: one token's routed experts (6 rows over 64 groups) take the wgmma streaming
 // config for the fused gate|up, the tiled one for the down (ATLAS_GEMM_STREAM_GROUPED=wg-gate,
 // the default; "wg" puts the down there too, "wg-split" its K-split variant there, "0" neither);

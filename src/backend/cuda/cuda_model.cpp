@@ -390,9 +390,12 @@ class CudaModelT final : public Model {
     bool unjoined() const { return ready != nullptr || event; }
   };
   // defer (a batch-1 decode step's, where the caller's next launch is the next layer's q|kv_a):
-  // the combine launch is left in *defer instead of launched.
+  // the combine launch is left in *defer instead of launched. router_done: the caller launched
+  // the router GEMM already (with the add + norm before it inside: gemm_after_add_rmsnorm), so
+  // the shared experts fork after it.
   bool moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-           const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer = nullptr) const;
+           const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer = nullptr,
+           bool router_done = false) const;
   // GEMMs in the model's element type, one place per form, so the loop never names a kernel:
   // bf16 -> gemm() / grouped_gemm() (batch-invariant tensor cores; dense ones through cuBLASLt
   // in the fast mode), f32 -> gemm_f32() / grouped_gemm_f32() (the FMA-chain f32 kernel).
@@ -1228,7 +1231,8 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
 
 template <class Elem>
 bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
-                    const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer) const {
+                    const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer,
+                    bool router_done) const {
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
@@ -1267,9 +1271,9 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // could change the logits or the routes in between (readers see the same logits either way).
   bool routed = false;
   if constexpr (!kF32)
-    if (!(hooks && (hooks->wants_tensor(names.router_logits) || hooks->wants_tensor(names.topk_ids))))
+    if (!router_done && !(hooks && (hooks->wants_tensor(names.router_logits) || hooks->wants_tensor(names.topk_ids))))
       routed = gemm_moe_route(router_args(b.h, L.router, b.router_logits, M, E, H), route, permute);
-  if (!routed) router_gemm(b.h, L.router, b.router_logits, M, E, H);
+  if (!routed && !router_done) router_gemm(b.h, L.router, b.router_logits, M, E, H);
   hook_f32(hooks, names.router_logits, l, {B, T, E}, b.router_logits);
   if (hooks && hooks->wants_tensor(names.topk_ids)) {
     // An observer may rewrite the routes between the router and the permutation.
@@ -1567,7 +1571,22 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     }
     if (!tailed) linear(b.heads, L.o, b.y, M, H, nh * dv);
     hook_act(hooks, names.attn_out, l, {B, T, H}, b.y);
-    if (tailed)
+    // ... or, at one row of an MoE layer, the router's launch adds and norms before its GEMM
+    // (gemm_after_add_rmsnorm, ATLAS_ROUTER_NORM; the sum into x_alt, then x and x_alt swap),
+    // unless a hook reads or writes anything in between.
+    bool router_done = false;
+    if constexpr (!kF32) {
+      if (!tailed && M == 1 && L.moe && L.ln2 &&
+          !(hooks && (hooks->wants(names.attn_out) || hooks->wants(names.resid_mid) || hooks->wants(names.ln2) ||
+                      hooks->wants(names.router_logits) || hooks->wants(names.topk_ids)))) {
+        const int64_t E = c.n_routed_experts;
+        router_done = gemm_after_add_rmsnorm(router_args(b.h, L.router, b.router_logits, M, E, H),
+                                             {.x = b.x, .y = b.y, .weight = L.ln2, .x_out = b.x_alt, .h_out = b.h,
+                                              .dim = int(H), .eps = eps});
+        if (router_done) std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
+      }
+    }
+    if (tailed || router_done)
       hook_act(hooks, names.resid_mid, l, {B, T, H}, b.x);
     else
       add_then_norm(names.resid_mid, L.ln2, l);
@@ -1584,7 +1603,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                             hooks->wants(nn.latent)));
       }
     }
-    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr)) {
+    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr, router_done)) {
       side_unjoined = side_unjoined || (pending && pending->unjoined());
       continue;  // combined, added and normed (or left in pending)
     }

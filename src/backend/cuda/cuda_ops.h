@@ -853,6 +853,29 @@ struct GemmAddRmsNormArgs {
 bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t);
 // How many tailed launches gemm_add_rmsnorm made in this process (tests check that the tail ran).
 int64_t gemm_tailed_launches();
+// add_rmsnorm({.x = n.x, .y = n.y, .weight = n.weight, .out = n.h_out, .rows = 1, .dim = n.dim,
+// .eps = n.eps}) then gemm(a) with a.x = n.h_out, in one launch (session 43, kernels/gemm_tail.cuh
+// AddRmsNormPrologue; ATLAS_ROUTER_NORM=1, off by default, written without a GPU: not yet run):
+// the router GEMM of a batch-1 decode step with the post-attention add + norm inside, the same
+// bits, but the residual sum goes to n.x_out (n.x is only read: every block reads it while block
+// 0 stores the sum). Where gemm(a) would run the staged 8-warp split-K kernel on one row with fp32
+// out, batch-invariant, and n.dim = a.K <= 2048; returns false and launches nothing otherwise
+// (the switch off included: the caller makes the two calls); bad arguments throw.
+struct GemmAfterAddRmsNormArgs {
+  const uint16_t* x = nullptr;       // [dim] the residual stream row before the sum
+  const uint16_t* y = nullptr;       // [dim] the addend
+  const uint16_t* weight = nullptr;  // [dim] the norm's weight
+  uint16_t* x_out = nullptr;         // [dim] the sum (must not alias x, y or h_out)
+  uint16_t* h_out = nullptr;         // [dim] the normed row (the GEMM's x)
+  int dim = 0;                       // must equal the GEMM's K
+  float eps = 1e-6f;
+};
+bool gemm_after_add_rmsnorm(const GemmArgs& a, const GemmAfterAddRmsNormArgs& n);
+// How many fused launches gemm_after_add_rmsnorm made in this process (tests check that it ran).
+int64_t gemm_router_norm_launches();
+// Tests: 1 lets gemm_after_add_rmsnorm launch, 0 never, -1 (the default) as ATLAS_ROUTER_NORM
+// says; process-wide. Never bits.
+void gemm_set_router_norm(int mode);
 // A decode step's absorbed-query GEMM and latent_to_cache(l) in one launch (session 32,
 // kernels/gemm_latent.cuh): latent_to_cache(l) then gemm(a), the same bits and device errors,
 // where gemm(a) would run the tiled 16-row config in a plain launch (the absorbed query of a

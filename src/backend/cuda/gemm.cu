@@ -441,6 +441,8 @@ std::atomic<int64_t> combine_norm_launches{0};   // gemm_combine_norm_launches (
 std::atomic<int64_t> combine_flagged_launches{0};  // ... of them with a ready flag
 std::atomic<int64_t> combine_early_launches{0};    // ... with the weights staged early without one
 std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
+std::atomic<int> router_norm_override{-1};       // gemm_set_router_norm (tests)
+std::atomic<int64_t> router_norm_launches{0};    // gemm_router_norm_launches (tests)
 
 struct GemmSetup {
   int sm_count = 132;
@@ -515,6 +517,10 @@ struct GemmSetup {
   // 3 ("event") a programmatic event of the shared experts' down in place of the flag (written
   // after the device time was spent; not yet run).
   int combine_qkv = 0;
+  // ATLAS_ROUTER_NORM (session 43, written without a GPU; default 0): gemm_after_add_rmsnorm may
+  // launch the router GEMM of one row with the post-attention add + norm inside
+  // (gemm_splitk_norm_kernel).
+  bool router_norm = false;
   // ATLAS_PHASE_CLOCKS=cluster_gemm (session 41, a diagnostic): the phase-clock sums of the
   // cluster config c16x64/4w's bf16 launches (q|kv_a at one row), else null.
   unsigned long long* cluster_clocks = nullptr;
@@ -730,6 +736,7 @@ const GemmSetup& setup() {
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
     g.wide_splitk4 = env_switch("ATLAS_GEMM_WIDE_SPLITK4", false);
     g.combine_qkv = combine_qkv_setting(std::getenv("ATLAS_COMBINE_QKV"));
+    g.router_norm = env_switch("ATLAS_ROUTER_NORM", false);
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (const std::string path = detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS")); !path.empty()) {
       std::lock_guard<std::mutex> lock(stamp_mu);
@@ -1786,6 +1793,37 @@ bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t) {
 }
 
 int64_t gemm_tailed_launches() { return tailed_launches.load(); }
+
+// The router GEMM of one row with the post-attention add + norm inside (kernels/gemm_tail.cuh,
+// AddRmsNormPrologue): where gemm(a) would run the staged 8-warp split-K kernel, that kernel
+// with every block adding and norming the row itself.
+bool gemm_after_add_rmsnorm(const GemmArgs& a, const GemmAfterAddRmsNormArgs& n) {
+  const char* op = "gemm_after_add_rmsnorm";
+  // Off (the default): nothing to check here, the caller's two calls check their arguments.
+  if (!tail_on(router_norm_override, setup().router_norm)) return false;
+  require_gemm_args(a, op);
+  require(n.x && n.y && n.weight && n.x_out && n.h_out, op, "pointers", "x, y, weight, x_out and h_out must be set");
+  require(n.x_out != n.x && n.x_out != n.y && n.h_out != n.x && n.h_out != n.y && n.h_out != n.x_out, op, "x_out",
+          "x, y, x_out and h_out must not alias");
+  require(a.x == n.h_out, op, "x", "the GEMM must read the norm's output");
+  if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::f32 ||
+      n.dim != a.K || a.K > kern::kWideDim || a.out_stride > a.N)
+    return false;
+  const auto [xs, ws, os] = row_strides(a);
+  const bool async = dense_async(a, xs, ws);
+  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
+  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
+  const int64_t n_tiles = ceil_div(a.N, c.bn);
+  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
+  launch(kern::gemm_splitk_norm_kernel<CfgS8>, dim3(unsigned(n_tiles)), c.threads, 0, stream_of(a.stream), p,
+         kern::AddRmsNormPrologue{.x = n.x, .y = n.y, .w = n.weight, .x_out = n.x_out, .h_out = n.h_out,
+                                  .dim = n.dim, .eps = n.eps});
+  check_launch(op);
+  ++router_norm_launches;
+  return true;
+}
+int64_t gemm_router_norm_launches() { return router_norm_launches.load(); }
+void gemm_set_router_norm(int mode) { router_norm_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
 
 bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& pm) {
   const char* op = "gemm_moe_route";

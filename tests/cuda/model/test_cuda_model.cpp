@@ -745,6 +745,19 @@ TEST_F(CudaTiny, EventCombineInsideQkvGivesTheSameBits) {
   EXPECT_GT(cuda::programmatic_capture_edges(), edges) << "no captured step waited through a programmatic edge";
 }
 
+// A batch-1 step's post-attention add + norm inside the router's launch (gemm_after_add_rmsnorm,
+// session 43, ATLAS_ROUTER_NORM; with every GEMM on the staged split-K config the router takes at
+// one row in V2-Lite): the same logits in a one-row prefill and eager and graph-replayed greedy
+// steps with it on and off, and it ran (the residual then ping-pongs between x and x_alt, also
+// with the combine inside q|kv_a: the second run).
+TEST_F(CudaTiny, RouterNormGivesTheSameBits) {
+  tails_give_the_same_bits(*ck_, cuda::gemm_set_router_norm, cuda::gemm_router_norm_launches, "router add + norm");
+  cuda::gemm_set_combine_norm(3);
+  tails_give_the_same_bits(*ck_, cuda::gemm_set_router_norm, cuda::gemm_router_norm_launches,
+                           "router add + norm beside the combine in q|kv_a");
+  cuda::gemm_set_combine_norm(-1);
+}
+
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token
 // computed: the same bits in every hook a trace reads (each stage as readers see it, and its
 // per-token digests), in the logits and in the decode steps that follow (the cache holds the

@@ -96,10 +96,7 @@ __global__ void gemm_cluster_probe_kernel(int* out) {
 // slots (the block's K slice of the row, bf16, in the swizzled layout the copies would have used)
 // in place of the x copies; `first`: the block is in the first cluster (the one that stores the
 // row's side outputs).
-struct NoPrologue {
-  static constexpr bool kOn = false;
-  struct Loaded {};
-};
+// (NoPrologue: kernels/gemm_mma.cuh, shared with splitk_body.)
 constexpr int kClusterGemmMarks = 9;
 template <class T, bool kOutF32, bool kPush, class Tail, bool kClocks = false, class Pro = NoPrologue>
 __device__ __forceinline__ void gemm_cluster_body(const MmaGemmParams& p, const Tail& tail, const Pro& pro = {}) {

@@ -937,11 +937,27 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K,
 // gemm_tail.cuh functor that the launch's last block runs on the whole output once every block's
 // stores are done (gemm_splitk_tail_kernel; dense problems only, where every block has a tile).
 struct NoSplitKTail {};
+// A kernel body's prologue hook: none (gemm_cluster_body's and splitk_body's default).
+struct NoPrologue {
+  static constexpr bool kOn = false;
+  struct Loaded {};
+};
 // kStamp: the stamped instantiation's block stamp (ATLAS_BLOCK_STAMPS; its wait's end marked).
-template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged, class Tail, bool kStamp = false>
-__device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& tail) {
+// Pro (not NoPrologue: the residual add + norm before the router, kernels/gemm_tail.cuh,
+// AddRmsNormPrologue; session 43): a dense one-row problem whose A row every block computes
+// itself: `pre = pro.before_wait()` first (model weights only), `pro.after_wait(pre, first)`
+// right after the launch-overlap wait (before the first round's A loads), which leaves the row
+// in bf16 at pro.row() (shared memory, made visible to the block); A row 0 is then read from there
+// (the other rows are zero: one row). `first`: blockIdx.x == 0, the block that stores the side
+// outputs.
+template <class T, bool kOutF32, bool kVec, bool kHalf, bool kStaged, class Tail, bool kStamp = false,
+          class Pro = NoPrologue>
+__device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& tail, const Pro& pro = {}) {
   static_assert(!kStaged || kVec, "the staged copies are 16-byte copies");
+  static_assert(!Pro::kOn || (kHalf && kVec && !kStamp), "a prologue on the one-row 16-byte path");
   auto stamp = gemm_block_stamp<kStamp>(p, kBlockStampSplitK);
+  [[maybe_unused]] typename Pro::Loaded pre{};
+  if constexpr (Pro::kOn) pre = pro.before_wait();
   __shared__ float part[T::KW][T::BM][T::BN];  // one round's slice sums, [warp][row][col]
   __shared__ int64_t a_off[T::BM];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -991,6 +1007,7 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
     }
   }
   if (!staged_early && !start_tile<T::BM, T::BN, kVec>(p, int(blockIdx.x), tid, lane, t, 0, p.K)) return;
+  if constexpr (Pro::kOn) pro.after_wait(pre, blockIdx.x == 0);
   stamp.go();
   const int n0 = t.n_tile * T::BN;
   if (tid < T::BM) a_off[tid] = a_row_offset(p, t.row_begin + tid, t.row_end);
@@ -1001,6 +1018,15 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
   const int gid = lane >> 2, tig = lane & 3;
   const uint16_t* ar0 = a_off[gid] >= 0 ? t.x + a_off[gid] : nullptr;
   const uint16_t* ar1 = !kHalf && a_off[gid + 8] >= 0 ? t.x + a_off[gid + 8] : nullptr;
+  // A pairs: from global memory, or (a prologue) row 0 from the row it left in shared memory.
+  const auto a_pair = [&](const uint16_t* row, int k) -> uint32_t {
+    if constexpr (Pro::kOn) {
+      (void)row;  // (kHalf: only row gid's pairs, and row 0 is the only one)
+      return gid == 0 && k < K ? *reinterpret_cast<const uint32_t*>(pro.row() + k) : 0u;
+    } else {
+      return load_pair<kVec>(row, k, K);
+    }
+  };
   const uint16_t* br[T::NI];
 #pragma unroll
   for (int ni = 0; ni < T::NI; ++ni) {
@@ -1025,13 +1051,13 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
 #pragma unroll
       for (int c = 0; c < kSliceChunks; ++c) {
         const int k = (c0 + c) * 16 + 2 * tig;
-        af[c][0] = load_pair<kVec>(ar0, k, K);
-        af[c][2] = load_pair<kVec>(ar0, k + 8, K);
+        af[c][0] = a_pair(ar0, k);
+        af[c][2] = a_pair(ar0, k + 8);
         if constexpr (kHalf) {
           af[c][1] = af[c][3] = 0u;
         } else {
-          af[c][1] = load_pair<kVec>(ar1, k, K);
-          af[c][3] = load_pair<kVec>(ar1, k + 8, K);
+          af[c][1] = a_pair(ar1, k);
+          af[c][3] = a_pair(ar1, k + 8);
         }
         if constexpr (!kStaged) {
 #pragma unroll
