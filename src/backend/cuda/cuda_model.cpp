@@ -1594,10 +1594,13 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // ... and the next layer's input_layernorm (or the final norm) in the same launch.
     const Elem* next_norm = li + 1 < int64_t(blocks_.size()) ? blocks_[size_t(li + 1)].ln1 : has_head_ ? final_ln_ : nullptr;
     // A batch-1 decode step defers its combine + norm to the next layer's q|kv_a launch where
-    // that is the next launch and nothing observes the sum or the normed row in between.
+    // that is the next launch and nothing observes the sum or the normed row in between (and
+    // its GEMMs are the batch-invariant kernels: gemm_combine_norm takes nothing else, and the
+    // event form's wait needs the shared experts' down to be one of their launches).
     bool defer = false;
     if constexpr (!kF32) {
-      if (M == 1 && li + 1 < int64_t(blocks_.size()) && blocks_[size_t(li + 1)].q_kv && gemm_combine_norm_on()) {
+      if (M == 1 && li + 1 < int64_t(blocks_.size()) && blocks_[size_t(li + 1)].q_kv && gemm_combine_norm_on() &&
+          mode_for(1) == GemmMode::batch_invariant) {
         const LayerHookNames nn(l + 1);
         defer = !(hooks && (hooks->wants(names.resid_post) || hooks->wants(nn.ln1) || hooks->wants(nn.q) ||
                             hooks->wants(nn.latent)));
