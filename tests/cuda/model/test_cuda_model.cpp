@@ -745,6 +745,40 @@ TEST_F(CudaTiny, EventCombineInsideQkvGivesTheSameBits) {
   EXPECT_GT(cuda::programmatic_capture_edges(), edges) << "no captured step waited through a programmatic edge";
 }
 
+// The combine's deferral into q|kv_a in the fast mode (session 43): where the one-row steps'
+// GEMMs are the batch-invariant kernels (ATLAS_FAST_SMALL_M=1, the default) it runs as in the
+// invariant mode; where they are cuBLASLt's (=0) nothing is deferred (the event form's captured
+// wait needs the shared experts' down to be one of the batch-invariant launches). Either way the
+// joined and the event forms give the bits of neither, eager and graph-replayed.
+TEST_F(CudaTiny, FastModeStepsGiveTheSameBitsUnderEveryCombineForm) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  const char* was = std::getenv("ATLAS_FAST_SMALL_M");
+  const std::string saved = was ? was : "";
+  for (const std::string small : {"1", "0"}) {
+    SCOPED_TRACE("ATLAS_FAST_SMALL_M=" + small);
+    setenv("ATLAS_FAST_SMALL_M", small.c_str(), 1);
+    std::vector<std::vector<float>> runs;
+    for (int mode : {0, 1, 3}) {
+      cuda::gemm_set_combine_norm(mode);
+      const int64_t before = cuda::gemm_combine_norm_launches();
+      auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .batch_invariant = false});
+      runs.push_back(one_row_greedy_steps(*m, rows[0], V));
+      if (mode > 0 && small == "1")
+        EXPECT_GT(cuda::gemm_combine_norm_launches(), before) << "mode " << mode << ": nothing deferred";
+      else
+        EXPECT_EQ(cuda::gemm_combine_norm_launches(), before) << "mode " << mode << ": deferred";
+    }
+    cuda::gemm_set_combine_norm(-1);
+    EXPECT_EQ(runs[0], runs[1]) << "joined";
+    EXPECT_EQ(runs[0], runs[2]) << "event";
+  }
+  if (was)
+    setenv("ATLAS_FAST_SMALL_M", saved.c_str(), 1);
+  else
+    unsetenv("ATLAS_FAST_SMALL_M");
+}
+
 // A batch-1 step's post-attention add + norm inside the router's launch (gemm_after_add_rmsnorm,
 // session 43, ATLAS_ROUTER_NORM; with every GEMM on the staged split-K config the router takes at
 // one row in V2-Lite): the same logits in a one-row prefill and eager and graph-replayed greedy
