@@ -30,6 +30,9 @@
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
 # MODEL_TEST_ENVS='label:VAR=val,VAR2=val ...' runs the model tests once more under each.
+# TEST_TIMEOUT (default 600 s) bounds atlas_cuda_tests, MODEL_TEST_TIMEOUT (300 s) each run of the
+# model tests, BENCH_TIMEOUT (400 s) each bench: a hang (an unrun cross-stream dependency) then
+# costs that much of the lease and says "exit 124", not the whole command.
 # CMP_ARGS="--atlas-f32 ..." gives
 # the compare step atlas's f32 mode as a third party.
 # PREBUILT_DIR=build-device-bin (carried with it; or build-device-gz/bin.tgz, its archive, carried
@@ -124,11 +127,11 @@ fi
 rc=0
 if [[ -n "${GTEST_ONLY:-}" ]]; then  # one filter of atlas_cuda_tests instead of the full tests (a quick re-check)
   echo "== atlas_cuda_tests --gtest_filter=$GTEST_ONLY"
-  timeout ${TEST_TIMEOUT:-600} $B/tests/cuda/atlas_cuda_tests --gtest_filter="$GTEST_ONLY" >"$out/cuda_tests.log" 2>&1 || rc=1
+  timeout ${TEST_TIMEOUT:-600} $B/tests/cuda/atlas_cuda_tests --gtest_filter="$GTEST_ONLY" >"$out/cuda_tests.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Which is|Expected|seed" "$out/cuda_tests.log" | head -30
   if [[ ${MODEL_TESTS_ONCE:-0} == 1 ]]; then  # and the model tests, once
     echo "== atlas_cuda_model_tests (once)"
-    $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests.log" 2>&1 || rc=1
+    timeout ${MODEL_TEST_TIMEOUT:-300} $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$out/model_tests.log" | head -20
   fi
   mode="$mode,notests,"  # then the steps asked for, if any
@@ -138,7 +141,7 @@ fi
 for spec in ${MODEL_TEST_ENVS:-}; do
   label=${spec%%:*}; vars=${spec#*:}
   echo "== atlas_cuda_model_tests under $label ($vars)"
-  env ${vars//,/ } $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests_$label.log" 2>&1 || rc=1
+  env ${vars//,/ } timeout ${MODEL_TEST_TIMEOUT:-300} $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests_$label.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$out/model_tests_$label.log" | head -20
 done
 # (Say so where the test binaries were asked to run once and did not: session 36's final run
@@ -148,13 +151,13 @@ if has notests && [[ -z "${GTEST_ONLY:-}" && ${MODEL_TESTS_ONCE:-0} == 1 ]]; the
 fi
 if ! has notests; then
 echo "== atlas_cuda_tests"
-$B/tests/cuda/atlas_cuda_tests >"$out/cuda_tests.log" 2>&1 || rc=1
+timeout ${TEST_TIMEOUT:-600} $B/tests/cuda/atlas_cuda_tests >"$out/cuda_tests.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|seed" "$out/cuda_tests.log" | head -30
 echo "== atlas_cuda_model_tests"
-$B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests.log" 2>&1 || rc=1
+timeout ${MODEL_TEST_TIMEOUT:-300} $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK|Failure|rel |agreement|Expected|Which is|which is" "$out/model_tests.log" | head -80
 echo "== second run of the model tests (determinism across processes)"
-$B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests-2.log" 2>&1 || rc=1
+timeout ${MODEL_TEST_TIMEOUT:-300} $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests-2.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
 grep -E "^\[  (FAILED|PASSED) " "$out/model_tests-2.log"
 cmp <(grep " rel " "$out/model_tests.log") <(grep " rel " "$out/model_tests-2.log") && echo "   stage errors identical across the two processes"
 
