@@ -227,7 +227,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_ROUTE_CLUSTER", {"0", "1", "cluster"}},
       {"ATLAS_GEMM_WIDE_SPLITK4", {"0", "1", "4"}},
       {"ATLAS_COMBINE_QKV", {"0", "1", "flag", "event", "fused"}},
-      {"ATLAS_ROUTER_NORM", {"0", "1", "norm"}},
+      {"ATLAS_ROUTER_NORM", {"0", "1", "joined", "norm"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
       {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
       {"ATLAS_MOE_PREFETCH", {"none", "routed", "shared", "both", "down"}},

@@ -108,6 +108,11 @@ int gemm_down_blocks_setting(const char* value);
 // before it, a flag polled instead) or "event" (3: a programmatic event in place of the flag);
 // anything else throws an Error naming the variable.
 int combine_qkv_setting(const char* value);
+// ATLAS_ROUTER_NORM's value (null or empty: unset, 0): "0", "1" (the post-attention add + norm
+// inside the router's launch, gemm_after_add_rmsnorm, the shared experts forked from that launch
+// programmatically) or "joined" (2: the same with the shared experts forked after its end);
+// anything else throws an Error naming the variable.
+int router_norm_setting(const char* value);
 // A grouped launch's bound on the row tiles of one column (its grid: that x the column tiles):
 // ceil(max_rows / bm) or, tight (ATLAS_GEMM_TIGHT_TILES=1), floor(max_rows / bm), plus the
 // groups that can have rows, min(groups, max_rows). Either is at least the tiles any offsets of

@@ -305,6 +305,7 @@ class CudaModelT final : public Model {
     event_destroy(fork_);
     event_destroy(join_);
     event_destroy(shared_done_);
+    event_destroy(router_done_);
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -390,12 +391,14 @@ class CudaModelT final : public Model {
     bool unjoined() const { return ready != nullptr || event; }
   };
   // defer (a batch-1 decode step's, where the caller's next launch is the next layer's q|kv_a):
-  // the combine launch is left in *defer instead of launched. router_done: the caller launched
-  // the router GEMM already (with the add + norm before it inside: gemm_after_add_rmsnorm), so
-  // the shared experts fork after it.
+  // the combine launch is left in *defer instead of launched. router_launch: the caller launched the
+  // router GEMM already (with the add + norm before it inside: gemm_after_add_rmsnorm), so the
+  // shared experts fork after it: RouterLaunched::programmatic from that launch's
+  // programmatic record of router_done_ (stream_wait_programmatic), ::joined after its end.
+  enum class RouterLaunched { no, joined, programmatic };
   bool moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
            const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer = nullptr,
-           bool router_done = false) const;
+           RouterLaunched router_launch = RouterLaunched::no) const;
   // GEMMs in the model's element type, one place per form, so the loop never names a kernel:
   // bf16 -> gemm() / grouped_gemm() (batch-invariant tensor cores; dense ones through cuBLASLt
   // in the fast mode), f32 -> gemm_f32() / grouped_gemm_f32() (the FMA-chain f32 kernel).
@@ -521,6 +524,15 @@ class CudaModelT final : public Model {
   void join_side() const {
     if (side_on_) stream_wait(s_, side_, join_);
   }
+  // side_ for work that may start once s_'s launch that recorded `event` in a
+  // ProgrammaticEventScope has every block running (its launch-overlap wait then waits for that
+  // launch, and through it for s_'s work before it); s_ itself with the side stream off. Under
+  // capture side_ must have joined it already (a fork_side() before that launch).
+  Stream fork_side_programmatic(Event event) const {
+    if (!side_on_) return s_;
+    stream_wait_programmatic(side_, event);
+    return side_;
+  }
   // Queries per MLA block in a prefill (4: the cache tiles are read by four queries at once);
   // ATLAS_MLA_PREFILL_QPB=1|2|4 overrides it for measurements (any gives the same bits).
   int mla_prefill_qpb_ = 4;
@@ -569,6 +581,7 @@ class CudaModelT final : public Model {
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
   Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
+  Event router_done_ = nullptr;       // ATLAS_ROUTER_NORM=1's fork (with the side stream)
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
   mutable DeviceBlock scratch_;
   mutable DeviceBlock digests_;  // grow-only [M][32] token digests of a digest-only hook
@@ -710,6 +723,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     fork_ = event_create();
     join_ = event_create();
     shared_done_ = event_create();
+    router_done_ = event_create();
     gemm_prepare_stream(side_);  // its own cuBLASLt workspace (the fast mode's shared experts)
   }
   dense_mode_ = opts.batch_invariant ? GemmMode::batch_invariant : GemmMode::fast;
@@ -1232,7 +1246,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
 template <class Elem>
 bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
                     const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer,
-                    bool router_done) const {
+                    RouterLaunched router_launch) const {
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
@@ -1249,8 +1263,11 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // The shared experts first, on side_ when it is on (they read h only and write b.shared,
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
+  const bool router_done = router_launch != RouterLaunched::no;
   if (L.has_shared)
-    mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact, fork_side(), (moe_prefetch_ & 2) != 0,
+    mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact,
+        router_launch == RouterLaunched::programmatic ? fork_side_programmatic(router_done_) : fork_side(),
+        (moe_prefetch_ & 2) != 0,
         shared_down_first_ && M * k <= kGroupedFewMaxRows, shared_down_wait_ && M * k <= kGroupedFewMaxRows,
         evented ? shared_done_ : nullptr);
   const RouterArgs route{
@@ -1574,16 +1591,28 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // ... or, at one row of an MoE layer, the router's launch adds and norms before its GEMM
     // (gemm_after_add_rmsnorm, ATLAS_ROUTER_NORM; the sum into x_alt, then x and x_alt swap),
     // unless a hook reads or writes anything in between.
+    // With the side stream, ATLAS_ROUTER_NORM=1 has the launch record router_done_
+    // programmatically and the shared experts fork from it (their blocks become resident while
+    // it runs, as they did beside the norm's launch); "joined" forks them after its end.
     bool router_done = false;
+    RouterLaunched router_launched = RouterLaunched::no;
     if constexpr (!kF32) {
       if (!tailed && M == 1 && L.moe && L.ln2 &&
           !(hooks && (hooks->wants(names.attn_out) || hooks->wants(names.resid_mid) || hooks->wants(names.ln2) ||
                       hooks->wants(names.router_logits) || hooks->wants(names.topk_ids)))) {
         const int64_t E = c.n_routed_experts;
+        const bool programmatic = gemm_router_norm_mode() == 1 && side_on_ && L.has_shared;
+        // side_ after s_'s work so far first: under capture a stream joins the capture only
+        // through an event of it, and the programmatic fork adds an edge to a joined one.
+        if (programmatic) (void)fork_side();
+        const ProgrammaticEventScope record(programmatic ? router_done_ : nullptr);
         router_done = gemm_after_add_rmsnorm(router_args(b.h, L.router, b.router_logits, M, E, H),
                                              {.x = b.x, .y = b.y, .weight = L.ln2, .x_out = b.x_alt, .h_out = b.h,
                                               .dim = int(H), .eps = eps});
-        if (router_done) std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
+        if (router_done) {
+          std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
+          router_launched = programmatic ? RouterLaunched::programmatic : RouterLaunched::joined;
+        }
       }
     }
     if (tailed || router_done)
@@ -1606,7 +1635,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                             hooks->wants(nn.latent)));
       }
     }
-    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr, router_done)) {
+    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr, router_launched)) {
       side_unjoined = side_unjoined || (pending && pending->unjoined());
       continue;  // combined, added and normed (or left in pending)
     }

@@ -873,9 +873,13 @@ struct GemmAfterAddRmsNormArgs {
 bool gemm_after_add_rmsnorm(const GemmArgs& a, const GemmAfterAddRmsNormArgs& n);
 // How many fused launches gemm_after_add_rmsnorm made in this process (tests check that it ran).
 int64_t gemm_router_norm_launches();
-// Tests: 1 lets gemm_after_add_rmsnorm launch, 0 never, -1 (the default) as ATLAS_ROUTER_NORM
-// says; process-wide. Never bits.
+// Tests: 1 or 2 let gemm_after_add_rmsnorm launch (the model's fork of the shared experts:
+// 1 programmatic, 2 after the launch's end), 0 never, -1 (the default) as ATLAS_ROUTER_NORM says;
+// process-wide. Never bits.
 void gemm_set_router_norm(int mode);
+// ATLAS_ROUTER_NORM's mode (or the test override's): 0 off, 1 on with the shared experts forked
+// programmatically from the router's launch, 2 ("joined") on with them forked after its end.
+int gemm_router_norm_mode();
 // A decode step's absorbed-query GEMM and latent_to_cache(l) in one launch (session 32,
 // kernels/gemm_latent.cuh): latent_to_cache(l) then gemm(a), the same bits and device errors,
 // where gemm(a) would run the tiled 16-row config in a plain launch (the absorbed query of a

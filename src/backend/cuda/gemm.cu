@@ -517,10 +517,11 @@ struct GemmSetup {
   // 3 ("event") a programmatic event of the shared experts' down in place of the flag (written
   // after the device time was spent; not yet run).
   int combine_qkv = 0;
-  // ATLAS_ROUTER_NORM (session 43, written without a GPU; default 0): gemm_after_add_rmsnorm may
-  // launch the router GEMM of one row with the post-attention add + norm inside
-  // (gemm_splitk_norm_kernel).
-  bool router_norm = false;
+  // ATLAS_ROUTER_NORM (session 43, written without a GPU; default 0): 1 or 2 ("joined"):
+  // gemm_after_add_rmsnorm may launch the router GEMM of one row with the post-attention add +
+  // norm inside (gemm_splitk_norm_kernel); the model forks the shared experts from that launch
+  // programmatically (1) or after its end (2).
+  int router_norm = 0;
   // ATLAS_PHASE_CLOCKS=cluster_gemm (session 41, a diagnostic): the phase-clock sums of the
   // cluster config c16x64/4w's bf16 launches (q|kv_a at one row), else null.
   unsigned long long* cluster_clocks = nullptr;
@@ -736,7 +737,7 @@ const GemmSetup& setup() {
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
     g.wide_splitk4 = env_switch("ATLAS_GEMM_WIDE_SPLITK4", false);
     g.combine_qkv = combine_qkv_setting(std::getenv("ATLAS_COMBINE_QKV"));
-    g.router_norm = env_switch("ATLAS_ROUTER_NORM", false);
+    g.router_norm = router_norm_setting(std::getenv("ATLAS_ROUTER_NORM"));
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (const std::string path = detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS")); !path.empty()) {
       std::lock_guard<std::mutex> lock(stamp_mu);
@@ -1800,7 +1801,7 @@ int64_t gemm_tailed_launches() { return tailed_launches.load(); }
 bool gemm_after_add_rmsnorm(const GemmArgs& a, const GemmAfterAddRmsNormArgs& n) {
   const char* op = "gemm_after_add_rmsnorm";
   // Off (the default): nothing to check here, the caller's two calls check their arguments.
-  if (!tail_on(router_norm_override, setup().router_norm)) return false;
+  if (gemm_router_norm_mode() == 0) return false;
   require_gemm_args(a, op);
   require(n.x && n.y && n.weight && n.x_out && n.h_out, op, "pointers", "x, y, weight, x_out and h_out must be set");
   require(n.x_out != n.x && n.x_out != n.y && n.h_out != n.x && n.h_out != n.y && n.h_out != n.x_out, op, "x_out",
@@ -1823,7 +1824,11 @@ bool gemm_after_add_rmsnorm(const GemmArgs& a, const GemmAfterAddRmsNormArgs& n)
   return true;
 }
 int64_t gemm_router_norm_launches() { return router_norm_launches.load(); }
-void gemm_set_router_norm(int mode) { router_norm_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
+void gemm_set_router_norm(int mode) { router_norm_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
+int gemm_router_norm_mode() {
+  const int forced = router_norm_override.load();
+  return forced >= 0 ? forced : setup().router_norm;
+}
 
 bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& pm) {
   const char* op = "gemm_moe_route";
@@ -2085,6 +2090,14 @@ int64_t grouped_y_tiles(int64_t max_rows, int bm, int64_t groups, bool tight) {
   // floor(r / bm) + 1 for r > 0 and the floors add up to at most floor(max_rows / bm), so the
   // tight bound holds too; at most min(groups, max_rows) groups have rows.
   return (tight ? max_rows / bm : ceil_div(max_rows, bm)) + std::min<int64_t>(groups, max_rows);
+}
+
+int router_norm_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "0") return 0;
+  if (v == "1") return 1;
+  if (v == "joined") return 2;
+  throw Error("cuda: ATLAS_ROUTER_NORM: expected 0, 1 or joined, got '" + v + "'");
 }
 
 int combine_qkv_setting(const char* value) {

@@ -354,6 +354,7 @@ void check_environment() {
   (void)detail::gemm_grouped_few_down_setting(std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN"));
   (void)detail::gemm_down_blocks_setting(std::getenv("ATLAS_GEMM_DOWN_BLOCKS_PER_SM"));
   (void)detail::combine_qkv_setting(std::getenv("ATLAS_COMBINE_QKV"));
+  (void)detail::router_norm_setting(std::getenv("ATLAS_ROUTER_NORM"));
   (void)detail::gemm_splitk_setting(std::getenv("ATLAS_GEMM_SPLITK"));
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
   (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
@@ -368,8 +369,7 @@ void check_environment() {
                            "ATLAS_GEMM_STREAM_REGS", "ATLAS_ARGMAX_SPLIT", "ATLAS_MLA_MERGE_EARLY",
                            "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL",
                            "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT", "ATLAS_MOE_SELF_ROUTE",
-                           "ATLAS_GEMM_TIGHT_TILES", "ATLAS_ROUTE_CLUSTER", "ATLAS_GEMM_WIDE_SPLITK4",
-                           "ATLAS_ROUTER_NORM"})
+                           "ATLAS_GEMM_TIGHT_TILES", "ATLAS_ROUTE_CLUSTER", "ATLAS_GEMM_WIDE_SPLITK4"})
     (void)env_switch(name, true);
 }
 
@@ -392,6 +392,8 @@ ProgrammaticEventScope::~ProgrammaticEventScope() { detail::t_prog_event = was_;
 void stream_wait_programmatic(Stream waiter, Event event) {
   cudaStream_t w = stream_of(waiter);
   if (!detail::stream_capturing(w)) {
+    // (Eager. A launch of a capture under way records no event, so a waiter must have joined
+    // that capture first: fork_side_programmatic's callers fork side_ before the launch.)
     check_cuda(cudaStreamWaitEvent(w, static_cast<cudaEvent_t>(event), 0), "stream_wait_programmatic",
                "cudaStreamWaitEvent");
     return;
@@ -451,13 +453,10 @@ void note_programmatic_node(cudaStream_t stream, void* event) {
   if (status != cudaStreamCaptureStatusActive || n != 1)
     throw Error("cuda: ProgrammaticEventScope: expected one capture dependency after the launch, found " +
                 std::to_string(n));
-  const ProgrammaticNode entry{.event = event, .node = deps[0], .capture = id};
-  for (ProgrammaticNode& p : t_prog_nodes)
-    if (p.event == event) {
-      p = entry;
-      return;
-    }
-  t_prog_nodes.push_back(entry);
+  // Only this capture's entries are ever read (stream_wait_programmatic compares the ids): the
+  // others go, so the list holds at most this capture's events.
+  std::erase_if(t_prog_nodes, [&](const ProgrammaticNode& p) { return p.capture != id || p.event == event; });
+  t_prog_nodes.push_back({.event = event, .node = deps[0], .capture = id});
 }
 int urgent_launch_priority() {
   if (!t_urgent) return 0;

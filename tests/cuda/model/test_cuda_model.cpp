@@ -782,10 +782,17 @@ TEST_F(CudaTiny, FastModeStepsGiveTheSameBitsUnderEveryCombineForm) {
 // A batch-1 step's post-attention add + norm inside the router's launch (gemm_after_add_rmsnorm,
 // session 43, ATLAS_ROUTER_NORM; with every GEMM on the staged split-K config the router takes at
 // one row in V2-Lite): the same logits in a one-row prefill and eager and graph-replayed greedy
-// steps with it on and off, and it ran (the residual then ping-pongs between x and x_alt, also
-// with the combine inside q|kv_a: the second run).
+// steps with it on and off, and it ran (the residual then ping-pongs between x and x_alt), with
+// the shared experts forked from the launch programmatically (1: in the captured steps through
+// programmatic graph edges, counted) and after its end ("joined", 2), and with 1 beside the
+// combine inside q|kv_a (event form).
 TEST_F(CudaTiny, RouterNormGivesTheSameBits) {
+  const int64_t edges = cuda::programmatic_capture_edges();
   tails_give_the_same_bits(*ck_, cuda::gemm_set_router_norm, cuda::gemm_router_norm_launches, "router add + norm");
+  EXPECT_GT(cuda::programmatic_capture_edges(), edges) << "no captured step forked the shared experts programmatically";
+  tails_give_the_same_bits(
+      *ck_, [](int on) { cuda::gemm_set_router_norm(on > 0 ? 2 : on); }, cuda::gemm_router_norm_launches,
+      "router add + norm, joined fork");
   cuda::gemm_set_combine_norm(3);
   tails_give_the_same_bits(*ck_, cuda::gemm_set_router_norm, cuda::gemm_router_norm_launches,
                            "router add + norm beside the combine in q|kv_a");
