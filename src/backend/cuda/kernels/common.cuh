@@ -94,11 +94,12 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // tiled 16-row GEMM's blocks): thread t stands for the 256-thread block's threads t and t + 128,
 // holding their values v0 and v1, so warp w's two warp sums are that block's warps w and w + 4;
 // then block_sum's tree over the eight. The same bits as block_sum over those 256 values. Every
-// thread gets the sum. `scratch` holds at least 9 floats.
+// thread gets the sum. `scratch` holds at least 9 floats and is not read by an earlier call
+// still (its two callers use it once; unlike block_sum, no barrier before the warp sums' stores,
+// so latent_cache_half_block runs the barriers it ran before this function existed).
 __device__ __forceinline__ float half_block_sum(float v0, float v1, float* scratch) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float w0 = warp_sum(v0), w1 = warp_sum(v1);
-  __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) {
     scratch[warp] = w0;
     scratch[warp + 4] = w1;
