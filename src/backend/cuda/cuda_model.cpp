@@ -1594,28 +1594,27 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // With the side stream, ATLAS_ROUTER_NORM=1 has the launch record router_done_
     // programmatically and the shared experts fork from it (their blocks become resident while
     // it runs, as they did beside the norm's launch); "joined" forks them after its end.
-    bool router_done = false;
     RouterLaunched router_launched = RouterLaunched::no;
     if constexpr (!kF32) {
-      if (!tailed && M == 1 && L.moe && L.ln2 &&
+      const int router_norm = gemm_router_norm_mode();
+      if (router_norm > 0 && !tailed && M == 1 && L.moe && L.ln2 &&
           !(hooks && (hooks->wants(names.attn_out) || hooks->wants(names.resid_mid) || hooks->wants(names.ln2) ||
                       hooks->wants(names.router_logits) || hooks->wants(names.topk_ids)))) {
         const int64_t E = c.n_routed_experts;
-        const bool programmatic = gemm_router_norm_mode() == 1 && side_on_ && L.has_shared;
+        const bool programmatic = router_norm == 1 && side_on_ && L.has_shared;
         // side_ after s_'s work so far first: under capture a stream joins the capture only
         // through an event of it, and the programmatic fork adds an edge to a joined one.
         if (programmatic) (void)fork_side();
         const ProgrammaticEventScope record(programmatic ? router_done_ : nullptr);
-        router_done = gemm_after_add_rmsnorm(router_args(b.h, L.router, b.router_logits, M, E, H),
-                                             {.x = b.x, .y = b.y, .weight = L.ln2, .x_out = b.x_alt, .h_out = b.h,
-                                              .dim = int(H), .eps = eps});
-        if (router_done) {
+        if (gemm_after_add_rmsnorm(router_args(b.h, L.router, b.router_logits, M, E, H),
+                                   {.x = b.x, .y = b.y, .weight = L.ln2, .x_out = b.x_alt, .h_out = b.h,
+                                    .dim = int(H), .eps = eps})) {
           std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
           router_launched = programmatic ? RouterLaunched::programmatic : RouterLaunched::joined;
         }
       }
     }
-    if (tailed || router_done)
+    if (tailed || router_launched != RouterLaunched::no)
       hook_act(hooks, names.resid_mid, l, {B, T, H}, b.x);
     else
       add_then_norm(names.resid_mid, L.ln2, l);

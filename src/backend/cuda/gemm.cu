@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -1745,31 +1746,49 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   check_launch(op);
 }
 
+// Where gemm(a) would run the staged 8-warp split-K kernel (dense, 16-byte rows): that launch's
+// parameters and shape (one block per column tile; the tails' and the prologue's kernels are its
+// instantiations); nullopt otherwise.
+struct StagedSplitK {
+  kern::MmaGemmParams p;
+  unsigned blocks;
+  unsigned threads;
+};
+std::optional<StagedSplitK> staged_splitk(const GemmArgs& a) {
+  const auto [xs, ws, os] = row_strides(a);
+  const bool async = dense_async(a, xs, ws);
+  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return std::nullopt;
+  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
+  const int64_t n_tiles = ceil_div(a.N, c.bn);
+  return StagedSplitK{.p = dense_params(a, xs, ws, os, 1, n_tiles), .blocks = unsigned(n_tiles),
+                      .threads = unsigned(c.threads)};
+}
+
 // The one-row GEMM a on the staged split-K kernel with the tail make_tail(counter) builds
 // (kernels/gemm_tail.cuh), where gemm(a) would run that config and the stream's tail counter
 // exists; false (nothing launched) otherwise. kOutF32: a's output is fp32.
 template <bool kOutF32, class MakeTail>
 bool launch_splitk_tail(const GemmArgs& a, const char* op, const MakeTail& make_tail) {
-  const auto [xs, ws, os] = row_strides(a);
-  const bool async = dense_async(a, xs, ws);
-  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
+  const std::optional<StagedSplitK> k = staged_splitk(a);
+  if (!k) return false;
   const cudaStream_t stream = stream_of(a.stream);
   int* counter = stream_tail_counter(stream);
   if (counter == nullptr) return false;
-  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
-  const int64_t n_tiles = ceil_div(a.N, c.bn);
-  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
   using Tail = decltype(make_tail(counter));
   const Tail tail = make_tail(counter);
-  launch(kern::gemm_splitk_tail_kernel<CfgS8, Tail, kOutF32>, dim3(unsigned(n_tiles)), c.threads, 0, stream, p, tail);
+  launch(kern::gemm_splitk_tail_kernel<CfgS8, Tail, kOutF32>, dim3(k->blocks), k->threads, 0, stream, k->p, tail);
   check_launch(op);
   return true;
 }
 
+// A switch's mode: the tests' override where set (>= 0), else the environment's setting.
+int mode_or_override(const std::atomic<int>& override_mode, int setting) {
+  const int forced = override_mode.load();
+  return forced >= 0 ? forced : setting;
+}
 // A tail's switch: the tests' override (1 on, 0 off) where set, else the environment's setting.
 bool tail_on(const std::atomic<int>& override_mode, bool setting) {
-  const int forced = override_mode.load();
-  return forced >= 0 ? forced == 1 : setting;
+  return mode_or_override(override_mode, setting ? 1 : 0) == 1;
 }
 
 // o_proj's launch that also adds and norms (kernels/gemm_tail.cuh): where gemm(a) would run the
@@ -1810,13 +1829,9 @@ bool gemm_after_add_rmsnorm(const GemmArgs& a, const GemmAfterAddRmsNormArgs& n)
   if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::f32 ||
       n.dim != a.K || a.K > kern::kWideDim || a.out_stride > a.N)
     return false;
-  const auto [xs, ws, os] = row_strides(a);
-  const bool async = dense_async(a, xs, ws);
-  if (!async || dense_config(a, async, setup().sm_count) != kSplitK8Staged) return false;
-  const TileConfig& c = kConfigs[size_t(kSplitK8Staged)];
-  const int64_t n_tiles = ceil_div(a.N, c.bn);
-  const kern::MmaGemmParams p = dense_params(a, xs, ws, os, 1, n_tiles);
-  launch(kern::gemm_splitk_norm_kernel<CfgS8>, dim3(unsigned(n_tiles)), c.threads, 0, stream_of(a.stream), p,
+  const std::optional<StagedSplitK> k = staged_splitk(a);
+  if (!k) return false;
+  launch(kern::gemm_splitk_norm_kernel<CfgS8>, dim3(k->blocks), k->threads, 0, stream_of(a.stream), k->p,
          kern::AddRmsNormPrologue{.x = n.x, .y = n.y, .w = n.weight, .x_out = n.x_out, .h_out = n.h_out,
                                   .dim = n.dim, .eps = n.eps});
   check_launch(op);
@@ -1825,17 +1840,13 @@ bool gemm_after_add_rmsnorm(const GemmArgs& a, const GemmAfterAddRmsNormArgs& n)
 }
 int64_t gemm_router_norm_launches() { return router_norm_launches.load(); }
 void gemm_set_router_norm(int mode) { router_norm_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
-int gemm_router_norm_mode() {
-  const int forced = router_norm_override.load();
-  return forced >= 0 ? forced : setup().router_norm;
-}
+int gemm_router_norm_mode() { return mode_or_override(router_norm_override, setup().router_norm); }
 
 bool gemm_moe_route(const GemmArgs& a, const RouterArgs& r, const MoePermuteArgs& pm) {
   const char* op = "gemm_moe_route";
   // gemm_set_route_tail's mode where a test set one, else the switches: 2 the cluster route
   // (ATLAS_ROUTE_CLUSTER), 1 the split-K tail (ATLAS_ROUTE_TAIL), 0 neither.
-  const int forced = route_tail_override.load();
-  const int mode = forced >= 0 ? forced : setup().route_cluster ? 2 : setup().route_tail ? 1 : 0;
+  const int mode = mode_or_override(route_tail_override, setup().route_cluster ? 2 : setup().route_tail ? 1 : 0);
   // Off (the default): nothing to check here, the caller's gemm() and moe_route() check theirs.
   if (mode == 0) return false;
   require_gemm_args(a, op);
@@ -1923,10 +1934,7 @@ int64_t gemm_combine_norm_launches() { return combine_norm_launches.load(); }
 int64_t gemm_combine_flagged_launches() { return combine_flagged_launches.load(); }
 int64_t gemm_combine_early_launches() { return combine_early_launches.load(); }
 void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 3)); }
-int gemm_combine_mode() {
-  const int forced = combine_norm_override.load();
-  return forced >= 0 ? forced : setup().combine_qkv;
-}
+int gemm_combine_mode() { return mode_or_override(combine_norm_override, setup().combine_qkv); }
 void gemm_combine_signal(uint32_t* flags, int count, int index, Stream stream) {
   const char* op = "gemm_combine_signal";
   require(flags != nullptr && count > 0 && index >= 0 && index < count, op, "flags",
