@@ -3,7 +3,7 @@
 //   ATLAS_BENCH_MODEL=/path/to/model build/bench/cuda/atlas_cuda_model_bench
 // Without a GPU or without ATLAS_BENCH_MODEL every case is skipped. Wall time of whole forward
 // calls (each returns host logits, so it includes the device work and the logits copy).
-// Counters: tokens/s (items_per_second). Results: docs/cuda.md.
+// Counters: tokens/s (items_per_second). Results: docs/benchmarks.md and docs/cuda-sessions.md.
 #include <benchmark/benchmark.h>
 
 #include <chrono>

@@ -1,4 +1,4 @@
-// Co-residency probe (a measurement, not part of atlas; session 21, docs/cuda.md "Status after
+// Co-residency probe (a measurement, not part of atlas; session 21, docs/cuda-sessions.md "Status after
 // session 21", item 5): in a batch-1 decode step the shared experts' gate|up runs the stream
 // GEMM config (stream8x8/3w: 264 persistent blocks of 96 threads with 99 KB of dynamic shared
 // memory, two per SM) on the low-priority side stream while the routed experts' gate|up (the

@@ -1,4 +1,4 @@
-// MoE stream probe (a measurement, not part of atlas; session 39, docs/cuda.md "Status after
+// MoE stream probe (a measurement, not part of atlas; session 39, docs/cuda-sessions.md "Status after
 // session 39"): in a batch-1 decode step the routed experts' gate|up (one token, six of 64
 // experts, 69 MB on the lean stream loop) streams at ~2.9 TB/s by its span even with nothing
 // beside it (s39-7), where session 23's probe read the same bytes over the same 264-block grid
@@ -26,7 +26,7 @@
 // median run (session 40: whether placement or the loop makes blocks slow). Run it once more
 // with ATLAS_L2_EVICT_FIRST=0 for the copies without the evict_first policy. (Session 40 found
 // the grouped block's tile lookup, before its first copy, with the stamp's go moved after it:
-// docs/cuda.md "Status after session 40".)
+// docs/cuda-sessions.md "Status after session 40".)
 //   build/bench/cuda/atlas_moe_stream_probe
 #include <cuda_runtime.h>
 

@@ -1,6 +1,6 @@
 // atlas_stream_sweep_probe (session 22, not yet run on a GPU when written): how fast can one
 // kernel read the weight bytes of a batch-1 MoE phase on this GPU, and with which copy path and
-// grid shape? The decode step's expert GEMMs move ~3 TB/s in place (docs/cuda.md, "Status after
+// grid shape? The decode step's expert GEMMs move ~3 TB/s in place (docs/cuda-sessions.md, "Status after
 // session 22"), and atlas_wgmma_gemv_probe's event-timed single launches put a copies-only grid of
 // the GEMM's shape at 3.0-3.1 TB/s, a figure that includes the launch; this probe times the
 // kernel itself (%globaltimer: first block's start to last block's end) and the per-launch time

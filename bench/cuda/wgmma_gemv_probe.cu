@@ -3,7 +3,7 @@
 // wgmma.m64n8k16, D = W . X^T) and still give the batch-invariant contract's bits, and how fast
 // does such a kernel stream weights? Why: the decode step's expert GEMMs (mma.sync m16n8k16 with
 // the x row as A, 15 of its 16 rows zero) move their bytes at ~3 TB/s and Nsight has the stream
-// kernel instruction-bound (docs/cuda.md, session 13: ~490 instructions per 4 KB step); a
+// kernel instruction-bound (docs/cuda-sessions.md, session 13: ~490 instructions per 4 KB step); a
 // wgmma.m64n8k16 takes 2 KB of weights per instruction from shared memory.
 //
 // Part 1 (bits): the contract's reference (kernels/gemm_mma.cuh: per 256-wide K slice an fp32

@@ -3,7 +3,7 @@
 
 ncu serialises kernels, so per-kernel durations are exact but the gaps between launches are not
 those of a real run (CUDA graphs hide most of them there). Used to find where a decode step or a
-prefill spends its device time (docs/cuda.md, "Profiles").
+prefill spends its device time (docs/cuda-sessions.md, "Profiles").
 
   tools/profile/ncu_summary.py LOG.csv [--split-after KERNEL_SUBSTRING] [--top N]
 

@@ -2,7 +2,7 @@
 // activations on the device, the rounding points of the CPU backend's bf16 mode.
 //
 // Host C++ only (includes cuda_ops.h, no CUDA header); compiled into atlas_lib when the build
-// has CUDA. What it does and does not do yet:
+// has CUDA. What it does:
 //   - compute bf16, or f32 for checking (`--compute f32`): the same forward loop over f32
 //     weights (checkpoint values widened exactly) and f32 activations, cache and logits, with no
 //     bf16 rounding anywhere; f32 GEMMs are FMA chains (kernels/gemm_f32.cuh) and attention the
@@ -14,15 +14,20 @@
 //     CPU choice and is ignored here (both forms are the same math, different rounding);
 //   - the cache stores only real tokens, packed per row, so padding costs nothing and a row's
 //     cache is bit-identical whatever batch it is in;
-//   - every GEMM is the batch-invariant kernel (the routed experts: one launch per non-empty
-//     expert over its contiguous row range): a row's logits are bit-identical alone or in a
-//     batch (tests/cuda/model);
-//   - hooks: every catalog name but attn.hook_pattern (an error if observed); a wanted hook
-//     copies the device tensor to the host as f32, fires, and copies it back, so interventions
-//     work; untraced runs copy nothing;
+//   - by default every GEMM is a batch-invariant kernel (the routed experts: one grouped launch
+//     over every expert's contiguous rows, offsets read on the device): a row's logits are
+//     bit-identical alone or in a batch (tests/cuda/model); the fast mode sends dense GEMMs of
+//     more than 16 rows to cuBLASLt;
+//   - hooks: every catalog name, attn.hook_pattern included (the official eager softmax,
+//     kernels/mla_pattern.cuh); a tensor observer gets the tensor as f32 on the host and what it
+//     changes is copied back, so interventions work; readers and digest observers are served
+//     without stopping the GPU (asynchronous copies, device SHA-256 digests); untraced runs copy
+//     nothing;
 //   - logits are bf16 on the device (lm_head output, as the official bf16 model and the CPU
-//     bf16 mode; f32 in the checking mode), returned as f32; greedy tokens come from a device
-//     argmax, sampling stays on the host.
+//     bf16 mode; f32 in the checking mode), returned as f32 only for the rows asked for; greedy
+//     tokens come from a device argmax, sampled ones from the device sampler (bit-identical to
+//     the host's), and decode runs replay a captured graph per step.
+// docs/cuda.md ("The forward pass") walks through one layer's launches.
 #pragma once
 
 #include <memory>
@@ -43,8 +48,9 @@ struct CudaModelOptions {
   // bounded working memory); hooked calls are never chunked.
   int64_t max_tokens_per_call = 8192;
   // Run each MoE layer's shared experts on a second stream, concurrently with the routing and
-  // the routed experts, and the absorbed-query GEMM concurrently with the latent's cache write
-  // (the same kernels on the same inputs: the same bits). The env variable ATLAS_SIDE_STREAM=0
+  // the routed experts, and a prefill's absorbed-query GEMM concurrently with the latent's cache
+  // write (a decode step runs it with the cache write in one launch on the main stream,
+  // ATLAS_ABSORB); the same kernels on the same inputs: the same bits. The env variable ATLAS_SIDE_STREAM=0
   // turns it off (for measuring what it saves).
   bool side_stream = true;
   // A prefill computes each distinct padding token once (the same id, position, visible length

@@ -779,7 +779,7 @@ std::vector<float> pattern_to_timeline(const std::vector<float>& slot_probs, con
 //     fixed shape, but the algorithm may change with M, so rows are NOT guaranteed batch invariant.
 //   cublaslt_pinned (experimental): the algorithm cuBLASLt's heuristic picks for M = 128 with
 //     split-K forced to 1, reused for every M of that (N, K, out type). cuBLAS documents no
-//     row invariance for this; tests/cuda measures whether it holds (docs/cuda.md).
+//     row invariance for this; tests/cuda measures whether it holds (docs/cuda-sessions.md, session 2).
 //   fma_chain: the original scalar kernel (one fp32 FMA chain per output over k ascending, the
 //     CPU reference's exact order, bit-exact to ref::gemm); slow, kept as an on-device
 //     cross-check of the reference.
@@ -942,7 +942,7 @@ void gemm_set_route_tail(int mode);
 // that stream after them: every block polls it (acquire) before reading c.addend, and stages
 // its weights before the launch-overlap wait (session 42, ATLAS_COMBINE_QKV=flag). A measurement
 // form only: nothing guarantees that the flag's writer gets an SM while these blocks spin (a
-// run hung, s42-8); a programmatic dependency on that stream is the safe form (docs/cuda.md).
+// run hung, s42-8); a programmatic dependency on that stream is the safe form (docs/cuda-sessions.md).
 // weights_early: stage the weights before the launch-overlap wait without a flag (the caller
 // made this launch programmatically dependent on the addend's writer: ATLAS_COMBINE_QKV=event).
 bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c, uint16_t* x_out,

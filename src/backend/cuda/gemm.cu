@@ -514,7 +514,7 @@ struct GemmSetup {
   // with the MoE combine + norm inside (gemm_cluster_combine_kernel; slower, s42-1/-4), 2 ("flag")
   // and the model may leave the side stream unjoined before it, a flag polled instead (faster,
   // 488.3 against 483.0 / 483.3 tok/s in s42-7, but UNSAFE: the launch's blocks spin on work of
-  // another stream that nothing guarantees an SM; a run under it hung, s42-8; docs/cuda.md),
+  // another stream that nothing guarantees an SM; a run under it hung, s42-8; docs/cuda-sessions.md),
   // 3 ("event") a programmatic event of the shared experts' down in place of the flag (written
   // after the device time was spent; not yet run).
   int combine_qkv = 0;
@@ -1135,7 +1135,7 @@ int grouped_many_config() {
 // session 34 is 16x32x128/4's tile with the lean copies and the whole-steps loop ("/4u",
 // kern::mma_whole_steps): its loop is ~70 instructions per K step against ~180 ("/4l") and ~275
 // (the plain tile); batch-1 decode with ATLAS_SHARED_DOWN_FIRST 469.2 / 467.6 against 461.7 / 461.9
-// tok/s for the plain tile without it (s34-3, s34-4; docs/cuda.md, session 34).
+// tok/s for the plain tile without it (s34-3, s34-4; docs/cuda-sessions.md, session 34).
 int grouped_few_down_config() {
   static const int ci =
       config_or_override("ATLAS_GEMM_GROUPED_FEW_DOWN", gemm_grouped_few_down_setting, kGroupedFewDown);

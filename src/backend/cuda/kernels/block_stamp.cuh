@@ -2,7 +2,7 @@
 // phase's GEMM launches run and when, in their real context (a graph-captured batch-1 decode
 // step, the shared experts' launches on the side stream beside the routed ones). CUPTI gives a
 // launch's span only; session 37's timelines left open whether the routed gate|up is bound per
-// block, per SM or by HBM as a whole (docs/cuda.md, "Status after session 37"), which needs each
+// block, per SM or by HBM as a whole (docs/cuda-sessions.md, "Status after session 37"), which needs each
 // block's SM, its residency and the bytes it moved. A stamped instantiation of a GEMM kernel
 // (kStamp = true) has thread 0 of each block read %smid and %globaltimer when the block starts,
 // after its launch-overlap wait, and when it ends, and append one BlockStamp to a device ring

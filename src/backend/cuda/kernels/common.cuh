@@ -144,7 +144,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 // Streamed weights and L2 (session 17): a batch-1 decode step reads ~5 GB of weights through a
 // 50 MB L2, each byte once. The GEMMs' weight copies carry an evict_first policy (MmaGemmParams::
 // l2_evict_first, on by default; the host's rule in gemm.cu), so the L2 gives up those lines
-// first. Measured: batch-1 decode 5% faster, mostly in the expert GEMMs themselves (docs/cuda.md,
+// first. Measured: batch-1 decode 5% faster, mostly in the expert GEMMs themselves (docs/cuda-sessions.md,
 // session 17). A caching hint only: the same bits either way.
 // L2Hint{} (on = false): the plain copy.
 struct L2Hint {

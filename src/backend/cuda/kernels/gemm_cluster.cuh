@@ -11,7 +11,7 @@
 // slice order starting from +0: the contract's running total, the same sequence of fp32
 // additions as the tiled kernel's. Nothing goes through global memory but the operands and the
 // output, one launch.
-// Measured (H200, session 5, docs/cuda.md): faster than the sliced launch and the split-K kernel
+// Measured (H200, session 5, docs/cuda-sessions.md): faster than the sliced launch and the split-K kernel
 // on some decode shapes only (M = 1 with N >= 2816: lm_head 132 vs 166 us; M = 128 with
 // N <= 3072: 2-19%), slower where tiled kernels fill the GPU. It is latency-bound: one wave of
 // clusters takes ~9 us whatever the bytes (Nsight: stalls on the cp.async waits, the barriers

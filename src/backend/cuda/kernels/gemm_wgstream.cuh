@@ -607,7 +607,7 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // stores read a shared-memory copy of the parameters pointing there.
 // Measured (s39-3): the same bits, slower (467 against 477.6 tok/s): while these blocks route,
 // the shared experts' gate|up streams alone, and the routed launch then ends later, not sooner:
-// the MoE phase is bound by what the memory system gives all its blocks (docs/cuda.md, session 39).
+// the MoE phase is bound by what the memory system gives all its blocks (docs/cuda-sessions.md, session 39).
 struct LeanTable {
   static constexpr int kMaxGroups = kRouteOneTokenMaxExperts, kMaxRows = 64;
   MmaGemmParams q;                   // p with offsets / x_rows / w_groups below

@@ -27,7 +27,7 @@ __device__ __forceinline__ void pdl_begin_gemm() {
 // ahead. When these released first too, a small kernel released early by a GEMM released the
 // next GEMM in turn, whose blocks then prefetched their weights beside the GEMM still running:
 // overlap on every launch measured slower than off at batch-1 decode (sessions 14 and 18), while
-// the GEMMs' launches alone, or every launch but theirs, were faster (session 18, docs/cuda.md).
+// the GEMMs' launches alone, or every launch but theirs, were faster (session 18, docs/cuda-sessions.md).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -43,7 +43,7 @@ __device__ __forceinline__ void pdl_begin() {
 // only model weights (never a kernel's output) or what was written before the last wait-first
 // kernel ahead of it in the stream completed: a decode step's lengths, cache rows and older cache
 // slots (the MLA kernels; run_inputs_kernel writes them, and the embedding copy after it waits
-// first). Every atlas kernel keeps to that (docs/cuda.md, "Status after session 27").
+// first). Every atlas kernel keeps to that (docs/cuda-sessions.md, "Status after session 27").
 // For kernels with work before their wait: pdl_release_if(rf) first thing, pdl_wait_after(rf)
 // where the wait goes (it releases there unless released already).
 __device__ __forceinline__ void pdl_release_if(bool rf) {
