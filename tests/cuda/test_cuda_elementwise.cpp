@@ -223,6 +223,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_SHARED_DOWN_FIRST", {"0", "1", "first"}},
       {"ATLAS_SHARED_DOWN_WAIT", {"0", "1", "wait"}},
       {"ATLAS_MOE_SELF_ROUTE", {"0", "1", "self"}},
+      {"ATLAS_MOE_DOWN_EARLY", {"0", "1", "early"}},
       {"ATLAS_GEMM_TIGHT_TILES", {"0", "1", "tight"}},
       {"ATLAS_ROUTE_CLUSTER", {"0", "1", "cluster"}},
       {"ATLAS_GEMM_WIDE_SPLITK4", {"0", "1", "4"}},

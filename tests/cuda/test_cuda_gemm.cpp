@@ -1528,6 +1528,99 @@ TEST_F(Gemm, SelfRoutedGateUpGivesTheRoutingKernelsBits) {
   set_launch_overlap(was);
 }
 
+// The routed experts' gate|up waiting first and their down staging its first weight steps before
+// its launch-overlap wait (GroupedOrder, session 44, the model's ATLAS_MOE_DOWN_EARLY): right
+// after moe_route(), the pair of grouped launches gives the bits of the plain pair, launch
+// overlap off and on, for one and two tokens (k = 6: 6 and 12 rows, the few-row down config),
+// the gate|up alone waiting first too. Shapes: V2-Lite's expert (H 2048, I 1408: the gate|up on
+// the lean stream loop's wait-first instance, every down tile whole 128-wide steps), one whose
+// down K is two steps (fewer than the ring's three prologue steps) and whose last down column
+// tile is partial (H 200: that tile takes the plain loop after the wait) while the gate|up's K
+// is not whole steps (its launch then goes without launch overlap), and one over 64 experts
+// with three down steps. The order's instances ran where they apply (counted), and a corrupt
+// offsets table is flagged with the order as without it.
+TEST_F(Gemm, EarlyDownWeightsGiveTheSameBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const LaunchOverlap was = launch_overlap_mode();
+  struct Shape {
+    int E, H, I;
+    bool lean_gate, whole_down;  // the gate|up on the lean loop (one token); every down tile whole
+  };
+  for (const Shape& sh : {Shape{8, 2048, 1408, true, true}, Shape{12, 200, 256, false, false},
+                          Shape{64, 256, 384, true, true}}) {
+    SCOPED_TRACE(::testing::Message() << "E=" << sh.E << " H=" << sh.H << " I=" << sh.I);
+    const int E = sh.E, H = sh.H, I = sh.I, k = 6;
+    std::vector<std::vector<uint16_t>> gu_w, dn_w;
+    for (int g = 0; g < E; ++g) {
+      gu_w.push_back(random_bf16(size_t(2 * I) * H, rng, 0.05f));
+      dn_w.push_back(random_bf16(size_t(H) * I, rng, 0.05f));
+    }
+    const SpacedWeights gu(gu_w, size_t(2 * I) * H), dn(dn_w, size_t(H) * I);
+    DevBuf<const uint16_t*> gu_ptr(gu.ptrs), dn_ptr(dn.ptrs);
+    for (int tokens : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "tokens=" << tokens);
+      const int rows = tokens * k;
+      DevBuf<uint16_t> x(random_bf16(size_t(tokens) * H, rng));
+      DevBuf<float> logits(random_f32(size_t(tokens) * E, rng, 2.0f));
+      DevBuf<int32_t> ids{size_t(rows)}, counts{size_t(E)}, offsets{size_t(E + 1)}, sorted{size_t(rows)},
+          slot{size_t(rows)}, ws{moe_permute_workspace_ints(tokens, E)};
+      DevBuf<float> w{size_t(rows)};
+      const RouterArgs r{.logits = logits.get(), .topk_ids = ids.get(), .topk_weights = w.get(), .tokens = tokens,
+                         .experts = E, .k = k, .method = TopkMethod::greedy, .n_group = 1, .topk_group = 1,
+                         .norm_topk_prob = true, .routed_scaling_factor = 1.0f};
+      const MoePermuteArgs perm{.topk_ids = ids.get(), .tokens = tokens, .k = k, .experts = E,
+                                .counts = counts.get(), .offsets = offsets.get(), .sorted_token = sorted.get(),
+                                .pair_slot = slot.get(), .workspace = ws.get()};
+      std::vector<std::vector<uint16_t>> acts, ys;
+      // order 0: plain; 1: the gate|up waiting first alone; 2: both promises.
+      for (bool overlap : {false, true})
+        for (int order = 0; order < 3; ++order) {
+          SCOPED_TRACE(::testing::Message() << "overlap " << overlap << " order " << order);
+          set_launch_overlap(overlap);
+          DevBuf<uint16_t> act(size_t(rows) * I), scratch(size_t(rows) * 2 * I), y(size_t(rows) * H);
+          const int64_t wf = grouped_wait_first_launches(), ew = grouped_early_weight_launches();
+          moe_route(r, perm);
+          grouped_gemm({.x = x.get(), .x_rows = sorted.get(), .w = gu_ptr.get(), .offsets = offsets.get(),
+                        .out = act.get(), .groups = E, .max_rows = rows, .N = 2 * I, .K = H, .x_rows_limit = tokens,
+                        .gated = I, .gated_scratch = scratch.get(), .order = {.wait_first = order >= 1}});
+          grouped_gemm({.x = act.get(), .w = dn_ptr.get(), .offsets = offsets.get(), .out = y.get(), .groups = E,
+                        .max_rows = rows, .N = H, .K = I, .order = {.tables_before_wait = order == 2}});
+          synchronize();
+          EXPECT_FALSE(device_error_raised());
+          EXPECT_EQ(grouped_wait_first_launches() - wf, order >= 1 && sh.lean_gate && tokens == 1 ? 1 : 0);
+          EXPECT_EQ(grouped_early_weight_launches() - ew, order == 2 ? 1 : 0);
+          acts.push_back(act.download());
+          ys.push_back(y.download());
+        }
+      for (size_t i = 1; i < ys.size(); ++i) {
+        EXPECT_EQ(acts[i], acts[0]) << "run " << i;
+        EXPECT_EQ(ys[i], ys[0]) << "run " << i;
+      }
+    }
+  }
+  // A corrupt table (offsets[0] != 0): flagged by the early steps as by the plain down.
+  {
+    const int E = 8, H = 256, I = 256, rows = 6;
+    std::vector<std::vector<uint16_t>> dn_w;
+    for (int g = 0; g < E; ++g) dn_w.push_back(random_bf16(size_t(H) * I, rng, 0.05f));
+    const SpacedWeights dn(dn_w, size_t(H) * I);
+    DevBuf<const uint16_t*> dn_ptr(dn.ptrs);
+    std::vector<int32_t> bad = group_offsets({1, 0, 1, 1, 0, 1, 1, 1});
+    bad[0] = 1;
+    DevBuf<int32_t> offsets(bad);
+    DevBuf<uint16_t> act(random_bf16(size_t(rows) * I, rng)), y(size_t(rows) * H);
+    for (bool early : {false, true}) {
+      set_launch_overlap(true);
+      grouped_gemm({.x = act.get(), .w = dn_ptr.get(), .offsets = offsets.get(), .out = y.get(), .groups = E,
+                    .max_rows = rows, .N = H, .K = I, .order = {.tables_before_wait = early}});
+      synchronize();
+      EXPECT_TRUE(device_error_raised()) << "early " << early;
+    }
+  }
+  set_launch_overlap(was);
+}
+
 // Session 35: the 8-row-slot config ("16x32x128/5h", whose only loop is the whole-steps one and
 // whose slots hold x rows 0-7) runs only where every tile has at most 8 rows, K is whole 128-wide
 // steps and N whole 32-column tiles; elsewhere, forced or named, the chooser gives its 16-row

@@ -437,7 +437,7 @@ class CudaModelT final : public Model {
   void expert_gemm(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
                    int64_t gated = 0, Elem* scratch = nullptr, const L2NextWeights& next = {},
-                   const GroupedSelfRoute& self_route = {}) const;
+                   const GroupedSelfRoute& self_route = {}, const GroupedOrder& order = {}) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -565,6 +565,12 @@ class CudaModelT final : public Model {
   // kernel: only where nothing runs between the two launches (no route tail, no observer of the
   // routes). The same bits.
   bool self_route_ = false;
+  // A decode step's routed gate|up waits for the routing before it releases the routed down,
+  // whose blocks then find their tiles and issue their first weight steps before their own
+  // wait (GroupedGemmArgs::wait_first / tables_before_wait; ATLAS_MOE_DOWN_EARLY=1, session 44,
+  // off: not yet run on a GPU). Where M * top_k <= kGroupedFewMaxRows (the few-row down config)
+  // and the gate|up does not route itself. The same bits.
+  bool moe_down_early_ = false;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache
   // kernel, 3 in one launch with it where it can (else as 2) (ModelEnv::absorb, ATLAS_ABSORB).
   int absorb_ = 3;
@@ -733,6 +739,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
   shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
   self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
+  moe_down_early_ = env_switch("ATLAS_MOE_DOWN_EARLY", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
@@ -888,7 +895,7 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
                                    const ExpertWeightsT<Elem>& w,
                                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
                                    int64_t K, int64_t gated, Elem* scratch, const L2NextWeights& next,
-                                   const GroupedSelfRoute& self_route) const {
+                                   const GroupedSelfRoute& self_route, const GroupedOrder& order) const {
   if constexpr (kF32) {
     grouped_gemm_f32({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = gated ? scratch : out,
                       .groups = int(groups), .max_rows = int(max_rows), .N = int(N), .K = int(K),
@@ -901,7 +908,7 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
                   .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
                   .w_base = w.base, .w_group_stride = w.stride,
                   .gated = int(gated), .gated_scratch = scratch, .stream = s_, .next = next,
-                  .self_route = self_route});
+                  .self_route = self_route, .order = order});
   }
 }
 
@@ -1333,8 +1340,14 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
                     hooks->wants(names.topk_weights))))
       self = {.logits = b.router_logits, .k = int(k), .norm_topk_prob = c.norm_topk_prob,
               .scaling = float(c.routed_scaling_factor)};
-  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next, self);
-  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I);
+  // ATLAS_MOE_DOWN_EARLY: the two launches run back to back on s_ (nothing between them reads
+  // or writes the routing's table), the gate|up waiting first, so the down may read the table
+  // before its own wait.
+  const bool down_early = moe_down_early_ && self.logits == nullptr && M * k <= kGroupedFewMaxRows;
+  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next, self,
+              {.wait_first = down_early});
+  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I, 0, nullptr, {}, {},
+              {.tables_before_wait = down_early});
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add). Flagged or evented, no
   // join here: the deferred launch then follows the routed down with launch overlap (a join

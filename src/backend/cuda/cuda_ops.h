@@ -1048,6 +1048,21 @@ struct GroupedSelfRoute {
   float scaling = 1.0f;  // routed_scaling_factor (without normalisation)
 };
 
+// Launch-order promises for a pair of grouped launches on one stream (session 44, the model's
+// ATLAS_MOE_DOWN_EARLY; timing only, the same bits). wait_first: under launch overlap the launch
+// waits for its predecessor before it releases the next launch (the lean stream loop's
+// wait-first instance; a config without one launches without launch overlap), so everything its
+// predecessor wrote is final when the next launch's blocks start; it excludes self_route.
+// tables_before_wait: the caller promises that the launch before this one on the stream kept
+// wait_first and that the offsets table was final before that launch's wait; the few-row down's
+// config (16x32x128/4u) then finds its tile and issues its first weight steps before its own
+// wait (kernels/gemm_mma.cuh, early_weight_steps). Unkept, the promise would let a block read a
+// table still being written: set both or neither.
+struct GroupedOrder {
+  bool wait_first = false;
+  bool tables_before_wait = false;
+};
+
 struct GroupedGemmArgs {
   const uint16_t* x = nullptr;              // [*, K] bf16, row stride x_stride
   const int32_t* x_rows = nullptr;          // [max_rows] device, optional: A row r = x row x_rows[r]
@@ -1080,8 +1095,13 @@ struct GroupedGemmArgs {
   Stream stream = nullptr;
   L2NextWeights next{};  // (grouped: w_groups only)
   GroupedSelfRoute self_route{};
+  GroupedOrder order{};
 };
 void grouped_gemm(const GroupedGemmArgs& a);
+// How many grouped launches ran the wait-first instance / the early weight steps' instance
+// (tests check that the paths ran).
+int64_t grouped_wait_first_launches();
+int64_t grouped_early_weight_launches();
 int grouped_gemm_chosen_config(const GroupedGemmArgs& a);
 // How many grouped launches in this process routed their token themselves (GroupedSelfRoute;
 // tests check that the path ran).

@@ -413,6 +413,13 @@ static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Sta
 
 std::atomic<int> forced_config{-1};
 
+// The instances of the grouped launches' order promises (launch_mma's LaunchOrder, session 44;
+// their shared-memory limits raised in setup()): the lean stream loop waiting first, the few-row
+// down (16x32x128/4u) staging its first weight steps before its wait (bf16, f32 out).
+const KernelFn kLeanWaitFirst = kern::gemm_wgstream_lean_kernel<CfgWs128, false, 1, false, 0, false, true>;
+const KernelFn kEarlyDown[2] = {kern::gemm_mma_kernel<CfgD32, false, true, 2, false, true>,
+                                kern::gemm_mma_kernel<CfgD32, true, true, 2, false, true>};
+
 // The weight copies' L2 policy (kern::L2Hint): -1 not decided yet (ATLAS_L2_EVICT_FIRST at the
 // first GEMM), 0 plain, 1 evict_first. Session 17 (H200, batch-1 decode, CUPTI per step): 2896
 // vs 3187 us with plain copies; the expert GEMMs gain most (per call: routed gate|up 30.8 -> 25.6
@@ -658,6 +665,8 @@ const GemmSetup& setup() {
     raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_latent_kernel<CfgD32S2>), CfgD32S2::SMEM_BYTES);
     raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_merge_kernel<CfgD32>), CfgD32::SMEM_BYTES);
     raise_smem(reinterpret_cast<const void*>(kern::gemm_cluster_route_kernel<CfgC16>), CfgC16::SMEM_BYTES);
+    raise_smem(reinterpret_cast<const void*>(kLeanWaitFirst), kConfigs[size_t(kStreamWgLean)].smem);
+    for (KernelFn f : kEarlyDown) raise_smem(reinterpret_cast<const void*>(f), kConfigs[size_t(kGroupedFewDown)].smem);
     raise_smem(reinterpret_cast<const void*>(kern::gemm_cluster_kernel<CfgC16, false, false, true>),
                CfgC16::SMEM_BYTES);
     // (allocated here, outside any capture: the first GEMM call)
@@ -725,6 +734,8 @@ const GemmSetup& setup() {
             for (KernelFn f : per_async) raise_smem(reinterpret_cast<const void*>(f), want);
         for (auto& per_out : down.stamped)  // (ATLAS_BLOCK_STAMPS launches these in its place)
           for (KernelFn f : per_out) raise_smem(reinterpret_cast<const void*>(f), want);
+        if (&down == &kConfigs[size_t(kGroupedFewDown)])  // (and tables_before_wait these)
+          for (KernelFn f : kEarlyDown) raise_smem(reinterpret_cast<const void*>(f), want);
       }
     }
     g.tight_tiles = env_switch("ATLAS_GEMM_TIGHT_TILES", false);
@@ -1188,15 +1199,43 @@ constexpr size_t kSplitWsFloats = size_t(4) << 20;  // 16 MiB: 8,192 (tile, slic
 constexpr size_t kSplitTiles = 8192;
 std::pair<float*, int*> stream_split_scratch(cudaStream_t stream);  // below
 
+// A grouped launch's order promises (GroupedGemmArgs::wait_first / tables_before_wait, session
+// 44): which instantiation runs them (kLeanWaitFirst, kEarlyDown), or how the launch keeps them
+// without one.
+struct LaunchOrder {
+  bool wait_first = false;     // wait for the predecessor before releasing the next launch
+  bool early_tables = false;   // the tables were final before the previous launch's wait
+};
+std::atomic<int64_t> wait_first_launches{0}, early_weight_launches{0};
+
 // `rows8`: no tile holds more than 8 rows (the split-K kernel's 8-row variant may run).
 // `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
-                bool async, bool rows8, int cluster, cudaStream_t stream, int smem_at_least = 0) {
+                bool async, bool rows8, int cluster, cudaStream_t stream, int smem_at_least = 0,
+                LaunchOrder order = {}) {
   KernelFn f = c.tail_k > 0 && p.K % c.tail_k != 0 ? c.tail[f32 ? 1 : 0] : c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
+  // Where the config's plain instance would run: its wait-first (the lean stream loop) or
+  // early-weights (the few-row down, 16x32x128/4u) instantiation where asked for. A wait-first
+  // launch that has no such instance goes without launch overlap (its blocks start after its
+  // predecessor's end: the promise kept the plain way). Ahead of the stamps and the self route,
+  // which the caller does not combine with these.
+  const KernelFn plain_f = f;
+  if (order.wait_first && async && !f32 && p.offsets != nullptr && &c == &kConfigs[size_t(kStreamWgLean)] &&
+      f == c.fn[0][1][rows8 ? 1 : 0])
+    f = kLeanWaitFirst;
+  if (order.early_tables && async && p.offsets != nullptr && p.slice_stride == 0 &&
+      &c == &kConfigs[size_t(kGroupedFewDown)] && f == c.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0])
+    f = kEarlyDown[f32 ? 1 : 0];
+  const bool reordered = f != plain_f;
+  if (reordered) (order.wait_first ? wait_first_launches : early_weight_launches).fetch_add(1);
+  std::optional<PlainLaunchScope> plain;  // (only where asked: a scope sets, it does not add)
+  if (order.wait_first && !reordered) plain.emplace(true);
   // Block stamps on: the stamped instantiation of the same kernel, where the config has one (the
   // same parameters; the ring is the module's device global).
   const KernelFn with_stamps = c.stamped[f32 ? 1 : 0][rows8 ? 1 : 0];
-  if (stamps_on.load(std::memory_order_relaxed) && async && with_stamps != nullptr && f == c.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0])
+  if (reordered) {
+    // (the order's instance, unstamped and unrouted)
+  } else if (stamps_on.load(std::memory_order_relaxed) && async && with_stamps != nullptr && f == c.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0])
     f = with_stamps;
   // One token's routing in the launch (grouped_gemm set route_logits): the routing instantiation
   // of the same kernel, where the config has one; elsewhere the plain kernel, which ignores the
@@ -1723,28 +1762,36 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   // problem (k rows, k <= groups <= 64, greedy); launch_mma takes it where the config has it.
   const GroupedSelfRoute& r = a.self_route;
   if (r.logits != nullptr && a.groups <= kern::LeanTable::kMaxGroups && r.k >= 1 && r.k <= a.groups &&
-      r.k <= kern::kRouterMaxK && a.max_rows == r.k && !f32 && !release_first(kRfRoute)) {
+      r.k <= kern::kRouterMaxK && a.max_rows == r.k && !f32 && !release_first(kRfRoute) && !a.order.wait_first) {
     p.route_logits = r.logits;
     p.route_k = r.k;
     p.route_norm = r.norm_topk_prob ? 1 : 0;
     p.route_scaling = r.scaling;
   }
   const int slices = int(ceil_div(a.K, kern::kSliceK));
-  if (c.sliced && async && slices > 1 &&
-      size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&
-      launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
-                    stream_of(a.stream), op))
-    return;
-  if (c.tma && async && try_tma_grouped(a, p, xs, ws, y_tiles * n_tiles, f32, stream_of(a.stream), op)) {
-    check_launch(op);
-    return;
+  {
+    // wait_first on the sliced and TMA launches (no wait-first instance): without launch overlap.
+    std::optional<PlainLaunchScope> plain;
+    if (a.order.wait_first) plain.emplace(true);
+    if (c.sliced && async && slices > 1 &&
+        size_t(slices) * size_t(a.max_rows) * size_t(a.N) * 4 <= kSlicedMaxWorkspace &&
+        launch_sliced(c, p, y_tiles * n_tiles, slices, a.max_rows, a.N, f32, async, a.out, os, a.offsets + a.groups,
+                      stream_of(a.stream), op))
+      return;
+    if (c.tma && async && try_tma_grouped(a, p, xs, ws, y_tiles * n_tiles, f32, stream_of(a.stream), op)) {
+      check_launch(op);
+      return;
+    }
   }
   // ATLAS_GEMM_DOWN_BLOCKS_PER_SM: the routed down's launch with more shared memory (GemmSetup).
   const bool few_down = a.gated == 0 && &c == &kConfigs[size_t(grouped_few_down_config())];
   launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream),
-             few_down ? s.down_smem : 0);
+             few_down ? s.down_smem : 0,
+             {.wait_first = a.order.wait_first, .early_tables = a.order.tables_before_wait});
   check_launch(op);
 }
+int64_t grouped_wait_first_launches() { return wait_first_launches.load(); }
+int64_t grouped_early_weight_launches() { return early_weight_launches.load(); }
 
 // Where gemm(a) would run the staged 8-warp split-K kernel (dense, 16-byte rows): that launch's
 // parameters and shape (one block per column tile; the tails' and the prologue's kernels are its

@@ -668,6 +668,16 @@ TEST_F(CudaTiny, SharedDownWaitGivesTheSameBits) {
   model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_DOWN_WAIT", cuda::plain_launches);
 }
 
+// The routed gate|up waiting first and the routed down staging its first weight steps before its
+// wait (ATLAS_MOE_DOWN_EARLY, read when the model is made; session 44, off by default, where
+// M * top_k <= 16 and the gate|up does not route itself): the same bits off and on in a prefill
+// and in eager and graph-replayed decode steps (8 rows and one), and the early instance ran only
+// with it on. (The tiny model's down is one 32-wide step, so its tiles take the plain loop after
+// the early table lookup; Gemm.EarlyDownWeightsGiveTheSameBits runs the early steps themselves.)
+TEST_F(CudaTiny, DownEarlyGivesTheSameBits) {
+  model_switch_gives_the_same_bits(*ck_, "ATLAS_MOE_DOWN_EARLY", cuda::grouped_early_weight_launches);
+}
+
 // A GEMM tail's switch (set: 1 on, 0 off, -1 as its variable says) gives the same logits on a
 // one-row prefill and greedy batch-1 steps with every GEMM on the staged split-K config the
 // tails belong to (the tiny model's GEMMs would take others), and the tailed launches (count)

@@ -496,6 +496,20 @@ struct LeanTileCopies {
       dst[j] = smem_u32((is_a ? sa : sb) + r * T::BK + swz<T::CH>(r, c) * 8);
     }
   }
+  // plan()'s weight-row entries alone (the same values): for the weight steps copied before the
+  // A rows are known (early_weight_steps; plan() then sets every entry again).
+  __device__ __forceinline__ void plan_b(const uint16_t* sb, const int64_t* b_off, const uint16_t* w, int tid) {
+    const int c = tid % T::CH;
+    kc = c * 8;
+#pragma unroll
+    for (int j = NA; j < NA + NB; ++j) {
+      const int r = ((j - NA) * T::THREADS + tid) / T::CH;
+      const int64_t off = b_off[r];
+      src[j] = reinterpret_cast<const char*>(w + (off >= 0 ? off + kc : 0));
+      bytes[j] = off >= 0 ? 16u : 0u;
+      dst[j] = smem_u32(sb + r * T::BK + swz<T::CH>(r, c) * 8);
+    }
+  }
   // Step k0 into ring slot `slot` (kHint: the weights' copies carry `policy`).
   template <bool kHint>
   __device__ __forceinline__ void issue(int slot, int k0, int K, uint64_t policy) const {
@@ -530,7 +544,14 @@ struct LeanTileCopies {
 // fragment's registers of rows 0-7 come by ldmatrix.x2 and those of rows 8-15 are zeros (rows
 // the tile never has: a row's sums use its own A row only). The same copies land in the same
 // slots before the same mma sequence and fold: the same bits.
-template <class T, bool kHint>
+// kBIssued (gemm_mma_kernel's kEarlyB): the weight copies of the first STAGES - 1 steps were
+// issued before the launch-overlap wait (early_weight_steps: one cp.async group per step, the
+// same slots and sources), so the prologue here issues their x rows only, again one group per
+// step. The groups then complete in the order W0 .. W(S-2), A0 .. A(S-2), G(S-1), ..., and each
+// step's cp_async_wait<S - 2> still leaves only groups of later steps pending: step u < S - 1
+// needs W(u), older than A(u), and A(u), which has S - 2 - u younger prologue groups and u
+// younger loop groups after it. The same shared memory before every mma step: the same bits.
+template <class T, bool kHint, bool kBIssued = false>
 __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, const uint16_t* sA, const uint16_t* sB,
                                                 int kt_begin, int KT, int wm, int wn, int lane, bool live,
                                                 uint64_t policy, float (&tot)[T::MI][T::NI][4]) {
@@ -579,10 +600,26 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
       }
     }
   };
+  if constexpr (kBIssued) {
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    if (kt_begin + s < KT) issue(s, s);
-    cp_async_commit();
+    for (int s = 0; s < S - 1; ++s) {
+      if (kt_begin + s < KT) {
+#pragma unroll
+        for (int j = 0; j < NA; ++j)  // issue()'s A copies of step s
+          asm volatile(
+              "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(
+                  c.dst[j] + uint32_t(s) * kSlotA),
+              "l"(src[j] + s * kStep), "r"(int(zero[j]))
+              : "memory");
+      }
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (kt_begin + s < KT) issue(s, s);
+      cp_async_commit();
+    }
   }
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int kb = kt_begin; kb < KT; kb += U) {
@@ -732,7 +769,9 @@ __device__ __forceinline__ void store_tile_pair(const MmaGemmParams& p, int64_t 
 // kLean (async only): 1, the step's copies through LeanTileCopies; 2, also the whole-steps loop
 // (mma_whole_steps) where it applies (the same bits); 3, the whole-steps loop only, for tiles
 // of 8-row x slots (T::AROWS == 8, "16x32x128/5h").
-template <class T, bool kOutF32, bool kAsync, int kLean = 0>
+// kBIssued: the first weight steps are in flight already (gemm_mma_kernel's kEarlyB; whole
+// steps only, mma_whole_steps' kBIssued).
+template <class T, bool kOutF32, bool kAsync, int kLean = 0, bool kBIssued = false>
 __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot& t, int slice, uint16_t* sA,
                                          uint16_t* sB, int64_t* a_off, int64_t* b_off) {
   static_assert(!kLean || kAsync, "the lean copies are 16-byte copies");
@@ -813,14 +852,15 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
     if (K % T::BK == 0 && n0 + T::BN <= p.N) {
       const bool live = wm * T::WM < live_rows;
       if (w_hint.on)
-        mma_whole_steps<T, true>(copies, sA, sB, kt_begin, KT, wm, wn, lane, live, w_hint.policy, tot);
+        mma_whole_steps<T, true, kBIssued>(copies, sA, sB, kt_begin, KT, wm, wn, lane, live, w_hint.policy, tot);
       else
-        mma_whole_steps<T, false>(copies, sA, sB, kt_begin, KT, wm, wn, lane, live, 0, tot);
+        mma_whole_steps<T, false, kBIssued>(copies, sA, sB, kt_begin, KT, wm, wn, lane, live, 0, tot);
       cp_async_wait<0>();
       store_all(tot, out_base);
       return;
     }
   }
+  if constexpr (kBIssued) __trap();  // early_weight_steps issued only for whole-step tiles
 
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
@@ -859,8 +899,65 @@ __device__ __forceinline__ void mma_tile(const MmaGemmParams& p, const TileSpot&
   store_all(tot, out_base);
 }
 
+// The early weight steps of a grouped tile (gemm_mma_kernel's kEarlyB, session 44;
+// GroupedGemmArgs::tables_before_wait, the model's ATLAS_MOE_DOWN_EARLY): before the block's
+// launch-overlap wait, find its tile from the offsets table and issue the weight copies of the
+// ring's first STAGES - 1 steps (one cp.async group each; mma_whole_steps' kBIssued issues their
+// x rows after the wait). Why: at a batch-1 decode step the routed experts' down (this config,
+// 16x32x128/4u) becomes resident as the routed gate|up's blocks leave and then waits, ~2.9 us
+// per block (session 38's stamps), for the gate|up's last block; after the wait it read the
+// table, found its tile and only then issued its first copies. Its tile and weights depend on
+// the routing kernel's table alone, which is final by then wherever the launch before this one
+// waited for its own predecessor before releasing this one (the caller's promise,
+// tables_before_wait; the gate|up's wait-first instance): the block's start follows that
+// release, and the release follows the routing kernel's completion (kernels/pdl.cuh). The table
+// is read through L2 (__ldcg) into shared memory. The x rows (the gate|up's output) and the
+// gather table come after the wait, as everything else.
+// Returns -1: no tile (the block exits; a bad table is flagged as find_tile flags it), 1: the
+// tile's first weight steps issued, 0: a tile that is not whole steps (the plain loop after the
+// wait), 2: nothing done (a table too large for the copy, a sliced launch, a dense problem).
+constexpr int kEarlyMaxGroups = 256;
+template <class T>
+__device__ __forceinline__ int early_weight_steps(const MmaGemmParams& p, int pid, int tid, int lane, TileSpot& t,
+                                                  uint16_t* sB, int64_t* b_off, int32_t* table) {
+  if (p.offsets == nullptr || p.groups > kEarlyMaxGroups || p.slice_stride > 0) return 2;
+  for (int g = tid; g <= p.groups; g += T::THREADS) table[g] = __ldcg(p.offsets + g);
+  __syncthreads();
+  if (!find_tile<T::BM, true>(p, pid, tid, lane, t, -1, table)) return -1;
+  const int n0 = t.n_tile * T::BN;
+  if (p.K % T::BK != 0 || n0 + T::BN > p.N) return 0;  // mma_tile's whole-steps condition
+  for (int r = tid; r < T::BN; r += T::THREADS) b_off[r] = b_row_offset(p, n0 + r);
+  __syncthreads();
+  LeanTileCopies<T> c;
+  c.plan_b(sB, b_off, t.w, tid);
+  const L2Hint w_hint = l2_evict_first_hint(p.l2_evict_first > 0);
+  constexpr int NA = LeanTileCopies<T>::NA, NC = NA + LeanTileCopies<T>::NB;
+  constexpr uint32_t kSlotB = T::BN * T::BK * 2, kStep = T::BK * 2;
+  const int KT = p.K / T::BK;
+#pragma unroll
+  for (int s = 0; s < T::STAGES - 1; ++s) {
+    if (s < KT) {
+#pragma unroll
+      for (int j = NA; j < NC; ++j) {  // mma_whole_steps' weight copies of step s (every row exists)
+        const uint32_t at = c.dst[j] + uint32_t(s) * kSlotB;
+        const char* from = c.src[j] + s * kStep;
+        if (w_hint.on)
+          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(at), "l"(from),
+                       "l"(w_hint.policy)
+                       : "memory");
+        else
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(from) : "memory");
+      }
+    }
+    cp_async_commit();
+  }
+  __syncthreads();  // every thread's reads of b_off are done before mma_tile writes it again
+  return 1;
+}
+
 // kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS, kernels/block_stamp.cuh).
-template <class T, bool kOutF32, bool kAsync, int kLean = 0, bool kStamp = false>
+// kEarlyB: the early weight steps (early_weight_steps; kLean 2, bf16 or fp32 out).
+template <class T, bool kOutF32, bool kAsync, int kLean = 0, bool kStamp = false, bool kEarlyB = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParams p) {
   auto stamp = gemm_block_stamp<kStamp>(p, kBlockStampTiled);
   extern __shared__ __align__(128) unsigned char gemm_smem[];
@@ -870,6 +967,24 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
   uint16_t* sB = sA + T::STAGES * T::AROWS * T::BK;          // [STAGES][BN][BK]
   const int tid = threadIdx.x, lane = tid & 31;
   TileSpot t;
+  if constexpr (kEarlyB) {
+    static_assert(kLean == 2 && kAsync && !kStamp, "the early weight steps: the whole-steps loop, unstamped");
+    __shared__ int32_t table[kEarlyMaxGroups + 1];
+    pdl_release_if(true);  // as pdl_begin_gemm(): the next launch released first
+    const int early = early_weight_steps<T>(p, int(blockIdx.x), tid, lane, t, sB, b_off, table);
+    // Every block waits, a block without a tile too: were none to wait (a table without rows),
+    // the launch could complete before its predecessor, and the next launch's wait would not
+    // cover that predecessor (kernels/pdl.cuh: completion in stream order).
+    pdl_wait_after(true);
+    if (early < 0) return;
+    if (early == 1) {
+      mma_tile<T, kOutF32, true, 2, true>(p, t, 0, sA, sB, a_off, b_off);
+    } else {
+      if (early == 2 && !find_tile<T::BM, true>(p, int(blockIdx.x), tid, lane, t)) return;
+      mma_tile<T, kOutF32, true, 2>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
+    }
+    return;
+  }
   const int k_first = p.slice_stride > 0 ? int(blockIdx.y) * kSliceK : 0;  // this block's K range
   if (!start_tile<T::BM, T::BN, kAsync>(p, int(blockIdx.x), tid, lane, t, k_first,
                                         p.slice_stride > 0 ? k_first + kSliceK : p.K))

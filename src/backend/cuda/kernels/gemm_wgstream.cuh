@@ -649,7 +649,14 @@ __device__ __noinline__ void lean_route(const MmaGemmParams& p, LeanTable& r, fl
   __syncthreads();
 }
 
-template <class T, bool kOutF32, int kParts = 1, bool kStamp = false, int kLead = 0, bool kRoute = false>
+// kWaitFirst (session 44, GroupedGemmArgs::wait_first; the model's ATLAS_MOE_DOWN_EARLY): a
+// grouped launch waits for its predecessor before it releases the next launch (pdl_begin()
+// instead of pdl_begin_gemm()), so that the launch after it may read the tables its predecessor
+// wrote before its own wait (the routed down's early weight steps, gemm_mma.cuh's
+// early_weight_steps). Nothing is lost where the next launch's blocks cannot be resident
+// beside this one's anyway (the routed down's 48 KB blocks beside three 73 KB ones).
+template <class T, bool kOutF32, int kParts = 1, bool kStamp = false, int kLead = 0, bool kRoute = false,
+          bool kWaitFirst = false>
 __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __grid_constant__ MmaGemmParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(T::WGS == 1 && T::LEAD == 0 && (T::BK == 128 || T::BK == 64),
@@ -662,6 +669,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const bool grouped = p.offsets != nullptr;
   static_assert(!kRoute || (kParts == 1 && !kStamp && kLeanRouteScratch * 4 + 1024 <= T::SMEM_BYTES),
                 "kRoute: the unsplit, unstamped loop; its scratch in the ring");
+  static_assert(!kWaitFirst || (!kRoute && !kStamp), "kWaitFirst: the plain grouped loop");
   // Grouped problems of at most 64 groups and rows find their tiles in a shared-memory copy of
   // the tables (session 40): the weight pointers and the parameters before the launch-overlap
   // wait (the model's expert table: no kernel of the stream writes it), the offsets and gathered
@@ -688,7 +696,10 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     pdl_release_if(true);  // release, never wait here (above)
     lean_route(p, tab, reinterpret_cast<float*>(gemm_smem), tid);  // (its barrier covers the copies above)
   } else if (grouped) {
-    pdl_begin_gemm();
+    if constexpr (kWaitFirst)
+      pdl_begin();
+    else
+      pdl_begin_gemm();
     stamp.go();
     if (tabled) {
       if (tid <= p.groups) tab.offsets[tid] = p.offsets[tid];
