@@ -32,5 +32,71 @@ TEST_F(Runtime, OversizedAllocationSaysWhatWasNeeded) {
   }
 }
 
+// stream_wait_programmatic (session 43's capture form, session 44's explicit one; the model's
+// ATLAS_COMBINE_QKV=event and ATLAS_ROUTER_NORM=1 rest on it), apart from the model: a waiting
+// stream's kernel reads what a kernel of another stream wrote in a ProgrammaticEventScope, eagerly
+// and replayed from a captured graph, launch overlap off and on, under each capture form. The
+// writer's kernel is large (64 Mi elements, ~0.1 ms) and the buffer it writes starts as NaN (the
+// poison), so a reader that ran ahead of it would read NaN. Captured waits add programmatic edges
+// (counted); the replay gives the eager bits.
+TEST_F(Runtime, ProgrammaticWaitOrdersTheWaitingStream) {
+  const int64_t n = int64_t(1) << 26;
+  const std::vector<uint16_t> ones(size_t(n), 0x3f80), twos(size_t(n), 0x4000);  // bf16 1.0, 2.0
+  DevBuf<uint16_t> a(ones), b(twos);
+  const Stream s = stream_create(StreamPriority::high), t = stream_create(StreamPriority::low);
+  const Event fork = event_create(), join = event_create(), ev = event_create();
+  const LaunchOverlap was = launch_overlap_mode();
+  // x = a + b on s (the scope's launch), then y = x + a on t after the programmatic wait.
+  const auto issue = [&](uint16_t* x, uint16_t* y) {
+    stream_wait(t, s, fork);  // (t joins a capture on s before the recorded launch)
+    {
+      const ProgrammaticEventScope scope(ev);
+      add({.a = a.get(), .b = b.get(), .out = x, .n = n, .stream = s});
+    }
+    stream_wait_programmatic(t, ev);
+    add({.a = x, .b = a.get(), .out = y, .n = n, .stream = t});
+    stream_wait(s, t, join);
+  };
+  for (bool overlap : {false, true})
+    for (int edges : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "overlap " << overlap << " edges " << edges);
+      set_launch_overlap(overlap);
+      set_capture_edges(edges);
+      {  // eager
+        DevBuf<uint16_t> x{size_t(n)}, y{size_t(n)};
+        synchronize();  // (the poison's cudaMemset runs on the legacy stream)
+        issue(x.get(), y.get());
+        stream_synchronize(s);
+        const std::vector<uint16_t> got = y.download();
+        EXPECT_EQ(got, std::vector<uint16_t>(size_t(n), 0x4080)) << "eager";  // bf16 4.0 = (1 + 2) + 1
+      }
+      {  // captured, replayed twice
+        DevBuf<uint16_t> x{size_t(n)}, y{size_t(n)};
+        synchronize();
+        const int64_t before = programmatic_capture_edges();
+        Graph g;
+        g.begin(s);
+        issue(x.get(), y.get());
+        g.end(s);
+        EXPECT_EQ(programmatic_capture_edges(), before + 1);
+        for (int r = 0; r < 2; ++r) {
+          device_memset(x.get(), 0xff, size_t(n) * 2);  // NaN again: the replay must write it first
+          device_memset(y.get(), 0xff, size_t(n) * 2);
+          synchronize();  // (cudaMemset runs on the legacy stream, which s does not wait for)
+          g.launch(s);
+          stream_synchronize(s);
+          EXPECT_EQ(y.download(), std::vector<uint16_t>(size_t(n), 0x4080)) << "replay " << r;
+        }
+      }
+    }
+  set_capture_edges(-1);
+  set_launch_overlap(was);
+  event_destroy(fork);
+  event_destroy(join);
+  event_destroy(ev);
+  stream_destroy(s);
+  stream_destroy(t);
+}
+
 }  // namespace
 }  // namespace atlas::cuda::test

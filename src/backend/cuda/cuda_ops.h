@@ -152,8 +152,10 @@ class PlainLaunchScope {
 // a stream that waits on it (stream_wait_programmatic) may start its next launch before that
 // launch ends, whose launch-overlap wait then waits for it as for its own stream's kernel. The
 // last launch in the scope records it (under stream capture: is noted as the event's node, see
-// stream_wait_programmatic). For the shared experts' down under ATLAS_COMBINE_QKV=event
-// (session 42, written after the device time was spent; the capture form session 43; not yet run).
+// stream_wait_programmatic). Without launch overlap (launch_overlap() false for that launch) it
+// records the event after the launch as any event, so the waiter waits for the launch's end.
+// For the shared experts' down under ATLAS_COMBINE_QKV=event and the router's launch under
+// ATLAS_ROUTER_NORM=1 (sessions 42-44, not yet run on a GPU).
 class ProgrammaticEventScope {
  public:
   explicit ProgrammaticEventScope(Event event);
@@ -167,9 +169,19 @@ class ProgrammaticEventScope {
 // `waiter`'s next launches wait for the launch that recorded `event` in a ProgrammaticEventScope
 // (no new record: the event as that launch left it). Under stream capture the event is not
 // recorded: the waiter's next node gets a programmatic edge from that launch's node instead
-// (from its launch-completion port: every block begun), counted in programmatic_capture_edges().
+// (from its launch-completion port: every block begun; without launch overlap a plain edge),
+// counted in programmatic_capture_edges().
+// Two capture forms (ATLAS_CAPTURE_EDGES, session 44; neither run on a GPU yet): "add" (the
+// default) adds that edge to the waiter's dependencies and leaves the next launch's
+// launch-overlap attribute to capture; "explicit" writes the waiter's whole dependency set out,
+// the edges from kernel nodes made programmatic as that attribute would make them, and launches
+// the waiter's next kernel without the attribute, so that no undocumented combination of an edge
+// with data and the attribute arises. The same graph semantics either way.
 void stream_wait_programmatic(Stream waiter, Event event);
 int64_t programmatic_capture_edges();
+// Tests: 0 add, 1 explicit, -1 (the default) as ATLAS_CAPTURE_EDGES says; the mode in force.
+void set_capture_edges(int mode);
+int capture_edges_mode();
 
 // How often a PlainLaunchScope turned launch overlap off where it would have been on (a GEMM
 // asks twice per launch: for its parameters and at the launch; tests).

@@ -58,7 +58,24 @@ struct ProgrammaticNode {
 };
 thread_local std::vector<ProgrammaticNode> t_prog_nodes;
 std::atomic<int64_t> g_programmatic_edges{0};  // programmatic_capture_edges()
+// ATLAS_CAPTURE_EDGES=explicit (or the tests' override, -1: the variable): the capturing stream
+// whose dependency set stream_wait_programmatic wrote out in full, so that its next launch goes
+// without the launch-overlap attribute (take_edges_set; launch_clustered).
+std::atomic<int> g_capture_edges_override{-1};
+thread_local cudaStream_t t_edges_set = nullptr;
 std::atomic<int64_t> g_plain_launches{0};
+
+int capture_edges_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "add") return 0;
+  if (v == "explicit") return 1;
+  throw Error("cuda: ATLAS_CAPTURE_EDGES: expected add or explicit, got '" + v + "'");
+}
+bool take_edges_set(cudaStream_t stream) {
+  if (t_edges_set == nullptr || t_edges_set != stream) return false;
+  t_edges_set = nullptr;
+  return true;
+}
 
 int pdl_setting(const char* value) {
   const std::string v = value ? value : "";
@@ -355,6 +372,7 @@ void check_environment() {
   (void)detail::gemm_down_blocks_setting(std::getenv("ATLAS_GEMM_DOWN_BLOCKS_PER_SM"));
   (void)detail::combine_qkv_setting(std::getenv("ATLAS_COMBINE_QKV"));
   (void)detail::router_norm_setting(std::getenv("ATLAS_ROUTER_NORM"));
+  (void)detail::capture_edges_setting(std::getenv("ATLAS_CAPTURE_EDGES"));
   (void)detail::gemm_splitk_setting(std::getenv("ATLAS_GEMM_SPLITK"));
   (void)detail::wide_norm_setting(std::getenv("ATLAS_WIDE_NORM"));
   (void)detail::pdl_setting(std::getenv("ATLAS_PDL"));
@@ -409,14 +427,64 @@ void stream_wait_programmatic(Stream waiter, Event event) {
                                [&](const detail::ProgrammaticNode& p) { return p.event == event; });
   if (it == detail::t_prog_nodes.end() || it->capture != id)
     throw Error("cuda: stream_wait_programmatic: no launch recorded this event in the capture under way");
+  // (Without launch overlap a plain edge: the waiter's launch then has no launch-overlap wait.)
+  const bool overlap = detail::pdl_enabled();
   cudaGraphEdgeData edge = {};
-  edge.from_port = cudaGraphKernelNodePortLaunchCompletion;
-  edge.type = cudaGraphDependencyTypeProgrammatic;
-  check_cuda(cudaStreamUpdateCaptureDependencies(w, &it->node, &edge, 1, cudaStreamAddCaptureDependencies),
-             "stream_wait_programmatic", "cudaStreamUpdateCaptureDependencies");
+  if (overlap) {
+    edge.from_port = cudaGraphKernelNodePortLaunchCompletion;
+    edge.type = cudaGraphDependencyTypeProgrammatic;
+  }
+  if (capture_edges_mode() == 0) {
+    // add: the edge beside the waiter's dependencies; the next launch's own launch-overlap
+    // attribute makes capture turn those into programmatic edges as it always does (how capture
+    // treats an edge that already has data there is not documented: explicit is the fallback).
+    check_cuda(cudaStreamUpdateCaptureDependencies(w, &it->node, &edge, 1, cudaStreamAddCaptureDependencies),
+               "stream_wait_programmatic", "cudaStreamUpdateCaptureDependencies");
+  } else {
+    // explicit: the waiter's whole dependency set written out with its edge data, the edges from
+    // kernel nodes made programmatic where the next launch would carry the launch-overlap
+    // attribute (as capture makes them: from the kernel's programmatic port, the trigger of
+    // griddepcontrol.launch_dependents), and this edge added; the next launch on the waiter then
+    // goes without the attribute (take_edges_set), so that capture adds it on exactly these edges.
+    const cudaGraphNode_t* deps = nullptr;
+    const cudaGraphEdgeData* edges = nullptr;
+    size_t n = 0;
+    check_cuda(cudaStreamGetCaptureInfo(w, &status, &id, nullptr, &deps, &edges, &n), "stream_wait_programmatic",
+               "cudaStreamGetCaptureInfo");
+    std::vector<cudaGraphNode_t> nodes(deps, deps + n);
+    std::vector<cudaGraphEdgeData> data(n);
+    bool have = false;
+    for (size_t i = 0; i < n; ++i) {
+      data[i] = edges != nullptr ? edges[i] : cudaGraphEdgeData{};
+      if (nodes[i] == it->node) {  // (already a dependency: the programmatic edge replaces it)
+        data[i] = edge;
+        have = true;
+        continue;
+      }
+      cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+      check_cuda(cudaGraphNodeGetType(nodes[i], &type), "stream_wait_programmatic", "cudaGraphNodeGetType");
+      if (overlap && type == cudaGraphNodeTypeKernel && data[i].type == cudaGraphDependencyTypeDefault) {
+        data[i].from_port = cudaGraphKernelNodePortProgrammatic;
+        data[i].type = cudaGraphDependencyTypeProgrammatic;
+      }
+    }
+    if (!have) {
+      nodes.push_back(it->node);
+      data.push_back(edge);
+    }
+    check_cuda(cudaStreamUpdateCaptureDependencies(w, nodes.data(), data.data(), nodes.size(),
+                                                   cudaStreamSetCaptureDependencies),
+               "stream_wait_programmatic", "cudaStreamUpdateCaptureDependencies");
+    detail::t_edges_set = w;
+  }
   detail::g_programmatic_edges.fetch_add(1);
 }
 int64_t programmatic_capture_edges() { return detail::g_programmatic_edges.load(); }
+void set_capture_edges(int mode) { detail::g_capture_edges_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
+int capture_edges_mode() {
+  const int forced = detail::g_capture_edges_override.load();
+  return forced >= 0 ? forced : detail::capture_edges_setting(std::getenv("ATLAS_CAPTURE_EDGES"));
+}
 PlainLaunchScope::PlainLaunchScope(bool plain) : was_(detail::t_plain) { detail::t_plain = plain; }
 PlainLaunchScope::~PlainLaunchScope() { detail::t_plain = was_; }
 int64_t plain_launches() { return detail::g_plain_launches.load(); }
