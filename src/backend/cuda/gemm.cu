@@ -413,7 +413,7 @@ static_assert(kSyncLarge >= 0 && kSyncSmall >= 0 && kSplitK8 >= 0 && kSplitK8Sta
 
 std::atomic<int> forced_config{-1};
 
-// The instances of the grouped launches' order promises (launch_mma's LaunchOrder, session 44;
+// The instances of the grouped launches' order promises (launch_mma's GroupedOrder, session 44;
 // their shared-memory limits raised in setup()): the lean stream loop waiting first, the few-row
 // down (16x32x128/4u) staging its first weight steps before its wait (bf16, f32 out).
 const KernelFn kLeanWaitFirst = kern::gemm_wgstream_lean_kernel<CfgWs128, false, 1, false, 0, false, true>;
@@ -1199,20 +1199,14 @@ constexpr size_t kSplitWsFloats = size_t(4) << 20;  // 16 MiB: 8,192 (tile, slic
 constexpr size_t kSplitTiles = 8192;
 std::pair<float*, int*> stream_split_scratch(cudaStream_t stream);  // below
 
-// A grouped launch's order promises (GroupedGemmArgs::wait_first / tables_before_wait, session
-// 44): which instantiation runs them (kLeanWaitFirst, kEarlyDown), or how the launch keeps them
-// without one.
-struct LaunchOrder {
-  bool wait_first = false;     // wait for the predecessor before releasing the next launch
-  bool early_tables = false;   // the tables were final before the previous launch's wait
-};
+// Launches of the instances that keep a grouped launch's order promises (GroupedOrder).
 std::atomic<int64_t> wait_first_launches{0}, early_weight_launches{0};
 
 // `rows8`: no tile holds more than 8 rows (the split-K kernel's 8-row variant may run).
 // `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
 void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
                 bool async, bool rows8, int cluster, cudaStream_t stream, int smem_at_least = 0,
-                LaunchOrder order = {}) {
+                GroupedOrder order = {}) {
   KernelFn f = c.tail_k > 0 && p.K % c.tail_k != 0 ? c.tail[f32 ? 1 : 0] : c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
   // Where the config's plain instance would run: its wait-first (the lean stream loop) or
   // early-weights (the few-row down, 16x32x128/4u) instantiation where asked for. A wait-first
@@ -1223,7 +1217,7 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
   if (order.wait_first && async && !f32 && p.offsets != nullptr && &c == &kConfigs[size_t(kStreamWgLean)] &&
       f == c.fn[0][1][rows8 ? 1 : 0])
     f = kLeanWaitFirst;
-  if (order.early_tables && async && p.offsets != nullptr && p.slice_stride == 0 &&
+  if (order.tables_before_wait && async && p.offsets != nullptr && p.slice_stride == 0 &&
       &c == &kConfigs[size_t(kGroupedFewDown)] && f == c.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0])
     f = kEarlyDown[f32 ? 1 : 0];
   const bool reordered = f != plain_f;
@@ -1787,7 +1781,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   const bool few_down = a.gated == 0 && &c == &kConfigs[size_t(grouped_few_down_config())];
   launch_mma(c, p, y_tiles * n_tiles, 1, f32, async, a.max_rows <= 8, cluster, stream_of(a.stream),
              few_down ? s.down_smem : 0,
-             {.wait_first = a.order.wait_first, .early_tables = a.order.tables_before_wait});
+             a.order);
   check_launch(op);
 }
 int64_t grouped_wait_first_launches() { return wait_first_launches.load(); }

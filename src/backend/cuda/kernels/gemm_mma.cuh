@@ -483,32 +483,28 @@ struct LeanTileCopies {
 
   __device__ __forceinline__ void plan(const uint16_t* sa, const uint16_t* sb, const int64_t* a_off,
                                        const int64_t* b_off, const uint16_t* x, const uint16_t* w, int tid) {
-    const int c = tid % T::CH;
-    kc = c * 8;
+    kc = tid % T::CH * 8;
 #pragma unroll
-    for (int j = 0; j < NA + NB; ++j) {
-      const bool is_a = j < NA;
-      const int r = ((is_a ? j : j - NA) * T::THREADS + tid) / T::CH;
-      const int64_t off = is_a ? a_off[r] : b_off[r];
-      const uint16_t* base = is_a ? x : w;
-      src[j] = reinterpret_cast<const char*>(base + (off >= 0 ? off + kc : 0));
-      bytes[j] = off >= 0 ? 16u : 0u;
-      dst[j] = smem_u32((is_a ? sa : sb) + r * T::BK + swz<T::CH>(r, c) * 8);
-    }
+    for (int j = 0; j < NA + NB; ++j) plan_entry(j, sa, sb, a_off, b_off, x, w, tid);
   }
   // plan()'s weight-row entries alone (the same values): for the weight steps copied before the
   // A rows are known (early_weight_steps; plan() then sets every entry again).
   __device__ __forceinline__ void plan_b(const uint16_t* sb, const int64_t* b_off, const uint16_t* w, int tid) {
-    const int c = tid % T::CH;
-    kc = c * 8;
+    kc = tid % T::CH * 8;
 #pragma unroll
-    for (int j = NA; j < NA + NB; ++j) {
-      const int r = ((j - NA) * T::THREADS + tid) / T::CH;
-      const int64_t off = b_off[r];
-      src[j] = reinterpret_cast<const char*>(w + (off >= 0 ? off + kc : 0));
-      bytes[j] = off >= 0 ? 16u : 0u;
-      dst[j] = smem_u32(sb + r * T::BK + swz<T::CH>(r, c) * 8);
-    }
+    for (int j = NA; j < NA + NB; ++j) plan_entry(j, nullptr, sb, nullptr, b_off, nullptr, w, tid);
+  }
+  // Copy j's entries: an x row for j < NA, a weight row after (the other operand's pointers unused).
+  __device__ __forceinline__ void plan_entry(int j, const uint16_t* sa, const uint16_t* sb, const int64_t* a_off,
+                                             const int64_t* b_off, const uint16_t* x, const uint16_t* w, int tid) {
+    const int c = tid % T::CH;
+    const bool is_a = j < NA;
+    const int r = ((is_a ? j : j - NA) * T::THREADS + tid) / T::CH;
+    const int64_t off = is_a ? a_off[r] : b_off[r];
+    const uint16_t* base = is_a ? x : w;
+    src[j] = reinterpret_cast<const char*>(base + (off >= 0 ? off + kc : 0));
+    bytes[j] = off >= 0 ? 16u : 0u;
+    dst[j] = smem_u32((is_a ? sa : sb) + r * T::BK + swz<T::CH>(r, c) * 8);
   }
   // Step k0 into ring slot `slot` (kHint: the weights' copies carry `policy`).
   template <bool kHint>
@@ -544,6 +540,23 @@ struct LeanTileCopies {
 // fragment's registers of rows 0-7 come by ldmatrix.x2 and those of rows 8-15 are zeros (rows
 // the tile never has: a row's sums use its own A row only). The same copies land in the same
 // slots before the same mma sequence and fold: the same bits.
+// The whole-steps loop's two 16-byte copies (mma_whole_steps, early_weight_steps): an x row's
+// chunk (`zero`: a zero row, cp.async's ignore-src) and a weight row's chunk (kHint: with the
+// L2 policy).
+__device__ __forceinline__ void whole_step_copy_a(uint32_t at, const char* from, bool zero) {
+  asm volatile("{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(at),
+               "l"(from), "r"(int(zero))
+               : "memory");
+}
+template <bool kHint>
+__device__ __forceinline__ void whole_step_copy_b(uint32_t at, const char* from, uint64_t policy) {
+  if constexpr (kHint)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(at), "l"(from), "l"(policy)
+                 : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(from) : "memory");
+}
+
 // kBIssued (gemm_mma_kernel's kEarlyB): the weight copies of the first STAGES - 1 steps were
 // issued before the launch-overlap wait (early_weight_steps: one cp.async group per step, the
 // same slots and sources), so the prologue here issues their x rows only, again one group per
@@ -583,21 +596,10 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
 #pragma unroll
     for (int j = 0; j < NC; ++j) {
       const char* from = src[j] + d * kStep;
-      if (j < NA) {
-        const uint32_t at = c.dst[j] + uint32_t(slot) * kSlotA;
-        asm volatile(
-            "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(at),
-            "l"(from), "r"(int(zero[j]))
-            : "memory");
-      } else {
-        const uint32_t at = c.dst[j] + uint32_t(slot) * kSlotB;
-        if constexpr (kHint)
-          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(at), "l"(from),
-                       "l"(policy)
-                       : "memory");
-        else
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(from) : "memory");
-      }
+      if (j < NA)
+        whole_step_copy_a(c.dst[j] + uint32_t(slot) * kSlotA, from, zero[j]);
+      else
+        whole_step_copy_b<kHint>(c.dst[j] + uint32_t(slot) * kSlotB, from, policy);
     }
   };
   if constexpr (kBIssued) {
@@ -606,11 +608,7 @@ __device__ __forceinline__ void mma_whole_steps(const LeanTileCopies<T>& c, cons
       if (kt_begin + s < KT) {
 #pragma unroll
         for (int j = 0; j < NA; ++j)  // issue()'s A copies of step s
-          asm volatile(
-              "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(
-                  c.dst[j] + uint32_t(s) * kSlotA),
-              "l"(src[j] + s * kStep), "r"(int(zero[j]))
-              : "memory");
+          whole_step_copy_a(c.dst[j] + uint32_t(s) * kSlotA, src[j] + s * kStep, zero[j]);
       }
       cp_async_commit();
     }
@@ -942,11 +940,9 @@ __device__ __forceinline__ int early_weight_steps(const MmaGemmParams& p, int pi
         const uint32_t at = c.dst[j] + uint32_t(s) * kSlotB;
         const char* from = c.src[j] + s * kStep;
         if (w_hint.on)
-          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(at), "l"(from),
-                       "l"(w_hint.policy)
-                       : "memory");
+          whole_step_copy_b<true>(at, from, w_hint.policy);
         else
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(from) : "memory");
+          whole_step_copy_b<false>(at, from, 0);
       }
     }
     cp_async_commit();
