@@ -1,5 +1,6 @@
 // Runtime helpers of the CUDA backend: device discovery, memory, errors.
 #include <cuda_runtime.h>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <atomic>
@@ -595,10 +596,74 @@ void Graph::begin(Stream stream) {
   check_cuda(cudaStreamBeginCapture(stream_of(stream), cudaStreamCaptureModeThreadLocal), "graph", "begin capture");
 }
 
+namespace {
+// A kernel node's name without its namespace and template arguments, and its grid:
+// "gemm_cluster_combine_kernel(456,1,1)"; other nodes by their type's number.
+std::string graph_node_label(cudaGraphNode_t node) {
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  if (cudaGraphNodeGetType(node, &type) != cudaSuccess) return "?";
+  if (type != cudaGraphNodeTypeKernel) return "node-type-" + std::to_string(int(type));
+  cudaKernelNodeParams p = {};
+  const char* name = nullptr;
+  if (cudaGraphKernelNodeGetParams(node, &p) != cudaSuccess || cudaFuncGetName(&name, p.func) != cudaSuccess ||
+      name == nullptr)
+    return "kernel";
+  std::string n = name;
+  int status = -1;
+  if (char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status)) {
+    n = d;
+    std::free(d);
+  }
+  if (const size_t lt = n.find('<'); lt != std::string::npos) n.resize(lt);
+  if (const size_t lp = n.find('('); lp != std::string::npos) n.resize(lp);
+  if (const size_t c = n.rfind("::"); c != std::string::npos) n = n.substr(c + 2);
+  return n + "(" + std::to_string(p.gridDim.x) + "," + std::to_string(p.gridDim.y) + "," +
+         std::to_string(p.gridDim.z) + ")";
+}
+
+// ATLAS_GRAPH_EDGES=FILE: every captured graph's edges appended to FILE, one line each in the
+// order cudaGraphGetEdges gives them: "FROM -> TO", and for an edge with data its type and port
+// (a diagnostic of what stream capture made of the launch-overlap attributes and programmatic
+// waits; the timelines show only when kernels ran, not which edge held them).
+void dump_graph_edges(cudaGraph_t g) {
+  const char* path = std::getenv("ATLAS_GRAPH_EDGES");
+  if (path == nullptr || *path == 0) return;
+  size_t n = 0;
+  check_cuda(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph", "cudaGraphGetEdges");
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  check_cuda(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n), "graph", "cudaGraphGetEdges");
+  size_t nodes = 0;
+  check_cuda(cudaGraphGetNodes(g, nullptr, &nodes), "graph", "cudaGraphGetNodes");
+  // Nodes are numbered in the order first seen, so a node's lines can be followed.
+  std::vector<cudaGraphNode_t> seen;
+  auto id = [&](cudaGraphNode_t node) {
+    const auto it = std::find(seen.begin(), seen.end(), node);
+    if (it != seen.end()) return size_t(it - seen.begin());
+    seen.push_back(node);
+    return seen.size() - 1;
+  };
+  std::string text = "graph: " + std::to_string(nodes) + " nodes, " + std::to_string(n) + " edges\n";
+  for (size_t i = 0; i < n; ++i) {
+    text += "  " + std::to_string(id(from[i])) + " " + graph_node_label(from[i]) + " -> " +
+            std::to_string(id(to[i])) + " " + graph_node_label(to[i]);
+    if (data[i].type != cudaGraphDependencyTypeDefault || data[i].from_port != 0 || data[i].to_port != 0)
+      text += "  type " + std::to_string(int(data[i].type)) + " from_port " + std::to_string(int(data[i].from_port)) +
+              " to_port " + std::to_string(int(data[i].to_port));
+    text += "\n";
+  }
+  std::FILE* f = std::fopen(path, "a");
+  if (f == nullptr) throw Error(std::string("cuda: ATLAS_GRAPH_EDGES: cannot append to '") + path + "'");
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) throw Error(std::string("cuda: ATLAS_GRAPH_EDGES: cannot write '") + path + "'");
+}
+}  // namespace
+
 void Graph::end(Stream stream) {
   cudaGraph_t g = nullptr;
   check_cuda(cudaStreamEndCapture(stream_of(stream), &g), "graph", "end capture");
   graph_ = g;
+  dump_graph_edges(g);
   cudaGraphExec_t e = nullptr;
   // Kernel nodes keep the priority of the stream they were captured from (stream_create): the
   // graph runs them so (a graph captured from default-priority streams runs as before).

@@ -30,7 +30,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_ops.h"
@@ -46,6 +50,40 @@ using namespace atlas;
 namespace fs = std::filesystem;
 
 namespace {
+
+// Environment variables set (a null value: unset) for a scope and restored after it. Tests whose
+// counters another switch changes pin that switch: gpu_full_run.sh runs the model tests again
+// under other switches (MODEL_TEST_ENVS), where e.g. ATLAS_MOE_DOWN_EARLY's plain launches would
+// count as ATLAS_SHARED_DOWN_WAIT's.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* was = std::getenv(name);
+      saved_.push_back({name, was != nullptr, was != nullptr ? was : ""});
+      set(name, value);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) set(it->name, it->had ? it->value.c_str() : nullptr);
+  }
+  static void set(const char* name, const char* value) {
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  struct Saved {
+    const char* name;
+    bool had;
+    std::string value;
+  };
+  std::vector<Saved> saved_;
+};
 
 class CudaModelTest : public ::testing::Test {
  protected:
@@ -574,8 +612,7 @@ TEST_F(CudaTiny, SideStreamGivesTheSameBits) {
 TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
-  const char* was = std::getenv("ATLAS_ABSORB");
-  const std::string saved = was ? was : "";
+  ScopedEnv restore{{"ATLAS_ABSORB", std::getenv("ATLAS_ABSORB")}};
   for (bool side : {true, false}) {
     std::vector<std::vector<float>> runs;
     for (const char* at : {"side", "before", "after", "fused"}) {
@@ -596,10 +633,6 @@ TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
     EXPECT_EQ(runs[0], runs[2]) << "after, side stream " << side;
     EXPECT_EQ(runs[0], runs[3]) << "fused, side stream " << side;
   }
-  if (was)
-    setenv("ATLAS_ABSORB", saved.c_str(), 1);
-  else
-    unsetenv("ATLAS_ABSORB");
 }
 
 // A model switch read when the model is made (the environment variable `var`, restored after):
@@ -608,8 +641,7 @@ TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
 void model_switch_gives_the_same_bits(const Checkpoint& ck, const char* var, int64_t (*count)()) {
   const int64_t V = ck.config().vocab_size;
   const auto rows = prompts(V);
-  const char* was = std::getenv(var);
-  const std::string saved = was ? was : "";
+  ScopedEnv restore{{var, std::getenv(var)}};
   std::vector<std::vector<float>> runs;
   for (const char* on : {"0", "1"}) {
     setenv(var, on, 1);
@@ -625,10 +657,6 @@ void model_switch_gives_the_same_bits(const Checkpoint& ck, const char* var, int
       EXPECT_EQ(count(), before) << var << "=0 still launched its kernels";
   }
   EXPECT_EQ(runs[0], runs[1]) << var;
-  if (was)
-    setenv(var, saved.c_str(), 1);
-  else
-    unsetenv(var);
 }
 
 // The MLA split merge inside the value GEMM's launch (ATLAS_MLA_MERGE_VALUE=1, read when the
@@ -665,6 +693,7 @@ TEST_F(CudaTiny, SharedDownFirstGivesTheSameBits) {
 // in a prefill and in eager and graph-replayed decode steps (8 rows and one), and the scope turned
 // overlap off only with it on (the one-row decode steps, where overlap is on).
 TEST_F(CudaTiny, SharedDownWaitGivesTheSameBits) {
+  ScopedEnv pin{{"ATLAS_MOE_DOWN_EARLY", "0"}};  // (its gate|up's plain launches would count here)
   model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_DOWN_WAIT", cuda::plain_launches);
 }
 
@@ -718,6 +747,7 @@ TEST_F(CudaTiny, GemmTailsGiveTheSameBits) {
 // on the staged split-K config (what a full-size router gets at one row), a one-row prefill and
 // greedy steps give the same logits with the tail on and off, and the tail ran.
 TEST_F(CudaTiny, RouteTailGivesTheSameBits) {
+  ScopedEnv pin{{"ATLAS_ROUTER_NORM", "0"}};  // (where it runs the routing is its own launch)
   tails_give_the_same_bits(*ck_, cuda::gemm_set_route_tail, cuda::gemm_route_tail_launches, "routed");
 }
 
@@ -725,6 +755,7 @@ TEST_F(CudaTiny, RouteTailGivesTheSameBits) {
 // session 41, ATLAS_ROUTE_CLUSTER): the same logits in a one-row prefill and greedy steps with it
 // on and off, and it ran (its kernel does not depend on the forced split-K config).
 TEST_F(CudaTiny, RouteClusterGivesTheSameBits) {
+  ScopedEnv pin{{"ATLAS_ROUTER_NORM", "0"}};
   tails_give_the_same_bits(
       *ck_, [](int on) { cuda::gemm_set_route_tail(on > 0 ? 2 : on); }, cuda::gemm_route_cluster_launches,
       "cluster-routed");
@@ -763,8 +794,7 @@ TEST_F(CudaTiny, EventCombineInsideQkvGivesTheSameBits) {
 TEST_F(CudaTiny, FastModeStepsGiveTheSameBitsUnderEveryCombineForm) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
-  const char* was = std::getenv("ATLAS_FAST_SMALL_M");
-  const std::string saved = was ? was : "";
+  ScopedEnv restore{{"ATLAS_FAST_SMALL_M", std::getenv("ATLAS_FAST_SMALL_M")}};
   for (const std::string small : {"1", "0"}) {
     SCOPED_TRACE("ATLAS_FAST_SMALL_M=" + small);
     setenv("ATLAS_FAST_SMALL_M", small.c_str(), 1);
@@ -783,10 +813,6 @@ TEST_F(CudaTiny, FastModeStepsGiveTheSameBitsUnderEveryCombineForm) {
     EXPECT_EQ(runs[0], runs[1]) << "joined";
     EXPECT_EQ(runs[0], runs[2]) << "event";
   }
-  if (was)
-    setenv("ATLAS_FAST_SMALL_M", saved.c_str(), 1);
-  else
-    unsetenv("ATLAS_FAST_SMALL_M");
 }
 
 // A batch-1 step's post-attention add + norm inside the router's launch (gemm_after_add_rmsnorm,
