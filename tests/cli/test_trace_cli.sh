@@ -74,7 +74,7 @@ else
   expect_error "bad router norm setting" "ATLAS_ROUTER_NORM: expected 0, 1 or joined, got 'norm'" \
     env ATLAS_ROUTER_NORM=norm "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad router norm setting" "$work/env.json"
-  expect_error "bad capture edges setting" "ATLAS_CAPTURE_EDGES: expected add or explicit, got 'all'" \
+  expect_error "bad capture edges setting" "ATLAS_CAPTURE_EDGES: expected add, explicit or plain, got 'all'" \
     env ATLAS_CAPTURE_EDGES=all "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad capture edges setting" "$work/env.json"
   expect_error "bad block stamps file" "ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '$work/none/s.csv'" \

@@ -229,7 +229,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_GEMM_WIDE_SPLITK4", {"0", "1", "4"}},
       {"ATLAS_COMBINE_QKV", {"0", "1", "flag", "event", "fused"}},
       {"ATLAS_ROUTER_NORM", {"0", "1", "joined", "norm"}},
-      {"ATLAS_CAPTURE_EDGES", {"add", "explicit", "all"}},
+      {"ATLAS_CAPTURE_EDGES", {"add", "explicit", "plain", "all"}},
       {"ATLAS_RELEASE_FIRST", {"none", "all", "combine", "norm,route", "latent,attention,merge", "combine,"}},
       {"ATLAS_ABSORB", {"side", "before", "after", "fused", "main"}},
       {"ATLAS_MOE_PREFETCH", {"none", "routed", "shared", "both", "down"}},

@@ -32,7 +32,7 @@ TEST_F(Runtime, OversizedAllocationSaysWhatWasNeeded) {
   }
 }
 
-// stream_wait_programmatic (session 43's capture form, session 44's explicit one; the model's
+// stream_wait_programmatic (session 43's capture form, session 44's explicit one, session 45's plain one; the model's
 // ATLAS_COMBINE_QKV=event and ATLAS_ROUTER_NORM=1 rest on it), apart from the model: a waiting
 // stream's kernel reads what a kernel of another stream wrote in a ProgrammaticEventScope, eagerly
 // and replayed from a captured graph, launch overlap off and on, under each capture form. The
@@ -58,7 +58,7 @@ TEST_F(Runtime, ProgrammaticWaitOrdersTheWaitingStream) {
     stream_wait(s, t, join);
   };
   for (bool overlap : {false, true})
-    for (int edges : {0, 1}) {
+    for (int edges : {0, 1, 2}) {
       SCOPED_TRACE(::testing::Message() << "overlap " << overlap << " edges " << edges);
       set_launch_overlap(overlap);
       set_capture_edges(edges);

@@ -113,11 +113,11 @@ int combine_qkv_setting(const char* value);
 // programmatically) or "joined" (2: the same with the shared experts forked after its end);
 // anything else throws an Error naming the variable.
 int router_norm_setting(const char* value);
-// ATLAS_CAPTURE_EDGES's value (null or empty: unset, "add"): 0 "add", 1 "explicit"
-// (stream_wait_programmatic's two capture forms); anything else throws an Error naming it.
+// ATLAS_CAPTURE_EDGES's value (null or empty: unset, "add"): 0 "add", 1 "explicit", 2 "plain"
+// (stream_wait_programmatic's capture forms); anything else throws an Error naming it.
 int capture_edges_setting(const char* value);
 // Whether stream_wait_programmatic wrote out `stream`'s capture dependencies for its next launch
-// (ATLAS_CAPTURE_EDGES=explicit), which then goes without the launch-overlap attribute; true
+// (ATLAS_CAPTURE_EDGES=explicit or plain), which then goes without the launch-overlap attribute; true
 // once (the mark is cleared).
 bool take_edges_set(cudaStream_t stream);
 // A grouped launch's bound on the row tiles of one column (its grid: that x the column tiles):

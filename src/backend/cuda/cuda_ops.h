@@ -176,10 +176,13 @@ class ProgrammaticEventScope {
 // launch-overlap attribute to capture; "explicit" writes the waiter's whole dependency set out,
 // the edges from kernel nodes made programmatic as that attribute would make them, and launches
 // the waiter's next kernel without the attribute, so that no undocumented combination of an edge
-// with data and the attribute arises. The same graph semantics either way.
+// with data and the attribute arises. The same graph semantics either way. "plain" (session 45)
+// is explicit with a plain edge from the recorded launch: the waiter's next launch waits for that
+// launch's end and overlaps only its own stream's kernel before it (a measurement: s45-1's
+// timelines showed the waiting launch starting only after both of its predecessors had ended).
 void stream_wait_programmatic(Stream waiter, Event event);
 int64_t programmatic_capture_edges();
-// Tests: 0 add, 1 explicit, -1 (the default) as ATLAS_CAPTURE_EDGES says; the mode in force.
+// Tests: 0 add, 1 explicit, 2 plain, -1 (the default) as ATLAS_CAPTURE_EDGES says; the mode in force.
 void set_capture_edges(int mode);
 int capture_edges_mode();
 

@@ -70,7 +70,8 @@ int capture_edges_setting(const char* value) {
   const std::string v = value ? value : "";
   if (v.empty() || v == "add") return 0;
   if (v == "explicit") return 1;
-  throw Error("cuda: ATLAS_CAPTURE_EDGES: expected add or explicit, got '" + v + "'");
+  if (v == "plain") return 2;
+  throw Error("cuda: ATLAS_CAPTURE_EDGES: expected add, explicit or plain, got '" + v + "'");
 }
 bool take_edges_set(cudaStream_t stream) {
   if (t_edges_set == nullptr || t_edges_set != stream) return false;
@@ -428,21 +429,25 @@ void stream_wait_programmatic(Stream waiter, Event event) {
                                [&](const detail::ProgrammaticNode& p) { return p.event == event; });
   if (it == detail::t_prog_nodes.end() || it->capture != id)
     throw Error("cuda: stream_wait_programmatic: no launch recorded this event in the capture under way");
-  // (Without launch overlap a plain edge: the waiter's launch then has no launch-overlap wait.)
+  // (Without launch overlap a plain edge: the waiter's launch then has no launch-overlap wait.
+  // plain: a plain edge from the recorded launch, the waiter's other kernel dependencies
+  // programmatic as in explicit: its next launch then starts only once the recorded launch has
+  // ended, and overlaps only its own stream's kernel before it.)
   const bool overlap = detail::pdl_enabled();
+  const int mode = capture_edges_mode();
   cudaGraphEdgeData edge = {};
-  if (overlap) {
+  if (overlap && mode != 2) {
     edge.from_port = cudaGraphKernelNodePortLaunchCompletion;
     edge.type = cudaGraphDependencyTypeProgrammatic;
   }
-  if (capture_edges_mode() == 0) {
+  if (mode == 0) {
     // add: the edge beside the waiter's dependencies; the next launch's own launch-overlap
     // attribute makes capture turn those into programmatic edges as it always does (how capture
     // treats an edge that already has data there is not documented: explicit is the fallback).
     check_cuda(cudaStreamUpdateCaptureDependencies(w, &it->node, &edge, 1, cudaStreamAddCaptureDependencies),
                "stream_wait_programmatic", "cudaStreamUpdateCaptureDependencies");
   } else {
-    // explicit: the waiter's whole dependency set written out with its edge data, the edges from
+    // explicit (and plain): the waiter's whole dependency set written out with its edge data, the edges from
     // kernel nodes made programmatic where the next launch would carry the launch-overlap
     // attribute (as capture makes them: from the kernel's programmatic port, the trigger of
     // griddepcontrol.launch_dependents), and this edge added; the next launch on the waiter then
@@ -481,7 +486,7 @@ void stream_wait_programmatic(Stream waiter, Event event) {
   detail::g_programmatic_edges.fetch_add(1);
 }
 int64_t programmatic_capture_edges() { return detail::g_programmatic_edges.load(); }
-void set_capture_edges(int mode) { detail::g_capture_edges_override.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
+void set_capture_edges(int mode) { detail::g_capture_edges_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
 int capture_edges_mode() {
   const int forced = detail::g_capture_edges_override.load();
   return forced >= 0 ? forced : detail::capture_edges_setting(std::getenv("ATLAS_CAPTURE_EDGES"));
