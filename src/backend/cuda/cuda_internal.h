@@ -113,13 +113,16 @@ int combine_qkv_setting(const char* value);
 // programmatically) or "joined" (2: the same with the shared experts forked after its end);
 // anything else throws an Error naming the variable.
 int router_norm_setting(const char* value);
-// ATLAS_CAPTURE_EDGES's value (null or empty: unset, "add"): 0 "add", 1 "explicit", 2 "plain"
+// ATLAS_CAPTURE_EDGES's value (null or empty: unset, "plain"): 0 "add", 1 "explicit", 2 "plain"
 // (stream_wait_programmatic's capture forms); anything else throws an Error naming it.
 int capture_edges_setting(const char* value);
 // Whether stream_wait_programmatic wrote out `stream`'s capture dependencies for its next launch
 // (ATLAS_CAPTURE_EDGES=explicit or plain), which then goes without the launch-overlap attribute; true
 // once (the mark is cleared).
 bool take_edges_set(cudaStream_t stream);
+// Whether stream_wait_programmatic's waits are plain dependencies (ATLAS_CAPTURE_EDGES=plain, the
+// default): a ProgrammaticEventScope launch then records its event after the launch eagerly too.
+bool plain_programmatic_waits();
 // A grouped launch's bound on the row tiles of one column (its grid: that x the column tiles):
 // ceil(max_rows / bm) or, tight (ATLAS_GEMM_TIGHT_TILES=1), floor(max_rows / bm), plus the
 // groups that can have rows, min(groups, max_rows). Either is at least the tiles any offsets of
@@ -275,12 +278,16 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   // Inside a ProgrammaticEventScope: eagerly, the launch records the event programmatically; under
   // stream capture the launch's graph node is noted for the event instead (stream_wait_programmatic
   // then adds a programmatic edge from it), a form the graph API documents (cudaGraphEdgeData).
-  // Without launch overlap the event is recorded after the launch as any event (its waiter then
-  // waits for the launch's end: a waiter's launch without the attribute has no launch-overlap
-  // wait of its own to rely on).
+  // Without launch overlap, or with plain waits (ATLAS_CAPTURE_EDGES=plain, the default), the
+  // event is recorded after the launch as any event: its waiter then waits for the launch's end
+  // (a waiter's launch without the attribute has no launch-overlap wait of its own to rely on; a
+  // waiter whose launch overlaps its own stream's kernel waits for the other stream's work
+  // plainly, s45-2: a launch with two programmatic prerequisites on two streams began only
+  // after both had ended).
   void* const ev = programmatic_event();
   const bool capturing = ev != nullptr && stream_capturing(stream);
-  if (ev != nullptr && !capturing && overlap) {
+  const bool record_after = ev != nullptr && !capturing && (!overlap || plain_programmatic_waits());
+  if (ev != nullptr && !capturing && !record_after) {
     attr[n].id = cudaLaunchAttributeProgrammaticEvent;
     attr[n].val.programmaticEvent.event = static_cast<cudaEvent_t>(ev);
     attr[n].val.programmaticEvent.flags = 0;
@@ -291,7 +298,7 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   cfg.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (capturing && err == cudaSuccess) note_programmatic_node(stream, ev);
-  if (ev != nullptr && !capturing && !overlap && err == cudaSuccess)
+  if (record_after && err == cudaSuccess)
     check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream), "ProgrammaticEventScope", "cudaEventRecord");
 }
 template <class... Params, class... Args>

@@ -168,18 +168,18 @@ class ProgrammaticEventScope {
 };
 // `waiter`'s next launches wait for the launch that recorded `event` in a ProgrammaticEventScope
 // (no new record: the event as that launch left it). Under stream capture the event is not
-// recorded: the waiter's next node gets a programmatic edge from that launch's node instead
-// (from its launch-completion port: every block begun; without launch overlap a plain edge),
-// counted in programmatic_capture_edges().
-// Two capture forms (ATLAS_CAPTURE_EDGES, session 44; neither run on a GPU yet): "add" (the
-// default) adds that edge to the waiter's dependencies and leaves the next launch's
-// launch-overlap attribute to capture; "explicit" writes the waiter's whole dependency set out,
-// the edges from kernel nodes made programmatic as that attribute would make them, and launches
-// the waiter's next kernel without the attribute, so that no undocumented combination of an edge
-// with data and the attribute arises. The same graph semantics either way. "plain" (session 45)
-// is explicit with a plain edge from the recorded launch: the waiter's next launch waits for that
-// launch's end and overlaps only its own stream's kernel before it (a measurement: s45-1's
-// timelines showed the waiting launch starting only after both of its predecessors had ended).
+// recorded: the waiter's next node gets an edge from that launch's node instead, counted in
+// programmatic_capture_edges(). Forms (ATLAS_CAPTURE_EDGES, sessions 44-45):
+// - "plain" (the default, session 45): the waiter's whole dependency set written out, its edges
+//   from kernel nodes made programmatic as the launch-overlap attribute would make them, and a
+//   plain edge from the recorded launch; the waiter's next kernel goes without the attribute.
+//   It then overlaps its own stream's kernel before it and waits for the recorded launch's end
+//   (eagerly the same: the event recorded after the launch). In s45-1 / s45-2 a launch with two
+//   programmatic prerequisites on two streams began only after both had ended.
+// - "explicit": the same with a programmatic edge from the recorded launch's launch-completion
+//   port (every block begun; without launch overlap a plain edge).
+// - "add": that programmatic edge added beside the waiter's dependencies, the next launch's
+//   attribute left to capture (measured as explicit in s45-2).
 void stream_wait_programmatic(Stream waiter, Event event);
 int64_t programmatic_capture_edges();
 // Tests: 0 add, 1 explicit, 2 plain, -1 (the default) as ATLAS_CAPTURE_EDGES says; the mode in force.

@@ -68,9 +68,9 @@ std::atomic<int64_t> g_plain_launches{0};
 
 int capture_edges_setting(const char* value) {
   const std::string v = value ? value : "";
-  if (v.empty() || v == "add") return 0;
+  if (v == "add") return 0;
   if (v == "explicit") return 1;
-  if (v == "plain") return 2;
+  if (v.empty() || v == "plain") return 2;
   throw Error("cuda: ATLAS_CAPTURE_EDGES: expected add, explicit or plain, got '" + v + "'");
 }
 bool take_edges_set(cudaStream_t stream) {
@@ -487,6 +487,9 @@ void stream_wait_programmatic(Stream waiter, Event event) {
 }
 int64_t programmatic_capture_edges() { return detail::g_programmatic_edges.load(); }
 void set_capture_edges(int mode) { detail::g_capture_edges_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
+namespace detail {
+bool plain_programmatic_waits() { return capture_edges_mode() == 2; }
+}  // namespace detail
 int capture_edges_mode() {
   const int forced = detail::g_capture_edges_override.load();
   return forced >= 0 ? forced : detail::capture_edges_setting(std::getenv("ATLAS_CAPTURE_EDGES"));

@@ -707,6 +707,16 @@ TEST_F(CudaTiny, DownEarlyGivesTheSameBits) {
   model_switch_gives_the_same_bits(*ck_, "ATLAS_MOE_DOWN_EARLY", cuda::grouped_early_weight_launches);
 }
 
+// ATLAS_ROUTER_NORM off for a scope (the GEMM settings read the environment once; where it runs,
+// the routing is its own launch and the route tails give way: gpu_full_run.sh's MODEL_TEST_ENVS
+// runs the model tests under it).
+struct RouterNormOff {
+  RouterNormOff() { cuda::gemm_set_router_norm(0); }
+  ~RouterNormOff() { cuda::gemm_set_router_norm(-1); }
+  RouterNormOff(const RouterNormOff&) = delete;
+  RouterNormOff& operator=(const RouterNormOff&) = delete;
+};
+
 // A GEMM tail's switch (set: 1 on, 0 off, -1 as its variable says) gives the same logits on a
 // one-row prefill and greedy batch-1 steps with every GEMM on the staged split-K config the
 // tails belong to (the tiny model's GEMMs would take others), and the tailed launches (count)
@@ -747,7 +757,7 @@ TEST_F(CudaTiny, GemmTailsGiveTheSameBits) {
 // on the staged split-K config (what a full-size router gets at one row), a one-row prefill and
 // greedy steps give the same logits with the tail on and off, and the tail ran.
 TEST_F(CudaTiny, RouteTailGivesTheSameBits) {
-  ScopedEnv pin{{"ATLAS_ROUTER_NORM", "0"}};  // (where it runs the routing is its own launch)
+  const RouterNormOff off;
   tails_give_the_same_bits(*ck_, cuda::gemm_set_route_tail, cuda::gemm_route_tail_launches, "routed");
 }
 
@@ -755,7 +765,7 @@ TEST_F(CudaTiny, RouteTailGivesTheSameBits) {
 // session 41, ATLAS_ROUTE_CLUSTER): the same logits in a one-row prefill and greedy steps with it
 // on and off, and it ran (its kernel does not depend on the forced split-K config).
 TEST_F(CudaTiny, RouteClusterGivesTheSameBits) {
-  ScopedEnv pin{{"ATLAS_ROUTER_NORM", "0"}};
+  const RouterNormOff off;
   tails_give_the_same_bits(
       *ck_, [](int on) { cuda::gemm_set_route_tail(on > 0 ? 2 : on); }, cuda::gemm_route_cluster_launches,
       "cluster-routed");
