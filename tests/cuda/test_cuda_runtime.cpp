@@ -1,5 +1,10 @@
 // Device discovery: the suite says clearly whether it ran on a GPU.
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "cuda_test_util.h"
 
@@ -30,6 +35,49 @@ TEST_F(Runtime, OversizedAllocationSaysWhatWasNeeded) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("needed 1125899906842624 bytes"), std::string::npos) << e.what();
   }
+}
+
+// ATLAS_GRAPH_EDGES=FILE (Graph::end): a captured graph of two kernels on one stream, launch
+// overlap on, is listed as its node and edge counts and one edge line naming both kernels, with
+// the programmatic type capture gives it; a FILE that cannot be written is one error naming the
+// variable.
+TEST_F(Runtime, GraphEdgesFileListsTheCapturedEdges) {
+  const int64_t n = 1024;
+  const std::vector<uint16_t> ones(size_t(n), 0x3f80);
+  DevBuf<uint16_t> a(ones), x{size_t(n)}, y{size_t(n)};
+  const Stream s = stream_create(StreamPriority::normal);
+  const LaunchOverlap was = launch_overlap_mode();
+  set_launch_overlap(true);
+  const std::string path = (std::filesystem::temp_directory_path() / "atlas_graph_edges_test.txt").string();
+  std::filesystem::remove(path);
+  const auto capture = [&] {
+    Graph g;
+    g.begin(s);
+    add({.a = a.get(), .b = a.get(), .out = x.get(), .n = n, .stream = s});
+    add({.a = x.get(), .b = a.get(), .out = y.get(), .n = n, .stream = s});
+    g.end(s);
+  };
+  setenv("ATLAS_GRAPH_EDGES", path.c_str(), 1);
+  capture();
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string got = text.str();
+  EXPECT_NE(got.find("graph: 2 nodes, 1 edges\n"), std::string::npos) << got;
+  EXPECT_NE(got.find("  0 add"), std::string::npos) << got;
+  EXPECT_NE(got.find(" -> 1 add"), std::string::npos) << got;
+  EXPECT_NE(got.find("type 1 from_port 1 to_port 0"), std::string::npos) << got;
+  setenv("ATLAS_GRAPH_EDGES", "/nonexistent-atlas-dir/edges.txt", 1);
+  try {
+    capture();
+    ADD_FAILURE() << "no error for an unwritable ATLAS_GRAPH_EDGES";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ATLAS_GRAPH_EDGES"), std::string::npos) << e.what();
+  }
+  unsetenv("ATLAS_GRAPH_EDGES");
+  std::filesystem::remove(path);
+  set_launch_overlap(was);
+  stream_destroy(s);
 }
 
 // stream_wait_programmatic (session 43's capture form, session 44's explicit one, session 45's plain one; the model's
