@@ -653,8 +653,12 @@ void dump_graph_edges(cudaGraph_t g) {
   };
   std::string text = "graph: " + std::to_string(nodes) + " nodes, " + std::to_string(n) + " edges\n";
   for (size_t i = 0; i < n; ++i) {
-    text += "  " + std::to_string(id(from[i])) + " " + graph_node_label(from[i]) + " -> " +
-            std::to_string(id(to[i])) + " " + graph_node_label(to[i]);
+    // (Numbered one statement each: the operands of a + chain are evaluated in no fixed order, and
+    // s45-4 numbered the edge's target first.)
+    const size_t a = id(from[i]);
+    const size_t b = id(to[i]);
+    text += "  " + std::to_string(a) + " " + graph_node_label(from[i]) + " -> " + std::to_string(b) + " " +
+            graph_node_label(to[i]);
     if (data[i].type != cudaGraphDependencyTypeDefault || data[i].from_port != 0 || data[i].to_port != 0)
       text += "  type " + std::to_string(int(data[i].type)) + " from_port " + std::to_string(int(data[i].from_port)) +
               " to_port " + std::to_string(int(data[i].to_port));
