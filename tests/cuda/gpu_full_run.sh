@@ -52,6 +52,13 @@ has() { [[ $mode == *",$1,"* ]]; }
 out=${OUT:-$PWD/gpu-out}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)  # Nsight Compute, for the ncu* steps
 mkdir -p "$out"
+# Files an earlier run left in $out (s45-1's machine had session 39's logs there) would travel in
+# logs.tgz beside this run's and read as its own: named in stale.log, then removed.
+stale=$(find "$out" -mindepth 1 -maxdepth 1 ! -name stale.log -printf '%f\n' | sort)
+if [[ -n $stale ]]; then
+  { echo "removed before this run, left in $out by an earlier one:"; echo "$stale"; } > "$out/stale.log"
+  find "$out" -mindepth 1 -maxdepth 1 ! -name stale.log -exec rm -rf {} +
+fi
 prefix=$PWD/.gpu-prefix
 rm -rf "$prefix"
 mkdir -p "$prefix"
