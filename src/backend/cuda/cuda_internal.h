@@ -275,9 +275,9 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
     attr[n].val.priority = prio;
     ++n;
   }
-  // Inside a ProgrammaticEventScope: eagerly, the launch records the event programmatically; under
-  // stream capture the launch's graph node is noted for the event instead (stream_wait_programmatic
-  // then adds a programmatic edge from it), a form the graph API documents (cudaGraphEdgeData).
+  // Inside a ProgrammaticEventScope: eagerly, the launch records the event; under stream capture
+  // the launch's graph node is noted for the event instead (stream_wait_programmatic then adds an
+  // edge from it, with edge data where programmatic: cudaGraphEdgeData).
   // Without launch overlap, or with plain waits (ATLAS_CAPTURE_EDGES=plain, the default), the
   // event is recorded after the launch as any event: its waiter then waits for the launch's end
   // (a waiter's launch without the attribute has no launch-overlap wait of its own to rely on; a

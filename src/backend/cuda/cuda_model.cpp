@@ -568,7 +568,7 @@ class CudaModelT final : public Model {
   // A decode step's routed gate|up waits for the routing before it releases the routed down,
   // whose blocks then find their tiles and issue their first weight steps before their own
   // wait (GroupedGemmArgs::wait_first / tables_before_wait; ATLAS_MOE_DOWN_EARLY=1, session 44,
-  // off: not yet run on a GPU). Where M * top_k <= kGroupedFewMaxRows (the few-row down config)
+  // off: not faster, s45-1 / s45-2). Where M * top_k <= kGroupedFewMaxRows (the few-row down config)
   // and the gate|up does not route itself. The same bits.
   bool moe_down_early_ = false;
   // A decode step's absorbed-query GEMM: 0 on side_, 1 / 2 on s_ before / after the latent cache

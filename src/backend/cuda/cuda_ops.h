@@ -147,15 +147,15 @@ class PlainLaunchScope {
  private:
   bool was_;
 };
-// The launches on this thread while it lives (event set) record `event` programmatically
-// (cudaLaunchAttributeProgrammaticEvent, triggered once every block of the launch has started):
-// a stream that waits on it (stream_wait_programmatic) may start its next launch before that
-// launch ends, whose launch-overlap wait then waits for it as for its own stream's kernel. The
-// last launch in the scope records it (under stream capture: is noted as the event's node, see
-// stream_wait_programmatic). Without launch overlap (launch_overlap() false for that launch) it
-// records the event after the launch as any event, so the waiter waits for the launch's end.
-// For the shared experts' down under ATLAS_COMBINE_QKV=event and the router's launch under
-// ATLAS_ROUTER_NORM=1 (sessions 42-44, not yet run on a GPU).
+// The launches on this thread while it lives (event set) record `event`: the last launch in the
+// scope records it (under stream capture: is noted as the event's node, see
+// stream_wait_programmatic). By default (ATLAS_CAPTURE_EDGES=plain), or without launch overlap
+// for that launch, after the launch as any event, so a waiter waits for the launch's end; under
+// ATLAS_CAPTURE_EDGES=explicit or add with launch overlap, programmatically
+// (cudaLaunchAttributeProgrammaticEvent, triggered once every block of the launch has started),
+// so a waiting stream may start its next launch before that launch ends. For the shared experts'
+// down under ATLAS_COMBINE_QKV=event (the default) and the router's launch under
+// ATLAS_ROUTER_NORM=1 (sessions 42-45).
 class ProgrammaticEventScope {
  public:
   explicit ProgrammaticEventScope(Event event);
@@ -870,7 +870,7 @@ bool gemm_add_rmsnorm(const GemmArgs& a, const GemmAddRmsNormArgs& t);
 int64_t gemm_tailed_launches();
 // add_rmsnorm({.x = n.x, .y = n.y, .weight = n.weight, .out = n.h_out, .rows = 1, .dim = n.dim,
 // .eps = n.eps}) then gemm(a) with a.x = n.h_out, in one launch (session 43, kernels/gemm_tail.cuh
-// AddRmsNormPrologue; ATLAS_ROUTER_NORM=1, off by default, written without a GPU: not yet run):
+// AddRmsNormPrologue; ATLAS_ROUTER_NORM=1, off by default: slower, s45-1 / s45-2):
 // the router GEMM of a batch-1 decode step with the post-attention add + norm inside, the same
 // bits, but the residual sum goes to n.x_out (n.x is only read: every block reads it while block
 // 0 stores the sum). Where gemm(a) would run the staged 8-warp split-K kernel on one row with fp32
@@ -967,8 +967,8 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
 // pollers ran before (the stream was forked from theirs after them).
 void gemm_combine_signal(uint32_t* flags, int count, int index, Stream stream);
 // ATLAS_COMBINE_QKV's mode (or the test override's): 0 off, 1 joined, 2 "flag", 3 "event" (the
-// shared experts' down records a programmatic event that the fused launch's stream waits on:
-// ProgrammaticEventScope, stream_wait_programmatic; session 42, not yet run on a GPU).
+// default since session 45: the shared experts' down records an event that the fused launch's
+// stream waits on: ProgrammaticEventScope, stream_wait_programmatic).
 int gemm_combine_mode();
 // Whether gemm_combine_norm may launch (the switch or the test override; its other conditions
 // aside): the caller defers the combine only then.

@@ -517,8 +517,8 @@ struct GemmSetup {
   // ATLAS_GEMM_WIDE_SPLITK4 (session 41; default 0): one-row dense problems of N >= 2816 and <= 8
   // K slices (q|kv_a at batch 1) on splitk16x8/4w+staged instead of the cluster config.
   bool wide_splitk4 = false;
-  // ATLAS_COMBINE_QKV (session 42; default 3, "event", since session 45): 1 gemm_combine_norm may launch the q|kv_a GEMM
-  // with the MoE combine + norm inside (gemm_cluster_combine_kernel; slower, s42-1/-4), 2 ("flag")
+  // ATLAS_COMBINE_QKV (session 42; default 3, "event", since session 45): 1 gemm_combine_norm
+  // may launch the q|kv_a GEMM with the MoE combine + norm inside (gemm_cluster_combine_kernel; slower, s42-1/-4), 2 ("flag")
   // and the model may leave the side stream unjoined before it, a flag polled instead (faster,
   // 488.3 against 483.0 / 483.3 tok/s in s42-7, but UNSAFE: the launch's blocks spin on work of
   // another stream that nothing guarantees an SM; a run under it hung, s42-8; docs/cuda-sessions.md),
@@ -527,7 +527,7 @@ struct GemmSetup {
   // cross-stream edge programmatic, 469.3 / 469.0: the fused launch then waited for the routed
   // down's end as well).
   int combine_qkv = 3;
-  // ATLAS_ROUTER_NORM (session 43, written without a GPU; default 0): 1 or 2 ("joined"):
+  // ATLAS_ROUTER_NORM (session 43; default 0: slower, s45-1 / s45-2 / s45-4): 1 or 2 ("joined"):
   // gemm_after_add_rmsnorm may launch the router GEMM of one row with the post-attention add +
   // norm inside (gemm_splitk_norm_kernel); the model forks the shared experts from that launch
   // programmatically (1) or after its end (2).

@@ -442,8 +442,8 @@ void stream_wait_programmatic(Stream waiter, Event event) {
   }
   if (mode == 0) {
     // add: the edge beside the waiter's dependencies; the next launch's own launch-overlap
-    // attribute makes capture turn those into programmatic edges as it always does (how capture
-    // treats an edge that already has data there is not documented: explicit is the fallback).
+    // attribute makes capture turn those into programmatic edges as it always does (s45-2's
+    // ATLAS_GRAPH_EDGES: capture rewrote this edge's port to the programmatic one).
     check_cuda(cudaStreamUpdateCaptureDependencies(w, &it->node, &edge, 1, cudaStreamAddCaptureDependencies),
                "stream_wait_programmatic", "cudaStreamUpdateCaptureDependencies");
   } else {
