@@ -117,12 +117,9 @@ int router_norm_setting(const char* value);
 // (stream_wait_programmatic's capture forms); anything else throws an Error naming it.
 int capture_edges_setting(const char* value);
 // Whether stream_wait_programmatic wrote out `stream`'s capture dependencies for its next launch
-// (ATLAS_CAPTURE_EDGES=explicit or plain), which then goes without the launch-overlap attribute; true
-// once (the mark is cleared).
+// (ATLAS_CAPTURE_EDGES=explicit or plain), which then goes without the launch-overlap attribute;
+// true once (the mark is cleared).
 bool take_edges_set(cudaStream_t stream);
-// Whether stream_wait_programmatic's waits are plain dependencies (ATLAS_CAPTURE_EDGES=plain, the
-// default): a ProgrammaticEventScope launch then records its event after the launch eagerly too.
-bool plain_programmatic_waits();
 // A grouped launch's bound on the row tiles of one column (its grid: that x the column tiles):
 // ceil(max_rows / bm) or, tight (ATLAS_GEMM_TIGHT_TILES=1), floor(max_rows / bm), plus the
 // groups that can have rows, min(groups, max_rows). Either is at least the tiles any offsets of
@@ -286,7 +283,7 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   // after both had ended).
   void* const ev = programmatic_event();
   const bool capturing = ev != nullptr && stream_capturing(stream);
-  const bool record_after = ev != nullptr && !capturing && (!overlap || plain_programmatic_waits());
+  const bool record_after = ev != nullptr && !capturing && (!overlap || capture_edges_mode() == 2);
   if (ev != nullptr && !capturing && !record_after) {
     attr[n].id = cudaLaunchAttributeProgrammaticEvent;
     attr[n].val.programmaticEvent.event = static_cast<cudaEvent_t>(ev);

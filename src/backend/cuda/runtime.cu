@@ -59,9 +59,9 @@ struct ProgrammaticNode {
 };
 thread_local std::vector<ProgrammaticNode> t_prog_nodes;
 std::atomic<int64_t> g_programmatic_edges{0};  // programmatic_capture_edges()
-// ATLAS_CAPTURE_EDGES=explicit (or the tests' override, -1: the variable): the capturing stream
-// whose dependency set stream_wait_programmatic wrote out in full, so that its next launch goes
-// without the launch-overlap attribute (take_edges_set; launch_clustered).
+// ATLAS_CAPTURE_EDGES=explicit or plain (or the tests' override, -1: the variable): the capturing
+// stream whose dependency set stream_wait_programmatic wrote out in full, so that its next launch
+// goes without the launch-overlap attribute (take_edges_set; launch_clustered).
 std::atomic<int> g_capture_edges_override{-1};
 thread_local cudaStream_t t_edges_set = nullptr;
 std::atomic<int64_t> g_plain_launches{0};
@@ -447,8 +447,8 @@ void stream_wait_programmatic(Stream waiter, Event event) {
     check_cuda(cudaStreamUpdateCaptureDependencies(w, &it->node, &edge, 1, cudaStreamAddCaptureDependencies),
                "stream_wait_programmatic", "cudaStreamUpdateCaptureDependencies");
   } else {
-    // explicit (and plain): the waiter's whole dependency set written out with its edge data, the edges from
-    // kernel nodes made programmatic where the next launch would carry the launch-overlap
+    // explicit (and plain): the waiter's whole dependency set written out with its edge data, the
+    // edges from kernel nodes made programmatic where the next launch would carry the launch-overlap
     // attribute (as capture makes them: from the kernel's programmatic port, the trigger of
     // griddepcontrol.launch_dependents), and this edge added; the next launch on the waiter then
     // goes without the attribute (take_edges_set), so that capture adds it on exactly these edges.
@@ -487,9 +487,6 @@ void stream_wait_programmatic(Stream waiter, Event event) {
 }
 int64_t programmatic_capture_edges() { return detail::g_programmatic_edges.load(); }
 void set_capture_edges(int mode) { detail::g_capture_edges_override.store(mode < 0 ? -1 : std::min(mode, 2)); }
-namespace detail {
-bool plain_programmatic_waits() { return capture_edges_mode() == 2; }
-}  // namespace detail
 int capture_edges_mode() {
   const int forced = detail::g_capture_edges_override.load();
   return forced >= 0 ? forced : detail::capture_edges_setting(std::getenv("ATLAS_CAPTURE_EDGES"));
