@@ -77,6 +77,9 @@ else
   expect_error "bad capture edges setting" "ATLAS_CAPTURE_EDGES: expected add, explicit or plain, got 'all'" \
     env ATLAS_CAPTURE_EDGES=all "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad capture edges setting" "$work/env.json"
+  expect_error "bad shared fork setting" "ATLAS_SHARED_FORK: expected norm or o_proj, got 'router'" \
+    env ATLAS_SHARED_FORK=router "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad shared fork setting" "$work/env.json"
   expect_error "bad block stamps file" "ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '$work/none/s.csv'" \
     env ATLAS_BLOCK_STAMPS="$work/none/s.csv" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad block stamps file" "$work/env.json"

@@ -178,6 +178,77 @@ TEST_F(Elementwise, AddRmsNormIsAddThenRmsNorm) {
   EXPECT_THROW(add_rmsnorm({.x = d.get(), .y = d.get(), .weight = d.get(), .out = d.get(), .rows = 1, .dim = 8}), Error);
 }
 
+// The sum out of place (Sum::to_sum_out) or dropped (Sum::dropped, a second launch over the same
+// x and y that needs only the normed rows; ATLAS_SHARED_FORK=o_proj): the normed rows are the
+// in-place form's bits, the sum lands in sum_out or nowhere, x is left as it was, bf16 and f32,
+// on the wide kernel (1 and 19 rows, the model's width and narrower). Where the launch would take
+// the 256-thread kernel (wider rows, many rows) or sum_out aliases a buffer, one Error.
+TEST_F(Elementwise, AddRmsNormSumOutOfPlaceOrDroppedGivesTheSameRows) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  using Sum = AddRmsNormArgsT<uint16_t>::Sum;
+  using SumF = AddRmsNormArgsT<float>::Sum;
+  const int64_t dropped0 = add_rmsnorm_dropped_sum_launches();
+  for (const auto& [dim, rows] : {std::pair{2048, 1}, {2048, 19}, {100, 19}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim << " rows " << rows);
+    ASSERT_TRUE(add_rmsnorm_can_place_sum(rows, dim));  // (not under ATLAS_WIDE_NORM=0)
+    const size_t n = size_t(rows) * size_t(dim);
+    auto x = random_bf16(n, rng, 3.0f), y = random_bf16(n, rng, 1.0f);
+    auto w = random_bf16(size_t(dim), rng, 0.5f);
+    DevBuf<uint16_t> ix(x), dy(y), dw(w), iout(n);  // the in-place form
+    add_rmsnorm({.x = ix.get(), .y = dy.get(), .weight = dw.get(), .out = iout.get(), .rows = rows, .dim = dim});
+    DevBuf<uint16_t> ox(x), osum(std::vector<uint16_t>(n, 0x7fc0)), oout(n);
+    add_rmsnorm({.x = ox.get(), .y = dy.get(), .weight = dw.get(), .out = oout.get(), .rows = rows, .dim = dim,
+                 .sum = Sum::to_sum_out, .sum_out = osum.get()});
+    DevBuf<uint16_t> dx(x), dout(n);
+    add_rmsnorm({.x = dx.get(), .y = dy.get(), .weight = dw.get(), .out = dout.get(), .rows = rows, .dim = dim,
+                 .sum = Sum::dropped});
+    check_device_errors();
+    const auto want = iout.download(), sum = ix.download();
+    EXPECT_NE(sum, x);  // (the in-place form did write)
+    EXPECT_EQ(oout.download(), want);
+    EXPECT_EQ(osum.download(), sum);
+    EXPECT_EQ(ox.download(), x);
+    EXPECT_EQ(dout.download(), want);
+    EXPECT_EQ(dx.download(), x);
+
+    std::vector<float> xf(n), yf(n), wf(static_cast<size_t>(dim));
+    for (size_t i = 0; i < n; ++i) xf[i] = bf(x[i]), yf[i] = bf(y[i]) * 0.37f;
+    for (int i = 0; i < dim; ++i) wf[size_t(i)] = bf(w[size_t(i)]);
+    DevBuf<float> fx(xf), fy(yf), fw(wf), fout(n), gx(xf), gout(n), gsum(n);
+    add_rmsnorm(AddRmsNormArgsT<float>{.x = fx.get(), .y = fy.get(), .weight = fw.get(), .out = fout.get(),
+                                       .rows = rows, .dim = dim});
+    add_rmsnorm(AddRmsNormArgsT<float>{.x = gx.get(), .y = fy.get(), .weight = fw.get(), .out = gout.get(),
+                                       .rows = rows, .dim = dim, .sum = SumF::to_sum_out, .sum_out = gsum.get()});
+    check_device_errors();
+    EXPECT_EQ(gout.download(), fout.download()) << "f32";
+    EXPECT_EQ(gsum.download(), fx.download()) << "f32";
+    EXPECT_EQ(gx.download(), xf) << "f32";
+  }
+  EXPECT_EQ(add_rmsnorm_dropped_sum_launches() - dropped0, 3);
+  DevBuf<uint16_t> a(300 * 3000), b(300 * 3000), c(300 * 3000), o(300 * 3000), w(3000);
+  for (const auto& [dim, rows] : {std::pair{3000, 1}, {2048, 300}}) {  // the 256-thread kernel's
+    SCOPED_TRACE(::testing::Message() << "dim " << dim << " rows " << rows);
+    const AddRmsNormArgsT<uint16_t> base{.x = a.get(), .y = b.get(), .weight = w.get(), .out = o.get(), .rows = rows, .dim = dim};
+    AddRmsNormArgsT<uint16_t> drop = base, out_of_place = base;
+    drop.sum = Sum::dropped;
+    out_of_place.sum = Sum::to_sum_out;
+    out_of_place.sum_out = c.get();
+    EXPECT_FALSE(add_rmsnorm_can_place_sum(rows, dim));
+    EXPECT_THROW(add_rmsnorm(drop), Error);
+    EXPECT_THROW(add_rmsnorm(out_of_place), Error);
+    EXPECT_NO_THROW(add_rmsnorm(base));
+  }
+  check_device_errors();
+  const AddRmsNormArgsT<uint16_t> ok{.x = a.get(), .y = b.get(), .weight = w.get(), .out = o.get(), .rows = 1, .dim = 2048,
+                          .sum = Sum::to_sum_out, .sum_out = c.get()};
+  for (uint16_t* alias : {a.get(), b.get(), o.get(), static_cast<uint16_t*>(nullptr)}) {
+    AddRmsNormArgsT<uint16_t> bad = ok;
+    bad.sum_out = alias;
+    EXPECT_THROW(add_rmsnorm(bad), Error);
+  }
+}
+
 // check_environment (no GPU needed): every switch of the CUDA backend parsed at once, a bad value
 // one Error naming the variable; good values pass. The variables are restored afterwards (the
 // kernels read them once, at their first launch).
@@ -198,6 +269,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
                                        "16x32x128/4l", "16x32x128/4u", "16x32x128/5h", "wg128x128x64/4"}},
       {"ATLAS_GEMM_SPLITK", {"splitk16x8/8w", "splitk16x8/8w+staged", "splitk16x16/8w", "16x32x128/4"}},
       {"ATLAS_WIDE_NORM", {"0", "1", "2"}},
+      {"ATLAS_SHARED_FORK", {"norm", "o_proj", "router"}},
       {"ATLAS_GEMM_TMA", {"0", "1", "off"}},
       {"ATLAS_GEMM_TMA_PERSISTENT", {"0", "1", "-1"}},
       {"ATLAS_PDL", {"0", "1", "decode", "2"}},

@@ -341,6 +341,9 @@ class CudaModelT final : public Model {
     // inside (gemm_combine_norm) stores the residual sum, since its other blocks read x meanwhile;
     // layers_forward then swaps x and x_alt (the residual ping-pongs between the two).
     Elem* x_alt;
+    // One row (M = 1 only): the post-attention norm's output as the side stream makes it for the
+    // shared experts under ATLAS_SHARED_FORK=o_proj (the same bits as h).
+    Elem* h_side;
     // One flag per layer (M = 1 under ATLAS_COMBINE_QKV=flag only, else null; zero until a
     // layer's shared experts are done, moe()): the q|kv_a launch with the combine inside polls
     // its layer's instead of the stream join.
@@ -396,9 +399,11 @@ class CudaModelT final : public Model {
   // shared experts fork after it: RouterLaunched::programmatic from that launch's
   // programmatic record of router_done_ (stream_wait_programmatic), ::joined after its end.
   enum class RouterLaunched { no, joined, programmatic };
+  // shared_in: the caller forked side_ already and queued the shared experts' input there (their
+  // normed row, ATLAS_SHARED_FORK=o_proj); null: they read h, forked here.
   bool moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
            const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer = nullptr,
-           RouterLaunched router_launch = RouterLaunched::no) const;
+           RouterLaunched router_launch = RouterLaunched::no, const Elem* shared_in = nullptr) const;
   // GEMMs in the model's element type, one place per form, so the loop never names a kernel:
   // bf16 -> gemm() / grouped_gemm() (batch-invariant tensor cores; dense ones through cuBLASLt
   // in the fast mode), f32 -> gemm_f32() / grouped_gemm_f32() (the FMA-chain f32 kernel).
@@ -580,6 +585,9 @@ class CudaModelT final : public Model {
   // ATLAS_L2_PREFETCH / _HOW / _BLOCKS (ModelEnv::l2_prefetch, session 37; off: slower): a decode step's
   // MoE layers pull their shared experts' weights into L2 from side_ at the layer's start.
   int l2_prefetch_ = 0, l2_prefetch_how_ = 0, l2_prefetch_blocks_ = 0;
+  // ATLAS_SHARED_FORK=o_proj (ModelEnv::shared_fork_o_proj, session 46): a batch-1 decode step's
+  // shared experts fork from o_proj, and side_ adds and norms for them itself.
+  bool shared_fork_o_proj_ = false;
   // The device argmax spread over blocks (ArgmaxArgsT::counters; ATLAS_ARGMAX_SPLIT=0: one block
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
@@ -713,6 +721,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     chunk_tokens_env_ = env.prefill_chunk_tokens;
     absorb_ = env.absorb;
     moe_prefetch_ = env.moe_prefetch;
+    shared_fork_o_proj_ = env.shared_fork_o_proj;
     moe_prefetch_at_ = env.moe_prefetch_at;
     l2_prefetch_ = env.l2_prefetch;
     l2_prefetch_how_ = env.l2_prefetch_how;
@@ -1157,6 +1166,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
       {(void**)&b.sgu, size_t(2 * shared_rows) * e}, {(void**)&b.sact, size_t(shared_rows) * e},
       {(void**)&b.routed, size_t(M * H) * e},      {(void**)&b.shared, size_t(M * H) * e},
       {(void**)&b.x_alt, M == 1 ? size_t(H) * e : 0},
+      {(void**)&b.h_side, M == 1 && shared_fork_o_proj_ ? size_t(H) * e : 0},
       {(void**)&b.hl, size_t(rows_out * H) * e},   {(void**)&b.logits, size_t(rows_out * c.vocab_size) * e},
       {(void**)&b.router_logits, size_t(M * E) * 4},
       {(void**)&b.topk_w, size_t(M * k) * 4},
@@ -1253,7 +1263,7 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
 template <class Elem>
 bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t l, int64_t B, int64_t T, const Buffers& b,
                     const Hooks* hooks, const Elem* next_norm, std::optional<DeferredCombine>* defer,
-                    RouterLaunched router_launch) const {
+                    RouterLaunched router_launch, const Elem* shared_in) const {
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
@@ -1272,8 +1282,10 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // back before the combine reads b.shared.
   const bool router_done = router_launch != RouterLaunched::no;
   if (L.has_shared)
-    mlp(L.shared, M, b.h, b.shared, b.sgu, b.sact,
-        router_launch == RouterLaunched::programmatic ? fork_side_programmatic(router_done_) : fork_side(),
+    mlp(L.shared, M, shared_in ? shared_in : b.h, b.shared, b.sgu, b.sact,
+        shared_in                                       ? side_
+        : router_launch == RouterLaunched::programmatic ? fork_side_programmatic(router_done_)
+                                                        : fork_side(),
         (moe_prefetch_ & 2) != 0,
         shared_down_first_ && M * k <= kGroupedFewMaxRows, shared_down_wait_ && M * k <= kGroupedFewMaxRows,
         evented ? shared_done_ : nullptr);
@@ -1601,12 +1613,29 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     }
     if (!tailed) linear(b.heads, L.o, b.y, M, H, nh * dv);
     hook_act(hooks, names.attn_out, l, {B, T, H}, b.y);
+    // ATLAS_SHARED_FORK=o_proj: at one row of an MoE layer with shared experts, side_ forks here,
+    // after o_proj, and makes their input itself (the same add + norm of the same x and y, its sum
+    // dropped, into h_side), so their launches need not wait for the model's stream's norm; that
+    // norm (below, or the router's, ATLAS_ROUTER_NORM) writes its sum out of place (x_alt, then x
+    // and x_alt swap) because side_ still reads x. x_alt's next writer (the next residual sum)
+    // follows the shared experts' end: it waits for their join, flag or event, which follow this
+    // launch on side_. Not where a hook reads or writes anything in between.
+    const Elem* shared_in = nullptr;
+    using Sum = typename AddRmsNormArgsT<Elem>::Sum;
+    if (shared_fork_o_proj_ && side_on_ && !tailed && M == 1 && L.moe && L.has_shared && L.ln2 && b.h_side &&
+        b.x_alt && add_rmsnorm_can_place_sum(1, int(H)) &&
+        !(hooks && (hooks->wants(names.attn_out) || hooks->wants(names.resid_mid) || hooks->wants(names.ln2)))) {
+      add_rmsnorm({.x = b.x, .y = b.y, .weight = L.ln2, .out = b.h_side, .rows = 1, .dim = int(H), .eps = eps,
+                   .stream = fork_side(), .sum = Sum::dropped});
+      shared_in = b.h_side;
+    }
     // ... or, at one row of an MoE layer, the router's launch adds and norms before its GEMM
     // (gemm_after_add_rmsnorm, ATLAS_ROUTER_NORM; the sum into x_alt, then x and x_alt swap),
     // unless a hook reads or writes anything in between.
     // With the side stream, ATLAS_ROUTER_NORM=1 has the launch record router_done_
     // programmatically and the shared experts fork from it (their blocks become resident while
-    // it runs, as they did beside the norm's launch); "joined" forks them after its end.
+    // it runs, as they did beside the norm's launch); "joined" forks them after its end (and
+    // where they forked from o_proj above, neither).
     RouterLaunched router_launched = RouterLaunched::no;
     if constexpr (!kF32) {
       const int router_norm = gemm_router_norm_mode();
@@ -1614,7 +1643,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
           !(hooks && (hooks->wants(names.attn_out) || hooks->wants(names.resid_mid) || hooks->wants(names.ln2) ||
                       hooks->wants(names.router_logits) || hooks->wants(names.topk_ids)))) {
         const int64_t E = c.n_routed_experts;
-        const bool programmatic = router_norm == 1 && side_on_ && L.has_shared;
+        const bool programmatic = router_norm == 1 && side_on_ && L.has_shared && !shared_in;
         // side_ after s_'s work so far first: under capture a stream joins the capture only
         // through an event of it, and the programmatic fork adds an edge to a joined one.
         if (programmatic) (void)fork_side();
@@ -1627,7 +1656,12 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
         }
       }
     }
-    if (tailed || router_launched != RouterLaunched::no)
+    if (shared_in && router_launched == RouterLaunched::no) {
+      add_rmsnorm({.x = b.x, .y = b.y, .weight = L.ln2, .out = b.h, .rows = 1, .dim = int(H), .eps = eps, .stream = s_,
+                   .sum = Sum::to_sum_out, .sum_out = b.x_alt});
+      std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
+    }
+    if (tailed || router_launched != RouterLaunched::no || shared_in)
       hook_act(hooks, names.resid_mid, l, {B, T, H}, b.x);
     else
       add_then_norm(names.resid_mid, L.ln2, l);
@@ -1647,7 +1681,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
                             hooks->wants(nn.latent)));
       }
     }
-    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr, router_launched)) {
+    if (L.moe && moe(L, names, l, B, T, b, hooks, next_norm, defer ? &pending : nullptr, router_launched, shared_in)) {
       side_unjoined = side_unjoined || (pending && pending->unjoined());
       continue;  // combined, added and normed (or left in pending)
     }

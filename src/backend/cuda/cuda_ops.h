@@ -231,6 +231,11 @@ struct ModelEnv {
   int l2_prefetch = 0;
   int l2_prefetch_how = 0;
   int l2_prefetch_blocks = 0;
+  // ATLAS_SHARED_FORK (session 46): where a batch-1 decode step's shared experts leave the
+  // model's stream: false "norm" (after the post-attention add + norm, whose output they read),
+  // true "o_proj" (after o_proj: the side stream adds and norms the same x and y itself into a
+  // row of its own, while the model's stream writes the sum out of place; the same bits).
+  bool shared_fork_o_proj = false;
 };
 ModelEnv model_env();
 bool launch_overlap();  // whether a launch issued here and now would carry the attribute
@@ -302,7 +307,7 @@ void rmsnorm(const RmsNormArgsT<float>& a);
 // followed by rmsnorm() (the norm reads the rounded sum).
 template <class T>
 struct AddRmsNormArgsT {
-  T* x = nullptr;             // [rows, dim] residual stream, updated in place
+  T* x = nullptr;             // [rows, dim] residual stream, updated in place (unless sum says otherwise)
   const T* y = nullptr;       // [rows, dim] what is added
   const T* weight = nullptr;  // [dim]
   T* out = nullptr;           // [rows, dim] (must not alias x or y)
@@ -310,9 +315,17 @@ struct AddRmsNormArgsT {
   int dim = 0;
   float eps = 1e-6f;
   Stream stream = nullptr;
+  // Where the rounded sum goes: x (in place), sum_out ([rows, dim], not aliasing x, y or out), or
+  // nowhere (a second launch over the same x and y that needs only the normed rows: x is then
+  // only read). The other two need the wide kernel (few rows of dim <= 2048), else an error.
+  enum class Sum : uint8_t { in_place, to_sum_out, dropped } sum = Sum::in_place;
+  T* sum_out = nullptr;
 };
 void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a);
 void add_rmsnorm(const AddRmsNormArgsT<float>& a);
+int64_t add_rmsnorm_dropped_sum_launches();  // how many ran with Sum::dropped (tests)
+// Whether add_rmsnorm takes a sum other than in place for rows x dim (the wide kernel runs).
+bool add_rmsnorm_can_place_sum(int rows, int dim);
 
 // ---- YaRN RoPE (spec section 3) ----------------------------------------------------------
 struct YarnParams {

@@ -2,6 +2,7 @@
 // MoE permutation / gather / combine. The templated ones run on bf16 (uint16_t) or f32 (the
 // checking mode): one implementation per op, two public overloads.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -28,6 +29,8 @@ bool wide_norm_setting(const char* value) { return switch_setting("ATLAS_WIDE_NO
 }  // namespace detail
 
 namespace {
+
+std::atomic<int64_t> g_dropped_sum_norms{0};  // add_rmsnorm launches with Sum::dropped (tests)
 
 // The wide norms (one 1024-thread block per row) for few rows: a decode step's norms are single
 // rows whose 256-thread blocks were instruction chains; many rows fill the GPU either way.
@@ -59,8 +62,8 @@ void rmsnorm_impl(const RmsNormArgsT<T>& a) {
   // ATLAS_RELEASE_FIRST=norm: the wide kernel releases the next launch first (kernels/pdl.cuh).
   static const bool rf = release_first(kRfNorm);
   const auto wide = rf ? kern::rmsnorm_wide_kernel<T, false, true> : kern::rmsnorm_wide_kernel<T, false, false>;
-  launch_row_norm(a.rows, a.dim, wide, kern::rmsnorm_kernel<T, false>, stream_of(a.stream), const_cast<T*>(a.x),
-                  nullptr, a.weight, a.out, a.dim, xs, os, a.eps);
+  launch_row_norm(a.rows, a.dim, wide, kern::rmsnorm_kernel<T, false>, stream_of(a.stream), a.x, nullptr, a.weight,
+                  a.out, nullptr, a.dim, xs, os, a.eps);
   check_launch(op);
 }
 
@@ -71,11 +74,26 @@ void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
   require(a.dim > 0, op, "dim", "must be > 0");
   require(a.x && a.y && a.weight && a.out, op, "pointers", "x, y, weight and out must be set");
   require(a.out != a.x && a.out != a.y, op, "out", "must not alias x or y");
+  using Sum = typename AddRmsNormArgsT<T>::Sum;
+  T* sum = a.x;
+  if (a.sum == Sum::to_sum_out) {
+    require(a.sum_out && a.sum_out != a.x && a.sum_out != a.y && a.sum_out != a.out, op, "sum_out",
+            "must be set and must not alias x, y or out");
+    sum = a.sum_out;
+  } else if (a.sum == Sum::dropped) {
+    sum = nullptr;
+    g_dropped_sum_norms.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    require(a.sum == Sum::in_place, op, "sum", "must be in_place, to_sum_out or dropped");
+  }
+  require(sum == a.x || add_rmsnorm_can_place_sum(a.rows, a.dim), op, "sum",
+          "a sum out of place or dropped needs the wide kernel (rows <= " + std::to_string(kWideNormMaxRows) +
+              ", dim <= " + std::to_string(kern::kWideDim) + ", ATLAS_WIDE_NORM not 0)");
   if (a.rows == 0) return;
   static const bool rf = release_first(kRfNorm);  // as rmsnorm_impl
   const auto wide = rf ? kern::rmsnorm_wide_kernel<T, true, true> : kern::rmsnorm_wide_kernel<T, true, false>;
   launch_row_norm(a.rows, a.dim, wide, kern::rmsnorm_kernel<T, true>, stream_of(a.stream), a.x, a.y, a.weight, a.out,
-                  a.dim, a.dim, a.dim, a.eps);
+                  sum, a.dim, a.dim, a.dim, a.eps);
   check_launch(op);
 }
 
@@ -308,6 +326,8 @@ void rmsnorm(const RmsNormArgs& a) { rmsnorm_impl(a); }
 void rmsnorm(const RmsNormArgsT<float>& a) { rmsnorm_impl(a); }
 void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a) { add_rmsnorm_impl(a); }
 void add_rmsnorm(const AddRmsNormArgsT<float>& a) { add_rmsnorm_impl(a); }
+int64_t add_rmsnorm_dropped_sum_launches() { return g_dropped_sum_norms.load(); }
+bool add_rmsnorm_can_place_sum(int rows, int dim) { return use_wide_norm(rows, dim); }
 void rope_inplace(const RopeArgs& a) { rope_impl(a, static_cast<const RopeArgs*>(nullptr)); }
 void rope_inplace(const RopeArgsT<float>& a) { rope_impl(a, static_cast<const RopeArgsT<float>*>(nullptr)); }
 void rope2(const RopeArgs& a, const RopeArgs& b) { rope_impl(a, &b); }

@@ -329,6 +329,10 @@ ModelEnv model_env() {
       bad("ATLAS_ABSORB", "expected side, before, after or fused", v);
     e.absorb = v == "side" ? 0 : v == "before" ? 1 : v == "after" ? 2 : 3;  // unset: ModelEnv's "fused"
   }
+  if (const std::string v = value("ATLAS_SHARED_FORK"); !v.empty()) {
+    if (v != "norm" && v != "o_proj") bad("ATLAS_SHARED_FORK", "expected norm or o_proj", v);
+    e.shared_fork_o_proj = v == "o_proj";
+  }
   if (const std::string v = value("ATLAS_MOE_PREFETCH"); !v.empty()) {
     if (v != "none" && v != "routed" && v != "shared" && v != "both")
       bad("ATLAS_MOE_PREFETCH", "expected none, routed, shared or both", v);

@@ -638,26 +638,28 @@ TEST_F(CudaTiny, AbsorbPlacementGivesTheSameBits) {
 // A model switch read when the model is made (the environment variable `var`, restored after):
 // off and on give the same logits in a prefill and in eager and graph-replayed decode steps (8
 // rows and one), and the launches `count` counts ran only with it on.
-void model_switch_gives_the_same_bits(const Checkpoint& ck, const char* var, int64_t (*count)()) {
+void model_switch_gives_the_same_bits(const Checkpoint& ck, const char* var, int64_t (*count)(),
+                                      const char* off = "0", const char* on = "1") {
   const int64_t V = ck.config().vocab_size;
   const auto rows = prompts(V);
   ScopedEnv restore{{var, std::getenv(var)}};
   std::vector<std::vector<float>> runs;
-  for (const char* on : {"0", "1"}) {
-    setenv(var, on, 1);
+  for (const char* value : {off, on}) {
+    setenv(var, value, 1);
     const int64_t before = count();
     auto m = cuda::make_cuda_model(ck, {.compute = Compute::BF16});
     std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
     const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);
     r.insert(r.end(), one.begin(), one.end());
     runs.push_back(std::move(r));
-    if (std::string(on) == "1")
-      EXPECT_GT(count(), before) << var << "=1 launched nothing of its own";
+    if (value == on)
+      EXPECT_GT(count(), before) << var << "=" << on << " launched nothing of its own";
     else
-      EXPECT_EQ(count(), before) << var << "=0 still launched its kernels";
+      EXPECT_EQ(count(), before) << var << "=" << off << " still launched its kernels";
   }
   EXPECT_EQ(runs[0], runs[1]) << var;
 }
+
 
 // The MLA split merge inside the value GEMM's launch (ATLAS_MLA_MERGE_VALUE=1, read when the
 // model is made; session 32, off by default): the same bits in a prefill and in eager and
@@ -843,6 +845,37 @@ TEST_F(CudaTiny, RouterNormGivesTheSameBits) {
   tails_give_the_same_bits(*ck_, cuda::gemm_set_router_norm, cuda::gemm_router_norm_launches,
                            "router add + norm beside the combine in q|kv_a");
   cuda::gemm_set_combine_norm(-1);
+}
+
+// The shared experts forked from o_proj with the side stream's own add + norm (ATLAS_SHARED_FORK=
+// o_proj, read when the model is made; session 46, off by default) against the fork after the
+// model's stream's norm: the same bits in a prefill and in eager and graph-replayed decode steps
+// (8 rows and one: it runs at one row only), with the MoE combine after the join, inside q|kv_a
+// by event (the default) and by flag, and beside the router's add + norm; the side stream's
+// norms (their sums dropped) ran only with it on.
+TEST_F(CudaTiny, SharedForkAfterOprojGivesTheSameBits) {
+  ASSERT_GT(ck_->config().n_shared_experts, 0) << "the tiny model has no shared experts to fork";
+  const RouterNormOff off;  // (where the router's launch adds and norms, this fork gives way)
+  ScopedEnv pin{{"ATLAS_SIDE_STREAM", "1"}};
+  for (const int combine : {-1, 0, 2}) {
+    SCOPED_TRACE(::testing::Message() << "combine in q|kv_a mode " << combine);
+    cuda::gemm_set_combine_norm(combine);
+    model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_FORK", cuda::add_rmsnorm_dropped_sum_launches, "norm",
+                                     "o_proj");
+  }
+  cuda::gemm_set_combine_norm(-1);
+  // ... and beside the router's own add + norm (ATLAS_ROUTER_NORM=1, which then forks nothing:
+  // every GEMM on the staged split-K config, where that launch runs), which ran.
+  int staged = -1;
+  for (int c = 0; c < cuda::gemm_config_count(); ++c)
+    if (cuda::gemm_config_name(c) == "splitk16x8/8w+staged") staged = c;
+  ASSERT_GE(staged, 0);
+  cuda::gemm_force_config(staged);
+  cuda::gemm_set_router_norm(1);
+  const int64_t routed_norms = cuda::gemm_router_norm_launches();
+  model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_FORK", cuda::add_rmsnorm_dropped_sum_launches, "norm", "o_proj");
+  EXPECT_GT(cuda::gemm_router_norm_launches(), routed_norms) << "the router's add + norm did not run";
+  cuda::gemm_force_config(-1);
 }
 
 // Padding computed once (CudaModelOptions::pad_dedup, the default) against every padding token

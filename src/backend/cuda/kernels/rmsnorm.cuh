@@ -136,13 +136,16 @@ __device__ __forceinline__ void rmsnorm_wide_finish(const float (&v)[kWideRegs],
 
 // rmsnorm_kernel<T, kAdd> for dim <= kWideDim, one block of kWideThreads per row: the same bits.
 // kReleaseFirst: the next launch released before the wait (kernels/pdl.cuh; ATLAS_RELEASE_FIRST).
+// kAdd: the rounded sum goes to sum (x itself for add_rmsnorm in place, another buffer, or
+// nowhere when null: a second reader of the same x and y that needs only the normed row).
 template <class T, bool kAdd, bool kReleaseFirst = false>
 __global__ void __launch_bounds__(kWideThreads)
-    rmsnorm_wide_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim, int64_t x_stride,
-                        int64_t out_stride, float eps) {
+    rmsnorm_wide_kernel(const T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, T* sum, int dim,
+                        int64_t x_stride, int64_t out_stride, float eps) {
   __shared__ float scratch[16];
   __shared__ float sq[kWideDim];
-  T* xr = x + int64_t(blockIdx.x) * x_stride;
+  const T* xr = x + int64_t(blockIdx.x) * x_stride;
+  T* sr = kAdd && sum ? sum + int64_t(blockIdx.x) * x_stride : nullptr;
   const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
   float v[kWideRegs], wv[kWideRegs], yv[kWideRegs];
   // The norm weights before the launch-overlap wait (a model weight, never a kernel's output:
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(kWideThreads)
       const int i = threadIdx.x + m * kWideThreads;
       if (i < dim) {
         v[m] = round_as<T>(v[m] + yv[m]);
-        xr[i] = from_f32<T>(v[m]);
+        if (sr) sr[i] = from_f32<T>(v[m]);
       }
     }
   }
@@ -173,13 +176,14 @@ __global__ void __launch_bounds__(kWideThreads)
   rmsnorm_wide_finish<T>(v, wv, out + int64_t(blockIdx.x) * out_stride, dim, eps, sq, scratch);
 }
 
+// kAdd: the sum goes back into x (sum must be x: the launcher takes the wide kernel for any other).
 template <class T, bool kAdd>
-__global__ void rmsnorm_kernel(T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, int dim,
+__global__ void rmsnorm_kernel(const T* x, const T* __restrict__ y, const T* __restrict__ w, T* out, T* sum, int dim,
                                int64_t x_stride, int64_t out_stride, float eps) {
   pdl_begin();
   __shared__ float scratch[16];
   const T* yr = kAdd ? y + int64_t(blockIdx.x) * x_stride : nullptr;
-  T* xr = x + int64_t(blockIdx.x) * x_stride;
+  T* xr = (kAdd ? sum : const_cast<T*>(x)) + int64_t(blockIdx.x) * x_stride;  // (read only without kAdd)
   rmsnorm_row<T, kAdd>(rms_preload(xr, w, dim), xr, [yr](int, int i) { return to_f32(yr[i]); }, w,
                        out + int64_t(blockIdx.x) * out_stride, dim, eps, scratch);
 }
