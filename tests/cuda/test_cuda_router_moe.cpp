@@ -293,8 +293,9 @@ TEST_F(Moe, CombineAddRmsNormIsCombineThenAddRmsNorm) {
 // moe_combine_add_rmsnorm then gemm(): the same GEMM output, residual sum (in x_out; x itself
 // untouched) and normed row, bit for bit, at V2-Lite's shape (dim 2048: clusters of eight blocks
 // exchanging their squares; k = 6 and the run-time k path), at 512 (two blocks) and at the tiny
-// preset's 64 (one block: no exchange), with and without the shared experts' addend. What it does
-// not take launches nothing and returns false; aliasing x_out and x throws.
+// preset's 64 (one block: no exchange), with and without the shared experts' addend, with the
+// routed rows loaded by their slots and directly (ATLAS_COMBINE_DIRECT; the slots shuffled). What
+// it does not take launches nothing and returns false; aliasing x_out and x throws.
 TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
@@ -318,7 +319,7 @@ TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
     struct Out {
       std::vector<uint16_t> out, x, x_out, h;
     };
-    const auto run = [&](bool fused, bool flagged = false) {
+    const auto run = [&](bool fused, bool flagged = false, bool direct = false) {
       DevBuf<uint16_t> dx(x), dh(static_cast<size_t>(dim)), dxo(static_cast<size_t>(dim)), dout(static_cast<size_t>(c.N));
       DevBuf<uint32_t> flags(std::vector<uint32_t>(3, 0u));
       if (flagged) gemm_combine_signal(flags.get(), 3, 1, nullptr);  // (before it in the stream here)
@@ -327,10 +328,13 @@ TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
                                             .out = dh.get(), .tokens = 1, .k = k, .dim = dim, .eps = 1e-6f};
       const GemmArgs g{.x = dh.get(), .w = dwq.get(), .out = dout.get(), .M = 1, .N = c.N, .K = dim};
       gemm_set_combine_norm(fused ? 1 : 0);
-      const int64_t before = gemm_combine_norm_launches();
+      gemm_set_combine_direct(direct ? 1 : 0);
+      const int64_t before = gemm_combine_norm_launches(), direct_before = gemm_combine_direct_launches();
       const bool ran = gemm_combine_norm(g, a, dxo.get(), flagged ? flags.get() + 1 : nullptr);
       EXPECT_EQ(ran, fused);
       EXPECT_EQ(gemm_combine_norm_launches(), before + (fused ? 1 : 0));
+      EXPECT_EQ(gemm_combine_direct_launches(), direct_before + (fused && direct ? 1 : 0));
+      gemm_set_combine_direct(-1);
       if (!ran) {
         moe_combine_add_rmsnorm(a);
         gemm(g);
@@ -344,14 +348,16 @@ TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
     };
     const Out want = run(false);
     EXPECT_NE(want.x, x) << "the combine added nothing";
-    for (const bool flagged : {false, true}) {
-      SCOPED_TRACE(flagged ? "flagged (weights before the wait)" : "joined");
-      const Out got = run(true, flagged);
-      EXPECT_EQ(got.out, want.out) << "q|kv_a output";
-      EXPECT_EQ(got.x_out, want.x) << "residual sum";
-      EXPECT_EQ(got.h, want.h) << "normed row";
-      EXPECT_EQ(got.x, x) << "x written";
-    }
+    for (const bool flagged : {false, true})
+      for (const bool direct : {false, true}) {  // (ATLAS_COMBINE_DIRECT: the rows beside the slots)
+        SCOPED_TRACE(flagged ? "flagged (weights before the wait)" : "joined");
+        SCOPED_TRACE(direct ? "rows loaded directly" : "rows by their slots");
+        const Out got = run(true, flagged, direct);
+        EXPECT_EQ(got.out, want.out) << "q|kv_a output";
+        EXPECT_EQ(got.x_out, want.x) << "residual sum";
+        EXPECT_EQ(got.h, want.h) << "normed row";
+        EXPECT_EQ(got.x, x) << "x written";
+      }
   }
   // Not taken: two rows, K unlike dim, K not a multiple of 64, k > 8, f32 out; x_out = x throws.
   const int dim = 2048;

@@ -993,6 +993,14 @@ int64_t gemm_combine_early_launches();    // (those staging their weights early 
 // Tests: 1 lets gemm_combine_norm launch, 2 in the flagged form, 3 in the event form, 0 not,
 // -1 (the default) as ATLAS_COMBINE_QKV says.
 void gemm_set_combine_norm(int mode);
+// ATLAS_COMBINE_DIRECT (session 46; off until measured): the fused launch loads the token's k
+// routed rows as rows 0..k-1 of the routed down's output (one token: its pairs are exactly those
+// rows) beside their slots, and picks each slot's row from registers, instead of loading the
+// slots first (one dependent L2 round after the launch-overlap wait instead of two; the same
+// values in the same order: the same bits). Tests: 1 on, 0 off, -1 as the variable says; the
+// launches that took it.
+void gemm_set_combine_direct(int mode);
+int64_t gemm_combine_direct_launches();
 
 // Tile configurations of the batch_invariant kernel (largest first). Every one gives the same
 // bits by the contract above; they differ in speed only. gemm() and grouped_gemm() pick one

@@ -448,6 +448,8 @@ std::atomic<int> combine_norm_override{-1};      // gemm_set_combine_norm (tests
 std::atomic<int64_t> combine_norm_launches{0};   // gemm_combine_norm_launches (tests)
 std::atomic<int64_t> combine_flagged_launches{0};  // ... of them with a ready flag
 std::atomic<int64_t> combine_early_launches{0};    // ... with the weights staged early without one
+std::atomic<int> combine_direct_override{-1};      // gemm_set_combine_direct (tests)
+std::atomic<int64_t> combine_direct_launches{0};   // ... with the routed rows loaded directly
 std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
 std::atomic<int> router_norm_override{-1};       // gemm_set_router_norm (tests)
 std::atomic<int64_t> router_norm_launches{0};    // gemm_router_norm_launches (tests)
@@ -527,6 +529,9 @@ struct GemmSetup {
   // cross-stream edge programmatic, 469.3 / 469.0: the fused launch then waited for the routed
   // down's end as well).
   int combine_qkv = 3;
+  // ATLAS_COMBINE_DIRECT (session 46; default 0 until measured): gemm_combine_norm's launch loads
+  // the token's routed rows as rows 0..k-1 beside their slots (CombineNormPrologue::kDirect).
+  bool combine_direct = false;
   // ATLAS_ROUTER_NORM (session 43; default 0: slower, s45-1 / s45-2 / s45-4): 1 or 2 ("joined"):
   // gemm_after_add_rmsnorm may launch the router GEMM of one row with the post-attention add +
   // norm inside (gemm_splitk_norm_kernel); the model forks the shared experts from that launch
@@ -751,6 +756,7 @@ const GemmSetup& setup() {
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
     g.wide_splitk4 = env_switch("ATLAS_GEMM_WIDE_SPLITK4", false);
     g.combine_qkv = combine_qkv_setting(std::getenv("ATLAS_COMBINE_QKV"));
+    g.combine_direct = env_switch("ATLAS_COMBINE_DIRECT", false);
     g.router_norm = router_norm_setting(std::getenv("ATLAS_ROUTER_NORM"));
     g.tma_persistent = env_switch("ATLAS_GEMM_TMA_PERSISTENT", true);
     if (const std::string path = detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS")); !path.empty()) {
@@ -1957,18 +1963,29 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
     launch_clustered(unsigned(cluster), kernel, dim3(unsigned(n_tiles * cluster), 1, 1), cfg.threads, cfg.smem,
                      stream_of(a.stream), p, pro);
   };
-  const auto pro = [&](auto kk) {
-    return kern::CombineNormPrologue<decltype(kk)::value>{
+  const auto pro = [&](auto kk, auto direct) {
+    return kern::CombineNormPrologue<decltype(kk)::value, decltype(direct)::value>{
         .ys = c.y_sorted, .slot = c.pair_slot, .w = c.topk_weights, .k = c.k, .addend = c.addend, .x = c.x,
         .x_out = x_out, .norm_w = c.weight, .h_out = c.out, .dim = c.dim, .eps = c.eps, .ready = ready,
         .early_weights = weights_early ? 1 : 0};
   };
-  if (c.k == 6)
-    run(kern::gemm_cluster_combine_kernel<CfgC16, 6>, pro(std::integral_constant<int, 6>{}));
+  // One token (checked above): its k pairs are rows 0..k-1 of y_sorted, whatever the slots.
+  const bool direct = tail_on(combine_direct_override, setup().combine_direct);
+  using Six = std::integral_constant<int, 6>;
+  using RunK = std::integral_constant<int, 0>;
+  using On = std::true_type;
+  using Off = std::false_type;
+  if (c.k == 6 && direct)
+    run(kern::gemm_cluster_combine_kernel<CfgC16, 6, true>, pro(Six{}, On{}));
+  else if (c.k == 6)
+    run(kern::gemm_cluster_combine_kernel<CfgC16, 6, false>, pro(Six{}, Off{}));
+  else if (direct)
+    run(kern::gemm_cluster_combine_kernel<CfgC16, 0, true>, pro(RunK{}, On{}));
   else
-    run(kern::gemm_cluster_combine_kernel<CfgC16, 0>, pro(std::integral_constant<int, 0>{}));
+    run(kern::gemm_cluster_combine_kernel<CfgC16, 0, false>, pro(RunK{}, Off{}));
   check_launch(op);
   ++combine_norm_launches;
+  if (direct) ++combine_direct_launches;
   if (ready) ++combine_flagged_launches;
   if (weights_early && !ready) ++combine_early_launches;
   return true;
@@ -1977,6 +1994,8 @@ int64_t gemm_combine_norm_launches() { return combine_norm_launches.load(); }
 int64_t gemm_combine_flagged_launches() { return combine_flagged_launches.load(); }
 int64_t gemm_combine_early_launches() { return combine_early_launches.load(); }
 void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 3)); }
+void gemm_set_combine_direct(int mode) { combine_direct_override.store(mode < 0 ? -1 : std::min(mode, 1)); }
+int64_t gemm_combine_direct_launches() { return combine_direct_launches.load(); }
 int gemm_combine_mode() { return mode_or_override(combine_norm_override, setup().combine_qkv); }
 void gemm_combine_signal(uint32_t* flags, int count, int index, Stream stream) {
   const char* op = "gemm_combine_signal";

@@ -798,6 +798,15 @@ TEST_F(CudaTiny, EventCombineInsideQkvGivesTheSameBits) {
   EXPECT_GT(cuda::programmatic_capture_edges(), edges) << "no captured step waited through a programmatic edge";
 }
 
+// ... with the token's routed rows loaded directly beside their slots (ATLAS_COMBINE_DIRECT,
+// session 46) in the default (event) form: the same logits on and off, and it ran.
+TEST_F(CudaTiny, DirectRowsCombineInsideQkvGivesTheSameBits) {
+  cuda::gemm_set_combine_norm(3);  // (whatever ATLAS_COMBINE_QKV says)
+  tails_give_the_same_bits(*ck_, cuda::gemm_set_combine_direct, cuda::gemm_combine_direct_launches,
+                           "combine-in-q|kv_a with its rows loaded directly");
+  cuda::gemm_set_combine_norm(-1);
+}
+
 // The combine's deferral into q|kv_a in the fast mode (session 43): where the one-row steps'
 // GEMMs are the batch-invariant kernels (ATLAS_FAST_SMALL_M=1, the default) it runs as in the
 // invariant mode; where they are cuBLASLt's (=0) nothing is deferred (the event form's captured

@@ -33,7 +33,12 @@ namespace atlas::cuda::kern {
 
 // kK: the router's k where known at compile time (6: V2-Lite's), 0: k <= kCombineStageK at run
 // time (predicated).
-template <int kK>
+// kDirect (ATLAS_COMBINE_DIRECT): one token's k pairs are rows 0..k-1 of ys whatever the slots
+// say (the permutation of one token's k distinct experts), so load() issues those rows beside the
+// slots and weights, one round after the wait, and picks slot q's row from registers by selects
+// (no dynamic register index); the slots only order the sum, as before: the same values in the
+// same order. A slot outside [0, k) (never written so: the routing flags such ids) gives zeros.
+template <int kK, bool kDirect = false>
 struct CombineNormPrologue {
   static constexpr bool kOn = true;
   const uint16_t* ys = nullptr;      // [k, dim] the routed experts' rows (slot order)
@@ -113,8 +118,22 @@ struct CombineNormPrologue {
       sl[q] = use ? slot[q] : 0;
       l.wt[q] = use ? w[q] : 0.0f;
     }
+    if constexpr (kDirect) {
+      float2 rows[kQ];
 #pragma unroll
-    for (int q = 0; q < kQ; ++q) l.yq[q] = (kK > 0 || q < k) && in ? pair(ys + int64_t(sl[q]) * dim + i0) : zero;
+      for (int r = 0; r < kQ; ++r) rows[r] = (kK > 0 || r < k) && in ? pair(ys + int64_t(r) * dim + i0) : zero;
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        float2 y = zero;
+#pragma unroll
+        for (int r = 0; r < kQ; ++r)
+          if (sl[q] == r) y = rows[r];
+        l.yq[q] = y;
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) l.yq[q] = (kK > 0 || q < k) && in ? pair(ys + int64_t(sl[q]) * dim + i0) : zero;
+    }
     return l;
   }
   template <int BM, int BK, int CH, int STAGES>
@@ -184,11 +203,11 @@ __global__ void combine_signal_kernel(uint32_t* flags, int count, int index) {
 }
 
 // The cluster GEMM of one row (c16x64/4w) with CombineNormPrologue (gemm_combine_norm, gemm.cu).
-template <class T, int kK>
+template <class T, int kK, bool kDirect>
 __global__ void __launch_bounds__(T::THREADS)
-    gemm_cluster_combine_kernel(const MmaGemmParams p, const CombineNormPrologue<kK> pro) {
+    gemm_cluster_combine_kernel(const MmaGemmParams p, const CombineNormPrologue<kK, kDirect> pro) {
   static_assert(T::THREADS == kReduceThreads / 2, "the norm's order: thread t stands for t and t + 128");
-  gemm_cluster_body<T, false, false, NoSplitKTail, false, CombineNormPrologue<kK>>(p, NoSplitKTail{}, pro);
+  gemm_cluster_body<T, false, false, NoSplitKTail, false, CombineNormPrologue<kK, kDirect>>(p, NoSplitKTail{}, pro);
 }
 
 }  // namespace atlas::cuda::kern
