@@ -1622,8 +1622,9 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // launch on side_. Not where a hook reads or writes anything in between.
     const Elem* shared_in = nullptr;
     using Sum = typename AddRmsNormArgsT<Elem>::Sum;
-    if (shared_fork_o_proj_ && side_on_ && !tailed && M == 1 && L.moe && L.has_shared && L.ln2 && b.h_side &&
-        b.x_alt && add_rmsnorm_can_place_sum(1, int(H)) &&
+    // (h_side and x_alt hold a row wherever M == 1 with the switch on: carve.)
+    if (shared_fork_o_proj_ && side_on_ && !tailed && M == 1 && L.moe && L.has_shared && L.ln2 &&
+        add_rmsnorm_can_place_sum(1, int(H)) &&
         !(hooks && (hooks->wants(names.attn_out) || hooks->wants(names.resid_mid) || hooks->wants(names.ln2)))) {
       add_rmsnorm({.x = b.x, .y = b.y, .weight = L.ln2, .out = b.h_side, .rows = 1, .dim = int(H), .eps = eps,
                    .stream = fork_side(), .sum = Sum::dropped});

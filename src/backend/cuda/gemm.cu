@@ -1971,18 +1971,17 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
   };
   // One token (checked above): its k pairs are rows 0..k-1 of y_sorted, whatever the slots.
   const bool direct = tail_on(combine_direct_override, setup().combine_direct);
-  using Six = std::integral_constant<int, 6>;
-  using RunK = std::integral_constant<int, 0>;
-  using On = std::true_type;
-  using Off = std::false_type;
-  if (c.k == 6 && direct)
-    run(kern::gemm_cluster_combine_kernel<CfgC16, 6, true>, pro(Six{}, On{}));
-  else if (c.k == 6)
-    run(kern::gemm_cluster_combine_kernel<CfgC16, 6, false>, pro(Six{}, Off{}));
-  else if (direct)
-    run(kern::gemm_cluster_combine_kernel<CfgC16, 0, true>, pro(RunK{}, On{}));
+  const auto run_k = [&](auto kk) {
+    constexpr int kK = decltype(kk)::value;
+    if (direct)
+      run(kern::gemm_cluster_combine_kernel<CfgC16, kK, true>, pro(kk, std::true_type{}));
+    else
+      run(kern::gemm_cluster_combine_kernel<CfgC16, kK, false>, pro(kk, std::false_type{}));
+  };
+  if (c.k == 6)
+    run_k(std::integral_constant<int, 6>{});
   else
-    run(kern::gemm_cluster_combine_kernel<CfgC16, 0, false>, pro(RunK{}, Off{}));
+    run_k(std::integral_constant<int, 0>{});
   check_launch(op);
   ++combine_norm_launches;
   if (direct) ++combine_direct_launches;

@@ -719,6 +719,14 @@ struct RouterNormOff {
   RouterNormOff& operator=(const RouterNormOff&) = delete;
 };
 
+// The staged split-K config's index (-1 where there is none): the config the GEMM tails and the
+// router's add + norm belong to, forced onto every GEMM of the tiny model by the tests below.
+int staged_splitk_config() {
+  for (int c = 0; c < cuda::gemm_config_count(); ++c)
+    if (cuda::gemm_config_name(c) == "splitk16x8/8w+staged") return c;
+  return -1;
+}
+
 // A GEMM tail's switch (set: 1 on, 0 off, -1 as its variable says) gives the same logits on a
 // one-row prefill and greedy batch-1 steps with every GEMM on the staged split-K config the
 // tails belong to (the tiny model's GEMMs would take others), and the tailed launches (count)
@@ -726,9 +734,7 @@ struct RouterNormOff {
 void tails_give_the_same_bits(const Checkpoint& ck, void (*set)(int), int64_t (*count)(), const char* what) {
   const int64_t V = ck.config().vocab_size;
   const auto rows = prompts(V);
-  int staged = -1;
-  for (int c = 0; c < cuda::gemm_config_count(); ++c)
-    if (cuda::gemm_config_name(c) == "splitk16x8/8w+staged") staged = c;
+  const int staged = staged_splitk_config();
   ASSERT_GE(staged, 0);
   cuda::gemm_force_config(staged);
   std::vector<std::vector<float>> runs;
@@ -875,9 +881,7 @@ TEST_F(CudaTiny, SharedForkAfterOprojGivesTheSameBits) {
   cuda::gemm_set_combine_norm(-1);
   // ... and beside the router's own add + norm (ATLAS_ROUTER_NORM=1, which then forks nothing:
   // every GEMM on the staged split-K config, where that launch runs), which ran.
-  int staged = -1;
-  for (int c = 0; c < cuda::gemm_config_count(); ++c)
-    if (cuda::gemm_config_name(c) == "splitk16x8/8w+staged") staged = c;
+  const int staged = staged_splitk_config();
   ASSERT_GE(staged, 0);
   cuda::gemm_force_config(staged);
   cuda::gemm_set_router_norm(1);
