@@ -418,5 +418,133 @@ TEST_F(DeviceGreedy, CapturedGraphReplaysWithNewInputs) {
   stream_destroy(s);
 }
 
+// A decode run's step ends fused (ATLAS_RUN_FUSED, session 47): run_inputs_embed_norm writes what
+// run_inputs, copy_rows of the embedding row and rmsnorm write (state, the five inputs, the
+// sampling parameters, x and h, bit for bit), at the run's first step and later ones (the id
+// then the step before's token, a negative one fed as 0), for a negative staged id (x left as it
+// was, then normed) and one past the vocabulary (copy_rows' error, x left), row widths below,
+// at and not a multiple of the wide norm's; and an argmax with run_outputs writes what argmax then
+// run_outputs write (the token into prev and the ring, the step's error flag into err: 0, or
+// the NaN bit), split and in one block.
+TEST_F(DeviceGreedy, RunStepEndsFusedWriteWhatTheirLaunchesWrite) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int ring = 4, pi = 8, vocab = 50;
+  for (const int dim : {64, 1000, 2048}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim);
+    const auto embed = random_bf16(size_t(vocab) * dim, rng), w = random_bf16(size_t(dim), rng);
+    DevBuf<uint16_t> de(embed), dw(w);
+    for (const bool with_params : {false, true}) {
+      for (const int j : {0, 3, 6}) {
+        for (const int32_t id : {17, -1, vocab + 2}) {
+          for (const int32_t prev : {9, -5}) {
+            SCOPED_TRACE(::testing::Message() << "params " << with_params << " step " << j << " staged id " << id
+                                              << " prev " << prev);
+            // The host's ring: slot j % ring holds (id, pos, dst, qlen, qrow); the others noise.
+            std::vector<int32_t> staged(size_t(ring) * 5), params(size_t(ring) * pi);
+            for (auto& v : staged) v = int32_t(rng() % 1000);
+            for (auto& v : params) v = int32_t(rng());
+            staged[size_t(j % ring) * 5] = id;
+            const auto stale = random_bf16(size_t(dim), rng);  // x before the step
+            struct Side {
+              std::vector<int32_t> state, inputs, params;
+              std::vector<uint16_t> x, h;
+              bool error = false;
+            };
+            std::vector<Side> sides;
+            for (const bool fused : {false, true}) {
+              DevBuf<int32_t> dstate(std::vector<int32_t>{j}), dstaged(staged), dparams_staged(params),
+                  dprev(std::vector<int32_t>{prev}), dinputs(5), dparams(static_cast<size_t>(pi));
+              DevBuf<uint16_t> dx(stale), dh(static_cast<size_t>(dim));
+              const RunInputsArgs in{.state = dstate.get(),
+                                     .staged = dstaged.get(),
+                                     .params_staged = with_params ? dparams_staged.get() : nullptr,
+                                     .prev = dprev.get(),
+                                     .inputs = dinputs.get(),
+                                     .params = with_params ? dparams.get() : nullptr,
+                                     .batch = 1,
+                                     .param_ints = pi,
+                                     .ring = ring};
+              if (fused) {
+                const int64_t before = run_inputs_embed_norm_launches();
+                run_inputs_embed_norm({.run = in, .embed = de.get(), .vocab = vocab, .weight = dw.get(),
+                                       .x = dx.get(), .h = dh.get(), .dim = dim, .eps = 1e-6f});
+                EXPECT_EQ(run_inputs_embed_norm_launches(), before + 1);
+              } else {
+                run_inputs(in);
+                copy_rows({.src = de.get(), .dst = dx.get(), .src_rows = dinputs.get(), .rows = 1, .width = dim,
+                           .src_limit = vocab, .dst_limit = 1});
+                rmsnorm({.x = dx.get(), .weight = dw.get(), .out = dh.get(), .rows = 1, .dim = dim, .eps = 1e-6f});
+              }
+              Side sd{.state = dstate.download(), .inputs = dinputs.download(), .params = {}, .x = dx.download(),
+                      .h = dh.download(), .error = device_error_raised()};
+              if (with_params) sd.params = dparams.download();
+              sides.push_back(std::move(sd));
+            }
+            const Side &a = sides[0], &b = sides[1];
+            EXPECT_EQ(b.state, a.state);
+            EXPECT_EQ(a.state, std::vector<int32_t>{j + 1});  // (the three launches' own contract)
+            EXPECT_EQ(b.inputs, a.inputs);
+            EXPECT_EQ(b.params, a.params);
+            EXPECT_EQ(b.x, a.x);
+            EXPECT_EQ(b.h, a.h);
+            EXPECT_EQ(b.error, a.error);
+            const int32_t fed = j > 0 ? (prev < 0 ? 0 : prev) : id;
+            EXPECT_EQ(a.error, fed >= vocab);
+            if (fed >= 0 && fed < vocab)
+              EXPECT_EQ(a.x, std::vector<uint16_t>(embed.begin() + int64_t(fed) * dim,
+                                                   embed.begin() + int64_t(fed + 1) * dim));
+            else
+              EXPECT_EQ(a.x, stale);
+          }
+        }
+      }
+    }
+  }
+  // The argmax's end: one logits row (a NaN planted or not), split or one block, ring slot 2.
+  const int V = 10000;
+  for (const bool split : {false, true})
+    for (const bool nan : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (split ? "split" : "one block") << (nan ? ", a NaN logit" : ""));
+      auto logits = random_bf16(size_t(V), rng);
+      logits[777] = f32_to_bf16(9.0f);
+      if (nan) logits[4321] = 0x7fc0;
+      DevBuf<uint16_t> dl(logits);
+      std::vector<std::vector<int32_t>> seen;
+      for (const bool fused : {false, true}) {
+        DevBuf<int32_t> state(std::vector<int32_t>{7}), tok(1), prev(1), out(static_cast<size_t>(ring)), err(static_cast<size_t>(ring));
+        DevBuf<int32_t> counters(std::vector<int32_t>{0}), parts(argmax_partial_ints(1, V));
+        const RunOutputsArgs ro{.state = state.get(), .tokens = tok.get(), .prev = prev.get(), .out = out.get(),
+                                .err = err.get(), .batch = 1, .ring = ring};
+        const int64_t before = argmax_run_outputs_launches();
+        argmax_bf16({.logits = dl.get(), .out = tok.get(), .rows = 1, .vocab = V,
+                     .counters = split ? counters.get() : nullptr, .partials = split ? parts.get() : nullptr,
+                     .run_outputs = fused ? &ro : nullptr});
+        if (!fused) run_outputs(ro);
+        EXPECT_EQ(argmax_run_outputs_launches(), before + (fused ? 1 : 0));
+        const bool raised = device_error_raised();
+        EXPECT_EQ(raised, nan);
+        std::vector<int32_t> all = tok.download();
+        for (const auto& v : {prev.download(), out.download(), err.download()}) all.insert(all.end(), v.begin(), v.end());
+        seen.push_back(all);
+        if (!nan) EXPECT_EQ(all[0], 777);
+        EXPECT_EQ(all[1], all[0]);                   // prev
+        EXPECT_EQ(all[2 + (7 - 1) % ring], all[0]);  // the step's ring slot (state 7: step 6)
+        EXPECT_EQ(all[2 + ring + (7 - 1) % ring], nan ? 128 : 0);
+      }
+      EXPECT_EQ(seen[1], seen[0]);  // (the other slots keep their poison on both sides)
+    }
+  // Bad input: more than one row, or tokens other than the argmax's out.
+  DevBuf<uint16_t> dl(size_t(2) * 64);
+  DevBuf<int32_t> state(1), tok(2), other(2), prev(2), out(static_cast<size_t>(ring) * 2), err(static_cast<size_t>(ring));
+  const RunOutputsArgs two{.state = state.get(), .tokens = tok.get(), .prev = prev.get(), .out = out.get(),
+                           .err = err.get(), .batch = 2, .ring = ring};
+  EXPECT_THROW(argmax_bf16({.logits = dl.get(), .out = tok.get(), .rows = 2, .vocab = 64, .run_outputs = &two}), Error);
+  RunOutputsArgs one = two;
+  one.batch = 1;
+  one.tokens = other.get();
+  EXPECT_THROW(argmax_bf16({.logits = dl.get(), .out = tok.get(), .rows = 1, .vocab = 64, .run_outputs = &one}), Error);
+}
+
 }  // namespace
 }  // namespace atlas::cuda::test

@@ -1,7 +1,8 @@
 """tools/profile/kernel_trace_summary.py on a synthetic kernel_trace file whose answers are known:
 graph replays cut into steps at the argmax launch (warm-up steps skipped, non-graph launches
 ignored), each step's wall time split over overlapping kernels and idle gaps so that the parts
-add up to the step, and one layer's launches listed between two anchors, then with medians over every matching layer.
+add up to the step, and one layer's launches listed between two anchors, then with medians over every matching layer;
+a step's head (the boundary from the step before and the first layer) and tail in the same form.
 """
 import os
 import subprocess
@@ -83,7 +84,7 @@ with tempfile.TemporaryDirectory() as d:
         fails.append("offsets from the anchor: %s" % rows[1])
     # Per layer over every matching layer (one per step here, 3 steps): gemm ends 10 us after the
     # anchor, side 5 us after gemm, the next anchor 9 us after side; 24 us a layer.
-    tail = text.split("the same kernels in every matching layer")[-1]
+    tail = text.split("the same kernels in every matching layer")[-1].split("the step's head:")[0]
     if "(3 layers of 3 steps): median layer 24.00 us" not in tail:
         fails.append("per-layer header: %s" % tail.splitlines()[:1])
     hop_rows = [l.split() for l in tail.splitlines()[2:] if "kernel (" in l]
@@ -91,11 +92,34 @@ with tempfile.TemporaryDirectory() as d:
                                             ("9.00", "latent_cache_kernel")]:
         fails.append("per-layer hops: %s" % hop_rows)
 
+    # The step's ends: the head from the step before's argmax (it ended 50 us before this step
+    # began: the host time between replays) to the second anchor, in two of the three steps (the
+    # first listed has no step before it in the list); the tail from the last anchor.
+    head = text.split("the step's head:")[-1].split("the step's tail:")[0]
+    if "(2 of 2 steps alike): median 98.00 us" not in head:
+        fails.append("head header: %s" % head.splitlines()[:1])
+    head_rows = [l.split() for l in head.splitlines()[2:] if "kernel (" in l]
+    if [r[0] for r in head_rows] != ["argmax_kernel", "60.00", "5.00", "9.00", "10.00", "5.00",
+                                                           "9.00"]:
+        fails.append("head hops: %s" % head_rows)
+    tail_part = text.split("the step's tail:")[-1]
+    tail_rows = [l.split() for l in tail_part.splitlines()[2:] if "kernel (" in l]
+    if "(3 of 3 steps alike): median 2.00 us" not in tail_part or [r[0] for r in tail_rows] != [
+            "latent_cache_kernel", "2.00"]:
+        fails.append("tail: %s" % tail_part[:400])
+    # Steps further apart than a run's replays have no head.
+    heads, tails = kts.step_ends([steps[0], [dict(k, start=k["start"] + 10**9, end=k["end"] + 10**9)
+                                             for k in steps[1]]], "latent_cache")
+    if len(heads) != 0 or len(tails) != 2:
+        fails.append("a step long after the one before should have no head: %d heads, %d tails" % (len(heads),
+                                                                                                   len(tails)))
+
     # --origin: each kernel's start and end from the end of the layer's gemm kernel (the previous
     # layer's anchor ended 14 us before it ... the next one starts 10 us after it).
     out = subprocess.run([sys.executable, TOOL, path, "--skip", "2", "--layer", "0", "--origin", "gemm_kernel"],
                          capture_output=True, text=True)
     phase = out.stdout.split("each kernel's start and end from the end of the first 'gemm_kernel'")[-1]
+    phase = phase.split("the step's head:")[0]
     phase_rows = [l.split()[:3] for l in phase.splitlines() if "kernel (" in l]
     if out.returncode != 0 or phase_rows != [["-14.00", "-10.00", "latent_cache_kernel"],
                                              ["-10.00", "0.00", "gemm_kernel"], ["-5.00", "5.00", "side_kernel"],
@@ -138,4 +162,4 @@ with tempfile.TemporaryDirectory() as d:
 if fails:
     print("\n".join(fails))
     sys.exit(1)
-print("kernel_trace_summary: steps, wall split, layer and phase listings as expected")
+print("kernel_trace_summary: steps, wall split, layer, phase and step-end listings as expected")

@@ -16,7 +16,11 @@ layer's noise does not make the figures; the column adds up to the layer's time 
 (its medians need not add up exactly). With --origin, last, each of those kernels' start and end
 relative to the end of the layer's first kernel whose name holds --origin (medians over the same
 layers): when each phase of a layer begins and ends, side-stream kernels included (session 28
-read the MoE part this way, from the post-attention norm: --origin rmsnorm_wide).
+read the MoE part this way, from the post-attention norm: --origin rmsnorm_wide). Last, a step's
+two ends in the same 'after' form, medians over the steps alike: its head (the step before's last
+kernel, then the kernels up to the step's second anchor: the step boundary and the first layer,
+V2-Lite's dense one; only steps that began within 100 us of the step before) and its tail (the
+last anchor to the argmax: the last layer, the final norm and the LM head).
 
   python3 tools/profile/kernel_trace_summary.py /tmp/k.txt [--skip 3] [--layer 10] [--origin NAME]
 """
@@ -101,19 +105,65 @@ def layers(steps, anchor, ref_keys):
                 yield ks
 
 
-def hops(steps, anchor, ref_keys):
-    """For every matching layer: per position j >= 1, the kernel's end minus the latest end before
-    it among the layer's kernels (0 where none is earlier); and the layer's span, last anchor end
-    minus first anchor end."""
+def segment_hops(segments):
+    """For every segment (a list of kernels): per position j >= 1, the kernel's end minus the latest
+    end before it among the segment's kernels (0 where none is earlier); and the segment's span,
+    last end minus first end."""
     gaps = collections.defaultdict(list)
     spans = []
-    for ks in layers(steps, anchor, ref_keys):
+    for ks in segments:
         ends = [k["end"] for k in ks]
         for j in range(1, len(ks)):
             earlier = [e for e in ends if e < ks[j]["end"]]
             gaps[j].append(ks[j]["end"] - max(earlier) if earlier else 0)
         spans.append(ks[-1]["end"] - ks[0]["end"])
     return gaps, spans
+
+
+def hops(steps, anchor, ref_keys):
+    """segment_hops over every layer whose keys equal ref_keys (the span: last anchor end minus
+    first anchor end)."""
+    return segment_hops(layers(steps, anchor, ref_keys))
+
+
+# A step's head counts only where the step began within this of the step before's last kernel's
+# end (ns): the next step of the same run, not the first step after a prefill or another run.
+HEAD_GAP_NS = 100_000
+
+
+def step_ends(steps, anchor):
+    """The kernels at a step's two ends, per step: the head (the step before's last kernel, then the
+    step's kernels up to its second anchor: the step boundary and the first layer) and the tail
+    (from the step's last anchor to its end: the last layer, the final norm, the head, the argmax).
+    Lists of segments; a step without two anchors has neither."""
+    heads, tails = [], []
+    for i, st in enumerate(steps):
+        idx = [j for j, k in enumerate(st) if is_anchor(k["key"], anchor)]
+        if len(idx) < 2:
+            continue
+        tails.append(st[idx[-1]:])
+        if i > 0 and st[0]["start"] - steps[i - 1][-1]["end"] < HEAD_GAP_NS:
+            heads.append([steps[i - 1][-1]] + st[:idx[1] + 1])
+    return heads, tails
+
+
+def print_segments(title, segments):
+    """The segments whose keys equal the middle one's: each kernel's 'after' (median, min, max)."""
+    if not segments:
+        print(f"\n{title}: none")
+        return
+    ref = segments[len(segments) // 2]
+    keys = [k["key"] for k in ref]
+    same = [sg for sg in segments if [k["key"] for k in sg] == keys]
+    gaps, spans = segment_hops(same)
+    print(f"\n{title} ({len(same)} of {len(segments)} steps alike): median {statistics.median(spans) / 1e3:.2f} us "
+          f"from its first kernel's end to its last's; per kernel, its end minus the latest earlier end among "
+          f"these kernels (median, min, max)")
+    print(f"{'after':>8} {'min':>7} {'max':>7}  kernel")
+    print(f"{'':>8} {'':>7} {'':>7}  {keys[0]}")
+    for j in range(1, len(keys)):
+        g = gaps[j]
+        print(f"{statistics.median(g) / 1e3:8.2f} {min(g) / 1e3:7.2f} {max(g) / 1e3:7.2f}  {keys[j]}")
 
 
 def phases(steps, anchor, ref_keys, origin):
@@ -193,6 +243,9 @@ def main():
     else:
         print(f"\nno layer listing: {len(idx)} kernels per step match --anchor {a.anchor!r}, --layer {a.layer} needs "
               f"{a.layer + 2}")
+    heads, tails = step_ends(steps, a.anchor)
+    print_segments("the step's head: the step before's last kernel, then this step's up to its second anchor", heads)
+    print_segments("the step's tail: from its last anchor to its end", tails)
 
 
 if __name__ == "__main__":

@@ -367,9 +367,16 @@ class CudaModelT final : public Model {
   // for every chunk (graph capture).
   // key_slot: [B][Tk] cache slot of each timeline token (-1 padding) when a pattern hook is
   // observed, else null.
+  // ends: a decode run's batch-1 step graph under ATLAS_RUN_FUSED (Run::push): its first launch
+  // did the embedding lookup and the first input norm already, and/or the argmax writes the run's
+  // outputs. Null everywhere else.
+  struct StepEnds {
+    bool embedded_and_normed = false;
+    const RunOutputsArgs* outputs = nullptr;
+  };
   void layers_forward(int64_t B, int64_t T, Cache& cache, const Buffers& b, int64_t chunk, const int32_t* qlen_host,
                       int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false,
-                      const std::vector<int32_t>* key_slot = nullptr) const;
+                      const std::vector<int32_t>* key_slot = nullptr, const StepEnds* ends = nullptr) const;
   // out = down(silu(gate x) * up x) on `stream`; gu / act: its scratch and activation buffers.
   // prefetch_down: the gate|up launch pulls the down's weights into L2 (ATLAS_MOE_PREFETCH);
   // urgent_down: the down's launches at the device's greatest priority (UrgentLaunchScope);
@@ -592,6 +599,11 @@ class CudaModelT final : public Model {
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
   bool argmax_split_ = true;
+  // ATLAS_RUN_FUSED=1 (session 47; off: unmeasured): a batch-1 decode run's step graph begins
+  // with one launch for its inputs, the embedding lookup and the first input norm
+  // (run_inputs_embed_norm) and ends with the argmax writing the run's outputs (greedy steps):
+  // two launches per step where there were five. The same bits.
+  bool run_fused_ = false;
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
   Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
@@ -750,6 +762,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
   moe_down_early_ = env_switch("ATLAS_MOE_DOWN_EARLY", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
+  run_fused_ = env_switch("ATLAS_RUN_FUSED", false);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -1401,7 +1414,8 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
 template <class Elem>
 void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, const Buffers& b0, int64_t chunk,
                                const int32_t* qlen_host, int64_t mla_bound, bool last_only,
-                               const Hooks* hooks, bool sample, const std::vector<int32_t>* key_slot) const {
+                               const Hooks* hooks, bool sample, const std::vector<int32_t>* key_slot,
+                               const StepEnds* ends) const {
   auto& cache = static_cast<CudaCache&>(cache_base);
   const ModelConfig& c = cfg_;
   const int64_t M = rows_, H = c.hidden_size, V = c.vocab_size;  // rows computed (B x T, or fewer: forward)
@@ -1421,9 +1435,12 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
   const int64_t dc = c.kv_lora_rank, dq = dn + dr, W = dc + dr;
 
-  // Embedding lookup: x [M, H], the residual stream.
-  copy_rows({.src = embed_, .dst = b.x, .src_rows = b.ids, .rows = M, .width = int(H), .src_limit = V, .dst_limit = M,
-             .stream = s_});
+  // Embedding lookup: x [M, H], the residual stream (done, with the first layer's input norm,
+  // by the step's first launch where `ends` says so).
+  const bool embedded = ends && ends->embedded_and_normed;
+  if (!embedded)
+    copy_rows({.src = embed_, .dst = b.x, .src_rows = b.ids, .rows = M, .width = int(H), .src_limit = V,
+               .dst_limit = M, .stream = s_});
   hook_act(hooks, "embed", -1, {B, T, H}, b.x);
 
   const float eps = float(c.rms_norm_eps);
@@ -1441,7 +1458,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       rmsnorm({.x = b.x, .weight = norm_w, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
   };
   // h = input_layernorm(x) of the first layer; later layers get theirs from add_then_norm.
-  if (!blocks_.empty())
+  if (!blocks_.empty() && !embedded)
     rmsnorm({.x = b.x, .weight = blocks_[0].ln1, .out = b.h, .rows = int(M), .dim = int(H), .eps = eps, .stream = s_});
 
   for (int64_t li = 0; li < int64_t(blocks_.size()); ++li) {
@@ -1708,7 +1725,8 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   linear(head_in, lm_head_, b.logits, rows_out, V, H);
   if (last_only)
     argmax({.logits = b.logits, .out = b.greedy, .rows = int(B), .vocab = int(V), .stream = s_,
-            .counters = b.argmax_counters, .partials = b.argmax_parts});
+            .counters = b.argmax_counters, .partials = b.argmax_parts,
+            .run_outputs = ends && !sample ? ends->outputs : nullptr});
   // Sampled rows overwrite their argmax with the drawn token (docs/decoding.md, bit-identical to
   // the host's RowSampler); greedy-mode rows are skipped by the kernel.
   if (last_only && sample)
@@ -2041,25 +2059,43 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
       stream_synchronize(m_.s_);
       graph.begin(m_.s_);
       try {
-        run_inputs({.state = state,
-                    .staged = host,
-                    .params_staged = sampled ? host + c_.run_params_at() : nullptr,
-                    .prev = state + 16,
-                    .inputs = b.ids,
-                    .params = sampled ? reinterpret_cast<int32_t*>(b.sample_params) : nullptr,
-                    .batch = int(B),
-                    .param_ints = int(sizeof(sample_core::RowParams) / 4),
-                    .ring = int(CudaCache::kRing),
-                    .stream = m_.s_});
-        m_.layers_forward(B, 1, c_, b, B, nullptr, cap, true, nullptr, sampled);
-        run_outputs({.state = state,
-                     .tokens = b.greedy,
-                     .prev = state + 16,
-                     .out = host + c_.run_out_at(),
-                     .err = host + c_.run_err_at(),
-                     .batch = int(B),
-                     .ring = int(CudaCache::kRing),
-                     .stream = m_.s_});
+        const RunInputsArgs in{.state = state,
+                               .staged = host,
+                               .params_staged = sampled ? host + c_.run_params_at() : nullptr,
+                               .prev = state + 16,
+                               .inputs = b.ids,
+                               .params = sampled ? reinterpret_cast<int32_t*>(b.sample_params) : nullptr,
+                               .batch = int(B),
+                               .param_ints = int(sizeof(sample_core::RowParams) / 4),
+                               .ring = int(CudaCache::kRing),
+                               .stream = m_.s_};
+        const RunOutputsArgs out{.state = state,
+                                 .tokens = b.greedy,
+                                 .prev = state + 16,
+                                 .out = host + c_.run_out_at(),
+                                 .err = host + c_.run_err_at(),
+                                 .batch = int(B),
+                                 .ring = int(CudaCache::kRing),
+                                 .stream = m_.s_};
+        // ATLAS_RUN_FUSED at one row: the step's first launch embeds and norms too (where the
+        // wide norm serves the row), and a greedy step's argmax writes the outputs.
+        const int64_t H = m_.cfg_.hidden_size;
+        const bool fuse = m_.run_fused_ && B == 1 && m_.has_head_;
+        const StepEnds ends{.embedded_and_normed = fuse && !m_.blocks_.empty() && add_rmsnorm_can_place_sum(1, int(H)),
+                            .outputs = fuse && !sampled ? &out : nullptr};
+        if (ends.embedded_and_normed)
+          run_inputs_embed_norm({.run = in,
+                                 .embed = m_.embed_,
+                                 .vocab = m_.cfg_.vocab_size,
+                                 .weight = m_.blocks_[0].ln1,
+                                 .x = b.x,
+                                 .h = b.h,
+                                 .dim = int(H),
+                                 .eps = float(m_.cfg_.rms_norm_eps)});
+        else
+          run_inputs(in);
+        m_.layers_forward(B, 1, c_, b, B, nullptr, cap, true, nullptr, sampled, nullptr, &ends);
+        if (!ends.outputs) run_outputs(out);
         graph.end(m_.s_);
       } catch (...) {
         graph.abort(m_.s_);

@@ -618,6 +618,25 @@ struct RunOutputsArgs {
   Stream stream = nullptr;
 };
 void run_outputs(const RunOutputsArgs& a);
+// run_inputs at one row (run.batch == 1), then the embedding lookup (copy_rows of row ids[0] of
+// `embed` into x) and the first layer's input norm (rmsnorm of x into h): one launch, the same
+// values in every buffer (kernels/decode_run.cuh; ATLAS_RUN_FUSED, session 47). dim <=
+// kern::kWideDim (add_rmsnorm_can_place_sum(1, dim) says whether it may run).
+template <class T>
+struct RunInputsNormArgsT {
+  RunInputsArgs run;          // batch 1; run.stream is the launch's stream
+  const T* embed = nullptr;   // [vocab, dim]
+  int64_t vocab = 0;
+  const T* weight = nullptr;  // [dim], the first layer's input norm
+  T* x = nullptr;             // [dim], the residual stream's row
+  T* h = nullptr;             // [dim], the normed row; must not alias x
+  int dim = 0;
+  float eps = 1e-6f;
+};
+void run_inputs_embed_norm(const RunInputsNormArgsT<uint16_t>& a);
+void run_inputs_embed_norm(const RunInputsNormArgsT<float>& a);
+int64_t run_inputs_embed_norm_launches();  // (tests: the fused form ran)
+int64_t argmax_run_outputs_launches();     // argmax launches that wrote a run's outputs (tests)
 
 template <class T>
 struct ArgmaxArgsT {
@@ -633,6 +652,10 @@ struct ArgmaxArgsT {
   // answer; 25 blocks for a 102,400-entry row). Neither: one block per row.
   int32_t* counters = nullptr;
   int32_t* partials = nullptr;
+  // Optional (rows == 1, run_outputs->batch == 1): the answer's block also writes what
+  // run_outputs(*run_outputs) would after this launch (its tokens must be `out`), the step's
+  // error flag included, so a decode run's step graph ends with the argmax (ATLAS_RUN_FUSED).
+  const RunOutputsArgs* run_outputs = nullptr;
 };
 using ArgmaxArgs = ArgmaxArgsT<uint16_t>;
 void argmax(const ArgmaxArgs& a);

@@ -31,6 +31,7 @@ bool wide_norm_setting(const char* value) { return switch_setting("ATLAS_WIDE_NO
 namespace {
 
 std::atomic<int64_t> g_dropped_sum_norms{0};  // add_rmsnorm launches with Sum::dropped (tests)
+std::atomic<int64_t> g_argmax_run_outputs{0};  // argmax launches with run_outputs (tests)
 
 // The wide norms (one 1024-thread block per row) for few rows: a decode step's norms are single
 // rows whose 256-thread blocks were instruction chains; many rows fill the GPU either way.
@@ -153,19 +154,30 @@ void argmax_impl(const ArgmaxArgsT<T>& a) {
   require(a.logits && a.out, op, "pointers", "logits and out must be set");
   require(!a.counters == !a.partials, op, "counters", "counters and partials go together");
   require(!a.counters || a.rows <= 65535, op, "rows", "at most 65535 with counters (the grid's y)");
+  kern::RunOut run{nullptr, nullptr, nullptr, nullptr, 1};
+  if (const RunOutputsArgs* ro = a.run_outputs) {
+    require(a.rows == 1 && ro->batch == 1, op, "run_outputs", "needs one row (the step's error flag is the row's)");
+    require(ro->tokens == a.out, op, "run_outputs.tokens", "must be the argmax's out");
+    require(ro->ring > 0 && ro->state && ro->prev && ro->out && ro->err, op, "run_outputs",
+            "state, prev, out and err must be set, ring > 0");
+    run = {ro->state, ro->prev, ro->out, ro->err, ro->ring};
+  }
   if (a.rows == 0) return;
   if (a.counters)
     launch(kern::argmax_split_kernel<T>,
            dim3(unsigned((a.vocab + kern::kArgmaxSplitElems - 1) / kern::kArgmaxSplitElems), unsigned(a.rows)),
            kern::kArgmaxSplitThreads, 0, stream_of(a.stream), a.logits, a.out, a.vocab, st, a.counters,
-           a.partials, error_flag());
+           a.partials, error_flag(), run);
   else
     launch(kern::argmax_kernel<T>, unsigned(a.rows), kern::kArgmaxThreads, 0, stream_of(a.stream),
-        a.logits, a.out, a.vocab, st, error_flag());
+        a.logits, a.out, a.vocab, st, error_flag(), run);
   check_launch(op);
+  if (run.prev) g_argmax_run_outputs.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
+
+int64_t argmax_run_outputs_launches() { return g_argmax_run_outputs.load(); }
 
 size_t argmax_partial_ints(int64_t rows, int64_t vocab) {
   return size_t(rows) * 2 * size_t((vocab + kern::kArgmaxSplitElems - 1) / kern::kArgmaxSplitElems);

@@ -1,4 +1,8 @@
-// Launcher for the sampling kernel (kernels/sample.cuh): bf16 and f32 logits.
+// Launchers for the sampling kernel (kernels/sample.cuh: bf16 and f32 logits) and a decode run's
+// step-graph ends (kernels/decode_run.cuh).
+#include <atomic>
+#include <string>
+
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels/decode_run.cuh"
 #include "backend/cuda/kernels/sample.cuh"
@@ -25,18 +29,45 @@ void sample_impl(const SampleArgsT<T>& a) {
   check_launch(op);
 }
 
-}  // namespace
+std::atomic<int64_t> g_run_inputs_norm{0};  // run_inputs_embed_norm launches (tests)
 
-void run_inputs(const RunInputsArgs& a) {
-  const char* op = "run_inputs";
+void check_run_inputs(const RunInputsArgs& a, const char* op) {
   require(a.batch > 0 && a.ring > 0 && a.param_ints >= 0, op, "batch", "batch and ring must be > 0");
   require(a.state && a.staged && a.prev && a.inputs, op, "pointers", "state, staged, prev and inputs must be set");
   require((a.params_staged == nullptr) == (a.params == nullptr), op, "params",
           "params_staged and params are both set or both null");
+}
+
+template <class T>
+void run_inputs_embed_norm_impl(const RunInputsNormArgsT<T>& a) {
+  const char* op = "run_inputs_embed_norm";
+  check_run_inputs(a.run, op);
+  require(a.run.batch == 1, op, "batch", "must be 1 (one block, one row)");
+  require(a.dim > 0 && a.dim <= kern::kWideDim, op, "dim", "must lie in (0, " + std::to_string(kern::kWideDim) + "]");
+  require(a.vocab > 0, op, "vocab", "must be > 0");
+  require(a.embed && a.weight && a.x && a.h, op, "pointers", "embed, weight, x and h must be set");
+  require(a.h != a.x, op, "h", "must not alias x");
+  const RunInputsArgs& r = a.run;
+  launch(kern::run_inputs_embed_norm_kernel<T>, 1u, unsigned(kern::kWideThreads), 0, stream_of(r.stream), r.state,
+         r.staged, r.params_staged, r.prev, r.inputs, r.params, r.param_ints, r.ring, a.embed, a.vocab, a.weight, a.x,
+         a.h, a.dim, a.eps, error_flag());
+  check_launch(op);
+  g_run_inputs_norm.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void run_inputs(const RunInputsArgs& a) {
+  const char* op = "run_inputs";
+  check_run_inputs(a, op);
   launch(kern::run_inputs_kernel, 1u, unsigned(kern::kRunThreads), 0, stream_of(a.stream), a.state, a.staged,
          a.params_staged, a.prev, a.inputs, a.params, a.batch, a.param_ints, a.ring);
   check_launch(op);
 }
+
+void run_inputs_embed_norm(const RunInputsNormArgsT<uint16_t>& a) { run_inputs_embed_norm_impl(a); }
+void run_inputs_embed_norm(const RunInputsNormArgsT<float>& a) { run_inputs_embed_norm_impl(a); }
+int64_t run_inputs_embed_norm_launches() { return g_run_inputs_norm.load(); }
 
 void run_outputs(const RunOutputsArgs& a) {
   const char* op = "run_outputs";

@@ -1148,6 +1148,70 @@ TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
   EXPECT_EQ(c->length(), 3);
 }
 
+// A decode run's step ends fused (ATLAS_RUN_FUSED, read when the model is made; session 47, off
+// by default): at one row the step graph's first launch also embeds and norms, and a greedy
+// step's argmax writes the run's outputs. The tokens of the default's run, greedy and with the
+// row sampled on the device (there only the first end is fused: the sampler follows the argmax),
+// over 70 steps (the ring's slots reused) and 3 more in a second run; the caches left give the
+// same next step's logits; the fused launches ran only with it on, and at 8 rows never.
+TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  ScopedEnv restore{{"ATLAS_RUN_FUSED", std::getenv("ATLAS_RUN_FUSED")}};
+  const int32_t p0 = int32_t(rows[1].size());
+  for (const bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "sampled on the device" : "greedy");
+    std::vector<int32_t> positions;
+    std::vector<sample_core::RowParams> params;
+    for (int j = 0; j < 73; ++j) {
+      positions.push_back(p0 + j);
+      if (sampled) params.push_back(sample_core::make_row_params(0.8, 0.9, 7, double((j * 37) % 100) / 100.0));
+    }
+    const auto part = [](const auto& v, int64_t j0, int64_t n) {
+      return v.empty() ? std::span(v.data(), 0) : std::span(v.data() + j0, size_t(n));
+    };
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<float>> next;
+    for (const char* value : {"0", "1"}) {
+      const bool on = value[0] == '1';
+      setenv("ATLAS_RUN_FUSED", value, 1);
+      auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+      auto c = m->make_cache(1, 400);
+      const std::vector<float> lg = prefill(*m, *c, {rows[1]});
+      const std::vector<int32_t> first{argmax(lg.data(), V)};
+      const int64_t ins = cuda::run_inputs_embed_norm_launches(), outs = cuda::argmax_run_outputs_launches();
+      std::vector<int32_t> got = m->decode_chain(
+          {.batch = 1, .steps = 70, .first_ids = first, .positions = part(positions, 0, 70),
+           .sampling = part(params, 0, 70)},
+          *c);
+      const std::vector<int32_t> last{got.back()};
+      const std::vector<int32_t> more = m->decode_chain(
+          {.batch = 1, .steps = 3, .first_ids = last, .positions = part(positions, 70, 3),
+           .sampling = part(params, 70, 3)},
+          *c);
+      got.insert(got.end(), more.begin(), more.end());
+      EXPECT_EQ(cuda::run_inputs_embed_norm_launches() > ins, on) << "ATLAS_RUN_FUSED=" << value;
+      EXPECT_EQ(cuda::argmax_run_outputs_launches() > outs, on && !sampled) << "ATLAS_RUN_FUSED=" << value;
+      tokens.push_back(got);
+      next.push_back(step(*m, *c, {got.back()}, {p0 + 73}, nullptr, AttentionForm::Absorbed));
+      if (on) {  // 8 rows: the step graph as before
+        auto c8 = m->make_cache(8, 400);
+        const std::vector<float> l8 = prefill(*m, *c8, rows);
+        std::vector<int32_t> f8, pos8;
+        for (int64_t r = 0; r < 8; ++r) f8.push_back(argmax(l8.data() + r * V, V));
+        for (int j = 0; j < 3; ++j)
+          for (int64_t r = 0; r < 8; ++r) pos8.push_back(int32_t(rows[size_t(r)].size()) + j);
+        const int64_t ins8 = cuda::run_inputs_embed_norm_launches(), outs8 = cuda::argmax_run_outputs_launches();
+        (void)m->decode_chain({.batch = 8, .steps = 3, .first_ids = f8, .positions = pos8}, *c8);
+        EXPECT_EQ(cuda::run_inputs_embed_norm_launches(), ins8) << "8 rows";
+        EXPECT_EQ(cuda::argmax_run_outputs_launches(), outs8) << "8 rows";
+      }
+    }
+    EXPECT_EQ(tokens[1], tokens[0]);
+    EXPECT_EQ(next[1], next[0]);
+  }
+}
+
 // The fast mode (cuBLASLt dense GEMMs) stays close to the invariant mode: same greedy tokens on
 // the tiny preset's prefill for most rows, logits within the bf16 tolerance of the fixtures.
 TEST_F(CudaTiny, FastModeIsCloseToInvariantMode) {

@@ -13,6 +13,22 @@ namespace atlas::cuda::kern {
 // four loads per thread at 256 threads (15.4 us per step on the H200, session 15), ~3 at 1024.
 constexpr int kArgmaxThreads = 1024;
 
+// What run_outputs_kernel (kernels/decode_run.cuh) writes for a run of one row (err is the whole
+// step's flag), from the argmax's answering block (ATLAS_RUN_FUSED): called by the thread that
+// wrote the token, after the argmax's own error bits. prev null: nothing to write.
+struct RunOut {
+  const int32_t* state;
+  int32_t *prev, *out, *err;
+  int ring;
+};
+__device__ __forceinline__ void run_out_write(const RunOut& ro, int32_t tok, const int* error_flag) {
+  if (ro.prev == nullptr) return;
+  const int slot = (ro.state[0] - 1) % ro.ring;
+  ro.prev[0] = tok;
+  ro.out[slot] = tok;
+  ro.err[slot] = *reinterpret_cast<const volatile int*>(error_flag);
+}
+
 // (value, index) "better" relation: larger value, or equal value and smaller index.
 __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
@@ -48,7 +64,7 @@ __device__ __forceinline__ void argmax_block_best(float& best, int& best_i, floa
 
 template <class T>
 __global__ void argmax_kernel(const T* __restrict__ logits, int32_t* __restrict__ out, int vocab, int64_t stride,
-                              int* error_flag) {
+                              int* error_flag, RunOut run) {
   pdl_begin();
   const T* row = logits + int64_t(blockIdx.x) * stride;
   float best = -__int_as_float(0x7f800000);  // -inf
@@ -99,8 +115,10 @@ __global__ void argmax_kernel(const T* __restrict__ logits, int32_t* __restrict_
   if (threadIdx.x == 0) {
     // Every value -inf: best_i may still be the sentinel when vocab < threads; the smallest
     // index of a -inf value is then 0 (all are -inf).
-    out[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
+    const int32_t tok = best_i == 0x7fffffff ? 0 : best_i;
+    out[blockIdx.x] = tok;
     if (snan) atomicOr(error_flag, 128);
+    run_out_write(run, tok, error_flag);  // (one row: this is the step's last write)
   }
 }
 
@@ -118,7 +136,7 @@ constexpr int kArgmaxSplitElems = 4096;  // a multiple of 8: every block's range
 template <class T>
 __global__ void __launch_bounds__(kArgmaxSplitThreads)
     argmax_split_kernel(const T* __restrict__ logits, int32_t* __restrict__ out, int vocab, int64_t stride,
-                        int32_t* counters, int32_t* partials, int* error_flag) {
+                        int32_t* counters, int32_t* partials, int* error_flag, RunOut run) {
   pdl_begin();
   const int r = blockIdx.y, nb = gridDim.x;
   const T* row = logits + int64_t(r) * stride;
@@ -190,8 +208,12 @@ __global__ void __launch_bounds__(kArgmaxSplitThreads)
   argmax_block_best<kArgmaxSplitThreads>(best, best_i, sv, si);
   if (threadIdx.x == 0) {
     // Every value -inf (or NaN): see argmax_kernel.
-    out[r] = best_i == 0x7fffffff ? 0 : best_i;
+    const int32_t tok = best_i == 0x7fffffff ? 0 : best_i;
+    out[r] = tok;
     counters[r] = 0;  // the next launch counts from zero
+    // (One row: every block's NaN bit was raised before its count, so the flag read here is the
+    // step's.)
+    run_out_write(run, tok, error_flag);
   }
 }
 

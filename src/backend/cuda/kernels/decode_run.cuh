@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "pdl.cuh"
+#include "rmsnorm.cuh"
 
 namespace atlas::cuda::kern {
 
@@ -41,6 +42,65 @@ __global__ void __launch_bounds__(kRunThreads) run_inputs_kernel(int32_t* state,
     for (int i = threadIdx.x; i < B * pi; i += blockDim.x) params[i] = params_staged[int64_t(slot) * B * pi + i];
   __syncthreads();  // every thread has read state[0]
   if (threadIdx.x == 0) state[0] = j + 1;
+}
+
+// run_inputs_kernel at one row (B = 1), then what the step's next two launches do: the embedding
+// lookup (copy_rows_kernel of row ids[0] of `embed` into x) and the first layer's input norm
+// (rmsnorm_wide_kernel<T, false> of x into h): one launch at the step's start instead of three
+// (ATLAS_RUN_FUSED, session 47; a batch-1 step's boundary was ~13 us longer than a layer
+// boundary, s45-3's trace). The same values in every buffer: inputs, params and state as
+// run_inputs_kernel; x as copy_rows_kernel (left as it was for a negative id, and for an id past
+// vocab, which raises its error bit 8); h from rmsnorm_wide_finish on the elements x then holds.
+// dim <= kWideDim. One block of kWideThreads.
+template <class T>
+__global__ void __launch_bounds__(kWideThreads)
+    run_inputs_embed_norm_kernel(int32_t* state, const int32_t* staged, const int32_t* params_staged,
+                                 const int32_t* prev, int32_t* inputs, int32_t* params, int pi, int ring,
+                                 const T* __restrict__ embed, int64_t vocab, const T* __restrict__ w, T* x, T* h,
+                                 int dim, float eps, int* error_flag) {
+  __shared__ float scratch[16];
+  __shared__ float sq[kWideDim];
+  __shared__ int32_t sid;
+  // The norm weights before the launch-overlap wait (a model weight: kernels/pdl.cuh).
+  float wv[kWideRegs];
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = threadIdx.x + m * kWideThreads;
+    wv[m] = i < dim ? to_f32(w[i]) : 0.0f;
+  }
+  pdl_begin();
+  // The step index and the step before's token together (device memory); the staged inputs lie in
+  // pinned host memory (a PCIe round), so nothing waits for them before the store at the end,
+  // except the id at a run's first step (j = 0), which is the staged one.
+  const int j = state[0];
+  const int32_t t = prev[0];
+  const int slot = j % ring;
+  const int tid = threadIdx.x;
+  const int32_t sv = tid < 5 ? staged[int64_t(slot) * 5 + tid] : 0;  // ids | pos | dst | qlen | qrow
+  if (j == 0 && tid == 0) sid = sv;
+  __syncthreads();  // every thread has read state[0] (and sid is set where it is needed)
+  if (tid == 0) state[0] = j + 1;
+  const int64_t id = j > 0 ? (t < 0 ? 0 : t) : sid;
+  const bool copy = id >= 0 && id < vocab;
+  if (id >= vocab && threadIdx.x == 0) atomicOr(error_flag, 8);  // copy_rows_kernel's bit
+  const T* src = copy ? embed + id * dim : x;
+  float v[kWideRegs];
+#pragma unroll
+  for (int m = 0; m < kWideRegs; ++m) {
+    const int i = threadIdx.x + m * kWideThreads;
+    v[m] = 0.0f;
+    if (i < dim) {
+      const T e = src[i];
+      v[m] = to_f32(e);
+      if (copy) x[i] = e;
+    }
+  }
+  // h may not alias x; every read of x is above, by the thread that wrote the same element.
+  rmsnorm_wide_finish<T>(v, wv, h, dim, eps, sq, scratch);
+  // The inputs for the step's later launches, which read them after this launch ends.
+  if (tid < 5) inputs[tid] = tid == 0 ? int32_t(id) : sv;
+  if (params_staged != nullptr)
+    for (int i = tid; i < pi; i += blockDim.x) params[i] = params_staged[int64_t(slot) * pi + i];
 }
 
 // One block, after the step's last kernel: prev[b] = out[slot][b] = tokens[b] and err[slot] = the
