@@ -69,7 +69,12 @@ void run(const Options& o) {
   // Probe run artifacts (a run directory or run.json, "kind": "atlas.probe.run") go through the
   // adapter; everything else is the analysis-input JSON. The two are not mixed in one call.
   size_t n_runs = 0;
-  for (const auto& p : o.inputs) n_runs += stats::is_run_artifact(p);
+  for (const auto& p : o.inputs) {
+    const bool run = stats::is_run_artifact(p);
+    if (!run && std::filesystem::is_directory(p))
+      fail(p + "/run.json", {}, "missing: a directory given to analyze must be a probe run's (atlas run --out DIR)");
+    n_runs += run;
+  }
   if (n_runs != 0 && n_runs != o.inputs.size())
     fail({}, "inputs", "run artifacts and analysis-input files cannot be mixed in one call");
   if (n_runs == 0 && (!o.manifest.empty() || !o.model_dir.empty() || !o.evals.empty()))

@@ -13,13 +13,20 @@ namespace atlas {
 std::string read_file(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail(path, {}, std::string("cannot open: ") + std::strerror(errno));
+  // fopen opens a directory too; only the first read fails (EISDIR): say so plainly.
+  struct stat st;
+  if (::fstat(::fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::fclose(f);
+    fail(path, {}, "is a directory, expected a file");
+  }
   std::string out;
   char buf[1 << 16];
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int read_errno = errno;
   bool err = std::ferror(f);
   std::fclose(f);
-  if (err) fail(path, {}, "read error");
+  if (err) fail(path, {}, std::string("read error: ") + std::strerror(read_errno));
   return out;
 }
 

@@ -1,8 +1,11 @@
 #include "core/sha256.h"
 
 #include <openssl/evp.h>
+#include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -48,7 +51,12 @@ std::string sha256_hex(const void* data, size_t n) { return Sha256().update(data
 
 std::string sha256_file(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail(path, {}, "cannot open file");
+  if (!f) fail(path, {}, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st;  // (fopen opens a directory too; only its reads fail)
+  if (::fstat(::fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::fclose(f);
+    fail(path, {}, "is a directory, expected a file");
+  }
   Sha256 h;
   std::vector<char> buf(1 << 20);
   size_t n;

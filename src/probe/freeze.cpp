@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "core/sha256.h"
+#include "model/config.h"
 #include "probe/corpus.h"
 #include "probe/protocol.h"
 #include "text/chat.h"
@@ -257,6 +258,17 @@ ojson freeze(const FreezeOptions& o) {
     p.per_domain = *o.per_domain;
   }
   if (p.model_dir.empty()) fail(p.path, "model.dir", "no model directory (set it or pass --model)");
+  // A trace's layer range against the model's config, where the directory has one (run checks
+  // the range again, and that the config is the one recorded here): a range the model lacks fails
+  // when freezing, not when the frozen manifest runs.
+  if (p.mode == "trace" && file_exists(p.model_dir + "/config.json")) {
+    const ModelConfig cfg = ModelConfig::load(p.model_dir + "/config.json");
+    try {
+      (void)LayerRange::parse(p.layers, cfg);
+    } catch (const Error& e) {
+      fail(p.path, "execution.layers", std::string(e.what()) + " (model " + p.model_dir + ")");
+    }
+  }
   const std::string tok_json = p.model_dir + "/tokenizer.json";
   if (!file_exists(tok_json)) fail(tok_json, {}, "the model directory has no tokenizer.json (freezing needs the tokenizer)");
   const Tokenizer tok = Tokenizer::load_dir(p.model_dir);

@@ -423,6 +423,21 @@ RunSummary run_manifest(const RunOptions& o) {
   }
   for (auto& [k, v] : source_cells) std::sort(v.begin(), v.end());
 
+  // The model's config against the manifest before anything is written: a bad range or another
+  // config leaves no journal directory behind.
+  const ModelConfig cfg0 = ModelConfig::load(model_dir + "/config.json");
+  LayerRange range = LayerRange::all(cfg0);
+  if (ex["mode"] == "trace") {
+    try {
+      range = LayerRange::parse(ex["layers"].get<std::string>(), cfg0);
+    } catch (const Error& e) {
+      fail(o.manifest, "protocol.execution.layers", std::string(e.what()) + " (model " + model_dir + ")");
+    }
+  }
+  if (!m["model"]["config_sha256"].is_null() &&
+      sha256_file(model_dir + "/config.json") != m["model"]["config_sha256"].get<std::string>())
+    fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");
+
   const std::string jdir = o.out_dir + "/journal";
   fs::create_directories(jdir);
   std::map<int64_t, ojson> results;
@@ -469,18 +484,6 @@ RunSummary run_manifest(const RunOptions& o) {
   std::optional<Checkpoint> ck;
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tok;
-  const ModelConfig cfg0 = ModelConfig::load(model_dir + "/config.json");
-  LayerRange range = LayerRange::all(cfg0);
-  if (ex["mode"] == "trace") {
-    try {
-      range = LayerRange::parse(ex["layers"].get<std::string>(), cfg0);
-    } catch (const Error& e) {
-      fail(o.manifest, "protocol.execution.layers", std::string(e.what()) + " (model " + model_dir + ")");
-    }
-  }
-  if (!m["model"]["config_sha256"].is_null() &&
-      sha256_file(model_dir + "/config.json") != m["model"]["config_sha256"].get<std::string>())
-    fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");
   ojson model_info = {{"config_sha256", sha256_file(model_dir + "/config.json")},
                       {"layers", std::to_string(range.first) + "-" + std::to_string(range.last)},
                       {"compute", ex["compute"]},

@@ -77,3 +77,20 @@ TEST(AtomicFile, LeavesNothingWithoutCommit) {
   EXPECT_EQ(read_file(p), "done");
   std::filesystem::remove_all(dir);
 }
+
+// A directory where a file is expected: one error naming it and what it is (fopen opens a
+// directory; only its reads fail, which said a bare "read error").
+TEST(ReadFile, ADirectoryIsNamedAsOne) {
+  const auto dir = (std::filesystem::temp_directory_path() / "atlas_read_dir_test").string();
+  std::filesystem::create_directories(dir);
+  for (int which = 0; which < 2; ++which) {
+    try {
+      if (which == 0) (void)read_file(dir);
+      else (void)sha256_file(dir);
+      ADD_FAILURE() << "no error for a directory (" << which << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(dir + ": is a directory, expected a file"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}

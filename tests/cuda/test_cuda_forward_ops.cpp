@@ -527,7 +527,9 @@ TEST_F(DeviceGreedy, RunStepEndsFusedWriteWhatTheirLaunchesWrite) {
         std::vector<int32_t> all = tok.download();
         for (const auto& v : {prev.download(), out.download(), err.download()}) all.insert(all.end(), v.begin(), v.end());
         seen.push_back(all);
-        if (!nan) EXPECT_EQ(all[0], 777);
+        if (!nan) {
+          EXPECT_EQ(all[0], 777);
+        }
         EXPECT_EQ(all[1], all[0]);                   // prev
         EXPECT_EQ(all[2 + (7 - 1) % ring], all[0]);  // the step's ring slot (state 7: step 6)
         EXPECT_EQ(all[2 + ring + (7 - 1) % ring], nan ? 128 : 0);

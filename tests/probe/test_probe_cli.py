@@ -552,6 +552,24 @@ class BadInput(unittest.TestCase):
             else:
                 self.freeze_fails(p, "nope.jsonl", "not found", extra=("--data", src))
 
+    def test_layer_range_beyond_the_model(self):
+        # Freezing checks a trace's range against the model's config (the tiny model: layers 0-3).
+        self.freeze_fails(write_proto("bad-layers.toml", layers="0-9"), "bad-layers.toml", "execution.layers",
+                          "outside 0-3")
+        # A model directory without config.json cannot be checked when freezing; the run checks
+        # it against the model it is given before writing anything: no journal directory left.
+        bare = os.path.join(TMP, "tiny-noconfig")
+        shutil.rmtree(bare, ignore_errors=True)
+        shutil.copytree(MODEL, bare)
+        os.remove(os.path.join(bare, "config.json"))
+        man = os.path.join(TMP, "layers.json")
+        atlas("freeze", write_proto("layers.toml", layers="0-9"), "--out", man, "--model", bare)
+        d = os.path.join(TMP, "layers-run")
+        p = atlas("run", man, "--out", d, "--model", MODEL, rc=1)
+        self.assertIn("protocol.execution.layers", p.stderr)
+        self.assertIn("outside 0-3", p.stderr)
+        self.assertFalse(os.path.exists(d))
+
     def test_modified_manifest_is_refused(self):
         proto = write_proto("mod.toml")
         man = os.path.join(TMP, "mod.json")

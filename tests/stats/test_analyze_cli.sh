@@ -59,4 +59,9 @@ no_file "mixed manifests" "$work/o5"
 "$bin" analyze "$work/first.json" "$work/other.json" --allow-mixed --out "$work/o6" --replicates 20 --task-replicates 20 >/dev/null \
   && ok "--allow-mixed merges" || bad "--allow-mixed failed"
 expect_error "bad level" '--level: expected a value in \(0, 1\)' "$bin" analyze "$work/in.json" --out "$work/o7" --level 1.5
+# A directory that is not a probe run's (no run.json): named as such, not a bare read error.
+mkdir -p "$work/notarun"
+expect_error "not a run directory" 'notarun/run.json: missing: a directory given to analyze must be a probe run' \
+  "$bin" analyze "$work/notarun" --out "$work/o8"
+no_file "not a run directory" "$work/o8"
 finish

@@ -2081,7 +2081,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
         // wide norm serves the row), and a greedy step's argmax writes the outputs.
         const int64_t H = m_.cfg_.hidden_size;
         const bool fuse = m_.run_fused_ && B == 1 && m_.has_head_;
-        const StepEnds ends{.embedded_and_normed = fuse && !m_.blocks_.empty() && add_rmsnorm_can_place_sum(1, int(H)),
+        const StepEnds ends{.embedded_and_normed = fuse && !m_.blocks_.empty() && wide_row_norm(1, int(H)),
                             .outputs = fuse && !sampled ? &out : nullptr};
         if (ends.embedded_and_normed)
           run_inputs_embed_norm({.run = in,

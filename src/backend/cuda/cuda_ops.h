@@ -324,7 +324,9 @@ struct AddRmsNormArgsT {
 void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a);
 void add_rmsnorm(const AddRmsNormArgsT<float>& a);
 int64_t add_rmsnorm_dropped_sum_launches();  // how many ran with Sum::dropped (tests)
-// Whether add_rmsnorm takes a sum other than in place for rows x dim (the wide kernel runs).
+// Whether the norms of rows x dim run the wide kernel (one 1024-thread block per row: few rows of
+// dim <= 2048, ATLAS_WIDE_NORM not 0); add_rmsnorm takes a sum other than in place only there.
+bool wide_row_norm(int rows, int dim);
 bool add_rmsnorm_can_place_sum(int rows, int dim);
 
 // ---- YaRN RoPE (spec section 3) ----------------------------------------------------------
@@ -621,7 +623,7 @@ void run_outputs(const RunOutputsArgs& a);
 // run_inputs at one row (run.batch == 1), then the embedding lookup (copy_rows of row ids[0] of
 // `embed` into x) and the first layer's input norm (rmsnorm of x into h): one launch, the same
 // values in every buffer (kernels/decode_run.cuh; ATLAS_RUN_FUSED, session 47). dim <=
-// kern::kWideDim (add_rmsnorm_can_place_sum(1, dim) says whether it may run).
+// kern::kWideDim (wide_row_norm(1, dim) says whether it may run).
 template <class T>
 struct RunInputsNormArgsT {
   RunInputsArgs run;          // batch 1; run.stream is the launch's stream

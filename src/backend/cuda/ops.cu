@@ -339,6 +339,7 @@ void rmsnorm(const RmsNormArgsT<float>& a) { rmsnorm_impl(a); }
 void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a) { add_rmsnorm_impl(a); }
 void add_rmsnorm(const AddRmsNormArgsT<float>& a) { add_rmsnorm_impl(a); }
 int64_t add_rmsnorm_dropped_sum_launches() { return g_dropped_sum_norms.load(); }
+bool wide_row_norm(int rows, int dim) { return use_wide_norm(rows, dim); }
 bool add_rmsnorm_can_place_sum(int rows, int dim) { return use_wide_norm(rows, dim); }
 void rope_inplace(const RopeArgs& a) { rope_impl(a, static_cast<const RopeArgs*>(nullptr)); }
 void rope_inplace(const RopeArgsT<float>& a) { rope_impl(a, static_cast<const RopeArgsT<float>*>(nullptr)); }
