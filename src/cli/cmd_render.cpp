@@ -122,7 +122,14 @@ void run(const RenderArgs& a) {
   atlas::ojson messages;
   atlas::ChatOptions opt;
   split_case(parse_ordered(atlas::read_file(a.messages), a.messages), a.messages, t.base, messages, opt);
-  std::string s = t.tmpl.apply(messages, opt);
+  std::string s;
+  try {
+    s = t.tmpl.apply(messages, opt);
+  } catch (const atlas::Error& e) {
+    // The template decides which fields a message needs (as in transformers): its error names
+    // the template's line and column; this names the messages it failed on too.
+    atlas::fail(a.messages, {}, std::string("the chat template failed on these messages: ") + e.what());
+  }
   if (a.ids) {
 #ifdef ATLAS_RENDER_HAS_TOKENIZER
     if (a.model.empty()) atlas::fail("render", "--ids", "needs --model DIR with tokenizer.json");

@@ -55,4 +55,11 @@ expect_output "T" "$bin" render --model "$tmp/named" --messages "$tmp/chat.json"
 printf '%s' '{"bos_token": 7, "chat_template": "x"}' > "$tmp/model2.json"; mkdir "$tmp/badtok"; cp "$tmp/model2.json" "$tmp/badtok/tokenizer_config.json"
 expect_error "bos_token" "$bin" render --model "$tmp/badtok" --messages "$tmp/chat.json"
 expect_error "--vars" "$bin" render --model "$tmp/model" --messages "$tmp/chat.json" --vars '[1]'
+# A message without a field the template needs: the template's error, naming the messages file.
+mkdir "$tmp/concat"
+printf '%s' '{"chat_template": "{% for m in messages %}{{ m.role + \":\" + m.content }}{% endfor %}"}' > "$tmp/concat/tokenizer_config.json"
+printf '%s' '[{"role": "user"}]' > "$tmp/nocontent.json"
+expect_error "$tmp/nocontent.json: the chat template failed on these messages: " \
+  "$bin" render --model "$tmp/concat" --messages "$tmp/nocontent.json"
+expect_error "has no attribute 'content'" "$bin" render --model "$tmp/concat" --messages "$tmp/nocontent.json"
 exit $fails
