@@ -249,6 +249,15 @@ ojson load_manifest(const std::string& path) {
   return m;
 }
 
+LayerRange protocol_layers(const std::string& spec, const ModelConfig& cfg, const std::string& model_dir,
+                           const std::string& file, const std::string& field) {
+  try {
+    return LayerRange::parse(spec, cfg);
+  } catch (const Error& e) {
+    fail(file, field, std::string(e.what()) + " (model " + model_dir + ")");
+  }
+}
+
 ojson freeze(const FreezeOptions& o) {
   Protocol p = load_protocol(o.protocol);
   if (!o.model_dir.empty()) p.model_dir = o.model_dir;
@@ -261,14 +270,9 @@ ojson freeze(const FreezeOptions& o) {
   // A trace's layer range against the model's config, where the directory has one (run checks
   // the range again, and that the config is the one recorded here): a range the model lacks fails
   // when freezing, not when the frozen manifest runs.
-  if (p.mode == "trace" && file_exists(p.model_dir + "/config.json")) {
-    const ModelConfig cfg = ModelConfig::load(p.model_dir + "/config.json");
-    try {
-      (void)LayerRange::parse(p.layers, cfg);
-    } catch (const Error& e) {
-      fail(p.path, "execution.layers", std::string(e.what()) + " (model " + p.model_dir + ")");
-    }
-  }
+  if (p.mode == "trace" && file_exists(p.model_dir + "/config.json"))
+    (void)protocol_layers(p.layers, ModelConfig::load(p.model_dir + "/config.json"), p.model_dir, p.path,
+                          "execution.layers");
   const std::string tok_json = p.model_dir + "/tokenizer.json";
   if (!file_exists(tok_json)) fail(tok_json, {}, "the model directory has no tokenizer.json (freezing needs the tokenizer)");
   const Tokenizer tok = Tokenizer::load_dir(p.model_dir);

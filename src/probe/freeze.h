@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/json.h"
+#include "model/config.h"
 
 namespace atlas::probe {
 
@@ -33,5 +34,10 @@ std::string manifest_hash(const ojson& manifest);
 
 // Reads a manifest and checks its kind and its own hash (a modified manifest is refused).
 ojson load_manifest(const std::string& path);
+
+// A trace protocol's `execution.layers` against a model's config (freeze, where the model
+// directory has one, and run): the range, or one error naming `file` and `field` and the model.
+LayerRange protocol_layers(const std::string& spec, const ModelConfig& cfg, const std::string& model_dir,
+                           const std::string& file, const std::string& field);
 
 }  // namespace atlas::probe

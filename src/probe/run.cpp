@@ -427,13 +427,8 @@ RunSummary run_manifest(const RunOptions& o) {
   // config leaves no journal directory behind.
   const ModelConfig cfg0 = ModelConfig::load(model_dir + "/config.json");
   LayerRange range = LayerRange::all(cfg0);
-  if (ex["mode"] == "trace") {
-    try {
-      range = LayerRange::parse(ex["layers"].get<std::string>(), cfg0);
-    } catch (const Error& e) {
-      fail(o.manifest, "protocol.execution.layers", std::string(e.what()) + " (model " + model_dir + ")");
-    }
-  }
+  if (ex["mode"] == "trace")
+    range = protocol_layers(ex["layers"].get<std::string>(), cfg0, model_dir, o.manifest, "protocol.execution.layers");
   if (!m["model"]["config_sha256"].is_null() &&
       sha256_file(model_dir + "/config.json") != m["model"]["config_sha256"].get<std::string>())
     fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");

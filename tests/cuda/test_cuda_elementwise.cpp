@@ -191,7 +191,7 @@ TEST_F(Elementwise, AddRmsNormSumOutOfPlaceOrDroppedGivesTheSameRows) {
   const int64_t dropped0 = add_rmsnorm_dropped_sum_launches();
   for (const auto& [dim, rows] : {std::pair{2048, 1}, {2048, 19}, {100, 19}}) {
     SCOPED_TRACE(::testing::Message() << "dim " << dim << " rows " << rows);
-    ASSERT_TRUE(add_rmsnorm_can_place_sum(rows, dim));  // (not under ATLAS_WIDE_NORM=0)
+    ASSERT_TRUE(wide_row_norm(rows, dim));  // (not under ATLAS_WIDE_NORM=0)
     const size_t n = size_t(rows) * size_t(dim);
     auto x = random_bf16(n, rng, 3.0f), y = random_bf16(n, rng, 1.0f);
     auto w = random_bf16(size_t(dim), rng, 0.5f);
@@ -234,7 +234,7 @@ TEST_F(Elementwise, AddRmsNormSumOutOfPlaceOrDroppedGivesTheSameRows) {
     drop.sum = Sum::dropped;
     out_of_place.sum = Sum::to_sum_out;
     out_of_place.sum_out = c.get();
-    EXPECT_FALSE(add_rmsnorm_can_place_sum(rows, dim));
+    EXPECT_FALSE(wide_row_norm(rows, dim));
     EXPECT_THROW(add_rmsnorm(drop), Error);
     EXPECT_THROW(add_rmsnorm(out_of_place), Error);
     EXPECT_NO_THROW(add_rmsnorm(base));

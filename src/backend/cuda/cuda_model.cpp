@@ -369,7 +369,8 @@ class CudaModelT final : public Model {
   // observed, else null.
   // ends: a decode run's batch-1 step graph under ATLAS_RUN_FUSED (Run::push): its first launch
   // did the embedding lookup and the first input norm already, and/or the argmax writes the run's
-  // outputs. Null everywhere else.
+  // outputs (set in greedy steps only: a sampled step's sampler follows the argmax). Null
+  // everywhere else.
   struct StepEnds {
     bool embedded_and_normed = false;
     const RunOutputsArgs* outputs = nullptr;
@@ -1641,7 +1642,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     using Sum = typename AddRmsNormArgsT<Elem>::Sum;
     // (h_side and x_alt hold a row wherever M == 1 with the switch on: carve.)
     if (shared_fork_o_proj_ && side_on_ && !tailed && M == 1 && L.moe && L.has_shared && L.ln2 &&
-        add_rmsnorm_can_place_sum(1, int(H)) &&
+        wide_row_norm(1, int(H)) &&
         !(hooks && (hooks->wants(names.attn_out) || hooks->wants(names.resid_mid) || hooks->wants(names.ln2)))) {
       add_rmsnorm({.x = b.x, .y = b.y, .weight = L.ln2, .out = b.h_side, .rows = 1, .dim = int(H), .eps = eps,
                    .stream = fork_side(), .sum = Sum::dropped});
@@ -1726,7 +1727,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   if (last_only)
     argmax({.logits = b.logits, .out = b.greedy, .rows = int(B), .vocab = int(V), .stream = s_,
             .counters = b.argmax_counters, .partials = b.argmax_parts,
-            .run_outputs = ends && !sample ? ends->outputs : nullptr});
+            .run_outputs = ends ? ends->outputs : nullptr});
   // Sampled rows overwrite their argmax with the drawn token (docs/decoding.md, bit-identical to
   // the host's RowSampler); greedy-mode rows are skipped by the kernel.
   if (last_only && sample)

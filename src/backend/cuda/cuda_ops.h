@@ -327,7 +327,6 @@ int64_t add_rmsnorm_dropped_sum_launches();  // how many ran with Sum::dropped (
 // Whether the norms of rows x dim run the wide kernel (one 1024-thread block per row: few rows of
 // dim <= 2048, ATLAS_WIDE_NORM not 0); add_rmsnorm takes a sum other than in place only there.
 bool wide_row_norm(int rows, int dim);
-bool add_rmsnorm_can_place_sum(int rows, int dim);
 
 // ---- YaRN RoPE (spec section 3) ----------------------------------------------------------
 struct YarnParams {

@@ -87,7 +87,7 @@ void add_rmsnorm_impl(const AddRmsNormArgsT<T>& a) {
   } else {
     require(a.sum == Sum::in_place, op, "sum", "must be in_place, to_sum_out or dropped");
   }
-  require(sum == a.x || add_rmsnorm_can_place_sum(a.rows, a.dim), op, "sum",
+  require(sum == a.x || use_wide_norm(a.rows, a.dim), op, "sum",
           "a sum out of place or dropped needs the wide kernel (rows <= " + std::to_string(kWideNormMaxRows) +
               ", dim <= " + std::to_string(kern::kWideDim) + ", ATLAS_WIDE_NORM not 0)");
   if (a.rows == 0) return;
@@ -340,7 +340,6 @@ void add_rmsnorm(const AddRmsNormArgsT<uint16_t>& a) { add_rmsnorm_impl(a); }
 void add_rmsnorm(const AddRmsNormArgsT<float>& a) { add_rmsnorm_impl(a); }
 int64_t add_rmsnorm_dropped_sum_launches() { return g_dropped_sum_norms.load(); }
 bool wide_row_norm(int rows, int dim) { return use_wide_norm(rows, dim); }
-bool add_rmsnorm_can_place_sum(int rows, int dim) { return use_wide_norm(rows, dim); }
 void rope_inplace(const RopeArgs& a) { rope_impl(a, static_cast<const RopeArgs*>(nullptr)); }
 void rope_inplace(const RopeArgsT<float>& a) { rope_impl(a, static_cast<const RopeArgsT<float>*>(nullptr)); }
 void rope2(const RopeArgs& a, const RopeArgs& b) { rope_impl(a, &b); }
