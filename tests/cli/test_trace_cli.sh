@@ -83,6 +83,12 @@ else
   expect_error "bad block stamps file" "ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '$work/none/s.csv'" \
     env ATLAS_BLOCK_STAMPS="$work/none/s.csv" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad block stamps file" "$work/env.json"
+  # Config-name overrides (session 49): a grouped-only config is not one the dense MLP may take.
+  for bad_config in ATLAS_GEMM_WIDE_GATED=splitk16x8/8w ATLAS_GEMM_LONG_K=32x64x128/4; do
+    expect_error "bad ${bad_config%%=*} config" "${bad_config%%=*}: '${bad_config#*=}' is not the name of a dense config" \
+      env "$bad_config" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+    no_file "bad ${bad_config%%=*} config" "$work/env.json"
+  done
   # On/off switches of sessions 21-23 (env_switch): one error naming the variable, no file.
   for bad_switch in ATLAS_GEMM_STAGE_EARLY=yes ATLAS_GEMM_CLUSTER_EARLY=on ATLAS_MLA_EARLY_CACHE=true \
     ATLAS_GEMM_STREAM_BALANCE=even ATLAS_GEMM_TAILS=yes ATLAS_MOE_SELF_ROUTE=self ATLAS_GEMM_TIGHT_TILES=tight ATLAS_ROUTE_CLUSTER=on ATLAS_GEMM_WIDE_SPLITK4=4w \

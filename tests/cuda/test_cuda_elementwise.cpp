@@ -264,6 +264,8 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_GEMM_STREAM_GROUPED", {"0", "1", "wg", "wg-gate", "wg-split", "split-gate", "split-gate3", "yes"}},
       {"ATLAS_GEMM_STREAM_LEAN", {"0", "4", "6", "8", "4/3", "5"}},
       {"ATLAS_GEMM_STREAM_FEW", {"stream8x8/3w", "splitk16x8/8w+staged", "c16x64/4w", "16x32x128/4+slices"}},
+      {"ATLAS_GEMM_WIDE_GATED", {"streamwg64x8/4l2", "c16x64/4w", "streamwg64x8/6l", "splitk16x8/8w+staged"}},
+      {"ATLAS_GEMM_LONG_K", {"splitk16x8/4w+staged", "16x32x128/4+slices", "splitk16x16/8w", "32x64x128/4"}},
       {"ATLAS_GEMM_GROUPED_MANY", {"32x64x64/4", "splitk16x8/8w"}},
       {"ATLAS_GEMM_GROUPED_FEW_DOWN", {"16x32x128/4", "splitk16x8/8w", "stream8x8/3w", "16x32x128/4+slices", "c16x64/4w",
                                        "16x32x128/4l", "16x32x128/4u", "16x32x128/5h", "wg128x128x64/4"}},

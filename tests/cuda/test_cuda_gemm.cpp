@@ -1179,6 +1179,29 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
     EXPECT_EQ(gemm_config_name(gemm_chosen_config(shared_one)), few_env);
   else
     EXPECT_EQ(gemm_config_name(gemm_chosen_config(shared_one)), gemm_config_name(gemm_chosen_config(lm_head)));
+  // Session 49: the dense MLP at one row (V2-Lite's layer 0: gate|up N = 21,888 gated, down
+  // K = 10,944) takes ATLAS_GEMM_WIDE_GATED's / ATLAS_GEMM_LONG_K's config where set (A/B runs);
+  // else its gate|up the LM head's stream config and its down the staged split-K.
+  GemmArgs dense_gate_up = m1;
+  dense_gate_up.N = 21888;
+  dense_gate_up.gated = 10944;
+  dense_gate_up.gated_scratch = dw.get();
+  GemmArgs dense_down = m1;
+  dense_down.N = 2048;
+  dense_down.K = 10944;
+  const auto env_of = [](const char* var) {
+    const char* v = std::getenv(var);
+    return std::string(v == nullptr ? "" : v);
+  };
+  const std::string wide_env = env_of("ATLAS_GEMM_WIDE_GATED"), long_env = env_of("ATLAS_GEMM_LONG_K");
+  if (!wide_env.empty())
+    EXPECT_EQ(gemm_config_name(gemm_chosen_config(dense_gate_up)), wide_env);
+  else if (stream != "0")
+    EXPECT_EQ(gemm_config_name(gemm_chosen_config(dense_gate_up)), gemm_config_name(gemm_chosen_config(lm_head)));
+  if (!long_env.empty() && long_env != "splitk16x8/8w")
+    EXPECT_EQ(gemm_config_name(gemm_chosen_config(dense_down)), long_env);
+  else if (env_of("ATLAS_GEMM_SPLITK").empty())
+    EXPECT_EQ(gemm_config_name(gemm_chosen_config(dense_down)), "splitk16x8/8w+staged");
   for (int c = 0; c < gemm_config_count(); ++c) {
     const std::string name = gemm_config_name(c);
     if (name[0] != 'c') continue;

@@ -83,6 +83,14 @@ int gemm_lean_part_begin(int q, int parts, int K);
 // ATLAS_GEMM_SPLITK); a name that is not a dense, non-TMA, non-sliced config throws an Error
 // naming the variable.
 int gemm_stream_few_setting(const char* value);
+// ATLAS_GEMM_WIDE_GATED / ATLAS_GEMM_LONG_K's values (null or empty: unset, -1; session 49, for A/B
+// runs: any config gives the same bits): the config the dense MLP's gate|up at one row (gated, at
+// least one 64-column tile per SM) / its down (more than 16 K slices) take, where async operands
+// allow; a split-K name runs as the split-K default does (ATLAS_GEMM_SPLITK). A name that is not a
+// dense, non-TMA config (WIDE_GATED: one that fuses the SiLU, so not split-K or sliced either)
+// throws an Error naming the variable.
+int gemm_wide_gated_setting(const char* value);
+int gemm_long_k_setting(const char* value);
 // ATLAS_WIDE_NORM's value (null: unset): whether the norms of at most kWideNormMaxRows rows (and
 // the kernels with a norm fused in: the MoE combine + norm, the latent to the MLA cache) run one
 // 1024-thread block per row (kernels/rmsnorm.cuh, "wide norms"; the same bits) — unset or "1"

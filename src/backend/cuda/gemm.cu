@@ -1029,6 +1029,8 @@ bool use_sliced(const GemmArgs& a, const TileConfig& c, bool async, int sm_count
 int dense_splitk_config();  // (below, with the other config overrides)
 bool splitk_overridden();
 int stream_few_config();  // ATLAS_GEMM_STREAM_FEW's config, -1 where unset (below)
+int wide_gated_config();  // ATLAS_GEMM_WIDE_GATED's, -1 where unset (below)
+int long_k_config();      // ATLAS_GEMM_LONG_K's, -1 where unset (below)
 int dense_config(const GemmArgs& a, bool async, int sm_count) {
   int ci = choose_config(a.M, a.N, [&](int bm) { return ceil_div(a.M, bm) * a.batch; }, sm_count);
   if (forced_config.load() < 0 && a.M > 16 && a.M <= kSlicedMaxM) {
@@ -1097,6 +1099,19 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     if (ceil_div(a.N, 64) < int64_t(sm_count))
       if (const int few = stream_few_config(); few >= 0) ci = few;
   }
+  // Session 49, for A/B runs in the decode step (any config gives the same bits): the dense MLP's
+  // two GEMMs at one row (V2-Lite's layer 0). Its gate|up (gated, at least one 64-column tile
+  // per SM: N = 21,888, 342 tiles) takes ATLAS_GEMM_WIDE_GATED's config and its down (more than 16
+  // K slices: K = 10,944, 43) ATLAS_GEMM_LONG_K's, where set. Why: s48-1's timeline had them at
+  // 3.26 and 2.88 TB/s (the stream config's 342 one-tile blocks, the staged split-K's 256) against
+  // the LM head's 4.25 on the same stream config.
+  if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1) {
+    if (a.gated > 0 && ceil_div(a.N, 64) >= int64_t(sm_count)) {
+      if (const int w = wide_gated_config(); w >= 0) ci = w;
+    } else if (a.gated == 0 && ceil_div(a.K, kern::kSliceK) > 16) {
+      if (const int l = long_k_config(); l >= 0) ci = l;
+    }
+  }
   ci = config_or_fallback(ci, a.K);
   ci = half_a_or_fallback(ci, a.M, a.N, a.K);
   if (forced_config.load() < 0 && ci == kSplitK8) {
@@ -1139,6 +1154,16 @@ int config_or_override(const char* var, int (*setting)(const char*), int dflt) {
 // ATLAS_GEMM_STREAM_FEW names one (session 28, end-to-end A/B runs; any config: the same bits).
 int stream_few_config() {
   static const int ci = config_or_override("ATLAS_GEMM_STREAM_FEW", gemm_stream_few_setting, -1);
+  return ci;
+}
+// The configs of the dense MLP's gate|up and down at one row where ATLAS_GEMM_WIDE_GATED /
+// ATLAS_GEMM_LONG_K name them (session 49, A/B runs; dense_config says which problems).
+int wide_gated_config() {
+  static const int ci = config_or_override("ATLAS_GEMM_WIDE_GATED", gemm_wide_gated_setting, -1);
+  return ci;
+}
+int long_k_config() {
+  static const int ci = config_or_override("ATLAS_GEMM_LONG_K", gemm_long_k_setting, -1);
   return ci;
 }
 // The config for many small groups (a decode step of many tokens); ATLAS_GEMM_GROUPED_MANY=<config
@@ -2122,6 +2147,19 @@ int gemm_stream_few_setting(const char* value) {
   return config_override_setting(
       "ATLAS_GEMM_STREAM_FEW", value, [](const TileConfig& c) { return !c.grouped_only && !c.tma && !c.sliced; },
       "the name of a dense config other than a TMA or sliced one (see atlas_cuda_bench's sweep)");
+}
+
+int gemm_wide_gated_setting(const char* value) {
+  return config_override_setting(
+      "ATLAS_GEMM_WIDE_GATED", value,
+      [](const TileConfig& c) { return !c.grouped_only && !c.tma && fuses_gated(c); },
+      "the name of a dense config that fuses the SiLU: not split-K, sliced or TMA (see atlas_cuda_bench's sweep)");
+}
+
+int gemm_long_k_setting(const char* value) {
+  return config_override_setting(
+      "ATLAS_GEMM_LONG_K", value, [](const TileConfig& c) { return !c.grouped_only && !c.tma; },
+      "the name of a dense config other than a TMA one (see atlas_cuda_bench's sweep)");
 }
 
 int gemm_grouped_many_setting(const char* value) {

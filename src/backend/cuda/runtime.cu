@@ -373,6 +373,8 @@ void check_environment() {
   (void)detail::gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
   (void)detail::gemm_stream_lean_setting(std::getenv("ATLAS_GEMM_STREAM_LEAN"));
   (void)detail::gemm_stream_few_setting(std::getenv("ATLAS_GEMM_STREAM_FEW"));
+  (void)detail::gemm_wide_gated_setting(std::getenv("ATLAS_GEMM_WIDE_GATED"));
+  (void)detail::gemm_long_k_setting(std::getenv("ATLAS_GEMM_LONG_K"));
   (void)detail::gemm_grouped_many_setting(std::getenv("ATLAS_GEMM_GROUPED_MANY"));
   (void)detail::gemm_grouped_few_down_setting(std::getenv("ATLAS_GEMM_GROUPED_FEW_DOWN"));
   (void)detail::gemm_down_blocks_setting(std::getenv("ATLAS_GEMM_DOWN_BLOCKS_PER_SM"));
