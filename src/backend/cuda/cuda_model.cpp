@@ -605,6 +605,9 @@ class CudaModelT final : public Model {
   // (run_inputs_embed_norm) and ends with the argmax writing the run's outputs (greedy steps):
   // two launches per step where there were five. The same bits.
   bool run_fused_ = false;
+  // ATLAS_RUN_ROOT=1 (session 49, a diagnostic; off): a decode run's step graph begins with an
+  // empty launch (graph_root), so that its step-start launch is not the graph's root node.
+  bool run_root_ = false;
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
   Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
@@ -764,6 +767,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   moe_down_early_ = env_switch("ATLAS_MOE_DOWN_EARLY", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   run_fused_ = env_switch("ATLAS_RUN_FUSED", false);
+  run_root_ = env_switch("ATLAS_RUN_ROOT", false);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -2084,6 +2088,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
         const bool fuse = m_.run_fused_ && B == 1 && m_.has_head_;
         const StepEnds ends{.embedded_and_normed = fuse && !m_.blocks_.empty() && wide_row_norm(1, int(H)),
                             .outputs = fuse && !sampled ? &out : nullptr};
+        if (m_.run_root_) graph_root(m_.s_);
         if (ends.embedded_and_normed)
           run_inputs_embed_norm({.run = in,
                                  .embed = m_.embed_,

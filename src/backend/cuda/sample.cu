@@ -30,6 +30,7 @@ void sample_impl(const SampleArgsT<T>& a) {
 }
 
 std::atomic<int64_t> g_run_inputs_norm{0};  // run_inputs_embed_norm launches (tests)
+std::atomic<int64_t> g_graph_root{0};        // graph_root launches (tests)
 
 void check_run_inputs(const RunInputsArgs& a, const char* op) {
   require(a.batch > 0 && a.ring > 0 && a.param_ints >= 0, op, "batch", "batch and ring must be > 0");
@@ -64,6 +65,13 @@ void run_inputs(const RunInputsArgs& a) {
          a.params_staged, a.prev, a.inputs, a.params, a.batch, a.param_ints, a.ring);
   check_launch(op);
 }
+
+void graph_root(Stream stream) {
+  launch(kern::graph_root_kernel, 1u, 32u, 0, stream_of(stream));
+  check_launch("graph_root");
+  g_graph_root.fetch_add(1, std::memory_order_relaxed);
+}
+int64_t graph_root_launches() { return g_graph_root.load(); }
 
 void run_inputs_embed_norm(const RunInputsNormArgsT<uint16_t>& a) { run_inputs_embed_norm_impl(a); }
 void run_inputs_embed_norm(const RunInputsNormArgsT<float>& a) { run_inputs_embed_norm_impl(a); }

@@ -1153,11 +1153,12 @@ TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
 // step's argmax writes the run's outputs. The tokens of the default's run, greedy and with the
 // row sampled on the device (there only the first end is fused: the sampler follows the argmax),
 // over 70 steps (the ring's slots reused) and 3 more in a second run; the caches left give the
-// same next step's logits; the fused launches ran only with it on, and at 8 rows never.
+// same next step's logits; the fused launches ran only with it on, and at 8 rows never. With
+// ATLAS_RUN_ROOT=1 too (session 49) the graph's empty first launch ran, and the same tokens.
 TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
-  ScopedEnv restore{{"ATLAS_RUN_FUSED", std::getenv("ATLAS_RUN_FUSED")}};
+  ScopedEnv restore{{"ATLAS_RUN_FUSED", std::getenv("ATLAS_RUN_FUSED")}, {"ATLAS_RUN_ROOT", std::getenv("ATLAS_RUN_ROOT")}};
   const int32_t p0 = int32_t(rows[1].size());
   for (const bool sampled : {false, true}) {
     SCOPED_TRACE(sampled ? "sampled on the device" : "greedy");
@@ -1172,14 +1173,17 @@ TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
     };
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<float>> next;
-    for (const char* value : {"0", "1"}) {
-      const bool on = value[0] == '1';
-      setenv("ATLAS_RUN_FUSED", value, 1);
+    // "1+root": with ATLAS_RUN_ROOT=1 too (session 49): an empty launch first, the same tokens.
+    for (const std::string value : {"0", "1", "1+root"}) {
+      const bool on = value[0] == '1', root = value == "1+root";
+      setenv("ATLAS_RUN_FUSED", on ? "1" : "0", 1);
+      setenv("ATLAS_RUN_ROOT", root ? "1" : "0", 1);
       auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
       auto c = m->make_cache(1, 400);
       const std::vector<float> lg = prefill(*m, *c, {rows[1]});
       const std::vector<int32_t> first{argmax(lg.data(), V)};
       const int64_t ins = cuda::run_inputs_embed_norm_launches(), outs = cuda::argmax_run_outputs_launches();
+      const int64_t roots = cuda::graph_root_launches();
       std::vector<int32_t> got = m->decode_chain(
           {.batch = 1, .steps = 70, .first_ids = first, .positions = part(positions, 0, 70),
            .sampling = part(params, 0, 70)},
@@ -1192,6 +1196,7 @@ TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
       got.insert(got.end(), more.begin(), more.end());
       EXPECT_EQ(cuda::run_inputs_embed_norm_launches() > ins, on) << "ATLAS_RUN_FUSED=" << value;
       EXPECT_EQ(cuda::argmax_run_outputs_launches() > outs, on && !sampled) << "ATLAS_RUN_FUSED=" << value;
+      EXPECT_EQ(cuda::graph_root_launches() > roots, root) << "ATLAS_RUN_FUSED=" << value;
       tokens.push_back(got);
       next.push_back(step(*m, *c, {got.back()}, {p0 + 73}, nullptr, AttentionForm::Absorbed));
       if (on) {  // 8 rows: the step graph as before
@@ -1209,6 +1214,8 @@ TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
     }
     EXPECT_EQ(tokens[1], tokens[0]);
     EXPECT_EQ(next[1], next[0]);
+    EXPECT_EQ(tokens[2], tokens[0]);
+    EXPECT_EQ(next[2], next[0]);
   }
 }
 

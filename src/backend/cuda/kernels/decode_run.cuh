@@ -44,6 +44,10 @@ __global__ void __launch_bounds__(kRunThreads) run_inputs_kernel(int32_t* state,
   if (threadIdx.x == 0) state[0] = j + 1;
 }
 
+// Nothing but the launch-overlap wait and release (graph_root, ATLAS_RUN_ROOT): a step graph's
+// first node ahead of its step-start launch.
+__global__ void __launch_bounds__(32) graph_root_kernel() { pdl_begin(); }
+
 // run_inputs_kernel at one row (B = 1), then what the step's next two launches do: the embedding
 // lookup (copy_rows_kernel of row ids[0] of `embed` into x) and the first layer's input norm
 // (rmsnorm_wide_kernel<T, false> of x into h): one launch at the step's start instead of three
