@@ -1494,6 +1494,16 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // q or the latent (hooks see dense tensors): a column's bits never depend on N.
     Elem *qp = b.q, *lp = b.lat;  // q and latent rows, strides qs and ls
     int64_t qs = nh * dq, ls = W;
+    // After a step-start launch that also embedded and normed (ATLAS_RUN_FUSED), the first layer's
+    // projections launch without launch overlap. Why: that launch writes the step's inputs (the
+    // lengths, cache slots, positions) at its end, after it released its dependents, and the MLA
+    // kernels read the lengths before their own wait, which is safe only where a launch that waits
+    // before it releases lies between the inputs' writer and them (by default the embedding copy;
+    // kernels/pdl.cuh). With the GEMMs' release-first launches in between, the attention kernel
+    // could start on the step before's lengths: s49-1's model test (FusedRunStepEndsGiveTheSameTokens)
+    // found other tokens. A plain launch here starts only after the step-start launch completed.
+    std::optional<PlainLaunchScope> after_start;
+    if (embedded && li == 0) after_start.emplace(true);
     if (L.q_kv && !(hooks && (hooks->wants(names.q) || hooks->wants(names.latent)))) {
       bool combined = false;  // q|kv_a ran with the previous layer's MoE combine + norm inside
       if constexpr (!kF32)
@@ -1525,6 +1535,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       linear(b.h, L.kv_a, b.lat, M, W, H);
       hook_act(hooks, names.latent, l, {B, T, W}, b.lat);
     }
+    after_start.reset();
     // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
     // heads); qt[:, h, dc:] = rotated q_pe_h (latent_to_cache or rope2 below). The two write
     // disjoint columns of qt from the q rows above, so the GEMM runs on side_ while s_ writes the

@@ -101,7 +101,10 @@ __global__ void __launch_bounds__(kWideThreads)
   }
   // h may not alias x; every read of x is above, by the thread that wrote the same element.
   rmsnorm_wide_finish<T>(v, wv, h, dim, eps, sq, scratch);
-  // The inputs for the step's later launches, which read them after this launch ends.
+  // The inputs for the step's later launches, which read them after this launch ends: written
+  // after the release above, so the launch after this one must not release its own dependents
+  // before this launch completes (the model launches it without launch overlap, session 49: the
+  // MLA kernels read the lengths before their wait, kernels/pdl.cuh).
   if (tid < 5) inputs[tid] = tid == 0 ? int32_t(id) : sv;
   if (params_staged != nullptr)
     for (int i = tid; i < pi; i += blockDim.x) params[i] = params_staged[int64_t(slot) * pi + i];
