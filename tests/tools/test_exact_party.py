@@ -1,6 +1,7 @@
 """tools/reference/exact_party.py: the exact-third-party verdict of fullsize_compare.py, on the
 committed H200 record of session 4 (atlas bf16 closer to exact math than transformers bf16 at
-every stage) and on edited copies where it must turn false.
+every stage), on edited copies where it must turn false, and on session 49's rerun (the verdict
+the script wrote equals the recomputed one; the distances equal session 4's).
 """
 import copy
 import json
@@ -31,6 +32,23 @@ for l in routes["route_set_agreement_vs_atlas_f32"]["atlas_bf16"]:
     routes["route_set_agreement_vs_atlas_f32"]["atlas_bf16"][l] -= 0.05
 if verdict_vs_exact(routes)["atlas_at_least_as_exact"]:
     fails.append("worse routes were not caught")
+
+# Session 49's rerun on the same prompts (6ed40f2): the verdict fullsize_compare.py wrote into the
+# record is the one exact_party computes from it, and atlas bf16's distances to transformers equal
+# session 4's at every stage (every kernel change since kept the bits).
+rec49 = json.load(open(os.path.join(SRC, "bench", "results", "h200-2026-12-05-s49-fullsize-compare.json")))
+def same(a, b):  # (a mean's last bit may differ: the device summed the agreements in another order)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return abs(a - b) <= 1e-12 * max(1.0, abs(a))
+    return a == b
+
+
+if not same(verdict_vs_exact(rec49), rec49["verdict"]["vs_exact"]):
+    fails.append("s49 record: written verdict %s, recomputed %s" % (rec49["verdict"]["vs_exact"], verdict_vs_exact(rec49)))
+if rec49["stages"] != rec["stages"]:
+    fails.append("s49 record: stage distances differ from session 4's")
 
 for f in fails:
     print("FAIL", f)
