@@ -418,85 +418,72 @@ TEST_F(DeviceGreedy, CapturedGraphReplaysWithNewInputs) {
   stream_destroy(s);
 }
 
-// A decode run's step ends fused (ATLAS_RUN_FUSED, session 47): run_inputs_embed_norm writes what
-// run_inputs, copy_rows of the embedding row and rmsnorm write (state, the five inputs, the
-// sampling parameters, x and h, bit for bit), at the run's first step and later ones (the id
-// then the step before's token, a negative one fed as 0), for a negative staged id (x left as it
-// was, then normed) and one past the vocabulary (copy_rows' error, x left), row widths below,
-// at and not a multiple of the wide norm's; and an argmax with run_outputs writes what argmax then
-// run_outputs write (the token into prev and the ring, the step's error flag into err: 0, or
-// the NaN bit), split and in one block.
+// A decode run's step ends fused (ATLAS_RUN_FUSED, sessions 47 and 49): after run_inputs,
+// embed_norm writes what copy_rows of the embedding row and rmsnorm write (x and h, bit for bit,
+// and copy_rows' error), at the run's first step and later ones (the id then the step before's
+// token, a negative one fed as 0), for a negative staged id (x left as it was, then normed) and
+// one past the vocabulary (copy_rows' error, x left), row widths below, at and not a multiple of
+// the wide norm's; and an argmax with run_outputs writes what argmax then run_outputs write (the
+// token into prev and the ring, the step's error flag into err: 0, or the NaN bit), split and in
+// one block.
 TEST_F(DeviceGreedy, RunStepEndsFusedWriteWhatTheirLaunchesWrite) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
-  const int ring = 4, pi = 8, vocab = 50;
+  const int ring = 4, vocab = 50;
   for (const int dim : {64, 1000, 2048}) {
     SCOPED_TRACE(::testing::Message() << "dim " << dim);
     const auto embed = random_bf16(size_t(vocab) * dim, rng), w = random_bf16(size_t(dim), rng);
     DevBuf<uint16_t> de(embed), dw(w);
-    for (const bool with_params : {false, true}) {
-      for (const int j : {0, 3, 6}) {
-        for (const int32_t id : {17, -1, vocab + 2}) {
-          for (const int32_t prev : {9, -5}) {
-            SCOPED_TRACE(::testing::Message() << "params " << with_params << " step " << j << " staged id " << id
-                                              << " prev " << prev);
-            // The host's ring: slot j % ring holds (id, pos, dst, qlen, qrow); the others noise.
-            std::vector<int32_t> staged(size_t(ring) * 5), params(size_t(ring) * pi);
-            for (auto& v : staged) v = int32_t(rng() % 1000);
-            for (auto& v : params) v = int32_t(rng());
-            staged[size_t(j % ring) * 5] = id;
-            const auto stale = random_bf16(size_t(dim), rng);  // x before the step
-            struct Side {
-              std::vector<int32_t> state, inputs, params;
-              std::vector<uint16_t> x, h;
-              bool error = false;
-            };
-            std::vector<Side> sides;
-            for (const bool fused : {false, true}) {
-              DevBuf<int32_t> dstate(std::vector<int32_t>{j}), dstaged(staged), dparams_staged(params),
-                  dprev(std::vector<int32_t>{prev}), dinputs(5), dparams(static_cast<size_t>(pi));
-              DevBuf<uint16_t> dx(stale), dh(static_cast<size_t>(dim));
-              const RunInputsArgs in{.state = dstate.get(),
-                                     .staged = dstaged.get(),
-                                     .params_staged = with_params ? dparams_staged.get() : nullptr,
-                                     .prev = dprev.get(),
-                                     .inputs = dinputs.get(),
-                                     .params = with_params ? dparams.get() : nullptr,
-                                     .batch = 1,
-                                     .param_ints = pi,
-                                     .ring = ring};
-              if (fused) {
-                const int64_t before = run_inputs_embed_norm_launches();
-                run_inputs_embed_norm({.run = in, .embed = de.get(), .vocab = vocab, .weight = dw.get(),
-                                       .x = dx.get(), .h = dh.get(), .dim = dim, .eps = 1e-6f});
-                EXPECT_EQ(run_inputs_embed_norm_launches(), before + 1);
-              } else {
-                run_inputs(in);
-                copy_rows({.src = de.get(), .dst = dx.get(), .src_rows = dinputs.get(), .rows = 1, .width = dim,
-                           .src_limit = vocab, .dst_limit = 1});
-                rmsnorm({.x = dx.get(), .weight = dw.get(), .out = dh.get(), .rows = 1, .dim = dim, .eps = 1e-6f});
-              }
-              Side sd{.state = dstate.download(), .inputs = dinputs.download(), .params = {}, .x = dx.download(),
-                      .h = dh.download(), .error = device_error_raised()};
-              if (with_params) sd.params = dparams.download();
-              sides.push_back(std::move(sd));
+    for (const int j : {0, 3, 6}) {
+      for (const int32_t id : {17, -1, vocab + 2}) {
+        for (const int32_t prev : {9, -5}) {
+          SCOPED_TRACE(::testing::Message() << "step " << j << " staged id " << id << " prev " << prev);
+          // The host's ring: slot j % ring holds (id, pos, dst, qlen, qrow); the others noise.
+          std::vector<int32_t> staged(size_t(ring) * 5);
+          for (auto& v : staged) v = int32_t(rng() % 1000);
+          staged[size_t(j % ring) * 5] = id;
+          const auto stale = random_bf16(size_t(dim), rng);  // x before the step
+          struct Side {
+            std::vector<int32_t> inputs;
+            std::vector<uint16_t> x, h;
+            bool error = false;
+          };
+          std::vector<Side> sides;
+          for (const bool fused : {false, true}) {
+            DevBuf<int32_t> dstate(std::vector<int32_t>{j}), dstaged(staged), dprev(std::vector<int32_t>{prev}),
+                dinputs(5);
+            DevBuf<uint16_t> dx(stale), dh(static_cast<size_t>(dim));
+            run_inputs({.state = dstate.get(),
+                        .staged = dstaged.get(),
+                        .prev = dprev.get(),
+                        .inputs = dinputs.get(),
+                        .batch = 1,
+                        .ring = ring});
+            if (fused) {
+              const int64_t before = embed_norm_launches();
+              embed_norm({.ids = dinputs.get(), .embed = de.get(), .vocab = vocab, .weight = dw.get(), .x = dx.get(),
+                          .h = dh.get(), .dim = dim, .eps = 1e-6f});
+              EXPECT_EQ(embed_norm_launches(), before + 1);
+            } else {
+              copy_rows({.src = de.get(), .dst = dx.get(), .src_rows = dinputs.get(), .rows = 1, .width = dim,
+                         .src_limit = vocab, .dst_limit = 1});
+              rmsnorm({.x = dx.get(), .weight = dw.get(), .out = dh.get(), .rows = 1, .dim = dim, .eps = 1e-6f});
             }
-            const Side &a = sides[0], &b = sides[1];
-            EXPECT_EQ(b.state, a.state);
-            EXPECT_EQ(a.state, std::vector<int32_t>{j + 1});  // (the three launches' own contract)
-            EXPECT_EQ(b.inputs, a.inputs);
-            EXPECT_EQ(b.params, a.params);
-            EXPECT_EQ(b.x, a.x);
-            EXPECT_EQ(b.h, a.h);
-            EXPECT_EQ(b.error, a.error);
-            const int32_t fed = j > 0 ? (prev < 0 ? 0 : prev) : id;
-            EXPECT_EQ(a.error, fed >= vocab);
-            if (fed >= 0 && fed < vocab)
-              EXPECT_EQ(a.x, std::vector<uint16_t>(embed.begin() + int64_t(fed) * dim,
-                                                   embed.begin() + int64_t(fed + 1) * dim));
-            else
-              EXPECT_EQ(a.x, stale);
+            sides.push_back(Side{.inputs = dinputs.download(), .x = dx.download(), .h = dh.download(),
+                                 .error = device_error_raised()});
           }
+          const Side &a = sides[0], &b = sides[1];
+          EXPECT_EQ(b.inputs, a.inputs);
+          EXPECT_EQ(b.x, a.x);
+          EXPECT_EQ(b.h, a.h);
+          EXPECT_EQ(b.error, a.error);
+          const int32_t fed = j > 0 ? (prev < 0 ? 0 : prev) : id;
+          EXPECT_EQ(a.inputs[0], fed);
+          EXPECT_EQ(a.error, fed >= vocab);
+          if (fed >= 0 && fed < vocab)
+            EXPECT_EQ(a.x, std::vector<uint16_t>(embed.begin() + int64_t(fed) * dim, embed.begin() + int64_t(fed + 1) * dim));
+          else
+            EXPECT_EQ(a.x, stale);
         }
       }
     }

@@ -367,9 +367,10 @@ class CudaModelT final : public Model {
   // for every chunk (graph capture).
   // key_slot: [B][Tk] cache slot of each timeline token (-1 padding) when a pattern hook is
   // observed, else null.
-  // ends: a decode run's batch-1 step graph under ATLAS_RUN_FUSED (Run::push): its first launch
-  // did the embedding lookup and the first input norm already, and/or the argmax writes the run's
-  // outputs (set in greedy steps only: a sampled step's sampler follows the argmax). Null
+  // ends: a decode run's batch-1 step graph under ATLAS_RUN_FUSED (Run::push): its launch after
+  // run_inputs did the embedding lookup and the first input norm already (embed_norm, which waits
+  // before it releases, as the embedding copy does: the MLA kernels read the step's lengths
+  // before their own wait, kernels/pdl.cuh), and/or the argmax writes the run's outputs (set in greedy steps only: a sampled step's sampler follows the argmax). Null
   // everywhere else.
   struct StepEnds {
     bool embedded_and_normed = false;
@@ -600,10 +601,10 @@ class CudaModelT final : public Model {
   // per row). Its counters live apart from scratch_ (zero between launches, so they must not move
   // under other buffers when the carve's sizes change): grow-only, zeroed when allocated.
   bool argmax_split_ = true;
-  // ATLAS_RUN_FUSED=1 (session 47; off: unmeasured): a batch-1 decode run's step graph begins
-  // with one launch for its inputs, the embedding lookup and the first input norm
-  // (run_inputs_embed_norm) and ends with the argmax writing the run's outputs (greedy steps):
-  // two launches per step where there were five. The same bits.
+  // ATLAS_RUN_FUSED=1 (sessions 47 and 49; off: inside the spread so far): a batch-1 decode run's
+  // step graph does the embedding lookup and the first input norm in one launch after its inputs'
+  // (embed_norm) and ends with the argmax writing the run's outputs (greedy steps): three launches
+  // per step where there were five. The same bits.
   bool run_fused_ = false;
   // ATLAS_RUN_ROOT=1 (session 49, a diagnostic; off): a decode run's step graph begins with an
   // empty launch (graph_root), so that its step-start launch is not the graph's root node.
@@ -1441,7 +1442,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   const int64_t dc = c.kv_lora_rank, dq = dn + dr, W = dc + dr;
 
   // Embedding lookup: x [M, H], the residual stream (done, with the first layer's input norm,
-  // by the step's first launch where `ends` says so).
+  // by one launch before this call where `ends` says so: embed_norm).
   const bool embedded = ends && ends->embedded_and_normed;
   if (!embedded)
     copy_rows({.src = embed_, .dst = b.x, .src_rows = b.ids, .rows = M, .width = int(H), .src_limit = V,
@@ -1494,16 +1495,6 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     // q or the latent (hooks see dense tensors): a column's bits never depend on N.
     Elem *qp = b.q, *lp = b.lat;  // q and latent rows, strides qs and ls
     int64_t qs = nh * dq, ls = W;
-    // After a step-start launch that also embedded and normed (ATLAS_RUN_FUSED), the first layer's
-    // projections launch without launch overlap. Why: that launch writes the step's inputs (the
-    // lengths, cache slots, positions) at its end, after it released its dependents, and the MLA
-    // kernels read the lengths before their own wait, which is safe only where a launch that waits
-    // before it releases lies between the inputs' writer and them (by default the embedding copy;
-    // kernels/pdl.cuh). With the GEMMs' release-first launches in between, the attention kernel
-    // could start on the step before's lengths: s49-1's model test (FusedRunStepEndsGiveTheSameTokens)
-    // found other tokens. A plain launch here starts only after the step-start launch completed.
-    std::optional<PlainLaunchScope> after_start;
-    if (embedded && li == 0) after_start.emplace(true);
     if (L.q_kv && !(hooks && (hooks->wants(names.q) || hooks->wants(names.latent)))) {
       bool combined = false;  // q|kv_a ran with the previous layer's MoE combine + norm inside
       if constexpr (!kF32)
@@ -1535,7 +1526,6 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       linear(b.h, L.kv_a, b.lat, M, W, H);
       hook_act(hooks, names.latent, l, {B, T, W}, b.lat);
     }
-    after_start.reset();
     // Absorbed attention. q~_h = q_nope_h W_UK^h -> qt[:, h, :dc] (one batched launch over the
     // heads); qt[:, h, dc:] = rotated q_pe_h (latent_to_cache or rope2 below). The two write
     // disjoint columns of qt from the q rows above, so the GEMM runs on side_ while s_ writes the
@@ -2093,24 +2083,24 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
                                  .batch = int(B),
                                  .ring = int(CudaCache::kRing),
                                  .stream = m_.s_};
-        // ATLAS_RUN_FUSED at one row: the step's first launch embeds and norms too (where the
-        // wide norm serves the row), and a greedy step's argmax writes the outputs.
+        // ATLAS_RUN_FUSED at one row: one launch embeds and norms (where the wide norm serves the
+        // row), and a greedy step's argmax writes the outputs.
         const int64_t H = m_.cfg_.hidden_size;
         const bool fuse = m_.run_fused_ && B == 1 && m_.has_head_;
         const StepEnds ends{.embedded_and_normed = fuse && !m_.blocks_.empty() && wide_row_norm(1, int(H)),
                             .outputs = fuse && !sampled ? &out : nullptr};
         if (m_.run_root_) graph_root(m_.s_);
+        run_inputs(in);
         if (ends.embedded_and_normed)
-          run_inputs_embed_norm({.run = in,
-                                 .embed = m_.embed_,
-                                 .vocab = m_.cfg_.vocab_size,
-                                 .weight = m_.blocks_[0].ln1,
-                                 .x = b.x,
-                                 .h = b.h,
-                                 .dim = int(H),
-                                 .eps = float(m_.cfg_.rms_norm_eps)});
-        else
-          run_inputs(in);
+          embed_norm({.ids = b.ids,
+                      .embed = m_.embed_,
+                      .vocab = m_.cfg_.vocab_size,
+                      .weight = m_.blocks_[0].ln1,
+                      .x = b.x,
+                      .h = b.h,
+                      .dim = int(H),
+                      .eps = float(m_.cfg_.rms_norm_eps),
+                      .stream = m_.s_});
         m_.layers_forward(B, 1, c_, b, B, nullptr, cap, true, nullptr, sampled, nullptr, &ends);
         if (!ends.outputs) run_outputs(out);
         graph.end(m_.s_);

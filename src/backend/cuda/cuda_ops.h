@@ -625,24 +625,25 @@ struct RunOutputsArgs {
   Stream stream = nullptr;
 };
 void run_outputs(const RunOutputsArgs& a);
-// run_inputs at one row (run.batch == 1), then the embedding lookup (copy_rows of row ids[0] of
-// `embed` into x) and the first layer's input norm (rmsnorm of x into h): one launch, the same
-// values in every buffer (kernels/decode_run.cuh; ATLAS_RUN_FUSED, session 47). dim <=
-// kern::kWideDim (wide_row_norm(1, dim) says whether it may run).
+// The embedding lookup (copy_rows of row ids[0] of `embed` into x) and the first layer's input
+// norm (rmsnorm of x into h) at one row, in one launch: the same values (kernels/decode_run.cuh;
+// ATLAS_RUN_FUSED, sessions 47 and 49). dim <= kern::kWideDim (wide_row_norm(1, dim) says
+// whether it may run).
 template <class T>
-struct RunInputsNormArgsT {
-  RunInputsArgs run;          // batch 1; run.stream is the launch's stream
-  const T* embed = nullptr;   // [vocab, dim]
+struct EmbedNormArgsT {
+  const int32_t* ids = nullptr;  // [1], device: the row's id (run_inputs' first input)
+  const T* embed = nullptr;      // [vocab, dim]
   int64_t vocab = 0;
   const T* weight = nullptr;  // [dim], the first layer's input norm
   T* x = nullptr;             // [dim], the residual stream's row
   T* h = nullptr;             // [dim], the normed row; must not alias x
   int dim = 0;
   float eps = 1e-6f;
+  Stream stream = nullptr;
 };
-void run_inputs_embed_norm(const RunInputsNormArgsT<uint16_t>& a);
-void run_inputs_embed_norm(const RunInputsNormArgsT<float>& a);
-int64_t run_inputs_embed_norm_launches();  // (tests: the fused form ran)
+void embed_norm(const EmbedNormArgsT<uint16_t>& a);
+void embed_norm(const EmbedNormArgsT<float>& a);
+int64_t embed_norm_launches();  // (tests: the fused form ran)
 int64_t argmax_run_outputs_launches();     // argmax launches that wrote a run's outputs (tests)
 
 template <class T>

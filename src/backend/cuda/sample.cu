@@ -29,8 +29,8 @@ void sample_impl(const SampleArgsT<T>& a) {
   check_launch(op);
 }
 
-std::atomic<int64_t> g_run_inputs_norm{0};  // run_inputs_embed_norm launches (tests)
-std::atomic<int64_t> g_graph_root{0};        // graph_root launches (tests)
+std::atomic<int64_t> g_embed_norm{0};  // embed_norm launches (tests)
+std::atomic<int64_t> g_graph_root{0};  // graph_root launches (tests)
 
 void check_run_inputs(const RunInputsArgs& a, const char* op) {
   require(a.batch > 0 && a.ring > 0 && a.param_ints >= 0, op, "batch", "batch and ring must be > 0");
@@ -40,20 +40,16 @@ void check_run_inputs(const RunInputsArgs& a, const char* op) {
 }
 
 template <class T>
-void run_inputs_embed_norm_impl(const RunInputsNormArgsT<T>& a) {
-  const char* op = "run_inputs_embed_norm";
-  check_run_inputs(a.run, op);
-  require(a.run.batch == 1, op, "batch", "must be 1 (one block, one row)");
+void embed_norm_impl(const EmbedNormArgsT<T>& a) {
+  const char* op = "embed_norm";
   require(a.dim > 0 && a.dim <= kern::kWideDim, op, "dim", "must lie in (0, " + std::to_string(kern::kWideDim) + "]");
   require(a.vocab > 0, op, "vocab", "must be > 0");
-  require(a.embed && a.weight && a.x && a.h, op, "pointers", "embed, weight, x and h must be set");
+  require(a.ids && a.embed && a.weight && a.x && a.h, op, "pointers", "ids, embed, weight, x and h must be set");
   require(a.h != a.x, op, "h", "must not alias x");
-  const RunInputsArgs& r = a.run;
-  launch(kern::run_inputs_embed_norm_kernel<T>, 1u, unsigned(kern::kWideThreads), 0, stream_of(r.stream), r.state,
-         r.staged, r.params_staged, r.prev, r.inputs, r.params, r.param_ints, r.ring, a.embed, a.vocab, a.weight, a.x,
-         a.h, a.dim, a.eps, error_flag());
+  launch(kern::embed_norm_kernel<T>, 1u, unsigned(kern::kWideThreads), 0, stream_of(a.stream), a.ids, a.embed,
+         a.vocab, a.weight, a.x, a.h, a.dim, a.eps, error_flag());
   check_launch(op);
-  g_run_inputs_norm.fetch_add(1, std::memory_order_relaxed);
+  g_embed_norm.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -73,9 +69,9 @@ void graph_root(Stream stream) {
 }
 int64_t graph_root_launches() { return g_graph_root.load(); }
 
-void run_inputs_embed_norm(const RunInputsNormArgsT<uint16_t>& a) { run_inputs_embed_norm_impl(a); }
-void run_inputs_embed_norm(const RunInputsNormArgsT<float>& a) { run_inputs_embed_norm_impl(a); }
-int64_t run_inputs_embed_norm_launches() { return g_run_inputs_norm.load(); }
+void embed_norm(const EmbedNormArgsT<uint16_t>& a) { embed_norm_impl(a); }
+void embed_norm(const EmbedNormArgsT<float>& a) { embed_norm_impl(a); }
+int64_t embed_norm_launches() { return g_embed_norm.load(); }
 
 void run_outputs(const RunOutputsArgs& a) {
   const char* op = "run_outputs";

@@ -1148,9 +1148,9 @@ TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
   EXPECT_EQ(c->length(), 3);
 }
 
-// A decode run's step ends fused (ATLAS_RUN_FUSED, read when the model is made; session 47, off
-// by default): at one row the step graph's first launch also embeds and norms, and a greedy
-// step's argmax writes the run's outputs. The tokens of the default's run, greedy and with the
+// A decode run's step ends fused (ATLAS_RUN_FUSED, read when the model is made; sessions 47 and
+// 49, off by default): at one row one launch after the step's inputs embeds and norms, and a
+// greedy step's argmax writes the run's outputs. The tokens of the default's run, greedy and with the
 // row sampled on the device (there only the first end is fused: the sampler follows the argmax),
 // over 70 steps (the ring's slots reused) and 3 more in a second run; the caches left give the
 // same next step's logits; the fused launches ran only with it on, and at 8 rows never. With
@@ -1182,7 +1182,7 @@ TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
       auto c = m->make_cache(1, 400);
       const std::vector<float> lg = prefill(*m, *c, {rows[1]});
       const std::vector<int32_t> first{argmax(lg.data(), V)};
-      const int64_t ins = cuda::run_inputs_embed_norm_launches(), outs = cuda::argmax_run_outputs_launches();
+      const int64_t ins = cuda::embed_norm_launches(), outs = cuda::argmax_run_outputs_launches();
       const int64_t roots = cuda::graph_root_launches();
       std::vector<int32_t> got = m->decode_chain(
           {.batch = 1, .steps = 70, .first_ids = first, .positions = part(positions, 0, 70),
@@ -1194,7 +1194,7 @@ TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
            .sampling = part(params, 70, 3)},
           *c);
       got.insert(got.end(), more.begin(), more.end());
-      EXPECT_EQ(cuda::run_inputs_embed_norm_launches() > ins, on) << "ATLAS_RUN_FUSED=" << value;
+      EXPECT_EQ(cuda::embed_norm_launches() > ins, on) << "ATLAS_RUN_FUSED=" << value;
       EXPECT_EQ(cuda::argmax_run_outputs_launches() > outs, on && !sampled) << "ATLAS_RUN_FUSED=" << value;
       EXPECT_EQ(cuda::graph_root_launches() > roots, root) << "ATLAS_RUN_FUSED=" << value;
       tokens.push_back(got);
@@ -1206,9 +1206,9 @@ TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
         for (int64_t r = 0; r < 8; ++r) f8.push_back(argmax(l8.data() + r * V, V));
         for (int j = 0; j < 3; ++j)
           for (int64_t r = 0; r < 8; ++r) pos8.push_back(int32_t(rows[size_t(r)].size()) + j);
-        const int64_t ins8 = cuda::run_inputs_embed_norm_launches(), outs8 = cuda::argmax_run_outputs_launches();
+        const int64_t ins8 = cuda::embed_norm_launches(), outs8 = cuda::argmax_run_outputs_launches();
         (void)m->decode_chain({.batch = 8, .steps = 3, .first_ids = f8, .positions = pos8}, *c8);
-        EXPECT_EQ(cuda::run_inputs_embed_norm_launches(), ins8) << "8 rows";
+        EXPECT_EQ(cuda::embed_norm_launches(), ins8) << "8 rows";
         EXPECT_EQ(cuda::argmax_run_outputs_launches(), outs8) << "8 rows";
       }
     }

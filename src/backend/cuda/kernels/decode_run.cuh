@@ -48,23 +48,22 @@ __global__ void __launch_bounds__(kRunThreads) run_inputs_kernel(int32_t* state,
 // first node ahead of its step-start launch.
 __global__ void __launch_bounds__(32) graph_root_kernel() { pdl_begin(); }
 
-// run_inputs_kernel at one row (B = 1), then what the step's next two launches do: the embedding
-// lookup (copy_rows_kernel of row ids[0] of `embed` into x) and the first layer's input norm
-// (rmsnorm_wide_kernel<T, false> of x into h): one launch at the step's start instead of three
-// (ATLAS_RUN_FUSED, session 47; a batch-1 step's boundary was ~13 us longer than a layer
-// boundary, s45-3's trace). The same values in every buffer: inputs, params and state as
-// run_inputs_kernel; x as copy_rows_kernel (left as it was for a negative id, and for an id past
-// vocab, which raises its error bit 8); h from rmsnorm_wide_finish on the elements x then holds.
-// dim <= kWideDim. One block of kWideThreads.
+// What a step's second and third launches do at one row, in one launch: the embedding lookup
+// (copy_rows_kernel of row ids[0] of `embed` into x: x left as it was for a negative id, and for
+// an id past vocab, which raises copy_rows' error bit 8) and the first layer's input norm
+// (rmsnorm_wide_kernel<T, false> of x into h, via rmsnorm_wide_finish): the same values
+// (ATLAS_RUN_FUSED, sessions 47 and 49; a batch-1 step's boundary was ~13 us longer than a layer
+// boundary, s45-3's trace). It waits before it releases (pdl_begin) and reads ids only after its
+// wait, so it keeps the contract run_inputs_kernel's step inputs rely on (kernels/pdl.cuh): the
+// kernels after it, the MLA ones among them, read the lengths before their own wait. (Session
+// 47's form also took run_inputs_kernel's work and wrote the inputs at its end, after its release:
+// a race, found by s49-1's model test.) dim <= kWideDim. One block of kWideThreads.
 template <class T>
 __global__ void __launch_bounds__(kWideThreads)
-    run_inputs_embed_norm_kernel(int32_t* state, const int32_t* staged, const int32_t* params_staged,
-                                 const int32_t* prev, int32_t* inputs, int32_t* params, int pi, int ring,
-                                 const T* __restrict__ embed, int64_t vocab, const T* __restrict__ w, T* x, T* h,
-                                 int dim, float eps, int* error_flag) {
+    embed_norm_kernel(const int32_t* ids, const T* __restrict__ embed, int64_t vocab, const T* __restrict__ w, T* x,
+                      T* h, int dim, float eps, int* error_flag) {
   __shared__ float scratch[16];
   __shared__ float sq[kWideDim];
-  __shared__ int32_t sid;
   // The norm weights before the launch-overlap wait (a model weight: kernels/pdl.cuh).
   float wv[kWideRegs];
 #pragma unroll
@@ -73,18 +72,7 @@ __global__ void __launch_bounds__(kWideThreads)
     wv[m] = i < dim ? to_f32(w[i]) : 0.0f;
   }
   pdl_begin();
-  // The step index and the step before's token together (device memory); the staged inputs lie in
-  // pinned host memory (a PCIe round), so nothing waits for them before the store at the end,
-  // except the id at a run's first step (j = 0), which is the staged one.
-  const int j = state[0];
-  const int32_t t = prev[0];
-  const int slot = j % ring;
-  const int tid = threadIdx.x;
-  const int32_t sv = tid < 5 ? staged[int64_t(slot) * 5 + tid] : 0;  // ids | pos | dst | qlen | qrow
-  if (j == 0 && tid == 0) sid = sv;
-  __syncthreads();  // every thread has read state[0] (and sid is set where it is needed)
-  if (tid == 0) state[0] = j + 1;
-  const int64_t id = j > 0 ? (t < 0 ? 0 : t) : sid;
+  const int64_t id = ids[0];
   const bool copy = id >= 0 && id < vocab;
   if (id >= vocab && threadIdx.x == 0) atomicOr(error_flag, 8);  // copy_rows_kernel's bit
   const T* src = copy ? embed + id * dim : x;
@@ -101,13 +89,6 @@ __global__ void __launch_bounds__(kWideThreads)
   }
   // h may not alias x; every read of x is above, by the thread that wrote the same element.
   rmsnorm_wide_finish<T>(v, wv, h, dim, eps, sq, scratch);
-  // The inputs for the step's later launches, which read them after this launch ends: written
-  // after the release above, so the launch after this one must not release its own dependents
-  // before this launch completes (the model launches it without launch overlap, session 49: the
-  // MLA kernels read the lengths before their wait, kernels/pdl.cuh).
-  if (tid < 5) inputs[tid] = tid == 0 ? int32_t(id) : sv;
-  if (params_staged != nullptr)
-    for (int i = tid; i < pi; i += blockDim.x) params[i] = params_staged[int64_t(slot) * pi + i];
 }
 
 // One block, after the step's last kernel: prev[b] = out[slot][b] = tokens[b] and err[slot] = the
