@@ -1194,14 +1194,16 @@ TEST_F(Gemm, ClusterConfigsRunAsClustersOnHopper) {
     return std::string(v == nullptr ? "" : v);
   };
   const std::string wide_env = env_of("ATLAS_GEMM_WIDE_GATED"), long_env = env_of("ATLAS_GEMM_LONG_K");
-  if (!wide_env.empty())
+  if (!wide_env.empty()) {
     EXPECT_EQ(gemm_config_name(gemm_chosen_config(dense_gate_up)), wide_env);
-  else if (stream != "0")
+  } else if (stream != "0") {
     EXPECT_EQ(gemm_config_name(gemm_chosen_config(dense_gate_up)), gemm_config_name(gemm_chosen_config(lm_head)));
-  if (!long_env.empty() && long_env != "splitk16x8/8w")
+  }
+  if (!long_env.empty() && long_env != "splitk16x8/8w") {
     EXPECT_EQ(gemm_config_name(gemm_chosen_config(dense_down)), long_env);
-  else if (env_of("ATLAS_GEMM_SPLITK").empty())
+  } else if (env_of("ATLAS_GEMM_SPLITK").empty()) {
     EXPECT_EQ(gemm_config_name(gemm_chosen_config(dense_down)), "splitk16x8/8w+staged");
+  }
   for (int c = 0; c < gemm_config_count(); ++c) {
     const std::string name = gemm_config_name(c);
     if (name[0] != 'c') continue;
