@@ -83,7 +83,8 @@ else
   expect_error "bad block stamps file" "ATLAS_BLOCK_STAMPS: expected a file in an existing directory, got '$work/none/s.csv'" \
     env ATLAS_BLOCK_STAMPS="$work/none/s.csv" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad block stamps file" "$work/env.json"
-  # Config-name overrides (session 49): a grouped-only config is not one the dense MLP may take.
+  # Config-name overrides (session 49): the gate|up's must fuse the SiLU (not split-K), the down's
+  # must be a dense config (not grouped-only).
   for bad_config in ATLAS_GEMM_WIDE_GATED=splitk16x8/8w ATLAS_GEMM_LONG_K=32x64x128/4; do
     expect_error "bad ${bad_config%%=*} config" "${bad_config%%=*}: '${bad_config#*=}' is not the name of a dense config" \
       env "$bad_config" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"

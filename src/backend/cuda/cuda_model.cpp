@@ -370,8 +370,8 @@ class CudaModelT final : public Model {
   // ends: a decode run's batch-1 step graph under ATLAS_RUN_FUSED (Run::push): its launch after
   // run_inputs did the embedding lookup and the first input norm already (embed_norm, which waits
   // before it releases, as the embedding copy does: the MLA kernels read the step's lengths
-  // before their own wait, kernels/pdl.cuh), and/or the argmax writes the run's outputs (set in greedy steps only: a sampled step's sampler follows the argmax). Null
-  // everywhere else.
+  // before their own wait, kernels/pdl.cuh), and/or the argmax writes the run's outputs (set in
+  // greedy steps only: a sampled step's sampler follows the argmax). Null everywhere else.
   struct StepEnds {
     bool embedded_and_normed = false;
     const RunOutputsArgs* outputs = nullptr;
