@@ -1646,6 +1646,107 @@ TEST_F(Gemm, EarlyDownWeightsGiveTheSameBits) {
   set_launch_overlap(was);
 }
 
+// The routed experts' gate|up and down chained by counters (GroupedOrder::chain, session 50, the
+// model's ATLAS_MOE_CHAIN): right after moe_route(), the chained pair gives the plain pair's bits,
+// launch overlap off and on, chain after chain on the same lines (each chain's last down block
+// zeroes them: they read zero after every chain). Shapes: V2-Lite's expert (E 8, H 2048,
+// I 1408) and one over 64 experts with three down steps (H 256, I 384), one token (k = 6: the
+// gate|up on the lean stream loop, the down on the few-row config). grouped_chain_fits says no
+// for two tokens (the gate|up is not on the lean loop there) and for a forced down config, and
+// a launch asked to chain there is refused naming "chain". A down chained alone (its gate|up
+// never raises the lines) ends its waits with the device error instead of hanging, and leaves
+// the lines zero.
+TEST_F(Gemm, ChainedGateUpAndDownGiveThePlainPairsBits) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const LaunchOverlap was = launch_overlap_mode();
+  DevBuf<int32_t> lines(std::vector<int32_t>(size_t(kGroupedChainInts), 0));
+  const std::vector<int32_t> zeros(size_t(kGroupedChainInts), 0);
+  struct Shape {
+    int E, H, I;
+  };
+  for (const Shape& sh : {Shape{8, 2048, 1408}, Shape{64, 256, 384}}) {
+    SCOPED_TRACE(::testing::Message() << "E=" << sh.E << " H=" << sh.H << " I=" << sh.I);
+    const int E = sh.E, H = sh.H, I = sh.I, k = 6;
+    std::vector<std::vector<uint16_t>> gu_w, dn_w;
+    for (int g = 0; g < E; ++g) {
+      gu_w.push_back(random_bf16(size_t(2 * I) * H, rng, 0.05f));
+      dn_w.push_back(random_bf16(size_t(H) * I, rng, 0.05f));
+    }
+    const SpacedWeights gu(gu_w, size_t(2 * I) * H), dn(dn_w, size_t(H) * I);
+    DevBuf<const uint16_t*> gu_ptr(gu.ptrs), dn_ptr(dn.ptrs);
+    for (int tokens : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "tokens=" << tokens);
+      const int rows = tokens * k;
+      DevBuf<uint16_t> x(random_bf16(size_t(tokens) * H, rng));
+      DevBuf<float> logits(random_f32(size_t(tokens) * E, rng, 2.0f));
+      DevBuf<int32_t> ids{size_t(rows)}, counts{size_t(E)}, offsets{size_t(E + 1)}, sorted{size_t(rows)},
+          slot{size_t(rows)}, ws{moe_permute_workspace_ints(tokens, E)};
+      DevBuf<float> w{size_t(rows)};
+      const RouterArgs r{.logits = logits.get(), .topk_ids = ids.get(), .topk_weights = w.get(), .tokens = tokens,
+                         .experts = E, .k = k, .method = TopkMethod::greedy, .n_group = 1, .topk_group = 1,
+                         .norm_topk_prob = true, .routed_scaling_factor = 1.0f};
+      const MoePermuteArgs perm{.topk_ids = ids.get(), .tokens = tokens, .k = k, .experts = E,
+                                .counts = counts.get(), .offsets = offsets.get(), .sorted_token = sorted.get(),
+                                .pair_slot = slot.get(), .workspace = ws.get()};
+      const auto up_args = [&](DevBuf<uint16_t>& act, DevBuf<uint16_t>& scratch, GroupedOrder o) {
+        return GroupedGemmArgs{.x = x.get(), .x_rows = sorted.get(), .w = gu_ptr.get(), .offsets = offsets.get(),
+                               .out = act.get(), .groups = E, .max_rows = rows, .N = 2 * I, .K = H,
+                               .x_rows_limit = tokens, .gated = I, .gated_scratch = scratch.get(), .order = o};
+      };
+      const auto down_args = [&](DevBuf<uint16_t>& act, DevBuf<uint16_t>& y, GroupedOrder o) {
+        return GroupedGemmArgs{.x = act.get(), .w = dn_ptr.get(), .offsets = offsets.get(), .out = y.get(),
+                               .groups = E, .max_rows = rows, .N = H, .K = I, .order = o};
+      };
+      const GroupedOrder up_chain{.chain = lines.get(), .chain_producer = true},
+          down_chain{.tables_before_wait = true, .chain = lines.get()};
+      DevBuf<uint16_t> act(size_t(rows) * I), scratch(size_t(rows) * 2 * I), y(size_t(rows) * H);
+      const bool fits = grouped_chain_fits(up_args(act, scratch, up_chain), down_args(act, y, down_chain));
+      EXPECT_EQ(fits, tokens == 1);
+      if (!fits) {
+        expect_error([&] { grouped_gemm(up_args(act, scratch, up_chain)); }, "chain");
+        continue;
+      }
+      {
+        ForceConfig force(config_named("16x64x128/4"));  // another down config: no chain
+        EXPECT_FALSE(grouped_chain_fits(up_args(act, scratch, up_chain), down_args(act, y, down_chain)));
+      }
+      std::vector<std::vector<uint16_t>> acts, ys;
+      // chain 0: the plain pair; 1 and 2: chained twice in a row (the lines zeroed in between).
+      for (bool overlap : {false, true})
+        for (int chain = 0; chain < 3; ++chain) {
+          SCOPED_TRACE(::testing::Message() << "overlap " << overlap << " chain " << chain);
+          set_launch_overlap(overlap);
+          DevBuf<uint16_t> a(size_t(rows) * I), s(size_t(rows) * 2 * I), o(size_t(rows) * H);
+          const int64_t before = grouped_chain_launches();
+          moe_route(r, perm);
+          grouped_gemm(up_args(a, s, chain > 0 ? up_chain : GroupedOrder{}));
+          grouped_gemm(down_args(a, o, chain > 0 ? down_chain : GroupedOrder{}));
+          synchronize();
+          EXPECT_FALSE(device_error_raised());
+          EXPECT_EQ(grouped_chain_launches() - before, chain > 0 ? 2 : 0);
+          EXPECT_EQ(lines.download(), zeros);
+          acts.push_back(a.download());
+          ys.push_back(o.download());
+        }
+      for (size_t i = 1; i < ys.size(); ++i) {
+        EXPECT_EQ(acts[i], acts[0]) << "run " << i;
+        EXPECT_EQ(ys[i], ys[0]) << "run " << i;
+      }
+      if (sh.E == 8) {  // a down chained alone: ~2 s of polls (the ready line, then its group's)
+        set_launch_overlap(true);
+        moe_route(r, perm);
+        synchronize();
+        grouped_gemm(down_args(act, y, down_chain));
+        synchronize();
+        EXPECT_TRUE(device_error_raised());
+        EXPECT_EQ(lines.download(), zeros);
+      }
+    }
+  }
+  set_launch_overlap(was);
+}
+
 // Session 35: the 8-row-slot config ("16x32x128/5h", whose only loop is the whole-steps one and
 // whose slots hold x rows 0-7) runs only where every tile has at most 8 rows, K is whole 128-wide
 // steps and N whole 32-column tiles; elsewhere, forced or named, the chooser gives its 16-row
