@@ -1261,7 +1261,7 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p_in, int64_t ti
   // consumer's polls end after 1 s with a device error), so it is refused here.
   if (order.chain != nullptr) {
     const bool producer_ok = order.chain_producer && !order.wait_first && !f32 && &c == &kConfigs[size_t(kStreamWgLean)] &&
-                             c.k_parts == 1 && f == c.fn[0][1][rows8 ? 1 : 0] && p.route_logits == nullptr &&
+                             c.k_parts <= 1 && f == c.fn[0][1][rows8 ? 1 : 0] && p.route_logits == nullptr &&
                              p.groups <= kern::kChainMaxGroups && p.gated > 0;
     const bool consumer_ok = !order.chain_producer && f == kEarlyDown[0] && p.groups <= kern::kChainMaxGroups;
     if (!producer_ok && !consumer_ok)
@@ -1843,7 +1843,7 @@ bool grouped_chain_fits(const GroupedGemmArgs& gate_up, const GroupedGemmArgs& d
   const int gc = grouped_gemm_chosen_config(gate_up), dc = grouped_gemm_chosen_config(down);
   if (gc != kStreamWgLean || dc != kGroupedFewDown || stamps_on.load()) return false;
   const TileConfig& g = kConfigs[size_t(gc)];
-  return g.k_parts == 1 && !(g.tail_k > 0 && gate_up.K % g.tail_k != 0) && gate_up.gated > 0 &&
+  return g.k_parts <= 1 && !(g.tail_k > 0 && gate_up.K % g.tail_k != 0) && gate_up.gated > 0 &&
          down.gated == 0 && down.K == gate_up.gated && gate_up.groups == down.groups &&
          gate_up.groups <= kern::kChainMaxGroups && gate_up.self_route.logits == nullptr &&
          !gate_up.order.wait_first && gate_up.offsets == down.offsets;
