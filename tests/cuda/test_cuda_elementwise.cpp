@@ -303,7 +303,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_GEMM_WIDE_SPLITK4", {"0", "1", "4"}},
       {"ATLAS_COMBINE_DIRECT", {"0", "1", "rows"}},
       {"ATLAS_RUN_FUSED", {"0", "1", "fused"}},
-      {"ATLAS_MOE_CHAIN", {"0", "1", "chain"}},
       {"ATLAS_RUN_ROOT", {"0", "1", "root"}},
       {"ATLAS_COMBINE_QKV", {"0", "1", "flag", "event", "fused"}},
       {"ATLAS_ROUTER_NORM", {"0", "1", "joined", "norm"}},

@@ -348,10 +348,6 @@ class CudaModelT final : public Model {
     // layer's shared experts are done, moe()): the q|kv_a launch with the combine inside polls
     // its layer's instead of the stream join.
     uint32_t* shared_ready;
-    // ATLAS_MOE_CHAIN (routed rows M * top_k <= kGroupedFewMaxRows only, else null): the chain
-    // of the routed gate|up and down (GroupedOrder::chain), kern::kChainSlots ints, zero between
-    // chains (zeroed once; each chain's last down block zeroes them again).
-    int* moe_chain;
     Elem *sgu, *sact;  // the shared experts' gate|up scratch and activation (they run on side_)
     Elem *hl, *logits;
     float *router_logits, *topk_w, *mla_ws;
@@ -456,11 +452,6 @@ class CudaModelT final : public Model {
                    const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N, int64_t K,
                    int64_t gated = 0, Elem* scratch = nullptr, const L2NextWeights& next = {},
                    const GroupedSelfRoute& self_route = {}, const GroupedOrder& order = {}) const;
-  // expert_gemm's arguments for grouped_gemm (the bf16 model's; grouped_chain_fits reads them).
-  GroupedGemmArgs expert_args(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit, const ExpertWeightsT<Elem>& w,
-                              const int32_t* offsets, Elem* out, int64_t groups, int64_t max_rows, int64_t N,
-                              int64_t K, int64_t gated, Elem* scratch, const L2NextWeights& next,
-                              const GroupedSelfRoute& self_route, const GroupedOrder& order) const;
   // Hooks over device tensors: copy out as f32, fire, copy back (an observer may write). When
   // only digest observers want the hook, hook_digests serves them instead.
   // hook_act: an activation of the model's element type (hook_bf16 for bf16, hook_f32 for f32).
@@ -615,16 +606,12 @@ class CudaModelT final : public Model {
   // first input norm in one launch after its inputs' (embed_norm) and ends with the argmax
   // writing the run's outputs (greedy steps): three launches per step where there were five.
   // The same bits.
-  bool run_fused_ = false;
+  bool run_fused_ = true;
   // ATLAS_RUN_ROOT=1 (session 49, a diagnostic; off): a decode run's step graph begins with an
   // empty launch (graph_root), so that its step-start launch is not the graph's root node.
   bool run_root_ = false;
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
-  // ATLAS_MOE_CHAIN=1 (session 50): a decode step's routed gate|up and down chained by counters
-  // (GroupedOrder::chain) where they fit; moe_chain_block_ is Buffers::moe_chain.
-  bool moe_chain_ = false;
-  mutable DeviceBlock moe_chain_block_;
   Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
   Event router_done_ = nullptr;       // ATLAS_ROUTER_NORM=1's fork (with the side stream)
   int64_t chunk_tokens_env_ = 0;  // ATLAS_PREFILL_CHUNK_TOKENS, 0 = unset
@@ -780,7 +767,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
   self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
   moe_down_early_ = env_switch("ATLAS_MOE_DOWN_EARLY", false);
-  moe_chain_ = env_switch("ATLAS_MOE_CHAIN", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   run_fused_ = env_switch("ATLAS_RUN_FUSED", true);
   run_root_ = env_switch("ATLAS_RUN_ROOT", false);
@@ -947,25 +933,11 @@ void CudaModelT<Elem>::expert_gemm(const Elem* x, const int32_t* x_rows, int64_t
       silu_gate({.gate = scratch, .up = scratch + gated, .out = out, .rows = int(max_rows), .width = int(gated),
                  .in_stride = N, .stream = s_});
   } else {
-    grouped_gemm(expert_args(x, x_rows, x_rows_limit, w, offsets, out, groups, max_rows, N, K, gated, scratch, next,
-                             self_route, order));
-  }
-}
-
-template <class Elem>
-GroupedGemmArgs CudaModelT<Elem>::expert_args(const Elem* x, const int32_t* x_rows, int64_t x_rows_limit,
-                                              const ExpertWeightsT<Elem>& w, const int32_t* offsets, Elem* out,
-                                              int64_t groups, int64_t max_rows, int64_t N, int64_t K,
-                                              int64_t gated, Elem* scratch, const L2NextWeights& next,
-                                              const GroupedSelfRoute& self_route, const GroupedOrder& order) const {
-  if constexpr (kF32) {
-    throw Error("expert_args: the bf16 model's only");
-  } else {
-    return {.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
-            .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
-            .w_base = w.base, .w_group_stride = w.stride,
-            .gated = int(gated), .gated_scratch = scratch, .stream = s_, .next = next,
-            .self_route = self_route, .order = order};
+    grouped_gemm({.x = x, .x_rows = x_rows, .w = w.ptrs, .offsets = offsets, .out = out, .groups = int(groups),
+                  .max_rows = int(max_rows), .N = int(N), .K = int(K), .x_rows_limit = x_rows_limit,
+                  .w_base = w.base, .w_group_stride = w.stride,
+                  .gated = int(gated), .gated_scratch = scratch, .stream = s_, .next = next,
+                  .self_route = self_route, .order = order});
   }
 }
 
@@ -1277,18 +1249,6 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
     }
     b.shared_ready = reinterpret_cast<uint32_t*>(shared_ready_.get());
   }
-  b.moe_chain = nullptr;
-  if (!kF32 && moe_chain_ && M * c.num_experts_per_tok <= kGroupedFewMaxRows) {
-    const size_t bytes = size_t(kGroupedChainInts) * 4;
-    if (moe_chain_block_.bytes() < bytes) {
-      stream_synchronize(s_);
-      moe_chain_block_ = DeviceBlock(bytes);
-      device_memset(moe_chain_block_.get(), 0, bytes);
-      synchronize();  // (cudaMemset is not ordered with a non-blocking stream)
-      ++scratch_epoch_;  // captured graphs hold the old pointer
-    }
-    b.moe_chain = reinterpret_cast<int*>(moe_chain_block_.get());
-  }
   b.pos = b.ids + M;
   b.dst_rows = b.ids + 2 * M;
   b.qlen = b.ids + 3 * M;
@@ -1416,26 +1376,10 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // or writes the routing's table), the gate|up waiting first, so the down may read the table
   // before its own wait.
   const bool down_early = moe_down_early_ && self.logits == nullptr && M * k <= kGroupedFewMaxRows;
-  GroupedOrder gu_order{.wait_first = down_early}, down_order{.tables_before_wait = down_early};
-  // ATLAS_MOE_CHAIN (b.moe_chain set): the two launches chained by counters where their configs
-  // take part (grouped_chain_fits; GroupedOrder::chain): the gate|up keeps its order, the down
-  // reads the table once the gate|up says it is final and starts on its expert's activations
-  // as they are stored. Nothing between the two launches reads or writes the table.
-  if constexpr (!kF32)
-    if (b.moe_chain != nullptr && !down_early && self.logits == nullptr && next.w_groups == nullptr &&
-        M * k <= kGroupedFewMaxRows) {
-      const GroupedOrder gu_chain{.chain = b.moe_chain, .chain_producer = true},
-          down_chain{.tables_before_wait = true, .chain = b.moe_chain};
-      if (grouped_chain_fits(expert_args(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu,
-                                         next, self, gu_chain),
-                             expert_args(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I, 0, nullptr,
-                                         {}, {}, down_chain))) {
-        gu_order = gu_chain;
-        down_order = down_chain;
-      }
-    }
-  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next, self, gu_order);
-  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I, 0, nullptr, {}, {}, down_order);
+  expert_gemm(b.h, b.sorted, M, L.gate_up_w, b.offsets, b.act, E, M * k, 2 * I, H, I, b.gu, next, self,
+              {.wait_first = down_early});
+  expert_gemm(b.act, nullptr, 0, L.down_w, b.offsets, b.ys, E, M * k, H, I, 0, nullptr, {}, {},
+              {.tables_before_wait = down_early});
   // The shared experts' sum joins the combine launch unless a tensor observer of either part
   // could change it in between (the bits are those of combine, then add). Flagged or evented, no
   // join here: the deferred launch then follows the routed down with launch overlap (a join

@@ -1125,22 +1125,9 @@ struct GroupedSelfRoute {
 // config (16x32x128/4u) then finds its tile and issues its first weight steps before its own
 // wait (kernels/gemm_mma.cuh, early_weight_steps). Unkept, the promise would let a block read a
 // table still being written: set both or neither.
-//
-// chain (session 50, the model's ATLAS_MOE_CHAIN; timing only, the same bits): one token's routed
-// gate|up (chain_producer) and the routed down right after it on the same stream (not
-// chain_producer, with tables_before_wait) share `chain`, kGroupedChainInts device ints that are
-// zero before the first chain and again after each. The gate|up keeps its release-first order
-// (wait_first off) and raises the chain's ready line once past its wait; the down's blocks read
-// the table after that line, then wait for their expert's count of stored activations instead
-// of the gate|up's grid (kernels/gemm_mma.cuh, MmaGemmParams::chain). Only where
-// grouped_chain_fits(gate_up, down) holds (the default configs of those two launches); a launch
-// with `chain` set that would run another instance throws, naming "chain".
-constexpr int kGroupedChainInts = (64 + 2) * 32;  // = kern::kChainSlots (gemm.cu checks)
 struct GroupedOrder {
   bool wait_first = false;
   bool tables_before_wait = false;
-  int* chain = nullptr;
-  bool chain_producer = false;
 };
 
 struct GroupedGemmArgs {
@@ -1181,12 +1168,6 @@ void grouped_gemm(const GroupedGemmArgs& a);
 // How many grouped launches ran the wait-first instance / the early weight steps' instance
 // (tests check that the paths ran).
 int64_t grouped_wait_first_launches();
-// Whether a gate|up and down pair can run chained (GroupedOrder::chain): the gate|up on the
-// lean stream loop's plain grouped instance, the down on the few-row down's config, at most
-// kern::kChainMaxGroups groups, the down's K the gate|up's activation width, no block stamps.
-bool grouped_chain_fits(const GroupedGemmArgs& gate_up, const GroupedGemmArgs& down);
-// Launches that ran as a chain's producer / consumer (tests check that the path ran).
-int64_t grouped_chain_launches();
 int64_t grouped_early_weight_launches();
 int grouped_gemm_chosen_config(const GroupedGemmArgs& a);
 // How many grouped launches in this process routed their token themselves (GroupedSelfRoute;

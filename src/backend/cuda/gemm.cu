@@ -1233,14 +1233,13 @@ constexpr size_t kSplitTiles = 8192;
 std::pair<float*, int*> stream_split_scratch(cudaStream_t stream);  // below
 
 // Launches of the instances that keep a grouped launch's order promises (GroupedOrder).
-std::atomic<int64_t> wait_first_launches{0}, early_weight_launches{0}, chain_launches{0};
+std::atomic<int64_t> wait_first_launches{0}, early_weight_launches{0};
 
 // `rows8`: no tile holds more than 8 rows (the split-K kernel's 8-row variant may run).
 // `tiles`: output tiles of one problem (grid.x); cluster configs run `cluster` blocks per tile.
-void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p_in, int64_t tiles, unsigned batch, bool f32,
+void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles, unsigned batch, bool f32,
                 bool async, bool rows8, int cluster, cudaStream_t stream, int smem_at_least = 0,
                 GroupedOrder order = {}) {
-  kern::MmaGemmParams p = p_in;  // (a chain sets its fields below)
   KernelFn f = c.tail_k > 0 && p.K % c.tail_k != 0 ? c.tail[f32 ? 1 : 0] : c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0];
   // Where the config's plain instance would run: its wait-first (the lean stream loop) or
   // early-weights (the few-row down, 16x32x128/4u) instantiation where asked for. A wait-first
@@ -1256,27 +1255,12 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p_in, int64_t ti
     f = kEarlyDown[f32 ? 1 : 0];
   const bool reordered = f != plain_f;
   if (reordered) (order.wait_first ? wait_first_launches : early_weight_launches).fetch_add(1);
-  // A chain (GroupedOrder::chain): its producer runs the plain lean instance unstamped, its
-  // consumer the early-weights instance; anything else would leave the other side waiting (the
-  // consumer's polls end after 1 s with a device error), so it is refused here.
-  if (order.chain != nullptr) {
-    const bool producer_ok = order.chain_producer && !order.wait_first && !f32 && &c == &kConfigs[size_t(kStreamWgLean)] &&
-                             c.k_parts <= 1 && f == c.fn[0][1][rows8 ? 1 : 0] && p.route_logits == nullptr &&
-                             p.groups <= kern::kChainMaxGroups && p.gated > 0;
-    const bool consumer_ok = !order.chain_producer && f == kEarlyDown[0] && p.groups <= kern::kChainMaxGroups;
-    if (!producer_ok && !consumer_ok)
-      throw Error(std::string("grouped_gemm: chain: this launch cannot take part in a chain (") +
-                  (order.chain_producer ? "the gate|up" : "the down") + " would not run the chain's instance)");
-    p.chain = order.chain;
-    p.chain_role = order.chain_producer ? 1 : 2;
-    chain_launches.fetch_add(1);
-  }
   std::optional<PlainLaunchScope> plain;  // (only where asked: a scope sets, it does not add)
   if (order.wait_first && !reordered) plain.emplace(true);
   // Block stamps on: the stamped instantiation of the same kernel, where the config has one (the
   // same parameters; the ring is the module's device global).
   const KernelFn with_stamps = c.stamped[f32 ? 1 : 0][rows8 ? 1 : 0];
-  if (reordered || order.chain != nullptr) {
+  if (reordered) {
     // (the order's instance, unstamped and unrouted)
   } else if (stamps_on.load(std::memory_order_relaxed) && async && with_stamps != nullptr && f == c.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0])
     f = with_stamps;
@@ -1812,8 +1796,6 @@ void grouped_gemm(const GroupedGemmArgs& a) {
     p.route_scaling = r.scaling;
   }
   const int slices = int(ceil_div(a.K, kern::kSliceK));
-  require(a.order.chain == nullptr || (!c.sliced && !c.tma && !f32), op, "chain",
-          "the chosen config cannot take part in a chain (grouped_chain_fits)");
   {
     // wait_first on the sliced and TMA launches (no wait-first instance): without launch overlap.
     std::optional<PlainLaunchScope> plain;
@@ -1836,18 +1818,6 @@ void grouped_gemm(const GroupedGemmArgs& a) {
   check_launch(op);
 }
 int64_t grouped_wait_first_launches() { return wait_first_launches.load(); }
-int64_t grouped_chain_launches() { return chain_launches.load(); }
-static_assert(kGroupedChainInts == kern::kChainSlots && kern::kChainMaxGroups <= kern::kEarlyMaxGroups,
-              "the chain's lines: cuda_ops.h's count is the kernel's");
-bool grouped_chain_fits(const GroupedGemmArgs& gate_up, const GroupedGemmArgs& down) {
-  const int gc = grouped_gemm_chosen_config(gate_up), dc = grouped_gemm_chosen_config(down);
-  if (gc != kStreamWgLean || dc != kGroupedFewDown || stamps_on.load()) return false;
-  const TileConfig& g = kConfigs[size_t(gc)];
-  return g.k_parts <= 1 && !(g.tail_k > 0 && gate_up.K % g.tail_k != 0) && gate_up.gated > 0 &&
-         down.gated == 0 && down.K == gate_up.gated && gate_up.groups == down.groups &&
-         gate_up.groups <= kern::kChainMaxGroups && gate_up.self_route.logits == nullptr &&
-         !gate_up.order.wait_first && gate_up.offsets == down.offsets;
-}
 int64_t grouped_early_weight_launches() { return early_weight_launches.load(); }
 
 // Where gemm(a) would run the staged 8-warp split-K kernel (dense, 16-byte rows): that launch's

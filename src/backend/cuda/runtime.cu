@@ -396,7 +396,7 @@ void check_environment() {
                            "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL",
                            "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT", "ATLAS_MOE_SELF_ROUTE", "ATLAS_MOE_DOWN_EARLY",
                            "ATLAS_GEMM_TIGHT_TILES", "ATLAS_ROUTE_CLUSTER", "ATLAS_GEMM_WIDE_SPLITK4",
-                           "ATLAS_COMBINE_DIRECT", "ATLAS_RUN_FUSED", "ATLAS_RUN_ROOT", "ATLAS_MOE_CHAIN"})
+                           "ATLAS_COMBINE_DIRECT", "ATLAS_RUN_FUSED", "ATLAS_RUN_ROOT"})
     (void)env_switch(name, true);
 }
 
@@ -744,7 +744,6 @@ void check_device_errors() {
   if (v & 64) what += " grouped_gemm: w: a group weight pointer null or not 16-byte aligned;";
   if (v & 128) what += " argmax: logits: NaN;";  // kernels/argmax.cuh
   if (v & 256) what += " mla_pattern: lengths: a length outside [0, slots];";  // kernels/mla_pattern.cuh
-  if (v & 512) what += " grouped_gemm: chain: the routed down waited 1 s for its gate|up's activations;";  // kErrChain
   throw Error("cuda: bad device data:" + what);
 }
 

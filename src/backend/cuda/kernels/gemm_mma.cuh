@@ -50,7 +50,6 @@ namespace atlas::cuda::kern {
 constexpr int kErrGroupedOffsets = 16;  // offsets not 0 = o[0] <= o[1] <= ... <= o[groups] <= max_rows
 constexpr int kErrGatherRows = 32;      // an x_rows entry outside [0, x_rows_limit) (or negative)
 constexpr int kErrGroupWeight = 64;     // a group's weight pointer null or not 16-byte aligned
-constexpr int kErrChain = 512;          // a chained down waited 1 s for its gate|up (MmaGemmParams::chain)
 
 // The contract's K slice width (elements): slices of 16 chunks. A constant of the contract:
 // changing it changes the bits of every batch_invariant GEMM.
@@ -142,28 +141,8 @@ struct MmaGemmParams {
   // The cluster kernel's clocked instantiation only (ATLAS_PHASE_CLOCKS=cluster_gemm,
   // kernels/phase_clock.cuh; session 41): the sums of its phases' clocks.
   unsigned long long* phase_clocks = nullptr;
-  // A chain of one token's routed gate|up (the producer, chain_role 1: the lean stream loop's
-  // plain grouped instance, release-first as always) and the routed down after it on the same
-  // stream (the consumer, chain_role 2: the few-row down's early-weights instance), session 50,
-  // the model's ATLAS_MOE_CHAIN (GroupedOrder::chain in cuda_ops.h). The producer's blocks, once
-  // past their launch-overlap wait (so the routing kernel's table is final), raise the chain's
-  // ready line, and count the activation elements of every tile they store into their group's
-  // line. The consumer's blocks never wait for the producer's grid at their start: they wait for
-  // the ready line, read the table, issue their first weight steps, then wait until their
-  // group's line holds the group's whole input (rows x K), and wait for the producer's grid only
-  // at their end (so the launch completes in stream order); the last block zeroes the lines.
-  // Session 40's chain (reverted) made the gate|up wait first so the down could read the table
-  // at once: its blocks started 3.4 us later. This one keeps the gate|up's order.
-  int* chain = nullptr;  // [kChainSlots] ints, zero between chains; null: no chain
-  int chain_role = 0;
 };
 constexpr int kNextMaxGroups = 256;
-// The chain's lines (MmaGemmParams::chain): one 128-byte line per group's count (the consumer's
-// polls and the producer's adds to one group meet only there; session 40: packed, they met in
-// one line and the chain was slower), then the ready line, then the consumer's finished blocks.
-constexpr int kChainMaxGroups = 64, kChainStride = 32;
-constexpr int kChainReady = kChainMaxGroups * kChainStride, kChainDone = kChainReady + kChainStride;
-constexpr int kChainSlots = kChainDone + kChainStride;
 
 // A GEMM block's stamp (the kStamp instantiations, kernels/block_stamp.cuh): the launch's weight
 // (dense w, grouped w_groups) as its site, a grouped launch's kind marked.
@@ -336,67 +315,6 @@ __device__ __forceinline__ bool find_tile(const MmaGemmParams& p, int pid, int t
     }
   }
   return true;
-}
-
-// ---- the chain of the routed gate|up and down (MmaGemmParams::chain, session 50) ----
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-// Thread 0 polls line `at` until it holds at least `want` (then the block's barrier); a producer
-// that never gets there (its own bad table or weight, flagged there) ends the wait after 1 s
-// with kErrChain instead of hanging the stream.
-__device__ __forceinline__ void chain_poll(const MmaGemmParams& p, int at, int want, int tid) {
-  if (tid == 0) {
-    const unsigned long long t0 = global_timer_ns();
-    while (ld_acquire_gpu(p.chain + at) < want) {
-      if (global_timer_ns() - t0 > 1000000000ull) {
-        atomicOr(p.error_flag, kErrChain);
-        break;
-      }
-      __nanosleep(128);
-    }
-  }
-  __syncthreads();  // (thread 0's acquire, then the block's reads)
-}
-// Producer, thread 0 of every block once past its launch-overlap wait: the routing kernel's
-// table is final (that wait covers it), so the consumer may read it. Fenced first: a release of
-// what this thread has seen, the table included.
-__device__ __forceinline__ void chain_ready(const MmaGemmParams& p, int tid) {
-  if (tid == 0) {
-    __threadfence();
-    atomicExch(p.chain + kChainReady, 1);
-  }
-}
-// Producer: tile t's activations are stored (every thread of the block, after its part of the
-// store): the tile's elements (rows x its columns; gated: half of them) join its group's line.
-// Each thread's fence orders its own stores before the block's barrier, thread 0's add
-// publishes them all.
-__device__ __forceinline__ void chain_arrive(const MmaGemmParams& p, const TileSpot& t, int bn, int tid) {
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int cols = min(bn, p.N - t.n_tile * bn);
-    atomicAdd(p.chain + t.group * kChainStride, (t.row_end - t.row_begin) * (p.gated > 0 ? cols / 2 : cols));
-  }
-}
-// Consumer, every block at its end (a tile or none): wait for the producer's grid (so that this
-// launch completes after it, as in stream order, and the next launch's wait covers both), then
-// count the block; the last one zeroes the lines for the next chain (every block has passed its
-// polls by then, and the producer has ended).
-__device__ __forceinline__ void chain_end(const MmaGemmParams& p, int tid) {
-  pdl_wait_after(true);
-  __syncthreads();
-  if (tid == 0) {
-    const int blocks = int(gridDim.x * gridDim.y * gridDim.z);
-    if (atomicAdd(p.chain + kChainDone, 1) == blocks - 1) {
-      for (int g = 0; g < p.groups && g < kChainMaxGroups; ++g) p.chain[g * kChainStride] = 0;
-      p.chain[kChainReady] = 0;
-      p.chain[kChainDone] = 0;
-      __threadfence();
-    }
-  }
 }
 
 // Element offset in x of the A row for output row `row` of [row_begin, row_end) (-1: a zero row),
@@ -1049,29 +967,18 @@ __global__ void __launch_bounds__(T::THREADS) gemm_mma_kernel(const MmaGemmParam
     static_assert(kLean == 2 && kAsync && !kStamp, "the early weight steps: the whole-steps loop, unstamped");
     __shared__ int32_t table[kEarlyMaxGroups + 1];
     pdl_release_if(true);  // as pdl_begin_gemm(): the next launch released first
-    // A chain's consumer (MmaGemmParams::chain): the table once the producer says it is final.
-    const bool chained = p.chain_role == 2 && p.chain != nullptr && p.groups <= kChainMaxGroups;
-    if (chained) chain_poll(p, kChainReady, 1, tid);
     const int early = early_weight_steps<T>(p, int(blockIdx.x), tid, lane, t, sB, b_off, table);
     // Every block waits, a block without a tile too: were none to wait (a table without rows),
     // the launch could complete before its predecessor, and the next launch's wait would not
-    // cover that predecessor (kernels/pdl.cuh: completion in stream order). Chained: at the end
-    // (chain_end), and here only where the early steps did nothing (early == 2: no table copy,
-    // so no group count to wait for).
-    const bool waited = !chained || early == 2;
-    if (waited) pdl_wait_after(true);
-    if (early >= 0 && (early != 2 || find_tile<T::BM, true>(p, int(blockIdx.x), tid, lane, t))) {
-      if (!waited) {  // the group's whole input stored (rows x K, counted by the producer)
-        int lo = table[t.group], hi = table[t.group + 1];
-        clamp_group_rows(p, lo, hi);
-        chain_poll(p, t.group * kChainStride, (hi - lo) * p.K, tid);
-      }
-      if (early == 1)
-        mma_tile<T, kOutF32, true, 2, true>(p, t, 0, sA, sB, a_off, b_off);
-      else
-        mma_tile<T, kOutF32, true, 2>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
+    // cover that predecessor (kernels/pdl.cuh: completion in stream order).
+    pdl_wait_after(true);
+    if (early < 0) return;
+    if (early == 1) {
+      mma_tile<T, kOutF32, true, 2, true>(p, t, 0, sA, sB, a_off, b_off);
+    } else {
+      if (early == 2 && !find_tile<T::BM, true>(p, int(blockIdx.x), tid, lane, t)) return;
+      mma_tile<T, kOutF32, true, 2>(p, t, int(blockIdx.y), sA, sB, a_off, b_off);
     }
-    if (chained) chain_end(p, tid);
     return;
   }
   const int k_first = p.slice_stride > 0 ? int(blockIdx.y) * kSliceK : 0;  // this block's K range

@@ -491,10 +491,7 @@ __device__ __noinline__ void lean_store(const MmaGemmParams& p, int pid, int tid
                                         float t3) {
   const float tot[4] = {t0, t1, t2, t3};
   TileSpot ct;
-  if (stream_tile<T::BM>(p, pid, tid, lane, ct)) {
-    wgstream_store_tile<T, kOutF32>(p, ct, tid >> 5, lane, tot);
-    if (p.chain_role == 1 && p.chain != nullptr) chain_arrive(p, ct, T::BN, tid);  // (MmaGemmParams::chain)
-  }
+  if (stream_tile<T::BM>(p, pid, tid, lane, ct)) wgstream_store_tile<T, kOutF32>(p, ct, tid >> 5, lane, tot);
 }
 
 // MmaGemmParams::next_*: this block's share of the next GEMM's weights into L2 (a hint that
@@ -704,7 +701,6 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     else
       pdl_begin_gemm();
     stamp.go();
-    if (p.chain_role == 1 && p.chain != nullptr) chain_ready(p, tid);  // (MmaGemmParams::chain)
     if (tabled) {
       if (tid <= p.groups) tab.offsets[tid] = p.offsets[tid];
       if (p.x_rows != nullptr && tid < p.max_rows) tab.rows[tid] = p.x_rows[tid];
