@@ -611,8 +611,9 @@ struct RunInputsArgs {
 void run_inputs(const RunInputsArgs& a);
 // An empty launch (one warp: its launch-overlap wait and release, nothing else) as a decode run's
 // step graph's first node (ATLAS_RUN_ROOT, session 49, a diagnostic: s48-1's timeline had the
-// first q|kv_a begin 8.1 us after ATLAS_RUN_FUSED's step-start launch ended, where by default it
-// begins during the norm before it; the step-start launch was then the graph's root node).
+// first q|kv_a begin 8.1 us after session 47's fused step-start launch ended, where with the
+// unfused start it begins during the norm before it; the step-start launch was then the graph's
+// root node. With session 49's form it moves the root's cost, it does not remove it: s50-1).
 void graph_root(Stream stream);
 int64_t graph_root_launches();  // (tests: it ran)
 struct RunOutputsArgs {
