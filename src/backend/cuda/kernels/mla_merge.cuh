@@ -97,4 +97,76 @@ __device__ __forceinline__ void mla_merge_item(const float* __restrict__ ws_acc,
     if (d + e < latent) o_dst[d + e] = f2bf_out(r[e] / L);
 }
 
+// The merge of V groups of 4 latent columns from d (one query qi, head h, n > 1 splits) inside
+// the cluster attention kernel (mla_tc.cuh, MlaTcParams::merge_cnt): mla_merge_item's arithmetic
+// (M = fmaxf over the splits ascending from -inf, then the fmaf chains of l f and acc f in split
+// order, out = bf16(o / L)), so the same bits. The partials are the other blocks' stores of the
+// same launch: read through L2 (ld.cg), every load of a round of 8 splits issued before the chain.
+template <int V>
+__device__ __forceinline__ void mla_merge_cols(const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+                                               int n, int heads, int latent, int max_splits,
+                                               uint16_t* __restrict__ out, int qi, int h, int d) {
+  const float* ml = ws_ml + (int64_t(qi) * max_splits * heads + h) * 2;
+  const int64_t ml_step = int64_t(heads) * 2;
+  const float* acc = ws_acc + (int64_t(qi) * max_splits * heads + h) * kMlaAccStride + d;
+  const int64_t acc_step = int64_t(heads) * kMlaAccStride;
+  float M = -INFINITY, L = 0.0f;
+  float o[V][4];
+#pragma unroll
+  for (int g = 0; g < V; ++g)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[g][e] = 0.0f;
+  if (n > 8)  // (else from the one round's loads below)
+    for (int s = 0; s < n; ++s) M = fmaxf(M, __ldcg(ml + s * ml_step));
+  for (int s0 = 0; s0 < n; s0 += 8) {
+    float4 v[8][V];
+    float mm[8], ll[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (s0 + i < n) {
+        mm[i] = __ldcg(ml + (s0 + i) * ml_step);
+        ll[i] = __ldcg(ml + (s0 + i) * ml_step + 1);
+#pragma unroll
+        for (int g = 0; g < V; ++g)
+          if (d + 4 * g < latent) v[i][g] = __ldcg(reinterpret_cast<const float4*>(acc + (s0 + i) * acc_step + 4 * g));
+      }
+    }
+    if (n <= 8)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i < n) M = fmaxf(M, mm[i]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (s0 + i < n) {
+        const float f = expf(mm[i] - M);
+        L = __fmaf_rn(ll[i], f, L);
+#pragma unroll
+        for (int g = 0; g < V; ++g) {
+          if (d + 4 * g >= latent) continue;
+          o[g][0] = __fmaf_rn(v[i][g].x, f, o[g][0]);
+          o[g][1] = __fmaf_rn(v[i][g].y, f, o[g][1]);
+          o[g][2] = __fmaf_rn(v[i][g].z, f, o[g][2]);
+          o[g][3] = __fmaf_rn(v[i][g].w, f, o[g][3]);
+        }
+      }
+    }
+  }
+  uint16_t* o_dst = out + (int64_t(qi) * heads + h) * latent + d;
+#pragma unroll
+  for (int g = 0; g < V; ++g)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (d + 4 * g + e < latent) o_dst[4 * g + e] = f2bf_out(o[g][e] / L);
+}
+
+// Zeros for a query of length 0 (it sees no key), latent columns [c0, c0 + 128) of every head,
+// by a block of 256 threads (the cluster kernel's merge form; the merge kernel writes them
+// otherwise).
+__device__ __forceinline__ void mla_zero_cols(uint16_t* __restrict__ out, int heads, int latent, int c0, int tid) {
+  for (int i = tid; i < heads * 128; i += 256) {
+    const int h = i >> 7, d = c0 + (i & 127);
+    if (d < latent) out[int64_t(h) * latent + d] = 0;
+  }
+}
+
 }  // namespace atlas::cuda::kern
