@@ -224,16 +224,6 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
     kern::MlaTcParams pc = p;
     pc.phase_clocks = cluster_clocks();
     pc.merge_cnt = merge_cnt;
-    // ATLAS_MLA_MERGE_RELEASE (session 51, A/B): wait | phase2 | epilogue (default).
-    static const int env_release = [] {
-      const char* v = std::getenv("ATLAS_MLA_MERGE_RELEASE");
-      const std::string s = v ? v : "";
-      if (s.empty() || s == "epilogue") return 2;
-      if (s == "phase2") return 1;
-      if (s == "wait") return 0;
-      throw Error("cuda: ATLAS_MLA_MERGE_RELEASE: expected wait, phase2 or epilogue, got '" + s + "'");
-    }();
-    pc.merge_release = env_release;
     static const int env_exchange = mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
     launch_clustered(unsigned(kern::kMlaClusterTiles),
                      cluster_kernel(pc.phase_clocks != nullptr, a.cluster_exchange ? a.cluster_exchange : env_exchange),

@@ -90,7 +90,6 @@ struct MlaTcParams {
   // itself: [rows][kMlaClusterTiles] arrival counters, zero between launches (the last arrival
   // leaves its counter zero). See the kernel's epilogue.
   int* merge_cnt = nullptr;
-  int merge_release = 0;  // with merge_cnt: where the next launch is released (the kernel says)
 };
 
 // Shared memory: Q [16G][wp+8], C [NST][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
@@ -565,15 +564,8 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // those slots were written before the kernel this one follows: MlaTcParams), the newest slot
   // and the query after it. The same rows land in the same places: the same bits.
   const bool early = p.stable_prefix != 0, rf = p.release_first != 0;
-  // merge (p.merge_cnt): the next launch (the value GEMM, whose blocks stage their weights before
-  // their wait) is released late (p.merge_release 1: before phase 2, 2: before the epilogue; 0:
-  // at the wait, as without the merge), so that its blocks do not share this launch's SMs
-  // through the exchange (s51-3: the P exchange 1 us slower with them released at the wait).
-  const bool merge = p.merge_cnt != nullptr;
-  const int late = merge && !rf ? p.merge_release : 0;
-  const bool held = rf || late > 0;  // not released at the wait
   pdl_release_if(rf);
-  if (!early) pdl_wait_after(held);
+  if (!early) pdl_wait_after(rf);
   constexpr int T = kMlaClusterTiles;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ldq = p.wp + 8;
@@ -597,12 +589,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // Every block of the cluster reads the same length, so all of them leave here or none.
   const int len = p.lengths[qi];
   if (len < 0 || len > p.max_length) {
-    if (early) pdl_wait_after(held);
+    if (early) pdl_wait_after(rf);
     if (split == 0 && rank == 0 && tid == 0) atomicOr(p.error_flag, 4);
     return;
   }
+  const bool merge = p.merge_cnt != nullptr;  // (launch-uniform)
   if (len <= j0) {  // no slot of this split
-    if (early) pdl_wait_after(held);
+    if (early) pdl_wait_after(rf);
     // A query that sees no key (padding): zeros, as the merge kernel writes them.
     if (merge && len == 0) mla_zero_cols(p.out + int64_t(qi) * p.heads * p.latent, p.heads, p.latent,
                                          rank * kMlaClusterCols, tid);
@@ -668,7 +661,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     cp_async_commit();
     mark(1);
     if (early) {
-      pdl_wait_after(held);
+      pdl_wait_after(rf);
       mark(2);
       copy_query();
       const int ft = (fresh - j0) / kMlaTile;  // the newest slot's tile, if in this split
@@ -812,7 +805,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     l_s[tid] = l;
   }
 
-  if (late == 1) pdl_release_if(true);
   // ---- phase 2: columns c0 + 16 warp .. + 16 over all tiles, ascending ----
   const int d0 = c0 + 16 * warp;
   float o[2][4];
@@ -845,7 +837,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   }
 
   // ---- epilogue (the walk's) ----
-  if (late == 2) pdl_release_if(true);
   mark(8);
   const bool direct = len <= p.S;  // the query has exactly one split
   // (merge: every block stores m and l, the same values from each block of the split, so that
