@@ -152,14 +152,6 @@ __device__ __forceinline__ void mla_merge_cols(const float* __restrict__ ws_acc,
     }
   }
   uint16_t* o_dst = out + (int64_t(qi) * heads + h) * latent + d;
-  if (V == 2 && d + 8 <= latent && (reinterpret_cast<uintptr_t>(o_dst) & 15) == 0) {  // one 16-byte store
-    uint32_t w[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      w[e] = uint32_t(f2bf_out(o[e >> 1][(e & 1) * 2] / L)) | uint32_t(f2bf_out(o[e >> 1][(e & 1) * 2 + 1] / L)) << 16;
-    *reinterpret_cast<uint4*>(o_dst) = make_uint4(w[0], w[1], w[2], w[3]);
-    return;
-  }
 #pragma unroll
   for (int g = 0; g < V; ++g)
 #pragma unroll

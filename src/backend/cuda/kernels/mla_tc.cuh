@@ -866,23 +866,19 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // arrives on the query's counter r after its stores; the last of the n arrivals merges those
   // columns for every head: the merge kernel's arithmetic (mla_merge_cols), so the same bits.
   // Why: the merge's own launch costs ~2 us per layer after the attention (CUPTI, s49-1).
-  // The arrival is one acq_rel atomic of thread 0 after the block barrier (the barrier orders the
-  // block's stores before it, the release makes them visible with it; its acquire, then the
-  // barrier, order the last block's loads after every arrival): s51-2 had a __threadfence in
-  // every thread before and after (4.4 us more per attention than the merge kernel's launch).
   if (merge && !direct) {
     __shared__ int merge_last;
     const int n = (len + p.S - 1) / p.S;
-    __syncthreads();  // every thread's partials, m and l stored
+    __threadfence();  // this block's partials, m and l before its arrival
+    __syncthreads();
     if (tid == 0) {
       int* cnt = p.merge_cnt + qi * T + rank;
-      int prev;
-      asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(prev) : "l"(cnt) : "memory");
-      merge_last = prev == n - 1;
+      merge_last = atomicAdd(cnt, 1) == n - 1;
       if (merge_last) *cnt = 0;  // (no other arrival this launch: zero for the next)
     }
     __syncthreads();
     if (merge_last) {
+      __threadfence();  // the other splits' stores (each fenced before its arrival) after ours
       const int h = tid >> 4, d = c0 + (tid & 15) * 8;
       if (h < p.heads && d < p.latent)
         mla_merge_cols<2>(p.ws_acc, p.ws_ml, n, p.heads, p.latent, p.max_splits, p.out, qi, h, d);
