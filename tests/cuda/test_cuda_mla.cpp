@@ -64,7 +64,6 @@ struct Call {
   bool misalign = false;  // q and cache one element off 16-byte alignment: the element-load path
   bool stable_prefix = false;  // the cluster kernel's decode-step copy order (MlaDecodeArgs)
   int exchange = 0;            // MlaDecodeArgs::cluster_exchange
-  int merge = 0;               // MlaDecodeArgs::cluster_merge
 };
 
 std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
@@ -82,8 +81,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
               .out = dout.get(), .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
               .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
               .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers,
-              .tile_parallel = c.tile_parallel, .cluster_exchange = c.exchange, .cluster_merge = c.merge,
-              .stable_prefix = c.stable_prefix});
+              .tile_parallel = c.tile_parallel, .cluster_exchange = c.exchange, .stable_prefix = c.stable_prefix});
   check_device_errors();
   return dout.download();
 }
@@ -323,27 +321,14 @@ TEST_F(Mla, TileParallelGivesTheBitsOfTheWalk) {
       // query (under launch overlap: before and after the wait; the model tests' overlap runs
       // take this order wherever their decode attention runs the cluster kernel).
       EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .stable_prefix = true, .exchange = x}), walk) << "stable prefix";
-      // The split merge inside the cluster kernel's launch (session 51): the merge kernel's
-      // bits, for one and several splits, length 0 (zeros) and blocks without a tile; run twice
-      // (the counters are left zero for the next launch).
-      for (int rep = 0; rep < 2; ++rep) {
-        EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .exchange = x, .merge = 2}), walk) << "merged in the cluster " << rep;
-        EXPECT_EQ(run_gpu(p, {.tile_parallel = 2, .max_length = p.capacity, .stable_prefix = true, .exchange = x,
-                              .merge = 2}),
-                  walk)
-            << "merged in the cluster, decode order " << rep;
-      }
     }
   }
   // Queries sharing cache rows (one query per block: the decode form of a shared prompt).
   const Problem p = make_problem(rng, {}, {300, 64, 257, 1, 513, 40}, {0, 0, 1, 1, 2, 2}, 600);
   const auto walk = run_gpu(p, {.queries_per_block = 1, .tile_parallel = 1});
-  for (const int x : {1, 2, 3}) {
+  for (const int x : {1, 2, 3})
     EXPECT_EQ(run_gpu(p, {.queries_per_block = 1, .tile_parallel = 2, .exchange = x}), walk)
         << "cache rows shared, exchange " << x;
-    EXPECT_EQ(run_gpu(p, {.queries_per_block = 1, .tile_parallel = 2, .exchange = x, .merge = 2}), walk)
-        << "cache rows shared, merged in the cluster, exchange " << x;
-  }
 }
 
 // mla_decode_with_value (session 32, ATLAS_MLA_MERGE_VALUE; written before its first GPU run):

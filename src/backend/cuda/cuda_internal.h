@@ -177,8 +177,6 @@ inline cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
 
 // gemm.cu keeps per-stream scratch for sliced launches; stream_destroy() returns it (never throws).
 void gemm_release_stream(cudaStream_t s) noexcept;
-// The MLA cluster kernel's merge counters of a stream (mla.cu), freed with it.
-void mla_release_stream(cudaStream_t s) noexcept;
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 

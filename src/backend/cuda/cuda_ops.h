@@ -774,12 +774,6 @@ struct MlaDecodeArgsT {
   // 1 pull, 2 push, 3 async (st.async on mbarriers); 0 = ATLAS_MLA_EXCHANGE's (pull, push or
   // async; unset: async). Never changes results (tested).
   int cluster_exchange = 0;
-  // The cluster kernel only: the split merge inside its launch (2; the last block of each 128
-  // columns to arrive merges them, kern::MlaTcParams::merge_cnt) or the merge kernel after it
-  // (1); 0 = ATLAS_MLA_CLUSTER_MERGE's (unset: 1). Where the stream has no counters yet inside a
-  // capture, or a launch has more than 1,024 queries, the merge kernel runs. Never changes
-  // results (tested).
-  int cluster_merge = 0;
   // A decode step's launch right after the latent cache kernel (one query per cache row, which
   // wrote slot lengths[q] - 1 and nothing else): the cluster kernel copies the older slots before
   // its launch-overlap wait (kern::MlaTcParams::stable_prefix). Never changes results.

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -112,28 +111,6 @@ ClusterKernel cluster_kernel(bool clocks, int exchange) {
   }
 }
 
-// The cluster kernel's merge counters (kern::MlaTcParams::merge_cnt): one fixed block per
-// (device, stream), made once outside a capture (a decode run's first step is eager) and never
-// moved, as decode graphs keep its address; zeroed when made, and each launch leaves it zero.
-// Null inside a capture before it exists: the merge kernel runs then.
-constexpr int kMergeRowsMax = 1024;
-std::mutex merge_mu;
-std::map<std::pair<int, cudaStream_t>, int*> merge_counters;
-int* stream_merge_counters(cudaStream_t stream) {
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "mla_decode", "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(merge_mu);
-  int*& c = merge_counters[{dev, stream}];
-  if (c != nullptr) return c;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &cap), "mla_decode", "cudaStreamIsCapturing");
-  if (cap != cudaStreamCaptureStatusNone) return nullptr;
-  const size_t bytes = size_t(kMergeRowsMax) * kern::kMlaClusterTiles * sizeof(int);
-  check_cuda(cudaMalloc(&c, bytes), "mla_decode", "cudaMalloc (merge counters)");
-  check_cuda(cudaMemsetAsync(c, 0, bytes, stream), "mla_decode", "cudaMemsetAsync (merge counters)");
-  return c;
-}
-
 // The tile-parallel kernel's one-time setup: device code for sm_90, cluster launch, the shared
 // memory limit raised to what the widest cache needs, and a cluster of 4 such blocks placeable.
 bool tile_parallel_setup() {
@@ -174,9 +151,6 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
               std::to_string(a.cluster_exchange));
   require(a.tile_parallel >= 0 && a.tile_parallel <= 2, op, "tile_parallel",
           "must be 0 (auto), 1 (off) or 2 (on), got " + std::to_string(a.tile_parallel));
-  require(a.cluster_merge >= 0 && a.cluster_merge <= 2, op, "cluster_merge",
-          "must be 0 (ATLAS_MLA_CLUSTER_MERGE's), 1 (the merge kernel) or 2 (inside the cluster kernel), got " +
-              std::to_string(a.cluster_merge));
   const bool tp_fits = G == 1 && vec && a.split_tokens == kern::kMlaTile * kern::kMlaClusterTiles;
   require(a.tile_parallel != 2 || (tp_fits && tile_parallel_setup()), op, "tile_parallel",
           "2 needs one query per block, split_tokens 256, width % 8 == 0, 16-byte aligned q and cache rows "
@@ -214,16 +188,9 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   const bool tp = a.tile_parallel == 2 ||
                   (a.tile_parallel == 0 && tp_fits && blocks * kern::kMlaClusterTiles <= sms && tile_parallel_setup());
   const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sms) ? 1 : 2);
-  // ATLAS_MLA_CLUSTER_MERGE (session 51): the split merge inside the cluster kernel's launch
-  // (MlaDecodeArgs::cluster_merge).
-  static const bool env_merge = env_switch("ATLAS_MLA_CLUSTER_MERGE", false);
-  const bool want_merge = merge_out == nullptr && (a.cluster_merge == 0 ? env_merge : a.cluster_merge == 2) &&
-                          a.rows <= kMergeRowsMax;
-  int* const merge_cnt = tp && want_merge ? stream_merge_counters(s) : nullptr;
   if (tp) {
     kern::MlaTcParams pc = p;
     pc.phase_clocks = cluster_clocks();
-    pc.merge_cnt = merge_cnt;
     static const int env_exchange = mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
     launch_clustered(unsigned(kern::kMlaClusterTiles),
                      cluster_kernel(pc.phase_clocks != nullptr, a.cluster_exchange ? a.cluster_exchange : env_exchange),
@@ -242,7 +209,6 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
                   .out = a.out};
     return;
   }
-  if (merge_cnt != nullptr) return;  // merged inside the cluster kernel's launch
   // Merge: one (query, head) per block iteration; a grid-stride loop keeps the block count
   // bounded when most queries have one split (prefill), where each item is one length read.
   const int64_t items = int64_t(a.rows) * a.heads;
@@ -305,22 +271,6 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
 }  // namespace
 
 namespace detail {
-
-void mla_release_stream(cudaStream_t s) noexcept {
-  try {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return;
-    std::lock_guard<std::mutex> lock(merge_mu);
-    auto it = merge_counters.find({dev, s});
-    if (it == merge_counters.end()) return;
-    if (it->second != nullptr) {
-      cudaStreamSynchronize(s);
-      cudaFree(it->second);
-    }
-    merge_counters.erase(it);
-  } catch (...) {
-  }
-}
 
 bool mla_attention_only(const MlaDecodeArgs& a, kern::MlaMergeParams& merge) {
   const int64_t max_splits = check_decode_args(a);

@@ -86,10 +86,6 @@ struct MlaTcParams {
   // The cluster kernel's clocked instantiation only (ATLAS_PHASE_CLOCKS=attention,
   // kernels/phase_clock.cuh): the sums of its phases' clocks.
   unsigned long long* phase_clocks = nullptr;
-  // The cluster kernel only (session 51, ATLAS_MLA_CLUSTER_MERGE): non-null, it merges the splits
-  // itself: [rows][kMlaClusterTiles] arrival counters, zero between launches (the last arrival
-  // leaves its counter zero). See the kernel's epilogue.
-  int* merge_cnt = nullptr;
 };
 
 // Shared memory: Q [16G][wp+8], C [NST][64][wp+8] (bf16), S [16G][68] fp32, P [16G][72] bf16,
@@ -593,12 +589,8 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     if (split == 0 && rank == 0 && tid == 0) atomicOr(p.error_flag, 4);
     return;
   }
-  const bool merge = p.merge_cnt != nullptr;  // (launch-uniform)
   if (len <= j0) {  // no slot of this split
     if (early) pdl_wait_after(rf);
-    // A query that sees no key (padding): zeros, as the merge kernel writes them.
-    if (merge && len == 0) mla_zero_cols(p.out + int64_t(qi) * p.heads * p.latent, p.heads, p.latent,
-                                         rank * kMlaClusterCols, tid);
     return;
   }
   const int send = min(len, j0 + p.S);  // end slot of the split
@@ -613,12 +605,11 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     // where this block runs a softmax), barrier 1 each other tile's P rows (64 threads x 32
     // bytes), alphas and sums (16 x 8 bytes). A count the stores may reach before the expect:
     // the phase also waits for this one arrival.
-    // (merge: every block receives the maxima, for the final m it stores; below.)
     if (tid == 0) {
       const uint32_t others = uint32_t(ntiles - (rank < ntiles ? 1 : 0));
       mbar_init(mbar0, 1);
       mbar_init(mbar1, 1);
-      mbar_arrive_expect_tx(mbar0, rank < ntiles || merge ? others * 16 * 4 : 0);
+      mbar_arrive_expect_tx(mbar0, rank < ntiles ? others * 16 * 4 : 0);
       mbar_arrive_expect_tx(mbar1, others * (64 * 32 + 16 * 8));
       fence_mbarrier_init();
     }
@@ -705,7 +696,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
         for (int t = 0; t < T; ++t)
           if (t != rank) *cluster.map_shared_rank(mine, t) = mx;
       } else if constexpr (kX == kMlaXAsync) {
-        for (int t = 0; t < (merge ? T : ntiles); ++t)
+        for (int t = 0; t < ntiles; ++t)
           if (t != rank) st_async_f32(dsmem_addr(smem_u32(mine), t), mx, dsmem_addr(mbar0, t));
       }
     }
@@ -789,8 +780,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   } else {
     cp_async_wait<0>();
     mbar_wait_cluster(mbar1, 0);  // the other tiles' P, alphas and sums have landed here
-    // merge: a block without a tile has the maxima too (its final m below; they came long ago).
-    if (merge && rank >= ntiles && tid < 16) mbar_wait_cluster(mbar0, 0);
     __syncthreads();      // this block's own (and its slice copies) are visible to every warp
     mark(6);
   }
@@ -839,9 +828,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // ---- epilogue (the walk's) ----
   mark(8);
   const bool direct = len <= p.S;  // the query has exactly one split
-  // (merge: every block stores m and l, the same values from each block of the split, so that
-  // the block merging columns [c0, c0 + 128) finds them behind its own counter's arrivals.)
-  if (!direct && (rank == 0 || merge) && tid < p.heads) {
+  if (!direct && rank == 0 && tid < p.heads) {
     const int64_t base = ((int64_t(qi) * p.max_splits + split) * p.heads + tid) * 2;
     p.ws_ml[base] = m_fin;
     p.ws_ml[base + 1] = l_s[tid];
@@ -858,30 +845,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
         const int d = d0 + nt * 8 + 2 * (lane & 3);
         mla_store_pair(p, qi, split, h, d, o[nt][half * 2], o[nt][half * 2 + 1], l, direct);
       }
-    }
-  }
-  // The split merge inside this launch (p.merge_cnt; session 51, ATLAS_MLA_CLUSTER_MERGE): the
-  // columns [c0, c0 + 128) of a query depend on its splits' blocks of rank r (their partials) and
-  // on each split's m and l (which every block of the split stores), so block r of each split
-  // arrives on the query's counter r after its stores; the last of the n arrivals merges those
-  // columns for every head: the merge kernel's arithmetic (mla_merge_cols), so the same bits.
-  // Why: the merge's own launch costs ~2 us per layer after the attention (CUPTI, s49-1).
-  if (merge && !direct) {
-    __shared__ int merge_last;
-    const int n = (len + p.S - 1) / p.S;
-    __threadfence();  // this block's partials, m and l before its arrival
-    __syncthreads();
-    if (tid == 0) {
-      int* cnt = p.merge_cnt + qi * T + rank;
-      merge_last = atomicAdd(cnt, 1) == n - 1;
-      if (merge_last) *cnt = 0;  // (no other arrival this launch: zero for the next)
-    }
-    __syncthreads();
-    if (merge_last) {
-      __threadfence();  // the other splits' stores (each fenced before its arrival) after ours
-      const int h = tid >> 4, d = c0 + (tid & 15) * 8;
-      if (h < p.heads && d < p.latent)
-        mla_merge_cols<2>(p.ws_acc, p.ws_ml, n, p.heads, p.latent, p.max_splits, p.out, qi, h, d);
     }
   }
   if constexpr (kClocks) {
