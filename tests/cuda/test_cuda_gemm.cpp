@@ -297,10 +297,6 @@ TEST(GemmSettings, StreamSwitchNamesItselfOnBadValues) {
                        });
 }
 
-// The stream configs' persistent grid (no GPU needed): never more blocks than tiles or resident
-// slots; balanced, no block walks more tiles than ceil(T / slots), the fewest blocks that allow
-// it, so the last round is never walked by a few blocks alone (the LM head: 1,600 tiles on 396
-// slots, 320 blocks of five instead of 396 blocks of which 16 walk a fifth).
 // A grouped launch's row-tile bound (detail::grouped_y_tiles), ceil and tight (floor,
 // ATLAS_GEMM_TIGHT_TILES): never fewer than the tiles of any split of at most max_rows rows
 // over the groups (random splits, and the worst cases: every group one row past a whole tile),
@@ -338,13 +334,20 @@ TEST(GemmSettings, GroupedTileBoundCoversEverySplit) {
       }
 }
 
+// The stream configs' persistent grid (no GPU needed): never more blocks than tiles or resident
+// slots. Unbalanced (the default since session 51): every slot, min(T, slots) (the LM head: 1,600
+// tiles on 396 slots, 396 blocks of which 16 walk a fifth). Balanced (ATLAS_GEMM_STREAM_BALANCE=1):
+// no block walks more tiles than ceil(T / slots), with the fewest blocks that allow it (320
+// blocks of five).
 TEST(GemmSettings, StreamGridsAreBalanced) {
   EXPECT_EQ(detail::stream_grid_blocks(1600, 396, true), 320);
   EXPECT_EQ(detail::stream_grid_blocks(1600, 396, false), 396);
   EXPECT_EQ(detail::stream_grid_blocks(308, 396, true), 308);
+  EXPECT_EQ(detail::stream_grid_blocks(308, 396, false), 308);
   EXPECT_EQ(detail::stream_grid_blocks(0, 396, true), 0);
   for (int64_t slots : {1, 7, 264, 396})
     for (int64_t t = 1; t <= 3000; t += 7) {
+      ASSERT_EQ(detail::stream_grid_blocks(t, slots, false), std::min(t, slots)) << "t=" << t << " slots=" << slots;
       const int64_t b = detail::stream_grid_blocks(t, slots, true);
       ASSERT_GE(b, 1);
       ASSERT_LE(b, std::min(t, slots)) << "t=" << t << " slots=" << slots;

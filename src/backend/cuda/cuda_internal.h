@@ -50,7 +50,7 @@ int gemm_stream_setting(const char* value);
 // default before); anything else throws an Error naming the variable. The same bits each way.
 int gemm_stream_lean_setting(const char* value);
 // The persistent grid of a stream config with `tiles` tiles and `slots` resident blocks (SMs x
-// blocks per SM): min(tiles, slots), or with `balance` (ATLAS_GEMM_STREAM_BALANCE) and more
+// blocks per SM): min(tiles, slots) (the default), or with `balance` (ATLAS_GEMM_STREAM_BALANCE=1) and more
 // tiles than slots ceil(tiles / ceil(tiles / slots)), so that every block's even share
 // [b T / B, (b + 1) T / B) holds the same number of tiles give or take one less.
 int64_t stream_grid_blocks(int64_t tiles, int64_t slots, bool balance);

@@ -502,10 +502,14 @@ struct GemmSetup {
   // ATLAS_GEMM_CLUSTER_PUSH=1: those problems on c16x64/4w+push (the slice sums pushed by
   // st.async, no cluster barrier after the main loop; session 36; slower in s37-1, so off).
   bool cluster_push = false;
-  // ATLAS_GEMM_STREAM_BALANCE (default 1; 0 for A/B runs): a stream config's persistent grid of
-  // more tiles than resident blocks takes ceil(T / ceil(T / slots)) blocks, so that every block
-  // walks the same number of tiles (launch_mma).
-  bool stream_balance = true;
+  // ATLAS_GEMM_STREAM_BALANCE (default 0 since session 51; 1 for A/B runs): with 1, a stream
+  // config's persistent grid of more tiles than resident blocks takes ceil(T / ceil(T / slots))
+  // blocks, so that every block walks the same number of tiles (launch_mma); with 0 it takes
+  // every resident slot, min(T, slots). Why 0: the batch-1 LM head (1,600 tiles) on 396 blocks
+  // instead of 320 streams more bytes at once, and its blocks are bound by their bytes in flight
+  // (sessions 38-39): 144.4 against 158.1 us, 413.5 / 413.6 against 411.3 tok/s (H100, s51-6);
+  // the 16 blocks with a fifth tile finish it with the memory to themselves.
+  bool stream_balance = false;
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
   bool tails = false;
@@ -750,7 +754,7 @@ const GemmSetup& setup() {
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.cluster16 = env_switch("ATLAS_GEMM_CLUSTER16", true);
     g.cluster_push = env_switch("ATLAS_GEMM_CLUSTER_PUSH", false);
-    g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", true);
+    g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", false);
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
