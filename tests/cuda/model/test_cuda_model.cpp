@@ -1151,9 +1151,10 @@ TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
 // A decode run's step ends fused (ATLAS_RUN_FUSED, read when the model is made; sessions 47 and
 // 49, on by default since session 50): at one row one launch after the step's inputs embeds and
 // norms, and a greedy step's argmax writes the run's outputs. The tokens of the unfused run,
-// greedy and with the row sampled on the device (there only the first end is fused: the sampler follows the argmax),
-// over 70 steps (the ring's slots reused) and 3 more in a second run; the caches left give the
-// same next step's logits; the fused launches ran only with it on, and at 8 rows never. With
+// greedy and with the row sampled on the device (there only the first end is fused: the sampler
+// follows the argmax), over 70 steps (the ring's slots reused) and 3 more in a second run; the
+// caches left give the same next step's logits; the fused launches ran only with it on, and at 8
+// rows never. With
 // ATLAS_RUN_ROOT=1 too (session 49) the graph's empty first launch ran, and the same tokens.
 TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
   const int64_t V = ck_->config().vocab_size;
