@@ -242,6 +242,141 @@ TEST_F(Gemm, StreamConfigsGiveTheContractBits) {
   }
 }
 
+// Stream-K (session 52): the lean loop in equal runs of (tile, K slice) units gives the unsplit
+// lean loop's bits at any grid: one block per unit, a few blocks for many tiles (each holding
+// heads and tails of split tiles), tiles split over more blocks than slots, tiles fewer and more
+// than blocks (the workspace's two slot rules), bf16 and f32 out, gated, and K's last slice short
+// (K = 384 on 128-wide steps, 10,944 on 64-wide: the dense MLP's down). The reference bits: the
+// lean loop of the same steps ("/4l", "/8l64"); StreamConfigsGiveTheContractBits checks those
+// against split-K and every stream config, this one included, at the default grid.
+TEST_F(Gemm, StreamKGivesTheUnsplitBitsAtEveryGrid) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int k128 = config_named("streamwg64x8/4lk"), k64 = config_named("streamwg64x8/8l64k");
+  const int lean128 = config_named("streamwg64x8/4l"), lean64 = config_named("streamwg64x8/8l64");
+  ASSERT_GE(k128, 0);
+  ASSERT_GE(k64, 0);
+  ASSERT_GE(lean128, 0);
+  ASSERT_GE(lean64, 0);
+  struct Shape {
+    int M, N, K, gated;
+  };
+  // (21,888 x 2,048 gated: layer 0's gate|up, 342 tiles; 2,048 x 10,944: its down, 32 tiles of
+  // 43 slices; 2,752 x 2,048: 43 tiles of 8; 520 x 384: 9 tiles (the last one 8 columns wide) of
+  // a full and a one-step slice.)
+  const Shape shapes[] = {{1, 21888, 2048, 10944}, {1, 2048, 10944, 0}, {3, 2752, 2048, 0}, {8, 520, 384, 0},
+                          {1, 2752, 2048, 1376}};
+  struct GridSetting {
+    explicit GridSetting(int g) { gemm_set_streamk_grid(g); }
+    ~GridSetting() { gemm_set_streamk_grid(0); }
+  };
+  for (const Shape& sh : shapes) {
+    const auto x = random_bf16(size_t(sh.M) * sh.K, rng), w = random_bf16(size_t(sh.N) * sh.K, rng, 0.05f);
+    DevBuf<uint16_t> dx(x), dw(w), scratch(size_t(sh.M) * sh.N);
+    const int outs = sh.gated > 0 ? sh.gated : sh.N;
+    const GemmArgs a{.x = dx.get(), .w = dw.get(), .M = sh.M, .N = sh.N, .K = sh.K, .gated = sh.gated,
+                     .gated_scratch = sh.gated > 0 ? scratch.get() : nullptr};
+    const size_t on = size_t(sh.M) * outs;
+    for (const auto& [sk, lean] : {std::pair{k128, lean128}, std::pair{k64, lean64}}) {
+      if (sh.K % (sk == k128 ? 128 : 64) != 0) continue;  // (the tail instance's K: the unsplit loops run)
+      std::vector<float> want_f;
+      std::vector<uint16_t> want_b;
+      {
+        ForceConfig force(lean);
+        want_f = run<float>(a, on);
+        want_b = run<uint16_t>(a, on);
+      }
+      const int64_t units = int64_t(sh.N + 63) / 64 * ((sh.K + 255) / 256);
+      for (int grid : {1, 2, 3, 7, 31, 131, 396, 4000, 0}) {
+        SCOPED_TRACE(::testing::Message() << gemm_config_name(sk) << " M=" << sh.M << " N=" << sh.N << " K=" << sh.K
+                                          << " gated=" << sh.gated << " grid=" << grid << " units=" << units);
+        ForceConfig force(sk);
+        GridSetting g(grid);
+        const int64_t before = gemm_streamk_launches();
+        ASSERT_EQ(run<float>(a, on), want_f);
+        ASSERT_EQ(run<uint16_t>(a, on), want_b);
+        ASSERT_EQ(gemm_streamk_launches(), before + 2) << "the stream-K loop did not run";
+      }
+    }
+  }
+}
+
+// Which problems ATLAS_GEMM_STREAMK sends to stream-K (gemm_set_streamk stands in for the
+// variable): `wide` the one-row problems on the lean stream loop of at least one 64-column tile per
+// SM (the LM head, layer 0's gate|up), `long` the one-row ungated ones of more than 16 K slices
+// (layer 0's down), none else (the shared experts' 88-tile gate|up, more than 8 rows, the default
+// 0); each with the bits of the default choice.
+TEST_F(Gemm, StreamKSwitchTakesTheWideAndLongOneRowProblems) {
+  std::mt19937 rng(test_seed());
+  struct StreamKSetting {
+    explicit StreamKSetting(int m) { gemm_set_streamk(m); }
+    ~StreamKSetting() { gemm_set_streamk(-1); }
+  };
+  struct Case {
+    int M, N, K, gated;
+    bool wide, long_k;  // stream-K under `wide` / under `long`
+  };
+  const int sms = device_info().sm_count;
+  const Case cases[] = {{1, 21888, 2048, 10944, 64 * sms <= 21888, false},
+                        {1, 64 * sms, 2048, 0, true, false},
+                        {1, 2048, 10944, 0, false, true},
+                        {1, 5632, 2048, 2816, false, false},
+                        {16, 21888, 2048, 10944, false, false},
+                        {16, 2048, 10944, 0, false, false},
+                        {1, 2048, 4096, 0, false, false}};
+  for (const Case& cs : cases) {
+    const auto x = random_bf16(size_t(cs.M) * cs.K, rng), w = random_bf16(size_t(cs.N) * cs.K, rng, 0.05f);
+    DevBuf<uint16_t> dx(x), dw(w), scratch(size_t(cs.M) * cs.N);
+    const GemmArgs a{.x = dx.get(), .w = dw.get(), .M = cs.M, .N = cs.N, .K = cs.K, .gated = cs.gated,
+                     .gated_scratch = cs.gated > 0 ? scratch.get() : nullptr};
+    const size_t on = size_t(cs.M) * (cs.gated > 0 ? cs.gated : cs.N);
+    std::vector<uint16_t> want;
+    {
+      StreamKSetting off(0);
+      const int64_t before = gemm_streamk_launches();
+      want = run<uint16_t>(a, on);
+      ASSERT_EQ(gemm_streamk_launches(), before);
+    }
+    for (int mode : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "mode " << mode << " M=" << cs.M << " N=" << cs.N << " K=" << cs.K);
+      StreamKSetting on_(mode);
+      const int64_t before = gemm_streamk_launches();
+      ASSERT_EQ(run<uint16_t>(a, on), want);
+      const bool expect = ((mode & 1) != 0 && cs.wide) || ((mode & 2) != 0 && cs.long_k);
+      ASSERT_EQ(gemm_streamk_launches(), before + (expect ? 1 : 0));
+    }
+  }
+}
+
+// The stream-K shares (no GPU needed): every unit's block (streamk_block_of) is the block whose
+// run [b U / G, (b + 1) U / G) holds it, for unit counts below, at and above the grid.
+TEST(GemmSettings, StreamKSharesHoldEveryUnitOnce) {
+  for (int64_t G : {1, 2, 3, 7, 132, 396})
+    for (int64_t U : {1, 2, 5, 131, 396, 397, 2736, 12800}) {
+      for (int64_t u = 0; u < U; ++u) {
+        const int64_t b = detail::gemm_streamk_block_of(u, U, G);
+        ASSERT_GE(b, 0);
+        ASSERT_LT(b, G);
+        ASSERT_LE(b * U / G, u) << "U=" << U << " G=" << G << " u=" << u;
+        ASSERT_LT(u, (b + 1) * U / G) << "U=" << U << " G=" << G << " u=" << u;
+      }
+    }
+}
+
+// ATLAS_GEMM_STREAMK's values (no GPU needed).
+TEST(GemmSettings, StreamKSwitchNamesItselfOnBadValues) {
+  EXPECT_EQ(detail::gemm_streamk_setting(nullptr), 0);
+  EXPECT_EQ(detail::gemm_streamk_setting(""), 0);
+  EXPECT_EQ(detail::gemm_streamk_setting("0"), 0);
+  EXPECT_EQ(detail::gemm_streamk_setting("wide"), 1);
+  EXPECT_EQ(detail::gemm_streamk_setting("long"), 2);
+  EXPECT_EQ(detail::gemm_streamk_setting("all"), 3);
+  expect_each_rejected([](const char* v) { detail::gemm_streamk_setting(v); }, {"1", "both", "Wide", " all"},
+                       [](const char* v) {
+                         return std::vector<std::string>{"ATLAS_GEMM_STREAMK", "'" + std::string(v) + "'"};
+                       });
+}
+
 // The split lean loop's parts (session 31, no GPU needed): for every K the host runs it on (K %
 // 128 == 0, at least `parts` slices of 256), the parts tile [0, KT) in order, each non-empty and
 // starting on a slice boundary, and part 1 starts at slice S / parts, where the tile's last

@@ -49,6 +49,11 @@ int gemm_stream_setting(const char* value);
 // its copies three steps ahead ("streamwg64x8/4l/3"), 0 the full loop ("streamwg64x8/4", the
 // default before); anything else throws an Error naming the variable. The same bits each way.
 int gemm_stream_lean_setting(const char* value);
+// ATLAS_GEMM_STREAMK: 0 (unset, "0"), 1 ("wide"), 2 ("long"), 3 ("all"); anything else throws.
+int gemm_streamk_setting(const char* value);
+// The block of `blocks` holding unit `unit` of `units` in the stream-K shares (block b: units
+// [b units / blocks, (b + 1) units / blocks); kern::streamk_block_of). Host-side, for tests.
+int gemm_streamk_block_of(int64_t unit, int64_t units, int64_t blocks);
 // The persistent grid of a stream config with `tiles` tiles and `slots` resident blocks (SMs x
 // blocks per SM): min(tiles, slots) (the default), or with `balance` (ATLAS_GEMM_STREAM_BALANCE=1) and more
 // tiles than slots ceil(tiles / ceil(tiles / slots)), so that every block's even share

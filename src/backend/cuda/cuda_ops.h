@@ -1042,6 +1042,15 @@ int gemm_config_count();
 std::string gemm_config_name(int config);  // "128x128x32/4" = BM x BN x BK / stages; "splitk16x8/8w" = split-K
                                           // 16 x 8 tile, 8 warps on K slices
 void gemm_force_config(int config);
+// Stream-K launches (the configs "streamwg64x8/4lk" and "/8l64k"; ATLAS_GEMM_STREAMK): tests set
+// their grid (blocks; 0, the default: every resident slot, at most one per (tile, K slice) unit)
+// to check the split tiles' folds at every share, and count the launches that ran stream-K
+// (grouped problems and those whose workspace does not fit run the unsplit loop: same bits).
+void gemm_set_streamk_grid(int blocks);
+int64_t gemm_streamk_launches();
+// Which problems take stream-K where no config is forced (tests): -1 ATLAS_GEMM_STREAMK's
+// (the default), 0 none, 1 wide, 2 long, 3 both (gemm_streamk_setting).
+void gemm_set_streamk(int mode);
 // Whether the batch-invariant GEMMs' weight copies carry an L2 evict_first policy (on by default;
 // ATLAS_L2_EVICT_FIRST=0 or set_gemm_weight_evict_first(false) turns it off for launches after
 // the call; captured graphs keep theirs). A caching hint only: the same bits either way.

@@ -166,6 +166,11 @@ struct TileConfig {
   // (gemm_wgstream_lean_kernel's kParts; p.split_ws / split_cnt: stream_split_scratch), for
   // slices >= k_parts and K % tail_k == 0 only; config_or_fallback runs kStreamWgLean elsewhere.
   int k_parts = 0;
+  // The lean stream loop's stream-K form (gemm_wgstream_lean_kernel's kParts 0; dense problems,
+  // K % tail_k == 0; p.split_ws / split_cnt: stream_split_scratch): every resident slot takes an
+  // equal run of the (tile, K slice) units. Elsewhere (grouped, no workspace) the unsplit lean
+  // loop (same bits).
+  bool streamk = false;
   // [out f32][at most 8 rows per tile]: the stamped instantiation (kStamp, ATLAS_BLOCK_STAMPS,
   // kernels/block_stamp.cuh) of fn[f32][1][rows8], where there is one: the MoE phase's default
   // configs only (the lean stream loop, 16x32x128/4u, the staged split-K).
@@ -239,6 +244,20 @@ constexpr TileConfig make_wglean_split_config(const char* name) {
     c.routed[h] = nullptr;
   }
   c.k_parts = P;
+  return c;
+}
+
+// The same loop in stream-K shares (session 52).
+template <class T>
+constexpr TileConfig make_wglean_streamk_config(const char* name) {
+  TileConfig c = make_wglean_config<T>(name);
+  for (int h = 0; h < 2; ++h) {
+    c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false, 0>;
+    c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true, 0>;
+    c.stamped[0][h] = c.stamped[1][h] = nullptr;  // (no stamped stream-K loop)
+    c.routed[h] = nullptr;
+  }
+  c.streamk = true;
   return c;
 }
 
@@ -324,7 +343,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 44> kConfigs = {
+constexpr std::array<TileConfig, 46> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -363,7 +382,11 @@ constexpr std::array<TileConfig, 44> kConfigs = {
     // The staged split-K kernel on four warps (session 41, ATLAS_GEMM_WIDE_SPLITK4): 128-thread
     // blocks, so that q|kv_a's 456 blocks at one row fit the SMs in one wave (the 8-warp blocks'
     // registers allow two per SM) and all stage their first four slices early.
-    make_splitk_config<CfgS8W4, true>("splitk16x8/4w+staged")};
+    make_splitk_config<CfgS8W4, true>("splitk16x8/4w+staged"),
+    // The lean loop in stream-K shares (session 52, ATLAS_GEMM_STREAMK): 128-wide steps (the LM
+    // head, layer 0's gate|up at one row) and 64-wide ones (layer 0's down: K = 10,944 is no
+    // multiple of 128).
+    make_wglean_streamk_config<CfgWs128>("streamwg64x8/4lk"), make_wglean_streamk_config<CfgWs64S8>("streamwg64x8/8l64k")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -398,6 +421,8 @@ constexpr int kStreamWgLean = config_index("streamwg64x8/4l"), kStreamWgLean6 = 
 constexpr int kStreamWgLean2 = config_index("streamwg64x8/4l2"), kStreamWgLean8 = config_index("streamwg64x8/8l64");
 constexpr int kStreamWgLeanLead3 = config_index("streamwg64x8/4l/3");
 constexpr int kStreamWgLean3 = config_index("streamwg64x8/4l3");
+constexpr int kStreamWgLeanK = config_index("streamwg64x8/4lk"), kStreamWgLean64K = config_index("streamwg64x8/8l64k");
+static_assert(kStreamWgLeanK >= 0 && kStreamWgLean64K >= 0, "the stream-K configs");
 static_assert(kStreamWgLean3 >= 0, "the three-part lean config");
 static_assert(kStream6 >= 0 && kStream3 >= 0 && kStreamWg >= 0 && kStreamWgRegs >= 0 && kStreamWgLean >= 0 &&
                   kStreamWgLean6 >= 0 && kStreamWgLean2 >= 0 && kStreamWgLean8 >= 0 && kStreamWgLeanLead3 >= 0,
@@ -451,6 +476,9 @@ std::atomic<int64_t> combine_early_launches{0};    // ... with the weights stage
 std::atomic<int> combine_direct_override{-1};      // gemm_set_combine_direct (tests)
 std::atomic<int64_t> combine_direct_launches{0};   // ... with the routed rows loaded directly
 std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
+std::atomic<int> streamk_grid{0};                // gemm_set_streamk_grid (tests; 0: every resident slot)
+std::atomic<int> streamk_override{-1};           // gemm_set_streamk (tests; -1: ATLAS_GEMM_STREAMK's)
+std::atomic<int64_t> streamk_launches{0};        // gemm_streamk_launches (tests)
 std::atomic<int> router_norm_override{-1};       // gemm_set_router_norm (tests)
 std::atomic<int64_t> router_norm_launches{0};    // gemm_router_norm_launches (tests)
 
@@ -510,6 +538,10 @@ struct GemmSetup {
   // (sessions 38-39): 144.4 against 158.1 us, 413.5 / 413.6 against 411.3 tok/s (H100, s51-6);
   // the 16 blocks with a fifth tile finish it with the memory to themselves.
   bool stream_balance = false;
+  // ATLAS_GEMM_STREAMK (session 52; default 0 until measured): which one-row dense problems run
+  // the lean loop in stream-K shares (gemm_streamk_setting: bit 1 the wide ones, bit 2 the long-K
+  // ones; dense_config).
+  int streamk = 0;
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
   bool tails = false;
@@ -755,6 +787,7 @@ const GemmSetup& setup() {
     g.cluster16 = env_switch("ATLAS_GEMM_CLUSTER16", true);
     g.cluster_push = env_switch("ATLAS_GEMM_CLUSTER_PUSH", false);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", false);
+    g.streamk = gemm_streamk_setting(std::getenv("ATLAS_GEMM_STREAMK"));
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
@@ -818,6 +851,8 @@ int config_or_fallback(int ci, int K) {
   if (const int parts = kConfigs[size_t(ci)].k_parts; parts > 1)
     if (ceil_div(K, kern::kSliceK) < parts || K % kConfigs[size_t(ci)].tail_k != 0)
       ci = kStreamWgLean;  // a part without a slice, or the tail instance's K (same bits)
+  if (kConfigs[size_t(ci)].streamk && K % kConfigs[size_t(ci)].tail_k != 0)
+    ci = kStreamWgLean;  // (the tail instance's K: the unsplit loops, same bits)
   if (kConfigs[size_t(ci)].stream) return K % 16 == 0 && setup().stream_blocks[size_t(ci)] > 0 ? ci : kSplitK8;
   if (!kConfigs[size_t(ci)].cluster || cluster_blocks(ci, K) > 0) return ci;
   return kConfigs[size_t(ci)].bm <= 16 ? kSplitK8 : kClusterFallback;
@@ -1103,6 +1138,21 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
     if (ceil_div(a.N, 64) < int64_t(sm_count))
       if (const int few = stream_few_config(); few >= 0) ci = few;
   }
+  // Stream-K (session 52, ATLAS_GEMM_STREAMK; the same bits): one-row dense problems on the lean
+  // stream loop with at least one tile per SM (the LM head, 1,600 tiles; layer 0's gate|up, 342)
+  // in equal runs of (tile, K slice) units on every resident slot (`wide`), and those of more
+  // than 16 K slices (layer 0's down, K = 10,944: on the staged split-K's 256 blocks ~2.9 TB/s
+  // in s48-1) on the 64-wide steps' form (`long`). Why: the stream grids hold whole tiles, so
+  // the LM head's 396 blocks walk 4 or 5 tiles (the 16 with a fifth end it alone) and layer 0's
+  // gate|up runs 342 one-tile blocks (78 SMs hold three, 54 two): ~3.3 TB/s against the LM
+  // head's ~4.3 (s48-1, s49-1).
+  const int streamk = streamk_override.load() >= 0 ? streamk_override.load() : setup().streamk;
+  if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1 && streamk != 0) {
+    if ((streamk & 1) != 0 && ci == kStreamWgLean && ceil_div(a.N, 64) >= int64_t(sm_count))
+      ci = kStreamWgLeanK;
+    else if ((streamk & 2) != 0 && a.gated == 0 && ceil_div(a.K, kern::kSliceK) > 16 && a.K % 64 == 0)
+      ci = kStreamWgLean64K;
+  }
   // Session 49, for A/B runs in the decode step (any config gives the same bits): the dense MLP's
   // two GEMMs at one row (V2-Lite's layer 0). Its gate|up (gated, at least one 64-column tile
   // per SM: N = 21,888, 342 tiles) takes ATLAS_GEMM_WIDE_GATED's config and its down (more than 16
@@ -1306,6 +1356,31 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
       }
       const int64_t lean_slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(kStreamWgLean)];
       const TileConfig& lean = kConfigs[size_t(kStreamWgLean)];
+      launch(lean.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0],
+             dim3(unsigned(stream_grid_blocks(t, lean_slots, setup().stream_balance))), lean.threads, lean.smem, stream, q);
+      return;
+    }
+    if (c.streamk && f == c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0]) {
+      // Stream-K: every resident slot (or streamk_grid's test grid), each an equal run of the
+      // units; the workspace holds one slot per split tile (kern::streamk_slot: at most
+      // min(tiles, blocks)). Grouped problems, or a workspace that does not fit the stream's
+      // block (or is not made yet inside a capture): the unsplit lean loop of the same steps
+      // (same bits).
+      const int64_t slices = ceil_div(p.K, kern::kSliceK);
+      const int forced_grid = streamk_grid.load();
+      const int64_t grid = std::min(t * slices, forced_grid > 0 ? int64_t(forced_grid) : slots);
+      const int64_t split_slots = std::min(t, grid);
+      const auto [ws, cnt] = p.offsets == nullptr ? stream_split_scratch(stream) : std::pair<float*, int*>{};
+      if (cnt != nullptr && size_t(split_slots * slices) * 512 <= kSplitWsFloats && size_t(split_slots) <= kSplitTiles) {
+        q.split_ws = ws;
+        q.split_cnt = cnt;
+        streamk_launches.fetch_add(1, std::memory_order_relaxed);
+        launch(f, dim3(unsigned(grid)), c.threads, c.smem, stream, q);
+        return;
+      }
+      const int li = c.tail_k == kConfigs[size_t(kStreamWgLean)].tail_k ? kStreamWgLean : kStreamWgLean8;
+      const TileConfig& lean = kConfigs[size_t(li)];
+      const int64_t lean_slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(li)];
       launch(lean.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0],
              dim3(unsigned(stream_grid_blocks(t, lean_slots, setup().stream_balance))), lean.threads, lean.smem, stream, q);
       return;
@@ -2022,6 +2097,9 @@ int64_t gemm_combine_norm_launches() { return combine_norm_launches.load(); }
 int64_t gemm_combine_flagged_launches() { return combine_flagged_launches.load(); }
 int64_t gemm_combine_early_launches() { return combine_early_launches.load(); }
 void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 3)); }
+void gemm_set_streamk(int mode) { streamk_override.store(mode < 0 ? -1 : std::min(mode, 3)); }
+void gemm_set_streamk_grid(int blocks) { streamk_grid.store(std::max(blocks, 0)); }
+int64_t gemm_streamk_launches() { return streamk_launches.load(); }
 void gemm_set_combine_direct(int mode) { combine_direct_override.store(mode < 0 ? -1 : std::min(mode, 1)); }
 int64_t gemm_combine_direct_launches() { return combine_direct_launches.load(); }
 int gemm_combine_mode() { return mode_or_override(combine_norm_override, setup().combine_qkv); }
@@ -2090,6 +2168,10 @@ void gemm_set_tails(int mode) { tails_override.store(mode < 0 ? -1 : mode > 0 ? 
 
 namespace detail {
 
+int gemm_streamk_block_of(int64_t unit, int64_t units, int64_t blocks) {
+  return kern::streamk_block_of(unit, units, blocks);
+}
+
 int64_t stream_grid_blocks(int64_t tiles, int64_t slots, bool balance) {
   if (tiles <= slots || !balance) return std::min(tiles, slots);
   return ceil_div(tiles, ceil_div(tiles, slots));
@@ -2103,6 +2185,16 @@ int gemm_stream_setting(const char* value) {
   if (v == "0") return 0;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAM: expected 0 (off), 3 or 6 (warps per block) or wg (the wgmma config), got '" +
               v + "'");
+}
+
+int gemm_streamk_setting(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "0") return 0;
+  if (v == "wide") return 1;
+  if (v == "long") return 2;
+  if (v == "all") return 3;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAMK: expected 0 (off), wide (one-row problems of at least one tile per SM), "
+              "long (one-row problems of more than 16 K slices) or all, got '" + v + "'");
 }
 
 int gemm_stream_lean_setting(const char* value) {

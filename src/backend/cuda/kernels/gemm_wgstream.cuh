@@ -553,6 +553,72 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
   return b < KT ? b : KT;
 }
 
+// Stream-K shares (the lean loop's kParts 0, session 52): U = tiles_total x S units (tile, K
+// slice) in tile-major order, block b of G taking units [b U / G, (b + 1) U / G). Host-callable
+// for tests. The block holding unit u: the largest b with floor(b U / G) <= u, i.e. b < (u + 1) G
+// / U.
+__host__ __device__ constexpr int streamk_block_of(int64_t u, int64_t U, int64_t G) {
+  return int(((u + 1) * G + U - 1) / U - 1);
+}
+// A split tile's workspace slot and counter: the tile itself where there are no more tiles than
+// blocks, else the block holding its slice 0 (no block holds slice 0 of two split tiles: the
+// earlier would lie inside it whole).
+__host__ __device__ constexpr int streamk_slot(int tile, int S, int64_t tiles, int64_t G) {
+  return tiles <= G ? tile : streamk_block_of(int64_t(tile) * S, tiles * S, G);
+}
+__device__ __forceinline__ int streamk_slot(const MmaGemmParams& p, int tile, int S) {
+  return streamk_slot(tile, S, p.tiles_total, gridDim.x);
+}
+// A block's arrivals on its split tiles (tail: one whose slices after the first it summed apart,
+// head: one whose running total from slice 0 it left in slot 0), after its loop: its sums
+// fenced, one atomic per tile, and where it is a tile's last arrival (of the blocks holding the
+// tile's units) the fold: the running total of the block that held slice 0, then the later
+// slices in order, the unsplit loop's running total exactly; the store; the counter zeroed for
+// the next launch. Out of line: off the loop's path.
+template <class T, bool kOutF32>
+__device__ __noinline__ void streamk_arrivals(const MmaGemmParams& p, int S, int tail, int head, int tid, int lane) {
+  if (tail < 0 && head < 0) return;  // (block-uniform)
+  const int64_t U = int64_t(p.tiles_total) * S, G = gridDim.x;
+  __threadfence();  // this block's sums before its arrivals
+  __syncthreads();
+  const int tiles[2] = {tail, head};
+  bool mine[2] = {false, false};  // thread 0's: this block is the tile's last arrival
+  if (tid == 0) {
+    for (int j = 0; j < 2; ++j) {
+      const int t = tiles[j];
+      if (t < 0) continue;
+      const int parts = streamk_block_of(int64_t(t + 1) * S - 1, U, G) - streamk_block_of(int64_t(t) * S, U, G) + 1;
+      mine[j] = atomicAdd(p.split_cnt + streamk_slot(p, t, S), 1) == parts - 1;
+    }
+  }
+  // (broadcast by the barriers themselves: no shared memory, which the lean ring's three blocks
+  // per SM leave none of)
+  const bool last_arrival[2] = {__syncthreads_or(mine[0]) != 0, __syncthreads_or(mine[1]) != 0};
+  for (int j = 0; j < 2; ++j) {
+    const int t = tiles[j];
+    if (t < 0 || !last_arrival[j]) continue;
+    __threadfence();  // the other blocks' sums (each fenced before its arrival) after ours
+    const int slot = streamk_slot(p, t, S);
+    const float* ws = p.split_ws + int64_t(slot) * S * 512 + tid * 4;
+    // The slice where slot 0's running total ends: the end of the units of the block holding
+    // slice 0 (it has a later block, or the tile would not be split).
+    const int b0 = streamk_block_of(int64_t(t) * S, U, G);
+    const int e0 = int(min(int64_t(S), (int64_t(b0) + 1) * U / G - int64_t(t) * S));
+    const float4 t0 = __ldcg(reinterpret_cast<const float4*>(ws));
+    float v[4] = {t0.x, t0.y, t0.z, t0.w};
+#pragma unroll 8
+    for (int sl = e0; sl < S; ++sl) {
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(ws + sl * 512));
+      v[0] = __fadd_rn(v[0], x.x);
+      v[1] = __fadd_rn(v[1], x.y);
+      v[2] = __fadd_rn(v[2], x.z);
+      v[3] = __fadd_rn(v[3], x.w);
+    }
+    lean_store<T, kOutF32>(p, t, tid, lane, v[0], v[1], v[2], v[3]);
+    if (tid == 0) p.split_cnt[slot] = 0;  // zero for the next launch
+  }
+}
+
 // The lean loop (session 30, configs "streamwg64x8/4l" and "/6l", ATLAS_GEMM_STREAM_LEAN): the
 // same tiles, shares, ring, copy plan, wgmma chain and slice folds as gemm_wgstream_kernel<T,
 // kOutF32, false> (so the same bits), with the per-step work cut to what the step needs. Why:
@@ -576,6 +642,16 @@ __host__ __device__ constexpr int lean_part_begin(int q, int parts, int S, int K
 // p.split_ws, and the tile's last block to arrive (p.split_cnt) adds the later slices to part
 // 0's total in slice order and stores the tile: the contract's running total exactly, the same
 // bits. The host runs it only where S >= kParts (every part has a slice).
+// kParts 0 (stream-K, session 52, configs "streamwg64x8/4lk" and "/8l64k", ATLAS_GEMM_STREAMK):
+// dense problems only; every block takes an equal run of the (tile, K slice) units in tile-major
+// order (streamk_block_of), so that a grid of every resident slot holds equal bytes whatever the
+// tile count (the LM head's 1,600 tiles on 396 blocks: 32.3 slices each, against 4 or 5 whole
+// tiles; layer 0's gate|up, 342 tiles: 6.9 slices each, against one tile each on 342 blocks, 78
+// SMs holding three and 54 two). A block's items are its first tile's slices (a tail of it where
+// the run began inside it), whole tiles, and its last tile's first slices (a head of it): whole
+// tiles store as the unsplit loop does; a head keeps the running total, a tail each slice's sum
+// apart, both in the workspace (streamk_slot), and the block arrives on them after its loop
+// (streamk_arrivals), where a tile's last arrival folds them: the same bits.
 // kStamp: the diagnostic instantiation (ATLAS_BLOCK_STAMPS, kernels/block_stamp.cuh): the same
 // work, each block's stamp appended to the module's ring.
 // kLead (session 38, config "streamwg64x8/4l/3", ATLAS_GEMM_STREAM_LEAN=4/3; 0: STAGES - 2): the
@@ -670,6 +746,8 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   static_assert(!kRoute || (kParts == 1 && !kStamp && kLeanRouteScratch * 4 + 1024 <= T::SMEM_BYTES),
                 "kRoute: the unsplit, unstamped loop; its scratch in the ring");
   static_assert(!kWaitFirst || (!kRoute && !kStamp), "kWaitFirst: the plain grouped loop");
+  constexpr bool kStreamK = kParts == 0;
+  static_assert(kParts >= 0 && (!kStreamK || (!kRoute && !kStamp && !kWaitFirst)), "kStreamK: the plain dense loop");
   // Grouped problems of at most 64 groups and rows find their tiles in a shared-memory copy of
   // the tables (session 40): the weight pointers and the parameters before the launch-overlap
   // wait (the model's expert table: no kernel of the stream writes it), the offsets and gathered
@@ -708,22 +786,42 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     }
   }
   const MmaGemmParams& pt = tabled ? tab.q : p;  // tile lookups and stores
-  const auto [first, last] = stream_share<T::BM>(pt, lane, kParts);
   const int KT = p.K / T::BK;  // steps per tile
   constexpr int kAhead = kLead > 0 ? kLead : T::STAGES - 2;
   static_assert(kAhead >= 1 && kAhead <= T::STAGES - 1, "a step's slot is free once its wgmma has read it");
   constexpr bool kWaitAll = kAhead == T::STAGES - 1;  // the refilled slot is the step before's
   constexpr int kSteps = kSliceK / T::BK;  // steps per K slice
   const int S = (KT + kSteps - 1) / kSteps;  // K slices per tile
-  // Work item first + i: tile (first + i) / kParts, steps [part_begin(q), part_begin(q + 1)) of
-  // it, q = (first + i) % kParts (kParts 1: the whole tile).
-  const auto part_begin = [&](int q) { return lean_part_begin(q, kParts, S, KT, kSteps); };
-  const auto item_steps = [&](int i) {
-    const int q = (first + i) % kParts;
-    return part_begin(q + 1) - part_begin(q);
+  // The block's work: items [0, last - first). kParts >= 1: item i is the stream share's item
+  // first + i, tile (first + i) / kParts, steps [part_begin(q), part_begin(q + 1)) of it, q =
+  // (first + i) % kParts (kParts 1: the whole tile). kStreamK: units [u0, u1) of the (tile, K
+  // slice) units in tile-major order; item i is tile first + i's slices inside them.
+  int first = 0, last = 0, u0 = 0, u1 = 0;
+  if constexpr (kStreamK) {
+    const int64_t U = int64_t(p.tiles_total) * S;
+    u0 = int(int64_t(blockIdx.x) * U / gridDim.x);
+    u1 = int(int64_t(blockIdx.x + 1) * U / gridDim.x);
+    first = u0 / S;
+    last = u1 > u0 ? (u1 - 1) / S + 1 : first;
+  } else {
+    const auto share = stream_share<T::BM>(pt, lane, kParts);
+    first = share.first;
+    last = share.last;
+  }
+  constexpr int kP = kParts > 0 ? kParts : 1;  // (kParts's divisions where kStreamK never runs them)
+  const auto part_begin = [&](int q) { return lean_part_begin(q, kP, S, KT, kSteps); };
+  const auto item_begin = [&](int i) {  // item i's first step
+    if constexpr (kStreamK) return i == 0 ? min((u0 - first * S) * kSteps, KT) : 0;
+    else return part_begin((first + i) % kP);
   };
+  const auto item_end = [&](int i) {  // one past item i's last step
+    if constexpr (kStreamK) return first + i == last - 1 ? min((u1 - (first + i) * S) * kSteps, KT) : KT;
+    else return part_begin((first + i) % kP + 1);
+  };
+  const auto item_tile = [&](int i) { return kStreamK ? first + i : (first + i) / kP; };
+  const auto item_steps = [&](int i) { return item_end(i) - item_begin(i); };
   int my_steps = (last - first) * KT;
-  if constexpr (kParts > 1) {
+  if constexpr (kParts != 1) {
     my_steps = 0;
     for (int i = 0; i < last - first; ++i) my_steps += item_steps(i);
   }
@@ -750,9 +848,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   };
   const auto enter = [&](Issue& s, int i) {
     s.tile = i;
-    s.kt = part_begin((first + i) % kParts);
-    s.kend = part_begin((first + i) % kParts + 1);
-    static_cast<LeanSources&>(s) = lean_sources<T>(pt, i < last - first ? (first + i) / kParts : -1, tid, lane);
+    s.kt = item_begin(i);
+    s.kend = item_end(i);
+    static_cast<LeanSources&>(s) = lean_sources<T>(pt, i < last - first ? item_tile(i) : -1, tid, lane);
     // Lane 0's flags (the same in every lane: one tile per block): branches ptxas can see are
     // warp-uniform keep the loop free of divergence bookkeeping around the copies.
     s.stop = __shfl_sync(0xffffffffu, s.stop, 0);
@@ -836,14 +934,14 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   const uint64_t dw0 = wg_desc(ring_w), dx0 = wg_desc(ring_x);
   bool pending = false;  // a slice's last wgmma group is in flight: fold it into the total first
   int ct = 0, ck = 0;    // step i's tile (from first) and step in it
-  // kParts > 1: the pending slice's item and slice, whether it ends its item, the item's length
+  // kParts != 1: the pending slice's item and slice, whether it ends its item, the item's length
   int f_item = 0, f_slice = 0, clen = item_steps(0);
   bool f_last = false;
   // kParts > 1: the pending slice (its groups retired) into the total (part 0) or the workspace,
   // then, where it ended its item, the item's arrival; the tile's last arrival folds and stores.
   const auto fold_split = [&]() {
     __shared__ int last_arrival;
-    const int item = first + f_item, q = item % kParts, pid = item / kParts;
+    const int item = first + f_item, q = item % kP, pid = item / kP;
     float* ws = p.split_ws + int64_t(pid) * S * 512 + tid * 4;
     if (q == 0) {
 #pragma unroll
@@ -857,13 +955,13 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     if (q == 0) *reinterpret_cast<float4*>(ws) = make_float4(tot[0], tot[1], tot[2], tot[3]);
     __threadfence();  // this block's sums before its arrival
     __syncthreads();
-    if (tid == 0) last_arrival = atomicAdd(p.split_cnt + pid, 1) == kParts - 1;
+    if (tid == 0) last_arrival = atomicAdd(p.split_cnt + pid, 1) == kP - 1;
     __syncthreads();
     if (last_arrival) {
       __threadfence();  // the other blocks' sums (each fenced before its arrival) after ours
       const float4 t0 = __ldcg(reinterpret_cast<const float4*>(ws));
       float t[4] = {t0.x, t0.y, t0.z, t0.w};
-      for (int sl = S / kParts; sl < S; ++sl) {  // part 1's first slice on, in order
+      for (int sl = S / kP; sl < S; ++sl) {  // part 1's first slice on, in order
         const float4 v = __ldcg(reinterpret_cast<const float4*>(ws + sl * 512));
         t[0] = __fadd_rn(t[0], v.x);
         t[1] = __fadd_rn(t[1], v.y);
@@ -872,6 +970,41 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       }
       lean_store<T, kOutF32>(pt, pid, tid, lane, t[0], t[1], t[2], t[3]);
       if (tid == 0) p.split_cnt[pid] = 0;  // zero for the next launch
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+  };
+  // kStreamK: where this block's items leave a tile split (its first item begins after the tile's
+  // slice 0: `tail`; its last ends before the tile's end: `head`), the tile whose sums it wrote;
+  // the block arrives on both after its loop (fold_streamk_arrivals), so that no arrival stalls
+  // the loop; -1: none.
+  int split_tail = -1, split_head = -1;
+  // kStreamK: the pending slice into the running total (the item began at the tile's slice 0) or
+  // into the workspace, then at its item's end the whole tile's store, or the running total to
+  // the workspace's slot 0.
+  const auto fold_streamk = [&]() {
+    const int tile = first + f_item;
+    const bool head = item_begin(f_item) == 0;
+    if (head) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tot[e] = __fadd_rn(tot[e], acc[e]);
+    } else {
+      float* ws = p.split_ws + int64_t(streamk_slot(p, tile, S)) * S * 512 + tid * 4;
+      *reinterpret_cast<float4*>(ws + f_slice * 512) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] = 0.f;
+    if (!f_last) return;
+    if (!head) {
+      split_tail = tile;
+      return;
+    }
+    if (item_end(f_item) == KT) {
+      store(f_item);
+    } else {
+      float* ws = p.split_ws + int64_t(streamk_slot(p, tile, S)) * S * 512 + tid * 4;
+      *reinterpret_cast<float4*>(ws) = make_float4(tot[0], tot[1], tot[2], tot[3]);
+      split_head = tile;
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) tot[e] = 0.f;
@@ -891,7 +1024,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     if (i == next_step) lean_prefetch_next(pt, tid);
     if (pending) {
       wg_wait_all();
-      if constexpr (kParts > 1) {
+      if constexpr (kStreamK) {
+        fold_streamk();
+      } else if constexpr (kParts > 1) {
         fold_split();
       } else {
 #pragma unroll
@@ -919,10 +1054,10 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       wg_wait_all();
     else
       wg_wait_one();
-    if constexpr (kParts > 1) {
+    if constexpr (kParts != 1) {
       pending = (ck + 1) % kSteps == 0 || ck + 1 == clen;
       f_item = ct;
-      f_slice = (part_begin((first + ct) % kParts) + ck) / kSteps;
+      f_slice = (item_begin(ct) + ck) / kSteps;
       f_last = ck + 1 == clen;
       if (++ck == clen) {
         ck = 0;
@@ -941,7 +1076,9 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   wg_wait_all();
   cp_async_wait<0>();  // nothing in flight when the block's shared memory is released
   if (pending) {  // the last step always ends its tile (its item)
-    if constexpr (kParts > 1) {
+    if constexpr (kStreamK) {
+      fold_streamk();
+    } else if constexpr (kParts > 1) {
       fold_split();
     } else {
 #pragma unroll
@@ -949,6 +1086,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
       store(ct - 1);
     }
   }
+  if constexpr (kStreamK) streamk_arrivals<T, kOutF32>(pt, S, split_tail, split_head, tid, lane);
   if constexpr (kRoute) pdl_wait_after(true);  // complete only after the routing kernel (above)
 #else
   __trap();  // the host never launches it without sm_90a device code (gemm_stream_probe_kernel)
