@@ -976,7 +976,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
   };
   // kStreamK: where this block's items leave a tile split (its first item begins after the tile's
   // slice 0: `tail`; its last ends before the tile's end: `head`), the tile whose sums it wrote;
-  // the block arrives on both after its loop (fold_streamk_arrivals), so that no arrival stalls
+  // the block arrives on both after its loop (streamk_arrivals), so that no arrival stalls
   // the loop; -1: none.
   int split_tail = -1, split_head = -1;
   // kStreamK: the pending slice into the running total (the item began at the tile's slice 0) or
