@@ -294,7 +294,9 @@ TEST_F(Gemm, StreamKGivesTheUnsplitBitsAtEveryGrid) {
         ForceConfig force(sk);
         GridSetting g(grid);
         const int64_t before = gemm_streamk_launches();
-        if (f32) ASSERT_EQ(run<float>(a, on), want_f);
+        if (f32) {
+          ASSERT_EQ(run<float>(a, on), want_f);
+        }
         ASSERT_EQ(run<uint16_t>(a, on), want_b);
         ASSERT_EQ(gemm_streamk_launches(), before + (f32 ? 2 : 1)) << "the stream-K loop did not run";
       }
@@ -362,6 +364,30 @@ TEST(GemmSettings, StreamKSharesHoldEveryUnitOnce) {
         ASSERT_LT(u, (b + 1) * U / G) << "U=" << U << " G=" << G << " u=" << u;
       }
     }
+}
+
+// The workspace slots of the split tiles (no GPU needed): every tile whose units more than one
+// block holds gets its own slot below min(tiles, blocks) (the launcher sizes the workspace so),
+// for tile counts below and above the grid, one slice to the down's 43.
+TEST(GemmSettings, StreamKSplitTilesHaveTheirOwnSlots) {
+  for (int64_t G : {1, 2, 3, 7, 131, 396})
+    for (int64_t T : {1, 2, 9, 32, 43, 342, 1600})
+      for (int S : {1, 2, 8, 43}) {
+        const int64_t U = T * S, grid = std::min(U, G);
+        std::vector<int> owner(size_t(std::min(T, grid)), -1);
+        for (int t = 0; t < T; ++t) {
+          const int b0 = detail::gemm_streamk_block_of(int64_t(t) * S, U, grid);
+          const int b1 = detail::gemm_streamk_block_of(int64_t(t + 1) * S - 1, U, grid);
+          ASSERT_LE(b0, b1);
+          if (b0 == b1) continue;  // one block holds the whole tile: no slot
+          const int slot = detail::gemm_streamk_slot(t, S, T, grid);
+          SCOPED_TRACE(::testing::Message() << "G=" << G << " T=" << T << " S=" << S << " tile " << t);
+          ASSERT_GE(slot, 0);
+          ASSERT_LT(slot, int(owner.size()));
+          ASSERT_EQ(owner[size_t(slot)], -1) << "slot " << slot << " already tile " << owner[size_t(slot)] << "'s";
+          owner[size_t(slot)] = t;
+        }
+      }
 }
 
 // ATLAS_GEMM_STREAMK's values (no GPU needed).

@@ -54,6 +54,8 @@ int gemm_streamk_setting(const char* value);
 // The block of `blocks` holding unit `unit` of `units` in the stream-K shares (block b: units
 // [b units / blocks, (b + 1) units / blocks); kern::streamk_block_of). Host-side, for tests.
 int gemm_streamk_block_of(int64_t unit, int64_t units, int64_t blocks);
+// A split tile's workspace slot and counter (kern::streamk_slot), host-side for tests.
+int gemm_streamk_slot(int tile, int slices, int64_t tiles, int64_t blocks);
 // The persistent grid of a stream config with `tiles` tiles and `slots` resident blocks (SMs x
 // blocks per SM): min(tiles, slots) (the default), or with `balance` (ATLAS_GEMM_STREAM_BALANCE=1) and more
 // tiles than slots ceil(tiles / ceil(tiles / slots)), so that every block's even share

@@ -2171,6 +2171,9 @@ namespace detail {
 int gemm_streamk_block_of(int64_t unit, int64_t units, int64_t blocks) {
   return kern::streamk_block_of(unit, units, blocks);
 }
+int gemm_streamk_slot(int tile, int slices, int64_t tiles, int64_t blocks) {
+  return kern::streamk_slot(tile, slices, tiles, blocks);
+}
 
 int64_t stream_grid_blocks(int64_t tiles, int64_t slots, bool balance) {
   if (tiles <= slots || !balance) return std::min(tiles, slots);
