@@ -91,7 +91,7 @@ else
     no_file "bad ${bad_config%%=*} config" "$work/env.json"
   done
   # Stream-K's problems (session 52).
-  expect_error "bad ATLAS_GEMM_STREAMK" "ATLAS_GEMM_STREAMK: expected 0 (off), wide" \
+  expect_error "bad ATLAS_GEMM_STREAMK" "ATLAS_GEMM_STREAMK: expected 0 [(]off[)], wide .* got 'both'" \
     env ATLAS_GEMM_STREAMK=both "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad ATLAS_GEMM_STREAMK" "$work/env.json"
   # On/off switches of sessions 21-23 (env_switch): one error naming the variable, no file.
