@@ -569,6 +569,23 @@ __host__ __device__ constexpr int streamk_slot(int tile, int S, int64_t tiles, i
 __device__ __forceinline__ int streamk_slot(const MmaGemmParams& p, int tile, int S) {
   return streamk_slot(tile, S, p.tiles_total, gridDim.x);
 }
+// A split tile's last arrival: thread tid's running total in ws (slot 0), then the slice sums
+// of slices [from, S) added in slice order (the contract's running total), stored as tile `tile`.
+template <class T, bool kOutF32>
+__device__ __forceinline__ void split_fold_store(const MmaGemmParams& p, const float* ws, int from, int S, int tile,
+                                                 int tid, int lane) {
+  const float4 t0 = __ldcg(reinterpret_cast<const float4*>(ws));
+  float v[4] = {t0.x, t0.y, t0.z, t0.w};
+#pragma unroll 8
+  for (int sl = from; sl < S; ++sl) {
+    const float4 x = __ldcg(reinterpret_cast<const float4*>(ws + sl * 512));
+    v[0] = __fadd_rn(v[0], x.x);
+    v[1] = __fadd_rn(v[1], x.y);
+    v[2] = __fadd_rn(v[2], x.z);
+    v[3] = __fadd_rn(v[3], x.w);
+  }
+  lean_store<T, kOutF32>(p, tile, tid, lane, v[0], v[1], v[2], v[3]);
+}
 // A block's arrivals on its split tiles (tail: one whose slices after the first it summed apart,
 // head: one whose running total from slice 0 it left in slot 0), after its loop: its sums
 // fenced, one atomic per tile, and where it is a tile's last arrival (of the blocks holding the
@@ -604,17 +621,7 @@ __device__ __noinline__ void streamk_arrivals(const MmaGemmParams& p, int S, int
     // slice 0 (it has a later block, or the tile would not be split).
     const int b0 = streamk_block_of(int64_t(t) * S, U, G);
     const int e0 = int(min(int64_t(S), (int64_t(b0) + 1) * U / G - int64_t(t) * S));
-    const float4 t0 = __ldcg(reinterpret_cast<const float4*>(ws));
-    float v[4] = {t0.x, t0.y, t0.z, t0.w};
-#pragma unroll 8
-    for (int sl = e0; sl < S; ++sl) {
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(ws + sl * 512));
-      v[0] = __fadd_rn(v[0], x.x);
-      v[1] = __fadd_rn(v[1], x.y);
-      v[2] = __fadd_rn(v[2], x.z);
-      v[3] = __fadd_rn(v[3], x.w);
-    }
-    lean_store<T, kOutF32>(p, t, tid, lane, v[0], v[1], v[2], v[3]);
+    split_fold_store<T, kOutF32>(p, ws, e0, S, t, tid, lane);
     if (tid == 0) p.split_cnt[slot] = 0;  // zero for the next launch
   }
 }
@@ -959,16 +966,7 @@ __global__ void __launch_bounds__(T::THREADS) gemm_wgstream_lean_kernel(const __
     __syncthreads();
     if (last_arrival) {
       __threadfence();  // the other blocks' sums (each fenced before its arrival) after ours
-      const float4 t0 = __ldcg(reinterpret_cast<const float4*>(ws));
-      float t[4] = {t0.x, t0.y, t0.z, t0.w};
-      for (int sl = S / kP; sl < S; ++sl) {  // part 1's first slice on, in order
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(ws + sl * 512));
-        t[0] = __fadd_rn(t[0], v.x);
-        t[1] = __fadd_rn(t[1], v.y);
-        t[2] = __fadd_rn(t[2], v.z);
-        t[3] = __fadd_rn(t[3], v.w);
-      }
-      lean_store<T, kOutF32>(pt, pid, tid, lane, t[0], t[1], t[2], t[3]);
+      split_fold_store<T, kOutF32>(pt, ws, S / kP, S, pid, tid, lane);  // part 1's first slice on
       if (tid == 0) p.split_cnt[pid] = 0;  // zero for the next launch
     }
 #pragma unroll
