@@ -43,6 +43,9 @@ namespace atlas::cuda {
 
 using namespace detail;
 
+// A switch's mode: the tests' override where set, else the environment's setting (below).
+int mode_or_override(const std::atomic<int>& override_mode, int setting);
+
 namespace {
 
 // ---- tile configurations of the batch-invariant kernel ----------------------------------------
@@ -233,7 +236,8 @@ constexpr TileConfig make_wglean_config(const char* name) {
   return c;
 }
 
-// The same with each tile's K split into P work items (session 31).
+// The same with each tile's K split into P work items (session 31), or with P = 0 in stream-K
+// shares (session 52).
 template <class T, int P>
 constexpr TileConfig make_wglean_split_config(const char* name) {
   TileConfig c = make_wglean_config<T>(name);
@@ -244,20 +248,7 @@ constexpr TileConfig make_wglean_split_config(const char* name) {
     c.routed[h] = nullptr;
   }
   c.k_parts = P;
-  return c;
-}
-
-// The same loop in stream-K shares (session 52).
-template <class T>
-constexpr TileConfig make_wglean_streamk_config(const char* name) {
-  TileConfig c = make_wglean_config<T>(name);
-  for (int h = 0; h < 2; ++h) {
-    c.fn[0][1][h] = kern::gemm_wgstream_lean_kernel<T, false, 0>;
-    c.fn[1][1][h] = kern::gemm_wgstream_lean_kernel<T, true, 0>;
-    c.stamped[0][h] = c.stamped[1][h] = nullptr;  // (no stamped stream-K loop)
-    c.routed[h] = nullptr;
-  }
-  c.streamk = true;
+  c.streamk = P == 0;
   return c;
 }
 
@@ -386,7 +377,7 @@ constexpr std::array<TileConfig, 46> kConfigs = {
     // The lean loop in stream-K shares (session 52, ATLAS_GEMM_STREAMK): 128-wide steps (the LM
     // head, layer 0's gate|up at one row) and 64-wide ones (layer 0's down: K = 10,944 is no
     // multiple of 128).
-    make_wglean_streamk_config<CfgWs128>("streamwg64x8/4lk"), make_wglean_streamk_config<CfgWs64S8>("streamwg64x8/8l64k")};
+    make_wglean_split_config<CfgWs128, 0>("streamwg64x8/4lk"), make_wglean_split_config<CfgWs64S8, 0>("streamwg64x8/8l64k")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -1146,7 +1137,7 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
   // the LM head's 396 blocks walk 4 or 5 tiles (the 16 with a fifth end it alone) and layer 0's
   // gate|up runs 342 one-tile blocks (78 SMs hold three, 54 two): ~3.3 TB/s against the LM
   // head's ~4.3 (s48-1, s49-1).
-  const int streamk = streamk_override.load() >= 0 ? streamk_override.load() : setup().streamk;
+  const int streamk = mode_or_override(streamk_override, setup().streamk);
   if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1 && streamk != 0) {
     if ((streamk & 1) != 0 && ci == kStreamWgLean && ceil_div(a.N, 64) >= int64_t(sm_count))
       ci = kStreamWgLeanK;
@@ -1337,44 +1328,28 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
     const int64_t t = tiles * batch;
     q.tiles_total = int(t);
     const int64_t slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(&c - kConfigs.data())];
-    if (c.k_parts > 1 && f == c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0]) {  // (no stamped split loop)
-      // Each tile's K in k_parts runs (config_or_fallback saw every part get a slice): fp32
-      // slice sums [t][slices][128][4] and a counter per tile; where they do not fit the
-      // stream's fixed block, or inside a capture before an eager call made it, the unsplit lean
-      // loop instead (same bits).
-      const int64_t slices = ceil_div(p.K, kern::kSliceK);
-      const auto [ws, cnt] = stream_split_scratch(stream);
-      if (cnt != nullptr && size_t(t * slices) * 512 <= kSplitWsFloats && size_t(t) <= kSplitTiles) {
-        q.split_ws = ws;
-        q.split_cnt = cnt;
-        // Not balanced: the point is more blocks. (s31-4 ran it balanced: a grouped problem's
-        // host bound of 224 tiles made 448 items on 396 slots, i.e. 224 blocks of two items,
-        // the unsplit grid, and the step slowed, 415.3 vs 453.5 tok/s. Unbalanced, one token's
-        // 192 real tiles are 384 items on 396 blocks: 430.9 vs 452.6 tok/s, s32-1.)
-        launch(f, dim3(unsigned(stream_grid_blocks(t * c.k_parts, slots, false))), c.threads, c.smem, stream, q);
-        return;
-      }
-      const int64_t lean_slots = int64_t(setup().sm_count) * setup().stream_blocks[size_t(kStreamWgLean)];
-      const TileConfig& lean = kConfigs[size_t(kStreamWgLean)];
-      launch(lean.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0],
-             dim3(unsigned(stream_grid_blocks(t, lean_slots, setup().stream_balance))), lean.threads, lean.smem, stream, q);
-      return;
-    }
-    if (c.streamk && f == c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0]) {
-      // Stream-K: every resident slot (or streamk_grid's test grid), each an equal run of the
-      // units; the workspace holds one slot per split tile (kern::streamk_slot: at most
-      // min(tiles, blocks)). Grouped problems, or a workspace that does not fit the stream's
-      // block (or is not made yet inside a capture): the unsplit lean loop of the same steps
-      // (same bits).
+    if ((c.k_parts > 1 || c.streamk) && f == c.fn[f32 ? 1 : 0][async ? 1 : 0][rows8 ? 1 : 0]) {  // (no stamped split loop)
+      // The split lean loops: fp32 slice sums [slot][slices][128][4] and a counter per slot in
+      // the stream's fixed block. k_parts: each tile's K in k_parts runs (config_or_fallback saw
+      // every part get a slice), one slot per tile. Not balanced: the point is more blocks.
+      // (s31-4 ran it balanced: a grouped problem's host bound of 224 tiles made 448 items on 396
+      // slots, i.e. 224 blocks of two items, the unsplit grid, and the step slowed, 415.3 vs
+      // 453.5 tok/s. Unbalanced, one token's 192 real tiles are 384 items on 396 blocks: 430.9 vs
+      // 452.6 tok/s, s32-1.) Stream-K (dense only): every resident slot (or streamk_grid's test
+      // grid), each an equal run of the (tile, slice) units, one slot per split tile
+      // (kern::streamk_slot: at most min(tiles, blocks)). Where the sums do not fit the block,
+      // inside a capture before an eager call made it, or for a grouped stream-K problem: the
+      // unsplit lean loop of the same steps instead (same bits).
       const int64_t slices = ceil_div(p.K, kern::kSliceK);
       const int forced_grid = streamk_grid.load();
-      const int64_t grid = std::min(t * slices, forced_grid > 0 ? int64_t(forced_grid) : slots);
-      const int64_t split_slots = std::min(t, grid);
-      const auto [ws, cnt] = p.offsets == nullptr ? stream_split_scratch(stream) : std::pair<float*, int*>{};
-      if (cnt != nullptr && size_t(split_slots * slices) * 512 <= kSplitWsFloats && size_t(split_slots) <= kSplitTiles) {
+      const int64_t grid = c.streamk ? std::min(t * slices, forced_grid > 0 ? int64_t(forced_grid) : slots)
+                                     : stream_grid_blocks(t * c.k_parts, slots, false);
+      const int64_t ws_slots = c.streamk ? std::min(t, grid) : t;
+      const auto [ws, cnt] = c.streamk && p.offsets != nullptr ? std::pair<float*, int*>{} : stream_split_scratch(stream);
+      if (cnt != nullptr && size_t(ws_slots * slices) * 512 <= kSplitWsFloats && size_t(ws_slots) <= kSplitTiles) {
         q.split_ws = ws;
         q.split_cnt = cnt;
-        streamk_launches.fetch_add(1, std::memory_order_relaxed);
+        if (c.streamk) streamk_launches.fetch_add(1, std::memory_order_relaxed);
         launch(f, dim3(unsigned(grid)), c.threads, c.smem, stream, q);
         return;
       }
