@@ -497,10 +497,10 @@ TEST(GemmSettings, GroupedTileBoundCoversEverySplit) {
 }
 
 // The stream configs' persistent grid (no GPU needed): never more blocks than tiles or resident
-// slots. Unbalanced (the default since session 51): every slot, min(T, slots) (the LM head: 1,600
-// tiles on 396 slots, 396 blocks of which 16 walk a fifth). Balanced (ATLAS_GEMM_STREAM_BALANCE=1):
-// no block walks more tiles than ceil(T / slots), with the fewest blocks that allow it (320
-// blocks of five).
+// slots. Unbalanced (the default except on an H200): every slot, min(T, slots) (the LM head: 1,600
+// tiles on 396 slots, 396 blocks of which 16 walk a fifth). Balanced (ATLAS_GEMM_STREAM_BALANCE=1,
+// the H200's default): no block walks more tiles than ceil(T / slots), with the fewest blocks that
+// allow it (320 blocks of five).
 TEST(GemmSettings, StreamGridsAreBalanced) {
   EXPECT_EQ(detail::stream_grid_blocks(1600, 396, true), 320);
   EXPECT_EQ(detail::stream_grid_blocks(1600, 396, false), 396);
@@ -522,6 +522,29 @@ TEST(GemmSettings, StreamGridsAreBalanced) {
         ASSERT_LT((b - 1) * rounds, t) << "fewer blocks would do: t=" << t << " slots=" << slots;
       }
     }
+}
+
+// Which devices balance their stream grids unless ATLAS_GEMM_STREAM_BALANCE says otherwise: the
+// H200 (measured faster there, session 53), not the H100 (measured slower) nor anything unnamed.
+TEST(GemmSettings, StreamBalanceDefaultsOnOnlyOnTheH200) {
+  EXPECT_TRUE(detail::gemm_stream_balance_default("NVIDIA H200"));
+  EXPECT_TRUE(detail::gemm_stream_balance_default("NVIDIA H200 NVL"));
+  EXPECT_FALSE(detail::gemm_stream_balance_default("NVIDIA H100 80GB HBM3"));
+  EXPECT_FALSE(detail::gemm_stream_balance_default("NVIDIA GeForce RTX 4090"));
+  EXPECT_FALSE(detail::gemm_stream_balance_default(""));
+}
+
+// The routed down's blocks per SM: three unless set (session 53), 1-4 by hand, nothing else.
+TEST(GemmSettings, DownBlocksPerSmDefaultsToThree) {
+  EXPECT_EQ(detail::gemm_down_blocks_setting(nullptr), 3);
+  EXPECT_EQ(detail::gemm_down_blocks_setting(""), 3);
+  for (const char* v : {"1", "2", "3", "4"}) EXPECT_EQ(detail::gemm_down_blocks_setting(v), v[0] - '0');
+  expect_each_rejected([](const char* v) { detail::gemm_down_blocks_setting(v); }, {"0", "5", "33", "three", "-1"},
+                       [](const char* v) {
+                         return std::vector<std::string>{"ATLAS_GEMM_DOWN_BLOCKS_PER_SM: expected 1, 2, 3 or 4 (blocks "
+                                                         "per SM), got '" +
+                                                         std::string(v) + "'"};
+                       });
 }
 
 TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {

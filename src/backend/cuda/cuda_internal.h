@@ -56,8 +56,12 @@ int gemm_streamk_setting(const char* value);
 int gemm_streamk_block_of(int64_t unit, int64_t units, int64_t blocks);
 // A split tile's workspace slot and counter (kern::streamk_slot), host-side for tests.
 int gemm_streamk_slot(int tile, int slices, int64_t tiles, int64_t blocks);
+// ATLAS_GEMM_STREAM_BALANCE's default on the device named `device_name` (session 53): on where
+// the name has "H200" (balanced grids measured faster there), off elsewhere (measured slower on
+// the H100). Never bits.
+bool gemm_stream_balance_default(const std::string& device_name);
 // The persistent grid of a stream config with `tiles` tiles and `slots` resident blocks (SMs x
-// blocks per SM): min(tiles, slots) (the default), or with `balance` (ATLAS_GEMM_STREAM_BALANCE=1) and more
+// blocks per SM): min(tiles, slots), or with `balance` (ATLAS_GEMM_STREAM_BALANCE) and more
 // tiles than slots ceil(tiles / ceil(tiles / slots)), so that every block's even share
 // [b T / B, (b + 1) T / B) holds the same number of tiles give or take one less.
 int64_t stream_grid_blocks(int64_t tiles, int64_t slots, bool balance);
@@ -113,10 +117,10 @@ int gemm_grouped_many_setting(const char* value);
 // where unset; a wgmma / TMA config or an unknown name throws an Error naming the variable. For
 // A/B measurements.
 int gemm_grouped_few_down_setting(const char* value);
-// ATLAS_GEMM_DOWN_BLOCKS_PER_SM's value (null or empty: unset, 0): 1-4, at most that many blocks
-// of the routed experts' few-row down (grouped_few_down_config's launch) per SM, by asking for
-// enough shared memory that one more does not fit (session 41); anything else throws an Error
-// naming the variable. Never bits.
+// ATLAS_GEMM_DOWN_BLOCKS_PER_SM's value (null or empty: unset, 3 since session 53): 1-4, at most
+// that many blocks of the routed experts' few-row down (grouped_few_down_config's launch) per SM,
+// by asking for enough shared memory that one more does not fit (session 41; 4 is the config's
+// own 48 KB); anything else throws an Error naming the variable. Never bits.
 int gemm_down_blocks_setting(const char* value);
 // ATLAS_COMBINE_QKV's value (null or empty: unset, 0): "0", "1" (the MoE combine + norm inside
 // the next q|kv_a launch, gemm_combine_norm), "flag" (2: and the side stream left unjoined

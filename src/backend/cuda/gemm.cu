@@ -494,11 +494,14 @@ struct GemmSetup {
   // (ATLAS_GEMM_STREAM_GROUPED: "1" the dense one's for both, "wg" the wgmma one for both,
   // "wg-gate" the wgmma one for the gate|up only; -1: none, the tiled configs).
   int stream_grouped_gate = -1, stream_grouped_down = -1;
-  // ATLAS_GEMM_DOWN_BLOCKS_PER_SM (session 41; unset: 0): the dynamic shared memory the routed
-  // experts' few-row down launches with (grouped_few_down_config, gated == 0), sized so that at
-  // most that many of its blocks fit an SM; 0: the config's own (48 KB: four per SM). Session
-  // 38's block stamps found the down's blocks 10.2 us long on SMs that held four of them against
-  // 8.1 on SMs with three. The same kernel and tiles: never bits.
+  // ATLAS_GEMM_DOWN_BLOCKS_PER_SM (session 41; unset: 3 since session 53): the dynamic shared
+  // memory the routed experts' few-row down launches with (grouped_few_down_config, gated == 0),
+  // sized so that at most that many of its blocks fit an SM; 0: the config's own (48 KB: four per
+  // SM, as the setting 4). Session 38's block stamps found the down's blocks 10.2 us long on SMs
+  // that held four of them against 8.1 on SMs with three. Three per SM, batch-1 decode (the
+  // balanced stream grids on, s53): 493.7 / 493.3 / 494.0 / 493.6 against 490.9 / 491.8 / 492.7
+  // tok/s on an H200 (s53-4), 420.0 / 420.0 / 419.8 against 419.4 / 419.6 / 419.6 on an H100
+  // (s53-7). The same kernel and tiles: never bits.
   int down_smem = 0;
   // ATLAS_GEMM_TIGHT_TILES (session 41; default 0): a grouped launch's grid bound on its row tiles
   // per column is floor(max_rows / BM) + the busy groups instead of ceil(...) + them
@@ -521,13 +524,17 @@ struct GemmSetup {
   // ATLAS_GEMM_CLUSTER_PUSH=1: those problems on c16x64/4w+push (the slice sums pushed by
   // st.async, no cluster barrier after the main loop; session 36; slower in s37-1, so off).
   bool cluster_push = false;
-  // ATLAS_GEMM_STREAM_BALANCE (default 0 since session 51; 1 for A/B runs): with 1, a stream
-  // config's persistent grid of more tiles than resident blocks takes ceil(T / ceil(T / slots))
-  // blocks, so that every block walks the same number of tiles (launch_mma); with 0 it takes
-  // every resident slot, min(T, slots). Why 0: the batch-1 LM head (1,600 tiles) on 396 blocks
-  // instead of 320 streams more bytes at once, and its blocks are bound by their bytes in flight
-  // (sessions 38-39): 144.4 against 158.1 us, 413.5 / 413.6 against 411.3 tok/s (H100, s51-6);
-  // the 16 blocks with a fifth tile finish it with the memory to themselves.
+  // ATLAS_GEMM_STREAM_BALANCE (default by device since session 53, gemm_stream_balance_default:
+  // 1 on an H200, 0 elsewhere): with 1, a stream config's persistent grid of more tiles than
+  // resident blocks takes ceil(T / ceil(T / slots)) blocks, so that every block walks the same
+  // number of tiles (launch_mma); with 0 it takes every resident slot, min(T, slots). The batch-1
+  // LM head (1,600 tiles) is the one decode launch it changes. On an H100 396 blocks stream more
+  // bytes at once than 320 and its blocks are bound by their bytes in flight (sessions 38-39):
+  // 144.4 against 158.1 us, 413.5 / 413.6 against 411.3 tok/s (s51-6), 419.6 / 419.6 against
+  // 417.1 / 417.5 (s53-7). On an H200, whose memory the 320 blocks already nearly fill, the 16
+  // blocks left with a fifth tile cost more than the extra bytes in flight gain: 98.0 against
+  // 103.0 us (s53-5's CUPTI timelines), 491.8 / 490.7 / 490.7 against 489.7 / 489.7 / 490.3 /
+  // 489.6 tok/s (s53-2).
   bool stream_balance = false;
   // ATLAS_GEMM_STREAMK (session 52; default 0 until measured): which one-row dense problems run
   // the lean loop in stream-K shares (gemm_streamk_setting: bit 1 the wide ones, bit 2 the long-K
@@ -777,7 +784,7 @@ const GemmSetup& setup() {
     g.cluster_early = env_switch("ATLAS_GEMM_CLUSTER_EARLY", true);
     g.cluster16 = env_switch("ATLAS_GEMM_CLUSTER16", true);
     g.cluster_push = env_switch("ATLAS_GEMM_CLUSTER_PUSH", false);
-    g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", false);
+    g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", gemm_stream_balance_default(device_info(dev).name));
     g.streamk = gemm_streamk_setting(std::getenv("ATLAS_GEMM_STREAMK"));
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
@@ -2150,6 +2157,10 @@ int gemm_streamk_slot(int tile, int slices, int64_t tiles, int64_t blocks) {
   return kern::streamk_slot(tile, slices, tiles, blocks);
 }
 
+bool gemm_stream_balance_default(const std::string& device_name) {
+  return device_name.find("H200") != std::string::npos;
+}
+
 int64_t stream_grid_blocks(int64_t tiles, int64_t slots, bool balance) {
   if (tiles <= slots || !balance) return std::min(tiles, slots);
   return ceil_div(tiles, ceil_div(tiles, slots));
@@ -2292,7 +2303,7 @@ int combine_qkv_setting(const char* value) {
 
 int gemm_down_blocks_setting(const char* value) {
   const std::string v = value ? value : "";
-  if (v.empty()) return 0;
+  if (v.empty()) return 3;
   if (v.size() != 1 || v[0] < '1' || v[0] > '4')
     throw Error("cuda: ATLAS_GEMM_DOWN_BLOCKS_PER_SM: expected 1, 2, 3 or 4 (blocks per SM), got '" + v + "'");
   return v[0] - '0';
