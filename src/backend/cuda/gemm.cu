@@ -536,9 +536,9 @@ struct GemmSetup {
   // 103.0 us (s53-5's CUPTI timelines), 491.8 / 490.7 / 490.7 against 489.7 / 489.7 / 490.3 /
   // 489.6 tok/s (s53-2).
   bool stream_balance = false;
-  // ATLAS_GEMM_STREAMK (session 52; default 0 until measured): which one-row dense problems run
-  // the lean loop in stream-K shares (gemm_streamk_setting: bit 1 the wide ones, bit 2 the long-K
-  // ones; dense_config).
+  // ATLAS_GEMM_STREAMK (session 52; default 0: measured slower, 482.1-487.2 against 489.8 tok/s
+  // on an H200, s53-1): which one-row dense problems run the lean loop in stream-K shares
+  // (gemm_streamk_setting: bit 1 the wide ones, bit 2 the long-K ones; dense_config).
   int streamk = 0;
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
@@ -1144,11 +1144,16 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
   // the LM head's 396 blocks walk 4 or 5 tiles (the 16 with a fifth end it alone) and layer 0's
   // gate|up runs 342 one-tile blocks (78 SMs hold three, 54 two): ~3.3 TB/s against the LM
   // head's ~4.3 (s48-1, s49-1).
+  // (Both this and the session-49 switches below: one-row problems where no config is forced;
+  // "wide" = at least one 64-column tile per SM, "long" = ungated, more than 16 K slices.)
+  const bool one_row = forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1;
+  const bool wide = ceil_div(a.N, 64) >= int64_t(sm_count);
+  const bool long_k = a.gated == 0 && ceil_div(a.K, kern::kSliceK) > 16;
   const int streamk = mode_or_override(streamk_override, setup().streamk);
-  if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1 && streamk != 0) {
-    if ((streamk & 1) != 0 && ci == kStreamWgLean && ceil_div(a.N, 64) >= int64_t(sm_count))
+  if (one_row && streamk != 0) {
+    if ((streamk & 1) != 0 && ci == kStreamWgLean && wide)
       ci = kStreamWgLeanK;
-    else if ((streamk & 2) != 0 && a.gated == 0 && ceil_div(a.K, kern::kSliceK) > 16 && a.K % 64 == 0)
+    else if ((streamk & 2) != 0 && long_k && a.K % 64 == 0)
       ci = kStreamWgLean64K;
   }
   // Session 49, for A/B runs in the decode step (any config gives the same bits): the dense MLP's
@@ -1157,10 +1162,10 @@ int dense_config(const GemmArgs& a, bool async, int sm_count) {
   // K slices: K = 10,944, 43) ATLAS_GEMM_LONG_K's, where set. Why: s48-1's timeline had them at
   // 3.26 and 2.88 TB/s (the stream config's 342 one-tile blocks, the staged split-K's 256) against
   // the LM head's 4.25 on the same stream config.
-  if (forced_config.load() < 0 && async && a.M <= 8 && a.batch == 1) {
-    if (a.gated > 0 && ceil_div(a.N, 64) >= int64_t(sm_count)) {
+  if (one_row) {
+    if (a.gated > 0 && wide) {
       if (const int w = wide_gated_config(); w >= 0) ci = w;
-    } else if (a.gated == 0 && ceil_div(a.K, kern::kSliceK) > 16) {
+    } else if (long_k) {
       if (const int l = long_k_config(); l >= 0) ci = l;
     }
   }
