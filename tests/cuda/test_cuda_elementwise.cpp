@@ -316,6 +316,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_L2_PREFETCH_HOW", {"bulk", "bulk_last", "line", "line_last", "lines"}},
       {"ATLAS_L2_PREFETCH_BLOCKS", {"1", "132", "1024", "0"}},
       {"ATLAS_GEMM_DOWN_BLOCKS_PER_SM", {"1", "2", "3", "4", "5"}},
+      {"ATLAS_GEMM_STREAMK_GRID", {"", "1", "264", "4096", "0"}},
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},

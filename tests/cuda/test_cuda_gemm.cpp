@@ -547,6 +547,21 @@ TEST(GemmSettings, DownBlocksPerSmDefaultsToThree) {
                        });
 }
 
+// The stream-K grid bound: unset is every resident slot (0), 1-4096 by hand, nothing else.
+TEST(GemmSettings, StreamKGridTakesWholeBlockCounts) {
+  EXPECT_EQ(detail::gemm_streamk_grid_setting(nullptr), 0);
+  EXPECT_EQ(detail::gemm_streamk_grid_setting(""), 0);
+  EXPECT_EQ(detail::gemm_streamk_grid_setting("1"), 1);
+  EXPECT_EQ(detail::gemm_streamk_grid_setting("264"), 264);
+  EXPECT_EQ(detail::gemm_streamk_grid_setting("4096"), 4096);
+  expect_each_rejected([](const char* v) { detail::gemm_streamk_grid_setting(v); },
+                       {"0", "4097", "10000", "-1", "+5", "08", "2 ", "many"}, [](const char* v) {
+                         return std::vector<std::string>{"ATLAS_GEMM_STREAMK_GRID: expected a whole number of blocks "
+                                                         "from 1 to 4096 (unset: every resident slot), got '" +
+                                                         std::string(v) + "'"};
+                       });
+}
+
 TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
   EXPECT_EQ(detail::gemm_stream_grouped_setting(nullptr), 3);
   EXPECT_EQ(detail::gemm_stream_grouped_setting(""), 3);

@@ -51,6 +51,9 @@ int gemm_stream_setting(const char* value);
 int gemm_stream_lean_setting(const char* value);
 // ATLAS_GEMM_STREAMK: 0 (unset, "0"), 1 ("wide"), 2 ("long"), 3 ("all"); anything else throws.
 int gemm_streamk_setting(const char* value);
+// ATLAS_GEMM_STREAMK_GRID (session 54): at most this many blocks for a stream-K launch (whole
+// number 1-4096); 0 where unset or empty: every resident slot. Anything else throws.
+int gemm_streamk_grid_setting(const char* value);
 // The block of `blocks` holding unit `unit` of `units` in the stream-K shares (block b: units
 // [b units / blocks, (b + 1) units / blocks); kern::streamk_block_of). Host-side, for tests.
 int gemm_streamk_block_of(int64_t unit, int64_t units, int64_t blocks);

@@ -540,6 +540,10 @@ struct GemmSetup {
   // on an H200, s53-1): which one-row dense problems run the lean loop in stream-K shares
   // (gemm_streamk_setting: bit 1 the wide ones, bit 2 the long-K ones; dense_config).
   int streamk = 0;
+  // ATLAS_GEMM_STREAMK_GRID (session 54; default 0: every resident slot): the stream-K launches'
+  // grid bound, for A/B runs of the shared experts' gate|up on stream-K shares
+  // (ATLAS_GEMM_STREAM_FEW=streamwg64x8/4lk), which shares its SMs with the routed experts.
+  int streamk_grid = 0;
   // ATLAS_GEMM_TAILS (default 0 until its first GPU run; session 23): gemm_add_rmsnorm may launch
   // its tailed kernel.
   bool tails = false;
@@ -786,6 +790,7 @@ const GemmSetup& setup() {
     g.cluster_push = env_switch("ATLAS_GEMM_CLUSTER_PUSH", false);
     g.stream_balance = env_switch("ATLAS_GEMM_STREAM_BALANCE", gemm_stream_balance_default(device_info(dev).name));
     g.streamk = gemm_streamk_setting(std::getenv("ATLAS_GEMM_STREAMK"));
+    g.streamk_grid = gemm_streamk_grid_setting(std::getenv("ATLAS_GEMM_STREAMK_GRID"));
     g.tails = env_switch("ATLAS_GEMM_TAILS", false);
     g.route_tail = env_switch("ATLAS_ROUTE_TAIL", false);
     g.route_cluster = env_switch("ATLAS_ROUTE_CLUSTER", false);
@@ -1353,7 +1358,7 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
       // inside a capture before an eager call made it, or for a grouped stream-K problem: the
       // unsplit lean loop of the same steps instead (same bits).
       const int64_t slices = ceil_div(p.K, kern::kSliceK);
-      const int forced_grid = streamk_grid.load();
+      const int forced_grid = streamk_grid.load() > 0 ? streamk_grid.load() : setup().streamk_grid;
       const int64_t grid = c.streamk ? std::min(t * slices, forced_grid > 0 ? int64_t(forced_grid) : slots)
                                      : stream_grid_blocks(t * c.k_parts, slots, false);
       const int64_t ws_slots = c.streamk ? std::min(t, grid) : t;
@@ -2189,6 +2194,21 @@ int gemm_streamk_setting(const char* value) {
   if (v == "all") return 3;
   throw Error("cuda: gemm: ATLAS_GEMM_STREAMK: expected 0 (off), wide (one-row problems of at least one tile per SM), "
               "long (one-row problems of more than 16 K slices) or all, got '" + v + "'");
+}
+
+int gemm_streamk_grid_setting(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty()) return 0;
+  int n = 0;
+  bool ok = v.size() <= 4 && v[0] != '0';
+  for (char ch : v) {
+    ok = ok && ch >= '0' && ch <= '9';
+    if (ok) n = n * 10 + (ch - '0');
+  }
+  if (!ok || n < 1 || n > 4096)
+    throw Error("cuda: gemm: ATLAS_GEMM_STREAMK_GRID: expected a whole number of blocks from 1 to 4096 (unset: every "
+                "resident slot), got '" + v + "'");
+  return n;
 }
 
 int gemm_stream_lean_setting(const char* value) {

@@ -373,6 +373,7 @@ void check_environment() {
   (void)detail::gemm_stream_grouped_setting(std::getenv("ATLAS_GEMM_STREAM_GROUPED"));
   (void)detail::gemm_stream_lean_setting(std::getenv("ATLAS_GEMM_STREAM_LEAN"));
   (void)detail::gemm_streamk_setting(std::getenv("ATLAS_GEMM_STREAMK"));
+  (void)detail::gemm_streamk_grid_setting(std::getenv("ATLAS_GEMM_STREAMK_GRID"));
   (void)detail::gemm_stream_few_setting(std::getenv("ATLAS_GEMM_STREAM_FEW"));
   (void)detail::gemm_wide_gated_setting(std::getenv("ATLAS_GEMM_WIDE_GATED"));
   (void)detail::gemm_long_k_setting(std::getenv("ATLAS_GEMM_LONG_K"));
