@@ -1353,8 +1353,8 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
       // slots, i.e. 224 blocks of two items, the unsplit grid, and the step slowed, 415.3 vs
       // 453.5 tok/s. Unbalanced, one token's 192 real tiles are 384 items on 396 blocks: 430.9 vs
       // 452.6 tok/s, s32-1.) Stream-K (dense only): every resident slot (or streamk_grid's test
-      // grid), each an equal run of the (tile, slice) units, one slot per split tile
-      // (kern::streamk_slot: at most min(tiles, blocks)). Where the sums do not fit the block,
+      // grid, else ATLAS_GEMM_STREAMK_GRID's bound), each an equal run of the (tile, slice)
+      // units, one slot per split tile (kern::streamk_slot: at most min(tiles, blocks)). Where the sums do not fit the block,
       // inside a capture before an eager call made it, or for a grouped stream-K problem: the
       // unsplit lean loop of the same steps instead (same bits).
       const int64_t slices = ceil_div(p.K, kern::kSliceK);
