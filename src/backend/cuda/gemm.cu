@@ -1354,11 +1354,12 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
       // 453.5 tok/s. Unbalanced, one token's 192 real tiles are 384 items on 396 blocks: 430.9 vs
       // 452.6 tok/s, s32-1.) Stream-K (dense only): every resident slot (or streamk_grid's test
       // grid, else ATLAS_GEMM_STREAMK_GRID's bound), each an equal run of the (tile, slice)
-      // units, one slot per split tile (kern::streamk_slot: at most min(tiles, blocks)). Where the sums do not fit the block,
-      // inside a capture before an eager call made it, or for a grouped stream-K problem: the
-      // unsplit lean loop of the same steps instead (same bits).
+      // units, one slot per split tile (kern::streamk_slot: at most min(tiles, blocks)). Where
+      // the sums do not fit the block, inside a capture before an eager call made it, or for a
+      // grouped stream-K problem: the unsplit lean loop of the same steps instead (same bits).
       const int64_t slices = ceil_div(p.K, kern::kSliceK);
-      const int forced_grid = streamk_grid.load() > 0 ? streamk_grid.load() : setup().streamk_grid;
+      const int test_grid = streamk_grid.load();
+      const int forced_grid = test_grid > 0 ? test_grid : setup().streamk_grid;
       const int64_t grid = c.streamk ? std::min(t * slices, forced_grid > 0 ? int64_t(forced_grid) : slots)
                                      : stream_grid_blocks(t * c.k_parts, slots, false);
       const int64_t ws_slots = c.streamk ? std::min(t, grid) : t;
@@ -2199,13 +2200,10 @@ int gemm_streamk_setting(const char* value) {
 int gemm_streamk_grid_setting(const char* value) {
   const std::string v = value == nullptr ? "" : value;
   if (v.empty()) return 0;
-  int n = 0;
-  bool ok = v.size() <= 4 && v[0] != '0';
-  for (char ch : v) {
-    ok = ok && ch >= '0' && ch <= '9';
-    if (ok) n = n * 10 + (ch - '0');
-  }
-  if (!ok || n < 1 || n > 4096)
+  // (runtime.cu's whole-number switches' idiom; no leading zero)
+  const bool digits = v.size() <= 4 && v[0] != '0' && v.find_first_not_of("0123456789") == std::string::npos;
+  const int n = digits ? std::stoi(v) : 0;
+  if (n < 1 || n > 4096)
     throw Error("cuda: gemm: ATLAS_GEMM_STREAMK_GRID: expected a whole number of blocks from 1 to 4096 (unset: every "
                 "resident slot), got '" + v + "'");
   return n;
