@@ -45,7 +45,14 @@
 # with `dpkg -x` (with its runtime library) into a private prefix, never into /, and its .pc
 # files are rewritten to that prefix; CMake finds it through CMAKE_PREFIX_PATH/PKG_CONFIG_PATH.
 # Logs go to $OUT (the device tool's folder) or ./gpu-out.
+# REQUIRE_GPU=<text> (e.g. H200): stop with exit 3 before anything else unless nvidia-smi's GPU
+# name contains it (the device tool may start an H100 for a call that asked for an H200, and H200
+# figures then cost only the start; session 55).
 set -uo pipefail
+if [[ -n "${REQUIRE_GPU:-}" ]]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  [[ $gpu == *"$REQUIRE_GPU"* ]] || { echo "== REQUIRE_GPU=$REQUIRE_GPU: this machine's GPU is '${gpu:-none}'; nothing run"; exit 3; }
+fi
 debs=$(realpath "$1")
 mode=",${2:-},"
 has() { [[ $mode == *",$1,"* ]]; }
