@@ -46,8 +46,8 @@
 # files are rewritten to that prefix; CMake finds it through CMAKE_PREFIX_PATH/PKG_CONFIG_PATH.
 # Logs go to $OUT (the device tool's folder) or ./gpu-out.
 # REQUIRE_GPU=<text> (e.g. H200): stop with exit 3 before anything else unless nvidia-smi's GPU
-# name contains it (the device tool may start an H100 for a call that asked for an H200, and H200
-# figures then cost only the start; session 55).
+# name contains it (the device tool may start an H100 for a call that asked for an H200: such a
+# call then costs only the machine's start; session 55).
 set -uo pipefail
 if [[ -n "${REQUIRE_GPU:-}" ]]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
