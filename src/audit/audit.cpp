@@ -594,7 +594,7 @@ void check_journals(Checks& ck, const Doc& run, const std::string& dir) {
           return;
         }
         if (lineno == 1) {
-          if (o.value("kind", "") != "atlas.probe.journal" || o.value("manifest_sha256", "") != msha) {
+          if (string_or_empty(o, "kind") != "atlas.probe.journal" || string_or_empty(o, "manifest_sha256") != msha) {
             ck.fail(name, where + ": not a journal of this run's manifest");
             return;
           }
@@ -879,8 +879,8 @@ AuditReport audit_run_dir(const AuditOptions& o) {
   const bool run_ok = run.usable(), man_ok = man.usable();
   if (run_ok && man_ok) {
     check_link(ck, run, man, "manifest");
-    check_named_hash(ck, "chain run -> manifest (manifest_sha256)", run, "manifest_sha256", run.j.value("manifest_sha256", ""),
-                     man.j.value("manifest_sha256", ""), "manifest's manifest_sha256");
+    check_named_hash(ck, "chain run -> manifest (manifest_sha256)", run, "manifest_sha256", string_or_empty(run.j, "manifest_sha256"),
+                     string_or_empty(man.j, "manifest_sha256"), "manifest's manifest_sha256");
   } else {
     ck.skip("chain run -> manifest", "run or manifest unusable");
   }
@@ -911,7 +911,7 @@ AuditReport audit_run_dir(const AuditOptions& o) {
     }
     if (an->usable() && man_ok)
       check_named_hash(ck, "chain analysis -> manifest (manifest_sha256)", *an, "manifest_sha256",
-                       an->j.value("manifest_sha256", ""), man.j.value("manifest_sha256", ""), "manifest's manifest_sha256");
+                       string_or_empty(an->j, "manifest_sha256"), string_or_empty(man.j, "manifest_sha256"), "manifest's manifest_sha256");
     check_other_inputs(ck, *an, {&run, &man, ev ? &*ev : nullptr});
   }
 
@@ -934,7 +934,7 @@ AuditReport audit_run_dir(const AuditOptions& o) {
 
   for (const Doc* d : {&man, &run, ev ? &*ev : nullptr, an ? &*an : nullptr}) {
     if (!d) continue;
-    std::string kind = d->parsed && d->j.is_object() ? d->j.value("kind", "") : "";
+    std::string kind = d->parsed && d->j.is_object() ? string_or_empty(d->j, "kind") : "";
     rep.artifacts.push_back({.role = d->role, .path = d->path, .how = d->how, .kind = kind, .sha256 = d->sha256, .bytes = d->bytes});
   }
   return rep;

@@ -86,7 +86,7 @@ std::optional<std::vector<InputRecord>> inputs_of(const std::string& path) {
   json doc;
   try {
     doc = json::parse(read_file(path));
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {
     return std::nullopt;  // not JSON (a JSONL file, a tensor dump): a leaf
   }
   if (!doc.is_object() || !doc.contains("inputs")) return std::nullopt;

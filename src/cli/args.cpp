@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <charconv>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -28,7 +29,29 @@ std::vector<int32_t> parse_id_list(const std::string& flag, const std::string& t
   return ids;
 }
 
+std::vector<int32_t> ids_from_json(const json& ids, const std::string& where) {
+  if (!ids.is_array()) fail(where, "ids", "expected an array of token ids");
+  std::vector<int32_t> out;
+  out.reserve(ids.size());
+  for (const auto& v : ids) {
+    if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
+                                                          : v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX))
+      fail(where, "ids", "expected non-negative integer token ids, got " + v.dump());
+    out.push_back(int32_t(v.get<int64_t>()));
+  }
+  return out;
+}
+
+void check_output_file(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) fail(path, flag, "is a directory, expected a file name");
+  const fs::path dir = fs::path(path).parent_path();
+  if (!dir.empty() && !fs::is_directory(dir, ec)) fail(path, flag, "the directory " + dir.string() + " does not exist");
+}
+
 void set_threads(int n) {
+  if (n < 0) fail("--threads", {}, "expected 0 (all cores) or a positive count, got " + std::to_string(n));
   if (n > 0) omp_set_num_threads(n);
 }
 

@@ -2,6 +2,7 @@
 // resolves every cell of a probe protocol to token ids with its verified contract, before any
 // model output exists (tokenizer only; no weights are read).
 #include <cstdio>
+#include <optional>
 
 #include "cli/command.h"
 #include "core/file.h"
@@ -12,7 +13,7 @@ namespace {
 
 struct FreezeArgs {
   std::string protocol, out, model, data;
-  int64_t per_domain = 0;
+  std::optional<int64_t> per_domain;  // 0 is an error (freeze says so), not "not given"
 };
 
 Registrar reg{{
@@ -28,7 +29,7 @@ Registrar reg{{
           app.add_option("--per-domain", a.per_domain, "Sources per domain (overrides the protocol's; for small runs)");
           app.callback([] {
             probe::FreezeOptions o{.protocol = a.protocol, .model_dir = a.model, .data_root = a.data, .per_domain = {}};
-            if (a.per_domain) o.per_domain = a.per_domain;
+            o.per_domain = a.per_domain;
             ojson m = probe::freeze(o);
             write_file_atomic(a.out, m.dump(1) + "\n");
             const auto& c = m["contracts"];

@@ -8,6 +8,7 @@
 // OUT.meta.json records provenance, parameters and a separate runtime section.
 #include <cstdio>
 #include <fstream>
+#include <set>
 
 #include "cli/args.h"
 #include "cli/command.h"
@@ -52,6 +53,10 @@ void run_generate(const GenerateArgs& a) {
   set_threads(a.threads);
   if (a.max_new_tokens <= 0) fail("--max-new-tokens", {}, "must be positive, got " + std::to_string(a.max_new_tokens));
   if (a.batch <= 0) fail("--batch", {}, "must be positive");
+  // Both outputs before any work: the rows are committed first, so a sidecar that cannot be
+  // written would otherwise leave OUT behind without it.
+  check_output_file("--out", a.out);
+  check_output_file("--out", a.out + ".meta.json");
   // Sampling contract from the flags.
   decode::SamplingParams base;
   if (a.crn_tape) {
@@ -87,6 +92,7 @@ void run_generate(const GenerateArgs& a) {
   std::ifstream in(a.prompts);
   if (!in) fail(a.prompts, {}, "cannot open");
   std::vector<decode::PromptRow> rows;
+  std::set<std::string> seen;  // ids key the output rows (atlas compare) and the sampling streams
   std::optional<std::pair<ChatTemplate, ChatOptions>> chat;  // for "messages" rows
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
@@ -96,14 +102,9 @@ void run_generate(const GenerateArgs& a) {
     if (!j.is_object()) fail(where, {}, "expected a JSON object");
     JsonReader r(j, where);
     decode::PromptRow row{.id = id_string(r.raw("id"), where), .ids = {}, .sampling = base};
+    if (!seen.insert(row.id).second) fail(where, "id", "duplicate id \"" + row.id + "\"");
     if (r.has("ids")) {
-      const json& ids = r.raw("ids");
-      if (!ids.is_array()) fail(where, "ids", "expected an array of token ids");
-      for (const auto& v : ids) {
-        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
-          fail(where, "ids", "expected non-negative integer token ids, got " + v.dump());
-        row.ids.push_back(int32_t(v.get<int64_t>()));
-      }
+      row.ids = ids_from_json(r.raw("ids"), where);
     } else if (r.has("messages")) {
       if (!tok) fail(where, "messages", "rendering messages needs tokenizer files in the model directory");
       // Loaded once, the way atlas render and probe freeze load it (text/chat.h).

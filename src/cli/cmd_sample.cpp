@@ -66,7 +66,9 @@ void run(const Options& o) {
     if (o.row_key.empty()) fail({}, "--row-key", "crn mode needs --row-key");
     p.seed = *o.tape_seed;
   }
-  if (o.steps == 0) fail({}, "--steps", "must be >= 1");
+  // Each draw is a JSON object held in memory: a bound, not an out-of-memory kill.
+  if (o.steps == 0 || o.steps > 1000000) fail({}, "--steps", "must be from 1 to 1000000");
+  if (o.step > UINT64_MAX - o.steps) fail({}, "--step", "--step + --steps runs past the last step (2^64 - 1)");
   if (o.u && (*mode == SamplingMode::Greedy || !(*o.u >= 0.0 && *o.u < 1.0) || o.steps != 1))
     fail({}, "--u", "needs a sampling mode, a value in [0, 1) and --steps 1");
   const RowSampler row(p);  // validates the flags

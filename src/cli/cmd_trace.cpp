@@ -102,6 +102,8 @@ void run_trace(const TraceArgs& a) {
   const LayerRange range = LayerRange::parse(a.layers, cfg0);
   if (a.attention != "expanded" && a.attention != "absorbed")
     fail("--attention", {}, "unknown value \"" + a.attention + "\" (expected expanded or absorbed)");
+  if (!a.dump.empty()) check_output_file("--dump", a.dump);
+  if (!a.json_out.empty()) check_output_file("--json", a.json_out);
   const int given = int(!a.ids.empty()) + int(!a.text.empty()) + int(!a.input.empty());
   if (given != 1) fail("trace", {}, "give exactly one of --ids, --text or --input");
   std::vector<Sequence> seqs;
@@ -117,7 +119,7 @@ void run_trace(const TraceArgs& a) {
       const std::string where = a.input + ":" + std::to_string(n);
       const json j = parse_json(line, where);
       JsonReader r(j, where);
-      Sequence s{.id = r.get<std::string>("id"), .ids = r.get<std::vector<int32_t>>("ids"), .text = {}};
+      Sequence s{.id = r.get<std::string>("id"), .ids = ids_from_json(r.raw("ids"), where), .text = {}};
       if (s.id.empty() || s.id.find_first_of("/\\") != std::string::npos || s.id[0] == '.')
         fail(where, "id", "must be a non-empty file name (no '/', not starting with '.')");
       if (!seen.insert(s.id).second) fail(where, "id", "duplicate id \"" + s.id + "\"");

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <string>
 
 #include "atlas/build_info.h"
 #include "cli/command.h"
@@ -39,6 +41,14 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const atlas::Error& e) {
     std::fprintf(stderr, "atlas: error: %s\n", e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the user gave that cannot be used (--out naming a file where a directory goes, ...).
+    // what() is "filesystem error: OPERATION: REASON [PATH]": keep OPERATION: REASON after the path.
+    std::string what = e.what();
+    if (const size_t p = what.find(" ["); p != std::string::npos) what.resize(p);
+    if (what.rfind("filesystem error: ", 0) == 0) what.erase(0, 18);
+    std::fprintf(stderr, "atlas: error: %s: %s\n", e.path1().c_str(), what.c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "atlas: error: out of memory\n");

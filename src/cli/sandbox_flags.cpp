@@ -24,6 +24,7 @@ void add_sandbox_flags(CLI::App& app, SandboxFlags& f) {
 
 eval::EvalOptions sandbox_options(const SandboxFlags& f) {
   if (!(f.timeout > 0)) fail({}, "--timeout", "must be > 0");
+  if (f.workers < 0) fail({}, "--workers", "must be >= 0 (0: the machine's cores)");
   eval::EvalOptions opt;
   opt.sandbox.python = f.python;
   opt.sandbox.bwrap = f.bwrap;

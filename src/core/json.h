@@ -5,6 +5,8 @@
 //   auto q = r.get_optional<int>("q_lora_rank");    // absent or null -> nullopt
 #pragma once
 
+#include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -19,6 +21,15 @@ using ojson = nlohmann::ordered_json;
 
 json parse_json(const std::string& text, const std::string& file);  // malformed -> atlas::Error
 json read_json_file(const std::string& path);
+
+// J[KEY] if J is an object whose KEY holds a string, else "" (where j.value(KEY, "") would throw
+// nlohmann's type_error): for the kind checks of files that may not be what they claim.
+template <class J>
+std::string string_or_empty(const J& j, const std::string& key) {
+  if (!j.is_object()) return {};
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->template get<std::string>() : std::string();
+}
 
 class JsonReader {
  public:
@@ -57,6 +68,14 @@ class JsonReader {
       if (!v.is_boolean()) fail(file_, field(key), "expected a boolean, got " + v.dump());
     } else if constexpr (std::is_integral_v<T>) {
       if (!v.is_number_integer()) fail(file_, field(key), "expected an integer, got " + v.dump());
+      // In range of T (nlohmann would wrap -1 to 2^64-1 or truncate 2^32+1 to 1 without a word).
+      using L = std::numeric_limits<T>;
+      const int64_t s = v.is_number_unsigned() ? 0 : v.template get<int64_t>();  // signed: may be < 0
+      const bool fits = v.is_number_unsigned() ? v.template get<uint64_t>() <= uint64_t(L::max())
+                                               : s >= int64_t(L::min()) && (s < 0 || uint64_t(s) <= uint64_t(L::max()));
+      if (!fits)
+        fail(file_, field(key), "expected an integer from " + std::to_string(L::min()) + " to " +
+                                    std::to_string(L::max()) + ", got " + v.dump());
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!v.is_number()) fail(file_, field(key), "expected a number, got " + v.dump());
     } else if constexpr (std::is_same_v<T, std::string>) {

@@ -242,7 +242,7 @@ ojson load_manifest(const std::string& path) {
   } catch (const std::exception& e) {
     fail(path, {}, std::string("malformed JSON: ") + e.what());
   }
-  if (!m.is_object() || m.value("kind", "") != "atlas.probe.manifest") fail(path, "kind", "not an atlas probe manifest");
+  if (!m.is_object() || string_or_empty(m, "kind") != "atlas.probe.manifest") fail(path, "kind", "not an atlas probe manifest");
   if (!m.contains("manifest_sha256") || !m["manifest_sha256"].is_string()) fail(path, "manifest_sha256", "missing");
   if (manifest_hash(m) != m["manifest_sha256"].get<std::string>())
     fail(path, "manifest_sha256", "does not match the manifest's content (modified after freezing?)");

@@ -260,8 +260,10 @@ Protocol load_protocol(const std::string& path) {
   blocks.get("filler_token", p.filler_token);
   if (const toml::node* fr = blocks.node("filler_repeat")) {
     if (fr->is_string() && fr->as_string()->get() == "match_one_shot") p.filler_match_one_shot = true;
-    else if (fr->is_integer() && fr->as_integer()->get() > 0) p.filler_repeat = fr->as_integer()->get();
-    else blocks.bad("filler_repeat", "expected a positive integer or \"match_one_shot\"");
+    // Bounded: no model's context holds more, and a huge count would only exhaust memory.
+    else if (fr->is_integer() && fr->as_integer()->get() > 0 && fr->as_integer()->get() <= 1000000)
+      p.filler_repeat = fr->as_integer()->get();
+    else blocks.bad("filler_repeat", "expected a positive integer (at most 1000000) or \"match_one_shot\"");
   }
   blocks.get("user_prefix", p.user_prefix);
   blocks.get("generation_prompt", p.generation_prompt);

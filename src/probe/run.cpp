@@ -105,10 +105,10 @@ Journal read_journal(const std::string& path, const std::string& manifest_sha, c
     if (!o.is_object() || !o.contains("line_sha256") || line_hash(o) != o["line_sha256"].get<std::string>())
       fail(where, "line_sha256", "journal line does not match its hash");
     if (!header) {
-      if (o.value("kind", "") != "atlas.probe.journal") fail(where, "kind", "not an atlas probe journal");
-      if (o.value("manifest_sha256", "") != manifest_sha)
-        fail(where, "manifest_sha256", "this journal belongs to another manifest (" + o.value("manifest_sha256", "") + ")");
-      if (o.value("source_key", "") != source_key) fail(where, "source_key", "journal of another source");
+      if (string_or_empty(o, "kind") != "atlas.probe.journal") fail(where, "kind", "not an atlas probe journal");
+      if (string_or_empty(o, "manifest_sha256") != manifest_sha)
+        fail(where, "manifest_sha256", "this journal belongs to another manifest (" + string_or_empty(o, "manifest_sha256") + ")");
+      if (string_or_empty(o, "source_key") != source_key) fail(where, "source_key", "journal of another source");
       header = true;
       continue;
     }
@@ -433,16 +433,19 @@ RunSummary run_manifest(const RunOptions& o) {
       sha256_file(model_dir + "/config.json") != m["model"]["config_sha256"].get<std::string>())
     fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");
 
+  // Directories are made when the first file goes into them: a run that fails before any
+  // output (a bad --backend, weights that do not load) leaves no empty journal/ behind.
   const std::string jdir = o.out_dir + "/journal";
-  fs::create_directories(jdir);
+  if (fs::exists(o.out_dir) && !fs::is_directory(o.out_dir)) fail(o.out_dir, "--out", "exists and is not a directory");
+  const bool have_jdir = fs::is_directory(jdir);
   std::map<int64_t, ojson> results;
   std::set<std::string> done;
-  if (!o.resume) {
+  if (!o.resume && have_jdir) {
     for (const auto& e : fs::directory_iterator(jdir))
       if (e.path().extension() == ".jsonl")
         fail(e.path().string(), {}, "a journal already exists in --out; pass --resume to continue it, or use a fresh directory");
   }
-  if (o.resume) {
+  if (o.resume && have_jdir) {
     // Every journal in the directory must belong to this manifest, including sources of other shards.
     for (const auto& e : fs::directory_iterator(jdir)) {
       if (e.path().extension() != ".jsonl") continue;
@@ -458,8 +461,8 @@ RunSummary run_manifest(const RunOptions& o) {
       }
       if (!h.is_object() || !h.contains("line_sha256") || line_hash(h) != h["line_sha256"].get<std::string>())
         fail(where, "line_sha256", "journal line does not match its hash");
-      if (h.value("manifest_sha256", "") != msha)
-        fail(where, "manifest_sha256", "this journal belongs to another manifest (" + h.value("manifest_sha256", "") + ")");
+      if (string_or_empty(h, "manifest_sha256") != msha)
+        fail(where, "manifest_sha256", "this journal belongs to another manifest (" + string_or_empty(h, "manifest_sha256") + ")");
     }
   }
   int64_t resumed = 0;
@@ -490,7 +493,6 @@ RunSummary run_manifest(const RunOptions& o) {
     return o.out_dir + "/hidden/" + n.substr(0, n.size() - 6) + ".safetensors";
   };
   if (vectors) {
-    fs::create_directories(o.out_dir + "/hidden");
     for (const auto& key : done)
       if (!file_exists(hidden_path(key))) fail(hidden_path(key), {}, "journaled source without its hidden-vector file");
   }
@@ -539,9 +541,11 @@ RunSummary run_manifest(const RunOptions& o) {
           for (const auto& [name, v] : pending_vectors.at(ci))
             tensors.push_back({.name = "cell" + std::to_string(ci) + "." + name, .dtype = DType::F32,
                                .shape = {int64_t(v.size()) / cfg0.hidden_size, cfg0.hidden_size}, .data = v.data()});
+        fs::create_directories(o.out_dir + "/hidden");
         write_safetensors(hidden_path(key), tensors, {{"manifest_sha256", msha}, {"source_key", key}});
         for (int64_t ci : sc) pending_vectors.erase(ci);
       }
+      fs::create_directories(jdir);
       write_journal(jdir + "/" + journal_name(key), msha, key, sc, cells, results);
       done.insert(key);
       ++journaled_now;
@@ -560,6 +564,7 @@ RunSummary run_manifest(const RunOptions& o) {
   }
 
   ojson shard = o.sharded ? ojson({{"index", o.shard.index}, {"count", o.shard.count}}) : ojson(nullptr);
+  fs::create_directories(o.out_dir);  // a shard without batches has written nothing before
   ojson a = artifact_head(m, model_info, shard);
   a["inputs"] = manifest_input(o.manifest, o.out_dir);
   a["provenance"] = run_provenance(m, o.backend, o.device, model_dir);
@@ -607,8 +612,8 @@ RunSummary merge_runs(const MergeOptions& o) {
     } catch (const std::exception& e) {
       fail(path, {}, std::string("malformed JSON: ") + e.what());
     }
-    if (a.value("kind", "") != "atlas.probe.run") fail(path, "kind", "not an atlas probe run artifact");
-    if (a.value("manifest_sha256", "") != msha) fail(path, "manifest_sha256", "shard of another manifest");
+    if (string_or_empty(a, "kind") != "atlas.probe.run") fail(path, "kind", "not an atlas probe run artifact");
+    if (string_or_empty(a, "manifest_sha256") != msha) fail(path, "manifest_sha256", "shard of another manifest");
     if (a["content_sha256"] != artifact_content_hash(a)) fail(path, "content_sha256", "does not match the content");
     if (!a["shard"].is_object()) fail(path, "shard", "not a shard artifact (run with --shard i/n)");
     const int64_t si = a["shard"]["index"].get<int64_t>(), sc = a["shard"]["count"].get<int64_t>();

@@ -396,6 +396,11 @@ Value int_result(__int128 v) {
 }
 
 Value repeat(const Value& seq, int64_t n) {
+  // Bounded like range(): 'x' * 10**11 is an error naming the template, not an out-of-memory exit.
+  const uint64_t unit = seq.is_string() ? seq.str_ref().size() : seq.items().size();
+  if (n > 0 && unit > 0 && uint64_t(n) > (seq.is_string() ? 10000000 : 100000) / unit)
+    rt(seq.is_string() ? "repetition too big (the sandbox allows 10000000 characters)"
+                       : "repetition too big (the sandbox allows 100000 items)");
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < n; ++i) out += seq.str_ref();

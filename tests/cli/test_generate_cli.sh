@@ -46,6 +46,23 @@ no_file "id out of vocabulary" "$work/o3.jsonl"
 expect_error "max-new-tokens <= 0" "max-new-tokens" "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/o4.jsonl" --max-new-tokens 0
 expect_error "prompt longer than context" "context" "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/o5.jsonl" --max-new-tokens 100000
 expect_error "conflicting flags" "greedy" ge --prompts "$work/p.jsonl" --out "$work/o6.jsonl" --greedy --temperature 0.5 --seed 1
+# Ids key the output rows (atlas compare refuses a file with two) and the sampling streams.
+printf '%s\n' '{"id": 3, "ids": [1]}' '{"id": "3", "ids": [2]}' > "$work/dup.jsonl"
+expect_error "duplicate id" 'dup.jsonl:2: id: duplicate id "3"' ge --prompts "$work/dup.jsonl" --out "$work/o7.jsonl"
+no_file "duplicate id" "$work/o7.jsonl"
+# A row's seed is checked against its type, not wrapped (-1 -> 2^64 - 1).
+echo '{"id": "x", "ids": [1], "seed": -1}' > "$work/seed.jsonl"
+expect_error "negative row seed" "seed.jsonl:1: seed: expected an integer from 0 to" \
+  ge --prompts "$work/seed.jsonl" --out "$work/o8.jsonl" --temperature 0.5 --seed 1
+no_file "negative row seed" "$work/o8.jsonl"
+# The sidecar's path is checked before generating: no OUT without its OUT.meta.json.
+mkdir -p "$work/o10.jsonl.meta.json"
+expect_error "sidecar path a directory" "o10.jsonl.meta.json: --out: is a directory" ge --prompts "$work/p.jsonl" --out "$work/o10.jsonl"
+[[ -e "$work/o10.jsonl" ]] && bad "sidecar path a directory: left o10.jsonl" || ok "sidecar path a directory: nothing left behind"
+expect_error "--out into a missing directory" "--out: the directory .* does not exist" ge --prompts "$work/p.jsonl" --out "$work/none/o.jsonl"
+echo '{"id": "x", "ids": [1], "seed": 1e999}' > "$work/huge.jsonl"
+expect_error "number overflow" "huge.jsonl:1: malformed JSON" ge --prompts "$work/huge.jsonl" --out "$work/o9.jsonl" --temperature 0.5 --seed 1
+no_file "number overflow" "$work/o9.jsonl"
 
 # Chat messages on the tiny checkpoint (it has a tokenizer and the DeepSeek-V2 template): the
 # prompt is the rendered template's ids, and rows carry decoded text.

@@ -173,4 +173,30 @@ for k in stages:
 assert any(a[k] != b[k] for k in stages[1:]), "absorbed gave the same bits: was it used?"
 PY
 expect_error "unknown attention form" "--attention.*sideways" "$bin" trace --model "$model" --ids 1 --attention sideways
+# Two outputs: a bad --json is found before the --dump is written (none of either is left).
+expect_error "--json into a missing directory" "none/t.json: --json: the directory .* does not exist" \
+  "$bin" trace --model "$model" --ids 1,2 --dump "$work/two.safetensors" --json "$work/none/t.json"
+no_file "--json into a missing directory" "$work/two.safetensors"
+mkdir -p "$work/adir"
+expect_error "--json naming a directory" "adir: --json: is a directory" \
+  "$bin" trace --model "$model" --ids 1,2 --dump "$work/two.safetensors" --json "$work/adir"
+no_file "--json naming a directory" "$work/two.safetensors"
+expect_error "negative --threads" "--threads: .*got -1" "$bin" trace --model "$model" --ids 1 --threads -1 --json "$work/th.json"
+no_file "negative --threads" "$work/th.json"
+# --input ids are checked, not wrapped (2^32 + 1 -> 1) or truncated (1.5 -> 1).
+printf '{"id": "w", "ids": [1, 4294967297]}\n' >"$work/wrap.jsonl"
+expect_error "--input id past int32" "wrap.jsonl:1: ids: .*4294967297" "$bin" trace --model "$model" --input "$work/wrap.jsonl" --out-dir "$work/wrap_out"
+no_file "--input id past int32" "$work/wrap_out"
+printf '{"id": "f", "ids": [1.5]}\n' >"$work/float.jsonl"
+expect_error "--input fractional id" "float.jsonl:1: ids: .*1.5" "$bin" trace --model "$model" --input "$work/float.jsonl" --out-dir "$work/float_out"
+no_file "--input fractional id" "$work/float_out"
+expect_error "--out-dir naming a file" "seqs.jsonl: .*Not a directory" \
+  "$bin" trace --model "$model" --input "$work/seqs.jsonl" --out-dir "$work/seqs.jsonl"
+# Token ids need no tokenizer: --ids and --input work on a model directory without one.
+cp -r "$model" "$work/notok" && rm "$work/notok"/tokenizer*.json
+"$bin" trace --model "$work/notok" --ids 7,3 --dump "$work/nt.safetensors" >/dev/null 2>&1 \
+  && cmp -s "$work/nt.safetensors" "$work/b1.safetensors" && ok "--ids without tokenizer files" || bad "--ids without tokenizer files"
+"$bin" trace --model "$work/notok" --input "$work/seqs.jsonl" --out-dir "$work/nt_multi" >/dev/null 2>&1 \
+  && cmp -s "$work/nt_multi/b.safetensors" "$work/b1.safetensors" && ok "--input without tokenizer files" || bad "--input without tokenizer files"
+expect_error "--text without tokenizer files" "notok/tokenizer.json: --text needs a tokenizer" "$bin" trace --model "$work/notok" --text hi
 finish

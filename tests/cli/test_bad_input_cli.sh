@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Bad input to the verbs without a script of their own here (run, merge, freeze, analyze, eval,
+# sample-debug, render): one error naming the file or flag and the field, a non-zero exit (1,
+# never the "internal error" 2 or an out-of-memory kill), nothing left behind.
+source "$(dirname "$0")/lib.sh"
+model="$work/tiny"
+"$bin" make-model --preset tiny --seed 0 "$model" >/dev/null || { bad "make-model"; finish; }
+tiny_trace_protocol bad_input "$model" "$work/p.toml"
+"$bin" freeze "$work/p.toml" --out "$work/m.json" >/dev/null || { bad "freeze"; finish; }
+echo x >"$work/file"
+
+# run: a --backend that does not load leaves no empty journal/ or hidden/ behind; an --out that
+# is a file and a negative --threads are one error each.
+expect_error "run: unknown backend" '--backend: unknown value "tpu"' "$bin" run "$work/m.json" --out "$work/r1" --backend tpu
+no_file "run: unknown backend" "$work/r1"
+expect_error "run: --out is a file" "file: --out: exists and is not a directory" "$bin" run "$work/m.json" --out "$work/file"
+expect_error "run: negative --threads" "--threads: .*got -2" "$bin" run "$work/m.json" --out "$work/r2" --threads -2
+no_file "run: negative --threads" "$work/r2"
+echo '{"kind": 5}' >"$work/kind.json"
+expect_error "run: manifest kind not a string" "kind.json: kind: not an atlas probe manifest" "$bin" run "$work/kind.json" --out "$work/r3"
+
+# merge: a shard's run.json that is not an object, or whose kind is not a string.
+mkdir -p "$work/s_arr" "$work/s_kind"
+echo '[]' >"$work/s_arr/run.json"
+echo '{"kind": 5}' >"$work/s_kind/run.json"
+expect_error "merge: run.json an array" "s_arr/run.json: kind: not an atlas probe run" "$bin" merge "$work/m.json" "$work/s_arr" --out "$work/mg1"
+no_file "merge: run.json an array" "$work/mg1"
+expect_error "merge: kind a number" "s_kind/run.json: kind: not an atlas probe run" "$bin" merge "$work/m.json" "$work/s_kind" --out "$work/mg2"
+no_file "merge: kind a number" "$work/mg2"
+
+# freeze: --per-domain 0 is refused like -1 (not read as "not given"); a filler_repeat no
+# context can hold names the field (not "out of memory").
+expect_error "freeze: --per-domain 0" "--per-domain: must be positive" "$bin" freeze "$work/p.toml" --out "$work/m0.json" --per-domain 0
+no_file "freeze: --per-domain 0" "$work/m0.json"
+sed 's/filler_repeat = 3/filler_repeat = 99999999999/' "$work/p.toml" >"$work/huge.toml"
+expect_error "freeze: huge filler_repeat" "huge.toml: blocks.filler_repeat: expected a positive integer .at most" \
+  "$bin" freeze "$work/huge.toml" --out "$work/m1.json"
+no_file "freeze: huge filler_repeat" "$work/m1.json"
+
+# analyze: a negative count is checked against its type, not wrapped to 2^32 - 4.
+printf '%s\n' '{"format": "atlas-analysis-input-v1", "experts": -4, "top_k": 2, "layers": [1], "conditions": ["a"],' \
+  ' "sources": [{"id": "s", "domain": "d"}], "cells": []}' >"$work/neg.json"
+expect_error "analyze: negative experts" "neg.json: experts: expected an integer from 0 to 4294967295, got -4" \
+  "$bin" analyze "$work/neg.json" --out "$work/a1"
+no_file "analyze: negative experts" "$work/a1"
+"$bin" run "$work/m.json" --out "$work/run" >/dev/null 2>&1 || bad "run"
+expect_error "analyze: --out is a file" "file: .*Not a directory" "$bin" analyze "$work/run" --out "$work/file" --replicates 0
+
+# eval (and humaneval): a negative --workers.
+expect_error "eval: negative --workers" "--workers: must be >= 0" \
+  "$bin" eval "$work/none.json" --manifest "$work/m.json" --out "$work/E.json" --workers -1
+no_file "eval: negative --workers" "$work/E.json"
+
+# sample-debug: a number past double's range is malformed JSON of that file; --steps is bounded.
+echo '[1, 1e999]' >"$work/logits_big.json"
+expect_error "sample-debug: 1e999" "logits_big.json: malformed JSON" "$bin" sample-debug --logits "$work/logits_big.json" --seed 1
+echo '[1, 2, 3]' >"$work/logits.json"
+expect_error "sample-debug: huge --steps" "--steps: must be from 1 to" \
+  "$bin" sample-debug --logits "$work/logits.json" --seed 1 --steps 99999999999 --out "$work/sd.json"
+no_file "sample-debug: huge --steps" "$work/sd.json"
+expect_error "sample-debug: --step overflow" "--step: " \
+  "$bin" sample-debug --logits "$work/logits.json" --seed 1 --step 18446744073709551615 --steps 2
+
+# render: a template's string repetition is bounded like range().
+echo '[{"role": "user", "content": "hi"}]' >"$work/msgs.json"
+echo '{{ "a" * 99999999999 }}' >"$work/rep.jinja"
+expect_error "render: huge repetition" "rep.jinja: line 1, column [0-9]+: repetition too big" \
+  "$bin" render --messages "$work/msgs.json" --template "$work/rep.jinja"
+finish
