@@ -23,7 +23,8 @@
 # persistent-grid and TLB probes; env PROBES picks some, PROBE_ENVS runs each under several
 # environments), aba (a code A/B on one machine: `atlas bench` ABA_ARGS with the tree as it is,
 # then with the files ABA_SWAP="dst=src ..." swapped in and atlas rebuilt, then as it was again;
-# src files travel in the working tree, untracked), sass (SASS of gemm.cu's kernels matching SASS_KERNEL,
+# src files travel in the working tree, untracked), binab (B's binaries against ALT_BIN's, another
+# commit's device-bin archive, in turn on one machine without a rebuild; env BINAB_ARGS/BINAB_ROUNDS), sass (SASS of gemm.cu's kernels matching SASS_KERNEL,
 # with instruction counts), stamps (ATLAS_BLOCK_STAMPS: each MoE GEMM block's SM, residency and bytes in
 # batch-1 decode steps, env STAMPS_ENVS/STAMPS_ARGS/STAMPS_SUMMARY_ARGS), notests (skip the test binaries).
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
@@ -277,7 +278,7 @@ if has ncustall; then
   done
 fi
 lite=/tmp/lite
-if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace || has ncukernel || has envcmp || has aba || has stamps; then
+if has bench || has reference || has compare || has f32lite || has profile || has profprefill || has rerun || has pdl || has grouped || has ncumla || has ktrace || has ncukernel || has envcmp || has aba || has binab || has stamps; then
   if [[ ! -f $lite/config.json ]]; then
     t0=$(date +%s)
     timeout 170 $B/atlas make-model --preset lite --seed 0 $lite >"$out/make_lite.log" 2>&1
@@ -381,6 +382,30 @@ if has aba; then
     aba_build 3 && aba_bench 3-tree
     compare_bench "tree" "swapped" "$out/aba_1-tree.json" "$out/aba_2-swapped.json"
     compare_bench "tree-again" "swapped" "$out/aba_3-tree.json" "$out/aba_2-swapped.json"
+  fi
+fi
+if has binab; then
+  # Two builds' binaries on one machine without a rebuild (session 56): B (PREBUILT_DIR or the
+  # build here) and ALT_BIN (another commit's `tools/dev device-bin` archive or folder, carried
+  # beside it), benched in turn BINAB_ROUNDS times (default 2: tree, alt, tree, alt), each
+  # `atlas bench BINAB_ARGS`. The order alternates so that a drift of the machine shows as one.
+  echo "== binary A/B on one machine: ${ALT_BIN:?set ALT_BIN}"
+  alt=build-device-alt
+  rm -rf "$alt"; mkdir -p "$alt"
+  if [[ "$ALT_BIN" == *.tgz ]]; then tar xzf "$ALT_BIN" -C "$alt" || rm -rf "$alt"; else cp -r "$ALT_BIN"/. "$alt"/ || rm -rf "$alt"; fi
+  if [[ ! -x "$alt/atlas" ]]; then
+    echo "   ALT_BIN=$ALT_BIN holds no atlas binary"; rc=1
+  else
+    echo "   tree: $(head -1 "$B/COMMIT" 2>/dev/null || echo "built here"); alt: $(head -1 "$alt/COMMIT" 2>/dev/null || echo unknown)"
+    for ((i = 1; i <= ${BINAB_ROUNDS:-2}; i++)); do
+      for side in tree alt; do
+        bin=$B/atlas; [[ $side == alt ]] && bin=$alt/atlas
+        echo "-- $i $side"
+        timeout ${BENCH_TIMEOUT:-400} $bin bench --model $lite --json "$out/binab_${i}_$side.json" \
+          ${BINAB_ARGS:---workload decode-b1 --repeat 5 --mode batch-invariant} 2>&1 | tail -3
+      done
+      compare_bench "tree" "alt" "$out/binab_${i}_tree.json" "$out/binab_${i}_alt.json"
+    done
   fi
 fi
 if has probes; then
