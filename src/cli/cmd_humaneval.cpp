@@ -28,6 +28,7 @@ struct HumanEvalArgs {
 void run_humaneval(const HumanEvalArgs& a) {
   RuntimeClock clock;
   using namespace atlas::eval;
+  EvalOptions opt = sandbox_options(a.sandbox);  // the flags first: a bad one reads no file
   const auto problems = load_humaneval(a.problems);
   std::map<std::string, const HumanEvalProblem*> by_id;
   for (const auto& p : problems) by_id[p.task_id] = &p;
@@ -42,7 +43,6 @@ void run_humaneval(const HumanEvalArgs& a) {
     cands.push_back({.problem = it->second, .completion = r.get<std::string>("completion")});
   }
 
-  EvalOptions opt = sandbox_options(a.sandbox);
   probe_sandbox(opt.sandbox);  // fails clearly (bwrap missing, no namespaces) before any candidate runs
   ResultCache cache(a.sandbox.cache);
   opt.cache = &cache;

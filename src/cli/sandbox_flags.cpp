@@ -1,5 +1,8 @@
 #include "cli/sandbox_flags.h"
 
+#include <cstdint>
+#include <string>
+
 #include "cli/command.h"
 #include "core/error.h"
 
@@ -25,6 +28,16 @@ void add_sandbox_flags(CLI::App& app, SandboxFlags& f) {
 eval::EvalOptions sandbox_options(const SandboxFlags& f) {
   if (!(f.timeout > 0)) fail({}, "--timeout", "must be > 0");
   if (f.workers < 0) fail({}, "--workers", "must be >= 0 (0: the machine's cores)");
+  // A zero limit makes every sandbox fail with bubblewrap's or the kernel's words, not the flag's;
+  // the MiB counts are bounded so that their bytes (<< 20) cannot wrap.
+  const auto limit = [](const char* flag, uint64_t v, uint64_t most) {
+    if (v < 1 || v > most) fail({}, flag, "must be from 1 to " + std::to_string(most) + ", got " + std::to_string(v));
+  };
+  limit("--memory-mib", f.memory_mib, uint64_t(1) << 30);
+  limit("--file-size-mib", f.file_size_mib, uint64_t(1) << 30);
+  limit("--tmpfs-mib", f.tmpfs_mib, uint64_t(1) << 30);
+  limit("--processes", f.processes, uint64_t(1) << 22);
+  limit("--cpu-seconds", f.cpu_seconds, uint64_t(1) << 31);
   eval::EvalOptions opt;
   opt.sandbox.python = f.python;
   opt.sandbox.bwrap = f.bwrap;

@@ -46,10 +46,13 @@ no_file "analyze: negative experts" "$work/a1"
 "$bin" run "$work/m.json" --out "$work/run" >/dev/null 2>&1 || bad "run"
 expect_error "analyze: --out is a file" "file: .*Not a directory" "$bin" analyze "$work/run" --out "$work/file" --replicates 0
 
-# eval (and humaneval): a negative --workers.
+# eval (and humaneval): a negative --workers, a zero limit.
 expect_error "eval: negative --workers" "--workers: must be >= 0" \
   "$bin" eval "$work/none.json" --manifest "$work/m.json" --out "$work/E.json" --workers -1
 no_file "eval: negative --workers" "$work/E.json"
+expect_error "humaneval: zero --memory-mib" "--memory-mib: must be from 1 to" \
+  "$bin" humaneval --problems "$work/none.jsonl" --samples "$work/none.jsonl" --out "$work/H.jsonl" --memory-mib 0
+no_file "humaneval: zero --memory-mib" "$work/H.jsonl"
 
 # sample-debug: a number past double's range is malformed JSON of that file; --steps is bounded.
 echo '[1, 1e999]' >"$work/logits_big.json"
