@@ -34,8 +34,7 @@ std::vector<int32_t> ids_from_json(const json& ids, const std::string& where) {
   std::vector<int32_t> out;
   out.reserve(ids.size());
   for (const auto& v : ids) {
-    if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
-                                                          : v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX))
+    if (!v.is_number_integer() || !json_integer_fits<int32_t>(v) || v.get<int64_t>() < 0)
       fail(where, "ids", "expected non-negative integer token ids, got " + v.dump());
     out.push_back(int32_t(v.get<int64_t>()));
   }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -29,6 +30,14 @@ std::string string_or_empty(const J& j, const std::string& key) {
   if (!j.is_object()) return {};
   const auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->template get<std::string>() : std::string();
+}
+
+// Whether the JSON integer V is a value of the integer type T (read by its own signedness, so
+// that neither 2^64-1 nor -1 passes for the other).
+template <class T, class J>
+bool json_integer_fits(const J& v) {
+  return v.is_number_unsigned() ? std::in_range<T>(v.template get<uint64_t>())
+                                : std::in_range<T>(v.template get<int64_t>());
 }
 
 class JsonReader {
@@ -70,10 +79,7 @@ class JsonReader {
       if (!v.is_number_integer()) fail(file_, field(key), "expected an integer, got " + v.dump());
       // In range of T (nlohmann would wrap -1 to 2^64-1 or truncate 2^32+1 to 1 without a word).
       using L = std::numeric_limits<T>;
-      const int64_t s = v.is_number_unsigned() ? 0 : v.template get<int64_t>();  // signed: may be < 0
-      const bool fits = v.is_number_unsigned() ? v.template get<uint64_t>() <= uint64_t(L::max())
-                                               : s >= int64_t(L::min()) && (s < 0 || uint64_t(s) <= uint64_t(L::max()));
-      if (!fits)
+      if (!json_integer_fits<T>(v))
         fail(file_, field(key), "expected an integer from " + std::to_string(L::min()) + " to " +
                                     std::to_string(L::max()) + ", got " + v.dump());
     } else if constexpr (std::is_floating_point_v<T>) {
