@@ -34,6 +34,9 @@ void run_gsm8k(const Gsm8kArgs& a) {
   if (gold.empty()) fail(a.problems, {}, "no problems");
 
   const auto lines = read_jsonl(a.samples);
+  // A score over no samples (0/0) is a mistake upstream (a wrong path, a generation that wrote
+  // nothing), never a result.
+  if (lines.empty()) fail(a.samples, {}, "no samples");
   AtomicFile f(a.out);
   std::map<std::string, size_t> by_method;
   size_t strict = 0, exact = 0, matches = 0;

@@ -34,6 +34,7 @@ void run_humaneval(const HumanEvalArgs& a) {
   for (const auto& p : problems) by_id[p.task_id] = &p;
 
   const auto lines = read_jsonl(a.samples);
+  if (lines.empty()) fail(a.samples, {}, "no samples");  // (as gsm8k: 0/0 is no result)
   std::vector<Candidate> cands;
   for (const JsonLine& jl : lines) {
     const JsonReader r(jl.value, a.samples, line_field(jl.line));

@@ -18,6 +18,8 @@ atlas::cli::Registrar reg{{
           app.add_option("--out", out, "Manifest file to write (JSON)")->required();
           app.callback([] {
             auto files = atlas::hash_directory(dir, out);
+            // A manifest that pins nothing verifies any directory: refuse it.
+            if (files.empty()) atlas::fail(dir, {}, "no files to pin (hidden and .tmp- files are left out)");
             atlas::json j{{"files", atlas::json::object()}};
             for (const auto& [rel, sha] : files) j["files"][rel] = sha;
             atlas::write_file_atomic(out, j.dump(2) + "\n");

@@ -38,7 +38,19 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // A bad flag is bad input like any other: one line, exit 1 (CLI11's own message is two
+    // lines and exits 1xx), naming the verb whose flags --help lists.
+    std::string verb;
+    for (const CLI::App* sub : app.get_subcommands()) verb = " " + sub->get_name();
+    if (verb.empty()) {  // no verb parsed: a misspelt one reads better than "a subcommand is required"
+      const bool named = argc > 1 && argv[1][0] != '-';
+      std::fprintf(stderr, "atlas: error: %s (atlas --help lists the verbs)\n",
+                   named ? ("unknown verb \"" + std::string(argv[1]) + "\"").c_str() : e.what());
+      return 1;
+    }
+    std::fprintf(stderr, "atlas%s: error: %s (atlas%s --help lists the flags)\n", verb.c_str(), e.what(), verb.c_str());
+    return 1;
   } catch (const atlas::Error& e) {
     std::fprintf(stderr, "atlas: error: %s\n", e.what());
     return 1;

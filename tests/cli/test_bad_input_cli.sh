@@ -9,6 +9,21 @@ tiny_trace_protocol bad_input "$model" "$work/p.toml"
 "$bin" freeze "$work/p.toml" --out "$work/m.json" >/dev/null || { bad "freeze"; finish; }
 echo x >"$work/file"
 
+# Flag parsing (CLI11's errors): one line naming the verb, exit 1 like any other bad input.
+flag_error() {
+  local name="$1" pattern="$2"; shift 2
+  local err rc
+  err="$("$@" 2>&1 >/dev/null)"; rc=$?
+  if [[ $rc -ne 1 || $(wc -l <<<"$err") -ne 1 ]] || ! grep -qE -- "$pattern" <<<"$err"; then
+    bad "$name: exit $rc, '$err' (want exit 1 and one line matching /$pattern/)"
+  else ok "$name ($err)"; fi
+}
+flag_error "bench: a word for --repeat" "^atlas bench: error: --repeat: .*abc" "$bin" bench --model "$model" --repeat abc
+flag_error "trace: an unknown flag" "^atlas trace: error: .*--bogus" "$bin" trace --model "$model" --ids 1 --bogus
+flag_error "an unknown verb" '^atlas: error: unknown verb "tracee"' "$bin" tracee --model "$model"
+flag_error "no verb" "^atlas: error: .*subcommand is required" "$bin"
+"$bin" trace --help >/dev/null || bad "trace --help exited non-zero"
+
 # run: a --backend that does not load leaves no empty journal/ or hidden/ behind; an --out that
 # is a file and a negative --threads are one error each.
 expect_error "run: unknown backend" '--backend: unknown value "tpu"' "$bin" run "$work/m.json" --out "$work/r1" --backend tpu
@@ -53,6 +68,17 @@ no_file "eval: negative --workers" "$work/E.json"
 expect_error "humaneval: zero --memory-mib" "--memory-mib: must be from 1 to" \
   "$bin" humaneval --problems "$work/none.jsonl" --samples "$work/none.jsonl" --out "$work/H.jsonl" --memory-mib 0
 no_file "humaneval: zero --memory-mib" "$work/H.jsonl"
+
+# gsm8k and humaneval: an empty samples file is an error (a 0/0 score is no result).
+: >"$work/empty.jsonl"
+echo '{"question": "2+2?", "answer": "so #### 4"}' >"$work/gsm.jsonl"
+expect_error "gsm8k: no samples" "empty.jsonl: no samples" \
+  "$bin" gsm8k --problems "$work/gsm.jsonl" --samples "$work/empty.jsonl" --out "$work/G.jsonl"
+no_file "gsm8k: no samples" "$work/G.jsonl"
+echo '{"task_id": "T/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n", "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}' >"$work/he.jsonl"
+expect_error "humaneval: no samples" "empty.jsonl: no samples" \
+  "$bin" humaneval --problems "$work/he.jsonl" --samples "$work/empty.jsonl" --out "$work/H.jsonl"
+no_file "humaneval: no samples" "$work/H.jsonl"
 
 # sample-debug: a number past double's range is malformed JSON of that file; --steps is bounded.
 echo '[1, 1e999]' >"$work/logits_big.json"

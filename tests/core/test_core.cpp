@@ -60,6 +60,21 @@ TEST(Json, ErrorsNameFileAndField) {
     EXPECT_NE(std::string(e.what()).find("cfg.json: c.e: missing field"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_json("{bad", "x.json"), Error);
+  // Malformed JSON: the position in the file's words, without the library's exception tag.
+  try {
+    parse_json("{\"a\": 1,\n", "x.json");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("x.json: malformed JSON: line 2, column 1: syntax error"), std::string::npos) << what;
+    EXPECT_EQ(what.find("json.exception"), std::string::npos) << what;
+  }
+  try {
+    parse_json("[1e999]", "big.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("big.json: malformed JSON: "), std::string::npos) << e.what();
+  }
 }
 
 TEST(AtomicFile, LeavesNothingWithoutCommit) {

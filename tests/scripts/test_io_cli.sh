@@ -100,6 +100,10 @@ echo '{"eos_token_id": 7}' >"$tmp/c/generation_config.json"
 must_fail "$tmp/c/generation_config.json" "sha256" -- "$bin" inspect "$tmp/c" --manifest "$tmp/pins.json"
 must_fail "$tmp/no/such" -- "$bin" manifest "$tmp/no/such" --out "$tmp/m2.json"
 [[ -e "$tmp/m2.json" ]] && bad "failed manifest left its output file"
+# A directory with nothing to pin (only hidden files) would give a manifest that verifies anything.
+mkdir -p "$tmp/empty_dir" && : > "$tmp/empty_dir/.hidden"
+must_fail "$tmp/empty_dir" "no files to pin" -- "$bin" manifest "$tmp/empty_dir" --out "$tmp/m3.json"
+[[ -e "$tmp/m3.json" ]] && bad "manifest of an empty directory left its output file"
 
 echo "$fails failed"
 exit $((fails > 0))
