@@ -149,10 +149,25 @@ void run_trace(const TraceArgs& a) {
     trace_one(*model_ptr, ck, a, compute, range, seqs[0], a.dump, a.json_out, true);
     return;
   }
+  // Every output name checked before any work (--out-dir is made below if missing).
+  for (const Sequence& s : seqs)
+    for (const char* ext : {".safetensors", ".json"})
+      if (std::error_code ec; std::filesystem::is_directory(a.out_dir + "/" + s.id + ext, ec))
+        fail(a.out_dir + "/" + s.id + ext, "--out-dir", "is a directory, expected a file name");
   std::filesystem::create_directories(a.out_dir);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const std::string base = a.out_dir + "/" + seqs[i].id;
-    trace_one(*model_ptr, ck, a, compute, range, seqs[i], base + ".safetensors", base + ".json", false);
+    // Each sequence's files are written whole (temp name, rename), so a failure at run time
+    // (out of device memory, say) leaves the sequences before it complete: say which failed.
+    try {
+      trace_one(*model_ptr, ck, a, compute, range, seqs[i], base + ".safetensors", base + ".json", false);
+    } catch (const Error& e) {
+      // Not half a pair: a dump written before its summary failed goes too.
+      for (const char* ext : {".safetensors", ".json"})
+        if (std::error_code ec; std::filesystem::is_regular_file(base + ext, ec)) std::filesystem::remove(base + ext, ec);
+      fail(a.input, "id " + seqs[i].id,
+           std::string(e.what()) + " (sequences before it: " + std::to_string(i) + ", complete in " + a.out_dir + ")");
+    }
     if (progress_enabled()) std::fprintf(stderr, "\rtrace: %zu/%zu sequences", i + 1, seqs.size());
   }
   if (progress_enabled()) std::fprintf(stderr, "\n");

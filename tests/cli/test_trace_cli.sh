@@ -148,6 +148,12 @@ printf '{"id": "a", "ids": [1, 5, 9, 2]}\n{"id": "b", "ids": [7, 3]}\n' >"$work/
 cmp -s "$work/multi/b.safetensors" "$work/b1.safetensors" && ok "--input dump equals the single trace" \
   || bad "--input dump differs from the single trace"
 [[ -s "$work/multi/a.json" && -s "$work/multi/a.safetensors" ]] && ok "--input writes one dump + summary per line" || bad "--input outputs"
+# An output name that is a directory (here the second sequence's summary) is refused before any
+# sequence runs, so no earlier sequence's files are left behind either.
+mkdir -p "$work/blocked/b.json"
+expect_error "--input output name is a directory" "blocked/b.json: --out-dir: is a directory" \
+  "$bin" trace --model "$model" --input "$work/seqs.jsonl" --out-dir "$work/blocked"
+no_file "--input output name is a directory" "$work/blocked/a."
 printf '{"id": "a", "ids": [1]}\n{"id": "a", "ids": [2]}\n' >"$work/dup.jsonl"
 expect_error "duplicate --input id" "dup.jsonl:2: id" "$bin" trace --model "$model" --input "$work/dup.jsonl" --out-dir "$work/zz_out"
 no_file "duplicate --input id" "$work/zz_out"
