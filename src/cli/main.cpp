@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // --help and --version; CLI::RuntimeError is a verb's own verdict exit (audit, compare: 3)
+    if (e.get_exit_code() == 0 || dynamic_cast<const CLI::RuntimeError*>(&e)) return app.exit(e);
     // A bad flag is bad input like any other: one line, exit 1 (CLI11's own message is two
     // lines and exits 1xx), naming the verb whose flags --help lists.
     std::string verb;
