@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/sha256.h"
 
 namespace atlas::decode {
@@ -193,8 +194,12 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
         if (done[r]) want[r] = 0;  // a finished row's logits are never read
       if (opts.progress) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        std::fprintf(stderr, "\rgenerate: rows %zu-%zu of %zu, step %lld, %.1f tok/s   ", start + 1, start + nb,
-                     rows.size(), (long long)step + 1, s > 0 ? double(tokens_done) / s : 0.0);
+        // ETA at most: every live row to max_new_tokens, every later row too (EOS ends rows sooner).
+        const double rate = s > 0 ? double(tokens_done) / s : 0.0;
+        const double left = double(nb - n_done) * double(opts.max_new_tokens - step - 1) +
+                            double(rows.size() - start - nb) * double(opts.max_new_tokens);
+        std::fprintf(stderr, "\rgenerate: rows %zu-%zu of %zu, step %lld, %.1f tok/s, ETA <= %s   ", start + 1,
+                     start + nb, rows.size(), (long long)step + 1, rate, rate > 0 ? format_hms(left / rate).c_str() : "?");
       }
       if (n_done == nb) break;
       bool host_logits = opts.on_logits != nullptr;

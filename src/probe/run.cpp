@@ -12,6 +12,7 @@
 #include "audit/hash_chain.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "core/progress.h"
 #include "core/provenance.h"
 #include "core/sha256.h"
 #include "decode/generate.h"
@@ -390,13 +391,6 @@ ojson manifest_input(const std::string& manifest, const std::string& out_dir) {
   return ojson::array({r});
 }
 
-std::string fmt_eta(double s) {
-  char b[32];
-  const long v = long(s + 0.5);
-  std::snprintf(b, sizeof b, "%ld:%02ld:%02ld", v / 3600, (v / 60) % 60, v % 60);
-  return b;
-}
-
 }  // namespace
 
 RunSummary run_manifest(const RunOptions& o) {
@@ -559,7 +553,7 @@ RunSummary run_manifest(const RunOptions& o) {
       const int64_t have = int64_t(results.size());
       const double rate = cells_run > 0 ? el / double(cells_run) : 0;
       std::fprintf(stderr, "run: cells %lld/%lld  %.0f tok/s  ETA %s\n", (long long)have, (long long)total_cells,
-                   el > 0 ? double(tokens) / el : 0.0, fmt_eta(rate * double(total_cells - have)).c_str());
+                   el > 0 ? double(tokens) / el : 0.0, format_hms(rate * double(total_cells - have)).c_str());
     }
   }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "core/progress.h"
 #include "core/sha256.h"
 
 using namespace atlas;
@@ -75,6 +76,14 @@ TEST(Json, ErrorsNameFileAndField) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("big.json: malformed JSON: "), std::string::npos) << e.what();
   }
+}
+
+TEST(Progress, FormatsSecondsAsHoursMinutesSeconds) {
+  EXPECT_EQ(format_hms(0), "0:00:00");
+  EXPECT_EQ(format_hms(59.4), "0:00:59");
+  EXPECT_EQ(format_hms(59.5), "0:01:00");
+  EXPECT_EQ(format_hms(3725), "1:02:05");
+  EXPECT_EQ(format_hms(-3), "0:00:00");
 }
 
 TEST(AtomicFile, LeavesNothingWithoutCommit) {
