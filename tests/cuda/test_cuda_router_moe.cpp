@@ -390,6 +390,73 @@ TEST_F(Moe, CombineNormInsideQkvEqualsTheCombineThenGemm) {
   gemm_set_combine_norm(-1);
 }
 
+// gemm_combine_norm with k = 0 (session 57): a dense layer's x += y and the next input norm
+// inside the next q|kv_a launch (no routed rows; y the addend) against add_rmsnorm then gemm():
+// the same GEMM output, residual sum (in x_out; x untouched) and normed row, bit for bit, at
+// V2-Lite's dim (eight blocks exchanging squares), 512 and the tiny preset's 64, with the weights
+// staged before the launch-overlap wait or after it. Elements of x and y set to -0 (and to
+// opposite values) check the sum's rounding where a +0 start would differ (-0 + -0 is -0).
+// k = 0 without an addend throws.
+TEST_F(Moe, DenseAddNormInsideQkvEqualsAddRmsNormThenGemm) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  struct Case {
+    int dim, N;
+  };
+  for (const Case c : {Case{2048, 3648}, Case{512, 200}, Case{64, 136}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << c.dim << " N " << c.N);
+    const int dim = c.dim;
+    auto x = random_bf16(size_t(dim), rng), y = random_bf16(size_t(dim), rng);
+    const auto nw = random_bf16(size_t(dim), rng, 0.5f), wq = random_bf16(size_t(c.N) * dim, rng, 0.1f);
+    for (int i = 0; i < 8; ++i) x[size_t(i)] = y[size_t(i)] = 0x8000;  // -0 + -0
+    for (int i = 8; i < 12; ++i) y[size_t(i)] = uint16_t(x[size_t(i)] ^ 0x8000);  // v + -v
+    DevBuf<uint16_t> dy(y), dnw(nw), dwq(wq);
+    struct Out {
+      std::vector<uint16_t> out, x, x_out, h;
+    };
+    const auto run = [&](bool fused, bool early) {
+      DevBuf<uint16_t> dx(x), dh(static_cast<size_t>(dim)), dxo(static_cast<size_t>(dim)), dout(static_cast<size_t>(c.N));
+      const MoeCombineNormArgsT<uint16_t> a{.addend = dy.get(), .x = dx.get(), .weight = dnw.get(), .out = dh.get(),
+                                            .tokens = 1, .k = 0, .dim = dim, .eps = 1e-6f};
+      const GemmArgs g{.x = dh.get(), .w = dwq.get(), .out = dout.get(), .M = 1, .N = c.N, .K = dim};
+      Out o;
+      if (fused) {
+        gemm_set_combine_norm(1);
+        const int64_t before = gemm_combine_residual_launches();
+        EXPECT_TRUE(gemm_combine_norm(g, a, dxo.get(), nullptr, early));
+        EXPECT_EQ(gemm_combine_residual_launches(), before + 1);
+        gemm_set_combine_norm(-1);
+        check_device_errors();
+        o = Out{dout.download(), dx.download(), dxo.download(), dh.download()};
+      } else {
+        add_rmsnorm({.x = dx.get(), .y = dy.get(), .weight = dnw.get(), .out = dh.get(), .rows = 1, .dim = dim,
+                     .eps = 1e-6f});
+        gemm(g);
+        check_device_errors();
+        o = Out{dout.download(), dx.download(), {}, dh.download()};
+      }
+      return o;
+    };
+    const Out want = run(false, false);
+    EXPECT_EQ(want.x[0], 0x8000) << "-0 + -0 is -0 in add_rmsnorm";
+    for (const bool early : {false, true}) {
+      SCOPED_TRACE(early ? "weights before the wait" : "weights after the wait");
+      const Out got = run(true, early);
+      EXPECT_EQ(got.out, want.out) << "q|kv_a output";
+      EXPECT_EQ(got.x_out, want.x) << "residual sum";
+      EXPECT_EQ(got.h, want.h) << "normed row";
+      EXPECT_EQ(got.x, x) << "x written";
+    }
+  }
+  DevBuf<uint16_t> d(size_t(4) * 64), dq(size_t(64) * 64), dxo(64);
+  const MoeCombineNormArgsT<uint16_t> a{.x = d.get(), .weight = d.get() + 64, .out = d.get() + 128, .tokens = 1,
+                                        .k = 0, .dim = 64};
+  const GemmArgs g{.x = a.out, .w = dq.get(), .out = d.get() + 192, .M = 1, .N = 64, .K = 64};
+  gemm_set_combine_norm(1);
+  EXPECT_THROW(gemm_combine_norm(g, a, dxo.get()), Error);  // k = 0 and no addend
+  gemm_set_combine_norm(-1);
+}
+
 TEST_F(Moe, PermutationIsRepeatable) {
   std::mt19937 rng(test_seed());
   const int T = 4096, k = 6, E = 64;
