@@ -1436,12 +1436,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
   const auto flush_pending = [&] {
     if (!pending) return;
     if (pending->unjoined()) join_side();
-    const MoeCombineNormArgsT<Elem>& a = pending->args;
-    if (a.k == 0)  // a dense layer's x += y, h = norm(x) (the launch add_then_norm makes)
-      add_rmsnorm({.x = a.x, .y = a.addend, .weight = a.weight, .out = a.out, .rows = 1, .dim = a.dim, .eps = a.eps,
-                   .stream = s_});
-    else
-      moe_combine_add_rmsnorm(a);
+    moe_combine_add_rmsnorm(pending->args);
     pending.reset();
   };
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
@@ -1507,8 +1502,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
         if (pending) {
           if (pending->event) stream_wait_programmatic(s_, shared_done_);
           combined = gemm_combine_norm(gemm_args({.x = b.h, .w = L.q_kv, .out = b.qkv, .M = M, .N = nh * dq + W, .K = H}),
-                                       pending->args, b.x_alt, pending->ready,
-                                       pending->event || pending->args.k == 0);  // (k = 0: the same stream's dense down before it)
+                                       pending->args, b.x_alt, pending->ready, pending->event);
           if (combined) {
             std::swap(b.x, b.x_alt);  // the residual sum is in x_alt
             pending.reset();
@@ -1718,14 +1712,6 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
     }
     if (!L.moe) mlp(L.dense, M, b.h, b.y, b.gu, b.act, s_);
     hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
-    // A dense layer's add + norm goes into the next q|kv_a launch as an MoE layer's combine does
-    // (k = 0: no routed rows, y the addend; session 57): one launch boundary fewer per step.
-    if (defer && next_norm) {
-      pending.emplace(DeferredCombine{
-          .args = {.y_sorted = nullptr, .pair_slot = nullptr, .topk_weights = nullptr, .addend = b.y, .x = b.x,
-                   .weight = next_norm, .out = b.h, .tokens = 1, .k = 0, .dim = int(H), .eps = eps, .stream = s_}});
-      continue;
-    }
     add_then_norm(names.resid_post, next_norm, l);
   }
   flush_pending();  // (never left: the last layer does not defer)

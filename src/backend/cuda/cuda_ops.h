@@ -993,8 +993,7 @@ void gemm_set_route_tail(int mode);
 // residual sum goes to x_out (c.x is only read: other blocks read it while the sum is stored)
 // and c.out gets the normed row as well. One launch on the cluster config c16x64/4w (one block per
 // 256-wide K slice, the norm's sum of squares exchanged through distributed shared memory), where
-// it can run: one token, one row, bf16, batch-invariant, k <= 8 (k = 0: no routed rows, c.addend
-// the whole y of x += y: a dense layer's MLP output, add_rmsnorm's bits), c.dim = a.K a multiple of 64 of
+// it can run: one token, one row, bf16, batch-invariant, k <= 8, c.dim = a.K a multiple of 64 of
 // at most 2048 (8 slices), 4-byte aligned rows, 16-byte GEMM operands and cluster launch on this
 // GPU. Returns false and launches nothing otherwise (the caller makes the two calls); bad
 // arguments throw.
@@ -1023,7 +1022,6 @@ bool gemm_combine_norm_on();
 int64_t gemm_combine_norm_launches();
 int64_t gemm_combine_flagged_launches();  // (those with a ready flag)
 int64_t gemm_combine_early_launches();    // (those staging their weights early without one)
-int64_t gemm_combine_residual_launches();  // (those with k = 0: a dense layer's residual add + norm)
 // Tests: 1 lets gemm_combine_norm launch, 2 in the flagged form, 3 in the event form, 0 not,
 // -1 (the default) as ATLAS_COMBINE_QKV says.
 void gemm_set_combine_norm(int mode);

@@ -464,7 +464,6 @@ std::atomic<int> combine_norm_override{-1};      // gemm_set_combine_norm (tests
 std::atomic<int64_t> combine_norm_launches{0};   // gemm_combine_norm_launches (tests)
 std::atomic<int64_t> combine_flagged_launches{0};  // ... of them with a ready flag
 std::atomic<int64_t> combine_early_launches{0};    // ... with the weights staged early without one
-std::atomic<int64_t> combine_residual_launches{0};  // ... with no routed rows (k = 0: a dense layer's add)
 std::atomic<int> combine_direct_override{-1};      // gemm_set_combine_direct (tests)
 std::atomic<int64_t> combine_direct_launches{0};   // ... with the routed rows loaded directly
 std::atomic<int64_t> self_routed_launches{0};  // grouped_self_routed_launches (tests)
@@ -2040,16 +2039,14 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
   // Off (the default): nothing to check here, the caller's two calls check their arguments.
   if (!gemm_combine_norm_on()) return false;
   require_gemm_args(a, op);
-  // k = 0: no routed rows, a plain residual add of the addend (a dense layer's MLP output).
-  require((c.k == 0 ? c.addend != nullptr : c.y_sorted && c.pair_slot && c.topk_weights) && c.x && c.weight && c.out &&
-              x_out,
-          op, "pointers", "y_sorted, pair_slot, topk_weights (k = 0: the addend), x, weight, out and x_out must be set");
+  require(c.y_sorted && c.pair_slot && c.topk_weights && c.x && c.weight && c.out && x_out, op, "pointers",
+          "y_sorted, pair_slot, topk_weights, x, weight, out and x_out must be set");
   require(x_out != c.x && x_out != c.out && c.out != c.x, op, "x_out", "x, out and x_out must not alias");
   require(a.x == c.out, op, "x", "the GEMM must read the norm's output");
   const auto a4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
   if (a.mode != GemmMode::batch_invariant || a.M != 1 || a.batch != 1 || a.gated != 0 || a.out_type != OutType::bf16 ||
-      c.tokens != 1 || c.k < 0 || c.k > kern::kCombineStageK || c.dim != a.K || a.K % 64 != 0 ||
-      a.K > kern::kWideDim || (c.k > 0 && !a4(c.y_sorted)) || !a4(c.x) || !a4(c.weight) || !a4(x_out) ||
+      c.tokens != 1 || c.k < 1 || c.k > kern::kCombineStageK || c.dim != a.K || a.K % 64 != 0 ||
+      a.K > kern::kWideDim || !a4(c.y_sorted) || !a4(c.x) || !a4(c.weight) || !a4(x_out) ||
       (c.addend && !a4(c.addend)))
     return false;
   const auto [xs, ws, os] = row_strides(a);
@@ -2086,14 +2083,12 @@ bool gemm_combine_norm(const GemmArgs& a, const MoeCombineNormArgsT<uint16_t>& c
   ++combine_norm_launches;
   if (direct) ++combine_direct_launches;
   if (ready) ++combine_flagged_launches;
-  if (weights_early && !ready && c.k > 0) ++combine_early_launches;
-  if (c.k == 0) ++combine_residual_launches;
+  if (weights_early && !ready) ++combine_early_launches;
   return true;
 }
 int64_t gemm_combine_norm_launches() { return combine_norm_launches.load(); }
 int64_t gemm_combine_flagged_launches() { return combine_flagged_launches.load(); }
 int64_t gemm_combine_early_launches() { return combine_early_launches.load(); }
-int64_t gemm_combine_residual_launches() { return combine_residual_launches.load(); }
 void gemm_set_combine_norm(int mode) { combine_norm_override.store(mode < 0 ? -1 : std::min(mode, 3)); }
 void gemm_set_streamk(int mode) { streamk_override.store(mode < 0 ? -1 : std::min(mode, 3)); }
 void gemm_set_streamk_grid(int blocks) { streamk_grid.store(std::max(blocks, 0)); }

@@ -786,12 +786,6 @@ TEST_F(CudaTiny, RouteClusterGivesTheSameBits) {
 TEST_F(CudaTiny, CombineInsideQkvGivesTheSameBits) {
   tails_give_the_same_bits(*ck_, cuda::gemm_set_combine_norm, cuda::gemm_combine_norm_launches, "combine-in-q|kv_a");
 }
-// The dense layer 0's add + norm inside layer 1's q|kv_a launch (k = 0: no routed rows, session
-// 57; on wherever ATLAS_COMBINE_QKV is): the same logits with it on and off, and it ran.
-TEST_F(CudaTiny, DenseAddInsideQkvGivesTheSameBits) {
-  tails_give_the_same_bits(*ck_, cuda::gemm_set_combine_norm, cuda::gemm_combine_residual_launches,
-                           "dense add-in-q|kv_a");
-}
 // ... and in its flagged form (ATLAS_COMBINE_QKV=flag): the side stream not joined before that
 // launch, which polls the layer's flag raised after the shared experts instead.
 TEST_F(CudaTiny, FlaggedCombineInsideQkvGivesTheSameBits) {

@@ -32,7 +32,7 @@
 namespace atlas::cuda::kern {
 
 // kK: the router's k where known at compile time (6: V2-Lite's), 0: k <= kCombineStageK at run
-// time (predicated; k = 0: no routed rows, x + addend: a dense layer's residual add, session 57).
+// time (predicated).
 // kDirect (ATLAS_COMBINE_DIRECT): one token's k pairs are rows 0..k-1 of ys whatever the slots
 // say (the permutation of one token's k distinct experts), so load() issues those rows beside the
 // slots and weights, one round after the wait, and picks slot q's row from registers by selects
@@ -154,11 +154,7 @@ struct CombineNormPrologue {
         acc1 += l.wt[q] * l.yq[q].y;
       }
     const bool add = addend != nullptr;
-    // k = 0 (kK = 0 only): no routed rows, x + addend as add_rmsnorm rounds it. Not through
-    // combine_residual_bf16, whose bf16(+0 + a) would turn an addend of -0 into +0.
-    const bool plain = kK == 0 && k == 0;
-    const float v0 = plain ? round_as<uint16_t>(xv.x + av.x) : combine_residual_bf16(acc0, av.x, xv.x, add);
-    const float v1 = plain ? round_as<uint16_t>(xv.y + av.y) : combine_residual_bf16(acc1, av.y, xv.y, add);
+    const float v0 = combine_residual_bf16(acc0, av.x, xv.x, add), v1 = combine_residual_bf16(acc1, av.y, xv.y, add);
     const float2 sq2 = make_float2(v0 * v0, v1 * v1);  // the products rmsnorm_row adds
     if (in) *reinterpret_cast<float2*>(sq + i0) = sq2;
     if (C > 1) {
