@@ -45,9 +45,11 @@ int main(int argc, char** argv) {
     std::string verb;
     for (const CLI::App* sub : app.get_subcommands()) verb = " " + sub->get_name();
     if (verb.empty()) {  // no verb parsed: a misspelt one reads better than "a subcommand is required"
-      const bool named = argc > 1 && argv[1][0] != '-';
-      std::fprintf(stderr, "atlas: error: %s (atlas --help lists the verbs)\n",
-                   named ? ("unknown verb \"" + std::string(argv[1]) + "\"").c_str() : e.what());
+      const std::string first = argc > 1 ? argv[1] : "";
+      const std::string what = first.empty()    ? std::string(e.what())
+                               : first[0] == '-' ? "unknown option \"" + first + "\" before the verb"
+                                                 : "unknown verb \"" + first + "\"";
+      std::fprintf(stderr, "atlas: error: %s (atlas --help lists the verbs)\n", what.c_str());
       return 1;
     }
     std::fprintf(stderr, "atlas%s: error: %s (atlas%s --help lists the flags)\n", verb.c_str(), e.what(), verb.c_str());

@@ -22,6 +22,7 @@ flag_error "bench: a word for --repeat" "^atlas bench: error: --repeat: .*abc" "
 flag_error "trace: an unknown flag" "^atlas trace: error: .*--bogus" "$bin" trace --model "$model" --ids 1 --bogus
 flag_error "an unknown verb" '^atlas: error: unknown verb "tracee"' "$bin" tracee --model "$model"
 flag_error "no verb" "^atlas: error: .*subcommand is required" "$bin"
+flag_error "an option and no verb" '^atlas: error: unknown option "--bogus" before the verb' "$bin" --bogus
 "$bin" trace --help >/dev/null || bad "trace --help exited non-zero"
 
 # run: a --backend that does not load leaves no empty journal/ or hidden/ behind; an --out that
