@@ -149,11 +149,10 @@ void run_trace(const TraceArgs& a) {
     trace_one(*model_ptr, ck, a, compute, range, seqs[0], a.dump, a.json_out, true);
     return;
   }
-  // Every output name checked before any work (--out-dir is made below if missing).
-  for (const Sequence& s : seqs)
-    for (const char* ext : {".safetensors", ".json"})
-      if (std::error_code ec; std::filesystem::is_directory(a.out_dir + "/" + s.id + ext, ec))
-        fail(a.out_dir + "/" + s.id + ext, "--out-dir", "is a directory, expected a file name");
+  // Every output name checked before any work (a missing --out-dir, made below, holds none).
+  if (std::error_code ec; std::filesystem::is_directory(a.out_dir, ec))
+    for (const Sequence& s : seqs)
+      for (const char* ext : {".safetensors", ".json"}) check_output_file("--out-dir", a.out_dir + "/" + s.id + ext);
   std::filesystem::create_directories(a.out_dir);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const std::string base = a.out_dir + "/" + seqs[i].id;
