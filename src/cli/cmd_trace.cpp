@@ -12,6 +12,7 @@
 #include "core/provenance.h"
 #include "core/sha256.h"
 #include "io/checkpoint.h"
+#include "model/intervene.h"
 #include "model/loader.h"
 #include "model/trace.h"
 
@@ -21,6 +22,7 @@ namespace {
 struct TraceArgs {
   std::string backend = "cpu", model, ids, text, input, out_dir, compute = "f32", layers, dump, json_out, manifest,
       attention = "expanded";
+  std::vector<std::string> intervene, record;
   int device = 0;
   int threads = 0;
 };
@@ -45,11 +47,13 @@ struct Sequence {
 
 // One forward of one sequence; writes its dump and/or JSON summary.
 void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Compute compute, const LayerRange& range,
-               const Sequence& seq, const std::string& dump, const std::string& json_out, bool print) {
+               Interventions& edits, const Sequence& seq, const std::string& dump, const std::string& json_out,
+               bool print) {
   RuntimeClock clock;
   const std::vector<int32_t>& ids = seq.ids;
-  TraceRecorder rec(model);
+  TraceRecorder rec(model, {.record = a.record});
   Hooks hooks;
+  edits.attach(hooks);  // tensor observers: the recorders (readers) see the edited values
   rec.attach(hooks);
   const int64_t T = int64_t(ids.size());
   std::vector<int32_t> pos(static_cast<size_t>(T));
@@ -57,6 +61,7 @@ void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Com
   std::vector<uint8_t> mask(static_cast<size_t>(T), 1);
   const AttentionForm form = a.attention == "absorbed" ? AttentionForm::Absorbed : AttentionForm::Expanded;
   model.forward({.batch = 1, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .attention = form}, &hooks);
+  edits.check_fired();
 
   ojson summary = rec.summary();
   ojson art;
@@ -75,19 +80,26 @@ void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Com
   art["input"] = {{"ids", ids}, {"tokens", T}, {"prompt_sha256", ids_sha256(ids)}};
   if (!seq.id.empty()) art["input"]["id"] = seq.id;
   if (!seq.text.empty()) art["input"]["text"] = seq.text;
+  // Edits change what every later field means: recorded beside the input, absent when none.
+  if (!edits.empty()) art["interventions"] = edits.to_json();
   art["stages"] = summary["stages"];
   art["gates"] = summary["gates"];
   if (summary.contains("logits")) art["logits"] = summary["logits"];
+  if (summary.contains("recorded")) art["recorded"] = summary["recorded"];
   art["runtime"] = runtime_section(clock);
 
   if (!dump.empty()) {
-    write_safetensors(dump, rec.tensors(),
-                      {{"format", "atlas.trace"}, {"compute", compute_name(compute)}, {"prompt_sha256", ids_sha256(ids)}});
+    std::map<std::string, std::string> meta{
+        {"format", "atlas.trace"}, {"compute", compute_name(compute)}, {"prompt_sha256", ids_sha256(ids)}};
+    if (!edits.empty()) meta["interventions"] = edits.to_json().dump();
+    write_safetensors(dump, rec.tensors(), meta);
   }
   if (!json_out.empty()) write_file_atomic(json_out, art.dump(2) + "\n");
   if (!print) return;
-  std::printf("trace: %lld tokens, %zu hidden stages, %zu gates, compute %s\n", (long long)T,
-              summary["stages"].size(), summary["gates"].size(), compute_name(compute).c_str());
+  std::printf("trace: %lld tokens, %zu hidden stages, %zu gates, compute %s", (long long)T, summary["stages"].size(),
+              summary["gates"].size(), compute_name(compute).c_str());
+  if (!edits.empty()) std::printf(", %zu interventions", edits.list().size());
+  std::printf("\n");
   if (!summary["stages"].empty()) {
     const auto& last = summary["stages"].back();
     std::printf("last stage %s: l2 %.6g  sha256 %s\n", last["name"].get<std::string>().c_str(),
@@ -142,11 +154,15 @@ void run_trace(const TraceArgs& a) {
     check_ids(s.ids, cfg0, "--ids");
     seqs.push_back(std::move(s));
   }
+  // Edits and recorded hooks are checked against the model and every sequence before the load.
+  Interventions edits(a.intervene, cfg0, range, range.is_full(cfg0));
+  for (const Sequence& s : seqs) edits.check_tokens(int64_t(s.ids.size()), s.id.empty() ? "--ids" : a.input + ": id " + s.id);
+  check_record_patterns(a.record, cfg0, range);
 
   Checkpoint ck = Checkpoint::open(a.model, {.layers = range, .manifest_path = a.manifest});
   auto model_ptr = load_model(ck, {.backend = a.backend, .compute = compute, .device = a.device});
   if (a.input.empty()) {
-    trace_one(*model_ptr, ck, a, compute, range, seqs[0], a.dump, a.json_out, true);
+    trace_one(*model_ptr, ck, a, compute, range, edits, seqs[0], a.dump, a.json_out, true);
     return;
   }
   // Every output name checked before any work (a missing --out-dir, made below, holds none).
@@ -159,7 +175,7 @@ void run_trace(const TraceArgs& a) {
     // Each sequence's files are written whole (temp name, rename), so a failure at run time
     // (out of device memory, say) leaves the sequences before it complete: say which failed.
     try {
-      trace_one(*model_ptr, ck, a, compute, range, seqs[i], base + ".safetensors", base + ".json", false);
+      trace_one(*model_ptr, ck, a, compute, range, edits, seqs[i], base + ".safetensors", base + ".json", false);
     } catch (const Error& e) {
       // Not half a pair: a dump written before its summary failed goes too.
       for (const char* ext : {".safetensors", ".json"})
@@ -195,6 +211,13 @@ Registrar reg{{
           app.add_option("--layers", a.layers, "Run layers A-B only (A must be 0), e.g. 0-6");
           app.add_option("--dump", a.dump, "Write the traced tensors to this safetensors file");
           app.add_option("--json", a.json_out, "Write the trace summary (stats and SHA-256 per stage/gate)");
+          app.add_option("--intervene", a.intervene,
+                         "Edit a hook during the pass (repeatable, applied in order): TARGET[@TOKENS]=ACTION, "
+                         "e.g. blocks.3.hook_resid_post@5=patch:clean.safetensors, blocks.2.moe.experts.7=route-out "
+                         "(docs/trace.md, Interventions)");
+          app.add_option("--record", a.record,
+                         "Also dump these hooks under their own names (repeatable; exact names or globs, e.g. "
+                         "'blocks.*.attn.hook_out')");
           app.add_option("--manifest", a.manifest, "Verify checkpoint files against this SHA-256 manifest");
           app.add_option("--threads", a.threads, "CPU threads (0 = all); results do not depend on it");
           app.callback([] { run_trace(a); });

@@ -27,14 +27,6 @@ bool digestible(const HookInfo& h) { return h.dtype == "F32" && h.shape.rfind("[
        "digests are defined only for [B,T,...] F32 hooks (per-token SHA-256 of the float32 values); " + what);
 }
 
-// The catalog entry of a concrete hook name (null for names outside the catalog).
-const HookInfo* find_hook(std::string_view name) {
-  const std::string t = layer_template(name);
-  for (const auto& h : hook_catalog())
-    if (h.name == t) return &h;
-  return nullptr;
-}
-
 // Before digesting a fired hook: known hooks by their catalog entry, others by what they hold.
 void check_digestible(std::string_view name, DType dtype, size_t rank) {
   if (const HookInfo* h = find_hook(name); h && !digestible(*h))
@@ -44,6 +36,13 @@ void check_digestible(std::string_view name, DType dtype, size_t rank) {
 }
 
 }  // namespace
+
+const HookInfo* find_hook(std::string_view name) {
+  const std::string t = layer_template(name);
+  for (const auto& h : hook_catalog())
+    if (h.name == t) return &h;
+  return nullptr;
+}
 
 std::span<const uint8_t> HookDigests::row(int64_t b, int64_t a, int64_t e) const {
   if (b < 0 || b >= rows || a < 0 || a > e || e > tokens)

@@ -129,6 +129,9 @@ struct HookInfo {
   std::string when;   // what the value is and when it fires
 };
 const std::vector<HookInfo>& hook_catalog();
+// The catalog entry of a concrete hook name ("blocks.3.attn.hook_q" -> blocks.{L}.attn.hook_q's),
+// null for names outside the catalog.
+const HookInfo* find_hook(std::string_view name);
 
 // Per-layer hook names, built once per layer so the forward pass does not format strings.
 struct LayerHookNames {

@@ -5,6 +5,7 @@
 
 #include "core/sha256.h"
 #include "model/digest.h"
+#include "model/intervene.h"
 
 namespace atlas {
 
@@ -36,6 +37,8 @@ void TraceRecorder::attach(Hooks& hooks) {
       hooks.add_reader(n.topk_weights, [this, ls](const HookTensor& t) { keep("router." + ls + ".topk_weights", t); });
     }
   }
+  for (const std::string& pattern : opts_.record)
+    hooks.add_reader(pattern, [this](const HookTensor& t) { keep(std::string(t.name), t); });
   if (model_.has_head()) {
     hooks.add_reader("final_norm", [this, n_layers](const HookTensor& t) { keep("hidden." + std::to_string(n_layers + 1), t); });
     if (opts_.keep_logits) hooks.add_reader("logits", [this](const HookTensor& t) { keep("logits", t); });
@@ -70,7 +73,28 @@ std::vector<TensorToWrite> TraceRecorder::tensors() const {
   }
   for (int64_t l = L.first; l <= L.last; ++l) add("mla." + std::to_string(l) + ".latent");
   add("logits");
+  for (const std::string& h : recorded_names())
+    if (h != "logits") add(h);  // (the standard dump's logits are the hook's own name)
   return out;
+}
+
+std::vector<std::string> TraceRecorder::recorded_names() const {
+  std::vector<std::string> out;
+  if (opts_.record.empty()) return out;
+  // By the patterns, not by what is stored: "logits" is also the standard dump's name.
+  for (const std::string& h : fired_hook_names(model_.config(), model_.layers()))
+    if (find(h) && std::any_of(opts_.record.begin(), opts_.record.end(), [&](const std::string& p) { return glob_match(p, h); }))
+      out.push_back(h);
+  return out;
+}
+
+void check_record_patterns(const std::vector<std::string>& patterns, const ModelConfig& cfg, const LayerRange& layers) {
+  const std::vector<std::string> fired = fired_hook_names(cfg, layers);
+  for (const std::string& p : patterns)
+    if (std::none_of(fired.begin(), fired.end(), [&](const std::string& h) { return glob_match(p, h); }))
+      fail("--record '" + p + "'", {},
+           "matches no hook this run fires (atlas hooks lists them; layers " + std::to_string(layers.first) + "-" +
+               std::to_string(layers.last) + ")");
 }
 
 ojson tensor_stats(const std::vector<float>& v, const std::vector<int64_t>& shape) {
@@ -146,6 +170,18 @@ ojson TraceRecorder::summary() const {
   out["stages"] = std::move(stages);
   out["gates"] = std::move(gates);
   if (const Stored* lg = find("logits")) out["logits"] = tensor_stats(lg->f32, lg->shape);
+  if (!opts_.record.empty()) {
+    ojson rec = ojson::array();
+    for (const std::string& h : recorded_names()) {
+      const Stored* st = find(h);
+      rec.push_back({{"hook", h},
+                     {"shape", st->shape},
+                     {"dtype", std::string(dtype_name(st->dtype))},
+                     {"sha256", st->dtype == DType::I32 ? sha256_hex(st->i32.data(), st->i32.size() * 4)
+                                                        : sha256_hex(st->f32.data(), st->f32.size() * 4)}});
+    }
+    out["recorded"] = std::move(rec);
+  }
   return out;
 }
 

@@ -5,8 +5,10 @@
 // TraceRecorder subscribes to the model's hooks, keeps copies, and produces
 //  - tensors(): the --dump tensors, named  hidden.{s}  router.{l}.logits|topk_ids|topk_weights
 //    mla.{l}.latent  logits  (see docs/trace.md for shapes);
+//    and any hooks TraceOptions::record names, under the hook's own name;
 //  - summary(): per stage shape/dtype/mean/std/min/max/L2 and the stage hash (model/digest.h),
-//    per gate SHA-256 of the ordered ids and of the weights, and per-expert load and weighted load.
+//    per gate SHA-256 of the ordered ids and of the weights, and per-expert load and weighted load;
+//    per recorded hook its shape, dtype and SHA-256.
 #pragma once
 
 #include <map>
@@ -23,7 +25,13 @@ namespace atlas {
 struct TraceOptions {
   bool keep_logits = true;   // logits are [T, V]: large for the real vocabulary
   bool keep_latents = true;
+  // Further hooks to keep under their own names (exact names or globs; `atlas trace --record`),
+  // after the standard tensors in firing order.
+  std::vector<std::string> record;
 };
+
+// Each --record pattern must match a hook this run fires (errors name the pattern).
+void check_record_patterns(const std::vector<std::string>& patterns, const ModelConfig& cfg, const LayerRange& layers);
 
 class TraceRecorder {
  public:
@@ -42,6 +50,8 @@ class TraceRecorder {
     std::vector<int32_t> i32;
   };
   const Stored* find(const std::string& dump_name) const;
+  // The hooks kept for TraceOptions::record, in firing order.
+  std::vector<std::string> recorded_names() const;
 
  private:
   void keep(const std::string& dump_name, const HookTensor& t);

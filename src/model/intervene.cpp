@@ -1,0 +1,368 @@
+#include "model/intervene.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "core/sha256.h"
+#include "io/safetensors.h"
+
+namespace atlas {
+
+namespace {
+
+constexpr std::string_view kExperts = ".moe.experts.";
+
+bool parse_int(std::string_view s, int64_t& out) {
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// "blocks.12.attn.hook_q" -> 12; -1 for global hooks.
+int64_t layer_of(std::string_view name) {
+  constexpr std::string_view p = "blocks.";
+  if (name.substr(0, p.size()) != p) return -1;
+  const size_t dot = name.find('.', p.size());
+  int64_t l = -1;
+  if (dot == std::string_view::npos || !parse_int(name.substr(p.size(), dot - p.size()), l)) return -1;
+  return l;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  size_t a = 0;
+  for (size_t b; (b = s.find(sep, a)) != std::string_view::npos; a = b + 1) out.push_back(s.substr(a, b - a));
+  out.push_back(s.substr(a));
+  return out;
+}
+
+bool is_moe_hook(std::string_view templ) {
+  return templ.find(".moe.") != std::string_view::npos;
+}
+
+}  // namespace
+
+std::vector<int64_t> hook_token_shape(std::string_view hook, const ModelConfig& c) {
+  const HookInfo* h = find_hook(hook);
+  if (!h) fail("hook " + std::string(hook), {}, "unknown hook (atlas hooks lists them)");
+  const std::string& t = h->name;
+  const auto ends = [&](std::string_view s) { return t.size() >= s.size() && t.compare(t.size() - s.size(), s.size(), s) == 0; };
+  if (ends("attn.hook_pattern"))
+    fail("hook " + std::string(hook), {}, "is [B,heads,T,Tk], not a per-token [B,T,...] tensor");
+  if (ends("attn.hook_q")) return {c.num_attention_heads, c.q_head_dim()};
+  if (ends("attn.hook_latent") || ends("attn.hook_latent_normed")) return {c.latent_dim()};
+  if (ends("moe.hook_router_logits")) return {c.n_routed_experts};
+  if (ends("moe.hook_topk_ids") || ends("moe.hook_topk_weights")) return {c.num_experts_per_tok};
+  if (t == "logits") return {c.vocab_size};
+  return {c.hidden_size};  // every other hook is [B,T,H] (the catalog says so)
+}
+
+std::vector<std::string> fired_hook_names(const ModelConfig& c, const LayerRange& layers) {
+  std::vector<std::string> out{"embed"};
+  for (int64_t l = layers.first; l <= layers.last; ++l)
+    for (const HookInfo& h : hook_catalog()) {
+      if (h.name.rfind("blocks.{L}.", 0) != 0) continue;
+      if (is_moe_hook(h.name) && !c.is_moe_layer(l)) continue;
+      if (h.name.find("hook_shared_out") != std::string::npos && c.n_shared_experts == 0) continue;
+      out.push_back("blocks." + std::to_string(l) + h.name.substr(10));
+    }
+  if (layers.last == c.num_hidden_layers - 1) out.insert(out.end(), {"final_norm", "logits"});
+  return out;
+}
+
+std::string trace_dump_name(std::string_view hook, const ModelConfig& c) {
+  const std::string h(hook);
+  if (h == "embed") return "hidden.0";
+  if (h == "final_norm") return "hidden." + std::to_string(c.num_hidden_layers + 1);
+  if (h == "logits") return "logits";
+  const int64_t l = layer_of(h);
+  if (l < 0) return "";
+  const std::string p = "blocks." + std::to_string(l) + ".";
+  if (h == p + "hook_resid_post") return "hidden." + std::to_string(l + 1);
+  if (h == p + "attn.hook_latent") return "mla." + std::to_string(l) + ".latent";
+  for (const char* r : {"logits", "topk_ids", "topk_weights"}) {
+    const std::string suffix = std::string(r) == "logits" ? "router_logits" : r;
+    if (h == p + "moe.hook_" + suffix) return "router." + std::to_string(l) + "." + r;
+  }
+  return "";
+}
+
+Interventions::Interventions(const std::vector<std::string>& specs, const ModelConfig& cfg, const LayerRange& layers,
+                             bool has_head)
+{
+  for (const std::string& spec : specs) {
+    const std::string where = "--intervene '" + spec + "'";
+    const auto bad = [&](const std::string& what) -> void { fail(where, {}, what); };
+    Intervention iv{.spec = spec};
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) bad("expected TARGET[@TOKENS]=ACTION");
+    std::string_view target = std::string_view(spec).substr(0, eq);
+    const std::string_view action = std::string_view(spec).substr(eq + 1);
+    if (const size_t at = target.find('@'); at != std::string_view::npos) {
+      const std::string_view list = target.substr(at + 1);
+      target = target.substr(0, at);
+      for (std::string_view item : split(list, ',')) {
+        const size_t dash = item.find('-', 1);
+        int64_t a = -1, b = -1;
+        const bool ok = dash == std::string_view::npos
+                            ? parse_int(item, a) && (b = a, true)
+                            : parse_int(item.substr(0, dash), a) && parse_int(item.substr(dash + 1), b);
+        if (!ok || a < 0 || b < a)
+          bad("token list \"" + std::string(list) + "\": expected N or A-B (A <= B, from 0), comma-separated");
+        if (b - a > (int64_t(1) << 24)) bad("token range " + std::string(item) + " is too long");
+        for (int64_t t = a; t <= b; ++t) iv.tokens.push_back(t);
+      }
+      std::sort(iv.tokens.begin(), iv.tokens.end());
+      iv.tokens.erase(std::unique(iv.tokens.begin(), iv.tokens.end()), iv.tokens.end());
+    }
+    const std::string tname(target);
+    iv.layer = layer_of(tname);
+    if (iv.layer >= 0 && !layers.contains(iv.layer))
+      bad("layer " + std::to_string(iv.layer) + " is not run (layers " + std::to_string(layers.first) + "-" +
+          std::to_string(layers.last) + ")");
+
+    if (const size_t ex = tname.find(kExperts); iv.layer >= 0 && ex != std::string::npos) {
+      // Routed experts of one MoE layer.
+      if (tname.substr(0, ex) != "blocks." + std::to_string(iv.layer)) bad("expected blocks.L.moe.experts.E[,E...]");
+      if (!cfg.is_moe_layer(iv.layer)) bad("layer " + std::to_string(iv.layer) + " is dense: it has no routed experts");
+      for (std::string_view e : split(std::string_view(tname).substr(ex + kExperts.size()), ',')) {
+        int64_t v = -1;
+        if (!parse_int(e, v) || v < 0 || v >= cfg.n_routed_experts)
+          bad("expert \"" + std::string(e) + "\": expected an expert id 0-" + std::to_string(cfg.n_routed_experts - 1));
+        iv.experts.push_back(int32_t(v));
+      }
+      std::sort(iv.experts.begin(), iv.experts.end());
+      iv.experts.erase(std::unique(iv.experts.begin(), iv.experts.end()), iv.experts.end());
+      const LayerHookNames n(iv.layer);
+      if (action == "zero") {
+        iv.action = InterventionAction::ExpertsZero;
+        iv.hook = n.topk_weights;
+      } else if (action == "route-out") {
+        iv.action = InterventionAction::ExpertsRouteOut;
+        iv.hook = n.router_logits;
+        // The top-k must still find k experts with a non-zero score in whichever groups it keeps
+        // (group-limited greedy: the topk_group best groups; a group of routed-out experts only
+        // scores 0): the fewest the kept groups can hold is the sum of the smallest counts.
+        const bool grouped = cfg.topk_method == TopkMethod::GroupLimitedGreedy;
+        const int64_t G = grouped ? cfg.n_group : 1, kept = grouped ? cfg.topk_group : 1, per = cfg.n_routed_experts / G;
+        std::vector<int64_t> left(static_cast<size_t>(G), per);
+        for (int32_t e : iv.experts) --left[size_t(e / per)];
+        std::erase(left, 0);
+        std::sort(left.begin(), left.end());
+        int64_t fewest = 0;
+        for (int64_t g = 0; g < kept && g < int64_t(left.size()); ++g) fewest += left[size_t(g)];
+        if (int64_t(left.size()) < kept || fewest < cfg.num_experts_per_tok)
+          bad("routing out " + std::to_string(iv.experts.size()) + " of " + std::to_string(cfg.n_routed_experts) +
+              " experts can leave fewer than k = " + std::to_string(cfg.num_experts_per_tok) +
+              " to choose from" + (grouped ? " in the kept groups" : ""));
+      } else {
+        bad("unknown action \"" + std::string(action) + "\" for experts (expected zero or route-out)");
+      }
+      list_.push_back(std::move(iv));
+      continue;
+    }
+
+    // A hook.
+    const HookInfo* info = find_hook(tname);
+    if (!info) bad("unknown hook \"" + tname + "\" (atlas hooks lists them; routed experts: blocks.L.moe.experts.E)");
+    if (tname.find("{L}") != std::string::npos || (info->name.rfind("blocks.", 0) == 0 && iv.layer < 0))
+      bad("name a concrete layer: blocks.3" + info->name.substr(10) + ", not " + info->name);
+    if (info->name.find("attn.hook_pattern") != std::string::npos)
+      bad("attn.hook_pattern is read-only (the attention has already used its weights)");
+    if (is_moe_hook(info->name) && !cfg.is_moe_layer(iv.layer))
+      bad("layer " + std::to_string(iv.layer) + " is dense: " + info->name.substr(info->name.find(".moe.") + 1) +
+          " does not fire there");
+    if (info->name.find("hook_shared_out") != std::string::npos && cfg.n_shared_experts == 0)
+      bad("the model has no shared experts");
+    if ((tname == "final_norm" || tname == "logits") && !has_head)
+      bad(tname + " fires only when the run reaches the last layer");
+    iv.hook = tname;
+    const bool ids = info->dtype == "I32";
+    if (action == "zero") {
+      iv.action = InterventionAction::Zero;
+    } else if (action.rfind("scale:", 0) == 0) {
+      iv.action = InterventionAction::Scale;
+      const std::string f(action.substr(6));
+      char* end = nullptr;
+      iv.factor = std::strtod(f.c_str(), &end);
+      if (f.empty() || end != f.c_str() + f.size() || !std::isfinite(iv.factor))
+        bad("scale factor \"" + f + "\" is not a finite number");
+    } else if (action.rfind("patch:", 0) == 0) {
+      iv.action = InterventionAction::Patch;
+      iv.source_path = std::string(action.substr(6));
+      if (iv.source_path.empty()) bad("patch: needs a safetensors file");
+      iv.source = SafetensorsFile::open(iv.source_path);
+      const std::string dump = trace_dump_name(tname, cfg);
+      const TensorView* tv = iv.source->find(tname);
+      if (!tv && !dump.empty()) tv = iv.source->find(dump);
+      if (!tv)
+        fail(iv.source_path, {},
+             "no tensor \"" + tname + "\"" + (dump.empty() ? "" : " or \"" + dump + "\"") + " to patch " + tname + " from");
+      iv.source_tensor = tv->name;
+      const std::vector<int64_t> per = hook_token_shape(tname, cfg);
+      std::vector<int64_t> want{-1};
+      want.insert(want.end(), per.begin(), per.end());
+      bool shape_ok = tv->shape.size() == want.size();
+      for (size_t i = 1; shape_ok && i < want.size(); ++i) shape_ok = tv->shape[i] == want[i];
+      const auto show = [](const std::vector<int64_t>& s) {
+        std::string r = "[";
+        for (size_t i = 0; i < s.size(); ++i) {
+          if (i) r += ',';
+          r += s[i] < 0 ? std::string("T") : std::to_string(s[i]);
+        }
+        r += ']';
+        return r;
+      };
+      if (!shape_ok)
+        fail(iv.source_path, iv.source_tensor, "shape " + show(tv->shape) + ", expected " + show(want) + " for " + tname);
+      const DType need = ids ? DType::I32 : DType::F32;
+      if (tv->dtype != need)
+        fail(iv.source_path, iv.source_tensor,
+             "dtype " + std::string(dtype_name(tv->dtype)) + ", expected " + std::string(dtype_name(need)) + " for " + tname);
+      if (!ids) {
+        const float* v = reinterpret_cast<const float*>(tv->data);
+        for (int64_t i = 0; i < tv->numel(); ++i)
+          if (!std::isfinite(v[i])) fail(iv.source_path, iv.source_tensor, "holds a non-finite value at element " + std::to_string(i));
+      } else {
+        const int32_t* v = reinterpret_cast<const int32_t*>(tv->data);
+        for (int64_t i = 0; i < tv->numel(); ++i)
+          if (v[i] < 0 || v[i] >= cfg.n_routed_experts)
+            fail(iv.source_path, iv.source_tensor, "expert id " + std::to_string(v[i]) + " at element " + std::to_string(i) +
+                                                       " (valid: 0-" + std::to_string(cfg.n_routed_experts - 1) + ")");
+      }
+      iv.source_sha256 = sha256_file(iv.source_path);
+    } else {
+      bad("unknown action \"" + std::string(action) + "\" (expected zero, scale:F or patch:FILE)");
+    }
+    if (ids && iv.action != InterventionAction::Patch)
+      bad(tname + " holds expert ids: only patch:FILE applies (blocks.L.moe.experts.E=zero|route-out edit experts)");
+    list_.push_back(std::move(iv));
+  }
+}
+
+void Interventions::check_tokens(int64_t T, const std::string& where) const {
+  for (const Intervention& iv : list_) {
+    if (!iv.tokens.empty() && iv.tokens.back() >= T)
+      fail(where, {}, "--intervene '" + iv.spec + "': token " + std::to_string(iv.tokens.back()) + " is outside the " +
+                          std::to_string(T) + " tokens");
+    if (iv.action != InterventionAction::Patch) continue;
+    const int64_t Ts = iv.source->find(iv.source_tensor)->shape[0];
+    if (iv.tokens.empty() ? Ts != T : Ts <= iv.tokens.back())
+      fail(where, {},
+           "--intervene '" + iv.spec + "': " + iv.source_path + " " + iv.source_tensor + " holds " + std::to_string(Ts) +
+               " tokens; " + (iv.tokens.empty() ? "patching every token needs exactly " + std::to_string(T)
+                                                : "token " + std::to_string(iv.tokens.back()) + " is not among them"));
+  }
+}
+
+void Interventions::attach(Hooks& hooks) {
+  fired_.assign(list_.size(), 0);
+  // Experts' zero edits need the routes the weights belong to: a read of the final ids (after
+  // every edit of them), kept per edit and used when the weights fire.
+  auto routes = std::make_shared<std::vector<std::vector<int32_t>>>(list_.size());
+  for (size_t i = 0; i < list_.size(); ++i) {
+    const Intervention* iv = &list_[i];
+    int64_t* count = &fired_[i];
+    hooks.add(iv->hook, [iv, count, routes, i](HookTensor& t) {
+      ++*count;
+      if (t.shape.size() < 3) fail("hook " + iv->hook, {}, "not a [B,T,...] tensor");
+      const int64_t B = t.shape[0], T = t.shape[1], W = t.numel() / std::max<int64_t>(B * T, 1);
+      const auto each_token = [&](auto&& fn) {
+        for (int64_t b = 0; b < B; ++b) {
+          if (iv->tokens.empty())
+            for (int64_t s = 0; s < T; ++s) fn(b, s);
+          else
+            for (int64_t s : iv->tokens)
+              if (s < T) fn(b, s);
+        }
+      };
+      switch (iv->action) {
+        case InterventionAction::Zero:
+          each_token([&](int64_t b, int64_t s) { std::fill_n(t.f32() + (b * T + s) * W, W, 0.0f); });
+          break;
+        case InterventionAction::Scale:
+          each_token([&](int64_t b, int64_t s) {
+            float* v = t.f32() + (b * T + s) * W;
+            for (int64_t j = 0; j < W; ++j) v[j] = float(double(v[j]) * iv->factor);
+          });
+          break;
+        case InterventionAction::Patch: {
+          const TensorView* src = iv->source->find(iv->source_tensor);
+          const size_t elem = 4;  // F32 or I32
+          each_token([&](int64_t b, int64_t s) {
+            std::memcpy(static_cast<uint8_t*>(t.data) + (b * T + s) * W * elem, src->data + s * W * elem, W * elem);
+          });
+          break;
+        }
+        case InterventionAction::ExpertsRouteOut:
+          each_token([&](int64_t b, int64_t s) {
+            for (int32_t e : iv->experts) t.f32()[(b * T + s) * W + e] = -std::numeric_limits<float>::infinity();
+          });
+          break;
+        case InterventionAction::ExpertsZero: {
+          const std::vector<int32_t>& ids = (*routes)[i];
+          if (int64_t(ids.size()) != t.numel()) fail("hook " + iv->hook, {}, "top-k ids and weights disagree in size");
+          each_token([&](int64_t b, int64_t s) {
+            for (int64_t j = 0; j < W; ++j)
+              if (std::binary_search(iv->experts.begin(), iv->experts.end(), ids[size_t((b * T + s) * W + j)]))
+                t.f32()[(b * T + s) * W + j] = 0.0f;
+          });
+          break;
+        }
+      }
+    });
+  }
+  for (size_t i = 0; i < list_.size(); ++i) {
+    const Intervention* iv = &list_[i];
+    const std::string ids_hook = iv->layer >= 0 ? LayerHookNames(iv->layer).topk_ids : "";
+    if (iv->action == InterventionAction::ExpertsZero)
+      hooks.add(ids_hook, [routes, i](HookTensor& t) { (*routes)[i].assign(t.i32(), t.i32() + t.numel()); });
+    // A routed-out expert is never chosen (the precheck makes it so unless scores underflow to
+    // 0): checked on the routes, unless another edit writes them.
+    const bool ids_written = std::any_of(list_.begin(), list_.end(), [&](const Intervention& o) { return o.hook == ids_hook; });
+    if (iv->action == InterventionAction::ExpertsRouteOut && !ids_written)
+      hooks.add(ids_hook, [iv](HookTensor& t) {
+        const int64_t B = t.shape[0], T = t.shape[1], W = t.numel() / std::max<int64_t>(B * T, 1);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t s = 0; s < T; ++s) {
+            if (!iv->tokens.empty() && !std::binary_search(iv->tokens.begin(), iv->tokens.end(), s)) continue;
+            for (int64_t j = 0; j < W; ++j)
+              if (std::binary_search(iv->experts.begin(), iv->experts.end(), t.i32()[(b * T + s) * W + j]))
+                fail("--intervene '" + iv->spec + "'", {},
+                     "token " + std::to_string(s) + " was still routed to expert " +
+                         std::to_string(t.i32()[(b * T + s) * W + j]) + " (too few other experts with a non-zero score)");
+          }
+      });
+  }
+}
+
+void Interventions::check_fired() const {
+  for (size_t i = 0; i < list_.size(); ++i)
+    if (fired_.at(i) != 1)
+      fail("--intervene '" + list_[i].spec + "'", {},
+           "hook " + list_[i].hook + " fired " + std::to_string(fired_[i]) + " times in the forward pass (expected once)");
+}
+
+ojson Interventions::to_json() const {
+  ojson out = ojson::array();
+  for (const Intervention& iv : list_) {
+    ojson j;
+    j["spec"] = iv.spec;
+    j["hook"] = iv.hook;
+    static constexpr const char* kNames[] = {"zero", "scale", "patch", "experts_zero", "experts_route_out"};
+    j["action"] = kNames[int(iv.action)];
+    j["tokens"] = iv.tokens.empty() ? ojson("all") : ojson(iv.tokens);
+    if (iv.action == InterventionAction::Scale) j["factor"] = iv.factor;
+    if (!iv.experts.empty()) j["experts"] = iv.experts;
+    if (iv.action == InterventionAction::Patch)
+      j["source"] = {{"file", iv.source_path}, {"sha256", iv.source_sha256}, {"tensor", iv.source_tensor}};
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace atlas

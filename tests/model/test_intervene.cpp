@@ -1,0 +1,365 @@
+// Interventions (model/intervene.h) on the CPU backend: the spec checks, what each action does
+// to the values and routes, causality (an edit at token p leaves every earlier token's logits
+// bit-identical), and activation patching (patching every token of a residual stage from a
+// clean run reproduces the clean run downstream, bit for bit).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/deepseek_v2.h"
+#include "model/hooks.h"
+#include "model/intervene.h"
+#include "model/trace.h"
+#include "tiny_model.h"
+
+using namespace atlas;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Fixture {
+  ModelConfig cfg = ModelConfig::from_json(test_support::tiny_config_json(), "tiny");
+  test_support::TinyWeights weights{cfg};
+  DeepSeekV2 model() const { return DeepSeekV2(cfg, LayerRange::all(cfg), weights.source(), Compute::F32); }
+};
+
+const std::vector<int32_t> kIds = {5, 17, 42, 8, 9, 13, 21, 34, 55, 89};
+const int64_t kT = int64_t(kIds.size());
+
+struct PassResult {
+  std::vector<float> logits;                                 // [T, V]
+  std::map<std::string, std::vector<float>> f32;             // every F32 per-token hook, as read
+  std::map<std::string, std::vector<int32_t>> ids;           // every top-k id hook, as read
+};
+
+// One forward pass of kIds with the edits attached, reading every hook after them.
+PassResult run(const DeepSeekV2& m, Interventions* edits, const std::vector<int32_t>& input = kIds) {
+  std::vector<int32_t> pos(input.size());
+  for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
+  std::vector<uint8_t> mask(input.size(), 1);
+  Hooks hooks;
+  if (edits) edits->attach(hooks);
+  PassResult r;
+  hooks.add_reader("*", [&](const HookTensor& t) {
+    if (t.name.find("hook_pattern") != std::string_view::npos) return;
+    if (t.dtype == DType::I32)
+      r.ids[std::string(t.name)].assign(t.i32(), t.i32() + t.numel());
+    else
+      r.f32[std::string(t.name)].assign(t.f32(), t.f32() + t.numel());
+  });
+  r.logits = m.forward({.batch = 1, .tokens = int64_t(input.size()), .ids = input, .positions = pos, .mask = mask},
+                       &hooks)
+                 .logits;
+  if (edits) edits->check_fired();
+  return r;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class InterveneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("atlas_intervene_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  Interventions make(const std::vector<std::string>& specs, LayerRange range = {}) const {
+    if (range.last < 0) range = LayerRange::all(f_.cfg);
+    return Interventions(specs, f_.cfg, range, range.last == f_.cfg.num_hidden_layers - 1);
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  Fixture f_;
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(InterveneTest, BadSpecsAreRefusedNamingTheSpec) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"blocks.1.hook_resid_post", "expected TARGET[@TOKENS]=ACTION"},
+      {"blocks.1.hook_resid_postx=zero", "unknown hook"},
+      {"blocks.{L}.hook_resid_post=zero", "name a concrete layer"},
+      {"blocks.7.hook_resid_post=zero", "layer 7 is not run"},
+      {"blocks.1.attn.hook_pattern=zero", "read-only"},
+      {"blocks.0.moe.hook_router_logits=zero", "layer 0 is dense"},
+      {"blocks.0.moe.experts.1=zero", "layer 0 is dense"},
+      {"blocks.1.moe.experts.8=zero", "expected an expert id 0-7"},
+      {"blocks.1.moe.experts.x=zero", "expected an expert id 0-7"},
+      {"blocks.1.moe.experts.1=scale:2", "expected zero or route-out"},
+      // Groups of two experts, the best two groups kept, k = 3: experts 0 and 2 out can leave
+      // the kept groups with two to choose from.
+      {"blocks.1.moe.experts.0,2=route-out", "fewer than k = 3"},
+      {"blocks.1.hook_resid_post=scale:inf", "not a finite number"},
+      {"blocks.1.hook_resid_post=scale:", "not a finite number"},
+      {"blocks.1.hook_resid_post=scale:2x", "not a finite number"},
+      {"blocks.1.hook_resid_post=shift:1", "unknown action"},
+      {"blocks.1.moe.hook_topk_ids=zero", "only patch:FILE applies"},
+      {"blocks.1.hook_resid_post@3-1=zero", "token list"},
+      {"blocks.1.hook_resid_post@-1=zero", "token list"},
+      {"blocks.1.hook_resid_post@=zero", "token list"},
+      {"blocks.1.hook_resid_post@a=zero", "token list"},
+      {"blocks.1.hook_resid_post=patch:", "needs a safetensors file"},
+  };
+  for (const auto& [spec, want] : cases) {
+    const std::string e = error_of([&] { make({spec}); });
+    EXPECT_NE(e.find("--intervene '" + spec + "'"), std::string::npos) << spec << " -> " << e;
+    EXPECT_NE(e.find(want), std::string::npos) << spec << " -> " << e;
+  }
+  // Partial runs: the head's hooks do not fire.
+  EXPECT_NE(error_of([&] { make({"logits=zero"}, {0, 1}); }).find("fires only when the run reaches the last layer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({"blocks.2.hook_resid_post=zero"}, {0, 1}); }).find("layer 2 is not run"),
+            std::string::npos);
+  // Tokens beyond the sequence are refused before the pass.
+  const auto iv = make({"blocks.1.hook_resid_post@2,9-12=zero"});
+  EXPECT_EQ(iv.list()[0].tokens, (std::vector<int64_t>{2, 9, 10, 11, 12}));
+  const std::string e = error_of([&] { iv.check_tokens(kT, "--ids"); });
+  EXPECT_NE(e.find("token 12 is outside the 10 tokens"), std::string::npos) << e;
+}
+
+TEST_F(InterveneTest, PatchSourcesAreChecked) {
+  const auto m = f_.model();
+  // A trace dump of the clean run, as `atlas trace --dump` writes it.
+  TraceRecorder rec(m);
+  Hooks hooks;
+  rec.attach(hooks);
+  std::vector<int32_t> pos(kIds.size());
+  for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
+  std::vector<uint8_t> mask(kIds.size(), 1);
+  m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
+  write_safetensors(path("clean.safetensors"), rec.tensors(), {});
+
+  // The dump's names stand for the hooks; the hook's own name is tried first.
+  const auto iv = make({"blocks.1.hook_resid_post=patch:" + path("clean.safetensors"),
+                        "blocks.2.moe.hook_topk_ids@3=patch:" + path("clean.safetensors")});
+  EXPECT_EQ(iv.list()[0].source_tensor, "hidden.2");
+  EXPECT_EQ(iv.list()[1].source_tensor, "router.2.topk_ids");
+  iv.check_tokens(kT, "--ids");
+  EXPECT_NE(error_of([&] { iv.check_tokens(kT + 1, "--ids"); }).find("holds 10 tokens; patching every token needs exactly 11"),
+            std::string::npos);
+  const auto short_patch = make({"blocks.1.hook_resid_post@9=patch:" + path("clean.safetensors")});
+  short_patch.check_tokens(kT, "--ids");
+  EXPECT_NE(error_of([&] { make({"blocks.1.hook_resid_post@10=patch:" + path("clean.safetensors")}).check_tokens(11, "x"); })
+                .find("token 10 is not among them"),
+            std::string::npos);
+
+  // No such tensor, wrong shape, wrong dtype, non-finite values, bad expert ids, missing file.
+  EXPECT_NE(error_of([&] { make({"blocks.1.attn.hook_out=patch:" + path("clean.safetensors")}); })
+                .find("no tensor \"blocks.1.attn.hook_out\" to patch"),
+            std::string::npos);
+  const std::vector<float> wide(size_t(kT * 5), 1.0f), short_row(8, 0.0f);
+  std::vector<float> nan_row(32, 0.0f);
+  nan_row[1] = std::nanf("");
+  const std::vector<int32_t> int_rows(size_t(kT * 32), 0), bad_ids{0, 1, 9};
+  write_safetensors(path("odd.safetensors"),
+                    {{.name = "blocks.1.hook_resid_post", .dtype = DType::F32, .shape = {kT, 5}, .data = wide.data()},
+                     {.name = "blocks.2.hook_resid_post", .dtype = DType::I32, .shape = {kT, 32}, .data = int_rows.data()},
+                     {.name = "logits", .dtype = DType::F32, .shape = {1, 8}, .data = short_row.data()},
+                     {.name = "blocks.1.attn.hook_out", .dtype = DType::F32, .shape = {1, 32}, .data = nan_row.data()},
+                     {.name = "blocks.1.moe.hook_topk_ids", .dtype = DType::I32, .shape = {1, 3}, .data = bad_ids.data()}},
+                    {});
+  EXPECT_NE(error_of([&] { make({"blocks.1.attn.hook_out=patch:" + path("odd.safetensors")}); })
+                .find("blocks.1.attn.hook_out: holds a non-finite value at element 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({"blocks.1.hook_resid_post=patch:" + path("odd.safetensors")}); })
+                .find("blocks.1.hook_resid_post: shape [10,5], expected [T,32]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({"blocks.2.hook_resid_post=patch:" + path("odd.safetensors")}); })
+                .find("dtype I32, expected F32"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({"logits=patch:" + path("odd.safetensors")}); }).find("shape [1,8], expected [T,97]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({"blocks.1.moe.hook_topk_ids=patch:" + path("odd.safetensors")}); })
+                .find("expert id 9 at element 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({"embed=patch:" + path("missing.safetensors")}); }).find("missing.safetensors"),
+            std::string::npos);
+}
+
+// Every edit of every hook at token p: tokens before p keep their logits bit for bit, token p's
+// change, and the edit fired once. The edited hook reads back edited (readers see the edit).
+TEST_F(InterveneTest, EditsAtATokenAreCausal) {
+  const auto m = f_.model();
+  const PassResult base = run(m, nullptr);
+  const int64_t V = f_.cfg.vocab_size, p = 6;
+  // A topk_ids source: every token's routes rotated by one expert.
+  std::vector<int32_t> rotated = base.ids.at("blocks.2.moe.hook_topk_ids");
+  for (auto& e : rotated) e = (e + 1) % int32_t(f_.cfg.n_routed_experts);
+  write_safetensors(path("ids.safetensors"),
+                    {{.name = "blocks.2.moe.hook_topk_ids", .dtype = DType::I32, .shape = {kT, 3}, .data = rotated.data()}},
+                    {});
+  std::vector<std::string> specs;
+  for (const std::string& h : fired_hook_names(f_.cfg, LayerRange::all(f_.cfg))) {
+    if (h.find("hook_pattern") != std::string::npos) continue;
+    specs.push_back(h.find("hook_topk_ids") == std::string::npos ? h + "@6=scale:0.5" : "");
+  }
+  std::erase(specs, "");
+  specs.push_back("blocks.2.moe.hook_topk_ids@6=patch:" + path("ids.safetensors"));
+  // The experts each token chose at p in layer 1 / 2: zero them, route them out.
+  const auto& ids1 = base.ids.at("blocks.1.moe.hook_topk_ids");
+  const std::string e1 = std::to_string(ids1[size_t(p * 3)]);
+  specs.push_back("blocks.1.moe.experts." + e1 + "@6=zero");
+  specs.push_back("blocks.1.moe.experts." + e1 + "@6=route-out");
+  ASSERT_GE(specs.size(), 20u);
+  for (const std::string& spec : specs) {
+    SCOPED_TRACE(spec);
+    Interventions iv = make({spec});
+    iv.check_tokens(kT, "--ids");
+    const PassResult r = run(m, &iv);
+    EXPECT_EQ(0, std::memcmp(r.logits.data(), base.logits.data(), size_t(p * V) * 4)) << "an earlier token changed";
+    EXPECT_NE(0, std::memcmp(r.logits.data() + p * V, base.logits.data() + p * V, size_t(V) * 4)) << "token p unchanged";
+    const std::string& hook = iv.list()[0].hook;
+    if (iv.list()[0].action == InterventionAction::Scale) {
+      const auto& got = r.f32.at(hook);
+      const auto& was = base.f32.at(hook);
+      const int64_t W = int64_t(was.size()) / kT;
+      for (int64_t j = 0; j < W; ++j) EXPECT_EQ(got[size_t(p * W + j)], float(double(was[size_t(p * W + j)]) * 0.5));
+    }
+  }
+}
+
+TEST_F(InterveneTest, ExpertEditsDoWhatTheySay) {
+  const auto m = f_.model();
+  const PassResult base = run(m, nullptr);
+  const auto& ids = base.ids.at("blocks.1.moe.hook_topk_ids");
+  const auto& w = base.f32.at("blocks.1.moe.hook_topk_weights");
+  // The expert token 4 chose first, edited at tokens 2-5.
+  const int32_t e = ids[4 * 3];
+  {
+    Interventions iv = make({"blocks.1.moe.experts." + std::to_string(e) + "@2-5=zero"});
+    const PassResult r = run(m, &iv);
+    EXPECT_EQ(r.ids.at("blocks.1.moe.hook_topk_ids"), ids);  // chosen as before
+    const auto& got = r.f32.at("blocks.1.moe.hook_topk_weights");
+    int zeroed = 0;
+    for (int64_t s = 0; s < kT; ++s)
+      for (int j = 0; j < 3; ++j) {
+        const size_t i = size_t(s * 3 + j);
+        const bool hit = s >= 2 && s <= 5 && ids[i] == e;
+        EXPECT_EQ(got[i], hit ? 0.0f : w[i]) << "token " << s << " slot " << j;
+        zeroed += hit;
+      }
+    EXPECT_GE(zeroed, 1);
+  }
+  {
+    Interventions iv = make({"blocks.1.moe.experts." + std::to_string(e) + "@2-5=route-out"});
+    const PassResult r = run(m, &iv);
+    const auto& got = r.ids.at("blocks.1.moe.hook_topk_ids");
+    const auto& gw = r.f32.at("blocks.1.moe.hook_topk_weights");
+    for (int64_t s = 0; s < kT; ++s) {
+      float sum = 0;
+      for (int j = 0; j < 3; ++j) {
+        const size_t i = size_t(s * 3 + j);
+        if (s >= 2 && s <= 5) EXPECT_NE(got[i], e) << "token " << s;
+        if (s < 2) EXPECT_EQ(got[i], ids[i]);
+        sum += gw[i];
+      }
+      EXPECT_NEAR(sum, 1.0f, 1e-6) << "norm_topk_prob: the weights are normalised over the chosen experts";
+    }
+    EXPECT_EQ(r.f32.at("blocks.1.moe.hook_router_logits")[size_t(2 * 8 + e)], -std::numeric_limits<float>::infinity());
+  }
+}
+
+// Activation patching: every token of blocks.1.hook_resid_post from the clean run's trace dump
+// puts an edited input back on the clean run's path; one token moves only what follows it.
+TEST_F(InterveneTest, PatchingTheResidualStreamRestoresTheCleanRun) {
+  const auto m = f_.model();
+  const PassResult clean = run(m, nullptr);
+  TraceRecorder rec(m);
+  Hooks hooks;
+  rec.attach(hooks);
+  std::vector<int32_t> pos(kIds.size());
+  for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
+  std::vector<uint8_t> mask(kIds.size(), 1);
+  m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
+  write_safetensors(path("clean.safetensors"), rec.tensors(), {});
+
+  std::vector<int32_t> edited = kIds;
+  edited[4] = 77;
+  const PassResult dirty = run(m, nullptr, edited);
+  ASSERT_NE(dirty.logits, clean.logits);
+  Interventions all = make({"blocks.1.hook_resid_post=patch:" + path("clean.safetensors")});
+  const PassResult restored = run(m, &all, edited);
+  EXPECT_EQ(restored.logits, clean.logits);
+  EXPECT_EQ(restored.f32.at("blocks.2.hook_resid_post"), clean.f32.at("blocks.2.hook_resid_post"));
+  EXPECT_NE(restored.f32.at("blocks.0.hook_resid_post"), clean.f32.at("blocks.0.hook_resid_post"));
+
+  // Patching the edited token's residual only: later tokens still read the edited keys of
+  // layers 0-1, so the run lies between the two; tokens before 4 are untouched throughout.
+  Interventions one = make({"blocks.1.hook_resid_post@4=patch:" + path("clean.safetensors")});
+  const PassResult partial = run(m, &one, edited);
+  const int64_t V = f_.cfg.vocab_size;
+  EXPECT_EQ(0, std::memcmp(partial.logits.data(), clean.logits.data(), size_t(4 * V) * 4));
+  EXPECT_EQ(0, std::memcmp(partial.logits.data() + 4 * V, clean.logits.data() + 4 * V, size_t(V) * 4))
+      << "token 4 reads only its own patched residual and the clean earlier tokens";
+  EXPECT_NE(partial.logits, clean.logits);
+}
+
+TEST_F(InterveneTest, DumpNamesAgreeWithTheTraceRecorder) {
+  const auto m = f_.model();
+  TraceRecorder rec(m, {.record = {"*"}});
+  Hooks hooks;
+  rec.attach(hooks);
+  std::vector<int32_t> pos(kIds.size());
+  for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
+  std::vector<uint8_t> mask(kIds.size(), 1);
+  m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
+  int mapped = 0;
+  for (const std::string& h : fired_hook_names(f_.cfg, LayerRange::all(f_.cfg))) {
+    SCOPED_TRACE(h);
+    const auto* own = rec.find(h);
+    ASSERT_NE(own, nullptr) << "--record '*' keeps every hook";
+    if (h.find("hook_pattern") != std::string::npos) continue;
+    std::vector<int64_t> want{kT};
+    for (int64_t d : hook_token_shape(h, f_.cfg)) want.push_back(d);
+    EXPECT_EQ(own->shape, want);
+    const std::string d = trace_dump_name(h, f_.cfg);
+    if (d.empty()) continue;
+    const auto* dumped = rec.find(d);
+    ASSERT_NE(dumped, nullptr) << d;
+    EXPECT_EQ(dumped->f32, own->f32);
+    EXPECT_EQ(dumped->i32, own->i32);
+    ++mapped;
+  }
+  // embed, 3 resid_post, 3 latents, 2 x 3 router tensors, final_norm, logits
+  EXPECT_EQ(mapped, 1 + 3 + 3 + 6 + 2);
+  EXPECT_EQ(rec.recorded_names().size(), fired_hook_names(f_.cfg, LayerRange::all(f_.cfg)).size());
+  EXPECT_NE(error_of([&] { check_record_patterns({"blocks.*.nothing"}, f_.cfg, LayerRange::all(f_.cfg)); })
+                .find("--record 'blocks.*.nothing': matches no hook"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { check_record_patterns({"logits"}, f_.cfg, {0, 1}); }).find("matches no hook"), std::string::npos);
+}
+
+TEST_F(InterveneTest, EditsApplyInOrderAndMustFire) {
+  const auto m = f_.model();
+  const PassResult base = run(m, nullptr);
+  // scale 2 then zero = zero; zero then scale = zero; scale 2 then scale 0.25 = scale 0.5.
+  Interventions a = make({"blocks.1.attn.hook_out@3=scale:2", "blocks.1.attn.hook_out@3=scale:0.25"});
+  Interventions b = make({"blocks.1.attn.hook_out@3=scale:0.5"});
+  EXPECT_EQ(run(m, &a).logits, run(m, &b).logits);
+  // Never attached to a pass: no edit fired.
+  Interventions idle = make({"blocks.1.attn.hook_out=zero"});
+  Hooks h;
+  idle.attach(h);
+  EXPECT_NE(error_of([&] { idle.check_fired(); }).find("fired 0 times"), std::string::npos);
+  // The artifact's record.
+  const ojson j = a.to_json();
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["spec"], "blocks.1.attn.hook_out@3=scale:2");
+  EXPECT_EQ(j[0]["action"], "scale");
+  EXPECT_EQ(j[0]["factor"], 2.0);
+  EXPECT_EQ(j[0]["tokens"], ojson::array({3}));
+  EXPECT_EQ(make({"blocks.1.moe.experts.4,1,4=zero"}).to_json()[0]["experts"], ojson::array({1, 4}));
+  EXPECT_EQ(make({"embed=zero"}).to_json()[0]["tokens"], "all");
+}
