@@ -17,6 +17,7 @@
 #include "core/sha256.h"
 #include "decode/generate.h"
 #include "io/checkpoint.h"
+#include "model/intervene.h"
 #include "model/loader.h"
 #include "text/chat.h"
 
@@ -31,7 +32,7 @@ struct GenerateArgs {
   int device = 0;
   std::optional<double> temperature, top_p;
   std::optional<uint64_t> seed, crn_tape;
-  std::vector<std::string> stop;
+  std::vector<std::string> stop, intervene;
   int threads = 0;
 };
 
@@ -133,6 +134,9 @@ void run_generate(const GenerateArgs& a) {
   if (rows.empty()) fail(a.prompts, {}, "no prompts");
 
   if (a.fast && a.backend != "cuda") fail("--fast", {}, "exists on the cuda backend only");
+  // Hook edits, checked against the model before the load (model/intervene.h).
+  Interventions edits(a.intervene, cfg, LayerRange::all(cfg), true);
+  edits.check_for_generation();
   auto model_ptr =
       load_model(ck, {.backend = a.backend, .compute = compute, .device = a.device, .batch_invariant = !a.fast});
   const Model& model = *model_ptr;
@@ -145,7 +149,8 @@ void run_generate(const GenerateArgs& a) {
                                .pad_id = int32_t(cfg.eos_token_id.value_or(0)),
                                .decode_attention = decode_form,
                                .progress = progress_enabled(),
-                               .decode_ahead = a.decode_ahead};
+                               .decode_ahead = a.decode_ahead,
+                               .edits = edits.empty() ? nullptr : &edits};
   if (tok)
     opts.detokenize = [&](std::span<const int32_t> ids) {
       // Generated ids the tokenizer lacks (the model's vocabulary may be larger) are left out
@@ -192,6 +197,8 @@ void run_generate(const GenerateArgs& a) {
                       {"eos_ids", eos},
                       {"stop_strings", a.stop},
                       {"decode_attention", a.decode_attention}};
+  // Edits change what the rows mean: recorded with the decoding, absent when none.
+  if (!edits.empty()) meta["interventions"] = edits.to_json();
   meta["rows"] = int64_t(results.size());
   meta["stops"] = {{"eos", n_eos}, {"length", n_len}, {"stop_string", n_stop}};
   meta["runtime"] = runtime_section(clock);
@@ -235,6 +242,9 @@ Registrar reg{{
           app.add_flag("--fast", a.fast,
                        "cuda: cuBLASLt dense GEMMs (faster; a row's bits may then depend on its batch)");
           app.add_option("--decode-attention", a.decode_attention, "absorbed or expanded")->capture_default_str();
+          app.add_option("--intervene", a.intervene,
+                         "Edit a hook in every forward pass (repeatable): TARGET[@POSITIONS]=ACTION, e.g. "
+                         "blocks.5.moe.experts.12=route-out (docs/trace.md, Interventions)");
           app.add_option("--threads", a.threads, "CPU threads (0 = all)");
           app.callback([] { run_generate(a); });
         },

@@ -60,7 +60,9 @@ void trace_one(const Model& model, const Checkpoint& ck, const TraceArgs& a, Com
   for (int64_t t = 0; t < T; ++t) pos[t] = int32_t(t);
   std::vector<uint8_t> mask(static_cast<size_t>(T), 1);
   const AttentionForm form = a.attention == "absorbed" ? AttentionForm::Absorbed : AttentionForm::Expanded;
-  model.forward({.batch = 1, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .attention = form}, &hooks);
+  const ForwardInput in{.batch = 1, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .attention = form};
+  edits.begin_pass(in);
+  model.forward(in, &hooks);
   edits.check_fired();
 
   ojson summary = rec.summary();

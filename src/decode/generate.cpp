@@ -52,6 +52,16 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
   if (!dev_switch.empty() && dev_switch != "0" && dev_switch != "1")
     fail("ATLAS_DEVICE_SAMPLING", {}, "expected 0 or 1, got '" + dev_switch + "'");
   const bool device_sampling = model.supports_device_sampling() && !opts.on_logits && dev_switch != "0";
+  // Hook edits: one set of observers for every pass, told each pass's positions and mask.
+  Hooks edit_hooks;
+  if (opts.edits) opts.edits->attach(edit_hooks);
+  const auto forward = [&](const ForwardInput& in, Cache& cache) {
+    if (!opts.edits) return model.forward(in, cache);
+    opts.edits->begin_pass(in);
+    ForwardOutput o = model.forward(in, cache, &edit_hooks);
+    opts.edits->check_fired();
+    return o;
+  };
   std::vector<GeneratedRow> results(rows.size());
   const auto t_start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
@@ -105,10 +115,10 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
     };
     std::vector<sample_core::RowParams> dev_params = dev_params_at(std::vector<uint8_t>(nb, 0), 0);
     auto cache = model.make_cache(B, Tp + opts.max_new_tokens);
-    ForwardOutput out = model.forward({.batch = B, .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
-                                       .logits_last_only = true, .logits_rows = want,
-                                       .attention = opts.prefill_attention, .sampling = dev_params},
-                                      *cache);
+    ForwardOutput out = forward({.batch = B, .tokens = Tp, .ids = ids, .positions = pos, .mask = mask,
+                                 .logits_last_only = true, .logits_rows = want, .attention = opts.prefill_attention,
+                                 .sampling = dev_params},
+                                *cache);
 
     std::vector<StopChecker> stops;
     for (size_t r = 0; r < nb; ++r) {
@@ -204,7 +214,7 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
       if (n_done == nb) break;
       bool host_logits = opts.on_logits != nullptr;
       for (size_t r = 0; r < nb; ++r) host_logits = host_logits || (!done[r] && want[r]);
-      if (!run && !host_logits && opts.decode_ahead > 0) {
+      if (!run && !host_logits && opts.decode_ahead > 0 && !opts.edits) {
         run = model.start_decode(*cache, step_ids, opts.decode_attention);
         pushed_through = step;
       }
@@ -224,10 +234,10 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
         continue;
       }
       dev_params = dev_params_at(done, 0);
-      out = model.forward({.batch = B, .tokens = 1, .ids = step_ids, .positions = step_pos, .mask = step_mask,
-                           .logits_last_only = true, .logits_rows = want, .attention = opts.decode_attention,
-                           .sampling = dev_params},
-                          *cache);
+      out = forward({.batch = B, .tokens = 1, .ids = step_ids, .positions = step_pos, .mask = step_mask,
+                     .logits_last_only = true, .logits_rows = want, .attention = opts.decode_attention,
+                     .sampling = dev_params},
+                    *cache);
     }
   }
   if (opts.progress) std::fprintf(stderr, "\n");

@@ -17,6 +17,7 @@
 
 #include "decode/sampler.h"
 #include "decode/stop.h"
+#include "model/intervene.h"
 #include "model/model.h"
 
 namespace atlas::decode {
@@ -48,6 +49,10 @@ struct GenerateOptions {
   // waits for the host between steps. The tokens are the same for every value; 0 = one forward
   // call per step. At a batch's end the steps pushed ahead run unread (at most this many).
   int64_t decode_ahead = 1;
+  // Hook edits run in every forward pass (the prompts', then each step's), TOKENS naming
+  // positions in a row's prompt-then-generated sequence (model/intervene.h); with edits every
+  // step is its own forward call (no DecodeRun). Null: none.
+  atlas::Interventions* edits = nullptr;
 };
 
 struct GeneratedRow {

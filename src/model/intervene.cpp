@@ -259,57 +259,88 @@ void Interventions::check_tokens(int64_t T, const std::string& where) const {
   }
 }
 
+void Interventions::check_for_generation() const {
+  for (const Intervention& iv : list_) {
+    const std::string where = "--intervene '" + iv.spec + "'";
+    if (iv.hook == "logits") fail(where, {}, "generation cannot edit logits (edit final_norm instead)");
+    if (iv.action != InterventionAction::Patch) continue;
+    if (iv.tokens.empty()) fail(where, {}, "a patch in generation names its tokens (@TOKENS: positions in the source)");
+    const int64_t Ts = iv.source->find(iv.source_tensor)->shape[0];
+    if (iv.tokens.back() >= Ts)
+      fail(where, {}, iv.source_path + " " + iv.source_tensor + " holds " + std::to_string(Ts) + " tokens; token " +
+                          std::to_string(iv.tokens.back()) + " is not among them");
+  }
+}
+
+void Interventions::begin_pass(const ForwardInput& in) {
+  pass_B_ = in.batch;
+  pass_T_ = in.tokens;
+  pass_pos_.assign(in.positions.begin(), in.positions.end());
+  pass_mask_.assign(in.mask.begin(), in.mask.end());
+  if (int64_t(pass_pos_.size()) != pass_B_ * pass_T_ || int64_t(pass_mask_.size()) != pass_B_ * pass_T_)
+    fail("interventions: a forward pass's positions or mask is not [B, T]");
+  fired_.assign(list_.size(), 0);
+}
+
 void Interventions::attach(Hooks& hooks) {
   fired_.assign(list_.size(), 0);
+  // Calls fn(row offset into the hook's [B, T', W] values, position) for every real token the
+  // edit names. T' is the pass's T, or 1 for a hook of the last tokens only (logits).
+  const auto for_tokens = [this](const Intervention& iv, const HookTensor& t, auto&& fn) {
+    if (t.shape.size() < 3) fail("hook " + iv.hook, {}, "not a [B,T,...] tensor");
+    const int64_t B = t.shape[0], T = t.shape[1], W = t.numel() / std::max<int64_t>(B * T, 1);
+    if (B != pass_B_ || (T != pass_T_ && T != 1))
+      fail("hook " + iv.hook, {}, "fired with [" + std::to_string(B) + ", " + std::to_string(T) + "] tokens in a pass of [" +
+                                      std::to_string(pass_B_) + ", " + std::to_string(pass_T_) + "] (begin_pass)");
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < T; ++s) {
+        const int64_t at = b * pass_T_ + (T == pass_T_ ? s : pass_T_ - 1);
+        if (!pass_mask_[size_t(at)]) continue;
+        const int64_t position = pass_pos_[size_t(at)];
+        if (!iv.tokens.empty() && !std::binary_search(iv.tokens.begin(), iv.tokens.end(), position)) continue;
+        fn((b * T + s) * W, position, W);
+      }
+  };
   // Experts' zero edits need the routes the weights belong to: a read of the final ids (after
   // every edit of them), kept per edit and used when the weights fire.
   auto routes = std::make_shared<std::vector<std::vector<int32_t>>>(list_.size());
   for (size_t i = 0; i < list_.size(); ++i) {
     const Intervention* iv = &list_[i];
     int64_t* count = &fired_[i];
-    hooks.add(iv->hook, [iv, count, routes, i](HookTensor& t) {
+    hooks.add(iv->hook, [iv, count, routes, i, for_tokens](HookTensor& t) {
       ++*count;
-      if (t.shape.size() < 3) fail("hook " + iv->hook, {}, "not a [B,T,...] tensor");
-      const int64_t B = t.shape[0], T = t.shape[1], W = t.numel() / std::max<int64_t>(B * T, 1);
-      const auto each_token = [&](auto&& fn) {
-        for (int64_t b = 0; b < B; ++b) {
-          if (iv->tokens.empty())
-            for (int64_t s = 0; s < T; ++s) fn(b, s);
-          else
-            for (int64_t s : iv->tokens)
-              if (s < T) fn(b, s);
-        }
-      };
       switch (iv->action) {
         case InterventionAction::Zero:
-          each_token([&](int64_t b, int64_t s) { std::fill_n(t.f32() + (b * T + s) * W, W, 0.0f); });
+          for_tokens(*iv, t, [&](int64_t o, int64_t, int64_t W) { std::fill_n(t.f32() + o, W, 0.0f); });
           break;
         case InterventionAction::Scale:
-          each_token([&](int64_t b, int64_t s) {
-            float* v = t.f32() + (b * T + s) * W;
-            for (int64_t j = 0; j < W; ++j) v[j] = float(double(v[j]) * iv->factor);
+          for_tokens(*iv, t, [&](int64_t o, int64_t, int64_t W) {
+            for (int64_t j = 0; j < W; ++j) t.f32()[o + j] = float(double(t.f32()[o + j]) * iv->factor);
           });
           break;
         case InterventionAction::Patch: {
+          // Source row = the token's position (checked against the source's length before).
           const TensorView* src = iv->source->find(iv->source_tensor);
-          const size_t elem = 4;  // F32 or I32
-          each_token([&](int64_t b, int64_t s) {
-            std::memcpy(static_cast<uint8_t*>(t.data) + (b * T + s) * W * elem, src->data + s * W * elem, W * elem);
+          for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t W) {
+            if (position >= src->shape[0])
+              fail("--intervene '" + iv->spec + "'", {},
+                   "position " + std::to_string(position) + " is past the " + std::to_string(src->shape[0]) +
+                       " tokens of " + iv->source_path + " " + iv->source_tensor);
+            std::memcpy(static_cast<uint8_t*>(t.data) + o * 4, src->data + position * W * 4, size_t(W) * 4);  // F32 or I32
           });
           break;
         }
         case InterventionAction::ExpertsRouteOut:
-          each_token([&](int64_t b, int64_t s) {
-            for (int32_t e : iv->experts) t.f32()[(b * T + s) * W + e] = -std::numeric_limits<float>::infinity();
+          for_tokens(*iv, t, [&](int64_t o, int64_t, int64_t) {
+            for (int32_t e : iv->experts) t.f32()[o + e] = -std::numeric_limits<float>::infinity();
           });
           break;
         case InterventionAction::ExpertsZero: {
           const std::vector<int32_t>& ids = (*routes)[i];
           if (int64_t(ids.size()) != t.numel()) fail("hook " + iv->hook, {}, "top-k ids and weights disagree in size");
-          each_token([&](int64_t b, int64_t s) {
+          for_tokens(*iv, t, [&](int64_t o, int64_t, int64_t W) {
             for (int64_t j = 0; j < W; ++j)
-              if (std::binary_search(iv->experts.begin(), iv->experts.end(), ids[size_t((b * T + s) * W + j)]))
-                t.f32()[(b * T + s) * W + j] = 0.0f;
+              if (std::binary_search(iv->experts.begin(), iv->experts.end(), ids[size_t(o + j)])) t.f32()[o + j] = 0.0f;
           });
           break;
         }
@@ -325,17 +356,14 @@ void Interventions::attach(Hooks& hooks) {
     // 0): checked on the routes, unless another edit writes them.
     const bool ids_written = std::any_of(list_.begin(), list_.end(), [&](const Intervention& o) { return o.hook == ids_hook; });
     if (iv->action == InterventionAction::ExpertsRouteOut && !ids_written)
-      hooks.add(ids_hook, [iv](HookTensor& t) {
-        const int64_t B = t.shape[0], T = t.shape[1], W = t.numel() / std::max<int64_t>(B * T, 1);
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t s = 0; s < T; ++s) {
-            if (!iv->tokens.empty() && !std::binary_search(iv->tokens.begin(), iv->tokens.end(), s)) continue;
-            for (int64_t j = 0; j < W; ++j)
-              if (std::binary_search(iv->experts.begin(), iv->experts.end(), t.i32()[(b * T + s) * W + j]))
-                fail("--intervene '" + iv->spec + "'", {},
-                     "token " + std::to_string(s) + " was still routed to expert " +
-                         std::to_string(t.i32()[(b * T + s) * W + j]) + " (too few other experts with a non-zero score)");
-          }
+      hooks.add(ids_hook, [iv, for_tokens](HookTensor& t) {
+        for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t W) {
+          for (int64_t j = 0; j < W; ++j)
+            if (std::binary_search(iv->experts.begin(), iv->experts.end(), t.i32()[o + j]))
+              fail("--intervene '" + iv->spec + "'", {},
+                   "the token at position " + std::to_string(position) + " was still routed to expert " +
+                       std::to_string(t.i32()[o + j]) + " (too few other experts with a non-zero score)");
+        });
       });
   }
 }

@@ -35,6 +35,7 @@
 #include "core/json.h"
 #include "model/config.h"
 #include "model/hooks.h"
+#include "model/model.h"
 
 namespace atlas {
 
@@ -82,8 +83,17 @@ class Interventions {
   // Before a forward pass over sequences of T tokens: every token index < T, every patch source
   // long enough (a patch of every token needs exactly T). `where` prefixes errors.
   void check_tokens(int64_t T, const std::string& where) const;
-  // Subscribes the edits (tensor observers) and resets the fire counts.
+  // For `atlas generate`, where every forward pass (the prompt's, then each step's) runs the
+  // edits and TOKENS are positions in a row's prompt-then-generated sequence: no edits of
+  // `logits` (the draw may read them where they are made; edit final_norm instead), and a patch
+  // names its tokens, each inside its source.
+  void check_for_generation() const;
+  // Subscribes the edits (tensor observers). The hooks stay valid while this object lives.
   void attach(Hooks& hooks);
+  // Before each forward pass through the attached hooks: TOKENS name positions in the sequence
+  // (in.positions: 0 = a row's first token, as a trace's token index and as a prompt's first
+  // token in generation), padding (in.mask 0) is never edited, and the fire counts restart.
+  void begin_pass(const ForwardInput& in);
   // After the forward pass: every edit fired exactly once.
   void check_fired() const;
 
@@ -93,6 +103,10 @@ class Interventions {
  private:
   std::vector<Intervention> list_;
   std::vector<int64_t> fired_;
+  // The pass in progress (begin_pass): [B, T] positions and mask.
+  int64_t pass_B_ = 0, pass_T_ = 0;
+  std::vector<int32_t> pass_pos_;
+  std::vector<uint8_t> pass_mask_;
 };
 
 }  // namespace atlas

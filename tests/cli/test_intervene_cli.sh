@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# atlas trace --intervene / --record on the embedded tiny checkpoint: activation patching from a
+# atlas trace --intervene / --record and generate --intervene on the embedded tiny checkpoint: activation patching from a
 # clean trace's dump (every token of a residual stage puts an edited input back on the clean
 # path; one token moves only what follows it), expert edits, the artifact's record of the
 # edits, determinism, and bad specs (one error naming the spec, exit 1, no output file).
@@ -69,6 +69,31 @@ assert logits[3 * 8 + 1] == float("-inf") and logits[2 * 8 + 1] != float("-inf")
 assert [r["hook"] for r in ex["recorded"]] == ["blocks.2.moe.hook_router_logits", "blocks.2.moe.hook_topk_ids",
     "blocks.2.moe.hook_topk_weights", "blocks.2.moe.hook_shared_out", "blocks.2.moe.hook_routed_out"], ex["recorded"]
 PY
+
+# generate --intervene: an expert routed out in every pass; the meta records the edits, the
+# rows change, and the same command gives the same bytes.
+printf '{"id": "a", "ids": [1000, 5, 17, 42]}\n{"id": "b", "ids": [1000, 300, 7, 7, 9, 11, 600]}\n' > "$work/p.jsonl"
+"$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/g0.jsonl" --max-new-tokens 12 >/dev/null 2>&1 \
+  || bad "generate"
+for n in 1 2; do
+  "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/g$n.jsonl" --max-new-tokens 12 --batch $n \
+    --intervene 'blocks.1.moe.experts.0,1,2=route-out' --intervene 'blocks.2.hook_resid_post@5=zero' >/dev/null 2>&1 \
+    || bad "generate --intervene (batch $n)"
+done
+cmp -s "$work/g1.jsonl" "$work/g2.jsonl" && ok "edited generation: the same rows at batch 1 and 2" || bad "edited rows depend on the batch"
+/usr/bin/python3 - "$work" <<'PY' && ok "generate records its edits" || bad "generate records its edits"
+import json, sys
+w = sys.argv[1]
+g0 = [json.loads(l) for l in open(f"{w}/g0.jsonl")]
+g1 = [json.loads(l) for l in open(f"{w}/g1.jsonl")]
+assert [r["ids"] for r in g0] != [r["ids"] for r in g1]
+m0, m1 = (json.load(open(f"{w}/g{n}.jsonl.meta.json")) for n in (0, 1))
+assert "interventions" not in m0
+assert [e["spec"] for e in m1["interventions"]] == ["blocks.1.moe.experts.0,1,2=route-out", "blocks.2.hook_resid_post@5=zero"]
+PY
+expect_error "generate: logits edit" "generation cannot edit logits" \
+  "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/bad.jsonl" --max-new-tokens 4 --intervene 'logits=zero'
+no_file "generate: logits edit" "$work/bad.jsonl"
 
 # Bad specs and sources: one error naming the spec (or the file and tensor), exit 1, no output.
 expect_error "no action" "--intervene 'blocks.1.hook_resid_post': expected TARGET\[@TOKENS\]=ACTION" \

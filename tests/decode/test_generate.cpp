@@ -2,6 +2,7 @@
 // reference fixtures, and the batch-invariance / seed contracts of issue 4.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "decode/generate.h"
 #include "decode/sample_core.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/loader.h"
 
 using namespace atlas;
@@ -382,4 +384,76 @@ TEST(Generate, DecodeChainIsForwardFedBack) {
   EXPECT_THROW(run->push(p), Error);
   EXPECT_EQ(run->pending(), DecodeRun::kMaxPending);
   EXPECT_EQ(run->pop(), std::vector<int32_t>(expected.begin(), expected.begin() + B));
+}
+
+// Hook edits in generation (model/intervene.h): they run in the prompt's pass and every step's,
+// a row's tokens with edits are the same alone or in a mixed batch, an edit at position q leaves
+// the tokens made before q is reached as they were (the token at position q makes the next one),
+// and an expert routed out at every position changes what is generated.
+TEST(Generate, EditsRunInEveryPassAndKeepRowsBatchInvariant) {
+  const std::string dir = fixtures_with_generate().front();
+  Loaded m(dir, Compute::F32);
+  const ModelConfig& cfg = m.ck.config();
+  int64_t moe = -1;
+  for (int64_t l = 0; l < cfg.num_hidden_layers && moe < 0; ++l)
+    if (cfg.is_moe_layer(l)) moe = l;
+  ASSERT_GE(moe, 0);
+  const std::string L = std::to_string(moe);
+  auto rows = mixed_rows({});
+  rows.resize(4);
+  auto opts = greedy_opts(cfg, 10, 4);
+  opts.eos_ids.clear();  // every row runs the full length
+  const auto plain = decode::generate(m.model, rows, opts);
+
+  // Routed out everywhere, and one position's residual scaled: the same tokens at batch 4 and 1.
+  for (const std::vector<std::string>& specs :
+       {std::vector<std::string>{"blocks." + L + ".moe.experts.0,1=route-out"},
+        std::vector<std::string>{"blocks." + L + ".hook_resid_post@6=scale:0", "blocks." + L + ".moe.experts.2=zero"}}) {
+    SCOPED_TRACE(specs.front());
+    Interventions edits(specs, cfg, LayerRange::all(cfg), true);
+    edits.check_for_generation();
+    opts.edits = &edits;
+    opts.batch = 4;
+    const auto batched = decode::generate(m.model, rows, opts);
+    int changed = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      opts.batch = 1;
+      const auto one = decode::generate(m.model, std::span(rows).subspan(r, 1), opts);
+      EXPECT_EQ(one[0].ids, batched[r].ids) << "row " << r;
+      changed += batched[r].ids != plain[r].ids;
+    }
+    EXPECT_GE(changed, 1);
+    opts.edits = nullptr;
+  }
+
+  // Position q = prompt length + 3 (row 0): the prompt's pass and the first three steps run
+  // positions below q, so the first four generated tokens are the unedited run's.
+  const int64_t P = int64_t(rows[0].ids.size());
+  Interventions late(std::vector<std::string>{"blocks." + L + ".hook_resid_post@" + std::to_string(P + 3) + "=scale:0"},
+                     cfg, LayerRange::all(cfg), true);
+  opts.edits = &late;
+  opts.batch = 1;
+  const auto edited = decode::generate(m.model, std::span(rows).subspan(0, 1), opts);
+  ASSERT_EQ(edited[0].ids.size(), plain[0].ids.size());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(edited[0].ids[size_t(i)], plain[0].ids[size_t(i)]) << i;
+  EXPECT_NE(edited[0].ids, plain[0].ids) << "zeroing the residual at position " << P + 3 << " changed nothing after it";
+
+  // Generation's own refusals.
+  const std::string src = (fs::temp_directory_path() / ("atlas_gen_patch_" + std::to_string(::getpid()) + ".safetensors")).string();
+  const std::vector<float> zeros(size_t(4 * cfg.hidden_size), 0.0f);
+  write_safetensors(src, {{.name = "blocks." + L + ".hook_resid_post", .dtype = DType::F32, .shape = {4, cfg.hidden_size},
+                           .data = zeros.data()}},
+                    {});
+  for (const auto& [spec, want] : std::vector<std::pair<std::string, std::string>>{
+           {"logits=zero", "generation cannot edit logits"},
+           {"blocks." + L + ".hook_resid_post=patch:" + src, "names its tokens"},
+           {"blocks." + L + ".hook_resid_post@4=patch:" + src, "holds 4 tokens; token 4 is not among them"}}) {
+    try {
+      Interventions(std::vector<std::string>{spec}, cfg, LayerRange::all(cfg), true).check_for_generation();
+      ADD_FAILURE() << spec << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  fs::remove(src);
 }

@@ -24,7 +24,7 @@ namespace {
 struct Fixture {
   ModelConfig cfg = ModelConfig::from_json(test_support::tiny_config_json(), "tiny");
   test_support::TinyWeights weights{cfg};
-  DeepSeekV2 model() const { return DeepSeekV2(cfg, LayerRange::all(cfg), weights.source(), Compute::F32); }
+  DeepSeekV2 model(Compute c = Compute::F32) const { return DeepSeekV2(cfg, LayerRange::all(cfg), weights.source(), c); }
 };
 
 const std::vector<int32_t> kIds = {5, 17, 42, 8, 9, 13, 21, 34, 55, 89};
@@ -51,9 +51,9 @@ PassResult run(const DeepSeekV2& m, Interventions* edits, const std::vector<int3
     else
       r.f32[std::string(t.name)].assign(t.f32(), t.f32() + t.numel());
   });
-  r.logits = m.forward({.batch = 1, .tokens = int64_t(input.size()), .ids = input, .positions = pos, .mask = mask},
-                       &hooks)
-                 .logits;
+  const ForwardInput in{.batch = 1, .tokens = int64_t(input.size()), .ids = input, .positions = pos, .mask = mask};
+  if (edits) edits->begin_pass(in);
+  r.logits = m.forward(in, &hooks).logits;
   if (edits) edits->check_fired();
   return r;
 }
@@ -274,36 +274,39 @@ TEST_F(InterveneTest, ExpertEditsDoWhatTheySay) {
 // Activation patching: every token of blocks.1.hook_resid_post from the clean run's trace dump
 // puts an edited input back on the clean run's path; one token moves only what follows it.
 TEST_F(InterveneTest, PatchingTheResidualStreamRestoresTheCleanRun) {
-  const auto m = f_.model();
-  const PassResult clean = run(m, nullptr);
-  TraceRecorder rec(m);
-  Hooks hooks;
-  rec.attach(hooks);
-  std::vector<int32_t> pos(kIds.size());
-  for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
-  std::vector<uint8_t> mask(kIds.size(), 1);
-  m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
-  write_safetensors(path("clean.safetensors"), rec.tensors(), {});
+  for (Compute compute : {Compute::F32, Compute::BF16}) {
+    SCOPED_TRACE(compute_name(compute));
+    const auto m = f_.model(compute);
+    const PassResult clean = run(m, nullptr);
+    TraceRecorder rec(m);
+    Hooks hooks;
+    rec.attach(hooks);
+    std::vector<int32_t> pos(kIds.size());
+    for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
+    std::vector<uint8_t> mask(kIds.size(), 1);
+    m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
+    write_safetensors(path("clean.safetensors"), rec.tensors(), {});
 
-  std::vector<int32_t> edited = kIds;
-  edited[4] = 77;
-  const PassResult dirty = run(m, nullptr, edited);
-  ASSERT_NE(dirty.logits, clean.logits);
-  Interventions all = make({"blocks.1.hook_resid_post=patch:" + path("clean.safetensors")});
-  const PassResult restored = run(m, &all, edited);
-  EXPECT_EQ(restored.logits, clean.logits);
-  EXPECT_EQ(restored.f32.at("blocks.2.hook_resid_post"), clean.f32.at("blocks.2.hook_resid_post"));
-  EXPECT_NE(restored.f32.at("blocks.0.hook_resid_post"), clean.f32.at("blocks.0.hook_resid_post"));
+    std::vector<int32_t> edited = kIds;
+    edited[4] = 77;
+    const PassResult dirty = run(m, nullptr, edited);
+    ASSERT_NE(dirty.logits, clean.logits);
+    Interventions all = make({"blocks.1.hook_resid_post=patch:" + path("clean.safetensors")});
+    const PassResult restored = run(m, &all, edited);
+    EXPECT_EQ(restored.logits, clean.logits);
+    EXPECT_EQ(restored.f32.at("blocks.2.hook_resid_post"), clean.f32.at("blocks.2.hook_resid_post"));
+    EXPECT_NE(restored.f32.at("blocks.0.hook_resid_post"), clean.f32.at("blocks.0.hook_resid_post"));
 
-  // Patching the edited token's residual only: later tokens still read the edited keys of
-  // layers 0-1, so the run lies between the two; tokens before 4 are untouched throughout.
-  Interventions one = make({"blocks.1.hook_resid_post@4=patch:" + path("clean.safetensors")});
-  const PassResult partial = run(m, &one, edited);
-  const int64_t V = f_.cfg.vocab_size;
-  EXPECT_EQ(0, std::memcmp(partial.logits.data(), clean.logits.data(), size_t(4 * V) * 4));
-  EXPECT_EQ(0, std::memcmp(partial.logits.data() + 4 * V, clean.logits.data() + 4 * V, size_t(V) * 4))
-      << "token 4 reads only its own patched residual and the clean earlier tokens";
-  EXPECT_NE(partial.logits, clean.logits);
+    // Patching the edited token's residual only: later tokens still read the edited keys of
+    // layers 0-1, so the run lies between the two; tokens before 4 are untouched throughout.
+    Interventions one = make({"blocks.1.hook_resid_post@4=patch:" + path("clean.safetensors")});
+    const PassResult partial = run(m, &one, edited);
+    const int64_t V = f_.cfg.vocab_size;
+    EXPECT_EQ(0, std::memcmp(partial.logits.data(), clean.logits.data(), size_t(4 * V) * 4));
+    EXPECT_EQ(0, std::memcmp(partial.logits.data() + 4 * V, clean.logits.data() + 4 * V, size_t(V) * 4))
+        << "token 4 reads only its own patched residual and the clean earlier tokens";
+    EXPECT_NE(partial.logits, clean.logits);
+  }
 }
 
 TEST_F(InterveneTest, DumpNamesAgreeWithTheTraceRecorder) {

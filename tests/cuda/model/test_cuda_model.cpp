@@ -1555,6 +1555,7 @@ TEST_F(CudaTiny, InterventionsMatchTheCpuBackend) {
     Out o;
     hooks.add_reader("blocks.*.moe.hook_topk_ids",
                      [&](const HookTensor& t) { o.routes[std::string(t.name)].assign(t.i32(), t.i32() + t.numel()); });
+    if (edits) edits->begin_pass(x);
     o.logits = m.forward(x, &hooks).logits;
     if (edits) edits->check_fired();
     return o;
@@ -1609,4 +1610,26 @@ TEST_F(CudaTiny, InterventionsMatchTheCpuBackend) {
   patch.check_tokens(T, "test");
   EXPECT_EQ(run(*model_, &patch, ein).logits, clean);
   fs::remove_all(dir);
+
+  // Generation with edits in every pass (bf16, greedy; the prompt pass left-padded): rows of
+  // mixed lengths give the same tokens in one batch and alone, and the edits change some row.
+  const auto ps = prompts(V);
+  std::vector<decode::PromptRow> grows;
+  for (size_t r = 0; r < ps.size(); ++r)
+    if (ps[r].size() < 100) grows.push_back({.id = "r" + std::to_string(r), .ids = ps[r], .sampling = {}});
+  Interventions gen_edits(std::vector<std::string>{"blocks.1.moe.experts.0,1=route-out", "blocks.2.hook_resid_post@3=scale:0.5"},
+                          cfg, all, true);
+  gen_edits.check_for_generation();
+  decode::GenerateOptions gopts{.max_new_tokens = 8, .batch = int64_t(grows.size()), .eos_ids = {}, .pad_id = 0};
+  const auto unedited = decode::generate(*model_, grows, gopts);
+  gopts.edits = &gen_edits;
+  const auto batched = decode::generate(*model_, grows, gopts);
+  int changed = 0;
+  for (size_t r = 0; r < grows.size(); ++r) {
+    gopts.batch = 1;
+    const auto one = decode::generate(*model_, std::span(grows).subspan(r, 1), gopts);
+    EXPECT_EQ(one[0].ids, batched[r].ids) << "row " << r;
+    changed += batched[r].ids != unedited[r].ids;
+  }
+  EXPECT_GE(changed, 1);
 }
