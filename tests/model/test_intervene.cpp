@@ -67,6 +67,17 @@ std::string error_of(const std::function<void()>& fn) {
   return "(no error)";
 }
 
+// kIds through the model with a TraceRecorder (options as given): a clean run's trace, as
+// `atlas trace` keeps it.
+void trace_clean(const DeepSeekV2& m, TraceRecorder& rec) {
+  Hooks hooks;
+  rec.attach(hooks);
+  std::vector<int32_t> pos(kIds.size());
+  for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
+  std::vector<uint8_t> mask(kIds.size(), 1);
+  m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
+}
+
 class InterveneTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -133,12 +144,7 @@ TEST_F(InterveneTest, PatchSourcesAreChecked) {
   const auto m = f_.model();
   // A trace dump of the clean run, as `atlas trace --dump` writes it.
   TraceRecorder rec(m);
-  Hooks hooks;
-  rec.attach(hooks);
-  std::vector<int32_t> pos(kIds.size());
-  for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
-  std::vector<uint8_t> mask(kIds.size(), 1);
-  m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
+  trace_clean(m, rec);
   write_safetensors(path("clean.safetensors"), rec.tensors(), {});
 
   // The dump's names stand for the hooks; the hook's own name is tried first.
@@ -279,12 +285,7 @@ TEST_F(InterveneTest, PatchingTheResidualStreamRestoresTheCleanRun) {
     const auto m = f_.model(compute);
     const PassResult clean = run(m, nullptr);
     TraceRecorder rec(m);
-    Hooks hooks;
-    rec.attach(hooks);
-    std::vector<int32_t> pos(kIds.size());
-    for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
-    std::vector<uint8_t> mask(kIds.size(), 1);
-    m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
+    trace_clean(m, rec);
     write_safetensors(path("clean.safetensors"), rec.tensors(), {});
 
     std::vector<int32_t> edited = kIds;
@@ -312,12 +313,7 @@ TEST_F(InterveneTest, PatchingTheResidualStreamRestoresTheCleanRun) {
 TEST_F(InterveneTest, DumpNamesAgreeWithTheTraceRecorder) {
   const auto m = f_.model();
   TraceRecorder rec(m, {.record = {"*"}});
-  Hooks hooks;
-  rec.attach(hooks);
-  std::vector<int32_t> pos(kIds.size());
-  for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
-  std::vector<uint8_t> mask(kIds.size(), 1);
-  m.forward({.batch = 1, .tokens = kT, .ids = kIds, .positions = pos, .mask = mask}, &hooks);
+  trace_clean(m, rec);
   int mapped = 0;
   for (const std::string& h : fired_hook_names(f_.cfg, LayerRange::all(f_.cfg))) {
     SCOPED_TRACE(h);
