@@ -406,6 +406,14 @@ void check_run_cells(Checks& ck, const Doc& man, const Doc& run) {
           ck.fail(name, run.path + ": cell " + got + ": " + f + " differs from the manifest's", nums);
           return;
         }
+      // Hook edits, where the cell's condition declares some: present in both or neither, equal.
+      const ojson none;
+      const ojson& ri = rc[i].contains("interventions") ? rc[i].at("interventions") : none;
+      const ojson& mi = mc[size_t(want[i])].contains("interventions") ? mc[size_t(want[i])].at("interventions") : none;
+      if (ri != mi) {
+        ck.fail(name, run.path + ": cell " + got + ": interventions differ from the manifest's", nums);
+        return;
+      }
     }
     ck.pass(name, num(int64_t(rc.size())) + " cells" + (shard.is_null() ? " (every manifest cell once, in order)" : " (shard " + shard.dump() + ")") +
                       ", headers equal to the manifest's", nums);

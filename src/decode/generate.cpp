@@ -52,14 +52,21 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
   if (!dev_switch.empty() && dev_switch != "0" && dev_switch != "1")
     fail("ATLAS_DEVICE_SAMPLING", {}, "expected 0 or 1, got '" + dev_switch + "'");
   const bool device_sampling = model.supports_device_sampling() && !opts.on_logits && dev_switch != "0";
-  // Hook edits: one set of observers for every pass, told each pass's positions and mask.
+  if (!opts.row_edits.empty() && opts.row_edits.size() != rows.size())
+    fail("generate: row_edits must have one entry per row");
+  // Hook edits: per batch, one set of observers (the edits of every row, then each row's own),
+  // told each pass's positions and mask and, for a row's own, which row is theirs.
+  struct BatchEdit {
+    Interventions* edits;
+    std::vector<uint8_t> rows;  // [B]; empty = every row
+  };
+  std::vector<BatchEdit> batch_edits;
   Hooks edit_hooks;
-  if (opts.edits) opts.edits->attach(edit_hooks);
   const auto forward = [&](const ForwardInput& in, Cache& cache) {
-    if (!opts.edits) return model.forward(in, cache);
-    opts.edits->begin_pass(in);
+    if (batch_edits.empty()) return model.forward(in, cache);
+    for (BatchEdit& e : batch_edits) e.edits->begin_pass(in, e.rows);
     ForwardOutput o = model.forward(in, cache, &edit_hooks);
-    opts.edits->check_fired();
+    for (const BatchEdit& e : batch_edits) e.edits->check_fired();
     return o;
   };
   std::vector<GeneratedRow> results(rows.size());
@@ -68,6 +75,18 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
   for (size_t start = 0; start < rows.size(); start += size_t(opts.batch)) {
     const size_t nb = std::min(rows.size() - start, size_t(opts.batch));
     const int64_t B = int64_t(nb);
+    batch_edits.clear();
+    edit_hooks = Hooks();
+    if (opts.edits) batch_edits.push_back({opts.edits, {}});
+    if (!opts.row_edits.empty())
+      for (size_t r = 0; r < nb; ++r)
+        if (Interventions* e = opts.row_edits[start + r]) {
+          auto same = std::find_if(batch_edits.begin() + (opts.edits ? 1 : 0), batch_edits.end(),
+                                   [&](const BatchEdit& b) { return b.edits == e; });
+          if (same == batch_edits.end()) same = batch_edits.insert(batch_edits.end(), {e, std::vector<uint8_t>(nb, 0)});
+          same->rows[r] = 1;
+        }
+    for (BatchEdit& e : batch_edits) e.edits->attach(edit_hooks);
     int64_t Tp = 0;
     for (size_t r = 0; r < nb; ++r) Tp = std::max<int64_t>(Tp, int64_t(rows[start + r].ids.size()));
 
@@ -214,7 +233,7 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
       if (n_done == nb) break;
       bool host_logits = opts.on_logits != nullptr;
       for (size_t r = 0; r < nb; ++r) host_logits = host_logits || (!done[r] && want[r]);
-      if (!run && !host_logits && opts.decode_ahead > 0 && !opts.edits) {
+      if (!run && !host_logits && opts.decode_ahead > 0 && batch_edits.empty()) {
         run = model.start_decode(*cache, step_ids, opts.decode_attention);
         pushed_through = step;
       }

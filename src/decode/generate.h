@@ -53,6 +53,9 @@ struct GenerateOptions {
   // positions in a row's prompt-then-generated sequence (model/intervene.h); with edits every
   // step is its own forward call (no DecodeRun). Null: none.
   atlas::Interventions* edits = nullptr;
+  // Edits of single rows (a probe condition's): [rows.size()] or empty, null where a row has
+  // none; each runs on its own row only, beside `edits`.
+  std::vector<atlas::Interventions*> row_edits;
 };
 
 struct GeneratedRow {

@@ -272,13 +272,16 @@ void Interventions::check_for_generation() const {
   }
 }
 
-void Interventions::begin_pass(const ForwardInput& in) {
+void Interventions::begin_pass(const ForwardInput& in, std::span<const uint8_t> rows) {
   pass_B_ = in.batch;
   pass_T_ = in.tokens;
   pass_pos_.assign(in.positions.begin(), in.positions.end());
   pass_mask_.assign(in.mask.begin(), in.mask.end());
   if (int64_t(pass_pos_.size()) != pass_B_ * pass_T_ || int64_t(pass_mask_.size()) != pass_B_ * pass_T_)
     fail("interventions: a forward pass's positions or mask is not [B, T]");
+  if (!rows.empty() && int64_t(rows.size()) != pass_B_) fail("interventions: the rows to edit are not [B]");
+  pass_rows_.assign(rows.begin(), rows.end());
+  if (pass_rows_.empty()) pass_rows_.assign(size_t(pass_B_), 1);
   fired_.assign(list_.size(), 0);
 }
 
@@ -293,7 +296,7 @@ void Interventions::attach(Hooks& hooks) {
       fail("hook " + iv.hook, {}, "fired with [" + std::to_string(B) + ", " + std::to_string(T) + "] tokens in a pass of [" +
                                       std::to_string(pass_B_) + ", " + std::to_string(pass_T_) + "] (begin_pass)");
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t s = 0; s < T; ++s) {
+      for (int64_t s = 0; s < T && pass_rows_[size_t(b)]; ++s) {
         const int64_t at = b * pass_T_ + (T == pass_T_ ? s : pass_T_ - 1);
         if (!pass_mask_[size_t(at)]) continue;
         const int64_t position = pass_pos_[size_t(at)];

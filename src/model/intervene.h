@@ -93,7 +93,9 @@ class Interventions {
   // Before each forward pass through the attached hooks: TOKENS name positions in the sequence
   // (in.positions: 0 = a row's first token, as a trace's token index and as a prompt's first
   // token in generation), padding (in.mask 0) is never edited, and the fire counts restart.
-  void begin_pass(const ForwardInput& in);
+  // `rows` ([B], 1 = edit this row; empty = every row): edits that belong to some rows of a
+  // batch only (a probe condition's), the others passing untouched.
+  void begin_pass(const ForwardInput& in, std::span<const uint8_t> rows = {});
   // After the forward pass: every edit fired exactly once.
   void check_fired() const;
 
@@ -106,7 +108,7 @@ class Interventions {
   // The pass in progress (begin_pass): [B, T] positions and mask.
   int64_t pass_B_ = 0, pass_T_ = 0;
   std::vector<int32_t> pass_pos_;
-  std::vector<uint8_t> pass_mask_;
+  std::vector<uint8_t> pass_mask_, pass_rows_;
 };
 
 }  // namespace atlas

@@ -9,6 +9,7 @@
 #include "core/file.h"
 #include "core/sha256.h"
 #include "model/config.h"
+#include "model/intervene.h"
 #include "probe/corpus.h"
 #include "probe/protocol.h"
 #include "text/chat.h"
@@ -192,6 +193,51 @@ int64_t anchor_pos(const Rendering& r, const std::string& name, const std::strin
   fail(file, where, "anchor " + name + " not found: " + (m != r.missing.end() ? m->second : "unknown anchor"));
 }
 
+// A condition's hook edits with this cell's positions: TOKENS items naming an anchor become its
+// position, "target" the interior range A-B; numbers stay. Checked against the model's config
+// where freeze has one (`cfg`), as run checks them again before anything is written.
+std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const Rendering& r, int64_t n_tokens,
+                                               const std::optional<std::pair<ModelConfig, LayerRange>>& model,
+                                               bool generation, const std::string& file, const std::string& where) {
+  std::vector<std::string> out;
+  for (size_t k = 0; k < cond.interventions.size(); ++k) {
+    const std::string& spec = cond.interventions[k];
+    const std::string iw = where + ": interventions[" + std::to_string(k) + "]";
+    const size_t eq = spec.find('='), at = spec.find('@');
+    if (at == std::string::npos || at > eq) {
+      out.push_back(spec);
+      continue;
+    }
+    std::string list;
+    size_t a = at + 1;
+    for (size_t b = a; b <= eq; ++b) {
+      if (b < eq && spec[b] != ',') continue;
+      const std::string item = spec.substr(a, b - a);
+      std::string pos = item;
+      if (item == "target") {
+        if (r.interior_end <= r.interior_begin) fail(file, iw, "'" + spec + "': the cell has no target tokens");
+        pos = std::to_string(r.interior_begin) + "-" + std::to_string(r.interior_end - 1);
+      } else if (!item.empty() && !std::isdigit(static_cast<unsigned char>(item[0]))) {
+        pos = std::to_string(anchor_pos(r, item, file, iw));
+      }
+      list += (list.empty() ? "" : ",") + pos;
+      a = b + 1;
+    }
+    out.push_back(spec.substr(0, at) + "@" + list + spec.substr(eq));
+  }
+  if (model && !out.empty()) {
+    try {
+      const auto& [cfg, range] = *model;
+      Interventions edits(out, cfg, range, range.last == cfg.num_hidden_layers - 1);
+      edits.check_tokens(n_tokens, "the cell's " + std::to_string(n_tokens) + " tokens");
+      if (generation) edits.check_for_generation();
+    } catch (const Error& e) {
+      fail(file, where, e.what());
+    }
+  }
+  return out;
+}
+
 int32_t resolve_to(const Tokenizer& tok, const std::string& to, int32_t bos, int32_t eos, const std::string& file,
                    const std::string& where) {
   if (to == "<bos>") return bos;
@@ -270,9 +316,12 @@ ojson freeze(const FreezeOptions& o) {
   // A trace's layer range against the model's config, where the directory has one (run checks
   // the range again, and that the config is the one recorded here): a range the model lacks fails
   // when freezing, not when the frozen manifest runs.
-  if (p.mode == "trace" && file_exists(p.model_dir + "/config.json"))
-    (void)protocol_layers(p.layers, ModelConfig::load(p.model_dir + "/config.json"), p.model_dir, p.path,
-                          "execution.layers");
+  std::optional<std::pair<ModelConfig, LayerRange>> model_cfg;  // where the directory has a config
+  if (file_exists(p.model_dir + "/config.json")) {
+    const ModelConfig cfg = ModelConfig::load(p.model_dir + "/config.json");
+    model_cfg.emplace(cfg, p.mode == "trace" ? protocol_layers(p.layers, cfg, p.model_dir, p.path, "execution.layers")
+                                             : LayerRange::all(cfg));
+  }
   const std::string tok_json = p.model_dir + "/tokenizer.json";
   if (!file_exists(tok_json)) fail(tok_json, {}, "the model directory has no tokenizer.json (freezing needs the tokenizer)");
   const Tokenizer tok = Tokenizer::load_dir(p.model_dir);
@@ -504,6 +553,10 @@ ojson freeze(const FreezeOptions& o) {
             if (r.anchors.count(a)) an[a] = r.anchors.at(a);
           cell["anchors"] = an;
           cell["edits"] = edits_j[k];
+          // Only for conditions that declare hook edits (other manifests keep their bytes).
+          if (!cond.interventions.empty())
+            cell["interventions"] = resolve_interventions(cond, r, int64_t(edited[k].size()), model_cfg,
+                                                          p.mode == "generate", p.path, cid);
           edit_hist[std::to_string(cond.edits.size())]++;
           crossing_total += r.crossing;
           source_cells.back().push_back(cells.size());

@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <set>
 
@@ -20,6 +21,14 @@ const std::vector<std::string>& anchor_names() {
 }
 
 namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t a = 0;
+  for (size_t b; (b = s.find(',', a)) != std::string::npos; a = b + 1) out.push_back(s.substr(a, b - a));
+  out.push_back(s.substr(a));
+  return out;
+}
 
 // Typed access to one TOML table; every read marks the key as known, and finish() rejects the rest.
 class Table {
@@ -303,6 +312,19 @@ Protocol load_protocol(const std::string& path) {
         cs.edits.push_back(std::move(es));
       }
     }
+    cs.interventions = c.strings("interventions");
+    for (size_t k = 0; k < cs.interventions.size(); ++k) {
+      const std::string& spec = cs.interventions[k];
+      const std::string iw = "interventions[" + std::to_string(k) + "]";
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos) c.bad(iw, "'" + spec + "': expected TARGET[@TOKENS]=ACTION");
+      if (spec.compare(eq + 1, 6, "patch:") == 0) c.bad(iw, "'" + spec + "': a protocol's edits cannot patch (no source files)");
+      if (const size_t at = spec.find('@'); at != std::string::npos && at < eq)
+        for (const std::string& item : split_list(spec.substr(at + 1, eq - at - 1)))
+          if (!item.empty() && !std::isdigit(static_cast<unsigned char>(item[0])) && item != "target" &&
+              std::find(anchor_names().begin(), anchor_names().end(), item) == anchor_names().end())
+            c.bad(iw, "'" + spec + "': unknown token \"" + item + "\" (a position, A-B, target or an anchor)");
+    }
     for (const auto& o : p.conditions)
       if (o.name == cs.name) c.bad("name", "condition '" + cs.name + "' declared twice");
     if (cs.name.find('/') != std::string::npos) c.bad("name", "must not contain '/'");
@@ -402,6 +424,8 @@ ojson Protocol::to_json() const {
     }
     conds.push_back({{"name", c.name}, {"layout", c.layout}, {"system", c.system}, {"history", c.history},
                      {"group", c.group}, {"edits", e}});
+    // Only when declared: a protocol without hook edits freezes to the bytes it always did.
+    if (!c.interventions.empty()) conds.back()["interventions"] = c.interventions;
   }
   j["conditions"] = conds;
   // The analysis design, only when declared: a protocol without it freezes to the same

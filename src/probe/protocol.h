@@ -43,6 +43,10 @@ struct ConditionSpec {
   std::string history = "none";  // none | filler | one_shot
   std::string group;             // cells of one source in one group: equal length and target position
   std::vector<EditSpec> edits;
+  // Hook edits of the forward pass (model/intervene.h), TARGET[@TOKENS]=ACTION, where TOKENS
+  // may also name an anchor or "target" (the cell's interior tokens); freeze writes each cell's
+  // edits with its own positions. No patch (a protocol has no source files).
+  std::vector<std::string> interventions;
 };
 
 // An edge of the analysis: metric(condition) against metric(reference) within each source

@@ -18,6 +18,7 @@
 #include "decode/generate.h"
 #include "io/checkpoint.h"
 #include "model/digest.h"
+#include "model/intervene.h"
 #include "model/loader.h"
 #include "probe/freeze.h"
 #include "text/tokenizer.h"
@@ -78,6 +79,7 @@ ojson cell_header(const ojson& c) {
                         "layout", "system", "history", "group", "seed", "batch", "n_tokens", "input_ids", "prompt_sha256", "target_span",
                         "interior_token_range", "boundary_crossing", "target_ids_sha256", "edits"})
     h[k] = c.at(k);
+  if (c.contains("interventions")) h["interventions"] = c.at("interventions");  // (its conditions' hook edits)
   return h;
 }
 
@@ -152,8 +154,12 @@ std::vector<int32_t> ids_of(const ojson& c) { return c.at("input_ids").get<std::
 // Target rows of every stage for one cell: (tensor name suffix, [rows, H] values).
 using CellVectors = std::vector<std::pair<std::string, std::vector<float>>>;
 
+// A cell's hook edits (cells whose condition declares some), built and checked before the run.
+using CellEdits = std::map<int64_t, std::unique_ptr<Interventions>>;
+
 std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manifest, const std::vector<int64_t>& members,
-                                         bool routes, bool hidden, bool vectors, std::map<int64_t, CellVectors>& vec_out) {
+                                         bool routes, bool hidden, bool vectors, std::map<int64_t, CellVectors>& vec_out,
+                                         const CellEdits& cell_edits) {
   const ojson& cells = manifest["cells"];
   const int32_t pad = manifest["tokenizer"]["eos_id"].get<int32_t>();
   const int64_t B = int64_t(members.size());
@@ -237,7 +243,19 @@ std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manife
       }
     });
   }
-  model.forward({.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true}, &hooks);
+  // Each edited cell's edits on its own row (tensor observers: the recorders read the edits).
+  std::vector<std::pair<Interventions*, std::vector<uint8_t>>> edits;
+  for (int64_t b = 0; b < B; ++b)
+    if (auto it = cell_edits.find(members[size_t(b)]); it != cell_edits.end()) {
+      std::vector<uint8_t> only(size_t(B), 0);
+      only[size_t(b)] = 1;
+      it->second->attach(hooks);
+      edits.emplace_back(it->second.get(), std::move(only));
+    }
+  const ForwardInput in{.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = true};
+  for (auto& [e, only] : edits) e->begin_pass(in, only);
+  model.forward(in, &hooks);
+  for (auto& [e, only] : edits) e->check_fired();
 
   std::map<int64_t, ojson> results;
   for (int64_t b = 0; b < B; ++b) {
@@ -287,7 +305,7 @@ std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manife
 }
 
 std::map<int64_t, ojson> run_generate_batch(const Model& model, const Tokenizer* tok, const ojson& manifest,
-                                            const std::vector<int64_t>& members) {
+                                            const std::vector<int64_t>& members, const CellEdits& cell_edits) {
   const ojson& cells = manifest["cells"];
   const ojson& ex = manifest["protocol"]["execution"];
   const std::string mode = ex["sampling"].get<std::string>();
@@ -318,6 +336,12 @@ std::map<int64_t, ojson> run_generate_batch(const Model& model, const Tokenizer*
                              .eos_ids = {eos},
                              .stop_strings = {},
                              .pad_id = eos};
+  for (int64_t ci : members) {
+    auto it = cell_edits.find(ci);
+    go.row_edits.push_back(it == cell_edits.end() ? nullptr : it->second.get());
+  }
+  if (std::all_of(go.row_edits.begin(), go.row_edits.end(), [](Interventions* e) { return e == nullptr; }))
+    go.row_edits.clear();
   auto gen = decode::generate(model, rows, go);
   // Text as transformers decodes it: special tokens skipped, and ids the tokenizer lacks (a
   // model's vocabulary can be larger than its tokenizer's) left out; the ids are recorded
@@ -426,6 +450,22 @@ RunSummary run_manifest(const RunOptions& o) {
   if (!m["model"]["config_sha256"].is_null() &&
       sha256_file(model_dir + "/config.json") != m["model"]["config_sha256"].get<std::string>())
     fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");
+  // The cells' hook edits against the model, also before anything is written.
+  CellEdits cell_edits;
+  for (const auto& [key, members] : source_cells)
+    for (int64_t ci : members) {
+      const ojson& c = cells[size_t(ci)];
+      if (!c.contains("interventions")) continue;
+      try {
+        auto e = std::make_unique<Interventions>(c["interventions"].get<std::vector<std::string>>(), cfg0, range,
+                                                 range.last == cfg0.num_hidden_layers - 1);
+        e->check_tokens(c["n_tokens"].get<int64_t>(), "the cell's tokens");
+        if (ex["mode"] != "trace") e->check_for_generation();
+        cell_edits[ci] = std::move(e);
+      } catch (const Error& err) {
+        fail(o.manifest, c["cell_id"].get<std::string>(), err.what());
+      }
+    }
 
   // Directories are made when the first file goes into them: a run that fails before any
   // output (a bad --backend, weights that do not load) leaves no empty journal/ behind.
@@ -510,8 +550,8 @@ RunSummary run_manifest(const RunOptions& o) {
     }
     std::map<int64_t, ojson> br =
         ex["mode"] == "trace" ? run_trace_batch(*model, m, members, ex["record_routes"].get<bool>(), ex["record_hidden"].get<bool>(),
-                                                vectors, pending_vectors)
-                              : run_generate_batch(*model, tok ? &*tok : nullptr, m, members);
+                                                vectors, pending_vectors, cell_edits)
+                              : run_generate_batch(*model, tok ? &*tok : nullptr, m, members, cell_edits);
     for (auto& [ci, r] : br) {
       // A batch re-run for a source that was already journaled must reproduce it exactly.
       if (results.count(ci)) {

@@ -1632,4 +1632,12 @@ TEST_F(CudaTiny, InterventionsMatchTheCpuBackend) {
     changed += batched[r].ids != unedited[r].ids;
   }
   EXPECT_GE(changed, 1);
+  // Edits of one row only (a probe condition's): that row as with the batch's edits, every other
+  // row as unedited.
+  gopts.edits = nullptr;
+  gopts.batch = int64_t(grows.size());
+  gopts.row_edits.assign(grows.size(), nullptr);
+  gopts.row_edits[1] = &gen_edits;
+  const auto one_row = decode::generate(*model_, grows, gopts);
+  for (size_t r = 0; r < grows.size(); ++r) EXPECT_EQ(one_row[r].ids, r == 1 ? batched[r].ids : unedited[r].ids) << r;
 }

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Hook edits as probe conditions (`interventions = [...]` in a [[condition]]): freeze writes each
+# cell's edits with its own positions (an anchor, "target" = the interior tokens), run applies
+# them to that cell's row only (the other cells of the batch give the bytes of a run without the
+# edited conditions), run.json repeats them, audit passes; bad edits fail at freeze.
+source "$(dirname "$0")/lib.sh"
+model="$work/tiny"
+"$bin" make-model --preset tiny --seed 0 "$model" >/dev/null || { bad "make-model"; finish; }
+tiny_trace_protocol plain "$model" "$work/plain.toml"
+cp "$work/plain.toml" "$work/edited.toml"
+cat >> "$work/edited.toml" <<'TOML'
+
+[[condition]]
+name = "s0_ko"
+history = "filler"
+group = "s0"
+interventions = ["blocks.1.moe.experts.0,1=route-out"]
+
+[[condition]]
+name = "s0_zt"
+history = "filler"
+group = "s0"
+interventions = ["blocks.2.hook_resid_post@target=zero", "blocks.3.attn.hook_out@history_eos,0=scale:0.5"]
+TOML
+for p in plain edited; do
+  "$bin" freeze "$work/$p.toml" --out "$work/$p.json" >/dev/null || bad "freeze $p"
+  "$bin" run "$work/$p.json" --out "$work/$p" >/dev/null 2>&1 || bad "run $p"
+done
+"$bin" audit "$work/edited" >/dev/null 2>&1 && ok "audit of the edited run" || bad "audit of the edited run"
+# A run.json whose cell lost its edits is caught (beside its content hash).
+cp -r "$work/edited" "$work/tampered"
+/usr/bin/python3 -c '
+import json, sys
+p = sys.argv[1] + "/tampered/run.json"
+d = json.load(open(p))
+next(c for c in d["cells"] if "interventions" in c).pop("interventions")
+json.dump(d, open(p, "w"), indent=1)' "$work"
+out="$("$bin" audit "$work/tampered" 2>&1)"; rc=$?
+[[ $rc -eq 3 ]] && grep -q "interventions differ from the manifest's" <<<"$out" && ok "audit: a cell without its edits fails" \
+  || bad "audit: a cell without its edits (rc $rc)"
+
+/usr/bin/python3 - "$work" <<'PY' && ok "edits per cell: frozen, applied to their rows only, repeated in run.json" || bad "edits per cell"
+import json, sys
+w = sys.argv[1]
+man = json.load(open(f"{w}/edited.json"))
+plain_man = json.load(open(f"{w}/plain.json"))
+assert all("interventions" not in c for c in plain_man["cells"])
+assert all("interventions" not in c for c in plain_man["protocol"]["conditions"])
+conds = {c["name"]: c for c in man["protocol"]["conditions"]}
+assert conds["s0_ko"]["interventions"] == ["blocks.1.moe.experts.0,1=route-out"]
+for c in man["cells"]:
+    a, e = c["interior_token_range"]
+    if c["condition"] == "s0_ko":
+        assert c["interventions"] == ["blocks.1.moe.experts.0,1=route-out"], c["interventions"]
+    elif c["condition"] == "s0_zt":
+        eos = c["anchors"]["history_eos"]
+        assert c["interventions"] == [f"blocks.2.hook_resid_post@{a}-{e - 1}=zero",
+                                      f"blocks.3.attn.hook_out@{eos},0=scale:0.5"], c["interventions"]
+    else:
+        assert "interventions" not in c
+run = {c["cell_id"]: c for c in json.load(open(f"{w}/edited/run.json"))["cells"]}
+plain = {c["cell_id"]: c for c in json.load(open(f"{w}/plain/run.json"))["cells"]}
+# The cells of the plain conditions: the same results (and headers) with edited rows beside them.
+# (hidden_vectors names the cell's index, which the added conditions shift)
+strip = lambda r: {k: v for k, v in r.items() if k != "hidden_vectors"}
+for cid, c in plain.items():
+    assert strip(run[cid]["result"]) == strip(c["result"]), cid
+checked = 0
+for cid, c in run.items():
+    if c["condition"] not in ("s0_ko", "s0_zt"):
+        continue
+    assert c["interventions"] == man["cells"][c["index"]]["interventions"]
+    base = run[cid.replace(c["condition"], "s0_eos")]  # the same ids without edits
+    assert base["input_ids"] == c["input_ids"]
+    st = {s["stage"]: s for s in c["result"]["stages"]}
+    bst = {s["stage"]: s for s in base["result"]["stages"]}
+    routes = {r["layer"]: r["topk_ids"] for r in c["result"]["routes"]}
+    if c["condition"] == "s0_ko":
+        assert st[1] == bst[1] and st[2]["full_sha256"] != bst[2]["full_sha256"]
+        assert all(not ({0, 1} & set(tok)) for tok in routes[1]), routes[1]
+    else:
+        assert st[2] == bst[2] and st[3]["target_sha256"] != bst[3]["target_sha256"]
+    checked += 1
+assert checked >= 4, checked
+PY
+
+# Generate mode: the edited conditions' rows generate with their edits in every pass, the other
+# rows of their batches as in a run without them.
+for p in plain edited; do
+  sed 's/^mode = "trace"/mode = "generate"\nmax_new_tokens = 6/; /^layers = /d; /^record_hidden_vectors/d' \
+    "$work/$p.toml" > "$work/gen_$p.toml"
+  sed -i 's/, "blocks.3.attn.hook_out@history_eos,0=scale:0.5"//' "$work/gen_$p.toml"
+  "$bin" freeze "$work/gen_$p.toml" --out "$work/gen_$p.json" >/dev/null || bad "freeze gen_$p"
+  "$bin" run "$work/gen_$p.json" --out "$work/gen_$p" >/dev/null 2>&1 || bad "run gen_$p"
+done
+/usr/bin/python3 - "$work" <<'PY' && ok "generate mode: edited rows change, the others do not" || bad "generate mode edits"
+import json, sys
+w = sys.argv[1]
+run = {c["cell_id"]: c for c in json.load(open(f"{w}/gen_edited/run.json"))["cells"]}
+plain = {c["cell_id"]: c for c in json.load(open(f"{w}/gen_plain/run.json"))["cells"]}
+for cid, c in plain.items():
+    assert run[cid]["result"] == c["result"], cid
+changed = sum(run[cid]["result"]["generated_ids"] != run[cid.replace(run[cid]["condition"], "s0_eos")]["result"]["generated_ids"]
+              for cid in run if run[cid]["condition"] in ("s0_ko", "s0_zt"))
+assert changed >= 1, changed
+PY
+
+# Bad edits fail at freeze, naming the protocol and the condition or cell; nothing is written.
+bad_protocol() {
+  cp "$work/plain.toml" "$work/bad.toml"
+  printf '\n[[condition]]\nname = "s0_bad"\nhistory = "filler"\ngroup = "s0"\ninterventions = ["%s"]\n' "$1" >> "$work/bad.toml"
+}
+bad_protocol "blocks.2.hook_resid_post@nowhere=zero"
+expect_error "unknown token name" "bad.toml: condition\[[0-9]+\].interventions\[0\]: .*unknown token \"nowhere\"" \
+  "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.2.hook_resid_post=patch:x.safetensors"
+expect_error "patch in a protocol" "cannot patch" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.9.hook_resid_post=zero"
+expect_error "layer the model lacks" "bad.toml: .*s0_bad: --intervene 'blocks.9.hook_resid_post=zero': layer 9 is not run" \
+  "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.1.moe.experts.0=route-out"
+sed -i 's/^mode = "trace"/mode = "generate"\nmax_new_tokens = 2/; /^layers = /d; /^record_hidden_vectors/d' "$work/bad.toml"
+sed -i 's/experts.0=route-out/experts.0=route-out", "logits=zero/' "$work/bad.toml"
+expect_error "generation cannot edit logits" "generation cannot edit logits" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+no_file "bad edits" "$work/bad.json"
+finish
