@@ -17,6 +17,9 @@ Registrar reg{{
           static bool as_json = false;
           app.add_option("--filter", filter, "Glob over hook names ('*' matches anything)")->capture_default_str();
           app.add_flag("--json", as_json, "Print as JSON");
+          app.footer(
+              "Names with {L} take a layer number (blocks.3.hook_resid_post). atlas trace --record keeps any of them; "
+              "trace/generate --intervene edit them (all but attn.hook_pattern, which is read-only; docs/trace.md).");
           app.callback([] {
             ojson out = ojson::array();
             for (const auto& h : hook_catalog()) {
