@@ -92,7 +92,7 @@ std::string trace_dump_name(std::string_view hook, const ModelConfig& c) {
 }
 
 Interventions::Interventions(const std::vector<std::string>& specs, const ModelConfig& cfg, const LayerRange& layers,
-                             bool has_head)
+                             bool has_head, bool in_protocol)
 {
   for (const std::string& spec : specs) {
     const std::string where = "--intervene '" + spec + "'";
@@ -191,6 +191,11 @@ Interventions::Interventions(const std::vector<std::string>& specs, const ModelC
       iv.factor = std::strtod(f.c_str(), &end);
       if (f.empty() || end != f.c_str() + f.size() || !std::isfinite(iv.factor))
         bad("scale factor \"" + f + "\" is not a finite number");
+    } else if (action.rfind("patch:@", 0) == 0) {
+      iv.action = InterventionAction::PatchRow;
+      iv.source_condition = std::string(action.substr(7));
+      if (!in_protocol) bad("patch:@CONDITION reads a sibling cell's row: probe protocols only (give a file)");
+      if (iv.source_condition.empty()) bad("patch:@ needs a condition name");
     } else if (action.rfind("patch:", 0) == 0) {
       iv.action = InterventionAction::Patch;
       iv.source_path = std::string(action.substr(6));
@@ -238,7 +243,7 @@ Interventions::Interventions(const std::vector<std::string>& specs, const ModelC
     } else {
       bad("unknown action \"" + std::string(action) + "\" (expected zero, scale:F or patch:FILE)");
     }
-    if (ids && iv.action != InterventionAction::Patch)
+    if (ids && iv.action != InterventionAction::Patch && iv.action != InterventionAction::PatchRow)
       bad(tname + " holds expert ids: only patch:FILE applies (blocks.L.moe.experts.E=zero|route-out edit experts)");
     list_.push_back(std::move(iv));
   }
@@ -310,7 +315,11 @@ void Interventions::attach(Hooks& hooks) {
   for (size_t i = 0; i < list_.size(); ++i) {
     const Intervention* iv = &list_[i];
     int64_t* count = &fired_[i];
-    hooks.add(iv->hook, [iv, count, routes, i, for_tokens](HookTensor& t) {
+    const auto* siblings = &siblings_;
+    const int64_t* pass_T = &pass_T_;
+    const auto* pass_pos = &pass_pos_;
+    const auto* pass_mask = &pass_mask_;
+    hooks.add(iv->hook, [iv, count, routes, i, for_tokens, siblings, pass_T, pass_pos, pass_mask](HookTensor& t) {
       ++*count;
       switch (iv->action) {
         case InterventionAction::Zero:
@@ -330,6 +339,27 @@ void Interventions::attach(Hooks& hooks) {
                    "position " + std::to_string(position) + " is past the " + std::to_string(src->shape[0]) +
                        " tokens of " + iv->source_path + " " + iv->source_tensor);
             std::memcpy(static_cast<uint8_t*>(t.data) + o * 4, src->data + position * W * 4, size_t(W) * 4);  // F32 or I32
+          });
+          break;
+        }
+        case InterventionAction::PatchRow: {
+          // The sibling row's token at each position, as the values stand now.
+          const int64_t B = t.shape[0], T = t.shape[1], W = t.numel() / std::max<int64_t>(B * T, 1);
+          const auto sib = siblings->find(iv->source_condition);
+          if (sib == siblings->end() || sib->second < 0 || sib->second >= B)
+            fail("--intervene '" + iv->spec + "'", {}, "no row of condition " + iv->source_condition + " in this batch");
+          std::map<int64_t, int64_t> at_position;  // the sibling's position -> its token index in the hook
+          for (int64_t s = 0; s < T; ++s) {
+            const int64_t at = sib->second * (*pass_T) + (T == *pass_T ? s : *pass_T - 1);
+            if ((*pass_mask)[size_t(at)]) at_position[(*pass_pos)[size_t(at)]] = s;
+          }
+          for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t w) {
+            const auto src = at_position.find(position);
+            if (src == at_position.end())
+              fail("--intervene '" + iv->spec + "'", {},
+                   "the row of condition " + iv->source_condition + " has no token at position " + std::to_string(position));
+            std::memmove(static_cast<uint8_t*>(t.data) + o * 4,
+                         static_cast<const uint8_t*>(t.data) + (sib->second * T + src->second) * W * 4, size_t(w) * 4);
           });
           break;
         }
@@ -384,13 +414,14 @@ ojson Interventions::to_json() const {
     ojson j;
     j["spec"] = iv.spec;
     j["hook"] = iv.hook;
-    static constexpr const char* kNames[] = {"zero", "scale", "patch", "experts_zero", "experts_route_out"};
+    static constexpr const char* kNames[] = {"zero", "scale", "patch", "experts_zero", "experts_route_out", "patch_row"};
     j["action"] = kNames[int(iv.action)];
     j["tokens"] = iv.tokens.empty() ? ojson("all") : ojson(iv.tokens);
     if (iv.action == InterventionAction::Scale) j["factor"] = iv.factor;
     if (!iv.experts.empty()) j["experts"] = iv.experts;
     if (iv.action == InterventionAction::Patch)
       j["source"] = {{"file", iv.source_path}, {"sha256", iv.source_sha256}, {"tensor", iv.source_tensor}};
+    if (iv.action == InterventionAction::PatchRow) j["source"] = {{"condition", iv.source_condition}};
     out.push_back(std::move(j));
   }
   return out;

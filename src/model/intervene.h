@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -41,7 +42,7 @@ namespace atlas {
 
 class SafetensorsFile;
 
-enum class InterventionAction { Zero, Scale, Patch, ExpertsZero, ExpertsRouteOut };
+enum class InterventionAction { Zero, Scale, Patch, ExpertsZero, ExpertsRouteOut, PatchRow };
 
 struct Intervention {
   std::string spec;                // as given
@@ -54,6 +55,9 @@ struct Intervention {
   // Patch: the file as given, its SHA-256, the tensor read, and the tensor itself.
   std::string source_path, source_sha256, source_tensor;
   std::shared_ptr<const SafetensorsFile> source;
+  // PatchRow (probe protocols only, `patch:@CONDITION`): the values of the same source's cell of
+  // that condition, its row in the same batch, at the same positions, as they stand in the pass.
+  std::string source_condition;
 };
 
 // The values each token of a [B, T, ...] hook holds (the dimensions after [B, T]), for this
@@ -74,8 +78,9 @@ class Interventions {
   // Parses and checks every spec against the model (hook exists and fires for `layers`/`head`,
   // action fits the hook, patch sources open and match); errors name the spec ("--intervene
   // 'SPEC': ...").
+  // `in_protocol`: a probe cell's edits, which may also patch from a sibling row.
   Interventions(const std::vector<std::string>& specs, const ModelConfig& cfg, const LayerRange& layers,
-                bool has_head);
+                bool has_head, bool in_protocol = false);
 
   bool empty() const { return list_.empty(); }
   const std::vector<Intervention>& list() const { return list_; }
@@ -96,6 +101,8 @@ class Interventions {
   // `rows` ([B], 1 = edit this row; empty = every row): edits that belong to some rows of a
   // batch only (a probe condition's), the others passing untouched.
   void begin_pass(const ForwardInput& in, std::span<const uint8_t> rows = {});
+  // The batch rows `patch:@CONDITION` edits read, by condition (probe runs; set before the passes).
+  void set_sibling_rows(std::map<std::string, int64_t> rows) { siblings_ = std::move(rows); }
   // After the forward pass: every edit fired exactly once.
   void check_fired() const;
 
@@ -109,6 +116,7 @@ class Interventions {
   int64_t pass_B_ = 0, pass_T_ = 0;
   std::vector<int32_t> pass_pos_;
   std::vector<uint8_t> pass_mask_, pass_rows_;
+  std::map<std::string, int64_t> siblings_;
 };
 
 }  // namespace atlas

@@ -1,6 +1,7 @@
 #include "probe/freeze.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -196,7 +197,9 @@ int64_t anchor_pos(const Rendering& r, const std::string& name, const std::strin
 // A condition's hook edits with this cell's positions: TOKENS items naming an anchor become its
 // position, "target" the interior range A-B; numbers stay. Checked against the model's config
 // where freeze has one (`cfg`), as run checks them again before anything is written.
+// `sibling_tokens`: the token count of each condition's cell of the same source, for patch:@.
 std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const Rendering& r, int64_t n_tokens,
+                                               const std::map<std::string, int64_t>& sibling_tokens,
                                                const std::optional<std::pair<ModelConfig, LayerRange>>& model,
                                                bool generation, const std::string& file, const std::string& where) {
   std::vector<std::string> out;
@@ -225,10 +228,31 @@ std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const 
     }
     out.push_back(spec.substr(0, at) + "@" + list + spec.substr(eq));
   }
+  // A sibling's row must hold every position the patch writes (every token: the same length).
+  for (size_t k = 0; k < out.size(); ++k) {
+    const size_t p = out[k].find("=patch:@");
+    if (p == std::string::npos) continue;
+    const std::string ref = out[k].substr(p + 8);
+    const int64_t have = sibling_tokens.at(ref);
+    const size_t at = out[k].find('@');
+    int64_t last = -1;  // the largest position named (resolved: digits, ',' and '-' only)
+    if (at < p)
+      for (size_t b = at + 1; b < p;) {
+        size_t e = b;
+        while (e < p && std::isdigit(static_cast<unsigned char>(out[k][e]))) ++e;
+        if (e - b > 12) fail(file, where + ": interventions[" + std::to_string(k) + "]", "'" + out[k] + "': position too large");
+        if (e > b) last = std::max<int64_t>(last, std::stoll(out[k].substr(b, e - b)));
+        b = e + 1;
+      }
+    if (at < p ? last >= have : have != n_tokens)
+      fail(file, where + ": interventions[" + std::to_string(k) + "]",
+           "'" + out[k] + "': the " + ref + " cell has " + std::to_string(have) + " tokens; " +
+               (at < p ? "position " + std::to_string(last) + " is not among them" : "patching every token needs " + std::to_string(n_tokens)));
+  }
   if (model && !out.empty()) {
     try {
       const auto& [cfg, range] = *model;
-      Interventions edits(out, cfg, range, range.last == cfg.num_hidden_layers - 1);
+      Interventions edits(out, cfg, range, range.last == cfg.num_hidden_layers - 1, true);
       edits.check_tokens(n_tokens, "the cell's " + std::to_string(n_tokens) + " tokens");
       if (generation) edits.check_for_generation();
     } catch (const Error& e) {
@@ -554,9 +578,12 @@ ojson freeze(const FreezeOptions& o) {
           cell["anchors"] = an;
           cell["edits"] = edits_j[k];
           // Only for conditions that declare hook edits (other manifests keep their bytes).
-          if (!cond.interventions.empty())
-            cell["interventions"] = resolve_interventions(cond, r, int64_t(edited[k].size()), model_cfg,
+          if (!cond.interventions.empty()) {
+            std::map<std::string, int64_t> sibling_tokens;
+            for (size_t q = 0; q < p.conditions.size(); ++q) sibling_tokens[p.conditions[q].name] = int64_t(edited[q].size());
+            cell["interventions"] = resolve_interventions(cond, r, int64_t(edited[k].size()), sibling_tokens, model_cfg,
                                                           p.mode == "generate", p.path, cid);
+          }
           edit_hist[std::to_string(cond.edits.size())]++;
           crossing_total += r.crossing;
           source_cells.back().push_back(cells.size());

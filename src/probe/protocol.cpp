@@ -318,7 +318,8 @@ Protocol load_protocol(const std::string& path) {
       const std::string iw = "interventions[" + std::to_string(k) + "]";
       const size_t eq = spec.find('=');
       if (eq == std::string::npos) c.bad(iw, "'" + spec + "': expected TARGET[@TOKENS]=ACTION");
-      if (spec.compare(eq + 1, 6, "patch:") == 0) c.bad(iw, "'" + spec + "': a protocol's edits cannot patch (no source files)");
+      if (spec.compare(eq + 1, 6, "patch:") == 0 && spec.compare(eq + 1, 7, "patch:@") != 0)
+        c.bad(iw, "'" + spec + "': a protocol's edits patch from a sibling cell (patch:@CONDITION), not from files");
       if (const size_t at = spec.find('@'); at != std::string::npos && at < eq)
         for (const std::string& item : split_list(spec.substr(at + 1, eq - at - 1)))
           if (!item.empty() && !std::isdigit(static_cast<unsigned char>(item[0])) && item != "target" &&
@@ -330,6 +331,20 @@ Protocol load_protocol(const std::string& path) {
     if (cs.name.find('/') != std::string::npos) c.bad("name", "must not contain '/'");
     c.finish();
     p.conditions.push_back(std::move(cs));
+  }
+  // patch:@CONDITION names a condition of this protocol (any order), not the condition itself.
+  for (size_t i = 0; i < p.conditions.size(); ++i) {
+    const ConditionSpec& cs = p.conditions[i];
+    for (size_t k = 0; k < cs.interventions.size(); ++k) {
+      const std::string& spec = cs.interventions[k];
+      const size_t at = spec.find("=patch:@");
+      if (at == std::string::npos) continue;
+      const std::string ref = spec.substr(at + 8);
+      const bool known = std::any_of(p.conditions.begin(), p.conditions.end(), [&](const ConditionSpec& o) { return o.name == ref; });
+      if (!known || ref == cs.name)
+        fail(path, "condition[" + std::to_string(i) + "].interventions[" + std::to_string(k) + "]",
+             "'" + spec + "': " + (known ? "a cell cannot patch from itself" : "no condition named \"" + ref + "\""));
+    }
   }
 
   read_design(top, path, p);

@@ -157,6 +157,19 @@ using CellVectors = std::vector<std::pair<std::string, std::vector<float>>>;
 // A cell's hook edits (cells whose condition declares some), built and checked before the run.
 using CellEdits = std::map<int64_t, std::unique_ptr<Interventions>>;
 
+// The rows of batch row b's siblings (same source, seed and content length), by condition: what
+// its patch:@CONDITION edits read.
+std::map<std::string, int64_t> sibling_rows(const ojson& cells, const std::vector<int64_t>& members, int64_t b) {
+  const ojson& c = cells[size_t(members[size_t(b)])];
+  std::map<std::string, int64_t> out;
+  for (size_t r = 0; r < members.size(); ++r) {
+    const ojson& d = cells[size_t(members[r])];
+    if (d["source_key"] == c["source_key"] && d["seed"] == c["seed"] && d["content_tokens"] == c["content_tokens"])
+      out[d["condition"].get<std::string>()] = int64_t(r);
+  }
+  return out;
+}
+
 std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manifest, const std::vector<int64_t>& members,
                                          bool routes, bool hidden, bool vectors, std::map<int64_t, CellVectors>& vec_out,
                                          const CellEdits& cell_edits) {
@@ -249,6 +262,7 @@ std::map<int64_t, ojson> run_trace_batch(const Model& model, const ojson& manife
     if (auto it = cell_edits.find(members[size_t(b)]); it != cell_edits.end()) {
       std::vector<uint8_t> only(size_t(B), 0);
       only[size_t(b)] = 1;
+      it->second->set_sibling_rows(sibling_rows(cells, members, b));
       it->second->attach(hooks);
       edits.emplace_back(it->second.get(), std::move(only));
     }
@@ -336,9 +350,10 @@ std::map<int64_t, ojson> run_generate_batch(const Model& model, const Tokenizer*
                              .eos_ids = {eos},
                              .stop_strings = {},
                              .pad_id = eos};
-  for (int64_t ci : members) {
-    auto it = cell_edits.find(ci);
+  for (size_t b = 0; b < members.size(); ++b) {
+    auto it = cell_edits.find(members[b]);
     go.row_edits.push_back(it == cell_edits.end() ? nullptr : it->second.get());
+    if (it != cell_edits.end()) it->second->set_sibling_rows(sibling_rows(cells, members, int64_t(b)));  // (one batch: go.batch)
   }
   if (std::all_of(go.row_edits.begin(), go.row_edits.end(), [](Interventions* e) { return e == nullptr; }))
     go.row_edits.clear();
@@ -458,7 +473,22 @@ RunSummary run_manifest(const RunOptions& o) {
       if (!c.contains("interventions")) continue;
       try {
         auto e = std::make_unique<Interventions>(c["interventions"].get<std::vector<std::string>>(), cfg0, range,
-                                                 range.last == cfg0.num_hidden_layers - 1);
+                                                 range.last == cfg0.num_hidden_layers - 1, true);
+        // patch:@CONDITION: the same source's cell of that condition (same seed and content
+        // length) must run in this cell's batch, where its row is read.
+        for (const Intervention& iv : e->list()) {
+          if (iv.action != InterventionAction::PatchRow) continue;
+          bool found = false;
+          for (int64_t cj : source_cells.at(key)) {
+            const ojson& d = cells[size_t(cj)];
+            if (d["condition"].get<std::string>() != iv.source_condition || d["seed"] != c["seed"] ||
+                d["content_tokens"] != c["content_tokens"])
+              continue;
+            if (d["batch"] != c["batch"]) fail(o.manifest, c["cell_id"].get<std::string>(), "'" + iv.spec + "': the " + iv.source_condition + " cell runs in another batch");
+            found = true;
+          }
+          if (!found) fail(o.manifest, c["cell_id"].get<std::string>(), "'" + iv.spec + "': no " + iv.source_condition + " cell of this source");
+        }
         e->check_tokens(c["n_tokens"].get<int64_t>(), "the cell's tokens");
         if (ex["mode"] != "trace") e->check_for_generation();
         cell_edits[ci] = std::move(e);

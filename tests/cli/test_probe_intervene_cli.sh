@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hook edits as probe conditions (`interventions = [...]` in a [[condition]]): freeze writes each
 # cell's edits with its own positions (an anchor, "target" = the interior tokens), run applies
-# them to that cell's row only (the other cells of the batch give the bytes of a run without the
+# them to that cell's row only (patch:@CONDITION reads the same source's row of that condition) (the other cells of the batch give the bytes of a run without the
 # edited conditions), run.json repeats them, audit passes; bad edits fail at freeze.
 source "$(dirname "$0")/lib.sh"
 model="$work/tiny"
@@ -21,6 +21,13 @@ name = "s0_zt"
 history = "filler"
 group = "s0"
 interventions = ["blocks.2.hook_resid_post@target=zero", "blocks.3.attn.hook_out@history_eos,0=scale:0.5"]
+
+[[condition]]
+name = "s0_period_px"
+history = "filler"
+group = "s0"
+edits = [{ anchor = "history_eos", to = "." }]
+interventions = ["blocks.1.hook_resid_post=patch:@s0_eos"]
 TOML
 for p in plain edited; do
   "$bin" freeze "$work/$p.toml" --out "$work/$p.json" >/dev/null || bad "freeze $p"
@@ -56,6 +63,8 @@ for c in man["cells"]:
         eos = c["anchors"]["history_eos"]
         assert c["interventions"] == [f"blocks.2.hook_resid_post@{a}-{e - 1}=zero",
                                       f"blocks.3.attn.hook_out@{eos},0=scale:0.5"], c["interventions"]
+    elif c["condition"] == "s0_period_px":
+        assert c["interventions"] == ["blocks.1.hook_resid_post=patch:@s0_eos"]
     else:
         assert "interventions" not in c
 run = {c["cell_id"]: c for c in json.load(open(f"{w}/edited/run.json"))["cells"]}
@@ -67,6 +76,18 @@ for cid, c in plain.items():
     assert strip(run[cid]["result"]) == strip(c["result"]), cid
 checked = 0
 for cid, c in run.items():
+    if c["condition"] == "s0_period_px":
+        # Layer 1's residual from the s0_eos row of the same batch: from stage 2 on, that cell's
+        # states and routes; before it, the edited input's (s0_period's).
+        eos, period = run[cid.replace("s0_period_px", "s0_eos")], run[cid.replace("s0_period_px", "s0_period")]
+        assert c["interventions"] == ["blocks.1.hook_resid_post=patch:@s0_eos"]
+        assert c["input_ids"] == period["input_ids"] != eos["input_ids"]
+        st = {s["stage"]: s for s in c["result"]["stages"]}
+        assert all(st[s] == {x["stage"]: x for x in eos["result"]["stages"]}[s] for s in (2, 3, 4, 5))
+        assert st[1] == {x["stage"]: x for x in period["result"]["stages"]}[1]
+        assert [r for r in c["result"]["routes"] if r["layer"] >= 2] == [r for r in eos["result"]["routes"] if r["layer"] >= 2]
+        checked += 1
+        continue
     if c["condition"] not in ("s0_ko", "s0_zt"):
         continue
     assert c["interventions"] == man["cells"][c["index"]]["interventions"]
@@ -81,7 +102,7 @@ for cid, c in run.items():
     else:
         assert st[2] == bst[2] and st[3]["target_sha256"] != bst[3]["target_sha256"]
     checked += 1
-assert checked >= 4, checked
+assert checked >= 6, checked
 PY
 
 # Generate mode: the edited conditions' rows generate with their edits in every pass, the other
@@ -103,6 +124,10 @@ for cid, c in plain.items():
 changed = sum(run[cid]["result"]["generated_ids"] != run[cid.replace(run[cid]["condition"], "s0_eos")]["result"]["generated_ids"]
               for cid in run if run[cid]["condition"] in ("s0_ko", "s0_zt"))
 assert changed >= 1, changed
+# Every token of layer 1's residual from the s0_eos row, in every pass: its generated tokens.
+px = [cid for cid in run if run[cid]["condition"] == "s0_period_px"]
+assert px and all(run[cid]["result"]["generated_ids"] == run[cid.replace("s0_period_px", "s0_eos")]["result"]["generated_ids"]
+                  for cid in px)
 PY
 
 # Bad edits fail at freeze, naming the protocol and the condition or cell; nothing is written.
@@ -114,7 +139,12 @@ bad_protocol "blocks.2.hook_resid_post@nowhere=zero"
 expect_error "unknown token name" "bad.toml: condition\[[0-9]+\].interventions\[0\]: .*unknown token \"nowhere\"" \
   "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.2.hook_resid_post=patch:x.safetensors"
-expect_error "patch in a protocol" "cannot patch" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+expect_error "patch from a file in a protocol" "patch from a sibling cell \(patch:@CONDITION\), not from files" \
+  "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.2.hook_resid_post=patch:@s9"
+expect_error "patch from an unknown condition" "no condition named \"s9\"" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.2.hook_resid_post=patch:@s0_bad"
+expect_error "patch from itself" "a cell cannot patch from itself" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.9.hook_resid_post=zero"
 expect_error "layer the model lacks" "bad.toml: .*s0_bad: --intervene 'blocks.9.hook_resid_post=zero': layer 9 is not run" \
   "$bin" freeze "$work/bad.toml" --out "$work/bad.json"

@@ -122,6 +122,7 @@ TEST_F(InterveneTest, BadSpecsAreRefusedNamingTheSpec) {
       {"blocks.1.hook_resid_post@=zero", "token list"},
       {"blocks.1.hook_resid_post@a=zero", "token list"},
       {"blocks.1.hook_resid_post=patch:", "needs a safetensors file"},
+      {"blocks.1.hook_resid_post=patch:@s0_eos", "probe protocols only"},
   };
   for (const auto& [spec, want] : cases) {
     const std::string e = error_of([&] { make({spec}); });
@@ -361,4 +362,37 @@ TEST_F(InterveneTest, EditsApplyInOrderAndMustFire) {
   EXPECT_EQ(j[0]["tokens"], ojson::array({3}));
   EXPECT_EQ(make({"blocks.1.moe.experts.4,1,4=zero"}).to_json()[0]["experts"], ojson::array({1, 4}));
   EXPECT_EQ(make({"embed=zero"}).to_json()[0]["tokens"], "all");
+}
+
+// patch:@CONDITION (probe cells): a row reads its sibling row's values in the same pass. Every
+// token of layer 1's residual from row 0 puts row 1 (another input, the same length) on row 0's
+// logits, bit for bit; row 0 is untouched; without a sibling row it is an error.
+TEST_F(InterveneTest, PatchFromASiblingRowInTheSamePass) {
+  const auto m = f_.model();
+  std::vector<int32_t> other = kIds;
+  other[3] = 77;
+  std::vector<int32_t> ids = kIds, pos;
+  ids.insert(ids.end(), other.begin(), other.end());
+  for (int b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < kT; ++t) pos.push_back(int32_t(t));
+  const std::vector<uint8_t> mask(size_t(2 * kT), 1), second{0, 1};
+  const ForwardInput in{.batch = 2, .tokens = kT, .ids = ids, .positions = pos, .mask = mask};
+  const std::vector<float> plain = m.forward(in).logits;
+  Interventions iv({"blocks.1.hook_resid_post=patch:@clean"}, f_.cfg, LayerRange::all(f_.cfg), true, true);
+  EXPECT_EQ(iv.to_json()[0]["source"]["condition"], "clean");
+  iv.set_sibling_rows({{"clean", 0}});
+  Hooks hooks;
+  iv.attach(hooks);
+  iv.begin_pass(in, second);
+  const std::vector<float> patched = m.forward(in, &hooks).logits;
+  iv.check_fired();
+  const size_t half = plain.size() / 2;
+  EXPECT_TRUE(std::equal(patched.begin(), patched.begin() + long(half), plain.begin())) << "row 0 changed";
+  EXPECT_TRUE(std::equal(patched.begin() + long(half), patched.end(), plain.begin())) << "row 1 is not row 0's";
+  EXPECT_FALSE(std::equal(plain.begin() + long(half), plain.end(), plain.begin()));
+  iv.set_sibling_rows({});
+  Hooks h2;
+  iv.attach(h2);
+  iv.begin_pass(in, second);
+  EXPECT_NE(error_of([&] { m.forward(in, &h2); }).find("no row of condition clean in this batch"), std::string::npos);
 }

@@ -1640,4 +1640,27 @@ TEST_F(CudaTiny, InterventionsMatchTheCpuBackend) {
   gopts.row_edits[1] = &gen_edits;
   const auto one_row = decode::generate(*model_, grows, gopts);
   for (size_t r = 0; r < grows.size(); ++r) EXPECT_EQ(one_row[r].ids, r == 1 ? batched[r].ids : unedited[r].ids) << r;
+
+  // patch:@CONDITION (probe cells): row 1 reads row 0's layer-1 residual in the same pass, both
+  // left-padded behind a longer row 2; row 1 then gives row 0's last-token logits, bit for bit.
+  {
+    const std::vector<std::vector<int32_t>> three = {ids, edited, ps[3]};  // 40, 40 and 64 tokens
+    const PaddedBatch pb(three);
+    const ForwardInput bin{.batch = 3, .tokens = pb.T, .ids = pb.ids, .positions = pb.pos, .mask = pb.mask,
+                           .logits_last_only = true};
+    const std::vector<float> plain = model_->forward(bin).logits;
+    Interventions sib(std::vector<std::string>{"blocks.1.hook_resid_post=patch:@clean"}, cfg, all, true, true);
+    sib.set_sibling_rows({{"clean", 0}});
+    Hooks h;
+    sib.attach(h);
+    const std::vector<uint8_t> second{0, 1, 0};
+    sib.begin_pass(bin, second);
+    const std::vector<float> got = model_->forward(bin, &h).logits;
+    sib.check_fired();
+    ASSERT_EQ(got.size(), size_t(3 * V));
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + V, plain.begin())) << "row 0 changed";
+    EXPECT_TRUE(std::equal(got.begin() + V, got.begin() + 2 * V, plain.begin())) << "row 1 is not row 0's";
+    EXPECT_TRUE(std::equal(got.begin() + 2 * V, got.end(), plain.begin() + 2 * V)) << "row 2 changed";
+    EXPECT_FALSE(std::equal(plain.begin() + V, plain.begin() + 2 * V, plain.begin()));
+  }
 }
