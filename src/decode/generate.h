@@ -54,7 +54,8 @@ struct GenerateOptions {
   // step is its own forward call (no DecodeRun). Null: none.
   atlas::Interventions* edits = nullptr;
   // Edits of single rows (a probe condition's): [rows.size()] or empty, null where a row has
-  // none; each runs on its own row only, beside `edits`.
+  // none; each runs on its own row only, beside `edits`. Sibling rows of patch:@ edits
+  // (Interventions::set_sibling_rows) index the batch, so such callers pass batch >= rows.size().
   std::vector<atlas::Interventions*> row_edits;
 };
 

@@ -268,6 +268,9 @@ void Interventions::check_for_generation() const {
   for (const Intervention& iv : list_) {
     const std::string where = "--intervene '" + iv.spec + "'";
     if (iv.hook == "logits") fail(where, {}, "generation cannot edit logits (edit final_norm instead)");
+    // A sibling row stops at its own EOS: name the (prompt) tokens to read.
+    if (iv.action == InterventionAction::PatchRow && iv.tokens.empty())
+      fail(where, {}, "a patch from a sibling in generation names its tokens (@TOKENS: the sibling may stop first)");
     if (iv.action != InterventionAction::Patch) continue;
     if (iv.tokens.empty()) fail(where, {}, "a patch in generation names its tokens (@TOKENS: positions in the source)");
     const int64_t Ts = iv.source->find(iv.source_tensor)->shape[0];

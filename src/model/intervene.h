@@ -91,7 +91,7 @@ class Interventions {
   // For `atlas generate`, where every forward pass (the prompt's, then each step's) runs the
   // edits and TOKENS are positions in a row's prompt-then-generated sequence: no edits of
   // `logits` (the draw may read them where they are made; edit final_norm instead), and a patch
-  // names its tokens, each inside its source.
+  // names its tokens, each inside its source (a sibling row's too: it may stop first).
   void check_for_generation() const;
   // Subscribes the edits (tensor observers). The hooks stay valid while this object lives.
   void attach(Hooks& hooks);

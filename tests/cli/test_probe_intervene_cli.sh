@@ -110,7 +110,8 @@ PY
 for p in plain edited; do
   sed 's/^mode = "trace"/mode = "generate"\nmax_new_tokens = 6/; /^layers = /d; /^record_hidden_vectors/d' \
     "$work/$p.toml" > "$work/gen_$p.toml"
-  sed -i 's/, "blocks.3.attn.hook_out@history_eos,0=scale:0.5"//' "$work/gen_$p.toml"
+  sed -i 's/, "blocks.3.attn.hook_out@history_eos,0=scale:0.5"//; s/hook_resid_post=patch:@s0_eos/hook_resid_post@target=patch:@s0_eos/' \
+    "$work/gen_$p.toml"
   "$bin" freeze "$work/gen_$p.toml" --out "$work/gen_$p.json" >/dev/null || bad "freeze gen_$p"
   "$bin" run "$work/gen_$p.json" --out "$work/gen_$p" >/dev/null 2>&1 || bad "run gen_$p"
 done
@@ -124,11 +125,18 @@ for cid, c in plain.items():
 changed = sum(run[cid]["result"]["generated_ids"] != run[cid.replace(run[cid]["condition"], "s0_eos")]["result"]["generated_ids"]
               for cid in run if run[cid]["condition"] in ("s0_ko", "s0_zt"))
 assert changed >= 1, changed
-# Every token of layer 1's residual from the s0_eos row, in every pass: its generated tokens.
-px = [cid for cid in run if run[cid]["condition"] == "s0_period_px"]
-assert px and all(run[cid]["result"]["generated_ids"] == run[cid.replace("s0_period_px", "s0_eos")]["result"]["generated_ids"]
-                  for cid in px)
+# Layer 1's residual at the target tokens from the s0_eos row of the prompt pass.
+man = json.load(open(f"{w}/gen_edited.json"))
+px = [c for c in man["cells"] if c["condition"] == "s0_period_px"]
+assert px and all(c["interventions"] == ["blocks.1.hook_resid_post@%d-%d=patch:@s0_eos" % (c["interior_token_range"][0],
+                  c["interior_token_range"][1] - 1)] for c in px)
+assert all("generated_ids" in run[c["cell_id"]]["result"] for c in px)
 PY
+# Generation: a patch from a sibling names its tokens (the sibling may stop first).
+sed 's/hook_resid_post@target=patch:@s0_eos/hook_resid_post=patch:@s0_eos/' "$work/gen_edited.toml" > "$work/gen_all.toml"
+expect_error "generate: sibling patch of every token" "a patch from a sibling in generation names its tokens" \
+  "$bin" freeze "$work/gen_all.toml" --out "$work/gen_all.json"
+no_file "generate: sibling patch of every token" "$work/gen_all.json"
 
 # Bad edits fail at freeze, naming the protocol and the condition or cell; nothing is written.
 bad_protocol() {
