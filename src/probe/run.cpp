@@ -484,10 +484,10 @@ RunSummary run_manifest(const RunOptions& o) {
             if (d["condition"].get<std::string>() != iv.source_condition || d["seed"] != c["seed"] ||
                 d["content_tokens"] != c["content_tokens"])
               continue;
-            if (d["batch"] != c["batch"]) fail(o.manifest, c["cell_id"].get<std::string>(), "'" + iv.spec + "': the " + iv.source_condition + " cell runs in another batch");
+            if (d["batch"] != c["batch"]) fail("'" + iv.spec + "': the " + iv.source_condition + " cell runs in another batch");
             found = true;
           }
-          if (!found) fail(o.manifest, c["cell_id"].get<std::string>(), "'" + iv.spec + "': no " + iv.source_condition + " cell of this source");
+          if (!found) fail("'" + iv.spec + "': no " + iv.source_condition + " cell of this source");
         }
         e->check_tokens(c["n_tokens"].get<int64_t>(), "the cell's tokens");
         if (ex["mode"] != "trace") e->check_for_generation();

@@ -153,6 +153,10 @@ bad_protocol "blocks.2.hook_resid_post=patch:@s9"
 expect_error "patch from an unknown condition" "no condition named \"s9\"" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.2.hook_resid_post=patch:@s0_bad"
 expect_error "patch from itself" "a cell cannot patch from itself" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+cp "$work/plain.toml" "$work/bad.toml"
+printf '\n[[condition]]\nname = "short"\nhistory = "none"\ninterventions = ["blocks.1.hook_resid_post=patch:@s0_eos"]\n' >> "$work/bad.toml"
+expect_error "patch from a sibling of another length" "short: interventions\[0\]: .*the s0_eos cell has [0-9]+ tokens; patching every token needs [0-9]+" \
+  "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.9.hook_resid_post=zero"
 expect_error "layer the model lacks" "bad.toml: .*s0_bad: --intervene 'blocks.9.hook_resid_post=zero': layer 9 is not run" \
   "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
