@@ -54,6 +54,10 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
   const bool device_sampling = model.supports_device_sampling() && !opts.on_logits && dev_switch != "0";
   if (!opts.row_edits.empty() && opts.row_edits.size() != rows.size())
     fail("generate: row_edits must have one entry per row");
+  if (int64_t(rows.size()) > opts.batch)
+    for (const Interventions* e : opts.row_edits)
+      if (e && e->reads_siblings())
+        fail("generate: a row's edits read sibling rows by their batch index; run every row in one batch");
   // Hook edits: per batch, one set of observers (the edits of every row, then each row's own),
   // told each pass's positions and mask and, for a row's own, which row is theirs.
   struct BatchEdit {

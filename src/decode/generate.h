@@ -55,7 +55,8 @@ struct GenerateOptions {
   atlas::Interventions* edits = nullptr;
   // Edits of single rows (a probe condition's): [rows.size()] or empty, null where a row has
   // none; each runs on its own row only, beside `edits`. Sibling rows of patch:@ edits
-  // (Interventions::set_sibling_rows) index the batch, so such callers pass batch >= rows.size().
+  // (Interventions::set_sibling_rows) index the batch, so such callers pass batch >= rows.size()
+  // (checked).
   std::vector<atlas::Interventions*> row_edits;
 };
 

@@ -103,6 +103,11 @@ class Interventions {
   void begin_pass(const ForwardInput& in, std::span<const uint8_t> rows = {});
   // The batch rows `patch:@CONDITION` edits read, by condition (probe runs; set before the passes).
   void set_sibling_rows(std::map<std::string, int64_t> rows) { siblings_ = std::move(rows); }
+  bool reads_siblings() const {
+    for (const Intervention& iv : list_)
+      if (iv.action == InterventionAction::PatchRow) return true;
+    return false;
+  }
   // After the forward pass: every edit fired exactly once.
   void check_fired() const;
 

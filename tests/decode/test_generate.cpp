@@ -456,4 +456,21 @@ TEST(Generate, EditsRunInEveryPassAndKeepRowsBatchInvariant) {
     }
   }
   fs::remove(src);
+
+  // Edits that read sibling rows (probe cells' patch:@) index the batch: one batch only.
+  Interventions sib(std::vector<std::string>{"blocks." + L + ".hook_resid_post@0=patch:@other"}, cfg, LayerRange::all(cfg),
+                    true, true);
+  sib.set_sibling_rows({{"other", 0}});
+  opts.edits = nullptr;
+  opts.row_edits = {nullptr, &sib};
+  opts.batch = 1;
+  try {
+    decode::generate(m.model, std::span(rows).subspan(0, 2), opts);
+    ADD_FAILURE() << "sibling rows across batches: no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run every row in one batch"), std::string::npos) << e.what();
+  }
+  opts.batch = 2;
+  const auto two = decode::generate(m.model, std::span(rows).subspan(0, 2), opts);
+  EXPECT_EQ(two[0].ids, plain[0].ids);  // the row that reads nothing
 }
