@@ -46,6 +46,24 @@ bool is_moe_hook(std::string_view templ) {
 
 }  // namespace
 
+std::vector<int64_t> parse_token_list(std::string_view list, const std::string& where) {
+  std::vector<int64_t> out;
+  for (std::string_view item : split(list, ',')) {
+    const size_t dash = item.find('-', 1);
+    int64_t a = -1, b = -1;
+    const bool ok = dash == std::string_view::npos
+                        ? parse_int(item, a) && (b = a, true)
+                        : parse_int(item.substr(0, dash), a) && parse_int(item.substr(dash + 1), b);
+    if (!ok || a < 0 || b < a)
+      fail(where, {}, "token list \"" + std::string(list) + "\": expected N or A-B (A <= B, from 0), comma-separated");
+    if (b - a > (int64_t(1) << 24)) fail(where, {}, "token range " + std::string(item) + " is too long");
+    for (int64_t t = a; t <= b; ++t) out.push_back(t);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::vector<int64_t> hook_token_shape(std::string_view hook, const ModelConfig& c) {
   const HookInfo* h = find_hook(hook);
   if (!h) fail("hook " + std::string(hook), {}, "unknown hook (atlas hooks lists them)");
@@ -103,21 +121,8 @@ Interventions::Interventions(const std::vector<std::string>& specs, const ModelC
     std::string_view target = std::string_view(spec).substr(0, eq);
     const std::string_view action = std::string_view(spec).substr(eq + 1);
     if (const size_t at = target.find('@'); at != std::string_view::npos) {
-      const std::string_view list = target.substr(at + 1);
+      iv.tokens = parse_token_list(target.substr(at + 1), where);
       target = target.substr(0, at);
-      for (std::string_view item : split(list, ',')) {
-        const size_t dash = item.find('-', 1);
-        int64_t a = -1, b = -1;
-        const bool ok = dash == std::string_view::npos
-                            ? parse_int(item, a) && (b = a, true)
-                            : parse_int(item.substr(0, dash), a) && parse_int(item.substr(dash + 1), b);
-        if (!ok || a < 0 || b < a)
-          bad("token list \"" + std::string(list) + "\": expected N or A-B (A <= B, from 0), comma-separated");
-        if (b - a > (int64_t(1) << 24)) bad("token range " + std::string(item) + " is too long");
-        for (int64_t t = a; t <= b; ++t) iv.tokens.push_back(t);
-      }
-      std::sort(iv.tokens.begin(), iv.tokens.end());
-      iv.tokens.erase(std::unique(iv.tokens.begin(), iv.tokens.end()), iv.tokens.end());
     }
     const std::string tname(target);
     iv.layer = layer_of(tname);
@@ -317,13 +322,8 @@ void Interventions::attach(Hooks& hooks) {
   auto routes = std::make_shared<std::vector<std::vector<int32_t>>>(list_.size());
   for (size_t i = 0; i < list_.size(); ++i) {
     const Intervention* iv = &list_[i];
-    int64_t* count = &fired_[i];
-    const auto* siblings = &siblings_;
-    const int64_t* pass_T = &pass_T_;
-    const auto* pass_pos = &pass_pos_;
-    const auto* pass_mask = &pass_mask_;
-    hooks.add(iv->hook, [iv, count, routes, i, for_tokens, siblings, pass_T, pass_pos, pass_mask](HookTensor& t) {
-      ++*count;
+    hooks.add(iv->hook, [this, iv, routes, i, for_tokens](HookTensor& t) {
+      ++fired_[i];
       switch (iv->action) {
         case InterventionAction::Zero:
           for_tokens(*iv, t, [&](int64_t o, int64_t, int64_t W) { std::fill_n(t.f32() + o, W, 0.0f); });
@@ -348,13 +348,13 @@ void Interventions::attach(Hooks& hooks) {
         case InterventionAction::PatchRow: {
           // The sibling row's token at each position, as the values stand now.
           const int64_t B = t.shape[0], T = t.shape[1], W = t.numel() / std::max<int64_t>(B * T, 1);
-          const auto sib = siblings->find(iv->source_condition);
-          if (sib == siblings->end() || sib->second < 0 || sib->second >= B)
+          const auto sib = siblings_.find(iv->source_condition);
+          if (sib == siblings_.end() || sib->second < 0 || sib->second >= B)
             fail("--intervene '" + iv->spec + "'", {}, "no row of condition " + iv->source_condition + " in this batch");
           std::map<int64_t, int64_t> at_position;  // the sibling's position -> its token index in the hook
           for (int64_t s = 0; s < T; ++s) {
-            const int64_t at = sib->second * (*pass_T) + (T == *pass_T ? s : *pass_T - 1);
-            if ((*pass_mask)[size_t(at)]) at_position[(*pass_pos)[size_t(at)]] = s;
+            const int64_t at = sib->second * pass_T_ + (T == pass_T_ ? s : pass_T_ - 1);
+            if (pass_mask_[size_t(at)]) at_position[pass_pos_[size_t(at)]] = s;
           }
           for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t w) {
             const auto src = at_position.find(position);

@@ -60,6 +60,10 @@ struct Intervention {
   std::string source_condition;
 };
 
+// TOKENS: "N" or "A-B" (inclusive) items, comma-separated, as ascending unique positions;
+// errors are prefixed with `where`.
+std::vector<int64_t> parse_token_list(std::string_view list, const std::string& where);
+
 // The values each token of a [B, T, ...] hook holds (the dimensions after [B, T]), for this
 // config; throws for hooks not laid out [B, T, ...] (attn.hook_pattern) and unknown names.
 std::vector<int64_t> hook_token_shape(std::string_view hook, const ModelConfig& cfg);

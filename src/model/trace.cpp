@@ -23,26 +23,16 @@ void TraceRecorder::keep(const std::string& name, const HookTensor& t) {
 }
 
 void TraceRecorder::attach(Hooks& hooks) {
-  const auto& L = model_.layers();
-  const int64_t n_layers = model_.config().num_hidden_layers;
-  hooks.add_reader("embed", [this](const HookTensor& t) { keep("hidden.0", t); });
-  for (int64_t l = L.first; l <= L.last; ++l) {
-    LayerHookNames n(l);
-    const std::string ls = std::to_string(l);
-    hooks.add_reader(n.resid_post, [this, l](const HookTensor& t) { keep("hidden." + std::to_string(l + 1), t); });
-    if (opts_.keep_latents) hooks.add_reader(n.latent, [this, ls](const HookTensor& t) { keep("mla." + ls + ".latent", t); });
-    if (model_.config().is_moe_layer(l)) {
-      hooks.add_reader(n.router_logits, [this, ls](const HookTensor& t) { keep("router." + ls + ".logits", t); });
-      hooks.add_reader(n.topk_ids, [this, ls](const HookTensor& t) { keep("router." + ls + ".topk_ids", t); });
-      hooks.add_reader(n.topk_weights, [this, ls](const HookTensor& t) { keep("router." + ls + ".topk_weights", t); });
-    }
+  // The standard tensors: every hook this run fires that the dump names (trace_dump_name, the
+  // same names patch sources are read by), less what the options leave out.
+  for (const std::string& h : fired_hook_names(model_.config(), model_.layers())) {
+    const std::string name = trace_dump_name(h, model_.config());
+    if (name.empty() || (!opts_.keep_latents && name.rfind("mla.", 0) == 0) || (!opts_.keep_logits && name == "logits"))
+      continue;
+    hooks.add_reader(h, [this, name](const HookTensor& t) { keep(name, t); });
   }
   for (const std::string& pattern : opts_.record)
     hooks.add_reader(pattern, [this](const HookTensor& t) { keep(std::string(t.name), t); });
-  if (model_.has_head()) {
-    hooks.add_reader("final_norm", [this, n_layers](const HookTensor& t) { keep("hidden." + std::to_string(n_layers + 1), t); });
-    if (opts_.keep_logits) hooks.add_reader("logits", [this](const HookTensor& t) { keep("logits", t); });
-  }
 }
 
 const TraceRecorder::Stored* TraceRecorder::find(const std::string& name) const {

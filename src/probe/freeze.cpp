@@ -235,17 +235,12 @@ std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const 
     const std::string ref = out[k].substr(p + 8);
     const int64_t have = sibling_tokens.at(ref);
     const size_t at = out[k].find('@');
-    int64_t last = -1;  // the largest position named (resolved: digits, ',' and '-' only)
-    if (at < p)
-      for (size_t b = at + 1; b < p;) {
-        size_t e = b;
-        while (e < p && std::isdigit(static_cast<unsigned char>(out[k][e]))) ++e;
-        if (e - b > 12) fail(file, where + ": interventions[" + std::to_string(k) + "]", "'" + out[k] + "': position too large");
-        if (e > b) last = std::max<int64_t>(last, std::stoll(out[k].substr(b, e - b)));
-        b = e + 1;
-      }
+    const std::string kw = where + ": interventions[" + std::to_string(k) + "]";
+    const int64_t last =  // the largest position named (a list, resolved above)
+        at < p ? parse_token_list(std::string_view(out[k]).substr(at + 1, p - at - 1), file + ": " + kw + ": '" + out[k] + "'").back()
+               : -1;
     if (at < p ? last >= have : have != n_tokens)
-      fail(file, where + ": interventions[" + std::to_string(k) + "]",
+      fail(file, kw,
            "'" + out[k] + "': the " + ref + " cell has " + std::to_string(have) + " tokens; " +
                (at < p ? "position " + std::to_string(last) + " is not among them" : "patching every token needs " + std::to_string(n_tokens)));
   }

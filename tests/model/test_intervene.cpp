@@ -268,8 +268,12 @@ TEST_F(InterveneTest, ExpertEditsDoWhatTheySay) {
       float sum = 0;
       for (int j = 0; j < 3; ++j) {
         const size_t i = size_t(s * 3 + j);
-        if (s >= 2 && s <= 5) EXPECT_NE(got[i], e) << "token " << s;
-        if (s < 2) EXPECT_EQ(got[i], ids[i]);
+        if (s >= 2 && s <= 5) {
+          EXPECT_NE(got[i], e) << "token " << s;
+        }
+        if (s < 2) {
+          EXPECT_EQ(got[i], ids[i]);
+        }
         sum += gw[i];
       }
       EXPECT_NEAR(sum, 1.0f, 1e-6) << "norm_topk_prob: the weights are normalised over the chosen experts";
