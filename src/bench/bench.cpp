@@ -18,6 +18,7 @@
 #include "io/checkpoint.h"
 #include "model/digest.h"
 #include "model/hooks.h"
+#include "model/intervene.h"
 #include "model/loader.h"
 #ifdef ATLAS_HAVE_CUDA
 #include "backend/cuda/cuda_ops.h"
@@ -220,13 +221,34 @@ std::vector<Record> run_bench(const BenchOptions& o) {
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += int64_t(p.size());
   const WeightBytes wb = weight_bytes(cfg);
+  // Hook edits (--intervene), checked against the model before anything loads, as trace and
+  // generate check theirs. They change what the timed workloads compute, so the others (load,
+  // memory) do not run beside them.
+  std::optional<Interventions> edits;
+  if (!o.interventions.empty()) {
+    for (const auto& w : workloads)
+      if (w != "seed-grid-128x512" && w != "prefill-trace-128" && w != "decode-b1")
+        fail("--intervene", {},
+             "edits apply to seed-grid-128x512, prefill-trace-128 and decode-b1 only (name them with --workload; "
+             "not \"" + w + "\")");
+    edits.emplace(o.interventions, cfg, LayerRange::all(cfg), true);
+    const auto wants_w = [&](const char* w) { return std::find(workloads.begin(), workloads.end(), w) != workloads.end(); };
+    if (wants_w("seed-grid-128x512") || wants_w("decode-b1")) edits->check_for_generation();
+    if (wants_w("prefill-trace-128")) {
+      int64_t longest = 0;
+      for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
+      edits->check_tokens(longest, "prefill-trace-128");
+    }
+  }
+  Interventions* const edit = edits ? &*edits : nullptr;
+  const ojson edits_json = edits ? edits->to_json() : ojson(nullptr);
 
   std::vector<Record> out;
   auto record = [&](const std::string& workload, const std::string& mode, double v, const std::string& unit,
                     std::optional<double> bound, ojson detail) {
     Record r{.workload = workload, .mode = mode, .unit = unit, .gpu = dev.name, .commit = commit, .date = date,
              .command = o.command, .atlas = v, .reference = std::nullopt, .bound = bound, .detail = std::move(detail),
-             .environment = environment};
+             .environment = environment, .interventions = edits_json};
     if (auto it = reference.values.find(workload); it != reference.values.end()) r.reference = it->second;
     r.reference_source = reference.source;
     out.push_back(std::move(r));
@@ -260,6 +282,25 @@ std::vector<Record> run_bench(const BenchOptions& o) {
     }
     record(workload, mode, mid, unit, bound, std::move(detail));
   };
+  // With edits: the same workload without them, as many times (`once(nullptr)`), into the
+  // edited record's detail: figures, their median, the fingerprint, and edit_cost = the edited
+  // run's time over the unedited one's (> 1: the edits cost time).
+  auto unedited = [&](const char* key, const char* fingerprint, bool rate, auto once) {
+    if (!edit) return;
+    std::vector<double> figures;
+    std::string fp;
+    for (int i = 0; i < o.repeat; ++i) {
+      auto [v, d] = once(nullptr);
+      figures.push_back(v);
+      fp = d.value(fingerprint, std::string());
+    }
+    ojson& d = out.back().detail;
+    const double mid = median(figures);
+    d[std::string("unedited_") + key] = mid;
+    d[std::string("unedited_") + key + "_runs"] = figures;
+    d[std::string("unedited_") + fingerprint] = fp;
+    d["edit_cost"] = rate ? mid / out.back().atlas : out.back().atlas / mid;
+  };
 
   for (const auto& mode : modes) {
     const ModelOptions mo{.backend = o.backend, .compute = Compute::BF16, .device = o.device,
@@ -279,12 +320,12 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       for (size_t i = 0; i < prompts.size(); ++i) rows.push_back({.id = std::to_string(i), .ids = prompts[i], .sampling = {}});
       std::optional<double> bound;
       if (dev.bandwidth) bound = double(o.grid_new_tokens) * wb.all / *dev.bandwidth;
-      repeated("seed-grid-128x512", mode, "s", bound, "tokens_sha256", [&] {
+      const auto grid_once = [&](Interventions* e) {
         const auto t0 = Clock::now();
         auto res = decode::generate(*model, rows,
                                     {.max_new_tokens = o.grid_new_tokens, .batch = o.grid_prompts, .eos_ids = {},
                                      .stop_strings = {}, .pad_id = 0, .detokenize = {}, .on_row = {}, .on_logits = {},
-                                     .progress = o.progress});
+                                     .progress = o.progress, .edits = e});
         const double s = since(t0);
         int64_t new_tokens = 0;
         Sha256 h;
@@ -295,9 +336,11 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         return std::pair{s, ojson{{"prompts", o.grid_prompts}, {"prompt_tokens", prompt_tokens},
                                   {"new_tokens", new_tokens}, {"tokens_per_s", double(new_tokens) / s},
                                   {"tokens_sha256", h.hex()}}};
-      });
+      };
+      repeated("seed-grid-128x512", mode, "s", bound, "tokens_sha256", [&] { return grid_once(edit); });
       ojson& d = out.back().detail;  // the rate of the reported (median) run
       d["tokens_per_s"] = d["new_tokens"].get<double>() / out.back().atlas;
+      unedited("s", "tokens_sha256", false, grid_once);
     }
 
     if (wants("prefill-trace-128")) {
@@ -321,37 +364,48 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       std::map<std::string, std::vector<std::string>> stage_hashes;
       std::map<std::string, std::vector<int32_t>> routes;
       std::map<std::string, std::vector<float>> route_w;
-      Hooks hooks;
-      auto stage = [&](const std::string& name) {
-        hooks.add_digests(name, [&, name](const HookDigests& d) {
-          std::vector<std::string> hs(static_cast<size_t>(B));
-          for (int64_t b = 0; b < B; ++b)
-            hs[size_t(b)] = digest_chain_hex(d.row(b, T - int64_t(prompts[size_t(b)].size()), T));
-          stage_hashes[name] = std::move(hs);
-        });
+      // The recorders; edits first where there are any, so that the recorders see the edited
+      // values (as in atlas trace).
+      const auto recording = [&](Interventions* e) {
+        auto hooks_ptr = std::make_unique<Hooks>();
+        Hooks& hooks = *hooks_ptr;
+        if (e) e->attach(hooks);
+        auto stage = [&](const std::string& name) {
+          hooks.add_digests(name, [&, name](const HookDigests& d) {
+            std::vector<std::string> hs(static_cast<size_t>(B));
+            for (int64_t b = 0; b < B; ++b)
+              hs[size_t(b)] = digest_chain_hex(d.row(b, T - int64_t(prompts[size_t(b)].size()), T));
+            stage_hashes[name] = std::move(hs);
+          });
+        };
+        stage("embed");
+        for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+          const LayerHookNames n(l);
+          stage(n.resid_post);
+          if (!cfg.is_moe_layer(l)) continue;
+          hooks.add_reader(n.topk_ids, [&, l](const HookTensor& t) {
+            routes[std::to_string(l)].assign(t.i32(), t.i32() + t.numel());
+          });
+          hooks.add_reader(n.topk_weights, [&, l](const HookTensor& t) {
+            route_w[std::to_string(l)].assign(t.f32(), t.f32() + t.numel());
+          });
+        }
+        stage("final_norm");
+        return hooks_ptr;
       };
-      stage("embed");
-      for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-        const LayerHookNames n(l);
-        stage(n.resid_post);
-        if (!cfg.is_moe_layer(l)) continue;
-        hooks.add_reader(n.topk_ids, [&, l](const HookTensor& t) {
-          routes[std::to_string(l)].assign(t.i32(), t.i32() + t.numel());
-        });
-        hooks.add_reader(n.topk_weights, [&, l](const HookTensor& t) {
-          route_w[std::to_string(l)].assign(t.f32(), t.f32() + t.numel());
-        });
-      }
-      stage("final_norm");
       const ForwardInput in{.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask,
                             .logits_last_only = true, .logits_rows = {}};
-      repeated("prefill-trace-128", mode, "s", std::nullopt, "stage_hashes_sha256", [&] {
+      const auto recorders = recording(edit);  // with the edits, where there are any
+      const auto unedited_recorders = edit ? recording(nullptr) : nullptr;
+      const auto traced_once = [&](Interventions* e) {
         stage_hashes.clear();
         routes.clear();
         route_w.clear();
         auto cache = model->make_cache(B, T);
         const auto t0 = Clock::now();
-        model->forward(in, *cache, &hooks);
+        if (e) e->begin_pass(in);
+        model->forward(in, *cache, e || !edit ? recorders.get() : unedited_recorders.get());
+        if (e) e->check_fired();
         const double s = since(t0);
         Sha256 h;
         for (const auto& [name, hs] : stage_hashes)
@@ -361,7 +415,9 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         return std::pair{s, ojson{{"rows", B}, {"padded_tokens", T}, {"prompt_tokens", prompt_tokens},
                                   {"stages", stage_hashes.size()}, {"route_decisions_padded", decisions},
                                   {"stage_hashes_sha256", h.hex()}}};
-      });
+      };
+      repeated("prefill-trace-128", mode, "s", std::nullopt, "stage_hashes_sha256", [&] { return traced_once(edit); });
+      unedited("s", "stage_hashes_sha256", false, traced_once);
       // What tracing costs: the same forward without hooks, as many times (median, seconds).
       std::vector<double> untraced;
       for (int i = 0; i < o.repeat; ++i) {
@@ -384,17 +440,27 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       const std::vector<uint8_t> no_logits(1, 0);
       std::optional<double> bound;
       if (dev.bandwidth) bound = *dev.bandwidth / wb.per_token_b1;
-      repeated("decode-b1", mode, "tok/s", bound, "tokens_sha256", [&] {
+      const auto decode_once = [&](Interventions* e) {
+        // Edits run in every pass (the prompt's, then each step's), as atlas generate runs them.
+        std::unique_ptr<Hooks> hooks;
+        if (e) e->attach(*(hooks = std::make_unique<Hooks>()));
+        const auto edited_forward = [&](const ForwardInput& in, Cache& cache) {
+          if (e) e->begin_pass(in);
+          auto out = model->forward(in, cache, hooks.get());
+          if (e) e->check_fired();
+          return out;
+        };
         auto cache = model->make_cache(1, P + o.decode_steps + 1);
-        auto r = model->forward({.batch = 1, .tokens = P, .ids = p, .positions = pos, .mask = mask,
+        auto r = edited_forward({.batch = 1, .tokens = P, .ids = p, .positions = pos, .mask = mask,
                                  .logits_last_only = true, .logits_rows = no_logits},
                                 *cache);
         int32_t tok = r.greedy.at(0);
         std::vector<int32_t> toks;
         // The decode steps as `atlas generate` runs them for greedy rows: a DecodeRun with
         // GenerateOptions' default number of steps pushed ahead of the one read (the cache's first
-        // decode step runs eagerly inside it); --decode-ahead 0: one forward() call per step.
-        const int64_t ahead = o.decode_ahead;
+        // decode step runs eagerly inside it); --decode-ahead 0, or edits (as in generate): one
+        // forward() call per step.
+        const int64_t ahead = e ? 0 : o.decode_ahead;
         // generate's attention form for decode steps in both loops (the CUDA backend has one form;
         // the CPU backend's two differ in rounding, so the loops must not differ in it).
         const AttentionForm form = decode::GenerateOptions{}.decode_attention;
@@ -403,7 +469,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
           for (int64_t s = 0; s < o.decode_steps; ++s) {
             const int32_t id = tok, ps = int32_t(P + s);
             const uint8_t one = 1;
-            r = model->forward({.batch = 1, .tokens = 1, .ids = {&id, 1}, .positions = {&ps, 1}, .mask = {&one, 1},
+            r = edited_forward({.batch = 1, .tokens = 1, .ids = {&id, 1}, .positions = {&ps, 1}, .mask = {&one, 1},
                                 .logits_last_only = true, .logits_rows = no_logits, .attention = form},
                                *cache);
             tok = r.greedy.at(0);
@@ -428,8 +494,10 @@ std::vector<Record> run_bench(const BenchOptions& o) {
                          ojson{{"prompt_tokens", P}, {"steps", o.decode_steps}, {"seconds", s},
                                {"bytes_per_token_bound", wb.per_token_b1}, {"decode_ahead", ahead},
                                {"tokens_sha256", ids_sha256(toks)}}};
-      });
+      };
+      repeated("decode-b1", mode, "tok/s", bound, "tokens_sha256", [&] { return decode_once(edit); });
       out.back().detail["seconds"] = double(o.decode_steps) / out.back().atlas;  // of the reported (median) rate
+      unedited("tok_s", "tokens_sha256", true, decode_once);
     }
 
     if (wants("peak-mem-128x1024")) {
@@ -510,6 +578,7 @@ ojson to_json(const std::vector<Record>& records) {
     j["bound"] = r.bound ? ojson(*r.bound) : ojson(nullptr);
     if (r.bound && r.atlas > 0)
       j["fraction_of_bound"] = r.unit == "tok/s" ? r.atlas / *r.bound : *r.bound / r.atlas;
+    if (!r.interventions.is_null()) j["interventions"] = r.interventions;  // absent without edits
     j["detail"] = r.detail;
     a.push_back(std::move(j));
   }

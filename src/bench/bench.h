@@ -51,6 +51,10 @@ struct BenchOptions {
   // model; the record's figure is the median, detail.runs keeps every run's figure, and the
   // runs' fingerprints (tokens / stage hashes) must agree (detail.fingerprint_identical_across_runs).
   int repeat = 1;
+  // Hook edits (`atlas bench --intervene`, model/intervene.h specs) for the three timed
+  // workloads: each then runs with the edits (the record's figure) and without them, as many
+  // times, in the same process (detail.unedited_*, detail.edit_cost = edited / unedited time).
+  std::vector<std::string> interventions;
 };
 
 struct Record {
@@ -63,6 +67,7 @@ struct Record {
   // Every ATLAS_* variable set in the bench's environment (name -> value; ATLAS_GIT_COMMIT is in
   // `commit`): the A/B switches of docs/cuda.md a record was measured under.
   ojson environment = ojson::object();
+  ojson interventions;  // what --intervene ran (Interventions::to_json); null: none
 };
 // The ATLAS_* variables of this process's environment but ATLAS_GIT_COMMIT, by name.
 ojson atlas_environment();

@@ -69,6 +69,9 @@ Registrar reg{{
                          "the record keeps the median and every run")
               ->check(CLI::Range(1, 1000))
               ->capture_default_str();
+          app.add_option("--intervene", a.o.interventions,
+                         "Hook edit for the grid, traced prefill and batch-1 decode (repeatable; as atlas generate "
+                         "--intervene): each runs with and without the edits, detail.edit_cost their time ratio");
           app.callback([] {
             if (a.o.prompt_max < a.o.prompt_min)
               fail("--prompt-max", {}, "must be >= --prompt-min (" + std::to_string(a.o.prompt_min) + "), got " +
@@ -91,6 +94,8 @@ Registrar reg{{
               if (!r["speedup_vs_reference"].is_null())
                 std::printf("  x%.1f", r["speedup_vs_reference"].get<double>());
               if (r.contains("fraction_of_bound")) std::printf("  %.0f%% of bound", 100 * r["fraction_of_bound"].get<double>());
+              if (r["detail"].contains("edit_cost"))
+                std::printf("  edits x%.2f the time", r["detail"]["edit_cost"].get<double>());
               std::printf("\n");
             }
             if (!a.json_out.empty()) write_file_atomic(a.json_out, j.dump(2) + "\n");

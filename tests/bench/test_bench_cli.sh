@@ -92,6 +92,58 @@ assert abs(g["detail"]["tokens_per_s"] - g["detail"]["new_tokens"] / g["atlas"])
 assert "runs" not in once["seed-grid-128x512"]["detail"]
 assert all(x["reference_source"] is None and x["reference"] is None for x in r.values())
 PY
+# --intervene: the timed workloads run with the edits (the record's figure) and without them
+# (detail.unedited_*); the unedited fingerprints are the plain bench's, the edited grid's and
+# decode's tokens are what `atlas generate --intervene` gives for the same prompts.
+edits=(--intervene 'blocks.1.moe.experts.3=route-out' --intervene 'blocks.0.hook_resid_post@2-5=scale:0.5')
+"$bin" bench --model "$model" --backend cpu "${small[@]}" --repeat 2 --workload seed-grid-128x512 \
+  --workload prefill-trace-128 --workload decode-b1 "${edits[@]}" --json "$work/e.json" >/dev/null 2>"$work/err" \
+  && ok "bench --intervene ran" || bad "bench --intervene: $(cat "$work/err")"
+"$bin" generate --model "$model" --backend cpu --compute bf16 --prompts "$work/prompts.jsonl" --out "$work/ge.jsonl" \
+  --max-new-tokens 5 --greedy --batch 3 "${edits[@]}" >/dev/null 2>&1 || bad "generate --intervene"
+$py - "$work/p.json" "$work/d.jsonl" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+open(sys.argv[2], "w").write(json.dumps({"id": "d", "ids": p["decode_prompt"]}) + "\n")
+PY
+"$bin" generate --model "$model" --backend cpu --compute bf16 --prompts "$work/d.jsonl" --out "$work/gd.jsonl" \
+  --max-new-tokens 5 --greedy "${edits[@]}" >/dev/null 2>&1 || bad "generate --intervene (decode prompt)"
+$py - "$work/e.json" "$work/r.json" "$work/b.json" "$work/ge.jsonl" "$work/gd.jsonl" <<'PY' \
+  && ok "edited records: edits named, unedited runs = the plain bench, edited tokens = generate --intervene" \
+  || bad "edited records"
+import hashlib, json, struct, sys
+e = {x["workload"]: x for x in json.load(open(sys.argv[1]))}
+plain = {x["workload"]: x for x in json.load(open(sys.argv[2]))}
+assert all("interventions" not in x for x in json.load(open(sys.argv[3])))  # absent without edits
+fp = {"seed-grid-128x512": "tokens_sha256", "prefill-trace-128": "stage_hashes_sha256", "decode-b1": "tokens_sha256"}
+for w, x in e.items():
+    d = x["detail"]
+    assert [i["spec"] for i in x["interventions"]] == ["blocks.1.moe.experts.3=route-out",
+                                                       "blocks.0.hook_resid_post@2-5=scale:0.5"], x["interventions"]
+    assert d["unedited_" + fp[w]] == plain[w]["detail"][fp[w]], w
+    assert d["fingerprint_identical_across_runs"] is True, w
+    key = "unedited_tok_s" if w == "decode-b1" else "unedited_s"
+    assert len(d[key + "_runs"]) == 2, d
+    cost = d[key] / x["atlas"] if w == "decode-b1" else x["atlas"] / d[key]
+    assert abs(d["edit_cost"] - cost) < 1e-12, (w, d)
+# The scaled residual changes every later stage of the traced rows.
+assert e["prefill-trace-128"]["detail"]["stage_hashes_sha256"] != plain["prefill-trace-128"]["detail"]["stage_hashes_sha256"]
+assert e["decode-b1"]["detail"]["decode_ahead"] == 0  # edits: one forward call per step, as generate
+h = hashlib.sha256()
+for l in open(sys.argv[4]):
+    ids = json.loads(l)["ids"]
+    h.update(struct.pack("<%di" % len(ids), *ids))
+assert e["seed-grid-128x512"]["detail"]["tokens_sha256"] == h.hexdigest()
+# decode-b1 keeps the steps' tokens (the prompt's own greedy token comes before them).
+ids = json.loads(open(sys.argv[5]).read())["ids"][1:]
+assert e["decode-b1"]["detail"]["tokens_sha256"] == hashlib.sha256(struct.pack("<%di" % len(ids), *ids)).hexdigest()
+PY
+expect_error "intervene beside load" "edits apply to" "$bin" bench --model "$model" --backend cpu --workload load \
+  --intervene 'embed=zero' --json "$work/x.json"
+no_file "intervene beside load" "$work/x.json"
+expect_error "intervene on logits in decode" "cannot edit logits" "$bin" bench --model "$model" --backend cpu \
+  --workload decode-b1 --intervene 'logits=zero' --json "$work/x.json"
+no_file "intervene on logits in decode" "$work/x.json"
 # The records name the ATLAS_* switches they were measured under (every one set, but
 # ATLAS_GIT_COMMIT, which is the commit field's), sorted by name.
 ATLAS_WIDE_NORM=1 ATLAS_PDL=0 "$bin" bench --model "$model" --backend cpu "${small[@]}" --workload load \
