@@ -194,8 +194,8 @@ int64_t anchor_pos(const Rendering& r, const std::string& name, const std::strin
   fail(file, where, "anchor " + name + " not found: " + (m != r.missing.end() ? m->second : "unknown anchor"));
 }
 
-// A condition's hook edits with this cell's positions: TOKENS items naming an anchor become its
-// position, "target" the interior range A-B; numbers stay. Checked against the model's config
+// A condition's hook edits with this cell's positions: TOKENS items naming an anchor (NAME,
+// NAME+N, NAME-N) become its position (plus the offset), "target" the interior range A-B; numbers stay. Checked against the model's config
 // where freeze has one (`cfg`), as run checks them again before anything is written.
 // `sibling_tokens`: the token count of each condition's cell of the same source, for patch:@.
 std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const Rendering& r, int64_t n_tokens,
@@ -221,7 +221,14 @@ std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const 
         if (r.interior_end <= r.interior_begin) fail(file, iw, "'" + spec + "': the cell has no target tokens");
         pos = std::to_string(r.interior_begin) + "-" + std::to_string(r.interior_end - 1);
       } else if (!item.empty() && !std::isdigit(static_cast<unsigned char>(item[0]))) {
-        pos = std::to_string(anchor_pos(r, item, file, iw));
+        // An anchor, maybe offset (load_protocol checked the form): the position must be a token
+        // of this cell.
+        const AnchorRef ref = parse_anchor_ref(item).value();
+        const int64_t p = anchor_pos(r, ref.name, file, iw) + ref.offset;
+        if (p < 0 || p >= n_tokens)
+          fail(file, iw, "'" + spec + "': " + item + " is position " + std::to_string(p) + ", outside the cell's " +
+                             std::to_string(n_tokens) + " tokens");
+        pos = std::to_string(p);
       }
       list += (list.empty() ? "" : ",") + pos;
       a = b + 1;

@@ -20,6 +20,20 @@ const std::vector<std::string>& anchor_names() {
   return names;
 }
 
+std::optional<AnchorRef> parse_anchor_ref(const std::string& item) {
+  const size_t sign = item.find_first_of("+-");
+  AnchorRef r{.name = item.substr(0, sign), .offset = 0};
+  if (r.name.empty() || !std::all_of(r.name.begin(), r.name.end(), [](char c) { return std::islower(static_cast<unsigned char>(c)) || c == '_'; }))
+    return std::nullopt;
+  if (sign == std::string::npos) return r;
+  const std::string digits = item.substr(sign + 1);
+  if (digits.empty() || digits.size() > 9 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+    return std::nullopt;
+  r.offset = std::stoll(digits) * (item[sign] == '-' ? -1 : 1);
+  return r;
+}
+
 namespace {
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -321,10 +335,13 @@ Protocol load_protocol(const std::string& path) {
       if (spec.compare(eq + 1, 6, "patch:") == 0 && spec.compare(eq + 1, 7, "patch:@") != 0)
         c.bad(iw, "'" + spec + "': a protocol's edits patch from a sibling cell (patch:@CONDITION), not from files");
       if (const size_t at = spec.find('@'); at != std::string::npos && at < eq)
-        for (const std::string& item : split_list(spec.substr(at + 1, eq - at - 1)))
-          if (!item.empty() && !std::isdigit(static_cast<unsigned char>(item[0])) && item != "target" &&
-              std::find(anchor_names().begin(), anchor_names().end(), item) == anchor_names().end())
-            c.bad(iw, "'" + spec + "': unknown token \"" + item + "\" (a position, A-B, target or an anchor)");
+        for (const std::string& item : split_list(spec.substr(at + 1, eq - at - 1))) {
+          if (item.empty() || std::isdigit(static_cast<unsigned char>(item[0])) || item == "target") continue;
+          const auto ref = parse_anchor_ref(item);
+          if (!ref || std::find(anchor_names().begin(), anchor_names().end(), ref->name) == anchor_names().end())
+            c.bad(iw, "'" + spec + "': unknown token \"" + item +
+                          "\" (a position, A-B, target, or an anchor with an optional +N / -N)");
+        }
     }
     for (const auto& o : p.conditions)
       if (o.name == cs.name) c.bad("name", "condition '" + cs.name + "' declared twice");

@@ -44,7 +44,8 @@ struct ConditionSpec {
   std::string group;             // cells of one source in one group: equal length and target position
   std::vector<EditSpec> edits;
   // Hook edits of the forward pass (model/intervene.h), TARGET[@TOKENS]=ACTION, where TOKENS
-  // may also name an anchor or "target" (the cell's interior tokens); freeze writes each cell's
+  // may also name an anchor (with an offset: "history_eos+1") or "target" (the cell's interior
+  // tokens); freeze writes each cell's
   // edits with its own positions. No patch (a protocol has no source files).
   std::vector<std::string> interventions;
 };
@@ -114,5 +115,14 @@ Protocol load_protocol(const std::string& path);
 
 // Anchor names the renderer knows.
 const std::vector<std::string>& anchor_names();
+
+// A TOKENS item of a condition's hook edit that names an anchor: "NAME", "NAME+N" or "NAME-N"
+// (N: up to 9 digits), as {NAME, offset}; nullopt for anything else (positions, ranges,
+// "target", malformed offsets), whether or not NAME is a known anchor.
+struct AnchorRef {
+  std::string name;
+  int64_t offset = 0;
+};
+std::optional<AnchorRef> parse_anchor_ref(const std::string& item);
 
 }  // namespace atlas::probe

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hook edits as probe conditions (`interventions = [...]` in a [[condition]]): freeze writes each
-# cell's edits with its own positions (an anchor, "target" = the interior tokens), run applies
+# cell's edits with its own positions (an anchor, maybe offset, "target" = the interior tokens), run applies
 # them to that cell's row only (patch:@CONDITION reads the same source's row of that condition) (the other cells of the batch give the bytes of a run without the
 # edited conditions), run.json repeats them, audit passes; bad edits fail at freeze.
 source "$(dirname "$0")/lib.sh"
@@ -20,7 +20,7 @@ interventions = ["blocks.1.moe.experts.0,1=route-out"]
 name = "s0_zt"
 history = "filler"
 group = "s0"
-interventions = ["blocks.2.hook_resid_post@target=zero", "blocks.3.attn.hook_out@history_eos,0=scale:0.5"]
+interventions = ["blocks.2.hook_resid_post@target=zero", "blocks.3.attn.hook_out@history_eos,history_eos+1,history_eos-2,0=scale:0.5"]
 
 [[condition]]
 name = "s0_period_px"
@@ -62,7 +62,7 @@ for c in man["cells"]:
     elif c["condition"] == "s0_zt":
         eos = c["anchors"]["history_eos"]
         assert c["interventions"] == [f"blocks.2.hook_resid_post@{a}-{e - 1}=zero",
-                                      f"blocks.3.attn.hook_out@{eos},0=scale:0.5"], c["interventions"]
+                                      f"blocks.3.attn.hook_out@{eos},{eos + 1},{eos - 2},0=scale:0.5"], c["interventions"]
     elif c["condition"] == "s0_period_px":
         assert c["interventions"] == ["blocks.1.hook_resid_post=patch:@s0_eos"]
     else:
@@ -110,7 +110,7 @@ PY
 for p in plain edited; do
   sed 's/^mode = "trace"/mode = "generate"\nmax_new_tokens = 6/; /^layers = /d; /^record_hidden_vectors/d' \
     "$work/$p.toml" > "$work/gen_$p.toml"
-  sed -i 's/, "blocks.3.attn.hook_out@history_eos,0=scale:0.5"//; s/hook_resid_post=patch:@s0_eos/hook_resid_post@target=patch:@s0_eos/' \
+  sed -i 's/, "blocks.3.attn.hook_out@history_eos,history_eos+1,history_eos-2,0=scale:0.5"//; s/hook_resid_post=patch:@s0_eos/hook_resid_post@target=patch:@s0_eos/' \
     "$work/gen_$p.toml"
   "$bin" freeze "$work/gen_$p.toml" --out "$work/gen_$p.json" >/dev/null || bad "freeze gen_$p"
   "$bin" run "$work/gen_$p.json" --out "$work/gen_$p" >/dev/null 2>&1 || bad "run gen_$p"
@@ -145,6 +145,12 @@ bad_protocol() {
 }
 bad_protocol "blocks.2.hook_resid_post@nowhere=zero"
 expect_error "unknown token name" "bad.toml: condition\[[0-9]+\].interventions\[0\]: .*unknown token \"nowhere\"" \
+  "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.2.hook_resid_post@history_eos+x=zero"
+expect_error "malformed anchor offset" "unknown token \"history_eos\+x\" \(a position, A-B, target, or an anchor with an optional \+N / -N\)" \
+  "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.2.hook_resid_post@bos-1=zero"
+expect_error "anchor offset before the first token" "s0_bad.*interventions\[0\]: .*bos-1 is position -1, outside the cell's [0-9]+ tokens" \
   "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.2.hook_resid_post=patch:x.safetensors"
 expect_error "patch from a file in a protocol" "patch from a sibling cell \(patch:@CONDITION\), not from files" \

@@ -13,6 +13,7 @@
 #include "core/sha256.h"
 #include "probe/corpus.h"
 #include "probe/freeze.h"
+#include "probe/protocol.h"
 #include "probe/run.h"
 
 namespace atlas::probe {
@@ -32,6 +33,19 @@ TEST(ProbeShard, ParsesAndRejects) {
   EXPECT_EQ(s.index, 1);
   EXPECT_EQ(s.count, 4);
   for (const char* bad : {"4/4", "-1/4", "1", "1/0", "a/2", "1/2x", "/2", ""}) EXPECT_THROW(parse_shard(bad), Error) << bad;
+}
+
+// Hook-edit TOKENS items naming an anchor: NAME, NAME+N, NAME-N; anything else is not one.
+TEST(ProbeProtocol, AnchorRefs) {
+  const auto r = probe::parse_anchor_ref("history_eos");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->name, "history_eos");
+  EXPECT_EQ(r->offset, 0);
+  EXPECT_EQ(probe::parse_anchor_ref("gen_role_head+3")->offset, 3);
+  EXPECT_EQ(probe::parse_anchor_ref("bos-12")->offset, -12);
+  EXPECT_EQ(probe::parse_anchor_ref("bos-12")->name, "bos");
+  for (const char* bad : {"", "12", "3-5", "+1", "bos+", "bos-x", "bos+1+2", "bos+1234567890", "Bos", "bos 1"})
+    EXPECT_FALSE(probe::parse_anchor_ref(bad)) << bad;
 }
 
 TEST(ProbeCorpus, WikitextHeadings) {
