@@ -1,4 +1,5 @@
-// atlas freeze PROTOCOL.toml --out MANIFEST.json [--model DIR] [--data DIR] [--per-domain N]:
+// atlas freeze PROTOCOL.toml --out MANIFEST.json [--model DIR] [--data DIR] [--per-domain N]
+// [--reference-selection MANIFEST.json]:
 // resolves every cell of a probe protocol to token ids with its verified contract, before any
 // model output exists (tokenizer only; no weights are read).
 #include <cstdio>
@@ -12,7 +13,7 @@ namespace atlas::cli {
 namespace {
 
 struct FreezeArgs {
-  std::string protocol, out, model, data;
+  std::string protocol, out, model, data, reference;
   std::optional<int64_t> per_domain;  // 0 is an error (freeze says so), not "not given"
 };
 
@@ -27,9 +28,13 @@ Registrar reg{{
           app.add_option("--model", a.model, "Model directory (overrides the protocol's; only its tokenizer is read)");
           app.add_option("--data", a.data, "Corpus root (overrides the protocol's [data] root)");
           app.add_option("--per-domain", a.per_domain, "Sources per domain (overrides the protocol's; for small runs)");
+          app.add_option("--reference-selection", a.reference,
+                         "Take the sources (ids, ranks, order) of this frozen manifest, texts re-hashed (overrides "
+                         "[selection] reference)");
           app.callback([] {
             probe::FreezeOptions o{.protocol = a.protocol, .model_dir = a.model, .data_root = a.data, .per_domain = {}};
             o.per_domain = a.per_domain;
+            o.selection_reference = a.reference;
             ojson m = probe::freeze(o);
             write_file_atomic(a.out, m.dump(1) + "\n");
             const auto& c = m["contracts"];

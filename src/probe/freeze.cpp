@@ -330,6 +330,44 @@ LayerRange protocol_layers(const std::string& spec, const ModelConfig& cfg, cons
   }
 }
 
+namespace {
+
+// A frozen manifest whose selection a protocol reuses ([selection] reference): its sources by
+// domain in rank order. The manifest must be whole (its own hash) and its ranks per domain
+// 0, 1, 2, ... in that order.
+struct RefSource {
+  std::string source_id, text_sha256, rank_sha;
+  int64_t rank = 0;
+};
+struct Reference {
+  std::string path, file_sha256, manifest_sha256, protocol;
+  std::map<std::string, std::vector<RefSource>> by_domain;
+};
+Reference read_reference(const std::string& path) {
+  const ojson j = load_manifest(path);  // a probe manifest, whole (its own hash)
+  const auto str = [&](const ojson& o, const char* key, const std::string& where) {
+    if (!o.is_object() || !o.contains(key) || !o[key].is_string()) fail(path, where + key, "missing or not a string");
+    return o[key].get<std::string>();
+  };
+  Reference r{.path = path, .file_sha256 = sha256_file(path), .manifest_sha256 = str(j, "manifest_sha256", ""),
+              .protocol = j.contains("protocol") ? str(j["protocol"], "name", "protocol.") : "", .by_domain = {}};
+  if (!j.contains("sources") || !j["sources"].is_array()) fail(path, "sources", "missing or not an array");
+  for (size_t i = 0; i < j["sources"].size(); ++i) {
+    const ojson& s = j["sources"][i];
+    const std::string w = "sources[" + std::to_string(i) + "].";
+    if (!s.is_object() || !s.contains("rank") || !s["rank"].is_number_integer()) fail(path, w + "rank", "missing or not an integer");
+    RefSource e{.source_id = str(s, "source_id", w), .text_sha256 = str(s, "text_sha256", w),
+                .rank_sha = str(s, "rank_sha256", w), .rank = s["rank"].get<int64_t>()};
+    auto& list = r.by_domain[str(s, "domain", w)];
+    if (e.rank != int64_t(list.size()))
+      fail(path, w + "rank", std::to_string(e.rank) + " where " + std::to_string(list.size()) + " comes next in its domain");
+    list.push_back(std::move(e));
+  }
+  return r;
+}
+
+}  // namespace
+
 ojson freeze(const FreezeOptions& o) {
   Protocol p = load_protocol(o.protocol);
   if (!o.model_dir.empty()) p.model_dir = o.model_dir;
@@ -338,6 +376,7 @@ ojson freeze(const FreezeOptions& o) {
     if (*o.per_domain <= 0) fail("--per-domain", {}, "must be positive");
     p.per_domain = *o.per_domain;
   }
+  if (!o.selection_reference.empty()) p.selection_reference = o.selection_reference;
   if (p.model_dir.empty()) fail(p.path, "model.dir", "no model directory (set it or pass --model)");
   // A trace's layer range against the model's config, where the directory has one (run checks
   // the range again, and that the config is the one recorded here): a range the model lacks fails
@@ -417,6 +456,8 @@ ojson freeze(const FreezeOptions& o) {
     int64_t n_tokens;
   };
   std::vector<Picked> picked;
+  const std::optional<Reference> ref =
+      p.selection_reference.empty() ? std::nullopt : std::optional(read_reference(p.selection_reference));
   for (CorpusSpec spec : p.corpora) {
     if (spec.format != "inline" && !fs::path(spec.path).is_absolute())
       spec.path = (fs::path(p.data_root.empty() ? "." : p.data_root) / spec.path).lexically_normal().string();
@@ -424,6 +465,35 @@ ojson freeze(const FreezeOptions& o) {
     corpora.push_back({{"domain", spec.domain}, {"format", spec.format}, {"path", spec.path}, {"member", spec.member},
                        {"file_sha256", corpus.file_sha256}, {"member_sha256", corpus.member_sha256},
                        {"records", corpus.sources.size()}});
+    if (ref) {  // the reference manifest's sources of this domain, in its rank order
+      static const std::vector<RefSource> none;
+      const auto found = ref->by_domain.find(spec.domain);
+      const auto& list = found == ref->by_domain.end() ? none : found->second;
+      const std::string where = "sources of domain \"" + spec.domain + "\"";
+      if (int64_t(list.size()) < p.per_domain)
+        fail(ref->path, where, "the reference has " + std::to_string(list.size()) + ", the protocol asks for " +
+                                   std::to_string(p.per_domain));
+      std::map<std::string, size_t> by_id;
+      for (size_t i = 0; i < corpus.sources.size(); ++i) by_id.emplace(corpus.sources[i].source_id, i);
+      for (int64_t k = 0; k < p.per_domain; ++k) {
+        const RefSource& r = list[size_t(k)];
+        auto it = by_id.find(r.source_id);
+        if (it == by_id.end())
+          fail(ref->path, where, "source " + r.source_id + " (rank " + std::to_string(r.rank) + ") is not in " + spec.path);
+        const Source& s = corpus.sources[it->second];
+        // The same text, not only the same id (seed-system.md 2.4: chat reuse re-hashes it).
+        if (s.text_sha256 != r.text_sha256)
+          fail(ref->path, where, "source " + r.source_id + ": its text in " + spec.path + " hashes to " + s.text_sha256 +
+                                     ", the reference recorded " + r.text_sha256);
+        const int64_t n = int64_t(tok.encode_ids(s.text, {.add_special_tokens = false}).size());
+        picked.push_back({.src = s, .rank = r.rank, .rank_sha = r.rank_sha, .n_tokens = n});
+      }
+      selection.push_back({{"domain", spec.domain}, {"considered", p.per_domain}, {"selected", p.per_domain},
+                           {"excluded", {{"blank", 0}, {"heading", 0}, {"min_tokens", 0}}},
+                           {"reference", {{"file_sha256", ref->file_sha256}, {"manifest_sha256", ref->manifest_sha256},
+                                          {"protocol", ref->protocol}}}});
+      continue;
+    }
     std::vector<std::pair<std::string, size_t>> order;
     for (size_t i = 0; i < corpus.sources.size(); ++i)
       order.push_back({sha256_hex(rank_preimage(p.salt, spec.domain, corpus.sources[i].source_id)), i});

@@ -24,6 +24,7 @@ struct FreezeOptions {
   std::string model_dir;                // overrides [model] dir when non-empty
   std::string data_root;                // overrides [data] root when non-empty
   std::optional<int64_t> per_domain;    // overrides [selection] per_domain (small test runs)
+  std::string selection_reference;      // overrides [selection] reference when non-empty
 };
 
 // Builds and verifies every cell; a broken contract -> atlas::Error naming the protocol and cell.

@@ -262,6 +262,8 @@ Protocol load_protocol(const std::string& path) {
   sel.get("min_tokens", p.min_tokens);
   sel.get("skip_blank", p.skip_blank);
   sel.get("skip_headings", p.skip_headings);
+  sel.get("reference", p.selection_reference);
+  p.selection_reference = resolve(base, p.selection_reference);
   if (const toml::array* ct = sel.array("content_tokens")) {
     p.content_tokens.clear();
     for (const auto& e : *ct) {
@@ -443,6 +445,7 @@ ojson Protocol::to_json() const {
   sel["content_tokens"] = content_tokens;
   sel["skip_blank"] = skip_blank;
   sel["skip_headings"] = skip_headings;
+  if (!selection_reference.empty()) sel["reference"] = selection_reference;  // absent: older manifests keep their bytes
   j["selection"] = sel;
   ojson conds = ojson::array();
   for (const auto& c : conditions) {

@@ -4,7 +4,7 @@
 //   [model]     dir, manifest                    (dir: overridable with --model)
 //   [data]      root                             (overridable with --data)
 //   [[corpus]]  domain, format, path, member, texts
-//   [selection] salt, per_domain, min_tokens, content_tokens, skip_blank, skip_headings
+//   [selection] salt, per_domain, min_tokens, content_tokens, skip_blank, skip_headings, reference
 //   [blocks]    system, one_shot_user, one_shot_assistant, filler_token, filler_repeat,
 //               user_prefix, generation_prompt
 //   [[condition]] name, layout, system, history, group, edits = [{anchor, to | to_anchor}]
@@ -80,6 +80,10 @@ struct Protocol {
   int64_t min_tokens = 0;
   std::vector<int64_t> content_tokens{0};  // 0 = the whole text
   bool skip_blank = true, skip_headings = true;
+  // A frozen manifest whose sources this protocol takes (seed-system.md 2.4, "chat reuse"):
+  // per domain its first per_domain sources in its rank order, each text re-hashed against it;
+  // salt, min_tokens and skip_* then select nothing. Empty: rank this protocol's own way.
+  std::string selection_reference;
   // blocks
   std::string system_text, one_shot_user, one_shot_assistant;
   std::string filler_token = "x";

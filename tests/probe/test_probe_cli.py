@@ -248,6 +248,66 @@ class Freeze(unittest.TestCase):
         self.assertEqual(open(again, "rb").read(), open(self.manifest_path, "rb").read())
 
 
+    def test_reference_selection_takes_the_sources_of_another_manifest(self):
+        # seed-system.md 2.4, chat reuse: another salt would rank other sources; the reference
+        # gives this manifest's ids, ranks, rank hashes and order (its first k per domain).
+        for k, how in ((2, "protocol"), (1, "flag")):
+            text = open(self.proto).read().replace('salt = "test-salt"', 'salt = "another-salt"')
+            if how == "protocol":
+                text = text.replace("per_domain = 2", f'per_domain = {k}\nreference = "{self.manifest_path}"')
+            else:
+                text = text.replace("per_domain = 2", f"per_domain = {k}")
+            proto = os.path.join(TMP, f"reuse{k}.toml")
+            open(proto, "w").write(text)
+            out = os.path.join(TMP, f"reuse{k}.json")
+            extra = () if how == "protocol" else ("--reference-selection", self.manifest_path)
+            atlas("freeze", proto, "--out", out, *extra)
+            m = load(out)
+            keep = ("domain", "source_id", "rank", "rank_sha256", "text_sha256")
+            want = [{f: s[f] for f in keep} for s in self.m["sources"] if s["rank"] < k]
+            self.assertEqual([{f: s[f] for f in keep} for s in m["sources"]], want)
+            for sel in m["selection"]:
+                self.assertEqual(sel["reference"]["manifest_sha256"], self.m["manifest_sha256"])
+                self.assertEqual(sel["selected"], k)
+            self.assertEqual(m["protocol"]["selection"]["reference"], self.manifest_path)
+        # Without a reference the other salt ranks other sources (so the test above can fail).
+        plain = os.path.join(TMP, "reuse-plain.toml")
+        open(plain, "w").write(open(self.proto).read().replace('salt = "test-salt"', 'salt = "another-salt"'))
+        atlas("freeze", plain, "--out", os.path.join(TMP, "reuse-plain.json"))
+        self.assertNotEqual([s["source_id"] for s in load(os.path.join(TMP, "reuse-plain.json"))["sources"]],
+                            [s["source_id"] for s in self.m["sources"]])
+        self.assertNotIn("reference", load(os.path.join(TMP, "reuse-plain.json"))["protocol"]["selection"])
+
+    def test_reference_selection_refusals(self):
+        out = os.path.join(TMP, "reuse-bad.json")
+
+        def fails(proto_text, *needles, ref=None):
+            proto = os.path.join(TMP, "reuse-bad.toml")
+            open(proto, "w").write(proto_text)
+            p = atlas("freeze", proto, "--out", out, "--reference-selection", ref or self.manifest_path, rc=1)
+            for n in needles:
+                self.assertIn(n, p.stderr)
+            self.assertFalse(os.path.exists(out))
+
+        base = open(self.proto).read()
+        fails(base.replace("per_domain = 2", "per_domain = 3"), "family.json", 'domain "english"',
+              "the reference has 2, the protocol asks for 3")
+        # A source's text changed since the reference was frozen: the id alone is not enough.
+        fails(base.replace("The quick brown fox", "The slow brown fox").replace("Routing probes", "Routing tests")
+              .replace("Experts receive", "Experts get").replace("A fourth text", "A 4th text"),
+              "family.json", "source ", "hashes to", "the reference recorded")
+        # A reference edited after freezing, and a file that is no manifest.
+        m = json.loads(open(self.manifest_path).read())
+        m["sources"][0]["rank"] = 1
+        edited = os.path.join(TMP, "edited-ref.json")
+        open(edited, "w").write(json.dumps(m))
+        fails(base, "edited-ref.json", "manifest_sha256", ref=edited)
+        notm = os.path.join(TMP, "not-a-manifest.json")
+        open(notm, "w").write('{"kind": "atlas.run"}')
+        fails(base, "not-a-manifest.json", "kind", ref=notm)
+        fails(base, "nowhere.json", ref=os.path.join(TMP, "nowhere.json"))
+
+
 class Run(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
