@@ -18,6 +18,7 @@
 #include "io/safetensors.h"
 #include "model/digest.h"
 #include "probe/freeze.h"
+#include "probe/run.h"
 
 namespace atlas::audit {
 namespace fs = std::filesystem;
@@ -669,31 +670,15 @@ void check_hidden_vectors(Checks& ck, const Doc& run, const std::string& dir) {
           for (const auto& t : files.back()->tensors()) tensors[t.name] = &t;
         }
     int64_t n = 0;
+    const auto find = [&](const std::string& tn) -> const TensorView* {
+      auto it = tensors.find(tn);
+      return it == tensors.end() ? nullptr : it->second;
+    };
     for (const auto& c : run.j.at("cells")) {
-      const ojson& r = c.at("result");
-      const std::string prefix = r.at("hidden_vectors").at("tensor_prefix").get<std::string>();
-      for (const auto& s : r.at("stages")) {
-        const std::string tn = prefix + s.at("name").get<std::string>();
-        auto it = tensors.find(tn);
-        if (it == tensors.end()) {
-          ck.fail(name, hdir.string() + ": tensor " + tn + " (cell " + c["cell_id"].get<std::string>() + ") missing");
-          return;
-        }
-        const TensorView& tv = *it->second;
-        if (tv.dtype != DType::F32 || tv.shape.size() != 2) {
-          ck.fail(name, tv.file + ": tensor " + tn + " is " + std::string(dtype_name(tv.dtype)) + " of rank " +
-                            std::to_string(tv.shape.size()) + ", expected F32 [tokens, hidden]");
-          return;
-        }
-        // The stage hash of the tensor's rows (model/digest.h); copied out first because a
-        // mapped tensor's data need not be 4-byte aligned.
-        std::vector<float> rows(size_t(tv.numel()));
-        if (tv.nbytes) std::memcpy(rows.data(), tv.data, tv.nbytes);
-        if (stage_sha256(rows.data(), tv.shape[0], tv.shape[1]) != s.at("target_sha256").get<std::string>()) {
-          ck.fail(name, tv.file + ": tensor " + tn + " does not hash to the stage's target_sha256");
-          return;
-        }
-        ++n;
+      const std::string bad = probe::check_cell_vectors(c.at("result"), find, n);
+      if (!bad.empty()) {
+        ck.fail(name, hdir.string() + ": cell " + c["cell_id"].get<std::string>() + ": " + bad);
+        return;
       }
     }
     ck.pass(name, num(n) + " tensors in " + num(int64_t(files.size())) + " files hash to their stages' target_sha256",

@@ -421,6 +421,8 @@ Protocol load_protocol(const std::string& path) {
     ex.bad("seed", "trace mode takes no seeds");
   }
   if (p.record_hidden_vectors && p.mode != "trace") ex.bad("record_hidden_vectors", "trace mode only");
+  // The side files' rows are checked against the stage hashes (resume, audit): no rows without them.
+  if (p.record_hidden_vectors && !p.record_hidden) ex.bad("record_hidden_vectors", "needs record_hidden = true (the stage hashes check the rows)");
   ex.finish();
 
   Table bt = top.sub("batching");

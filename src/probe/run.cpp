@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -17,6 +18,7 @@
 #include "core/sha256.h"
 #include "decode/generate.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/digest.h"
 #include "model/intervene.h"
 #include "model/loader.h"
@@ -44,6 +46,26 @@ ShardSpec parse_shard(const std::string& spec) {
 }
 
 std::string artifact_content_hash(const ojson& a) { return artifact_content_sha256(a); }
+
+std::string check_cell_vectors(const ojson& result, const std::function<const TensorView*(const std::string&)>& find,
+                               int64_t& checked) {
+  const std::string prefix = result.at("hidden_vectors").at("tensor_prefix").get<std::string>();
+  for (const auto& s : result.at("stages")) {
+    const std::string tn = prefix + s.at("name").get<std::string>();
+    const TensorView* tv = find(tn);
+    if (!tv) return "tensor " + tn + " missing";
+    if (tv->dtype != DType::F32 || tv->shape.size() != 2)
+      return tv->file + ": tensor " + tn + " is " + std::string(dtype_name(tv->dtype)) + " of rank " +
+             std::to_string(tv->shape.size()) + ", expected F32 [tokens, hidden]";
+    // Copied out first: a mapped tensor's data need not be 4-byte aligned.
+    std::vector<float> rows(size_t(tv->numel()));
+    if (tv->nbytes) std::memcpy(rows.data(), tv->data, tv->nbytes);
+    if (stage_sha256(rows.data(), tv->shape[0], tv->shape[1]) != s.at("target_sha256").get<std::string>())
+      return tv->file + ": tensor " + tn + " does not hash to the stage's target_sha256";
+    ++checked;
+  }
+  return "";
+}
 
 namespace {
 
@@ -557,8 +579,26 @@ RunSummary run_manifest(const RunOptions& o) {
     return o.out_dir + "/hidden/" + n.substr(0, n.size() - 6) + ".safetensors";
   };
   if (vectors) {
-    for (const auto& key : done)
-      if (!file_exists(hidden_path(key))) fail(hidden_path(key), {}, "journaled source without its hidden-vector file");
+    // A journaled source's side file: this manifest's and this source's, every row as the
+    // journal's stage hashes say (a file truncated or rewritten since is refused, not reused).
+    for (const auto& key : done) {
+      const std::string hp = hidden_path(key);
+      if (!file_exists(hp)) fail(hp, {}, "journaled source without its hidden-vector file");
+      const auto file = SafetensorsFile::open(hp);
+      const auto meta = [&](const char* k) {
+        auto it = file->metadata().find(k);
+        return it == file->metadata().end() ? std::string() : it->second;
+      };
+      if (meta("manifest_sha256") != msha || meta("source_key") != key)
+        fail(hp, "__metadata__", "belongs to manifest " + meta("manifest_sha256") + ", source " + meta("source_key") +
+                                     ", not this journal's (" + msha + ", " + key + ")");
+      int64_t checked = 0;
+      for (int64_t ci : source_cells[key]) {
+        const std::string bad = check_cell_vectors(results.at(ci), [&](const std::string& n) { return file->find(n); }, checked);
+        if (!bad.empty())
+          fail(hp, cells[size_t(ci)]["cell_id"].get<std::string>(), bad + " (--resume: delete the source's journal to re-run it)");
+      }
+    }
   }
   int64_t tokens = 0, cells_run = 0;
   const char* abort_env = std::getenv("ATLAS_PROBE_ABORT_AFTER_SOURCES");  // test hook: simulates a kill

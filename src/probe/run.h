@@ -4,10 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/json.h"
+
+namespace atlas {
+struct TensorView;
+}
 
 namespace atlas::probe {
 
@@ -43,6 +48,14 @@ struct MergeOptions {
 };
 // Joins shard artifacts: every cell of the manifest exactly once, all from the same manifest.
 RunSummary merge_runs(const MergeOptions& opts);
+
+// A trace cell's hidden-vector rows (DIR/hidden/*.safetensors) against its result: for each of
+// result.stages, the tensor result.hidden_vectors.tensor_prefix + the stage's name exists
+// (`find`), is F32 [tokens, hidden] and hashes to the stage's target_sha256 (model/digest.h).
+// Returns "" when all hold, else what is wrong (naming the file and tensor); `checked` counts
+// the tensors that held. `run --resume` and `atlas audit` both check side files with it.
+std::string check_cell_vectors(const ojson& result, const std::function<const TensorView*(const std::string&)>& find,
+                               int64_t& checked);
 
 // SHA-256 of an artifact's compact dump without its runtime and content_sha256 keys.
 std::string artifact_content_hash(const ojson& artifact);

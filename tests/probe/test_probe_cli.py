@@ -468,6 +468,47 @@ class Run(unittest.TestCase):
 
 
 class HiddenVectors(unittest.TestCase):
+    def test_resume_checks_the_journaled_side_files(self):
+        # A killed vector run's journaled sources are reused only with their side files whole:
+        # a flipped byte, a swapped file or a missing one is refused by --resume, naming the file.
+        proto = write_proto("vec-resume.toml", execution="record_hidden_vectors = true")
+        man = os.path.join(TMP, "vec-resume.json")
+        atlas("freeze", proto, "--out", man)
+        full = os.path.join(TMP, "vec-resume-full")
+        atlas("run", man, "--out", full)
+        d = os.path.join(TMP, "vec-resume-killed")
+        atlas("run", man, "--out", d, rc=3, env={"ATLAS_PROBE_ABORT_AFTER_SOURCES": "2"})
+        hdir = os.path.join(d, "hidden")
+        files = sorted(os.listdir(hdir))
+        self.assertEqual(len(files), 2)
+        first, second = (os.path.join(hdir, f) for f in files)
+        keep = open(first, "rb").read()
+        flipped = bytearray(keep)
+        flipped[-3] ^= 0x40  # a float of the last tensor's rows
+        open(first, "wb").write(bytes(flipped))
+        p = atlas("run", man, "--out", d, "--resume", rc=1)
+        self.assertIn(files[0], p.stderr)
+        self.assertIn("does not hash to the stage's target_sha256", p.stderr)
+        open(first, "wb").write(open(second, "rb").read())  # another source's file
+        p = atlas("run", man, "--out", d, "--resume", rc=1)
+        self.assertIn(files[0], p.stderr)
+        self.assertIn("__metadata__", p.stderr)
+        os.remove(first)
+        p = atlas("run", man, "--out", d, "--resume", rc=1)
+        self.assertIn("journaled source without its hidden-vector file", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(d, "run.json")))
+        # Restored, the resume completes the run as the uninterrupted one.
+        open(first, "wb").write(keep)
+        atlas("run", man, "--out", d, "--resume")
+        self.assertEqual(content(load(os.path.join(d, "run.json"))), content(load(os.path.join(full, "run.json"))))
+        for f in os.listdir(os.path.join(full, "hidden")):
+            self.assertEqual(open(os.path.join(hdir, f), "rb").read(), open(os.path.join(full, "hidden", f), "rb").read())
+        # Rows without stage hashes could not be checked: the protocol refuses them.
+        bad = write_proto("vec-nohash.toml", execution="record_hidden_vectors = true\nrecord_hidden = false")
+        p = atlas("freeze", bad, "--out", os.path.join(TMP, "vec-nohash.json"), rc=1)
+        self.assertIn("record_hidden_vectors", p.stderr)
+        self.assertIn("needs record_hidden = true", p.stderr)
+
     def test_side_file_holds_the_hashed_target_rows(self):
         import struct
         proto = write_proto("vec.toml", execution="record_hidden_vectors = true\nrecord_routes = false")
