@@ -215,7 +215,8 @@ Registrar reg{{
           app.add_option("--json", a.json_out, "Write the trace summary (stats and SHA-256 per stage/gate)");
           app.add_option("--intervene", a.intervene,
                          "Edit a hook during the pass (repeatable, applied in order): TARGET[@TOKENS]=ACTION, "
-                         "e.g. blocks.3.hook_resid_post@5=patch:clean.safetensors, blocks.2.moe.experts.7=route-out "
+                         "e.g. blocks.3.hook_resid_post@5=patch:clean.safetensors, blocks.2.moe.experts.7=route-out, "
+                         "blocks.3.hook_resid_post=add:direction.safetensors*4 "
                          "(docs/trace.md, Interventions)");
           app.add_option("--record", a.record,
                          "Also dump these hooks under their own names (repeatable; exact names or globs, e.g. "

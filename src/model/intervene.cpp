@@ -109,6 +109,64 @@ std::string trace_dump_name(std::string_view hook, const ModelConfig& c) {
   return "";
 }
 
+namespace {
+
+// The source tensor of patch:FILE / add:FILE: named as the hook, else as `atlas trace --dump`
+// names it; [T', per-token shape] (a value per position), or for add also the per-token shape
+// alone (one vector for every token); F32 (I32 for expert ids), finite, ids in range.
+void open_source(Intervention& iv, const ModelConfig& cfg, bool ids, bool vector_ok) {
+  const std::string& hook = iv.hook;
+  iv.source = SafetensorsFile::open(iv.source_path);
+  const std::string dump = trace_dump_name(hook, cfg);
+  const TensorView* tv = iv.source->find(hook);
+  if (!tv && !dump.empty()) tv = iv.source->find(dump);
+  if (!tv)
+    fail(iv.source_path, {},
+         "no tensor \"" + hook + "\"" + (dump.empty() ? "" : " or \"" + dump + "\"") + " to " +
+             (iv.action == InterventionAction::Add ? "add to " : "patch ") + hook + (iv.action == InterventionAction::Add ? "" : " from"));
+  iv.source_tensor = tv->name;
+  const std::vector<int64_t> per = hook_token_shape(hook, cfg);
+  std::vector<int64_t> want{-1};
+  want.insert(want.end(), per.begin(), per.end());
+  const auto matches = [&](const std::vector<int64_t>& w) {
+    if (tv->shape.size() != w.size()) return false;
+    for (size_t i = 0; i < w.size(); ++i)
+      if (w[i] >= 0 && tv->shape[i] != w[i]) return false;
+    return true;
+  };
+  iv.source_per_position = matches(want);
+  const auto show = [](const std::vector<int64_t>& s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (i) r += ',';
+      r += s[i] < 0 ? std::string("T") : std::to_string(s[i]);
+    }
+    r += ']';
+    return r;
+  };
+  if (!iv.source_per_position && !(vector_ok && matches(per)))
+    fail(iv.source_path, iv.source_tensor,
+         "shape " + show(tv->shape) + ", expected " + show(want) + (vector_ok ? " or " + show(per) : "") + " for " + hook);
+  const DType need = ids ? DType::I32 : DType::F32;
+  if (tv->dtype != need)
+    fail(iv.source_path, iv.source_tensor,
+         "dtype " + std::string(dtype_name(tv->dtype)) + ", expected " + std::string(dtype_name(need)) + " for " + hook);
+  if (!ids) {
+    const float* v = reinterpret_cast<const float*>(tv->data);
+    for (int64_t i = 0; i < tv->numel(); ++i)
+      if (!std::isfinite(v[i])) fail(iv.source_path, iv.source_tensor, "holds a non-finite value at element " + std::to_string(i));
+  } else {
+    const int32_t* v = reinterpret_cast<const int32_t*>(tv->data);
+    for (int64_t i = 0; i < tv->numel(); ++i)
+      if (v[i] < 0 || v[i] >= cfg.n_routed_experts)
+        fail(iv.source_path, iv.source_tensor, "expert id " + std::to_string(v[i]) + " at element " + std::to_string(i) +
+                                                   " (valid: 0-" + std::to_string(cfg.n_routed_experts - 1) + ")");
+  }
+  iv.source_sha256 = sha256_file(iv.source_path);
+}
+
+}  // namespace
+
 Interventions::Interventions(const std::vector<std::string>& specs, const ModelConfig& cfg, const LayerRange& layers,
                              bool has_head, bool in_protocol)
 {
@@ -205,48 +263,24 @@ Interventions::Interventions(const std::vector<std::string>& specs, const ModelC
       iv.action = InterventionAction::Patch;
       iv.source_path = std::string(action.substr(6));
       if (iv.source_path.empty()) bad("patch: needs a safetensors file");
-      iv.source = SafetensorsFile::open(iv.source_path);
-      const std::string dump = trace_dump_name(tname, cfg);
-      const TensorView* tv = iv.source->find(tname);
-      if (!tv && !dump.empty()) tv = iv.source->find(dump);
-      if (!tv)
-        fail(iv.source_path, {},
-             "no tensor \"" + tname + "\"" + (dump.empty() ? "" : " or \"" + dump + "\"") + " to patch " + tname + " from");
-      iv.source_tensor = tv->name;
-      const std::vector<int64_t> per = hook_token_shape(tname, cfg);
-      std::vector<int64_t> want{-1};
-      want.insert(want.end(), per.begin(), per.end());
-      bool shape_ok = tv->shape.size() == want.size();
-      for (size_t i = 1; shape_ok && i < want.size(); ++i) shape_ok = tv->shape[i] == want[i];
-      const auto show = [](const std::vector<int64_t>& s) {
-        std::string r = "[";
-        for (size_t i = 0; i < s.size(); ++i) {
-          if (i) r += ',';
-          r += s[i] < 0 ? std::string("T") : std::to_string(s[i]);
-        }
-        r += ']';
-        return r;
-      };
-      if (!shape_ok)
-        fail(iv.source_path, iv.source_tensor, "shape " + show(tv->shape) + ", expected " + show(want) + " for " + tname);
-      const DType need = ids ? DType::I32 : DType::F32;
-      if (tv->dtype != need)
-        fail(iv.source_path, iv.source_tensor,
-             "dtype " + std::string(dtype_name(tv->dtype)) + ", expected " + std::string(dtype_name(need)) + " for " + tname);
-      if (!ids) {
-        const float* v = reinterpret_cast<const float*>(tv->data);
-        for (int64_t i = 0; i < tv->numel(); ++i)
-          if (!std::isfinite(v[i])) fail(iv.source_path, iv.source_tensor, "holds a non-finite value at element " + std::to_string(i));
-      } else {
-        const int32_t* v = reinterpret_cast<const int32_t*>(tv->data);
-        for (int64_t i = 0; i < tv->numel(); ++i)
-          if (v[i] < 0 || v[i] >= cfg.n_routed_experts)
-            fail(iv.source_path, iv.source_tensor, "expert id " + std::to_string(v[i]) + " at element " + std::to_string(i) +
-                                                       " (valid: 0-" + std::to_string(cfg.n_routed_experts - 1) + ")");
+      open_source(iv, cfg, ids, false);
+    } else if (action.rfind("add:", 0) == 0) {
+      // add:FILE or add:FILE*F: a steering vector (or per-position rows) times F.
+      iv.action = InterventionAction::Add;
+      iv.source_path = std::string(action.substr(4));
+      if (const size_t star = iv.source_path.rfind('*'); star != std::string::npos) {
+        const std::string f = iv.source_path.substr(star + 1);
+        char* end = nullptr;
+        iv.factor = std::strtod(f.c_str(), &end);
+        if (f.empty() || end != f.c_str() + f.size() || !std::isfinite(iv.factor))
+          bad("add: factor \"" + f + "\" is not a finite number (add:FILE*F)");
+        iv.source_path.resize(star);
       }
-      iv.source_sha256 = sha256_file(iv.source_path);
+      if (iv.source_path.empty()) bad("add: needs a safetensors file");
+      if (ids) bad(tname + " holds expert ids: nothing can be added to them");
+      open_source(iv, cfg, ids, true);
     } else {
-      bad("unknown action \"" + std::string(action) + "\" (expected zero, scale:F or patch:FILE)");
+      bad("unknown action \"" + std::string(action) + "\" (expected zero, scale:F, patch:FILE or add:FILE[*F])");
     }
     if (ids && iv.action != InterventionAction::Patch && iv.action != InterventionAction::PatchRow)
       bad(tname + " holds expert ids: only patch:FILE applies (blocks.L.moe.experts.E=zero|route-out edit experts)");
@@ -259,12 +293,13 @@ void Interventions::check_tokens(int64_t T, const std::string& where) const {
     if (!iv.tokens.empty() && iv.tokens.back() >= T)
       fail(where, {}, "--intervene '" + iv.spec + "': token " + std::to_string(iv.tokens.back()) + " is outside the " +
                           std::to_string(T) + " tokens");
-    if (iv.action != InterventionAction::Patch) continue;
+    if ((iv.action != InterventionAction::Patch && iv.action != InterventionAction::Add) || !iv.source_per_position) continue;
     const int64_t Ts = iv.source->find(iv.source_tensor)->shape[0];
     if (iv.tokens.empty() ? Ts != T : Ts <= iv.tokens.back())
       fail(where, {},
            "--intervene '" + iv.spec + "': " + iv.source_path + " " + iv.source_tensor + " holds " + std::to_string(Ts) +
-               " tokens; " + (iv.tokens.empty() ? "patching every token needs exactly " + std::to_string(T)
+               " tokens; " + (iv.tokens.empty() ? std::string(iv.action == InterventionAction::Patch ? "patching" : "adding to") +
+                                                      " every token needs exactly " + std::to_string(T)
                                                 : "token " + std::to_string(iv.tokens.back()) + " is not among them"));
   }
 }
@@ -276,8 +311,10 @@ void Interventions::check_for_generation() const {
     // A sibling row stops at its own EOS: name the (prompt) tokens to read.
     if (iv.action == InterventionAction::PatchRow && iv.tokens.empty())
       fail(where, {}, "a patch from a sibling in generation names its tokens (@TOKENS: the sibling may stop first)");
-    if (iv.action != InterventionAction::Patch) continue;
-    if (iv.tokens.empty()) fail(where, {}, "a patch in generation names its tokens (@TOKENS: positions in the source)");
+    if ((iv.action != InterventionAction::Patch && iv.action != InterventionAction::Add) || !iv.source_per_position) continue;
+    if (iv.tokens.empty())
+      fail(where, {}, std::string(iv.action == InterventionAction::Patch ? "a patch" : "an add of rows by position") +
+                          " in generation names its tokens (@TOKENS: positions in the source)");
     const int64_t Ts = iv.source->find(iv.source_tensor)->shape[0];
     if (iv.tokens.back() >= Ts)
       fail(where, {}, iv.source_path + " " + iv.source_tensor + " holds " + std::to_string(Ts) + " tokens; token " +
@@ -342,6 +379,24 @@ void Interventions::attach(Hooks& hooks) {
                    "position " + std::to_string(position) + " is past the " + std::to_string(src->shape[0]) +
                        " tokens of " + iv->source_path + " " + iv->source_tensor);
             std::memcpy(static_cast<uint8_t*>(t.data) + o * 4, src->data + position * W * 4, size_t(W) * 4);  // F32 or I32
+          });
+          break;
+        }
+        case InterventionAction::Add: {
+          // value + F * source (the source's row at the token's position, or its one vector),
+          // in double, rounded once.
+          const TensorView* src = iv->source->find(iv->source_tensor);
+          for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t W) {
+            if (iv->source_per_position && position >= src->shape[0])
+              fail("--intervene '" + iv->spec + "'", {},
+                   "position " + std::to_string(position) + " is past the " + std::to_string(src->shape[0]) +
+                       " tokens of " + iv->source_path + " " + iv->source_tensor);
+            const uint8_t* row = src->data + (iv->source_per_position ? position * W * 4 : 0);
+            for (int64_t j = 0; j < W; ++j) {
+              float v;
+              std::memcpy(&v, row + j * 4, 4);  // a mapped tensor need not be 4-byte aligned
+              t.f32()[o + j] = float(double(t.f32()[o + j]) + iv->factor * double(v));
+            }
           });
           break;
         }
@@ -417,13 +472,14 @@ ojson Interventions::to_json() const {
     ojson j;
     j["spec"] = iv.spec;
     j["hook"] = iv.hook;
-    static constexpr const char* kNames[] = {"zero", "scale", "patch", "experts_zero", "experts_route_out", "patch_row"};
+    static constexpr const char* kNames[] = {"zero", "scale", "patch", "experts_zero", "experts_route_out", "patch_row", "add"};
     j["action"] = kNames[int(iv.action)];
     j["tokens"] = iv.tokens.empty() ? ojson("all") : ojson(iv.tokens);
-    if (iv.action == InterventionAction::Scale) j["factor"] = iv.factor;
+    if (iv.action == InterventionAction::Scale || iv.action == InterventionAction::Add) j["factor"] = iv.factor;
     if (!iv.experts.empty()) j["experts"] = iv.experts;
-    if (iv.action == InterventionAction::Patch)
+    if (iv.action == InterventionAction::Patch || iv.action == InterventionAction::Add)
       j["source"] = {{"file", iv.source_path}, {"sha256", iv.source_sha256}, {"tensor", iv.source_tensor}};
+    if (iv.action == InterventionAction::Add) j["source"]["per_position"] = iv.source_per_position;
     if (iv.action == InterventionAction::PatchRow) j["source"] = {{"condition", iv.source_condition}};
     out.push_back(std::move(j));
   }

@@ -6,7 +6,7 @@
 //   TARGET  = a concrete hook name ("blocks.3.hook_resid_post", "embed"; `atlas hooks`)
 //           | "blocks.L.moe.experts." E[,E...]         (routed experts of MoE layer L)
 //   TOKENS  = N | A-B (inclusive), comma-separated; absent: every token
-//   ACTION  on a hook:    zero | scale:F | patch:FILE
+//   ACTION  on a hook:    zero | scale:F | patch:FILE | add:FILE[*F]
 //           on experts:   zero        the experts are chosen as usual but contribute nothing
 //                                     (their combine weights set to 0; the others unchanged)
 //                         route-out   the experts cannot be chosen: their router logits are -inf
@@ -19,6 +19,10 @@
 // router.{L}.*, mla.{L}.latent, logits), shaped [T', ...] with the hook's per-token shape,
 // F32 (I32 for hook_topk_ids), at the same token positions. Activation patching: trace the
 // clean input with --dump, then the edited input with --intervene 'HOOK@t=patch:clean.safetensors'.
+// add:FILE[*F] adds F (default 1) times the file's tensor (found as for patch) to the hook's
+// values at the chosen tokens, in double, rounded to F32 once: one vector of the hook's per-token
+// shape for every token (a steering vector; in generation it needs no TOKENS and steers every
+// pass), or [T', ...] rows by position as patch reads them.
 // Route patching: patch both blocks.L.moe.hook_topk_ids and hook_topk_weights.
 //
 // Edits apply in the order given (two on one hook: the second sees the first's result); the
@@ -42,7 +46,7 @@ namespace atlas {
 
 class SafetensorsFile;
 
-enum class InterventionAction { Zero, Scale, Patch, ExpertsZero, ExpertsRouteOut, PatchRow };
+enum class InterventionAction { Zero, Scale, Patch, ExpertsZero, ExpertsRouteOut, PatchRow, Add };
 
 struct Intervention {
   std::string spec;                // as given
@@ -50,11 +54,12 @@ struct Intervention {
   int64_t layer = -1;              // -1 for global hooks
   InterventionAction action = InterventionAction::Zero;
   std::vector<int64_t> tokens;     // ascending, unique; empty = every token
-  double factor = 1;               // Scale
+  double factor = 1;               // Scale, Add
   std::vector<int32_t> experts;    // Experts*: ascending, unique
   // Patch: the file as given, its SHA-256, the tensor read, and the tensor itself.
   std::string source_path, source_sha256, source_tensor;
   std::shared_ptr<const SafetensorsFile> source;
+  bool source_per_position = true;  // [T', ...]: a row per position; Add may also give one [...] vector
   // PatchRow (probe protocols only, `patch:@CONDITION`): the values of the same source's cell of
   // that condition, its row in the same batch, at the same positions, as they stand in the pass.
   std::string source_condition;

@@ -91,6 +91,51 @@ m0, m1 = (json.load(open(f"{w}/g{n}.jsonl.meta.json")) for n in (0, 1))
 assert "interventions" not in m0
 assert [e["spec"] for e in m1["interventions"]] == ["blocks.1.moe.experts.0,1,2=route-out", "blocks.2.hook_resid_post@5=zero"]
 PY
+# add:FILE[*F]: the clean dump's residual times -1 at token 4 gives the bytes of zeroing it
+# there (x + -1 x = +0); a steering vector ([H], one for every token) in every pass of
+# generation: rows the same at batch 1 and 2, recorded with its factor and file hash.
+for how in "add:$work/clean.safetensors*-1" zero; do
+  "$bin" trace --model "$model" --ids "$clean" --dump "$work/add_${how%%:*}.safetensors" \
+    --intervene "blocks.1.hook_resid_post@4=$how" >/dev/null || bad "trace --intervene $how"
+done
+/usr/bin/python3 - "$work" <<'PY' && ok "add of minus the clean values = zero (dumps' tensors)" || bad "add of minus the clean values"
+import json, struct, sys
+w = sys.argv[1]
+def tensors(path):
+    raw = open(path, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n])
+    return {k: raw[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}, h
+a, ha = tensors(f"{w}/add_add.safetensors")
+z, _ = tensors(f"{w}/add_zero.safetensors")
+assert a.keys() == z.keys() and all(a[k] == z[k] for k in a), [k for k in a if a[k] != z[k]]
+meta = json.loads(ha["__metadata__"]["interventions"])
+assert meta[0]["action"] == "add" and meta[0]["factor"] == -1 and meta[0]["source"]["per_position"] is True, meta
+PY
+/usr/bin/python3 - "$work/steer.safetensors" "$model/config.json" <<'PY'
+import json, struct, sys
+H = json.load(open(sys.argv[2]))["hidden_size"]
+body = struct.pack("<%df" % H, *[((i % 5) - 2) * 0.75 for i in range(H)])
+head = json.dumps({"blocks.1.hook_resid_post": {"dtype": "F32", "shape": [H], "data_offsets": [0, len(body)]}}).encode()
+head += b" " * (-len(head) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(head)) + head + body)
+PY
+for n in 1 2; do
+  "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/s$n.jsonl" --max-new-tokens 12 --batch $n \
+    --intervene "blocks.1.hook_resid_post=add:$work/steer.safetensors*4" >/dev/null 2>&1 || bad "generate steered (batch $n)"
+done
+cmp -s "$work/s1.jsonl" "$work/s2.jsonl" && ! cmp -s "$work/s1.jsonl" "$work/g0.jsonl" \
+  && ok "steered generation: rows changed, the same at batch 1 and 2" || bad "steered generation"
+/usr/bin/python3 - "$work" <<'PY' && ok "generate records the steering vector" || bad "generate records the steering vector"
+import hashlib, json, sys
+w = sys.argv[1]
+e = json.load(open(f"{w}/s1.jsonl.meta.json"))["interventions"][0]
+assert e["action"] == "add" and e["factor"] == 4 and e["tokens"] == "all", e
+assert e["source"]["per_position"] is False and e["source"]["tensor"] == "blocks.1.hook_resid_post", e
+assert e["source"]["sha256"] == hashlib.sha256(open(f"{w}/steer.safetensors", "rb").read()).hexdigest()
+PY
+expect_error "generate: add of rows without tokens" "an add of rows by position in generation names its tokens" \
+  "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/bad.jsonl" --max-new-tokens 4 \
+  --intervene "blocks.1.hook_resid_post=add:$work/clean.safetensors"
+no_file "generate: add of rows without tokens" "$work/bad.jsonl"
 expect_error "generate: logits edit" "generation cannot edit logits" \
   "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/bad.jsonl" --max-new-tokens 4 --intervene 'logits=zero'
 no_file "generate: logits edit" "$work/bad.jsonl"

@@ -155,6 +155,9 @@ expect_error "anchor offset before the first token" "s0_bad.*interventions\[0\]:
 bad_protocol "blocks.2.hook_resid_post=patch:x.safetensors"
 expect_error "patch from a file in a protocol" "patch from a sibling cell \(patch:@CONDITION\), not from files" \
   "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.2.hook_resid_post=add:x.safetensors*2"
+expect_error "add from a file in a protocol" "add:FILE reads a file, which a manifest does not pin" \
+  "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.2.hook_resid_post=patch:@s9"
 expect_error "patch from an unknown condition" "no condition named \"s9\"" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.2.hook_resid_post=patch:@s0_bad"

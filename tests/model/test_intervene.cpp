@@ -237,6 +237,68 @@ TEST_F(InterveneTest, EditsAtATokenAreCausal) {
   }
 }
 
+// add:FILE[*F]: one vector for every chosen token (a steering vector) or rows by position; the
+// hook reads back value + F * source (double, rounded once) there and unchanged elsewhere,
+// earlier tokens keep their logits, and a vector needs no TOKENS in generation.
+TEST_F(InterveneTest, AddingAVectorOrRowsToAHook) {
+  const auto m = f_.model();
+  const PassResult base = run(m, nullptr);
+  const int64_t H = f_.cfg.hidden_size, V = f_.cfg.vocab_size;
+  std::vector<float> dir(static_cast<size_t>(H)), rows(static_cast<size_t>(kT * H));
+  for (int64_t j = 0; j < H; ++j) dir[size_t(j)] = float(j % 7) * 0.25f - 0.5f;
+  for (int64_t i = 0; i < kT * H; ++i) rows[size_t(i)] = float((i * 13) % 11) * 0.125f - 0.6f;
+  write_safetensors(path("steer.safetensors"),
+                    {{.name = "blocks.1.hook_resid_post", .dtype = DType::F32, .shape = {H}, .data = dir.data()},
+                     {.name = "blocks.2.attn.hook_out", .dtype = DType::F32, .shape = {kT, H}, .data = rows.data()}},
+                    {});
+  const std::string file = path("steer.safetensors");
+  const auto& was1 = base.f32.at("blocks.1.hook_resid_post");
+  const auto& was2 = base.f32.at("blocks.2.attn.hook_out");
+  {  // the vector times -1.5 at tokens 4-6
+    Interventions iv = make({"blocks.1.hook_resid_post@4-6=add:" + file + "*-1.5"});
+    EXPECT_EQ(iv.list()[0].factor, -1.5);
+    EXPECT_FALSE(iv.list()[0].source_per_position);
+    iv.check_for_generation();  // a vector: no per-position source, so no TOKENS needed
+    const PassResult r = run(m, &iv);
+    const auto& got = r.f32.at("blocks.1.hook_resid_post");
+    for (int64_t t = 0; t < kT; ++t)
+      for (int64_t j = 0; j < H; ++j) {
+        const size_t at = size_t(t * H + j);
+        EXPECT_EQ(got[at], t >= 4 && t <= 6 ? float(double(was1[at]) - 1.5 * double(dir[size_t(j)])) : was1[at]) << t << " " << j;
+      }
+    EXPECT_EQ(0, std::memcmp(r.logits.data(), base.logits.data(), size_t(4 * V) * 4)) << "an earlier token changed";
+    EXPECT_NE(0, std::memcmp(r.logits.data() + 4 * V, base.logits.data() + 4 * V, size_t(V) * 4));
+    EXPECT_EQ(iv.to_json()[0]["action"], "add");
+    EXPECT_EQ(iv.to_json()[0]["factor"], -1.5);
+    EXPECT_EQ(iv.to_json()[0]["source"]["per_position"], false);
+  }
+  {  // rows by position, every token, factor 1
+    Interventions iv = make({"blocks.2.attn.hook_out=add:" + file});
+    EXPECT_TRUE(iv.list()[0].source_per_position);
+    iv.check_tokens(kT, "--ids");
+    const PassResult r = run(m, &iv);
+    const auto& got = r.f32.at("blocks.2.attn.hook_out");
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], float(double(was2[i]) + double(rows[i]))) << i;
+    EXPECT_NE(error_of([&] { iv.check_tokens(kT + 1, "--ids"); }).find("adding to every token needs exactly 11"), std::string::npos);
+    EXPECT_NE(error_of([&] { iv.check_for_generation(); }).find("an add of rows by position in generation names its tokens"),
+              std::string::npos);
+  }
+  // Adding zero times anything changes nothing, bit for bit.
+  Interventions none = make({"blocks.1.hook_resid_post=add:" + file + "*0"});
+  EXPECT_EQ(0, std::memcmp(run(m, &none).logits.data(), base.logits.data(), base.logits.size() * 4));
+  // Refusals: a bad factor, a shape that is neither [H] nor [T, H], expert ids, no file.
+  EXPECT_NE(error_of([&] { make({"blocks.1.hook_resid_post=add:" + file + "*x"}); }).find("factor \"x\" is not a finite number"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({"blocks.1.moe.hook_router_logits=add:" + file}); }).find("no tensor"), std::string::npos);
+  write_safetensors(path("odd.safetensors"),
+                    {{.name = "blocks.1.hook_resid_post", .dtype = DType::F32, .shape = {2, 3}, .data = dir.data()}}, {});
+  EXPECT_NE(error_of([&] { make({"blocks.1.hook_resid_post=add:" + path("odd.safetensors")}); })
+                .find("shape [2,3], expected [T,32] or [32]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({"blocks.1.moe.hook_topk_ids=add:" + file}); }).find("nothing can be added"), std::string::npos);
+  EXPECT_NE(error_of([&] { make({"blocks.1.hook_resid_post=add:"}); }).find("add: needs a safetensors file"), std::string::npos);
+}
+
 TEST_F(InterveneTest, ExpertEditsDoWhatTheySay) {
   const auto m = f_.model();
   const PassResult base = run(m, nullptr);

@@ -1579,6 +1579,13 @@ TEST_F(CudaTiny, InterventionsMatchTheCpuBackend) {
     specs.push_back("blocks.2.moe.hook_topk_ids@20=patch:" + dir + "/ids.safetensors");
     specs.push_back("blocks.1.moe.experts." + chosen + "@20=zero");
     specs.push_back("blocks.1.moe.experts." + chosen + "@20=route-out");
+    // A steering vector ([H], one for every chosen token) times 3.
+    std::vector<float> steer(static_cast<size_t>(cfg.hidden_size));
+    for (size_t j = 0; j < steer.size(); ++j) steer[j] = float(int(j % 5) - 2) * 0.5f;
+    write_safetensors(dir + "/steer.safetensors",
+                      {{.name = "blocks.2.attn.hook_out", .dtype = DType::F32, .shape = {cfg.hidden_size}, .data = steer.data()}},
+                      {});
+    specs.push_back("blocks.2.attn.hook_out@20=add:" + dir + "/steer.safetensors*3");
     for (const std::string& spec : specs) {
       SCOPED_TRACE(spec);
       Interventions e(std::vector<std::string>{spec}, cfg, all, true);
