@@ -198,14 +198,27 @@ int64_t anchor_pos(const Rendering& r, const std::string& name, const std::strin
 // NAME+N, NAME-N) become its position (plus the offset), "target" the interior range A-B; numbers stay. Checked against the model's config
 // where freeze has one (`cfg`), as run checks them again before anything is written.
 // `sibling_tokens`: the token count of each condition's cell of the same source, for patch:@.
+// add:FILE paths resolve against the protocol file's directory; `files` collects each file's
+// SHA-256 (the manifest pins them; run checks them before anything runs).
 std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const Rendering& r, int64_t n_tokens,
                                                const std::map<std::string, int64_t>& sibling_tokens,
                                                const std::optional<std::pair<ModelConfig, LayerRange>>& model,
-                                               bool generation, const std::string& file, const std::string& where) {
+                                               bool generation, const std::string& file, const std::string& where,
+                                               std::map<std::string, std::string>& files) {
   std::vector<std::string> out;
   for (size_t k = 0; k < cond.interventions.size(); ++k) {
-    const std::string& spec = cond.interventions[k];
+    std::string spec = cond.interventions[k];
     const std::string iw = where + ": interventions[" + std::to_string(k) + "]";
+    if (const size_t add = spec.find("=add:"); add != std::string::npos) {
+      const std::string rest = spec.substr(add + 5);
+      const size_t star = rest.rfind('*');
+      std::string path = rest.substr(0, star);
+      if (!fs::path(path).is_absolute())
+        path = (fs::path(file).parent_path() / path).lexically_normal().string();
+      if (!file_exists(path)) fail(file, iw, "'" + spec + "': " + path + " not found");
+      if (!files.count(path)) files[path] = sha256_file(path);
+      spec = spec.substr(0, add + 5) + path + (star == std::string::npos ? "" : rest.substr(star));
+    }
     const size_t eq = spec.find('='), at = spec.find('@');
     if (at == std::string::npos || at > eq) {
       out.push_back(spec);
@@ -521,6 +534,7 @@ ojson freeze(const FreezeOptions& o) {
   ojson cells = ojson::array();
   std::vector<std::vector<size_t>> source_cells;  // per picked source
   std::map<std::string, int64_t> edit_hist;
+  std::map<std::string, std::string> intervention_files;  // add:FILE path -> SHA-256
   int64_t crossing_total = 0, groups_checked = 0;
   const bool multi_n = p.content_tokens.size() > 1;
   std::vector<SeedSpec> seeds = p.seeds;
@@ -654,7 +668,7 @@ ojson freeze(const FreezeOptions& o) {
             std::map<std::string, int64_t> sibling_tokens;
             for (size_t q = 0; q < p.conditions.size(); ++q) sibling_tokens[p.conditions[q].name] = int64_t(edited[q].size());
             cell["interventions"] = resolve_interventions(cond, r, int64_t(edited[k].size()), sibling_tokens, model_cfg,
-                                                          p.mode == "generate", p.path, cid);
+                                                          p.mode == "generate", p.path, cid, intervention_files);
           }
           edit_hist[std::to_string(cond.edits.size())]++;
           crossing_total += r.crossing;
@@ -721,6 +735,13 @@ ojson freeze(const FreezeOptions& o) {
                     {"groups_checked", groups_checked},
                     {"cells_by_edit_count", hist},
                     {"boundary_crossing_total", crossing_total}};
+  // The files hook edits read (add:FILE), by resolved path: only where there are any, so other
+  // manifests keep their bytes.
+  if (!intervention_files.empty()) {
+    ojson f = ojson::object();
+    for (const auto& [path, sha] : intervention_files) f[path] = sha;
+    m["intervention_files"] = f;
+  }
   m["batches"] = batches;
   m["cells"] = cells;
   m["manifest_sha256"] = manifest_hash(m);

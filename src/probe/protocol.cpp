@@ -336,8 +336,8 @@ Protocol load_protocol(const std::string& path) {
       if (eq == std::string::npos) c.bad(iw, "'" + spec + "': expected TARGET[@TOKENS]=ACTION");
       if (spec.compare(eq + 1, 6, "patch:") == 0 && spec.compare(eq + 1, 7, "patch:@") != 0)
         c.bad(iw, "'" + spec + "': a protocol's edits patch from a sibling cell (patch:@CONDITION), not from files");
-      if (spec.compare(eq + 1, 4, "add:") == 0)
-        c.bad(iw, "'" + spec + "': add:FILE reads a file, which a manifest does not pin (trace, generate and bench take it)");
+      if (spec.compare(eq + 1, 4, "add:") == 0 && (eq + 5 >= spec.size() || spec[eq + 5] == '*'))
+        c.bad(iw, "'" + spec + "': add: needs a safetensors file (add:FILE or add:FILE*F)");
       if (const size_t at = spec.find('@'); at != std::string::npos && at < eq)
         for (const std::string& item : split_list(spec.substr(at + 1, eq - at - 1))) {
           if (item.empty() || std::isdigit(static_cast<unsigned char>(item[0])) || item == "target") continue;

@@ -46,7 +46,8 @@ struct ConditionSpec {
   // Hook edits of the forward pass (model/intervene.h), TARGET[@TOKENS]=ACTION, where TOKENS
   // may also name an anchor (with an offset: "history_eos+1") or "target" (the cell's interior
   // tokens); freeze writes each cell's
-  // edits with its own positions. No patch (a protocol has no source files).
+  // edits with its own positions. No patch:FILE (patch:@CONDITION instead); add:FILE paths are
+  // relative to the protocol file, pinned by SHA-256 in the manifest.
   std::vector<std::string> interventions;
 };
 

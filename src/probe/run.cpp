@@ -487,6 +487,13 @@ RunSummary run_manifest(const RunOptions& o) {
   if (!m["model"]["config_sha256"].is_null() &&
       sha256_file(model_dir + "/config.json") != m["model"]["config_sha256"].get<std::string>())
     fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");
+  // The files hook edits read (add:FILE) are the ones frozen, byte for byte.
+  if (m.contains("intervention_files"))
+    for (const auto& [path, sha] : m["intervention_files"].items()) {
+      if (!file_exists(path)) fail(path, {}, "a hook edit's file of the manifest is not found");
+      if (sha256_file(path) != sha.get<std::string>())
+        fail(path, "sha256", "differs from the one recorded when the manifest was frozen (" + sha.get<std::string>() + ")");
+    }
   // The cells' hook edits against the model, also before anything is written.
   CellEdits cell_edits;
   for (const auto& [key, members] : source_cells)

@@ -132,6 +132,56 @@ assert px and all(c["interventions"] == ["blocks.1.hook_resid_post@%d-%d=patch:@
                   c["interior_token_range"][1] - 1)] for c in px)
 assert all("generated_ids" in run[c["cell_id"]]["result"] for c in px)
 PY
+# add:FILE in a condition (a steering vector at the target tokens): the path resolves against
+# the protocol's directory, the manifest pins the file's SHA-256 (intervention_files), the
+# steered rows change from layer 2 on and the others do not; a file changed after freezing is
+# refused by run, a missing one by freeze.
+mkdir -p "$work/steer"
+/usr/bin/python3 - "$work/steer/v.safetensors" "$model/config.json" <<'PY'
+import json, struct, sys
+H = json.load(open(sys.argv[2]))["hidden_size"]
+body = struct.pack("<%df" % H, *[((i % 3) - 1) * 0.5 for i in range(H)])
+head = json.dumps({"blocks.1.hook_resid_post": {"dtype": "F32", "shape": [H], "data_offsets": [0, len(body)]}}).encode()
+head += b" " * (-len(head) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(head)) + head + body)
+PY
+cp "$work/plain.toml" "$work/steer/steer.toml"
+printf '\n[[condition]]\nname = "s0_steer"\nhistory = "filler"\ngroup = "s0"\ninterventions = ["blocks.1.hook_resid_post@target=add:v.safetensors*2"]\n' \
+  >> "$work/steer/steer.toml"
+"$bin" freeze "$work/steer/steer.toml" --out "$work/steer.json" >/dev/null && "$bin" run "$work/steer.json" --out "$work/steer_run" \
+  >/dev/null 2>&1 && "$bin" audit "$work/steer_run" >/dev/null 2>&1 && ok "steered condition: froze, ran, audited" || bad "steered condition"
+/usr/bin/python3 - "$work" <<'PY' && ok "steered cells: file pinned, rows steered, others untouched" || bad "steered cells"
+import hashlib, json, sys
+w = sys.argv[1]
+man = json.load(open(f"{w}/steer.json"))
+path = f"{w}/steer/v.safetensors"
+assert man["intervention_files"] == {path: hashlib.sha256(open(path, "rb").read()).hexdigest()}, man.get("intervention_files")
+run = {c["cell_id"]: c for c in json.load(open(f"{w}/steer_run/run.json"))["cells"]}
+plain = {c["cell_id"]: c for c in json.load(open(f"{w}/plain/run.json"))["cells"]}
+strip = lambda r: {k: v for k, v in r.items() if k != "hidden_vectors"}
+for cid, c in plain.items():
+    assert strip(run[cid]["result"]) == strip(c["result"]), cid
+n = 0
+for c in man["cells"]:
+    if c["condition"] != "s0_steer":
+        continue
+    a, e = c["interior_token_range"]
+    assert c["interventions"] == [f"blocks.1.hook_resid_post@{a}-{e - 1}=add:{path}*2"], c["interventions"]
+    st = run[c["cell_id"]]["result"]["stages"]
+    base = run[c["cell_id"].replace("s0_steer", "s0_eos")]["result"]["stages"]
+    assert st[1] == base[1] and st[2]["target_sha256"] != base[2]["target_sha256"]
+    n += 1
+assert n >= 2 and "intervention_files" not in json.load(open(f"{w}/plain.json"))
+PY
+printf 'x' >> "$work/steer/v.safetensors"
+expect_error "steering file changed after freezing" "v.safetensors: sha256: differs from the one recorded when the manifest was frozen" \
+  "$bin" run "$work/steer.json" --out "$work/steer_run2"
+no_file "steering file changed after freezing" "$work/steer_run2"
+sed -i 's/add:v.safetensors/add:nowhere.safetensors/' "$work/steer/steer.toml"
+expect_error "steering file missing" "steer.toml: .*s0_steer: interventions\[0\]: .*nowhere.safetensors not found" \
+  "$bin" freeze "$work/steer/steer.toml" --out "$work/steer2.json"
+no_file "steering file missing" "$work/steer2.json"
+
 # Generation: a patch from a sibling names its tokens (the sibling may stop first).
 sed 's/hook_resid_post@target=patch:@s0_eos/hook_resid_post=patch:@s0_eos/' "$work/gen_edited.toml" > "$work/gen_all.toml"
 expect_error "generate: sibling patch of every token" "a patch from a sibling in generation names its tokens" \
@@ -155,9 +205,8 @@ expect_error "anchor offset before the first token" "s0_bad.*interventions\[0\]:
 bad_protocol "blocks.2.hook_resid_post=patch:x.safetensors"
 expect_error "patch from a file in a protocol" "patch from a sibling cell \(patch:@CONDITION\), not from files" \
   "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
-bad_protocol "blocks.2.hook_resid_post=add:x.safetensors*2"
-expect_error "add from a file in a protocol" "add:FILE reads a file, which a manifest does not pin" \
-  "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
+bad_protocol "blocks.2.hook_resid_post=add:*2"
+expect_error "add without a file" "add: needs a safetensors file" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.2.hook_resid_post=patch:@s9"
 expect_error "patch from an unknown condition" "no condition named \"s9\"" "$bin" freeze "$work/bad.toml" --out "$work/bad.json"
 bad_protocol "blocks.2.hook_resid_post=patch:@s0_bad"
