@@ -372,6 +372,33 @@ void check_edits(Checks& ck, const Doc& man) {
 }
 
 // The run's cells are the manifest's (all of them, or the shard's), in order, headers equal.
+// The files hook edits read (add:FILE), where the manifest pins any: each as frozen, byte for
+// byte. A file not found here cannot be checked (a run elsewhere): said, not failed.
+void check_intervention_files(Checks& ck, const Doc& man) {
+  const std::string name = "hook-edit files = manifest's pins";
+  ck.guarded(name, man.path, [&] {
+    int64_t same = 0;
+    std::vector<std::string> absent;
+    for (const auto& [path, sha] : man.j.at("intervention_files").items()) {
+      if (!file_exists(path)) {
+        absent.push_back(path);
+        continue;
+      }
+      if (sha256_file(path) != sha.get<std::string>()) {
+        ck.fail(name, path + ": sha256 " + sha256_file(path) + ", the manifest pinned " + sha.get<std::string>());
+        return;
+      }
+      ++same;
+    }
+    if (!absent.empty()) {
+      ck.skip(name, num(same) + " files as pinned; not found here: " + absent.front() +
+                        (absent.size() > 1 ? " and " + num(int64_t(absent.size()) - 1) + " more" : ""));
+      return;
+    }
+    ck.pass(name, num(same) + " files as the manifest pinned them", {{"files", same}});
+  });
+}
+
 void check_run_cells(Checks& ck, const Doc& man, const Doc& run) {
   const std::string name = "run cells = manifest cells";
   ck.guarded(name, run.path, [&] {
@@ -914,6 +941,7 @@ AuditReport audit_run_dir(const AuditOptions& o) {
   if (man_ok) {
     check_cell_grid(ck, man);
     check_edits(ck, man);
+    if (man.j.contains("intervention_files")) check_intervention_files(ck, man);
   }
   if (run_ok) {
     if (man_ok) check_run_cells(ck, man, run);

@@ -173,7 +173,12 @@ for c in man["cells"]:
     n += 1
 assert n >= 2 and "intervention_files" not in json.load(open(f"{w}/plain.json"))
 PY
+grep -q '^PASS  hook-edit files = manifest.s pins: 1 files as the manifest pinned them' <("$bin" audit "$work/steer_run" 2>&1) \
+  && ! "$bin" audit "$work/edited" 2>&1 | grep -q "hook-edit files" && ok "audit: the pinned steering file checks" || bad "audit of pinned files"
 printf 'x' >> "$work/steer/v.safetensors"
+out="$("$bin" audit "$work/steer_run" 2>&1)"; rc=$?
+[[ $rc -eq 3 ]] && grep -q "^FAIL  hook-edit files = manifest.s pins: .*v.safetensors: sha256 .*, the manifest pinned" <<<"$out" \
+  && ok "audit: a steering file changed after the run fails" || bad "audit: changed steering file (rc $rc)"
 expect_error "steering file changed after freezing" "v.safetensors: sha256: differs from the one recorded when the manifest was frozen" \
   "$bin" run "$work/steer.json" --out "$work/steer_run2"
 no_file "steering file changed after freezing" "$work/steer_run2"
