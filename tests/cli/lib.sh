@@ -22,6 +22,19 @@ no_file() {
 }
 finish() { echo "$fails failed"; exit $((fails > 0)); }
 
+# steering_vector OUT.safetensors MODEL_DIR: one F32 [hidden_size] tensor named
+# blocks.1.hook_resid_post (values ((i % 5) - 2) * 0.75), an add:FILE source for the tests.
+steering_vector() {
+  /usr/bin/python3 - "$1" "$2/config.json" <<'PY'
+import json, struct, sys
+H = json.load(open(sys.argv[2]))["hidden_size"]
+body = struct.pack("<%df" % H, *[((i % 5) - 2) * 0.75 for i in range(H)])
+head = json.dumps({"blocks.1.hook_resid_post": {"dtype": "F32", "shape": [H], "data_offsets": [0, len(body)]}}).encode()
+head += b" " * (-len(head) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(head)) + head + body)
+PY
+}
+
 # tiny_trace_protocol NAME MODEL_DIR OUT.toml: the small trace-mode probe protocol that several
 # script tests run on the tiny checkpoint (2 domains x 3 inline texts, 2 sources per domain,
 # one group of 3 conditions: a baseline and two single-ID edits, hidden vectors recorded).

@@ -110,14 +110,7 @@ assert a.keys() == z.keys() and all(a[k] == z[k] for k in a), [k for k in a if a
 meta = json.loads(ha["__metadata__"]["interventions"])
 assert meta[0]["action"] == "add" and meta[0]["factor"] == -1 and meta[0]["source"]["per_position"] is True, meta
 PY
-/usr/bin/python3 - "$work/steer.safetensors" "$model/config.json" <<'PY'
-import json, struct, sys
-H = json.load(open(sys.argv[2]))["hidden_size"]
-body = struct.pack("<%df" % H, *[((i % 5) - 2) * 0.75 for i in range(H)])
-head = json.dumps({"blocks.1.hook_resid_post": {"dtype": "F32", "shape": [H], "data_offsets": [0, len(body)]}}).encode()
-head += b" " * (-len(head) % 8)
-open(sys.argv[1], "wb").write(struct.pack("<Q", len(head)) + head + body)
-PY
+steering_vector "$work/steer.safetensors" "$model"
 for n in 1 2; do
   "$bin" generate --model "$model" --prompts "$work/p.jsonl" --out "$work/s$n.jsonl" --max-new-tokens 12 --batch $n \
     --intervene "blocks.1.hook_resid_post=add:$work/steer.safetensors*4" >/dev/null 2>&1 || bad "generate steered (batch $n)"

@@ -137,14 +137,7 @@ PY
 # steered rows change from layer 2 on and the others do not; a file changed after freezing is
 # refused by run, a missing one by freeze.
 mkdir -p "$work/steer"
-/usr/bin/python3 - "$work/steer/v.safetensors" "$model/config.json" <<'PY'
-import json, struct, sys
-H = json.load(open(sys.argv[2]))["hidden_size"]
-body = struct.pack("<%df" % H, *[((i % 3) - 1) * 0.5 for i in range(H)])
-head = json.dumps({"blocks.1.hook_resid_post": {"dtype": "F32", "shape": [H], "data_offsets": [0, len(body)]}}).encode()
-head += b" " * (-len(head) % 8)
-open(sys.argv[1], "wb").write(struct.pack("<Q", len(head)) + head + body)
-PY
+steering_vector "$work/steer/v.safetensors" "$model"
 cp "$work/plain.toml" "$work/steer/steer.toml"
 printf '\n[[condition]]\nname = "s0_steer"\nhistory = "filler"\ngroup = "s0"\ninterventions = ["blocks.1.hook_resid_post@target=add:v.safetensors*2"]\n' \
   >> "$work/steer/steer.toml"
