@@ -384,8 +384,8 @@ void check_intervention_files(Checks& ck, const Doc& man) {
         absent.push_back(path);
         continue;
       }
-      if (sha256_file(path) != sha.get<std::string>()) {
-        ck.fail(name, path + ": sha256 " + sha256_file(path) + ", the manifest pinned " + sha.get<std::string>());
+      if (const std::string now = sha256_file(path); now != sha.get<std::string>()) {
+        ck.fail(name, path + ": sha256 " + now + ", the manifest pinned " + sha.get<std::string>());
         return;
       }
       ++same;

@@ -224,6 +224,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
   // Hook edits (--intervene), checked against the model before anything loads, as trace and
   // generate check theirs. They change what the timed workloads compute, so the others (load,
   // memory) do not run beside them.
+  const auto wants = [&](const std::string& w) { return std::find(workloads.begin(), workloads.end(), w) != workloads.end(); };
   std::optional<Interventions> edits;
   if (!o.interventions.empty()) {
     for (const auto& w : workloads)
@@ -232,9 +233,8 @@ std::vector<Record> run_bench(const BenchOptions& o) {
              "edits apply to seed-grid-128x512, prefill-trace-128 and decode-b1 only (name them with --workload; "
              "not \"" + w + "\")");
     edits.emplace(o.interventions, cfg, LayerRange::all(cfg), true);
-    const auto wants_w = [&](const char* w) { return std::find(workloads.begin(), workloads.end(), w) != workloads.end(); };
-    if (wants_w("seed-grid-128x512") || wants_w("decode-b1")) edits->check_for_generation();
-    if (wants_w("prefill-trace-128")) {
+    if (wants("seed-grid-128x512") || wants("decode-b1")) edits->check_for_generation();
+    if (wants("prefill-trace-128")) {
       int64_t longest = 0;
       for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
       edits->check_tokens(longest, "prefill-trace-128");
@@ -310,7 +310,6 @@ std::vector<Record> run_bench(const BenchOptions& o) {
     Checkpoint ck2 = Checkpoint::open(o.model_dir);
     std::unique_ptr<Model> model = load_model(ck2, mo);
     const double load_s = since(t_load);
-    auto wants = [&](const std::string& w) { return std::find(workloads.begin(), workloads.end(), w) != workloads.end(); };
     if (wants("load")) record("load", mode, load_s, "s", std::nullopt, {{"bytes", ck2.report().total_bytes}});
 
     if (wants("seed-grid-128x512")) {

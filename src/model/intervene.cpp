@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/sha256.h"
@@ -109,7 +111,24 @@ std::string trace_dump_name(std::string_view hook, const ModelConfig& c) {
   return "";
 }
 
+std::pair<std::string, std::string> split_add_payload(std::string_view payload) {
+  const size_t star = payload.rfind('*');
+  if (star == std::string_view::npos) return {std::string(payload), ""};
+  return {std::string(payload.substr(0, star)), std::string(payload.substr(star + 1))};
+}
+
 namespace {
+
+// A factor (scale:F, add:FILE*F): a finite number and nothing else, or nullopt.
+std::optional<double> parse_factor(const std::string& f) {
+  char* end = nullptr;
+  const double v = std::strtod(f.c_str(), &end);
+  if (f.empty() || end != f.c_str() + f.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// Whether the edit reads a source file's rows by token position (patch, add of [T', ...]).
+bool reads_rows_by_position(const Intervention& iv) { return iv.source && iv.source_per_position; }
 
 // The source tensor of patch:FILE / add:FILE: named as the hook, else as `atlas trace --dump`
 // names it; [T', per-token shape] (a value per position), or for add also the per-token shape
@@ -250,10 +269,9 @@ Interventions::Interventions(const std::vector<std::string>& specs, const ModelC
     } else if (action.rfind("scale:", 0) == 0) {
       iv.action = InterventionAction::Scale;
       const std::string f(action.substr(6));
-      char* end = nullptr;
-      iv.factor = std::strtod(f.c_str(), &end);
-      if (f.empty() || end != f.c_str() + f.size() || !std::isfinite(iv.factor))
-        bad("scale factor \"" + f + "\" is not a finite number");
+      const auto v = parse_factor(f);
+      if (!v) bad("scale factor \"" + f + "\" is not a finite number");
+      iv.factor = *v;
     } else if (action.rfind("patch:@", 0) == 0) {
       iv.action = InterventionAction::PatchRow;
       iv.source_condition = std::string(action.substr(7));
@@ -267,14 +285,12 @@ Interventions::Interventions(const std::vector<std::string>& specs, const ModelC
     } else if (action.rfind("add:", 0) == 0) {
       // add:FILE or add:FILE*F: a steering vector (or per-position rows) times F.
       iv.action = InterventionAction::Add;
-      iv.source_path = std::string(action.substr(4));
-      if (const size_t star = iv.source_path.rfind('*'); star != std::string::npos) {
-        const std::string f = iv.source_path.substr(star + 1);
-        char* end = nullptr;
-        iv.factor = std::strtod(f.c_str(), &end);
-        if (f.empty() || end != f.c_str() + f.size() || !std::isfinite(iv.factor))
-          bad("add: factor \"" + f + "\" is not a finite number (add:FILE*F)");
-        iv.source_path.resize(star);
+      std::string f;
+      std::tie(iv.source_path, f) = split_add_payload(action.substr(4));
+      if (action.find('*') != std::string_view::npos) {
+        const auto v = parse_factor(f);
+        if (!v) bad("add: factor \"" + f + "\" is not a finite number (add:FILE*F)");
+        iv.factor = *v;
       }
       if (iv.source_path.empty()) bad("add: needs a safetensors file");
       if (ids) bad(tname + " holds expert ids: nothing can be added to them");
@@ -293,7 +309,7 @@ void Interventions::check_tokens(int64_t T, const std::string& where) const {
     if (!iv.tokens.empty() && iv.tokens.back() >= T)
       fail(where, {}, "--intervene '" + iv.spec + "': token " + std::to_string(iv.tokens.back()) + " is outside the " +
                           std::to_string(T) + " tokens");
-    if ((iv.action != InterventionAction::Patch && iv.action != InterventionAction::Add) || !iv.source_per_position) continue;
+    if (!reads_rows_by_position(iv)) continue;
     const int64_t Ts = iv.source->find(iv.source_tensor)->shape[0];
     if (iv.tokens.empty() ? Ts != T : Ts <= iv.tokens.back())
       fail(where, {},
@@ -311,7 +327,7 @@ void Interventions::check_for_generation() const {
     // A sibling row stops at its own EOS: name the (prompt) tokens to read.
     if (iv.action == InterventionAction::PatchRow && iv.tokens.empty())
       fail(where, {}, "a patch from a sibling in generation names its tokens (@TOKENS: the sibling may stop first)");
-    if ((iv.action != InterventionAction::Patch && iv.action != InterventionAction::Add) || !iv.source_per_position) continue;
+    if (!reads_rows_by_position(iv)) continue;
     if (iv.tokens.empty())
       fail(where, {}, std::string(iv.action == InterventionAction::Patch ? "a patch" : "an add of rows by position") +
                           " in generation names its tokens (@TOKENS: positions in the source)");

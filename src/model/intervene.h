@@ -35,6 +35,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/json.h"
@@ -64,6 +65,9 @@ struct Intervention {
   // that condition, its row in the same batch, at the same positions, as they stand in the pass.
   std::string source_condition;
 };
+
+// add:PAYLOAD = FILE[*F]: the file and the factor's text after the last '*' ("" without one).
+std::pair<std::string, std::string> split_add_payload(std::string_view payload);
 
 // TOKENS: "N" or "A-B" (inclusive) items, comma-separated, as ascending unique positions;
 // errors are prefixed with `where`.

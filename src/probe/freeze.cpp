@@ -210,14 +210,13 @@ std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const 
     std::string spec = cond.interventions[k];
     const std::string iw = where + ": interventions[" + std::to_string(k) + "]";
     if (const size_t add = spec.find("=add:"); add != std::string::npos) {
-      const std::string rest = spec.substr(add + 5);
-      const size_t star = rest.rfind('*');
-      std::string path = rest.substr(0, star);
+      const bool has_factor = spec.find('*', add) != std::string::npos;
+      auto [path, factor] = split_add_payload(std::string_view(spec).substr(add + 5));
       if (!fs::path(path).is_absolute())
         path = (fs::path(file).parent_path() / path).lexically_normal().string();
       if (!file_exists(path)) fail(file, iw, "'" + spec + "': " + path + " not found");
       if (!files.count(path)) files[path] = sha256_file(path);
-      spec = spec.substr(0, add + 5) + path + (star == std::string::npos ? "" : rest.substr(star));
+      spec = spec.substr(0, add + 5) + path + (has_factor ? "*" + factor : "");
     }
     const size_t eq = spec.find('='), at = spec.find('@');
     if (at == std::string::npos || at > eq) {
