@@ -73,7 +73,22 @@ bool glob_match(std::string_view p, std::string_view s) {
   return pi == p.size();
 }
 
-void Hooks::add(std::string pattern, Fn fn) { tensor_subs_.push_back({std::move(pattern), std::move(fn)}); }
+void Hooks::add(std::string pattern, Fn fn) { add(std::move(pattern), std::move(fn), nullptr); }
+
+void Hooks::add(std::string pattern, Fn fn, std::shared_ptr<const HookRowEdit> edit) {
+  tensor_subs_.push_back({std::move(pattern), std::move(fn)});
+  tensor_edits_.push_back(std::move(edit));
+}
+
+std::vector<const HookRowEdit*> Hooks::row_edits(std::string_view name) const {
+  std::vector<const HookRowEdit*> out;
+  for (size_t i = 0; i < tensor_subs_.size(); ++i) {
+    if (!glob_match(tensor_subs_[i].pattern, name)) continue;
+    if (!tensor_edits_[i]) return {};
+    out.push_back(tensor_edits_[i].get());
+  }
+  return out;
+}
 
 void Hooks::add_digests(std::string pattern, DigestFn fn) {
   // Checked against the catalog now, so a bad subscription fails before any forward pass. An

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -71,6 +72,27 @@ struct HookDigests {
 
 bool glob_match(std::string_view pattern, std::string_view name);
 
+// A tensor observer's edit of whole token rows, in a form a backend may run where the tensor
+// lives (the CUDA backend: on the device, with no copy to the host and back). The observer's
+// function stays the definition; a backend that runs the edit instead must give its bits. For
+// each token row that select() lists (an index r into the hook's [B*T', W] values, W = the
+// values after [B, T']), with v the value as f32:
+//   Zero:  0
+//   Scale: float(double(v) * factor)
+//   Add:   float(double(v) + factor * double(s_j)), s = the row's `add` values ([W] per listed
+//          row when per_row, else one [W] vector for every row)
+// and a bf16 hook's value is rounded to bf16 once afterwards (only one edit per bf16 hook runs
+// this way: two observers in a row round once, after both). select(shape, rows, add) stands for
+// the observer's call: it counts as one and may throw as the observer would (it may run before
+// earlier hooks' late deliveries: it reads only the pass's own state, never a delivered value).
+struct HookRowEdit {
+  enum class Op { Zero, Scale, Add };
+  Op op = Op::Zero;
+  double factor = 1;
+  bool per_row = false;
+  std::function<void(const std::vector<int64_t>& shape, std::vector<int64_t>& rows, std::vector<float>& add)> select;
+};
+
 class Hooks {
  public:
   using Fn = std::function<void(HookTensor&)>;
@@ -81,6 +103,8 @@ class Hooks {
   // "blocks.*.moe.hook_topk_ids". Observers of a kind run in the order they were added; at one
   // hook every tensor observer runs before every digest observer.
   void add(std::string pattern, Fn fn);
+  // A tensor observer that is also a row edit (HookRowEdit above): fn defines it.
+  void add(std::string pattern, Fn fn, std::shared_ptr<const HookRowEdit> edit);
   // Digests exist only for [B, T, ...] float hooks: a pattern that matches an I32 hook
   // (hook_topk_ids) or one not laid out [B, T, ...] (attn.hook_pattern) throws naming the hook.
   void add_digests(std::string pattern, DigestFn fn);
@@ -93,6 +117,9 @@ class Hooks {
   bool wants_digests(std::string_view name) const;
   bool empty() const { return tensor_subs_.empty() && reader_subs_.empty() && digest_subs_.empty(); }
   bool has_tensor_observers() const { return !tensor_subs_.empty(); }  // (observers that may write)
+  // The row edits of the tensor observers of `name`, in their order, when every one of them
+  // has one (a backend may then run them instead of calling the observers); else empty.
+  std::vector<const HookRowEdit*> row_edits(std::string_view name) const;
 
   // Calls the tensor observers, then fire_read(t). Backends without a deferred path of their
   // own need nothing else.
@@ -116,6 +143,7 @@ class Hooks {
     return false;
   }
   std::vector<Sub<Fn>> tensor_subs_;
+  std::vector<std::shared_ptr<const HookRowEdit>> tensor_edits_;  // beside tensor_subs_ (null: none)
   std::vector<Sub<ReadFn>> reader_subs_;
   std::vector<Sub<DigestFn>> digest_subs_;
 };

@@ -373,9 +373,44 @@ void Interventions::attach(Hooks& hooks) {
   // Experts' zero edits need the routes the weights belong to: a read of the final ids (after
   // every edit of them), kept per edit and used when the weights fire.
   auto routes = std::make_shared<std::vector<std::vector<int32_t>>>(list_.size());
+  // A position-by-position add reads the source's row at each token's position.
+  const auto add_source_row = [](const Intervention& iv, int64_t position, int64_t W) {
+    const TensorView* src = iv.source->find(iv.source_tensor);
+    if (iv.source_per_position && position >= src->shape[0])
+      fail("--intervene '" + iv.spec + "'", {},
+           "position " + std::to_string(position) + " is past the " + std::to_string(src->shape[0]) +
+               " tokens of " + iv.source_path + " " + iv.source_tensor);
+    return src->data + (iv.source_per_position ? position * W * 4 : 0);  // F32, maybe unaligned
+  };
   for (size_t i = 0; i < list_.size(); ++i) {
     const Intervention* iv = &list_[i];
-    hooks.add(iv->hook, [this, iv, routes, i, for_tokens](HookTensor& t) {
+    // Zero, scale and add also as row edits (HookRowEdit), which a backend may run where the
+    // values live (the CUDA backend, on the device): the same rows, the same arithmetic.
+    std::shared_ptr<HookRowEdit> edit;
+    if (iv->action == InterventionAction::Zero || iv->action == InterventionAction::Scale ||
+        iv->action == InterventionAction::Add) {
+      edit = std::make_shared<HookRowEdit>();
+      edit->op = iv->action == InterventionAction::Zero    ? HookRowEdit::Op::Zero
+                 : iv->action == InterventionAction::Scale ? HookRowEdit::Op::Scale
+                                                           : HookRowEdit::Op::Add;
+      edit->factor = iv->factor;
+      edit->per_row = iv->action == InterventionAction::Add && iv->source_per_position;
+      edit->select = [this, iv, i, for_tokens, add_source_row](const std::vector<int64_t>& shape,
+                                                               std::vector<int64_t>& rows, std::vector<float>& add) {
+        ++fired_[i];
+        rows.clear();
+        add.clear();
+        const HookTensor t{.name = iv->hook, .layer = iv->layer, .shape = shape};
+        for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t W) {
+          rows.push_back(o / W);
+          if (iv->action != InterventionAction::Add || (!iv->source_per_position && !add.empty())) return;
+          const uint8_t* row = add_source_row(*iv, position, W);
+          add.resize(add.size() + size_t(W));
+          std::memcpy(add.data() + add.size() - size_t(W), row, size_t(W) * 4);
+        });
+      };
+    }
+    hooks.add(iv->hook, [this, iv, routes, i, for_tokens, add_source_row](HookTensor& t) {
       ++fired_[i];
       switch (iv->action) {
         case InterventionAction::Zero:
@@ -401,13 +436,8 @@ void Interventions::attach(Hooks& hooks) {
         case InterventionAction::Add: {
           // value + F * source (the source's row at the token's position, or its one vector),
           // in double, rounded once.
-          const TensorView* src = iv->source->find(iv->source_tensor);
           for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t W) {
-            if (iv->source_per_position && position >= src->shape[0])
-              fail("--intervene '" + iv->spec + "'", {},
-                   "position " + std::to_string(position) + " is past the " + std::to_string(src->shape[0]) +
-                       " tokens of " + iv->source_path + " " + iv->source_tensor);
-            const uint8_t* row = src->data + (iv->source_per_position ? position * W * 4 : 0);
+            const uint8_t* row = add_source_row(*iv, position, W);
             for (int64_t j = 0; j < W; ++j) {
               float v;
               std::memcpy(&v, row + j * 4, 4);  // a mapped tensor need not be 4-byte aligned
@@ -452,7 +482,7 @@ void Interventions::attach(Hooks& hooks) {
           break;
         }
       }
-    });
+    }, edit);
   }
   for (size_t i = 0; i < list_.size(); ++i) {
     const Intervention* iv = &list_[i];

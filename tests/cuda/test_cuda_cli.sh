@@ -42,4 +42,24 @@ fi
   && ok "cuda bf16 trace within 0.12 of cpu bf16" || bad "cuda vs cpu bf16 trace"
 /usr/bin/python3 "$src/tests/cuda/compare_traces.py" f32 "$work/g32.safetensors" "$work/c32.safetensors" \
   && ok "cuda f32 trace within 1e-5 (relative L2) of cpu f32 absorbed, routes identical" || bad "cuda vs cpu f32 trace"
+# Hook edits on the device (zero / scale / add, the default) and through the host
+# (ATLAS_DEVICE_EDITS=0): the same dumps and the same generated tokens, byte for byte.
+steering_vector "$work/v.safetensors" "$model"
+edits=(--intervene 'blocks.1.hook_resid_post@2-5=add:'"$work"'/v.safetensors*2' --intervene 'blocks.0.attn.hook_out@3,7=scale:0.5'
+  --intervene 'blocks.2.ln2.hook_normalized@9=zero')
+for compute in bf16 f32; do
+  "$bin" trace --backend cuda --compute $compute --model "$model" --ids "$ids" "${edits[@]}" \
+    --dump "$work/ed_$compute.safetensors" >/dev/null
+  ATLAS_DEVICE_EDITS=0 "$bin" trace --backend cuda --compute $compute --model "$model" --ids "$ids" "${edits[@]}" \
+    --dump "$work/eh_$compute.safetensors" >/dev/null
+  [[ -s "$work/ed_$compute.safetensors" ]] && cmp -s "$work/ed_$compute.safetensors" "$work/eh_$compute.safetensors" \
+    && ok "$compute trace: device edits = host edits, byte for byte" \
+    || bad "$compute trace: device edits vs host edits"
+done
+"$bin" generate --backend cuda --compute bf16 --model "$model" --prompts "$work/p.jsonl" --max-new-tokens 6 \
+  --intervene 'blocks.1.hook_resid_post=add:'"$work"'/v.safetensors*3' --out "$work/sd.jsonl" >/dev/null
+ATLAS_DEVICE_EDITS=0 "$bin" generate --backend cuda --compute bf16 --model "$model" --prompts "$work/p.jsonl" \
+  --max-new-tokens 6 --intervene 'blocks.1.hook_resid_post=add:'"$work"'/v.safetensors*3' --out "$work/sh.jsonl" >/dev/null
+[[ -s "$work/sd.jsonl" ]] && cmp -s "$work/sd.jsonl" "$work/sh.jsonl" \
+  && ok "steered generation: device edits = host edits" || bad "steered generation: device vs host edits"
 finish

@@ -106,6 +106,69 @@ TEST_F(ForwardOps, CopyRowsOutOfRangeIndexIsReported) {
   check_device_errors();  // cleared
 }
 
+// ---- edit_rows (hook edits on the device) ----------------------------------------------------
+
+// Zero, scale and add (a vector for every row, or a row per listed row) of listed rows, bf16
+// and f32: the kernel gives the reference's bits, unlisted rows are untouched, and the
+// reference is the observers' arithmetic (double, rounded once to f32, then to the type).
+TEST_F(ForwardOps, EditRowsMatchesReference) {
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const int width = 300, limit = 10;
+  const std::vector<int64_t> listed = {0, 3, 4, 9};
+  DevBuf<int64_t> drows(listed);
+  const std::vector<float> per_row = random_f32(listed.size() * width, rng), vec = random_f32(width, rng);
+  DevBuf<float> dper(per_row), dvec(vec);
+  struct Case {
+    RowEditOp op;
+    double factor;
+    bool per_row;
+  };
+  for (const Case& c : {Case{RowEditOp::Zero, 1, false}, Case{RowEditOp::Scale, -0.37, false},
+                        Case{RowEditOp::Add, 2.5, false}, Case{RowEditOp::Add, -0.75, true}}) {
+    SCOPED_TRACE(::testing::Message() << "op " << int(c.op) << " per_row " << c.per_row);
+    const auto check = [&](auto x) {
+      using T = typename decltype(x)::value_type;
+      std::vector<T> want = x;
+      const std::vector<float>& src = c.per_row ? per_row : vec;
+      ref::edit_rows(RowEditArgsT<T>{.x = want.data(), .limit = limit, .width = width, .rows = listed.data(),
+                                     .n = int64_t(listed.size()), .op = c.op, .factor = c.factor, .src = src.data(),
+                                     .src_per_row = c.per_row});
+      DevBuf<T> dx(x);
+      edit_rows(RowEditArgsT<T>{.x = dx.get(), .limit = limit, .width = width, .rows = drows.get(),
+                                .n = int64_t(listed.size()), .op = c.op, .factor = c.factor,
+                                .src = c.per_row ? dper.get() : dvec.get(), .src_per_row = c.per_row});
+      check_device_errors();
+      EXPECT_EQ(dx.download(), want) << (sizeof(T) == 2 ? "bf16" : "f32");
+      for (int64_t r = 0; r < limit; ++r)
+        for (int j = 0; j < width; ++j) {
+          const size_t at = size_t(r * width + j);
+          const auto i = std::find(listed.begin(), listed.end(), r) - listed.begin();
+          float v = elem_to_f32(x[at]);
+          if (i == int64_t(listed.size())) {
+            ASSERT_EQ(want[at], x[at]) << "unlisted row " << r;
+            continue;
+          }
+          const float s = src[size_t((c.per_row ? i * width : 0) + j)];
+          v = c.op == RowEditOp::Zero ? 0.0f
+              : c.op == RowEditOp::Scale ? float(double(v) * c.factor)
+                                         : float(double(v) + c.factor * double(s));
+          ASSERT_EQ(want[at], f32_to_elem<T>(v)) << r << " " << j;
+        }
+    };
+    check(random_bf16(size_t(limit) * width, rng));
+    check(random_f32(size_t(limit) * width, rng));
+  }
+}
+
+TEST_F(ForwardOps, EditRowsOutOfRangeRowIsReported) {
+  DevBuf<float> x(std::vector<float>(8, 1.0f));
+  DevBuf<int64_t> rows(std::vector<int64_t>{0, 2});
+  edit_rows(RowEditArgsT<float>{.x = x.get(), .limit = 2, .width = 4, .rows = rows.get(), .n = 2});
+  EXPECT_THROW(check_device_errors(), Error);
+  check_device_errors();  // cleared
+}
+
 // ---- strided GEMM ----------------------------------------------------------------------------
 
 // x, w and out as slices of wider matrices (one head of [M, heads, d]); bit-exact vs the

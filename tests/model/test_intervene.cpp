@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -461,4 +462,94 @@ TEST_F(InterveneTest, PatchFromASiblingRowInTheSamePass) {
   iv.attach(h2);
   iv.begin_pass(in, second);
   EXPECT_NE(error_of([&] { m.forward(in, &h2); }).find("no row of condition clean in this batch"), std::string::npos);
+}
+
+// Zero, scale and add are also row edits (model/hooks.h HookRowEdit), which the CUDA backend
+// runs on the device: select() must list exactly the rows the observer edits, with the values
+// it adds, so that HookRowEdit's arithmetic on them gives the observer's bits; patch and expert
+// edits are not row edits, and a hook with any other tensor observer offers none.
+TEST_F(InterveneTest, RowEditsGiveTheObserversValues) {
+  const int64_t B = 2, T = 5, W = f_.cfg.hidden_size;
+  std::vector<float> dir(static_cast<size_t>(W)), rows(static_cast<size_t>(T * W));
+  for (int64_t j = 0; j < W; ++j) dir[size_t(j)] = float(j % 5) * 0.3f - 0.7f;
+  for (int64_t i = 0; i < T * W; ++i) rows[size_t(i)] = float((i * 7) % 13) * 0.1f - 0.55f;
+  write_safetensors(path("v.safetensors"),
+                    {{.name = "blocks.1.hook_resid_post", .dtype = DType::F32, .shape = {W}, .data = dir.data()},
+                     {.name = "blocks.2.attn.hook_out", .dtype = DType::F32, .shape = {T, W}, .data = rows.data()}},
+                    {});
+  const std::string file = path("v.safetensors");
+  // Row 0: positions 0-4; row 1: one padding token, then positions 0-3.
+  const std::vector<int32_t> ids(size_t(B * T), 7), pos = {0, 1, 2, 3, 4, 0, 0, 1, 2, 3};
+  const std::vector<uint8_t> mask = {1, 1, 1, 1, 1, 0, 1, 1, 1, 1};
+  const ForwardInput in{.batch = B, .tokens = T, .ids = ids, .positions = pos, .mask = mask};
+  std::vector<float> base(size_t(B * T * W));
+  for (size_t i = 0; i < base.size(); ++i) base[i] = float(int64_t(i * 37) % 101) * 0.013f - 0.6f;
+  struct Case {
+    std::string spec, hook;
+    std::vector<uint8_t> rows;  // begin_pass's rows ({} = every row)
+  };
+  const std::vector<Case> cases = {
+      {"blocks.1.hook_resid_post@1-3=zero", "blocks.1.hook_resid_post", {}},
+      {"blocks.1.hook_resid_post@0,2=scale:-0.37", "blocks.1.hook_resid_post", {}},
+      {"blocks.1.hook_resid_post=add:" + file + "*2.5", "blocks.1.hook_resid_post", {0, 1}},
+      {"blocks.2.attn.hook_out@1-3=add:" + file + "*-0.75", "blocks.2.attn.hook_out", {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.spec);
+    Interventions iv = make({c.spec});
+    Hooks hooks;
+    iv.attach(hooks);
+    const std::vector<const HookRowEdit*> edits = hooks.row_edits(c.hook);
+    ASSERT_EQ(edits.size(), 1u);
+    EXPECT_TRUE(hooks.row_edits("blocks.0.hook_resid_post").empty());
+    // The observer on one copy.
+    iv.begin_pass(in, c.rows);
+    std::vector<float> want = base;
+    HookTensor t{.name = c.hook, .layer = iv.list()[0].layer, .shape = {B, T, W}, .data = want.data()};
+    hooks.fire(t);
+    iv.check_fired();
+    // The row edit on another.
+    iv.begin_pass(in, c.rows);
+    std::vector<int64_t> listed;
+    std::vector<float> add;
+    edits[0]->select({B, T, W}, listed, add);
+    iv.check_fired();  // select() counted as the observer's call
+    const HookRowEdit& e = *edits[0];
+    ASSERT_EQ(add.size(), e.op != HookRowEdit::Op::Add ? 0 : e.per_row ? listed.size() * size_t(W) : size_t(W));
+    std::vector<float> got = base;
+    for (size_t i = 0; i < listed.size(); ++i)
+      for (int64_t j = 0; j < W; ++j) {
+        float& v = got[size_t(listed[i] * W + j)];
+        const float s = e.op == HookRowEdit::Op::Add ? add[(e.per_row ? i * size_t(W) : 0) + size_t(j)] : 0.0f;
+        v = e.op == HookRowEdit::Op::Zero    ? 0.0f
+            : e.op == HookRowEdit::Op::Scale ? float(double(v) * e.factor)
+                                             : float(double(v) + e.factor * double(s));
+      }
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4));
+    EXPECT_NE(0, std::memcmp(got.data(), base.data(), got.size() * 4)) << "nothing edited";
+    EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
+    EXPECT_EQ(std::find(listed.begin(), listed.end(), 5), listed.end()) << "the padding token was listed";
+  }
+  // Rows of one condition only: the other row is never listed.
+  Interventions one = make({"blocks.1.hook_resid_post=zero"});
+  Hooks h1;
+  one.attach(h1);
+  one.begin_pass(in, std::vector<uint8_t>{0, 1});
+  std::vector<int64_t> listed;
+  std::vector<float> add;
+  h1.row_edits("blocks.1.hook_resid_post")[0]->select({B, T, W}, listed, add);
+  EXPECT_EQ(listed, (std::vector<int64_t>{6, 7, 8, 9}));
+  // Not row edits: a patch, an expert edit; nor a hook that another tensor observer also wants.
+  Interventions patch = make({"blocks.2.attn.hook_out=patch:" + file}),
+                experts = make({"blocks.1.moe.experts.2=route-out"}),
+                two = make({"blocks.1.hook_resid_post=zero", "blocks.1.hook_resid_post=scale:2"});
+  Hooks h2, h3, h4;
+  patch.attach(h2);
+  EXPECT_TRUE(h2.row_edits("blocks.2.attn.hook_out").empty());
+  experts.attach(h3);
+  EXPECT_TRUE(h3.row_edits("blocks.1.moe.hook_router_logits").empty());
+  two.attach(h4);
+  EXPECT_EQ(h4.row_edits("blocks.1.hook_resid_post").size(), 2u);
+  h4.add("blocks.*.hook_resid_post", [](HookTensor&) {});
+  EXPECT_TRUE(h4.row_edits("blocks.1.hook_resid_post").empty());
 }

@@ -297,6 +297,7 @@ class CudaModelT final : public Model {
       drop_late();
       if (pinned_ints_) host_free_pinned(pinned_ints_);
       if (late_arena_) host_free_pinned(late_arena_);
+      if (edit_staging_) host_free_pinned(edit_staging_);
     } catch (const Error&) {
     }
     for (Event e : late_events_) event_destroy(e);
@@ -466,6 +467,12 @@ class CudaModelT final : public Model {
                  uint16_t* dev) const;
   void hook_f32(const Hooks* hooks, const std::string& name, int64_t layer, std::vector<int64_t> shape,
                 float* dev) const;
+  // The hook's tensor observers run as row edits on the device (model/hooks.h HookRowEdit:
+  // edit_rows, the same bits as the host path) where every one of them is one and the switch
+  // allows (ATLAS_DEVICE_EDITS); true if they ran, and the hook then counts as one no tensor
+  // observer wants. A bf16 hook takes one edit this way (the host path rounds after all).
+  template <class V>
+  bool device_edits(const Hooks& hooks, const std::string& name, const std::vector<int64_t>& shape, V* dev) const;
   // Per-token SHA-256 of a [B, T, ...] hook on the device; only [B*T][32] bytes come to the host.
   // One of bf16 / f32 is set.
   void hook_digests(const Hooks& hooks, const std::string& name, int64_t layer, const std::vector<int64_t>& shape,
@@ -642,6 +649,13 @@ class CudaModelT final : public Model {
   mutable const Hooks* late_hooks_ = nullptr;
   mutable unsigned char* late_arena_ = nullptr;  // pinned, grow-only
   mutable size_t late_arena_bytes_ = 0, late_arena_used_ = 0;
+  // Device edits' rows and added values: staged in pinned memory, copied on s_ into a device
+  // block of the same size at the same offset; used from the front until full, then (after the
+  // stream drained, so no copy still reads the staging) from the front again. Grow-only.
+  bool device_edits_on_ = true;  // ATLAS_DEVICE_EDITS
+  mutable unsigned char* edit_staging_ = nullptr;
+  mutable DeviceBlock edit_dev_;
+  mutable size_t edit_bytes_ = 0, edit_used_ = 0;
 };
 
 template <class Elem>
@@ -770,6 +784,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
   run_fused_ = env_switch("ATLAS_RUN_FUSED", true);
   run_root_ = env_switch("ATLAS_RUN_ROOT", false);
+  device_edits_on_ = env_switch("ATLAS_DEVICE_EDITS", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -1094,8 +1109,9 @@ void CudaModelT<Elem>::hook_bf16(const Hooks* hooks, const std::string& name, in
   for (auto d : shape) n *= d;
   // Computed rows fewer than B x T (forward: padding once): readers see the expanded tensor (no
   // tensor observer: they would write into a copy); digests are taken of the computed rows.
+  const bool edited = hooks->wants_tensor(name) && device_edits(*hooks, name, shape, dev);
   if (expand_ && hooks->wants_reader(name)) dev = const_cast<uint16_t*>(expanded(dev, n / flat_rows_));
-  if (!hooks->wants_tensor(name)) {
+  if (edited || !hooks->wants_tensor(name)) {
     if (hooks->wants_reader(name)) {  // readers (and digests, then from their copy)
       if (defer_hook(*hooks, {.name = name, .layer = layer, .shape = shape, .bf16 = true}, dev, size_t(n) * 2)) return;
     } else {
@@ -1131,8 +1147,9 @@ void CudaModelT<Elem>::hook_f32(const Hooks* hooks, const std::string& name, int
   if (!hooks) return;
   int64_t n = 1;
   for (auto d : shape) n *= d;
+  const bool edited = hooks->wants_tensor(name) && device_edits(*hooks, name, shape, dev);
   if (expand_ && hooks->wants_reader(name)) dev = const_cast<float*>(expanded(dev, n / flat_rows_));  // (as hook_bf16)
-  if (!hooks->wants_tensor(name)) {
+  if (edited || !hooks->wants_tensor(name)) {
     if (hooks->wants_reader(name)) {
       if (defer_hook(*hooks, {.name = name, .layer = layer, .shape = shape}, dev, size_t(n) * 4)) return;
     } else {
@@ -1147,6 +1164,57 @@ void CudaModelT<Elem>::hook_f32(const Hooks* hooks, const std::string& name, int
   HookTensor t{.name = name, .layer = layer, .dtype = DType::F32, .shape = std::move(shape), .data = f.data()};
   hooks->fire(t);
   if (std::memcmp(before.data(), f.data(), f.size() * 4) != 0) upload(dev, f.data(), f.size() * 4);
+}
+
+template <class Elem>
+template <class V>
+bool CudaModelT<Elem>::device_edits(const Hooks& hooks, const std::string& name, const std::vector<int64_t>& shape,
+                                    V* dev) const {
+  if (!device_edits_on_ || expand_ || shape.size() < 3) return false;
+  const std::vector<const HookRowEdit*> edits = hooks.row_edits(name);
+  if (edits.empty() || (sizeof(V) == 2 && edits.size() > 1)) return false;
+  const int64_t rows = shape[0] * shape[1];
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  if (rows <= 0 || n % rows != 0 || n / rows > 0x7fffffff) return false;
+  const int width = int(n / rows);
+  std::vector<int64_t> list;
+  std::vector<float> add;
+  for (const HookRowEdit* e : edits) {
+    e->select(shape, list, add);  // (counts as the observer's call)
+    if (list.empty()) continue;
+    // rows then added values, each 256-byte aligned, at the same offset on both sides
+    const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t rows_bytes = up(list.size() * 8), bytes = rows_bytes + up(add.size() * 4);
+    if (edit_used_ + bytes > edit_bytes_) {
+      stream_synchronize(s_);  // every earlier copy out of the staging has landed
+      edit_used_ = 0;
+      if (bytes > edit_bytes_) {
+        const size_t want = std::max({bytes, size_t(1) << 20, 2 * edit_bytes_});
+        if (edit_staging_) host_free_pinned(edit_staging_);
+        edit_staging_ = nullptr;
+        edit_bytes_ = 0;
+        edit_dev_ = DeviceBlock();
+        edit_dev_ = DeviceBlock(want);
+        edit_staging_ = static_cast<unsigned char*>(host_alloc_pinned(want));
+        edit_bytes_ = want;
+      }
+    }
+    unsigned char* h = edit_staging_ + edit_used_;
+    auto* d = reinterpret_cast<unsigned char*>(edit_dev_.get()) + edit_used_;
+    std::memcpy(h, list.data(), list.size() * 8);
+    std::memcpy(h + rows_bytes, add.data(), add.size() * 4);
+    copy_to_device_async(d, h, bytes, s_);
+    edit_used_ += bytes;
+    const RowEditOp op = e->op == HookRowEdit::Op::Zero    ? RowEditOp::Zero
+                         : e->op == HookRowEdit::Op::Scale ? RowEditOp::Scale
+                                                           : RowEditOp::Add;
+    edit_rows(RowEditArgsT<V>{.x = dev, .limit = rows, .width = width, .rows = reinterpret_cast<const int64_t*>(d),
+                              .n = int64_t(list.size()), .op = op, .factor = e->factor,
+                              .src = reinterpret_cast<const float*>(d + rows_bytes), .src_per_row = e->per_row,
+                              .stream = s_});
+  }
+  return true;
 }
 
 template <class Elem>

@@ -445,6 +445,31 @@ void add(const AddArgs& a);
 void add(const AddArgsT<float>& a);
 inline void add_bf16(const AddArgs& a) { add(a); }
 
+// ---- row edits: a hook edit on the device (model/hooks.h HookRowEdit) ---------------------
+// For each of the n listed rows r (an index into x's [limit, width] values), with v = the
+// value as f32: zero: 0; scale: float(double(v) * factor); add: float(double(v) + factor *
+// double(s_j)), s = src's row i for the i-th listed row (src_per_row) or src's one row for
+// every listed row. Stored as T (bf16: one rounding to nearest even). The host path's
+// arithmetic (model/intervene.cpp's observers on the f32 copy) in double without contraction,
+// so the bits are the same. A row outside [0, limit) sets error flag 8 (as copy_rows).
+enum class RowEditOp : int { Zero = 0, Scale = 1, Add = 2 };
+template <class T>
+struct RowEditArgsT {
+  T* x = nullptr;
+  int64_t limit = 0;               // rows of x
+  int width = 0;
+  const int64_t* rows = nullptr;   // [n] device
+  int64_t n = 0;
+  RowEditOp op = RowEditOp::Zero;
+  double factor = 1;               // scale, add
+  const float* src = nullptr;      // add: [n, width] (src_per_row) or [width], device
+  bool src_per_row = false;
+  Stream stream = nullptr;
+};
+void edit_rows(const RowEditArgsT<uint16_t>& a);
+void edit_rows(const RowEditArgsT<float>& a);
+int64_t edit_rows_launches();  // (tests: the device path ran)
+
 // ---- L2 prefetch (session 37; ATLAS_L2_PREFETCH) ------------------------------------------
 // Pulls up to four byte ranges into L2 from a small grid (kernels/l2_prefetch.cuh) and writes
 // nothing: a hint that cannot change any output. `bytes`: multiples of 128, 16-byte aligned

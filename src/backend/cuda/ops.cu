@@ -32,6 +32,7 @@ namespace {
 
 std::atomic<int64_t> g_dropped_sum_norms{0};  // add_rmsnorm launches with Sum::dropped (tests)
 std::atomic<int64_t> g_argmax_run_outputs{0};  // argmax launches with run_outputs (tests)
+std::atomic<int64_t> g_edit_rows{0};           // edit_rows launches (tests)
 
 // The wide norms (one 1024-thread block per row) for few rows: a decode step's norms are single
 // rows whose 256-thread blocks were instruction chains; many rows fill the GPU either way.
@@ -178,6 +179,7 @@ void argmax_impl(const ArgmaxArgsT<T>& a) {
 }  // namespace
 
 int64_t argmax_run_outputs_launches() { return g_argmax_run_outputs.load(); }
+int64_t edit_rows_launches() { return g_edit_rows.load(); }
 
 size_t argmax_partial_ints(int64_t rows, int64_t vocab) {
   return size_t(rows) * 2 * size_t((vocab + kern::kArgmaxSplitElems - 1) / kern::kArgmaxSplitElems);
@@ -197,6 +199,21 @@ void copy_rows_impl(const CopyRowsArgsT<T>& a) {
   if (a.rows == 0) return;
   launch(kern::copy_rows_kernel<T>, unsigned(a.rows), 128, 0, stream_of(a.stream),
       a.src, a.dst, a.src_rows, a.dst_rows, a.width, ss, ds, a.src_limit, a.dst_limit, error_flag());
+  check_launch(op);
+}
+
+template <class T>
+void edit_rows_impl(const RowEditArgsT<T>& a) {
+  const char* op = "edit_rows";
+  require(a.n >= 0 && a.n <= 0x7fffffff, op, "n", "must be in [0, 2^31)");
+  require(a.width > 0, op, "width", "must be > 0");
+  require(a.limit > 0, op, "limit", "must be > 0");
+  require(a.op == RowEditOp::Zero || a.op == RowEditOp::Scale || a.op == RowEditOp::Add, op, "op", "zero, scale or add");
+  require(a.x && a.rows && (a.op != RowEditOp::Add || a.src), op, "pointers", "x, rows (and src for add) must be set");
+  if (a.n == 0) return;
+  g_edit_rows.fetch_add(1);
+  launch(kern::edit_rows_kernel<T>, unsigned(a.n), 256, 0, stream_of(a.stream), a.x, a.limit, a.width, a.rows,
+         int(a.op), a.factor, a.op == RowEditOp::Add ? a.src : nullptr, a.src_per_row ? 1 : 0, error_flag());
   check_launch(op);
 }
 
@@ -350,6 +367,8 @@ void argmax(const ArgmaxArgs& a) { argmax_impl(a); }
 void argmax(const ArgmaxArgsT<float>& a) { argmax_impl(a); }
 void copy_rows(const CopyRowsArgs& a) { copy_rows_impl(a); }
 void copy_rows(const CopyRowsArgsT<float>& a) { copy_rows_impl(a); }
+void edit_rows(const RowEditArgsT<uint16_t>& a) { edit_rows_impl(a); }
+void edit_rows(const RowEditArgsT<float>& a) { edit_rows_impl(a); }
 void latent_to_cache(const LatentCacheArgsT<uint16_t>& a) { latent_to_cache_impl(a); }
 void latent_to_cache(const LatentCacheArgsT<float>& a) { latent_to_cache_impl(a); }
 void add(const AddArgs& a) { add_impl(a); }

@@ -412,6 +412,22 @@ void copy_rows_t(const CopyRowsArgsT<T>& a) {
 }
 
 template <class T>
+void edit_rows_t(const RowEditArgsT<T>& a) {
+  for (int64_t i = 0; i < a.n; ++i) {
+    const int64_t r = a.rows[i];
+    if (r < 0 || r >= a.limit) throw Error("cuda::ref: edit_rows: row out of range");
+    T* x = a.x + r * a.width;
+    const float* s = a.op == RowEditOp::Add ? a.src + (a.src_per_row ? i * a.width : 0) : nullptr;
+    for (int j = 0; j < a.width; ++j) {
+      float v = 0.0f;
+      if (a.op == RowEditOp::Scale) v = float(double(elem_to_f32(x[j])) * a.factor);
+      if (a.op == RowEditOp::Add) v = float(double(elem_to_f32(x[j])) + a.factor * double(s[j]));
+      x[j] = f32_to_elem<T>(v);
+    }
+  }
+}
+
+template <class T>
 void argmax_t(const ArgmaxArgsT<T>& a) {
   const int64_t stride = a.stride ? a.stride : a.vocab;
   for (int r = 0; r < a.rows; ++r) {
@@ -430,6 +446,8 @@ void argmax_t(const ArgmaxArgsT<T>& a) {
 
 void copy_rows(const CopyRowsArgs& a) { copy_rows_t(a); }
 void copy_rows(const CopyRowsArgsT<float>& a) { copy_rows_t(a); }
+void edit_rows(const RowEditArgsT<uint16_t>& a) { edit_rows_t(a); }
+void edit_rows(const RowEditArgsT<float>& a) { edit_rows_t(a); }
 void argmax(const ArgmaxArgs& a) { argmax_t(a); }
 void argmax(const ArgmaxArgsT<float>& a) { argmax_t(a); }
 

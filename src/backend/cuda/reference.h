@@ -45,6 +45,9 @@ void moe_gather(const MoeGatherArgsT<float>& a);
 void moe_combine(const MoeCombineArgsT<float>& a);
 void copy_rows(const CopyRowsArgsT<float>& a);
 void mla_decode_scalar(const MlaDecodeArgsT<float>& a);  // the scalar kernel's contract, f32 out
+// Hook edits of listed rows (host pointers; throws on a row the device would flag).
+void edit_rows(const RowEditArgsT<uint16_t>& a);
+void edit_rows(const RowEditArgsT<float>& a);
 // argmax of each row (ties to the lower id, NaN throws), for bf16 and f32 logits.
 void argmax(const ArgmaxArgs& a);
 void argmax(const ArgmaxArgsT<float>& a);

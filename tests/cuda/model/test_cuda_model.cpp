@@ -1533,6 +1533,103 @@ TEST_F(CudaTiny, DeviceSamplingGeneratesExactlyWhatHostSamplingDoes) {
 // 1e-5 relative L2 with the same routes, tokens before 20 keep their logits bit for bit and token
 // 20's change. In bf16, patching every token of a residual stage from the clean run's trace dump
 // puts an edited input back on the clean run's logits, bit for bit.
+// Hook edits run on the device (edit_rows; ATLAS_DEVICE_EDITS, on by default) give the host
+// path's bits (ATLAS_DEVICE_EDITS=0: the values copied out, edited by the observers, copied
+// back): every hook as read and the logits, in bf16 and f32, for a scale at every hook a pass
+// fires, a zero, a steering vector, rows by position, two edits on one hook (bf16 takes the
+// host path there) and the edits of one row of a left-padded batch of two (a probe condition's).
+TEST_F(CudaTiny, DeviceHookEditsGiveTheHostEditsBits) {
+  const ModelConfig& cfg = ck_->config();
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size, T = 24, pad = 4;
+  const LayerRange all = LayerRange::all(cfg);
+  std::vector<int32_t> ids, pos;
+  std::vector<uint8_t> mask;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const bool padded = b == 1 && t < pad;
+      ids.push_back(padded ? 0 : int32_t((t * 7919 + 13 * b + 5) % V));
+      pos.push_back(padded ? 0 : int32_t(b == 1 ? t - pad : t));
+      mask.push_back(padded ? 0 : 1);
+    }
+  const ForwardInput in{.batch = 2, .tokens = T, .ids = ids, .positions = pos, .mask = mask, .logits_last_only = false};
+  const std::string dir = (fs::temp_directory_path() / ("atlas_cuda_device_edits_" + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  std::vector<float> steer(static_cast<size_t>(H)), rows(static_cast<size_t>(T * H));
+  for (int64_t j = 0; j < H; ++j) steer[size_t(j)] = float(int(j % 5) - 2) * 0.5f;
+  for (int64_t i = 0; i < T * H; ++i) rows[size_t(i)] = float((i * 13) % 11) * 0.125f - 0.6f;
+  write_safetensors(dir + "/v.safetensors",
+                    {{.name = "blocks.2.attn.hook_out", .dtype = DType::F32, .shape = {H}, .data = steer.data()},
+                     {.name = "blocks.1.ln2.hook_normalized", .dtype = DType::F32, .shape = {T, H}, .data = rows.data()}},
+                    {});
+  struct Case {
+    std::vector<std::string> specs;
+    std::vector<uint8_t> rows;  // begin_pass's rows ({} = every row)
+  };
+  std::vector<Case> cases;
+  for (const std::string& h : fired_hook_names(cfg, all))
+    if (h.find("hook_pattern") == std::string::npos && h.find("hook_topk_ids") == std::string::npos)
+      cases.push_back({{h + "@3-5,17=scale:0.5"}, {}});
+  cases.push_back({{"blocks.1.hook_resid_post@2-9=zero"}, {}});
+  cases.push_back({{"blocks.2.attn.hook_out=add:" + dir + "/v.safetensors*3"}, {}});
+  cases.push_back({{"blocks.1.ln2.hook_normalized@0-19=add:" + dir + "/v.safetensors*-0.5"}, {}});
+  cases.push_back({{"blocks.1.hook_resid_post@4=zero", "blocks.1.hook_resid_post@1-6=scale:-1.25"}, {}});
+  cases.push_back({{"blocks.2.attn.hook_out@1-12=add:" + dir + "/v.safetensors*2"}, {0, 1}});
+  struct Out {
+    std::vector<float> logits;
+    std::map<std::string, std::vector<float>> f32;
+    std::map<std::string, std::vector<int32_t>> i32;
+  };
+  const auto run = [&](const Model& m, const Case& c) {
+    Interventions e(c.specs, cfg, all, true);
+    e.check_tokens(T, "test");
+    Hooks hooks;
+    e.attach(hooks);
+    Out o;
+    hooks.add_reader("*", [&](const HookTensor& t) {
+      if (t.name.find("hook_pattern") != std::string_view::npos) return;
+      if (t.dtype == DType::I32)
+        o.i32[std::string(t.name)].assign(t.i32(), t.i32() + t.numel());
+      else
+        o.f32[std::string(t.name)].assign(t.f32(), t.f32() + t.numel());
+    });
+    e.begin_pass(in, c.rows);
+    o.logits = m.forward(in, &hooks).logits;
+    e.check_fired();
+    return o;
+  };
+  for (const Compute compute : {Compute::BF16, Compute::F32}) {
+    std::unique_ptr<Model> device, host;
+    {
+      const ScopedEnv on{{"ATLAS_DEVICE_EDITS", nullptr}};
+      device = load_model(*ck_, {.backend = "cuda", .compute = compute});
+    }
+    {
+      const ScopedEnv off{{"ATLAS_DEVICE_EDITS", "0"}};
+      host = load_model(*ck_, {.backend = "cuda", .compute = compute});
+    }
+    const Out plain = run(*device, {{}, {}});
+    int changed = 0;
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.specs[0] + (compute == Compute::F32 ? " (f32)" : " (bf16)"));
+      const int64_t launches = cuda::edit_rows_launches();
+      const Out d = run(*device, c);
+      // (Two edits of a bf16 hook, and the logits, which reach the host anyway, run there.)
+      const bool on_host = (c.specs.size() > 1 && compute == Compute::BF16) || c.specs[0].rfind("logits", 0) == 0;
+      EXPECT_EQ(cuda::edit_rows_launches() - launches, on_host ? 0 : int64_t(c.specs.size())) << "the device path did not run";
+      const int64_t host_launches = cuda::edit_rows_launches();
+      const Out h = run(*host, c);
+      EXPECT_EQ(cuda::edit_rows_launches(), host_launches);
+      EXPECT_EQ(d.logits, h.logits);
+      EXPECT_EQ(d.i32, h.i32);
+      ASSERT_EQ(d.f32.size(), h.f32.size());
+      for (const auto& [name, v] : d.f32) EXPECT_EQ(0, std::memcmp(v.data(), h.f32.at(name).data(), v.size() * 4)) << name;
+      changed += d.logits != plain.logits;
+    }
+    EXPECT_GE(changed, int(cases.size()) - 2);  // (a scale of the logits hook itself changes the logits too)
+  }
+  fs::remove_all(dir);
+}
+
 TEST_F(CudaTiny, InterventionsMatchTheCpuBackend) {
   const ModelConfig& cfg = ck_->config();
   const int64_t V = cfg.vocab_size, T = 40, p = 20;

@@ -45,4 +45,26 @@ __global__ void copy_rows_kernel(const T* __restrict__ src, T* __restrict__ dst,
   for (int c = threadIdx.x; c < width; c += blockDim.x) dr[c] = sr[c];
 }
 
+// A hook edit of listed rows (cuda_ops.h RowEditArgsT): one block per listed row. Double
+// arithmetic written with the _rn intrinsics, so nothing contracts whatever the flags.
+template <class T>
+__global__ void edit_rows_kernel(T* __restrict__ x, int64_t limit, int width, const int64_t* __restrict__ rows,
+                                 int op, double factor, const float* __restrict__ src, int src_per_row,
+                                 int* error_flag) {
+  pdl_begin();
+  const int64_t i = blockIdx.x, r = rows[i];
+  if (r < 0 || r >= limit) {
+    if (threadIdx.x == 0) atomicOr(error_flag, 8);
+    return;
+  }
+  T* xr = x + r * int64_t(width);
+  const float* sr = src != nullptr ? src + (src_per_row ? i * int64_t(width) : 0) : nullptr;
+  for (int j = threadIdx.x; j < width; j += blockDim.x) {
+    float v = 0.0f;
+    if (op == 1) v = __double2float_rn(__dmul_rn(double(to_f32(xr[j])), factor));
+    else if (op == 2) v = __double2float_rn(__dadd_rn(double(to_f32(xr[j])), __dmul_rn(factor, double(sr[j]))));
+    xr[j] = from_f32<T>(v);
+  }
+}
+
 }  // namespace atlas::cuda::kern
