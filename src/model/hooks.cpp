@@ -109,9 +109,13 @@ bool Hooks::wants_reader(std::string_view name) const { return any_matches(reade
 bool Hooks::wants_digests(std::string_view name) const { return any_matches(digest_subs_, name); }
 
 void Hooks::fire(HookTensor& t) const {
+  fire_tensor(t);
+  fire_read(t);
+}
+
+void Hooks::fire_tensor(HookTensor& t) const {
   for (const auto& s : tensor_subs_)
     if (glob_match(s.pattern, t.name)) s.fn(t);
-  fire_read(t);
 }
 
 void Hooks::fire_read(const HookTensor& t) const {

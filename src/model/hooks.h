@@ -124,6 +124,9 @@ class Hooks {
   // Calls the tensor observers, then fire_read(t). Backends without a deferred path of their
   // own need nothing else.
   void fire(HookTensor& t) const;
+  // The tensor observers only: a backend that stores the values in another type rounds what
+  // they wrote before fire_read(t), so that readers see what the model goes on with.
+  void fire_tensor(HookTensor& t) const;
   // Calls the readers; then, if digest observers want the hook, digests the f32 tensor on the
   // host and calls them (a backend's late delivery of a hook no tensor observer wants).
   void fire_read(const HookTensor& t) const;

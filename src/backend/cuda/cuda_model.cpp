@@ -1120,7 +1120,7 @@ void CudaModelT<Elem>::hook_bf16(const Hooks* hooks, const std::string& name, in
     }
   }
   // A tensor observer wants it (or a reader, of a tensor too large to defer): the whole tensor
-  // comes to the host now, and Hooks::fire digests it there for any digest observers (after
+  // comes to the host now, and Hooks::fire_read digests it there for any digest observers (after
   // the tensor observers and readers ran).
   deliver_all();
   std::vector<uint16_t> h(static_cast<size_t>(n));
@@ -1129,15 +1129,19 @@ void CudaModelT<Elem>::hook_bf16(const Hooks* hooks, const std::string& name, in
 #pragma omp parallel for schedule(static) if (n >= (1 << 20))
   for (int64_t i = 0; i < n; ++i) f[size_t(i)] = bf16_to_f32(h[size_t(i)]);
   HookTensor t{.name = name, .layer = layer, .dtype = DType::F32, .shape = std::move(shape), .data = f.data()};
-  hooks->fire(t);
-  // Copy back only what an observer changed (recording observers cost one download).
+  hooks->fire_tensor(t);
+  // What the observers wrote, rounded to bf16 as the model stores it; readers and digests see
+  // those values (what the rest of the pass reads, and what device edits leave). Copied back
+  // only where an observer changed something (recording observers cost one download).
   bool changed = false;
 #pragma omp parallel for schedule(static) reduction(|| : changed) if (n >= (1 << 20))
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t v = f32_to_bf16(f[size_t(i)]);
     changed = changed || v != h[size_t(i)];
     h[size_t(i)] = v;
+    f[size_t(i)] = bf16_to_f32(v);
   }
+  hooks->fire_read(t);
   if (changed) upload(dev, h.data(), h.size() * 2);
 }
 

@@ -1538,6 +1538,8 @@ TEST_F(CudaTiny, DeviceSamplingGeneratesExactlyWhatHostSamplingDoes) {
 // back): every hook as read and the logits, in bf16 and f32, for a scale at every hook a pass
 // fires, a zero, a steering vector, rows by position, two edits on one hook (bf16 takes the
 // host path there) and the edits of one row of a left-padded batch of two (a probe condition's).
+// In bf16 the edited hook's readers see the values rounded to bf16 either way (what the model
+// reads on; s60-2 found the host path handing them the observers' unrounded f32 values).
 TEST_F(CudaTiny, DeviceHookEditsGiveTheHostEditsBits) {
   const ModelConfig& cfg = ck_->config();
   const int64_t V = cfg.vocab_size, H = cfg.hidden_size, T = 24, pad = 4;
