@@ -1,5 +1,6 @@
 #include "model/hooks.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "core/error.h"
@@ -78,6 +79,18 @@ void Hooks::add(std::string pattern, Fn fn) { add(std::move(pattern), std::move(
 void Hooks::add(std::string pattern, Fn fn, std::shared_ptr<const HookRowEdit> edit) {
   tensor_subs_.push_back({std::move(pattern), std::move(fn)});
   tensor_edits_.push_back(std::move(edit));
+}
+
+void apply_row_edit(const HookRowEdit& e, std::span<const int64_t> rows, std::span<const float> add, HookTensor& t) {
+  const int64_t W = t.numel() / std::max<int64_t>(t.shape.at(0) * t.shape.at(1), 1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    float* v = t.f32() + rows[i] * W;
+    const float* s = e.op == HookRowEdit::Op::Add ? add.data() + (e.per_row ? i * size_t(W) : 0) : nullptr;
+    for (int64_t j = 0; j < W; ++j)
+      v[j] = e.op == HookRowEdit::Op::Zero    ? 0.0f
+             : e.op == HookRowEdit::Op::Scale ? float(double(v[j]) * e.factor)
+                                              : float(double(v[j]) + e.factor * double(s[j]));
+  }
 }
 
 std::vector<const HookRowEdit*> Hooks::row_edits(std::string_view name) const {

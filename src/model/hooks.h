@@ -73,18 +73,13 @@ struct HookDigests {
 bool glob_match(std::string_view pattern, std::string_view name);
 
 // A tensor observer's edit of whole token rows, in a form a backend may run where the tensor
-// lives (the CUDA backend: on the device, with no copy to the host and back). The observer's
-// function stays the definition; a backend that runs the edit instead must give its bits. For
-// each token row that select() lists (an index r into the hook's [B*T', W] values, W = the
-// values after [B, T']), with v the value as f32:
-//   Zero:  0
-//   Scale: float(double(v) * factor)
-//   Add:   float(double(v) + factor * double(s_j)), s = the row's `add` values ([W] per listed
-//          row when per_row, else one [W] vector for every row)
-// and a bf16 hook's value is rounded to bf16 once afterwards (only one edit per bf16 hook runs
-// this way: two observers in a row round once, after both). select(shape, rows, add) stands for
-// the observer's call: it counts as one and may throw as the observer would (it may run before
-// earlier hooks' late deliveries: it reads only the pass's own state, never a delivered value).
+// lives (the CUDA backend: on the device, with no copy to the host and back). The observer is
+// select() then apply_row_edit() (below); a backend that runs the edit instead must give its
+// bits, and a bf16 hook's value is rounded to bf16 once afterwards (only one edit per bf16 hook
+// runs that way: two observers in a row round once, after both). select(shape, rows, add) lists
+// the token rows to edit (indexes into the hook's [B*T', W] values, W = the values after
+// [B, T']) and for Add the values to add; it counts as the observer's call and may throw (it
+// may run before earlier hooks' late deliveries: it reads only the pass's own state).
 struct HookRowEdit {
   enum class Op { Zero, Scale, Add };
   Op op = Op::Zero;
@@ -92,6 +87,13 @@ struct HookRowEdit {
   bool per_row = false;
   std::function<void(const std::vector<int64_t>& shape, std::vector<int64_t>& rows, std::vector<float>& add)> select;
 };
+
+// The edit on f32 values t ([B, T', ...]): for each listed row r and value v:
+//   Zero:  0
+//   Scale: float(double(v) * factor)
+//   Add:   float(double(v) + factor * double(s_j)), s = the row's `add` values ([W] per listed
+//          row when per_row, else one [W] vector for every row)
+void apply_row_edit(const HookRowEdit& e, std::span<const int64_t> rows, std::span<const float> add, HookTensor& t);
 
 class Hooks {
  public:

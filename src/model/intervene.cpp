@@ -373,8 +373,8 @@ void Interventions::attach(Hooks& hooks) {
   // Experts' zero edits need the routes the weights belong to: a read of the final ids (after
   // every edit of them), kept per edit and used when the weights fire.
   auto routes = std::make_shared<std::vector<std::vector<int32_t>>>(list_.size());
-  // A position-by-position add reads the source's row at each token's position.
-  const auto add_source_row = [](const Intervention& iv, int64_t position, int64_t W) {
+  // The source row a token reads (patch, add): the one at its position, or an add's one vector.
+  const auto source_row = [](const Intervention& iv, int64_t position, int64_t W) {
     const TensorView* src = iv.source->find(iv.source_tensor);
     if (iv.source_per_position && position >= src->shape[0])
       fail("--intervene '" + iv.spec + "'", {},
@@ -384,19 +384,19 @@ void Interventions::attach(Hooks& hooks) {
   };
   for (size_t i = 0; i < list_.size(); ++i) {
     const Intervention* iv = &list_[i];
-    // Zero, scale and add also as row edits (HookRowEdit), which a backend may run where the
-    // values live (the CUDA backend, on the device): the same rows, the same arithmetic.
-    std::shared_ptr<HookRowEdit> edit;
+    // Zero, scale and add are row edits (HookRowEdit): the observer lists the rows and applies
+    // apply_row_edit, and a backend may run the same edit where the values live instead (the
+    // CUDA backend, on the device).
     if (iv->action == InterventionAction::Zero || iv->action == InterventionAction::Scale ||
         iv->action == InterventionAction::Add) {
-      edit = std::make_shared<HookRowEdit>();
+      auto edit = std::make_shared<HookRowEdit>();
       edit->op = iv->action == InterventionAction::Zero    ? HookRowEdit::Op::Zero
                  : iv->action == InterventionAction::Scale ? HookRowEdit::Op::Scale
                                                            : HookRowEdit::Op::Add;
       edit->factor = iv->factor;
       edit->per_row = iv->action == InterventionAction::Add && iv->source_per_position;
-      edit->select = [this, iv, i, for_tokens, add_source_row](const std::vector<int64_t>& shape,
-                                                               std::vector<int64_t>& rows, std::vector<float>& add) {
+      edit->select = [this, iv, i, for_tokens, source_row](const std::vector<int64_t>& shape, std::vector<int64_t>& rows,
+                                                           std::vector<float>& add) {
         ++fired_[i];
         rows.clear();
         add.clear();
@@ -404,48 +404,28 @@ void Interventions::attach(Hooks& hooks) {
         for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t W) {
           rows.push_back(o / W);
           if (iv->action != InterventionAction::Add || (!iv->source_per_position && !add.empty())) return;
-          const uint8_t* row = add_source_row(*iv, position, W);
+          const uint8_t* row = source_row(*iv, position, W);  // (a mapped tensor need not be 4-byte aligned)
           add.resize(add.size() + size_t(W));
           std::memcpy(add.data() + add.size() - size_t(W), row, size_t(W) * 4);
         });
       };
+      hooks.add(iv->hook, [edit](HookTensor& t) {
+        std::vector<int64_t> rows;
+        std::vector<float> add;
+        edit->select(t.shape, rows, add);  // (counts the firing)
+        apply_row_edit(*edit, rows, add, t);
+      }, edit);
+      continue;
     }
-    hooks.add(iv->hook, [this, iv, routes, i, for_tokens, add_source_row](HookTensor& t) {
+    hooks.add(iv->hook, [this, iv, routes, i, for_tokens, source_row](HookTensor& t) {
       ++fired_[i];
       switch (iv->action) {
-        case InterventionAction::Zero:
-          for_tokens(*iv, t, [&](int64_t o, int64_t, int64_t W) { std::fill_n(t.f32() + o, W, 0.0f); });
-          break;
-        case InterventionAction::Scale:
-          for_tokens(*iv, t, [&](int64_t o, int64_t, int64_t W) {
-            for (int64_t j = 0; j < W; ++j) t.f32()[o + j] = float(double(t.f32()[o + j]) * iv->factor);
-          });
-          break;
-        case InterventionAction::Patch: {
+        case InterventionAction::Patch:
           // Source row = the token's position (checked against the source's length before).
-          const TensorView* src = iv->source->find(iv->source_tensor);
           for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t W) {
-            if (position >= src->shape[0])
-              fail("--intervene '" + iv->spec + "'", {},
-                   "position " + std::to_string(position) + " is past the " + std::to_string(src->shape[0]) +
-                       " tokens of " + iv->source_path + " " + iv->source_tensor);
-            std::memcpy(static_cast<uint8_t*>(t.data) + o * 4, src->data + position * W * 4, size_t(W) * 4);  // F32 or I32
+            std::memcpy(static_cast<uint8_t*>(t.data) + o * 4, source_row(*iv, position, W), size_t(W) * 4);  // F32 or I32
           });
           break;
-        }
-        case InterventionAction::Add: {
-          // value + F * source (the source's row at the token's position, or its one vector),
-          // in double, rounded once.
-          for_tokens(*iv, t, [&](int64_t o, int64_t position, int64_t W) {
-            const uint8_t* row = add_source_row(*iv, position, W);
-            for (int64_t j = 0; j < W; ++j) {
-              float v;
-              std::memcpy(&v, row + j * 4, 4);  // a mapped tensor need not be 4-byte aligned
-              t.f32()[o + j] = float(double(t.f32()[o + j]) + iv->factor * double(v));
-            }
-          });
-          break;
-        }
         case InterventionAction::PatchRow: {
           // The sibling row's token at each position, as the values stand now.
           const int64_t B = t.shape[0], T = t.shape[1], W = t.numel() / std::max<int64_t>(B * T, 1);
@@ -481,8 +461,10 @@ void Interventions::attach(Hooks& hooks) {
           });
           break;
         }
+        default:  // (zero, scale and add: the row edits above)
+          break;
       }
-    }, edit);
+    });
   }
   for (size_t i = 0; i < list_.size(); ++i) {
     const Intervention* iv = &list_[i];
