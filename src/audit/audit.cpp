@@ -373,13 +373,16 @@ void check_edits(Checks& ck, const Doc& man) {
 
 // The run's cells are the manifest's (all of them, or the shard's), in order, headers equal.
 // The files hook edits read (add:FILE), where the manifest pins any: each as frozen, byte for
-// byte. A file not found here cannot be checked (a run elsewhere): said, not failed.
+// byte, found relative to the manifest's directory as run finds it. A file not found there cannot
+// be checked (a manifest copied without its files): said, not failed.
 void check_intervention_files(Checks& ck, const Doc& man) {
   const std::string name = "hook-edit files = manifest's pins";
   ck.guarded(name, man.path, [&] {
     int64_t same = 0;
     std::vector<std::string> absent;
-    for (const auto& [path, sha] : man.j.at("intervention_files").items()) {
+    const std::string base = probe::manifest_files_base(man.path);
+    for (const auto& [recorded, sha] : man.j.at("intervention_files").items()) {
+      const std::string path = probe::manifest_file_path(base, recorded);
       if (!file_exists(path)) {
         absent.push_back(path);
         continue;

@@ -3,6 +3,7 @@
 // resolves every cell of a probe protocol to token ids with its verified contract, before any
 // model output exists (tokenizer only; no weights are read).
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 #include "cli/command.h"
@@ -35,6 +36,7 @@ Registrar reg{{
             probe::FreezeOptions o{.protocol = a.protocol, .model_dir = a.model, .data_root = a.data, .per_domain = {}};
             o.per_domain = a.per_domain;
             o.selection_reference = a.reference;
+            o.manifest_dir = std::filesystem::path(a.out).parent_path().string();
             ojson m = probe::freeze(o);
             write_file_atomic(a.out, m.dump(1) + "\n");
             const auto& c = m["contracts"];

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -187,8 +188,13 @@ void open_source(Intervention& iv, const ModelConfig& cfg, bool ids, bool vector
 }  // namespace
 
 Interventions::Interventions(const std::vector<std::string>& specs, const ModelConfig& cfg, const LayerRange& layers,
-                             bool has_head, bool in_protocol)
+                             bool has_head, bool in_protocol, const std::string& files_base)
 {
+  const auto resolved = [&](std::string path) {
+    if (!files_base.empty() && !path.empty() && !std::filesystem::path(path).is_absolute())
+      path = (std::filesystem::path(files_base) / path).lexically_normal().string();
+    return path;
+  };
   for (const std::string& spec : specs) {
     const std::string where = "--intervene '" + spec + "'";
     const auto bad = [&](const std::string& what) -> void { fail(where, {}, what); };
@@ -281,6 +287,7 @@ Interventions::Interventions(const std::vector<std::string>& specs, const ModelC
       iv.action = InterventionAction::Patch;
       iv.source_path = std::string(action.substr(6));
       if (iv.source_path.empty()) bad("patch: needs a safetensors file");
+      iv.source_path = resolved(iv.source_path);
       open_source(iv, cfg, ids, false);
     } else if (action.rfind("add:", 0) == 0) {
       // add:FILE or add:FILE*F: a steering vector (or per-position rows) times F.
@@ -293,6 +300,7 @@ Interventions::Interventions(const std::vector<std::string>& specs, const ModelC
         iv.factor = *v;
       }
       if (iv.source_path.empty()) bad("add: needs a safetensors file");
+      iv.source_path = resolved(iv.source_path);
       if (ids) bad(tname + " holds expert ids: nothing can be added to them");
       open_source(iv, cfg, ids, true);
     } else {

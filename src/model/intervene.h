@@ -92,8 +92,11 @@ class Interventions {
   // action fits the hook, patch sources open and match); errors name the spec ("--intervene
   // 'SPEC': ...").
   // `in_protocol`: a probe cell's edits, which may also patch from a sibling row.
+  // `files_base`: the directory a relative patch:FILE / add:FILE path is relative to (a probe
+  // manifest's, where freeze records them relative to it, so that a manifest moved with its files
+  // still finds them); empty: the working directory. Errors and to_json() name the path so resolved.
   Interventions(const std::vector<std::string>& specs, const ModelConfig& cfg, const LayerRange& layers,
-                bool has_head, bool in_protocol = false);
+                bool has_head, bool in_protocol = false, const std::string& files_base = {});
 
   bool empty() const { return list_.empty(); }
   const std::vector<Intervention>& list() const { return list_; }

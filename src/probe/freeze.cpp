@@ -194,17 +194,32 @@ int64_t anchor_pos(const Rendering& r, const std::string& name, const std::strin
   fail(file, where, "anchor " + name + " not found: " + (m != r.missing.end() ? m->second : "unknown anchor"));
 }
 
+// The files a manifest's add:FILE edits read: where the manifest goes, and each file's SHA-256 by
+// the path the manifest records.
+struct HookFiles {
+  std::string manifest_dir;                 // FreezeOptions::manifest_dir ("": the working directory)
+  std::map<std::string, std::string> pins;  // recorded path -> SHA-256
+  // `path` (as found from here) relative to the manifest's directory, so that run and audit find
+  // it there wherever the two travel together (".." where it lies outside).
+  std::string relative_to_manifest(const std::string& path) const {
+    const fs::path base = fs::absolute(manifest_dir.empty() ? fs::path(".") : fs::path(manifest_dir)).lexically_normal();
+    const fs::path rel = fs::absolute(path).lexically_normal().lexically_relative(base);
+    return rel.empty() ? fs::absolute(path).lexically_normal().string() : rel.string();
+  }
+};
+
 // A condition's hook edits with this cell's positions: TOKENS items naming an anchor (NAME,
 // NAME+N, NAME-N) become its position (plus the offset), "target" the interior range A-B; numbers stay. Checked against the model's config
 // where freeze has one (`cfg`), as run checks them again before anything is written.
 // `sibling_tokens`: the token count of each condition's cell of the same source, for patch:@.
-// add:FILE paths resolve against the protocol file's directory; `files` collects each file's
-// SHA-256 (the manifest pins them; run checks them before anything runs).
+// add:FILE paths resolve against the protocol file's directory and are written relative to the
+// manifest's (HookFiles; absolute ones stay as given); `files` collects each file's SHA-256 under
+// that name (the manifest pins them; run checks them before anything runs).
 std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const Rendering& r, int64_t n_tokens,
                                                const std::map<std::string, int64_t>& sibling_tokens,
                                                const std::optional<std::pair<ModelConfig, LayerRange>>& model,
                                                bool generation, const std::string& file, const std::string& where,
-                                               std::map<std::string, std::string>& files) {
+                                               HookFiles& files) {
   std::vector<std::string> out;
   for (size_t k = 0; k < cond.interventions.size(); ++k) {
     std::string spec = cond.interventions[k];
@@ -212,11 +227,14 @@ std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const 
     if (const size_t add = spec.find("=add:"); add != std::string::npos) {
       const bool has_factor = spec.find('*', add) != std::string::npos;
       auto [path, factor] = split_add_payload(std::string_view(spec).substr(add + 5));
-      if (!fs::path(path).is_absolute())
+      std::string recorded = path;
+      if (!fs::path(path).is_absolute()) {
         path = (fs::path(file).parent_path() / path).lexically_normal().string();
+        recorded = files.relative_to_manifest(path);
+      }
       if (!file_exists(path)) fail(file, iw, "'" + spec + "': " + path + " not found");
-      if (!files.count(path)) files[path] = sha256_file(path);
-      spec = spec.substr(0, add + 5) + path + (has_factor ? "*" + factor : "");
+      if (!files.pins.count(recorded)) files.pins[recorded] = sha256_file(path);
+      spec = spec.substr(0, add + 5) + recorded + (has_factor ? "*" + factor : "");
     }
     const size_t eq = spec.find('='), at = spec.find('@');
     if (at == std::string::npos || at > eq) {
@@ -266,7 +284,7 @@ std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const 
   if (model && !out.empty()) {
     try {
       const auto& [cfg, range] = *model;
-      Interventions edits(out, cfg, range, range.last == cfg.num_hidden_layers - 1, true);
+      Interventions edits(out, cfg, range, range.last == cfg.num_hidden_layers - 1, true, files.manifest_dir);
       edits.check_tokens(n_tokens, "the cell's " + std::to_string(n_tokens) + " tokens");
       if (generation) edits.check_for_generation();
     } catch (const Error& e) {
@@ -533,7 +551,7 @@ ojson freeze(const FreezeOptions& o) {
   ojson cells = ojson::array();
   std::vector<std::vector<size_t>> source_cells;  // per picked source
   std::map<std::string, int64_t> edit_hist;
-  std::map<std::string, std::string> intervention_files;  // add:FILE path -> SHA-256
+  HookFiles intervention_files{.manifest_dir = o.manifest_dir};  // add:FILE path -> SHA-256
   int64_t crossing_total = 0, groups_checked = 0;
   const bool multi_n = p.content_tokens.size() > 1;
   std::vector<SeedSpec> seeds = p.seeds;
@@ -734,17 +752,26 @@ ojson freeze(const FreezeOptions& o) {
                     {"groups_checked", groups_checked},
                     {"cells_by_edit_count", hist},
                     {"boundary_crossing_total", crossing_total}};
-  // The files hook edits read (add:FILE), by resolved path: only where there are any, so other
-  // manifests keep their bytes.
-  if (!intervention_files.empty()) {
+  // The files hook edits read (add:FILE), by path relative to the manifest's directory: only
+  // where there are any, so other manifests keep their bytes.
+  if (!intervention_files.pins.empty()) {
     ojson f = ojson::object();
-    for (const auto& [path, sha] : intervention_files) f[path] = sha;
+    for (const auto& [path, sha] : intervention_files.pins) f[path] = sha;
     m["intervention_files"] = f;
   }
   m["batches"] = batches;
   m["cells"] = cells;
   m["manifest_sha256"] = manifest_hash(m);
   return m;
+}
+
+std::string manifest_files_base(const std::string& manifest_path) {
+  return fs::path(manifest_path).parent_path().string();
+}
+
+std::string manifest_file_path(const std::string& files_base, const std::string& recorded) {
+  if (files_base.empty() || fs::path(recorded).is_absolute()) return recorded;
+  return (fs::path(files_base) / recorded).lexically_normal().string();
 }
 
 }  // namespace atlas::probe

@@ -25,6 +25,8 @@ struct FreezeOptions {
   std::string data_root;                // overrides [data] root when non-empty
   std::optional<int64_t> per_domain;    // overrides [selection] per_domain (small test runs)
   std::string selection_reference;      // overrides [selection] reference when non-empty
+  std::string manifest_dir;             // where the manifest goes: add:FILE paths are recorded
+                                        // relative to it (run and audit resolve them there)
 };
 
 // Builds and verifies every cell; a broken contract -> atlas::Error naming the protocol and cell.
@@ -35,6 +37,12 @@ std::string manifest_hash(const ojson& manifest);
 
 // Reads a manifest and checks its kind and its own hash (a modified manifest is refused).
 ojson load_manifest(const std::string& path);
+
+// The files a manifest's hook edits read (add:FILE, `intervention_files`) are recorded relative
+// to the manifest's directory (absolute ones as given): the directory relative paths start from
+// ("": the working directory, for a manifest there), and a recorded path as found from here.
+std::string manifest_files_base(const std::string& manifest_path);
+std::string manifest_file_path(const std::string& files_base, const std::string& recorded);
 
 // A trace protocol's `execution.layers` against a model's config (freeze, where the model
 // directory has one, and run): the range, or one error naming `file` and `field` and the model.

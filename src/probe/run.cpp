@@ -487,9 +487,12 @@ RunSummary run_manifest(const RunOptions& o) {
   if (!m["model"]["config_sha256"].is_null() &&
       sha256_file(model_dir + "/config.json") != m["model"]["config_sha256"].get<std::string>())
     fail(model_dir + "/config.json", "config_sha256", "differs from the one recorded when the manifest was frozen");
-  // The files hook edits read (add:FILE) are the ones frozen, byte for byte.
+  // The files hook edits read (add:FILE) are the ones frozen, byte for byte, found where freeze
+  // recorded them: relative to the manifest's directory (absolute paths as given).
+  const std::string files_base = manifest_files_base(o.manifest);
   if (m.contains("intervention_files"))
-    for (const auto& [path, sha] : m["intervention_files"].items()) {
+    for (const auto& [recorded, sha] : m["intervention_files"].items()) {
+      const std::string path = manifest_file_path(files_base, recorded);
       if (!file_exists(path)) fail(path, {}, "a hook edit's file of the manifest is not found");
       if (sha256_file(path) != sha.get<std::string>())
         fail(path, "sha256", "differs from the one recorded when the manifest was frozen (" + sha.get<std::string>() + ")");
@@ -502,7 +505,7 @@ RunSummary run_manifest(const RunOptions& o) {
       if (!c.contains("interventions")) continue;
       try {
         auto e = std::make_unique<Interventions>(c["interventions"].get<std::vector<std::string>>(), cfg0, range,
-                                                 range.last == cfg0.num_hidden_layers - 1, true);
+                                                 range.last == cfg0.num_hidden_layers - 1, true, files_base);
         // patch:@CONDITION: the same source's cell of that condition (same seed and content
         // length) must run in this cell's batch, where its row is read.
         for (const Intervention& iv : e->list()) {

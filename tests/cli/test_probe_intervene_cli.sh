@@ -133,9 +133,10 @@ assert px and all(c["interventions"] == ["blocks.1.hook_resid_post@%d-%d=patch:@
 assert all("generated_ids" in run[c["cell_id"]]["result"] for c in px)
 PY
 # add:FILE in a condition (a steering vector at the target tokens): the path resolves against
-# the protocol's directory, the manifest pins the file's SHA-256 (intervention_files), the
-# steered rows change from layer 2 on and the others do not; a file changed after freezing is
-# refused by run, a missing one by freeze.
+# the protocol's directory and is recorded relative to the manifest's, the manifest pins the
+# file's SHA-256 (intervention_files), the steered rows change from layer 2 on and the others do
+# not; a manifest moved with its files runs from anywhere with the same results; a file changed
+# after freezing is refused by run, a missing one by freeze (and by run, naming where it looked).
 mkdir -p "$work/steer"
 steering_vector "$work/steer/v.safetensors" "$model"
 cp "$work/plain.toml" "$work/steer/steer.toml"
@@ -147,8 +148,8 @@ printf '\n[[condition]]\nname = "s0_steer"\nhistory = "filler"\ngroup = "s0"\nin
 import hashlib, json, sys
 w = sys.argv[1]
 man = json.load(open(f"{w}/steer.json"))
-path = f"{w}/steer/v.safetensors"
-assert man["intervention_files"] == {path: hashlib.sha256(open(path, "rb").read()).hexdigest()}, man.get("intervention_files")
+path = "steer/v.safetensors"  # relative to the manifest's directory, w
+assert man["intervention_files"] == {path: hashlib.sha256(open(f"{w}/{path}", "rb").read()).hexdigest()}, man.get("intervention_files")
 run = {c["cell_id"]: c for c in json.load(open(f"{w}/steer_run/run.json"))["cells"]}
 plain = {c["cell_id"]: c for c in json.load(open(f"{w}/plain/run.json"))["cells"]}
 strip = lambda r: {k: v for k, v in r.items() if k != "hidden_vectors"}
@@ -168,6 +169,28 @@ assert n >= 2 and "intervention_files" not in json.load(open(f"{w}/plain.json"))
 PY
 grep -q '^PASS  hook-edit files = manifest.s pins: 1 files as the manifest pinned them' <("$bin" audit "$work/steer_run" 2>&1) \
   && ! "$bin" audit "$work/edited" 2>&1 | grep -q "hook-edit files" && ok "audit: the pinned steering file checks" || bad "audit of pinned files"
+# The manifest and its files moved together (another machine, another checkout): run from another
+# working directory finds the file beside the manifest, the cells' results are the same, and the
+# audit checks the pin there; the manifest copied without its files is refused by run (naming
+# the path it looked at), and a run whose pinned file is gone is audited with the pin SKIPped.
+mkdir -p "$work/moved/elsewhere" "$work/bare"
+cp -r "$work/steer" "$work/moved/steer" && cp "$work/steer.json" "$work/moved/steer.json" && cp "$work/steer.json" "$work/bare/steer.json"
+(cd "$work/moved/elsewhere" && "$bin" run ../steer.json --out ../run >/dev/null 2>&1) \
+  && grep -q '^PASS  hook-edit files = manifest.s pins: 1 files as the manifest pinned them' <("$bin" audit "$work/moved/run" 2>&1) \
+  && /usr/bin/python3 - "$work" <<'PY' && ok "moved manifest and files: same results, pin audited" || bad "moved manifest and files"
+import json, sys
+w = sys.argv[1]
+a = {c["cell_id"]: c["result"] for c in json.load(open(f"{w}/steer_run/run.json"))["cells"]}
+b = {c["cell_id"]: c["result"] for c in json.load(open(f"{w}/moved/run/run.json"))["cells"]}
+assert a == b
+PY
+expect_error "manifest moved without its files" "$work/bare/steer/v.safetensors: a hook edit's file of the manifest is not found" \
+  "$bin" run "$work/bare/steer.json" --out "$work/bare/run"
+no_file "manifest moved without its files" "$work/bare/run"
+mv "$work/moved/steer/v.safetensors" "$work/moved/v.away"
+out="$("$bin" audit "$work/moved/run" 2>&1)"
+grep -q "^SKIP  hook-edit files = manifest.s pins: 0 files as pinned; not found here: $work/moved/steer/v.safetensors" <<<"$out" \
+  && ok "audit: a pin whose file is absent is skipped" || bad "audit: absent pinned file: $out"
 printf 'x' >> "$work/steer/v.safetensors"
 out="$("$bin" audit "$work/steer_run" 2>&1)"; rc=$?
 [[ $rc -eq 3 ]] && grep -q "^FAIL  hook-edit files = manifest.s pins: .*v.safetensors: sha256 .*, the manifest pinned" <<<"$out" \

@@ -108,6 +108,18 @@ TEST(ProbeCorpus, TnewsFromZipMemberWithoutIds) {
   fs::remove_all(d);
 }
 
+// add:FILE pins are recorded relative to the manifest's directory: run and audit join them to
+// it (a manifest in the working directory: as recorded), absolute ones stay as given.
+TEST(ProbeManifest, HookFilesResolveAgainstTheManifestsDirectory) {
+  EXPECT_EQ(probe::manifest_files_base("runs/m.json"), "runs");
+  EXPECT_EQ(probe::manifest_files_base("m.json"), "");
+  EXPECT_EQ(probe::manifest_files_base("/data/exp/m.json"), "/data/exp");
+  EXPECT_EQ(probe::manifest_file_path("runs", "steer/v.safetensors"), "runs/steer/v.safetensors");
+  EXPECT_EQ(probe::manifest_file_path("/data/exp", "../vec/v.safetensors"), "/data/vec/v.safetensors");
+  EXPECT_EQ(probe::manifest_file_path("", "steer/v.safetensors"), "steer/v.safetensors");
+  EXPECT_EQ(probe::manifest_file_path("/data/exp", "/abs/v.safetensors"), "/abs/v.safetensors");
+}
+
 TEST(ProbeManifest, HashCoversEverythingButItself) {
   ojson m;
   m["kind"] = "atlas.probe.manifest";
