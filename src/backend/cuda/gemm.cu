@@ -10,6 +10,7 @@
 // later call of the same shape creates nothing either.
 #include <cublasLt.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (the driver entry point, resolved at run time)
+#include <dlfcn.h>         // cuBLASLt, opened on first use (lt_api)
 
 #include <algorithm>
 #include <array>
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -899,6 +901,60 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 // ---- cuBLASLt ----------------------------------------------------------------------------------
 
+// cuBLASLt is opened on first use (dlopen), not linked: the library is ~540 MB, and loading it at
+// start cost every atlas process ~0.37 s (its relocations' page faults), commands that never
+// touch a GPU included (the CLI tests start atlas ~2,000 times). Only the fast mode's GEMMs and
+// the pinned experiment call it; a machine without it runs everything else.
+struct LtApi {
+  decltype(&cublasLtCreate) Create = nullptr;
+  decltype(&cublasLtMatmul) Matmul = nullptr;
+  decltype(&cublasLtMatmulAlgoCheck) MatmulAlgoCheck = nullptr;
+  decltype(&cublasLtMatmulAlgoConfigSetAttribute) MatmulAlgoConfigSetAttribute = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+  decltype(&cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute = nullptr;
+};
+
+const LtApi& lt_api() {
+  static LtApi a;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // The soname of the toolkit built against (cuBLAS's major version is CUDA's), through the
+    // executable's run path and the loader's search, then in the toolkit's directory.
+    void* lib = dlopen(ATLAS_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen(ATLAS_CUBLASLT_DIR "/" ATLAS_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+      throw Error(std::string("cuda: gemm: the fast mode's GEMMs need cuBLASLt, and ") + ATLAS_CUBLASLT_SONAME +
+                  " could not be loaded (" + dlerror() + "); the batch-invariant mode does not use it");
+    const auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (!fn) throw Error(std::string("cuda: gemm: ") + ATLAS_CUBLASLT_SONAME + " lacks " + name);
+    };
+    sym(a.Create, "cublasLtCreate");
+    sym(a.Matmul, "cublasLtMatmul");
+    sym(a.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
+    sym(a.MatmulAlgoConfigSetAttribute, "cublasLtMatmulAlgoConfigSetAttribute");
+    sym(a.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    sym(a.MatmulDescCreate, "cublasLtMatmulDescCreate");
+    sym(a.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+    sym(a.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    sym(a.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    sym(a.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    sym(a.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    sym(a.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    sym(a.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    sym(a.MatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute");
+  });
+  return a;
+}
+
 void check_lt(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
   throw Error(std::string("cuda: gemm: ") + what + ": cuBLASLt status " + std::to_string(int(st)));
@@ -914,7 +970,7 @@ LtState& lt() {
   static LtState s;
   static std::once_flag once;
   std::call_once(once, [] {
-    check_lt(cublasLtCreate(&s.handle), "cublasLtCreate");
+    check_lt(lt_api().Create(&s.handle), "cublasLtCreate");
     check_cuda(cudaMalloc(&s.workspace, s.workspace_bytes), "gemm", "cudaMalloc(workspace)");
   });
   return s;
@@ -945,8 +1001,8 @@ std::map<std::tuple<int, int, int>, cublasLtMatmulAlgo_t> pinned_algos;
 
 void set_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride, const char* what) {
   if (batch <= 1) return;
-  check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)), what);
-  check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+  check_lt(lt_api().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)), what);
+  check_lt(lt_api().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
            what);
 }
 
@@ -959,24 +1015,24 @@ LtPlan make_plan(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, bool pin
   LtPlan p;
   cublasLtMatmulPreference_t pref = nullptr;
   try {
-    check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    check_lt(lt_api().MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "TRANSA");
-    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "TRANSB");
-    check_lt(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, a.K, a.N, ws), "layout A");
-    check_lt(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, a.K, a.M, xs), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&p.lc, out_t, a.N, a.M, os), "layout C");
+    check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "TRANSA");
+    check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "TRANSB");
+    check_lt(lt_api().MatrixLayoutCreate(&p.la, CUDA_R_16BF, a.K, a.N, ws), "layout A");
+    check_lt(lt_api().MatrixLayoutCreate(&p.lb, CUDA_R_16BF, a.K, a.M, xs), "layout B");
+    check_lt(lt_api().MatrixLayoutCreate(&p.lc, out_t, a.N, a.M, os), "layout C");
     set_batch(p.la, a.batch, a.w_batch_stride, "batch A");
     set_batch(p.lb, a.batch, a.x_batch_stride, "batch B");
     set_batch(p.lc, a.batch, a.out_batch_stride, "batch C");
-    check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    check_lt(lt_api().MatmulPreferenceCreate(&pref), "PreferenceCreate");
+    check_lt(lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &s.workspace_bytes, sizeof(s.workspace_bytes)),
              "MAX_WORKSPACE_BYTES");
     if (!pinned) {
       cublasLtMatmulHeuristicResult_t heur{};
       int found = 0;
-      check_lt(cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found),
+      check_lt(lt_api().MatmulAlgoGetHeuristic(s.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found),
                "AlgoGetHeuristic");
       if (found == 0)
         throw Error("cuda: gemm: cuBLASLt found no algorithm for M=" + std::to_string(a.M) +
@@ -987,44 +1043,44 @@ LtPlan make_plan(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, bool pin
       auto it = pinned_algos.find(key);
       if (it == pinned_algos.end()) {
         cublasLtMatrixLayout_t lb_pin = nullptr, lc_pin = nullptr;
-        check_lt(cublasLtMatrixLayoutCreate(&lb_pin, CUDA_R_16BF, a.K, kPinM, a.K), "layout B (pin)");
-        check_lt(cublasLtMatrixLayoutCreate(&lc_pin, out_t, a.N, kPinM, a.N), "layout C (pin)");
+        check_lt(lt_api().MatrixLayoutCreate(&lb_pin, CUDA_R_16BF, a.K, kPinM, a.K), "layout B (pin)");
+        check_lt(lt_api().MatrixLayoutCreate(&lc_pin, out_t, a.N, kPinM, a.N), "layout C (pin)");
         cublasLtMatrixLayout_t la_pin = nullptr;
-        check_lt(cublasLtMatrixLayoutCreate(&la_pin, CUDA_R_16BF, a.K, a.N, a.K), "layout A (pin)");
+        check_lt(lt_api().MatrixLayoutCreate(&la_pin, CUDA_R_16BF, a.K, a.N, a.K), "layout A (pin)");
         cublasLtMatmulHeuristicResult_t heur{};
         int found = 0;
         const cublasStatus_t st =
-            cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, la_pin, lb_pin, lc_pin, lc_pin, pref, 1, &heur, &found);
-        cublasLtMatrixLayoutDestroy(la_pin);
-        cublasLtMatrixLayoutDestroy(lb_pin);
-        cublasLtMatrixLayoutDestroy(lc_pin);
+            lt_api().MatmulAlgoGetHeuristic(s.handle, p.desc, la_pin, lb_pin, lc_pin, lc_pin, pref, 1, &heur, &found);
+        lt_api().MatrixLayoutDestroy(la_pin);
+        lt_api().MatrixLayoutDestroy(lb_pin);
+        lt_api().MatrixLayoutDestroy(lc_pin);
         check_lt(st, "AlgoGetHeuristic (pin)");
         if (found == 0)
           throw Error("cuda: gemm: cuBLASLt found no algorithm to pin for N=" + std::to_string(a.N) +
                       " K=" + std::to_string(a.K));
         const int32_t one = 1;
         const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-        check_lt(cublasLtMatmulAlgoConfigSetAttribute(&heur.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)),
+        check_lt(lt_api().MatmulAlgoConfigSetAttribute(&heur.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)),
                  "SPLITK_NUM");
-        check_lt(cublasLtMatmulAlgoConfigSetAttribute(&heur.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+        check_lt(lt_api().MatmulAlgoConfigSetAttribute(&heur.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
                                                       &no_reduction, sizeof(no_reduction)),
                  "REDUCTION_SCHEME");
         it = pinned_algos.emplace(key, heur.algo).first;
       }
       p.algo = it->second;
       cublasLtMatmulHeuristicResult_t check{};
-      check_lt(cublasLtMatmulAlgoCheck(s.handle, p.desc, p.la, p.lb, p.lc, p.lc, &p.algo, &check),
+      check_lt(lt_api().MatmulAlgoCheck(s.handle, p.desc, p.la, p.lb, p.lc, p.lc, &p.algo, &check),
                "AlgoCheck: the pinned algorithm does not support this M");
     }
   } catch (...) {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (p.lc) cublasLtMatrixLayoutDestroy(p.lc);
-    if (p.lb) cublasLtMatrixLayoutDestroy(p.lb);
-    if (p.la) cublasLtMatrixLayoutDestroy(p.la);
-    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    if (pref) lt_api().MatmulPreferenceDestroy(pref);
+    if (p.lc) lt_api().MatrixLayoutDestroy(p.lc);
+    if (p.lb) lt_api().MatrixLayoutDestroy(p.lb);
+    if (p.la) lt_api().MatrixLayoutDestroy(p.la);
+    if (p.desc) lt_api().MatmulDescDestroy(p.desc);
     throw;
   }
-  cublasLtMatmulPreferenceDestroy(pref);
+  lt_api().MatmulPreferenceDestroy(pref);
   return p;
 }
 
@@ -1044,7 +1100,7 @@ void gemm_cublaslt(const GemmArgs& a, int64_t xs, int64_t ws, int64_t os, bool p
     workspace = lt_workspace_locked(dev, stream_of(a.stream));
   }
   const float alpha = 1.0f, beta = 0.0f;
-  check_lt(cublasLtMatmul(s.handle, plan.desc, &alpha, a.w, plan.la, a.x, plan.lb, &beta, a.out, plan.lc, a.out,
+  check_lt(lt_api().Matmul(s.handle, plan.desc, &alpha, a.w, plan.la, a.x, plan.lb, &beta, a.out, plan.lc, a.out,
                           plan.lc, &plan.algo, workspace, s.workspace_bytes, stream_of(a.stream)),
            "Matmul");
 }
