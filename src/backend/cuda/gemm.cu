@@ -903,7 +903,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 // cuBLASLt is opened on first use (dlopen), not linked: the library is ~540 MB, and loading it at
 // start cost every atlas process ~0.37 s (its relocations' page faults), commands that never
-// touch a GPU included (the CLI tests start atlas ~2,000 times). Only the fast mode's GEMMs and
+// touch a GPU included (tests/decode/test_sampler_definitions.py alone starts it 547 times). Only the fast mode's GEMMs and
 // the pinned experiment call it; a machine without it runs everything else.
 struct LtApi {
   decltype(&cublasLtCreate) Create = nullptr;
@@ -930,9 +930,11 @@ const LtApi& lt_api() {
     // executable's run path and the loader's search, then in the toolkit's directory.
     void* lib = dlopen(ATLAS_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (!lib) lib = dlopen(ATLAS_CUBLASLT_DIR "/" ATLAS_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
+    if (!lib) {
+      const char* why = dlerror();
       throw Error(std::string("cuda: gemm: the fast mode's GEMMs need cuBLASLt, and ") + ATLAS_CUBLASLT_SONAME +
-                  " could not be loaded (" + dlerror() + "); the batch-invariant mode does not use it");
+                  " could not be loaded (" + (why ? why : "not found") + "); the batch-invariant mode does not use it");
+    }
     const auto sym = [&](auto& fn, const char* name) {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
       if (!fn) throw Error(std::string("cuda: gemm: ") + ATLAS_CUBLASLT_SONAME + " lacks " + name);
