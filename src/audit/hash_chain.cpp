@@ -16,7 +16,7 @@ InputRecord input_record(const std::string& path, const std::string& relative_to
   if (!fs::is_regular_file(path)) fail(path, {}, "cannot open (not a regular file)");
   std::string recorded = path;
   if (!relative_to.empty())
-    recorded = fs::absolute(path).lexically_normal().lexically_relative(fs::absolute(relative_to).lexically_normal()).string();
+    recorded = path_relative_to(path, relative_to);
   return {.path = recorded, .sha256 = sha256_file(path), .bytes = int64_t(fs::file_size(path))};
 }
 

@@ -50,7 +50,7 @@ ojson with_chain_fields(const ojson& analysis, const Options& o, bool runs) {
       const std::string path = f["path"].get<std::string>();
       const bool is_eval = std::find(o.evals.begin(), o.evals.end(), path) != o.evals.end();
       const std::string role = !runs ? "analysis-input" : path == o.manifest ? "manifest" : is_eval ? "evaluation" : "run";
-      std::string rel = fs::absolute(path).lexically_normal().lexically_relative(fs::absolute(o.out).lexically_normal()).string();
+      const std::string rel = path_relative_to(path, o.out);
       recs.push_back({{"role", role}, {"path", rel}, {"sha256", f["sha256"]}, {"bytes", int64_t(fs::file_size(path))}});
     }
     a["inputs"] = recs;

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -68,6 +69,17 @@ void write_file_atomic(const std::string& path, std::string_view content) {
   AtomicFile f(path);
   f.write(content);
   f.commit();
+}
+
+std::string path_from(const std::string& base_dir, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty() || fs::path(path).is_absolute()) return path;
+  return (fs::path(base_dir) / path).lexically_normal().string();
+}
+
+std::string path_relative_to(const std::string& path, const std::string& dir) {
+  namespace fs = std::filesystem;
+  return fs::absolute(path).lexically_normal().lexically_relative(fs::absolute(dir).lexically_normal()).string();
 }
 
 }  // namespace atlas

@@ -36,4 +36,10 @@ class AtomicFile {
 // Convenience: atomically replace PATH with CONTENT.
 void write_file_atomic(const std::string& path, std::string_view content);
 
+// Paths recorded relative to a directory (a protocol's, a manifest's, an artifact's):
+// `path` as found from `base_dir`: unchanged when empty or absolute, else base_dir / path, normalized.
+std::string path_from(const std::string& base_dir, const std::string& path);
+// `path` relative to `dir`, both taken absolute and normalized ("" where there is no such path).
+std::string path_relative_to(const std::string& path, const std::string& dir);
+
 }  // namespace atlas

@@ -4,12 +4,12 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <optional>
 #include <tuple>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "core/sha256.h"
 #include "io/safetensors.h"
 
@@ -190,11 +190,7 @@ void open_source(Intervention& iv, const ModelConfig& cfg, bool ids, bool vector
 Interventions::Interventions(const std::vector<std::string>& specs, const ModelConfig& cfg, const LayerRange& layers,
                              bool has_head, bool in_protocol, const std::string& files_base)
 {
-  const auto resolved = [&](std::string path) {
-    if (!files_base.empty() && !path.empty() && !std::filesystem::path(path).is_absolute())
-      path = (std::filesystem::path(files_base) / path).lexically_normal().string();
-    return path;
-  };
+  const auto resolved = [&](const std::string& path) { return files_base.empty() ? path : path_from(files_base, path); };
   for (const std::string& spec : specs) {
     const std::string where = "--intervene '" + spec + "'";
     const auto bad = [&](const std::string& what) -> void { fail(where, {}, what); };

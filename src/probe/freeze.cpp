@@ -202,9 +202,8 @@ struct HookFiles {
   // `path` (as found from here) relative to the manifest's directory, so that run and audit find
   // it there wherever the two travel together (".." where it lies outside).
   std::string relative_to_manifest(const std::string& path) const {
-    const fs::path base = fs::absolute(manifest_dir.empty() ? fs::path(".") : fs::path(manifest_dir)).lexically_normal();
-    const fs::path rel = fs::absolute(path).lexically_normal().lexically_relative(base);
-    return rel.empty() ? fs::absolute(path).lexically_normal().string() : rel.string();
+    const std::string rel = path_relative_to(path, manifest_dir.empty() ? "." : manifest_dir);
+    return rel.empty() ? fs::absolute(path).lexically_normal().string() : rel;
   }
 };
 
@@ -229,7 +228,7 @@ std::vector<std::string> resolve_interventions(const ConditionSpec& cond, const 
       auto [path, factor] = split_add_payload(std::string_view(spec).substr(add + 5));
       std::string recorded = path;
       if (!fs::path(path).is_absolute()) {
-        path = (fs::path(file).parent_path() / path).lexically_normal().string();
+        path = path_from(fs::path(file).parent_path().string(), path);
         recorded = files.relative_to_manifest(path);
       }
       if (!file_exists(path)) fail(file, iw, "'" + spec + "': " + path + " not found");
@@ -770,8 +769,7 @@ std::string manifest_files_base(const std::string& manifest_path) {
 }
 
 std::string manifest_file_path(const std::string& files_base, const std::string& recorded) {
-  if (files_base.empty() || fs::path(recorded).is_absolute()) return recorded;
-  return (fs::path(files_base) / recorded).lexically_normal().string();
+  return files_base.empty() ? recorded : path_from(files_base, recorded);
 }
 
 }  // namespace atlas::probe

@@ -119,10 +119,7 @@ class Table {
   std::set<std::string> known_;
 };
 
-std::string resolve(const std::string& base_dir, const std::string& p) {
-  if (p.empty() || fs::path(p).is_absolute()) return p;
-  return (fs::path(base_dir) / p).lexically_normal().string();
-}
+std::string resolve(const std::string& base_dir, const std::string& p) { return path_from(base_dir, p); }
 
 void one_of(const Table& t, const std::string& key, const std::string& v, std::initializer_list<const char*> allowed) {
   std::string list;
