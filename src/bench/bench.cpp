@@ -439,6 +439,9 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       const std::vector<uint8_t> no_logits(1, 0);
       std::optional<double> bound;
       if (dev.bandwidth) bound = *dev.bandwidth / wb.per_token_b1;
+      // Each run's first token (the clock's start to its arrival: a new cache store's eager step
+      // and the step graph's capture, where they happen) and its rate after it.
+      std::vector<double> first_token_s, after_first_tok_s;
       const auto decode_once = [&](Interventions* e) {
         // Edits run in every pass (the prompt's, then each step's), as atlas generate runs them.
         std::unique_ptr<Hooks> hooks;
@@ -464,6 +467,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         // the CPU backend's two differ in rounding, so the loops must not differ in it).
         const AttentionForm form = decode::GenerateOptions{}.decode_attention;
         const auto t0 = Clock::now();
+        double first = 0;
         if (ahead == 0) {
           for (int64_t s = 0; s < o.decode_steps; ++s) {
             const int32_t id = tok, ps = int32_t(P + s);
@@ -473,6 +477,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
                                *cache);
             tok = r.greedy.at(0);
             toks.push_back(tok);
+            if (s == 0) first = since(t0);
           }
         } else {
           auto run = model->start_decode(*cache, std::span(&tok, 1), form);
@@ -486,9 +491,12 @@ std::vector<Record> run_bench(const BenchOptions& o) {
           for (int64_t s = 0; s < o.decode_steps; ++s) {
             push_through(s + ahead);
             toks.push_back(run->pop().at(0));
+            if (s == 0) first = since(t0);
           }
         }
         const double s = since(t0);
+        first_token_s.push_back(first);
+        after_first_tok_s.push_back(o.decode_steps > 1 ? double(o.decode_steps - 1) / (s - first) : 0.0);
         return std::pair{double(o.decode_steps) / s,
                          ojson{{"prompt_tokens", P}, {"steps", o.decode_steps}, {"seconds", s},
                                {"bytes_per_token_bound", wb.per_token_b1}, {"decode_ahead", ahead},
@@ -496,6 +504,8 @@ std::vector<Record> run_bench(const BenchOptions& o) {
       };
       repeated("decode-b1", mode, "tok/s", bound, "tokens_sha256", [&] { return decode_once(edit); });
       out.back().detail["seconds"] = double(o.decode_steps) / out.back().atlas;  // of the reported (median) rate
+      out.back().detail["first_token_s"] = first_token_s;
+      out.back().detail["after_first_tok_s"] = after_first_tok_s;
       unedited("tok_s", "tokens_sha256", true, decode_once);
     }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -72,44 +73,108 @@ class DeviceBlock {
   void* p_ = nullptr;
 };
 
-// The latent cache on the device: per layer, per row, `capacity` slots of W values of the
-// model's element type (bf16, or f32 in the checking mode; elem_bytes = 2 or 4).
-// Rows are packed: slot i of row b is the row's i-th real token (padding is never stored).
-class CudaCache final : public Cache {
- public:
-  CudaCache(int64_t n_layers, int64_t batch, int64_t capacity, int64_t width, size_t elem_bytes)
-      : real_(size_t(batch), 0), key_slot_(size_t(batch)), batch_(batch), capacity_(capacity), width_(width),
-        elem_bytes_(elem_bytes) {
+// The memory of a cache and what was captured against it: the device latent cache (per layer,
+// per row, `capacity` slots of W values of the model's element type: bf16, or f32 in the
+// checking mode; elem_bytes = 2 or 4), the pinned staging of a decode step, a decode run's ring
+// and state, and the step graphs, whose kernels hold these addresses. A cache that ends hands its
+// store to its model's CachePool (below), and the model's next cache of the same shape takes it
+// back, graphs included: its decode steps replay them from the first step, where a new store
+// runs one step eagerly and then captures (session 62).
+struct CacheStore {
+  CacheStore(int64_t n_layers, int64_t batch, int64_t capacity, int64_t width, size_t elem_bytes)
+      : layers(n_layers), batch(batch), capacity(capacity), width(width), elem_bytes(elem_bytes) {
     const size_t bytes = size_t(n_layers * batch * capacity * width) * elem_bytes;
     const MemoryInfo mem = memory_info();
     if (bytes > mem.free)
       fail("cuda", "kv cache", "needs " + gib(bytes) + " (" + std::to_string(n_layers) + " layers x " +
                                    std::to_string(batch) + " rows x " + std::to_string(capacity) +
                                    " tokens), the device has " + gib(mem.free) + " free");
-    block_ = DeviceBlock(bytes);
+    block = DeviceBlock(bytes);
   }
-  int64_t batch() const override { return batch_; }
-  int64_t capacity() const override { return capacity_; }
-  int64_t length() const override { return length_; }
-
-  ~CudaCache() override {
+  ~CacheStore() {
     try {
-      if (pinned_) host_free_pinned(pinned_);
-      if (run_pinned_) host_free_pinned(run_pinned_);
+      if (pinned) host_free_pinned(pinned);
+      if (run_pinned) host_free_pinned(run_pinned);
     } catch (const Error&) {
     }
   }
+  CacheStore(const CacheStore&) = delete;
+  CacheStore& operator=(const CacheStore&) = delete;
+  bool has_shape(int64_t n_layers, int64_t b, int64_t cap, int64_t w, size_t es) const {
+    return layers == n_layers && batch == b && capacity == cap && width == w && elem_bytes == es;
+  }
+
+  const int64_t layers, batch, capacity, width;
+  const size_t elem_bytes;
+  DeviceBlock block;
+  int32_t* pinned = nullptr;      // CudaCache::pinned()
+  DeviceBlock run_state;          // CudaCache::run_state()
+  int32_t* run_pinned = nullptr;  // CudaCache::run_host()
+  // A decode run's step graph, without / with the sampling kernel. (Session 24: pushes
+  // alternating between two instances of it measured no faster: 421.8 vs 423.8 tok/s at one step
+  // ahead, s24-4.)
+  Graph run_graph[2];
+  uint64_t run_epoch[2] = {0, 0};  // the scratch layout each was captured against
+  Graph decode_graph;              // forward()'s T = 1 step, captured on first use (CudaModel::forward)
+  uint64_t graph_epoch = 0;        // the scratch layout it was captured against
+  bool graph_samples = false;      // whether it was captured with the sampling kernel
+  // Decode steps this store has run: its first runs eagerly (one-time setup inside the
+  // launchers, cuBLASLt plans and kernel attributes, must not happen during a capture), later
+  // ones from the graphs.
+  int64_t decode_steps = 0;
+};
+
+// The store of the model's last ended cache, kept for its next cache of the same shape
+// (CudaModelOptions::cache_pool; ATLAS_CACHE_POOL=0: off). One store, of at most kMaxBytes of
+// device memory: what a decode at a few rows holds (batch 1 at V2-Lite's width: ~31 KB a token),
+// where the graph's capture is a visible part of a run; a large batch's cache is freed as before.
+class CachePool {
+ public:
+  static constexpr size_t kMaxBytes = size_t(256) << 20;
+  // The kept store if it has this shape, else null (a kept store of another shape is freed
+  // first, so that its memory is free for the new cache).
+  std::unique_ptr<CacheStore> take(int64_t n_layers, int64_t batch, int64_t capacity, int64_t width,
+                                   size_t elem_bytes) {
+    if (kept_ && kept_->has_shape(n_layers, batch, capacity, width, elem_bytes)) return std::move(kept_);
+    kept_.reset();
+    return nullptr;
+  }
+  void keep(std::unique_ptr<CacheStore> store) {
+    if (store && store->block.bytes() <= kMaxBytes) kept_ = std::move(store);
+  }
+  void clear() { kept_.reset(); }
+
+ private:
+  std::unique_ptr<CacheStore> kept_;
+};
+
+// A cache: its store (above) and its timeline. Rows are packed: slot i of row b is the row's
+// i-th real token (padding is never stored).
+class CudaCache final : public Cache {
+ public:
+  // `pool`: where the store goes when the cache ends (null, or a pool already gone: freed).
+  CudaCache(std::unique_ptr<CacheStore> store, std::weak_ptr<CachePool> pool)
+      : real_(size_t(store->batch), 0), key_slot_(size_t(store->batch)), store_(std::move(store)),
+        pool_(std::move(pool)) {}
+  int64_t batch() const override { return store_->batch; }
+  int64_t capacity() const override { return store_->capacity; }
+  int64_t length() const override { return length_; }
+
+  ~CudaCache() override {
+    if (auto pool = pool_.lock()) pool->keep(std::move(store_));
+  }
+  CacheStore& store() const { return *store_; }
   template <class Elem>
   Elem* layer(int64_t li) const {
-    if (sizeof(Elem) != elem_bytes_) fail("cuda", "kv cache", "element type differs from the model's");
-    return reinterpret_cast<Elem*>(block_.get()) + li * batch_ * capacity_ * width_;
+    if (sizeof(Elem) != store_->elem_bytes) fail("cuda", "kv cache", "element type differs from the model's");
+    return reinterpret_cast<Elem*>(store_->block.get()) + li * store_->batch * store_->capacity * store_->width;
   }
   // Pinned host ints of one decode step: [5B] inputs (ids, pos, dst, qlen, qrow), [B] greedy
   // (or sampled) tokens out, then [B] sampling parameters (32 bytes = 8 ints each). The decode
   // graph copies from / to these fixed addresses.
   int32_t* pinned() {
-    if (!pinned_) pinned_ = static_cast<int32_t*>(host_alloc_pinned(size_t(14 * batch_) * 4));
-    return pinned_;
+    if (!store_->pinned) store_->pinned = static_cast<int32_t*>(host_alloc_pinned(size_t(14 * batch()) * 4));
+    return store_->pinned;
   }
   int64_t length_ = 0;         // the shared timeline (what the caller sees)
   std::vector<int32_t> real_;  // real tokens stored per row
@@ -123,39 +188,27 @@ class CudaCache final : public Cache {
   // [R] error flags, then [16] zeros (the source of a step-index reset). The step index is one
   // device int.
   static constexpr int64_t kRing = DecodeRun::kMaxPending;
-  int64_t run_params_at() const { return kRing * 5 * batch_; }
-  int64_t run_out_at() const { return kRing * 13 * batch_; }
-  int64_t run_err_at() const { return kRing * 14 * batch_; }
+  int64_t run_params_at() const { return kRing * 5 * batch(); }
+  int64_t run_out_at() const { return kRing * 13 * batch(); }
+  int64_t run_err_at() const { return kRing * 14 * batch(); }
   int64_t run_zero_at() const { return run_err_at() + kRing; }
   int32_t* run_host() {
-    if (!run_pinned_) {
-      run_pinned_ = static_cast<int32_t*>(host_alloc_pinned(size_t(run_zero_at() + 16) * 4));
-      std::memset(run_pinned_, 0, size_t(run_zero_at() + 16) * 4);
+    if (!store_->run_pinned) {
+      store_->run_pinned = static_cast<int32_t*>(host_alloc_pinned(size_t(run_zero_at() + 16) * 4));
+      std::memset(store_->run_pinned, 0, size_t(run_zero_at() + 16) * 4);
     }
-    return run_pinned_;
+    return store_->run_pinned;
   }
   // Device ints: [16] the step index, then [B] the last step's tokens (what the next step feeds).
   int32_t* run_state() {
-    if (!run_state_.get()) run_state_ = DeviceBlock(size_t(16 + batch_) * 4);
-    return reinterpret_cast<int32_t*>(run_state_.get());
+    if (!store_->run_state.get()) store_->run_state = DeviceBlock(size_t(16 + batch()) * 4);
+    return reinterpret_cast<int32_t*>(store_->run_state.get());
   }
-  // One step's graph, without / with the sampling kernel. (Session 24: pushes alternating between
-  // two instances of it measured no faster: 421.8 vs 423.8 tok/s at one step ahead, s24-4.)
-  Graph run_graph[2];
-  uint64_t run_epoch[2] = {0, 0};  // the scratch layout each was captured against
-  bool run_active = false;          // a DecodeRun of this cache exists (one at a time)
-  Graph decode_graph;          // T = 1 step, captured on first use (see CudaModel::forward)
-  uint64_t graph_epoch = 0;    // the scratch layout it was captured against
-  bool graph_samples = false;  // whether it was captured with the sampling kernel
-  int64_t eager_steps = 0;     // decode steps seen (the first runs without the graph)
+  bool run_active = false;  // a DecodeRun of this cache exists (one at a time)
 
  private:
-  int64_t batch_, capacity_, width_;
-  size_t elem_bytes_;
-  DeviceBlock block_;
-  int32_t* pinned_ = nullptr;
-  DeviceBlock run_state_;
-  int32_t* run_pinned_ = nullptr;
+  std::unique_ptr<CacheStore> store_;
+  std::weak_ptr<CachePool> pool_;
 };
 
 // Weights of the model's element type Elem (bf16 bits or f32).
@@ -318,7 +371,13 @@ class CudaModelT final : public Model {
 
   std::unique_ptr<Cache> make_cache(int64_t batch, int64_t capacity) const override {
     if (batch <= 0 || capacity <= 0) fail("cuda", "make_cache", "batch and capacity must be > 0");
-    return std::make_unique<CudaCache>(layers_.count(), batch, capacity, cfg_.latent_dim(), kEs);
+    const int64_t L = layers_.count(), W = cfg_.latent_dim();
+    std::unique_ptr<CacheStore> store = pool_ ? pool_->take(L, batch, capacity, W, kEs) : nullptr;
+    if (store)
+      stream_synchronize(s_);  // (no work of its last cache may still read its ring or pinned ints)
+    else
+      store = std::make_unique<CacheStore>(L, batch, capacity, W, kEs);
+    return std::make_unique<CudaCache>(std::move(store), pool_);
   }
   // A cache with a decode run in progress takes no forward() call (its next step would feed the
   // run's last token, not this call's); the run's own eager steps call forward_step().
@@ -642,6 +701,9 @@ class CudaModelT final : public Model {
   template <class V>
   const V* expanded(const V* dev, int64_t width) const;
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
+  // The last ended cache's store (CudaModelOptions::cache_pool; null: off). Shared with the
+  // caches, which hand their stores to it while it lives.
+  std::shared_ptr<CachePool> pool_;
   mutable int32_t* pinned_ints_ = nullptr;  // grow-only staging for per-call int uploads
   mutable size_t pinned_ints_n_ = 0;
   mutable std::deque<LateHook> late_;
@@ -786,6 +848,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   run_root_ = env_switch("ATLAS_RUN_ROOT", false);
   device_edits_on_ = env_switch("ATLAS_DEVICE_EDITS", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
+  if (opts.cache_pool && env_switch("ATLAS_CACHE_POOL", true)) pool_ = std::make_shared<CachePool>();
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
   const size_t margin = size_t(1) << 30;
@@ -1279,6 +1342,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
   if (scratch_.bytes() < total) {
     stream_synchronize(s_);    // nothing in flight may still use the old block
     scratch_ = DeviceBlock();  // free the old block first
+    if (pool_) pool_->clear();  // (its graphs hold the old block: recaptured anyway)
     const MemoryInfo mem = memory_info();
     if (total > mem.free)
       fail("cuda", "forward", "this batch (" + std::to_string(M) + " tokens) needs " + gib(total) +
@@ -1877,11 +1941,12 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
     return out;
   }
 
-  // The cache's first decode step runs eagerly: one-time setup inside the launchers (cuBLASLt
+  // A cache store's first decode step runs eagerly: one-time setup inside the launchers (cuBLASLt
   // plans for the step's shapes, kernel attributes) must not happen during a capture.
   const bool decode_step = T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());
-  const bool use_graph = graphs_ && decode_step && cache->eager_steps > 0;
-  if (decode_step) ++cache->eager_steps;
+  CacheStore& store = cache->store();
+  const bool use_graph = graphs_ && decode_step && store.decode_steps > 0;
+  if (decode_step) ++store.decode_steps;
 
   // Host-side bookkeeping: each token's packed cache slot and each query's causal length.
   // Layout [ids | pos | dst | qlen | qrow] (M each), as on the device, then last [B].
@@ -1980,25 +2045,25 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
     // Sized for the cache's capacity, so one capture serves every step of this cache.
     const int64_t bound = cache->capacity();
     b = carve(M, B, rows_out, M, bound, sampling);
-    if (!cache->decode_graph.ready() || cache->graph_epoch != scratch_epoch_ || cache->graph_samples != sampling) {
-      cache->decode_graph.reset();  // (re)capture: first use, or the scratch block moved
+    if (!store.decode_graph.ready() || store.graph_epoch != scratch_epoch_ || store.graph_samples != sampling) {
+      store.decode_graph.reset();  // (re)capture: first use, or the scratch block moved
       stream_synchronize(s_);
-      cache->decode_graph.begin(s_);
+      store.decode_graph.begin(s_);
       try {
         copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
         if (sampling)
           copy_to_device_async(b.sample_params, sample_host, size_t(B) * sizeof(sample_core::RowParams), s_);
         layers_forward(B, T, *cache, b, M, nullptr, bound, true, nullptr, sampling);
         copy_to_host_async(ints + 5 * M, b.greedy, size_t(B) * 4, s_);
-        cache->decode_graph.end(s_);
+        store.decode_graph.end(s_);
       } catch (...) {
-        cache->decode_graph.abort(s_);
+        store.decode_graph.abort(s_);
         throw;
       }
-      cache->graph_epoch = scratch_epoch_;
-      cache->graph_samples = sampling;
+      store.graph_epoch = scratch_epoch_;
+      store.graph_samples = sampling;
     }
-    cache->decode_graph.launch(s_);
+    store.decode_graph.launch(s_);
   } else {
     const int64_t per_query = int64_t(mla_decode_workspace_floats(1, int(nh), int(max_len), kSplitTokens)) * 4;
     const int64_t chunk =
@@ -2086,7 +2151,8 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
 // never waits between steps: generate() pushes the next step before it reads the last one. The
 // graph holds forward()'s decode-step kernels on the same buffers: a run gives the bits of one
 // forward() call per step (tests/cuda: CudaTiny.DecodeRun*). Where graphs are off, every step is a
-// forward() call in push(); so is a cache's first decode step (forward()'s rule: it runs eagerly).
+// forward() call in push(); so is a cache store's first decode step (forward()'s rule: it runs
+// eagerly; a store taken back from the model's CachePool has run steps, and its graphs replay).
 template <class Elem>
 class CudaModelT<Elem>::Run final : public DecodeRun {
  public:
@@ -2111,7 +2177,8 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     const int64_t B = c_.batch(), cap = c_.capacity();
     check_step_positions(positions, B, m_.max_positions_, pushed_);
     ++pushed_;
-    if (!m_.graphs_ || c_.eager_steps == 0) {
+    CacheStore& store = c_.store();
+    if (!m_.graphs_ || store.decode_steps == 0) {
       const std::vector<uint8_t> mask(size_t(B), 1), no_rows(size_t(B), 0);
       const ForwardOutput r = m_.forward_step({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
                                           .mask = mask, .logits_last_only = true, .logits_rows = no_rows,
@@ -2125,7 +2192,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     bool sampled = false;  // any row drawn on the device
     for (const auto& sp : sampling) sampled = sampled || sp.mode == sample_core::kSample;
     const int g = sampled ? 1 : 0;
-    Graph& graph = c_.run_graph[g];
+    Graph& graph = store.run_graph[g];
     m_.drop_late();
     const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
     m_.rows_ = m_.flat_rows_ = B;
@@ -2133,7 +2200,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     const Buffers b = m_.carve(B, B, B, B, cap, sampled);  // forward()'s decode-graph buffers
     int32_t* host = c_.run_host();
     int32_t* state = c_.run_state();
-    if (!graph.ready() || c_.run_epoch[g] != m_.scratch_epoch_) {
+    if (!graph.ready() || store.run_epoch[g] != m_.scratch_epoch_) {
       graph.reset();
       stream_synchronize(m_.s_);
       graph.begin(m_.s_);
@@ -2181,7 +2248,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
         graph.abort(m_.s_);
         throw;
       }
-      c_.run_epoch[g] = m_.scratch_epoch_;
+      store.run_epoch[g] = m_.scratch_epoch_;
     }
     if (feed_host_) {  // this step's ids are the host's: restart the device's step index at 0
       copy_to_device_async(state, host + c_.run_zero_at(), 4, m_.s_);
@@ -2206,7 +2273,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
                   size_t(B) * sizeof(sample_core::RowParams));
     host[c_.run_err_at() + slot] = 0;
     ++c_.length_;
-    ++c_.eager_steps;
+    ++store.decode_steps;
     graph.launch(m_.s_);
     if (free_.empty()) {
       events_.push_back(event_create());

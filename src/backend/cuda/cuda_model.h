@@ -41,9 +41,14 @@ struct CudaModelOptions {
   Compute compute = Compute::BF16;
   int device = 0;
   bool batch_invariant = true;  // false: dense GEMMs through cuBLASLt (see model/loader.h)
-  // Replay decode steps (T = 1, no hooks) from a CUDA graph captured once per cache. The env
+  // Replay decode steps (T = 1, no hooks) from a CUDA graph captured once per cache (store). The env
   // variable ATLAS_CUDA_GRAPHS=0 turns it off (for measuring what graphs save).
   bool graphs = true;
+  // An ended cache's memory and captured graphs kept for the model's next cache of the same shape
+  // (one, of at most 256 MiB: decodes at a few rows), whose decode steps then replay those graphs
+  // from the first step instead of running one step eagerly and capturing again. The same bits.
+  // The env variable ATLAS_CACHE_POOL=0 turns it off.
+  bool cache_pool = true;
   // A prefill of more tokens (B x T) than this runs in chunks of whole time steps (same bits,
   // bounded working memory); hooked calls are never chunked.
   int64_t max_tokens_per_call = 8192;

@@ -262,6 +262,8 @@ class Graph {
   void* exec_ = nullptr;   // cudaGraphExec_t
 };
 
+int64_t graph_captures();  // Graph::end calls that instantiated a graph (tests: a cache store's graphs reused)
+
 // Kernels that meet bad data only on the device (positions, expert ids, cache lengths) raise a
 // device flag instead of trapping; this synchronises, reads and clears it, and throws
 // atlas::Error naming the op and field. Call it wherever a host sync happens anyway.

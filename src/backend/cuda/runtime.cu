@@ -398,7 +398,8 @@ void check_environment() {
                            "ATLAS_MOE_COMBINE_PAIRS", "ATLAS_MLA_MERGE_VALUE", "ATLAS_ROUTE_TAIL",
                            "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT", "ATLAS_MOE_SELF_ROUTE", "ATLAS_MOE_DOWN_EARLY",
                            "ATLAS_GEMM_TIGHT_TILES", "ATLAS_ROUTE_CLUSTER", "ATLAS_GEMM_WIDE_SPLITK4",
-                           "ATLAS_COMBINE_DIRECT", "ATLAS_RUN_FUSED", "ATLAS_RUN_ROOT", "ATLAS_DEVICE_EDITS"})
+                           "ATLAS_COMBINE_DIRECT", "ATLAS_RUN_FUSED", "ATLAS_RUN_ROOT", "ATLAS_DEVICE_EDITS",
+                           "ATLAS_CACHE_POOL"})
     (void)env_switch(name, true);
 }
 
@@ -677,6 +678,11 @@ void dump_graph_edges(cudaGraph_t g) {
 }
 }  // namespace
 
+namespace {
+std::atomic<int64_t> g_graph_captures{0};
+}  // namespace
+int64_t graph_captures() { return g_graph_captures.load(); }
+
 void Graph::end(Stream stream) {
   cudaGraph_t g = nullptr;
   check_cuda(cudaStreamEndCapture(stream_of(stream), &g), "graph", "end capture");
@@ -687,6 +693,7 @@ void Graph::end(Stream stream) {
   // graph runs them so (a graph captured from default-priority streams runs as before).
   check_cuda(cudaGraphInstantiate(&e, g, cudaGraphInstantiateFlagUseNodePriority), "graph", "instantiate");
   exec_ = e;
+  ++g_graph_captures;
 }
 
 void Graph::abort(Stream stream) {

@@ -1150,6 +1150,74 @@ TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
   EXPECT_EQ(c->length(), 3);
 }
 
+// A cache's store kept by the model when the cache ends (CudaModelOptions::cache_pool, session
+// 62): the next cache of the same shape takes it back with its graphs, and its decode steps
+// replay them from the first step (no eager step, no capture), a decode run's and forward()'s;
+// a cache of another shape gets a new store (and captures). The tokens and logits are those of
+// a model without the pool, for a second prompt of another length after the first, greedy and
+// sampled on the device.
+TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  auto pooled = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = false});
+  // One cache's life: a prefill of `row`, 6 steps of a decode run (sampled: on the device), then
+  // 2 forward() steps; its tokens and the last step's logits, and the graphs it captured.
+  struct Life {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;
+    int64_t captures = 0;
+  };
+  const auto life = [&](const Model& m, const std::vector<int32_t>& row, bool sampled) {
+    auto c = m.make_cache(1, 100);
+    const int64_t before = cuda::graph_captures();
+    const std::vector<float> lg = prefill(m, *c, {row});
+    const int32_t p0 = int32_t(row.size());
+    std::vector<int32_t> positions;
+    std::vector<sample_core::RowParams> params;
+    for (int j = 0; j < 6; ++j) {
+      positions.push_back(p0 + j);
+      if (sampled) params.push_back(sample_core::make_row_params(0.8, 0.9, 7, double((j * 37) % 100) / 100.0));
+    }
+    Life out;
+    out.tokens = m.decode_chain({.batch = 1, .steps = 6, .first_ids = std::vector<int32_t>{argmax(lg.data(), V)},
+                                 .positions = positions, .sampling = params},
+                                *c);
+    std::vector<float> l = step(m, *c, {out.tokens.back()}, {p0 + 6}, nullptr, AttentionForm::Absorbed);
+    out.logits = step(m, *c, {argmax(l.data(), V)}, {p0 + 7}, nullptr, AttentionForm::Absorbed);
+    out.captures = cuda::graph_captures() - before;
+    return out;
+  };
+  for (const bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "sampled on the device" : "greedy");
+    const Life a1 = life(*pooled, rows[1], sampled), b1 = life(*plain, rows[1], sampled);
+    EXPECT_EQ(a1.tokens, b1.tokens);
+    EXPECT_EQ(a1.logits, b1.logits);
+    EXPECT_EQ(b1.captures, 2) << "a new store captures the run's graph and forward()'s";
+    EXPECT_EQ(a1.captures, sampled ? 1 : 2) << "(sampled: forward()'s graph came from the greedy pass's store)";
+    // The second cache: another prompt (rows[4]: 12 tokens against 37), the same shape.
+    const Life a2 = life(*pooled, rows[4], sampled), b2 = life(*plain, rows[4], sampled);
+    EXPECT_EQ(a2.tokens, b2.tokens);
+    EXPECT_EQ(a2.logits, b2.logits);
+    EXPECT_EQ(b2.captures, 2) << "without the pool every cache captures";
+    EXPECT_EQ(a2.captures, 0) << "the pooled store's graphs were not replayed";
+  }
+  // Another shape: a new store, whose first steps capture; the same bits as without the pool.
+  const auto eight = [&](const Model& m) {
+    return std::pair{prefill_and_greedy_steps(m, rows, V), cuda::graph_captures()};
+  };
+  const int64_t before = cuda::graph_captures();
+  const auto [pa, after] = eight(*pooled);
+  EXPECT_GT(after, before) << "a cache of another shape took the pooled store";
+  EXPECT_EQ(pa, eight(*plain).first);
+  // ATLAS_CACHE_POOL=0 is the option's off (read when the model is made).
+  ScopedEnv restore{{"ATLAS_CACHE_POOL", std::getenv("ATLAS_CACHE_POOL")}};
+  setenv("ATLAS_CACHE_POOL", "0", 1);
+  auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  (void)life(*off, rows[1], false);
+  EXPECT_EQ(life(*off, rows[4], false).captures, 2) << "ATLAS_CACHE_POOL=0 kept the store";
+}
+
 // A decode run's step ends fused (ATLAS_RUN_FUSED, read when the model is made; sessions 47 and
 // 49, on by default since session 50): at one row one launch after the step's inputs embeds and
 // norms, and a greedy step's argmax writes the run's outputs. The tokens of the unfused run,
