@@ -373,8 +373,16 @@ class CudaModelT final : public Model {
     if (batch <= 0 || capacity <= 0) fail("cuda", "make_cache", "batch and capacity must be > 0");
     const int64_t L = layers_.count(), W = cfg_.latent_dim();
     std::unique_ptr<CacheStore> store = pool_ ? pool_->take(L, batch, capacity, W, kEs) : nullptr;
-    if (store)
+    if (store) {
       stream_synchronize(s_);  // (no work of its last cache may still read its ring or pinned ints)
+      if (const char* d = std::getenv("ATLAS_CACHE_POOL_DIAG")) {  // TEMPORARY diagnostic (session 62)
+        if (d[0] == '2') {
+          for (auto& g : store->run_graph) g.reset();
+          store->decode_graph.reset();
+        }
+        if (d[0] == '2' || d[0] == '3') store->decode_steps = 0;
+      }
+    }
     else
       store = std::make_unique<CacheStore>(L, batch, capacity, W, kEs);
     return std::make_unique<CudaCache>(std::move(store), pool_);
