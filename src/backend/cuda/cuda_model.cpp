@@ -373,20 +373,8 @@ class CudaModelT final : public Model {
     if (batch <= 0 || capacity <= 0) fail("cuda", "make_cache", "batch and capacity must be > 0");
     const int64_t L = layers_.count(), W = cfg_.latent_dim();
     std::unique_ptr<CacheStore> store = pool_ ? pool_->take(L, batch, capacity, W, kEs) : nullptr;
-    if (store) {
+    if (store)
       stream_synchronize(s_);  // (no work of its last cache may still read its ring or pinned ints)
-      if (const char* d = std::getenv("ATLAS_CACHE_POOL_DIAG")) {  // TEMPORARY diagnostic (session 62)
-        if (d[0] == '2') {
-          for (auto& g : store->run_graph) g.reset();
-          store->decode_graph.reset();
-        }
-        if (d[0] == '2' || d[0] == '3') store->decode_steps = 0;
-        if (d[0] == '5') {
-          for (auto& g : store->run_graph) g.reinstantiate();
-          store->decode_graph.reinstantiate();
-        }
-      }
-    }
     else
       store = std::make_unique<CacheStore>(L, batch, capacity, W, kEs);
     return std::make_unique<CudaCache>(std::move(store), pool_);
@@ -2286,10 +2274,6 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     host[c_.run_err_at() + slot] = 0;
     ++c_.length_;
     ++store.decode_steps;
-    if (!uploaded_) {  // TEMPORARY diagnostic (session 62)
-      uploaded_ = true;
-      if (const char* d = std::getenv("ATLAS_CACHE_POOL_DIAG"); d && d[0] == '4') graph.upload(m_.s_);
-    }
     graph.launch(m_.s_);
     if (free_.empty()) {
       events_.push_back(event_create());
@@ -2341,7 +2325,6 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
   std::vector<int32_t> host_ids_;  // the ids of the next step where feed_host_
   AttentionForm attention_;
   bool feed_host_ = true;
-  bool uploaded_ = false;
   int64_t j_ = 0, pushed_ = 0;     // the device step index of the next graph step; steps pushed
   std::deque<Step> q_;
   std::vector<Event> events_, free_;

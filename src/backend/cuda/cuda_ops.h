@@ -254,8 +254,6 @@ class Graph {
   void end(Stream stream);      // cudaStreamEndCapture + instantiate
   void abort(Stream stream);    // ends a capture that failed half-way; the graph stays empty
   void launch(Stream stream);   // cudaGraphLaunch
-  void upload(Stream stream);   // cudaGraphUpload (TEMPORARY diagnostic, session 62)
-  void reinstantiate();         // a new exec of the captured graph (TEMPORARY diagnostic, session 62)
   void reset();                 // destroys the graph (ready() becomes false)
   bool ready() const { return exec_ != nullptr; }
 

@@ -703,19 +703,6 @@ void Graph::abort(Stream stream) {
   cudaGetLastError();
 }
 
-void Graph::upload(Stream stream) {
-  check_cuda(cudaGraphUpload(static_cast<cudaGraphExec_t>(exec_), stream_of(stream)), "graph", "upload");
-}
-void Graph::reinstantiate() {
-  if (!graph_) return;
-  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
-  exec_ = nullptr;
-  cudaGraphExec_t e = nullptr;
-  check_cuda(cudaGraphInstantiate(&e, static_cast<cudaGraph_t>(graph_), cudaGraphInstantiateFlagUseNodePriority),
-             "graph", "instantiate");
-  exec_ = e;
-}
-
 void Graph::launch(Stream stream) {
   check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream_of(stream)), "graph", "launch");
 }
