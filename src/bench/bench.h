@@ -9,9 +9,9 @@
 //                               records: every gate's top-k ids and weights, and a SHA-256 of every
 //                               row's hidden stage (embedding, each layer's output, final norm)
 //   decode-b1            tok/s  one prompt of 256 tokens, then 256 greedy decode steps at batch 1,
-//                               from the prompt's end to the last token (each run a new cache; on
-//                               CUDA the second run on takes the first's cache store and step graph
-//                               from the model's pool; detail.first_token_s, after_first_tok_s)
+//                               from the prompt's end to the last token (each run a new cache:
+//                               the first token includes its eager step and the step graph's
+//                               capture; detail.first_token_s and after_first_tok_s per run)
 //   peak-mem-128x1024    GiB    device memory in use (total - free, sampled after every call) for
 //                               128 rows x 1024 tokens: prefill of 1000, then 24 decode steps
 // Each workload runs in the batch-invariant mode and, on cuda, the fast mode. The reference

@@ -77,9 +77,10 @@ class DeviceBlock {
 // per row, `capacity` slots of W values of the model's element type: bf16, or f32 in the
 // checking mode; elem_bytes = 2 or 4), the pinned staging of a decode step, a decode run's ring
 // and state, and the step graphs, whose kernels hold these addresses. A cache that ends hands its
-// store to its model's CachePool (below), and the model's next cache of the same shape takes it
-// back, graphs included: its decode steps replay them from the first step, where a new store
-// runs one step eagerly and then captures (session 62).
+// store to its model's CachePool (below, where the model has one: CudaModelOptions::cache_pool,
+// off by default), and the model's next cache of the same shape takes it back, graphs included:
+// its decode steps replay them from the first step, where a new store runs one step eagerly and
+// then captures (session 62).
 struct CacheStore {
   CacheStore(int64_t n_layers, int64_t batch, int64_t capacity, int64_t width, size_t elem_bytes)
       : layers(n_layers), batch(batch), capacity(capacity), width(width), elem_bytes(elem_bytes) {
@@ -125,9 +126,12 @@ struct CacheStore {
 };
 
 // The store of the model's last ended cache, kept for its next cache of the same shape
-// (CudaModelOptions::cache_pool; ATLAS_CACHE_POOL=0: off). One store, of at most kMaxBytes of
-// device memory: what a decode at a few rows holds (batch 1 at V2-Lite's width: ~31 KB a token),
-// where the graph's capture is a visible part of a run; a large batch's cache is freed as before.
+// (CudaModelOptions::cache_pool, ATLAS_CACHE_POOL=1; off by default: in s62-1, an H100, batch-1
+// decode on a taken-back store ran ~2% slower per step than on a new one, 412.7 against 420-421
+// tok/s after the first token, in every later run, which outweighs the first token's 2.5 against
+// 5-9 ms; the cause is not known). One store, of at most kMaxBytes of device memory: what a
+// decode at a few rows holds (batch 1 at V2-Lite's width: ~31 KB a token), where the graph's
+// capture is a visible part of a run; a large batch's cache is freed as before.
 class CachePool {
  public:
   static constexpr size_t kMaxBytes = size_t(256) << 20;
@@ -848,7 +852,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   run_root_ = env_switch("ATLAS_RUN_ROOT", false);
   device_edits_on_ = env_switch("ATLAS_DEVICE_EDITS", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
-  if (opts.cache_pool && env_switch("ATLAS_CACHE_POOL", true)) pool_ = std::make_shared<CachePool>();
+  if (env_switch("ATLAS_CACHE_POOL", opts.cache_pool)) pool_ = std::make_shared<CachePool>();
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
   const size_t margin = size_t(1) << 30;

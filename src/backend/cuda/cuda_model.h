@@ -47,8 +47,10 @@ struct CudaModelOptions {
   // An ended cache's memory and captured graphs kept for the model's next cache of the same shape
   // (one, of at most 256 MiB: decodes at a few rows), whose decode steps then replay those graphs
   // from the first step instead of running one step eagerly and capturing again. The same bits.
-  // The env variable ATLAS_CACHE_POOL=0 turns it off.
-  bool cache_pool = true;
+  // Off: session 62's H100 (s62-1) ran the replayed graph ~2% slower per step in every later
+  // cache (412.7 against 420-421 tok/s after the first token), more than the first token saves
+  // (2.5 against 5-9 ms). The env variable ATLAS_CACHE_POOL (0 or 1) overrides this.
+  bool cache_pool = false;
   // A prefill of more tokens (B x T) than this runs in chunks of whole time steps (same bits,
   // bounded working memory); hooked calls are never chunked.
   int64_t max_tokens_per_call = 8192;

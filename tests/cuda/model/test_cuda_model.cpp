@@ -1151,16 +1151,17 @@ TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
 }
 
 // A cache's store kept by the model when the cache ends (CudaModelOptions::cache_pool, session
-// 62): the next cache of the same shape takes it back with its graphs, and its decode steps
-// replay them from the first step (no eager step, no capture), a decode run's and forward()'s;
-// a cache of another shape gets a new store (and captures). The tokens and logits are those of
-// a model without the pool, for a second prompt of another length after the first, greedy and
-// sampled on the device.
+// 62, off by default): the next cache of the same shape takes it back with its graphs, and its
+// decode steps replay them from the first step (no eager step, no capture), a decode run's and
+// forward()'s; a cache of another shape gets a new store (and captures). The tokens and logits
+// are those of a model without the pool, for a second prompt of another length after the first,
+// greedy and sampled on the device. ATLAS_CACHE_POOL overrides the option either way.
 TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
-  auto pooled = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-  auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = false});
+  ScopedEnv unset{{"ATLAS_CACHE_POOL", nullptr}};
+  auto pooled = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true});
+  auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: no pool)
   // One cache's life: a prefill of `row`, 6 steps of a decode run (sampled: on the device), then
   // 2 forward() steps; its tokens and the last step's logits, and the graphs it captured.
   struct Life {
@@ -1210,10 +1211,13 @@ TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   const auto [pa, after] = eight(*pooled);
   EXPECT_GT(after, before) << "a cache of another shape took the pooled store";
   EXPECT_EQ(pa, eight(*plain).first);
-  // ATLAS_CACHE_POOL=0 is the option's off (read when the model is made).
-  ScopedEnv restore{{"ATLAS_CACHE_POOL", std::getenv("ATLAS_CACHE_POOL")}};
+  // ATLAS_CACHE_POOL (read when the model is made) overrides the option: 1 on, 0 off.
+  setenv("ATLAS_CACHE_POOL", "1", 1);
+  auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  (void)life(*on, rows[1], false);
+  EXPECT_EQ(life(*on, rows[4], false).captures, 0) << "ATLAS_CACHE_POOL=1 kept no store";
   setenv("ATLAS_CACHE_POOL", "0", 1);
-  auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true});
   (void)life(*off, rows[1], false);
   EXPECT_EQ(life(*off, rows[4], false).captures, 2) << "ATLAS_CACHE_POOL=0 kept the store";
 }
