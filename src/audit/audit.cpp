@@ -76,10 +76,9 @@ std::string dir_of(const std::string& path) {
   return p.empty() ? "." : p;
 }
 
-std::string resolve(const std::string& recorded, const std::string& base) {
-  if (fs::path(recorded).is_absolute()) return recorded;
-  return (fs::path(base) / recorded).lexically_normal().string();
-}
+// A recorded path as the recording file meant it: relative to `base` (the recorder's directory).
+// One rule for every reader (core/file.h's path_from): an empty path stays empty, never `base`.
+std::string resolve(const std::string& recorded, const std::string& base) { return path_from(base, recorded); }
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -881,7 +880,9 @@ AuditReport audit_run_dir(const AuditOptions& o) {
       }
   }
   Doc man = read_doc("manifest", mpath, mhow);
-  if (mpath.empty()) man.error = "not found: no --manifest, no DIR/manifest.json, and run.json records no manifest input";
+  if (mpath.empty())
+    man.error = mhow.empty() ? "not found: no --manifest, no DIR/manifest.json, and run.json records no manifest input"
+                             : "not found: run.json's manifest input record has an empty path";
 
   std::optional<Doc> ev, an;
   if (!o.eval.empty()) ev = read_doc("evaluation", o.eval, "--eval");

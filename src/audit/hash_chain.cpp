@@ -55,8 +55,7 @@ std::vector<LinkCheck> verify_inputs(const std::vector<InputRecord>& records, co
   for (const auto& rec : records) {
     LinkCheck c;
     c.record = rec;
-    c.resolved = rec.path;
-    if (!base_dir.empty() && fs::path(rec.path).is_relative()) c.resolved = (fs::path(base_dir) / rec.path).lexically_normal().string();
+    c.resolved = base_dir.empty() ? rec.path : path_from(base_dir, rec.path);
     std::error_code ec;
     if (!fs::is_regular_file(c.resolved, ec)) {
       c.status = LinkStatus::Missing;

@@ -136,6 +136,11 @@ has "journal removed: first missing cell named" '^FAIL  journal lines accounted 
 copy_trace nomanifest
 audit_rc "missing manifest fails" 3 "$work/nomanifest" --manifest "$work/absent.json"
 has "missing manifest line" '^FAIL  artifact manifest: manifest missing \(.*absent\.json\)'
+# The run's manifest record with an empty path: named as such (not resolved to the run's directory).
+copy_trace emptymanifest
+edit_json "$work/emptymanifest/run.json" 'd["inputs"][0]["path"] = ""'
+audit_rc "empty manifest path fails" 3 "$work/emptymanifest"
+has "empty manifest path line" "^FAIL  artifact manifest: .*manifest input record has an empty path"
 audit_rc "missing --analysis fails" 3 "$T" --analysis "$work/absent-analysis"
 has "missing analysis line" '^FAIL  artifact analysis: analysis missing'
 copy_trace truncated

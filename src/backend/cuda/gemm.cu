@@ -905,21 +905,16 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // start cost every atlas process ~0.37 s (its relocations' page faults), commands that never
 // touch a GPU included (tests/decode/test_sampler_definitions.py alone starts it 547 times). Only the fast mode's GEMMs and
 // the pinned experiment call it; a machine without it runs everything else.
+// Each entry point once: the field (cublasLt<name>'s type) and its dlsym below come from this list.
+#define ATLAS_LT_FUNCTIONS(X) \
+  X(Create) X(Matmul) X(MatmulAlgoCheck) X(MatmulAlgoConfigSetAttribute) \
+  X(MatmulAlgoGetHeuristic) X(MatmulDescCreate) X(MatmulDescDestroy) X(MatmulDescSetAttribute) \
+  X(MatmulPreferenceCreate) X(MatmulPreferenceDestroy) X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate) \
+  X(MatrixLayoutDestroy) X(MatrixLayoutSetAttribute)
 struct LtApi {
-  decltype(&cublasLtCreate) Create = nullptr;
-  decltype(&cublasLtMatmul) Matmul = nullptr;
-  decltype(&cublasLtMatmulAlgoCheck) MatmulAlgoCheck = nullptr;
-  decltype(&cublasLtMatmulAlgoConfigSetAttribute) MatmulAlgoConfigSetAttribute = nullptr;
-  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
-  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
-  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
-  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
-  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
-  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
-  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
-  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
-  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
-  decltype(&cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute = nullptr;
+#define ATLAS_LT_FIELD(name) decltype(&cublasLt##name) name = nullptr;
+  ATLAS_LT_FUNCTIONS(ATLAS_LT_FIELD)
+#undef ATLAS_LT_FIELD
 };
 
 const LtApi& lt_api() {
@@ -939,23 +934,13 @@ const LtApi& lt_api() {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
       if (!fn) throw Error(std::string("cuda: gemm: ") + ATLAS_CUBLASLT_SONAME + " lacks " + name);
     };
-    sym(a.Create, "cublasLtCreate");
-    sym(a.Matmul, "cublasLtMatmul");
-    sym(a.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
-    sym(a.MatmulAlgoConfigSetAttribute, "cublasLtMatmulAlgoConfigSetAttribute");
-    sym(a.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
-    sym(a.MatmulDescCreate, "cublasLtMatmulDescCreate");
-    sym(a.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
-    sym(a.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
-    sym(a.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
-    sym(a.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
-    sym(a.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
-    sym(a.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
-    sym(a.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
-    sym(a.MatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute");
+#define ATLAS_LT_SYM(name) sym(a.name, "cublasLt" #name);
+    ATLAS_LT_FUNCTIONS(ATLAS_LT_SYM)
+#undef ATLAS_LT_SYM
   });
   return a;
 }
+#undef ATLAS_LT_FUNCTIONS
 
 void check_lt(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
