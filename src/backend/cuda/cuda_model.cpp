@@ -11,9 +11,11 @@
 #include "backend/cuda/cuda_model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -422,8 +424,10 @@ class CudaModelT final : public Model {
     sample_core::RowParams* sample_params;  // [B]
     uint32_t* sample_ws;                    // sample_workspace_ints(B, V), only when sampling
   };
+  // no_room: where non-null and the buffers would need a larger block (or new counters), it is
+  // set and nothing is carved or allocated (the returned buffers are empty).
   Buffers carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk, int64_t mla_max_len,
-                bool sampling = false) const;
+                bool sampling = false, bool* no_room = nullptr) const;
 
   // The layers, final norm, lm_head, device argmax and (with `sample`, over b.sample_params)
   // the sampling kernel for inputs already on the device: everything a decode graph replays.
@@ -680,6 +684,23 @@ class CudaModelT final : public Model {
   // ATLAS_RUN_ROOT=1 (session 49, a diagnostic; off): a decode run's step graph begins with an
   // empty launch (graph_root), so that its step-start launch is not the graph's root node.
   bool run_root_ = false;
+  // Early graphs (CudaModelOptions::early_graphs, ATLAS_EARLY_GRAPHS; session 63). A cache
+  // store's first decode step ran eagerly so that the launchers' one-time setup (cuBLASLt plans,
+  // kernel attributes) happens outside a capture; that setup is the model's, not the store's, so
+  // once a step of a shape (rows, sampled or not) has run eagerly, a new store's steps replay
+  // graphs from the first. And a prefill of a store without a decode run's graph captures the
+  // greedy one after its own launches: the host records it while the GPU runs the prefill,
+  // instead of with the GPU idle after it. stepped_shapes_: the shapes set up.
+  mutable bool early_graphs_ = false;  // (mutable: turned off where a capture behind a prefill fails)
+  mutable std::set<std::pair<int64_t, bool>> stepped_shapes_;
+  bool step_set_up(int64_t B, bool sampled) const {
+    return early_graphs_ && stepped_shapes_.count({B, sampled}) > 0;
+  }
+  // A decode run's step graph for `c` (sampled: with the sampling kernel), captured against the
+  // current scratch layout (Run::push; the prefill's early capture). With `room_only`, nothing
+  // is captured where the step's buffers would need a larger scratch block (a prefill's
+  // buffers are still in use): false then.
+  bool capture_run_graph(CudaCache& c, bool sampled, bool room_only = false) const;
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
   Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
@@ -852,6 +873,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   run_root_ = env_switch("ATLAS_RUN_ROOT", false);
   device_edits_on_ = env_switch("ATLAS_DEVICE_EDITS", true);
   graphs_ = opts.graphs && env_switch("ATLAS_CUDA_GRAPHS", true);
+  early_graphs_ = env_switch("ATLAS_EARLY_GRAPHS", opts.early_graphs);
   if (env_switch("ATLAS_CACHE_POOL", opts.cache_pool)) pool_ = std::make_shared<CachePool>();
   max_tokens_ = chunk_tokens_env_ > 0 ? chunk_tokens_env_ : std::max<int64_t>(1, opts.max_tokens_per_call);
   const MemoryInfo mem = memory_info();
@@ -1290,7 +1312,7 @@ bool CudaModelT<Elem>::device_edits(const Hooks& hooks, const std::string& name,
 
 template <class Elem>
 typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B, int64_t rows_out, int64_t mla_chunk,
-                                    int64_t mla_max_len, bool sampling) const {
+                                    int64_t mla_max_len, bool sampling, bool* no_room) const {
   const ModelConfig& c = cfg_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dq = c.q_head_dim(), dv = c.v_head_dim;
   const int64_t dc = c.kv_lora_rank, W = c.latent_dim(), E = std::max<int64_t>(1, c.n_routed_experts);
@@ -1343,6 +1365,15 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
   };
   size_t total = 0;
   for (const auto& q : reqs) total += align_up(std::max<size_t>(q.bytes, 1));
+  if (no_room) {
+    const bool counters = argmax_split_ && argmax_counters_.bytes() < size_t(B) * 4;
+    const bool ready = M == 1 && side_on_ && gemm_combine_mode() == 2 &&
+                       shared_ready_.bytes() < size_t(std::max<int64_t>(1, c.num_hidden_layers)) * 4;
+    if (scratch_.bytes() < total || counters || ready) {
+      *no_room = true;
+      return Buffers{};
+    }
+  }
   if (scratch_.bytes() < total) {
     stream_synchronize(s_);    // nothing in flight may still use the old block
     scratch_ = DeviceBlock();  // free the old block first
@@ -1946,10 +1977,11 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
   }
 
   // A cache store's first decode step runs eagerly: one-time setup inside the launchers (cuBLASLt
-  // plans for the step's shapes, kernel attributes) must not happen during a capture.
+  // plans for the step's shapes, kernel attributes) must not happen during a capture; with early
+  // graphs, only the model's first step of this shape (step_set_up).
   const bool decode_step = T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());
   CacheStore& store = cache->store();
-  const bool use_graph = graphs_ && decode_step && store.decode_steps > 0;
+  const bool use_graph = graphs_ && decode_step && (store.decode_steps > 0 || step_set_up(B, sampling));
   if (decode_step) ++store.decode_steps;
 
   // Host-side bookkeeping: each token's packed cache slot and each query's causal length.
@@ -2088,6 +2120,21 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
     }
     layers_forward(B, T, *cache, b, chunk, ints + 3 * Mc, max_len, in.logits_last_only, hooks, sampling,
                    want_pattern ? &key_slot : nullptr);
+    // Early graphs: the decode run's greedy step graph, recorded while the GPU runs this prefill
+    // (before the head's copies, which wait for it). Its buffers may not move this prefill's.
+    if (T > 1 && early_graphs_ && graphs_ && has_head_ && in.logits_last_only && (!hooks || hooks->empty()) &&
+        !cache->run_active && !store.run_graph[0].ready() && cache->length_ + T < cache->capacity() &&
+        step_set_up(B, false)) {
+      const int64_t rows = rows_, flat = flat_rows_;
+      const int32_t* expand = expand_;
+      try {
+        (void)capture_run_graph(*cache, false, true);
+      } catch (const std::exception& e) {  // (the run captures at its first step instead)
+        early_graphs_ = false;
+        std::fprintf(stderr, "atlas: cuda: early graphs off: the capture behind a prefill failed (%s)\n", e.what());
+      }
+      rows_ = rows, flat_rows_ = flat, expand_ = expand;
+    }
   }
 
   ForwardOutput out;
@@ -2145,7 +2192,75 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
     for (int64_t t = 0; t < T; ++t) cache->key_slot_[size_t(bb)].push_back(slot_of(bb, t));
   cache->real_ = std::move(real);
   cache->length_ += T;
+  if (decode_step && !use_graph) stepped_shapes_.insert({B, sampling});  // its setup is done (early graphs)
   return out;
+}
+
+template <class Elem>
+bool CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_only) const {
+  const int64_t B = c.batch(), cap = c.capacity();
+  CacheStore& store = c.store();
+  const int g = sampled ? 1 : 0;
+  Graph& graph = store.run_graph[g];
+  const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
+  rows_ = flat_rows_ = B;
+  expand_ = nullptr;
+  bool no_room = false;
+  const Buffers b = carve(B, B, B, B, cap, sampled, room_only ? &no_room : nullptr);  // forward()'s decode-graph buffers
+  if (no_room) return false;
+  int32_t* host = c.run_host();  // (allocated before the capture: no allocation inside one)
+  int32_t* state = c.run_state();
+  if (graph.ready()) {
+    graph.reset();
+    stream_synchronize(s_);  // (its last launch may be in flight; a new graph needs no wait)
+  }
+  graph.begin(s_);
+  try {
+    const RunInputsArgs in{.state = state,
+                           .staged = host,
+                           .params_staged = sampled ? host + c.run_params_at() : nullptr,
+                           .prev = state + 16,
+                           .inputs = b.ids,
+                           .params = sampled ? reinterpret_cast<int32_t*>(b.sample_params) : nullptr,
+                           .batch = int(B),
+                           .param_ints = int(sizeof(sample_core::RowParams) / 4),
+                           .ring = int(CudaCache::kRing),
+                           .stream = s_};
+    const RunOutputsArgs out{.state = state,
+                             .tokens = b.greedy,
+                             .prev = state + 16,
+                             .out = host + c.run_out_at(),
+                             .err = host + c.run_err_at(),
+                             .batch = int(B),
+                             .ring = int(CudaCache::kRing),
+                             .stream = s_};
+    // ATLAS_RUN_FUSED at one row: one launch embeds and norms (where the wide norm serves the
+    // row), and a greedy step's argmax writes the outputs.
+    const int64_t H = cfg_.hidden_size;
+    const bool fuse = run_fused_ && B == 1 && has_head_;
+    const StepEnds ends{.embedded_and_normed = fuse && !blocks_.empty() && wide_row_norm(1, int(H)),
+                        .outputs = fuse && !sampled ? &out : nullptr};
+    if (run_root_) graph_root(s_);
+    run_inputs(in);
+    if (ends.embedded_and_normed)
+      embed_norm({.ids = b.ids,
+                  .embed = embed_,
+                  .vocab = cfg_.vocab_size,
+                  .weight = blocks_[0].ln1,
+                  .x = b.x,
+                  .h = b.h,
+                  .dim = int(H),
+                  .eps = float(cfg_.rms_norm_eps),
+                  .stream = s_});
+    layers_forward(B, 1, c, b, B, nullptr, cap, true, nullptr, sampled, nullptr, &ends);
+    if (!ends.outputs) run_outputs(out);
+    graph.end(s_);
+  } catch (...) {
+    graph.abort(s_);
+    throw;
+  }
+  store.run_epoch[g] = scratch_epoch_;
+  return true;
 }
 
 // A decode run on the CUDA backend: each pushed step replays the cache's step graph, whose first
@@ -2182,7 +2297,9 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     check_step_positions(positions, B, m_.max_positions_, pushed_);
     ++pushed_;
     CacheStore& store = c_.store();
-    if (!m_.graphs_ || store.decode_steps == 0) {
+    bool sampled = false;  // any row drawn on the device
+    for (const auto& sp : sampling) sampled = sampled || sp.mode == sample_core::kSample;
+    if (!m_.graphs_ || (store.decode_steps == 0 && !m_.step_set_up(B, sampled))) {
       const std::vector<uint8_t> mask(size_t(B), 1), no_rows(size_t(B), 0);
       const ForwardOutput r = m_.forward_step({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
                                           .mask = mask, .logits_last_only = true, .logits_rows = no_rows,
@@ -2193,67 +2310,14 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
       q_.push_back({.ready = true, .tokens = r.greedy});
       return;
     }
-    bool sampled = false;  // any row drawn on the device
-    for (const auto& sp : sampling) sampled = sampled || sp.mode == sample_core::kSample;
     const int g = sampled ? 1 : 0;
     Graph& graph = store.run_graph[g];
     m_.drop_late();
-    const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
+    if (!graph.ready() || store.run_epoch[g] != m_.scratch_epoch_) (void)m_.capture_run_graph(c_, sampled);
     m_.rows_ = m_.flat_rows_ = B;
     m_.expand_ = nullptr;
-    const Buffers b = m_.carve(B, B, B, B, cap, sampled);  // forward()'s decode-graph buffers
     int32_t* host = c_.run_host();
     int32_t* state = c_.run_state();
-    if (!graph.ready() || store.run_epoch[g] != m_.scratch_epoch_) {
-      graph.reset();
-      stream_synchronize(m_.s_);
-      graph.begin(m_.s_);
-      try {
-        const RunInputsArgs in{.state = state,
-                               .staged = host,
-                               .params_staged = sampled ? host + c_.run_params_at() : nullptr,
-                               .prev = state + 16,
-                               .inputs = b.ids,
-                               .params = sampled ? reinterpret_cast<int32_t*>(b.sample_params) : nullptr,
-                               .batch = int(B),
-                               .param_ints = int(sizeof(sample_core::RowParams) / 4),
-                               .ring = int(CudaCache::kRing),
-                               .stream = m_.s_};
-        const RunOutputsArgs out{.state = state,
-                                 .tokens = b.greedy,
-                                 .prev = state + 16,
-                                 .out = host + c_.run_out_at(),
-                                 .err = host + c_.run_err_at(),
-                                 .batch = int(B),
-                                 .ring = int(CudaCache::kRing),
-                                 .stream = m_.s_};
-        // ATLAS_RUN_FUSED at one row: one launch embeds and norms (where the wide norm serves the
-        // row), and a greedy step's argmax writes the outputs.
-        const int64_t H = m_.cfg_.hidden_size;
-        const bool fuse = m_.run_fused_ && B == 1 && m_.has_head_;
-        const StepEnds ends{.embedded_and_normed = fuse && !m_.blocks_.empty() && wide_row_norm(1, int(H)),
-                            .outputs = fuse && !sampled ? &out : nullptr};
-        if (m_.run_root_) graph_root(m_.s_);
-        run_inputs(in);
-        if (ends.embedded_and_normed)
-          embed_norm({.ids = b.ids,
-                      .embed = m_.embed_,
-                      .vocab = m_.cfg_.vocab_size,
-                      .weight = m_.blocks_[0].ln1,
-                      .x = b.x,
-                      .h = b.h,
-                      .dim = int(H),
-                      .eps = float(m_.cfg_.rms_norm_eps),
-                      .stream = m_.s_});
-        m_.layers_forward(B, 1, c_, b, B, nullptr, cap, true, nullptr, sampled, nullptr, &ends);
-        if (!ends.outputs) run_outputs(out);
-        graph.end(m_.s_);
-      } catch (...) {
-        graph.abort(m_.s_);
-        throw;
-      }
-      store.run_epoch[g] = m_.scratch_epoch_;
-    }
     if (feed_host_) {  // this step's ids are the host's: restart the device's step index at 0
       copy_to_device_async(state, host + c_.run_zero_at(), 4, m_.s_);
       j_ = 0;

@@ -51,6 +51,12 @@ struct CudaModelOptions {
   // cache (412.7 against 420-421 tok/s after the first token), more than the first token saves
   // (2.5 against 5-9 ms). The env variable ATLAS_CACHE_POOL (0 or 1) overrides this.
   bool cache_pool = false;
+  // Early graphs (session 63): once the model has run a decode step of a shape (rows, sampled or
+  // not) eagerly, a new cache's decode steps replay graphs from its first step (the launchers'
+  // one-time setup is done), and a prefill on a cache without a decode run's graph captures the
+  // greedy one while the GPU runs the prefill. The same bits. The env variable
+  // ATLAS_EARLY_GRAPHS (0 or 1) overrides this.
+  bool early_graphs = true;
   // A prefill of more tokens (B x T) than this runs in chunks of whole time steps (same bits,
   // bounded working memory); hooked calls are never chunked.
   int64_t max_tokens_per_call = 8192;

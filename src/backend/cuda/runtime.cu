@@ -399,7 +399,7 @@ void check_environment() {
                            "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT", "ATLAS_MOE_SELF_ROUTE", "ATLAS_MOE_DOWN_EARLY",
                            "ATLAS_GEMM_TIGHT_TILES", "ATLAS_ROUTE_CLUSTER", "ATLAS_GEMM_WIDE_SPLITK4",
                            "ATLAS_COMBINE_DIRECT", "ATLAS_RUN_FUSED", "ATLAS_RUN_ROOT", "ATLAS_DEVICE_EDITS",
-                           "ATLAS_CACHE_POOL"})
+                           "ATLAS_CACHE_POOL", "ATLAS_EARLY_GRAPHS"})
     (void)env_switch(name, true);
 }
 

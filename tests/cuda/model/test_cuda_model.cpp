@@ -529,7 +529,8 @@ TEST_F(CudaTiny, AttentionPatternMatchesTheCpuBackend) {
 }
 
 // The logits of a prefill of the fixture's prompts and of 4 greedy decode steps after it (the
-// first step runs eagerly, the rest replay its graph), all rows, concatenated.
+// first step runs eagerly where the model has not run a step of 8 rows before, else from the
+// graph as the rest: early graphs), all rows, concatenated.
 namespace {
 std::vector<float> prefill_and_greedy_steps(const Model& m, const std::vector<std::vector<int32_t>>& rows, int64_t V) {
   auto c = m.make_cache(8, 310);
@@ -1159,9 +1160,11 @@ TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
 TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
-  ScopedEnv unset{{"ATLAS_CACHE_POOL", nullptr}};
+  ScopedEnv unset{{"ATLAS_CACHE_POOL", nullptr}, {"ATLAS_EARLY_GRAPHS", nullptr}};
   auto pooled = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true});
-  auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: no pool)
+  // (the default: no pool; without early graphs, whose captures behind a prefill are counted
+  // by EarlyGraphsCaptureBehindThePrefillWithTheSameBits)
+  auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
   // One cache's life: a prefill of `row`, 6 steps of a decode run (sampled: on the device), then
   // 2 forward() steps; its tokens and the last step's logits, and the graphs it captured.
   struct Life {
@@ -1220,6 +1223,91 @@ TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true});
   (void)life(*off, rows[1], false);
   EXPECT_EQ(life(*off, rows[4], false).captures, 2) << "ATLAS_CACHE_POOL=0 kept the store";
+}
+
+// Early graphs (CudaModelOptions::early_graphs, session 63, on by default): once the model has
+// run a step of a shape eagerly, a new cache's prefill captures the decode run's greedy step graph
+// behind its own launches, and the new cache's steps replay graphs from the first (no eager
+// step). The tokens and logits are those of a model without it, for a second prompt of another
+// length after the first, greedy and sampled on the device; the first cache captures nothing
+// during its prefill (no shape set up yet). ATLAS_EARLY_GRAPHS overrides the option either way.
+TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  ScopedEnv unset{{"ATLAS_EARLY_GRAPHS", nullptr}, {"ATLAS_CACHE_POOL", nullptr}};
+  auto early = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: early graphs)
+  auto late = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
+  // One cache's life: a prefill of `row`, 6 steps of a decode run, then 2 forward() steps; its
+  // tokens, the last step's logits, the graphs captured during the prefill and in all.
+  struct Life {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;
+    int64_t prefill_captures = 0, captures = 0;
+  };
+  const auto life = [&](const Model& m, const std::vector<int32_t>& row, bool sampled) {
+    auto c = m.make_cache(1, 100);
+    const int64_t before = cuda::graph_captures();
+    const std::vector<float> lg = prefill(m, *c, {row});
+    Life out;
+    out.prefill_captures = cuda::graph_captures() - before;
+    const int32_t p0 = int32_t(row.size());
+    std::vector<int32_t> positions;
+    std::vector<sample_core::RowParams> params;
+    for (int j = 0; j < 6; ++j) {
+      positions.push_back(p0 + j);
+      if (sampled) params.push_back(sample_core::make_row_params(0.8, 0.9, 7, double((j * 41) % 100) / 100.0));
+    }
+    out.tokens = m.decode_chain({.batch = 1, .steps = 6, .first_ids = std::vector<int32_t>{argmax(lg.data(), V)},
+                                 .positions = positions, .sampling = params},
+                                *c);
+    std::vector<float> l = step(m, *c, {out.tokens.back()}, {p0 + 6}, nullptr, AttentionForm::Absorbed);
+    out.logits = step(m, *c, {argmax(l.data(), V)}, {p0 + 7}, nullptr, AttentionForm::Absorbed);
+    out.captures = cuda::graph_captures() - before;
+    return out;
+  };
+  {
+    const Life e1 = life(*early, rows[1], false), l1 = life(*late, rows[1], false);
+    EXPECT_EQ(e1.tokens, l1.tokens);
+    EXPECT_EQ(e1.logits, l1.logits);
+    EXPECT_EQ(e1.prefill_captures, 0) << "no step of this shape had run: nothing to capture behind the prefill";
+    EXPECT_EQ(l1.captures, 2) << "a store captures the run's graph and forward()'s";
+    EXPECT_EQ(e1.captures, 2);
+    // The second cache: another prompt (rows[4]: 12 tokens against 37), the same shape.
+    const Life e2 = life(*early, rows[4], false), l2 = life(*late, rows[4], false);
+    EXPECT_EQ(e2.tokens, l2.tokens);
+    EXPECT_EQ(e2.logits, l2.logits);
+    EXPECT_EQ(e2.prefill_captures, 1) << "the run's greedy graph was not captured behind the prefill";
+    EXPECT_EQ(l2.prefill_captures, 0);
+    EXPECT_EQ(e2.captures, 2) << "the run captured again (or forward()'s graph was not captured)";
+    EXPECT_EQ(l2.captures, 2);
+  }
+  {
+    SCOPED_TRACE("sampled on the device");
+    // The first sampled cache: its prefill captures the greedy graph (that shape ran), its run
+    // steps once eagerly (no sampled step had run) and captures the sampled graph.
+    const Life e1 = life(*early, rows[2], true), l1 = life(*late, rows[2], true);
+    EXPECT_EQ(e1.tokens, l1.tokens);
+    EXPECT_EQ(e1.logits, l1.logits);
+    EXPECT_EQ(e1.prefill_captures, 1);
+    EXPECT_EQ(e1.captures, 3);
+    const Life e2 = life(*early, rows[4], true), l2 = life(*late, rows[4], true);
+    EXPECT_EQ(e2.tokens, l2.tokens);
+    EXPECT_EQ(e2.logits, l2.logits);
+    EXPECT_EQ(l2.captures, 2);
+    EXPECT_EQ(e2.captures, 3) << "the greedy graph behind the prefill, the sampled one at the run's first step, forward()'s";
+  }
+  // Eight rows: their own shape; the same bits.
+  EXPECT_EQ(prefill_and_greedy_steps(*early, rows, V), prefill_and_greedy_steps(*late, rows, V));
+  EXPECT_EQ(prefill_and_greedy_steps(*early, rows, V), prefill_and_greedy_steps(*late, rows, V));
+  // ATLAS_EARLY_GRAPHS (read when the model is made) overrides the option: 0 off, 1 on.
+  setenv("ATLAS_EARLY_GRAPHS", "0", 1);
+  auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  (void)life(*off, rows[1], false);
+  EXPECT_EQ(life(*off, rows[4], false).prefill_captures, 0) << "ATLAS_EARLY_GRAPHS=0 captured behind the prefill";
+  setenv("ATLAS_EARLY_GRAPHS", "1", 1);
+  auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
+  (void)life(*on, rows[1], false);
+  EXPECT_EQ(life(*on, rows[4], false).prefill_captures, 1) << "ATLAS_EARLY_GRAPHS=1 captured nothing behind the prefill";
 }
 
 // A decode run's step ends fused (ATLAS_RUN_FUSED, read when the model is made; sessions 47 and
