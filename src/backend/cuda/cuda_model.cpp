@@ -684,13 +684,13 @@ class CudaModelT final : public Model {
   // ATLAS_RUN_ROOT=1 (session 49, a diagnostic; off): a decode run's step graph begins with an
   // empty launch (graph_root), so that its step-start launch is not the graph's root node.
   bool run_root_ = false;
-  // Early graphs (CudaModelOptions::early_graphs, ATLAS_EARLY_GRAPHS; session 63). A cache
-  // store's first decode step ran eagerly so that the launchers' one-time setup (cuBLASLt plans,
-  // kernel attributes) happens outside a capture; that setup is the model's, not the store's, so
-  // once a step of a shape (rows, sampled or not) has run eagerly, a new store's steps replay
-  // graphs from the first. And a prefill of a store without a decode run's graph captures the
-  // greedy one after its own launches: the host records it while the GPU runs the prefill,
-  // instead of with the GPU idle after it. stepped_shapes_: the shapes set up.
+  // Early graphs (CudaModelOptions::early_graphs, ATLAS_EARLY_GRAPHS; session 63, off by
+  // default until measured): a prefill on a store without a decode run's greedy step graph
+  // captures it after its own launches, so that the host records it while the GPU runs the
+  // prefill instead of with the GPU idle after the run's eager first step. A capture needs the
+  // launchers' one-time setup (cuBLASLt plans, kernel attributes) done, which is the model's, not
+  // the store's: stepped_shapes_ holds the step shapes (rows, sampled or not) that have run
+  // eagerly.
   mutable bool early_graphs_ = false;  // (mutable: turned off where a capture behind a prefill fails)
   mutable std::set<std::pair<int64_t, bool>> stepped_shapes_;
   bool step_set_up(int64_t B, bool sampled) const {
@@ -1977,11 +1977,13 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
   }
 
   // A cache store's first decode step runs eagerly: one-time setup inside the launchers (cuBLASLt
-  // plans for the step's shapes, kernel attributes) must not happen during a capture; with early
-  // graphs, only the model's first step of this shape (step_set_up).
+  // plans for the step's shapes, kernel attributes) must not happen during a capture. (It also
+  // keeps the replayed steps fast: s63-1, an H100, ran a new store's graphs from its first step
+  // ~2% slower per step for the whole run, 405.5 against 414.5 tok/s, as the cache pool's
+  // taken-back stores in s62-1; the cause is not known.)
   const bool decode_step = T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());
   CacheStore& store = cache->store();
-  const bool use_graph = graphs_ && decode_step && (store.decode_steps > 0 || step_set_up(B, sampling));
+  const bool use_graph = graphs_ && decode_step && store.decode_steps > 0;
   if (decode_step) ++store.decode_steps;
 
   // Host-side bookkeeping: each token's packed cache slot and each query's causal length.
@@ -2121,15 +2123,16 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
     layers_forward(B, T, *cache, b, chunk, ints + 3 * Mc, max_len, in.logits_last_only, hooks, sampling,
                    want_pattern ? &key_slot : nullptr);
     // Early graphs: the decode run's greedy step graph, recorded while the GPU runs this prefill
-    // (before the head's copies, which wait for it). Its buffers may not move this prefill's.
+    // (before the head's copies, which wait for it), for the run's steps after its eager first
+    // (room for both is left). Its buffers may not move this prefill's.
     if (T > 1 && early_graphs_ && graphs_ && has_head_ && in.logits_last_only && (!hooks || hooks->empty()) &&
-        !cache->run_active && !store.run_graph[0].ready() && cache->length_ + T < cache->capacity() &&
+        !cache->run_active && !store.run_graph[0].ready() && cache->length_ + T + 1 < cache->capacity() &&
         step_set_up(B, false)) {
       const int64_t rows = rows_, flat = flat_rows_;
       const int32_t* expand = expand_;
       try {
         (void)capture_run_graph(*cache, false, true);
-      } catch (const std::exception& e) {  // (the run captures at its first step instead)
+      } catch (const std::exception& e) {  // (the run captures at its second step instead)
         early_graphs_ = false;
         std::fprintf(stderr, "atlas: cuda: early graphs off: the capture behind a prefill failed (%s)\n", e.what());
       }
@@ -2299,7 +2302,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     CacheStore& store = c_.store();
     bool sampled = false;  // any row drawn on the device
     for (const auto& sp : sampling) sampled = sampled || sp.mode == sample_core::kSample;
-    if (!m_.graphs_ || (store.decode_steps == 0 && !m_.step_set_up(B, sampled))) {
+    if (!m_.graphs_ || store.decode_steps == 0) {
       const std::vector<uint8_t> mask(size_t(B), 1), no_rows(size_t(B), 0);
       const ForwardOutput r = m_.forward_step({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
                                           .mask = mask, .logits_last_only = true, .logits_rows = no_rows,

@@ -51,12 +51,14 @@ struct CudaModelOptions {
   // cache (412.7 against 420-421 tok/s after the first token), more than the first token saves
   // (2.5 against 5-9 ms). The env variable ATLAS_CACHE_POOL (0 or 1) overrides this.
   bool cache_pool = false;
-  // Early graphs (session 63): once the model has run a decode step of a shape (rows, sampled or
-  // not) eagerly, a new cache's decode steps replay graphs from its first step (the launchers'
-  // one-time setup is done), and a prefill on a cache without a decode run's graph captures the
-  // greedy one while the GPU runs the prefill. The same bits. The env variable
-  // ATLAS_EARLY_GRAPHS (0 or 1) overrides this.
-  bool early_graphs = true;
+  // Early graphs (session 63): a prefill on a cache without a decode run's greedy step graph
+  // captures it while the GPU runs the prefill (where the model has run a decode step of that
+  // shape before: the launchers' one-time setup is done), so that the run's second step replays
+  // it instead of capturing it with the GPU idle. The run's first step still runs eagerly (s63-1,
+  // an H100: skipping it, with the graph replayed from the first step, made every later step ~2%
+  // slower). The same bits. Off until measured. The env variable ATLAS_EARLY_GRAPHS (0 or 1)
+  // overrides this.
+  bool early_graphs = false;
   // A prefill of more tokens (B x T) than this runs in chunks of whole time steps (same bits,
   // bounded working memory); hooked calls are never chunked.
   int64_t max_tokens_per_call = 8192;

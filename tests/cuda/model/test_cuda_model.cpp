@@ -529,8 +529,7 @@ TEST_F(CudaTiny, AttentionPatternMatchesTheCpuBackend) {
 }
 
 // The logits of a prefill of the fixture's prompts and of 4 greedy decode steps after it (the
-// first step runs eagerly where the model has not run a step of 8 rows before, else from the
-// graph as the rest: early graphs), all rows, concatenated.
+// first step runs eagerly, the rest replay its graph), all rows, concatenated.
 namespace {
 std::vector<float> prefill_and_greedy_steps(const Model& m, const std::vector<std::vector<int32_t>>& rows, int64_t V) {
   auto c = m.make_cache(8, 310);
@@ -1225,18 +1224,19 @@ TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   EXPECT_EQ(life(*off, rows[4], false).captures, 2) << "ATLAS_CACHE_POOL=0 kept the store";
 }
 
-// Early graphs (CudaModelOptions::early_graphs, session 63, on by default): once the model has
-// run a step of a shape eagerly, a new cache's prefill captures the decode run's greedy step graph
-// behind its own launches, and the new cache's steps replay graphs from the first (no eager
-// step). The tokens and logits are those of a model without it, for a second prompt of another
-// length after the first, greedy and sampled on the device; the first cache captures nothing
-// during its prefill (no shape set up yet). ATLAS_EARLY_GRAPHS overrides the option either way.
+// Early graphs (CudaModelOptions::early_graphs, session 63, off by default): once the model has
+// run a decode step of a shape eagerly, a new cache's prefill captures the decode run's greedy
+// step graph behind its own launches, and the run (whose first step is still eager) replays it
+// from its second step without a capture of its own. The tokens and logits are those of a model
+// without it, for a second prompt of another length after the first, greedy and sampled on the
+// device; the first cache captures nothing during its prefill (no shape set up yet).
+// ATLAS_EARLY_GRAPHS overrides the option either way.
 TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
   ScopedEnv unset{{"ATLAS_EARLY_GRAPHS", nullptr}, {"ATLAS_CACHE_POOL", nullptr}};
-  auto early = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: early graphs)
-  auto late = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
+  auto early = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = true});
+  auto late = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: off)
   // One cache's life: a prefill of `row`, 6 steps of a decode run, then 2 forward() steps; its
   // tokens, the last step's logits, the graphs captured during the prefill and in all.
   struct Life {
@@ -1278,13 +1278,13 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
     EXPECT_EQ(e2.logits, l2.logits);
     EXPECT_EQ(e2.prefill_captures, 1) << "the run's greedy graph was not captured behind the prefill";
     EXPECT_EQ(l2.prefill_captures, 0);
-    EXPECT_EQ(e2.captures, 2) << "the run captured again (or forward()'s graph was not captured)";
+    EXPECT_EQ(e2.captures, 2) << "the run captured its graph again (or forward()'s graph was not captured)";
     EXPECT_EQ(l2.captures, 2);
   }
   {
     SCOPED_TRACE("sampled on the device");
-    // The first sampled cache: its prefill captures the greedy graph (that shape ran), its run
-    // steps once eagerly (no sampled step had run) and captures the sampled graph.
+    // A sampled run: its prefill captures the greedy graph (that shape ran; unused here), its
+    // run steps once eagerly and captures the sampled graph at its second step.
     // (rows[6]: 33 tokens; a one-token prompt's "prefill" would be a decode step of its own)
     const Life e1 = life(*early, rows[6], true), l1 = life(*late, rows[6], true);
     EXPECT_EQ(e1.tokens, l1.tokens);
@@ -1295,18 +1295,19 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
     EXPECT_EQ(e2.tokens, l2.tokens);
     EXPECT_EQ(e2.logits, l2.logits);
     EXPECT_EQ(l2.captures, 2);
-    EXPECT_EQ(e2.captures, 3) << "the greedy graph behind the prefill, the sampled one at the run's first step, forward()'s";
+    EXPECT_EQ(e2.prefill_captures, 1);
+    EXPECT_EQ(e2.captures, 3) << "the greedy graph behind the prefill, the sampled one at the run's second step, forward()'s";
   }
   // Eight rows: their own shape; the same bits.
   EXPECT_EQ(prefill_and_greedy_steps(*early, rows, V), prefill_and_greedy_steps(*late, rows, V));
   EXPECT_EQ(prefill_and_greedy_steps(*early, rows, V), prefill_and_greedy_steps(*late, rows, V));
   // ATLAS_EARLY_GRAPHS (read when the model is made) overrides the option: 0 off, 1 on.
   setenv("ATLAS_EARLY_GRAPHS", "0", 1);
-  auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = true});
   (void)life(*off, rows[1], false);
   EXPECT_EQ(life(*off, rows[4], false).prefill_captures, 0) << "ATLAS_EARLY_GRAPHS=0 captured behind the prefill";
   setenv("ATLAS_EARLY_GRAPHS", "1", 1);
-  auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
+  auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
   (void)life(*on, rows[1], false);
   EXPECT_EQ(life(*on, rows[4], false).prefill_captures, 1) << "ATLAS_EARLY_GRAPHS=1 captured nothing behind the prefill";
 }
