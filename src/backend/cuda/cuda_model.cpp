@@ -684,8 +684,8 @@ class CudaModelT final : public Model {
   // ATLAS_RUN_ROOT=1 (session 49, a diagnostic; off): a decode run's step graph begins with an
   // empty launch (graph_root), so that its step-start launch is not the graph's root node.
   bool run_root_ = false;
-  // Early graphs (CudaModelOptions::early_graphs, ATLAS_EARLY_GRAPHS; session 63, off by
-  // default until measured): a prefill on a store without a decode run's greedy step graph
+  // Early graphs (CudaModelOptions::early_graphs, ATLAS_EARLY_GRAPHS; session 63, on by
+  // default since s63-2): a prefill on a store without a decode run's greedy step graph
   // captures it after its own launches, so that the host records it while the GPU runs the
   // prefill instead of with the GPU idle after the run's eager first step. A capture needs the
   // launchers' one-time setup (cuBLASLt plans, kernel attributes) done, which is the model's, not

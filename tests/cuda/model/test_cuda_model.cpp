@@ -1224,7 +1224,7 @@ TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   EXPECT_EQ(life(*off, rows[4], false).captures, 2) << "ATLAS_CACHE_POOL=0 kept the store";
 }
 
-// Early graphs (CudaModelOptions::early_graphs, session 63, off by default): once the model has
+// Early graphs (CudaModelOptions::early_graphs, session 63, on by default): once the model has
 // run a decode step of a shape eagerly, a new cache's prefill captures the decode run's greedy
 // step graph behind its own launches, and the run (whose first step is still eager) replays it
 // from its second step without a capture of its own. The tokens and logits are those of a model
@@ -1235,8 +1235,8 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
   ScopedEnv unset{{"ATLAS_EARLY_GRAPHS", nullptr}, {"ATLAS_CACHE_POOL", nullptr}};
-  auto early = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = true});
-  auto late = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: off)
+  auto early = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: on)
+  auto late = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
   // One cache's life: a prefill of `row`, 6 steps of a decode run, then 2 forward() steps; its
   // tokens, the last step's logits, the graphs captured during the prefill and in all.
   struct Life {
@@ -1307,7 +1307,7 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
   (void)life(*off, rows[1], false);
   EXPECT_EQ(life(*off, rows[4], false).prefill_captures, 0) << "ATLAS_EARLY_GRAPHS=0 captured behind the prefill";
   setenv("ATLAS_EARLY_GRAPHS", "1", 1);
-  auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
   (void)life(*on, rows[1], false);
   EXPECT_EQ(life(*on, rows[4], false).prefill_captures, 1) << "ATLAS_EARLY_GRAPHS=1 captured nothing behind the prefill";
 }
