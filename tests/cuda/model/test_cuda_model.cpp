@@ -1150,6 +1150,38 @@ TEST_F(CudaTiny, DecodeRunGivesTheBitsOfOneForwardPerStep) {
   EXPECT_EQ(c->length(), 3);
 }
 
+namespace {
+// One batch-1 cache's life: a prefill of `row`, 6 steps of a decode run (sampled: on the device),
+// then 2 forward() steps; its tokens, the last step's logits, and the graphs captured during the
+// prefill and in all.
+struct CacheLife {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  int64_t prefill_captures = 0, captures = 0;
+};
+CacheLife cache_life(const Model& m, const std::vector<int32_t>& row, bool sampled, int64_t V) {
+  auto c = m.make_cache(1, 100);
+  const int64_t before = cuda::graph_captures();
+  const std::vector<float> lg = prefill(m, *c, {row});
+  CacheLife out;
+  out.prefill_captures = cuda::graph_captures() - before;
+  const int32_t p0 = int32_t(row.size());
+  std::vector<int32_t> positions;
+  std::vector<sample_core::RowParams> params;
+  for (int j = 0; j < 6; ++j) {
+    positions.push_back(p0 + j);
+    if (sampled) params.push_back(sample_core::make_row_params(0.8, 0.9, 7, double((j * 37) % 100) / 100.0));
+  }
+  out.tokens = m.decode_chain({.batch = 1, .steps = 6, .first_ids = std::vector<int32_t>{argmax(lg.data(), V)},
+                               .positions = positions, .sampling = params},
+                              *c);
+  std::vector<float> l = step(m, *c, {out.tokens.back()}, {p0 + 6}, nullptr, AttentionForm::Absorbed);
+  out.logits = step(m, *c, {argmax(l.data(), V)}, {p0 + 7}, nullptr, AttentionForm::Absorbed);
+  out.captures = cuda::graph_captures() - before;
+  return out;
+}
+}  // namespace
+
 // A cache's store kept by the model when the cache ends (CudaModelOptions::cache_pool, session
 // 62, off by default): the next cache of the same shape takes it back with its graphs, and its
 // decode steps replay them from the first step (no eager step, no capture), a decode run's and
@@ -1160,37 +1192,14 @@ TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   const int64_t V = ck_->config().vocab_size;
   const auto rows = prompts(V);
   ScopedEnv unset{{"ATLAS_CACHE_POOL", nullptr}, {"ATLAS_EARLY_GRAPHS", nullptr}};
-  auto pooled = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true});
-  // (the default: no pool; without early graphs, whose captures behind a prefill are counted
-  // by EarlyGraphsCaptureBehindThePrefillWithTheSameBits)
-  auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
-  // One cache's life: a prefill of `row`, 6 steps of a decode run (sampled: on the device), then
-  // 2 forward() steps; its tokens and the last step's logits, and the graphs it captured.
-  struct Life {
-    std::vector<int32_t> tokens;
-    std::vector<float> logits;
-    int64_t captures = 0;
-  };
+  // (Without early graphs, whose captures behind a prefill EarlyGraphsCaptureBehindThePrefill
+  // WithTheSameBits counts.)
+  auto pooled = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true, .early_graphs = false});
+  auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});  // (no pool)
   const auto life = [&](const Model& m, const std::vector<int32_t>& row, bool sampled) {
-    auto c = m.make_cache(1, 100);
-    const int64_t before = cuda::graph_captures();
-    const std::vector<float> lg = prefill(m, *c, {row});
-    const int32_t p0 = int32_t(row.size());
-    std::vector<int32_t> positions;
-    std::vector<sample_core::RowParams> params;
-    for (int j = 0; j < 6; ++j) {
-      positions.push_back(p0 + j);
-      if (sampled) params.push_back(sample_core::make_row_params(0.8, 0.9, 7, double((j * 37) % 100) / 100.0));
-    }
-    Life out;
-    out.tokens = m.decode_chain({.batch = 1, .steps = 6, .first_ids = std::vector<int32_t>{argmax(lg.data(), V)},
-                                 .positions = positions, .sampling = params},
-                                *c);
-    std::vector<float> l = step(m, *c, {out.tokens.back()}, {p0 + 6}, nullptr, AttentionForm::Absorbed);
-    out.logits = step(m, *c, {argmax(l.data(), V)}, {p0 + 7}, nullptr, AttentionForm::Absorbed);
-    out.captures = cuda::graph_captures() - before;
-    return out;
+    return cache_life(m, row, sampled, V);
   };
+  using Life = CacheLife;
   for (const bool sampled : {false, true}) {
     SCOPED_TRACE(sampled ? "sampled on the device" : "greedy");
     const Life a1 = life(*pooled, rows[1], sampled), b1 = life(*plain, rows[1], sampled);
@@ -1215,11 +1224,11 @@ TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   EXPECT_EQ(pa, eight(*plain).first);
   // ATLAS_CACHE_POOL (read when the model is made) overrides the option: 1 on, 0 off.
   setenv("ATLAS_CACHE_POOL", "1", 1);
-  auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+  auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
   (void)life(*on, rows[1], false);
   EXPECT_EQ(life(*on, rows[4], false).captures, 0) << "ATLAS_CACHE_POOL=1 kept no store";
   setenv("ATLAS_CACHE_POOL", "0", 1);
-  auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true});
+  auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true, .early_graphs = false});
   (void)life(*off, rows[1], false);
   EXPECT_EQ(life(*off, rows[4], false).captures, 2) << "ATLAS_CACHE_POOL=0 kept the store";
 }
@@ -1237,34 +1246,10 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
   ScopedEnv unset{{"ATLAS_EARLY_GRAPHS", nullptr}, {"ATLAS_CACHE_POOL", nullptr}};
   auto early = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: on)
   auto late = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
-  // One cache's life: a prefill of `row`, 6 steps of a decode run, then 2 forward() steps; its
-  // tokens, the last step's logits, the graphs captured during the prefill and in all.
-  struct Life {
-    std::vector<int32_t> tokens;
-    std::vector<float> logits;
-    int64_t prefill_captures = 0, captures = 0;
-  };
   const auto life = [&](const Model& m, const std::vector<int32_t>& row, bool sampled) {
-    auto c = m.make_cache(1, 100);
-    const int64_t before = cuda::graph_captures();
-    const std::vector<float> lg = prefill(m, *c, {row});
-    Life out;
-    out.prefill_captures = cuda::graph_captures() - before;
-    const int32_t p0 = int32_t(row.size());
-    std::vector<int32_t> positions;
-    std::vector<sample_core::RowParams> params;
-    for (int j = 0; j < 6; ++j) {
-      positions.push_back(p0 + j);
-      if (sampled) params.push_back(sample_core::make_row_params(0.8, 0.9, 7, double((j * 41) % 100) / 100.0));
-    }
-    out.tokens = m.decode_chain({.batch = 1, .steps = 6, .first_ids = std::vector<int32_t>{argmax(lg.data(), V)},
-                                 .positions = positions, .sampling = params},
-                                *c);
-    std::vector<float> l = step(m, *c, {out.tokens.back()}, {p0 + 6}, nullptr, AttentionForm::Absorbed);
-    out.logits = step(m, *c, {argmax(l.data(), V)}, {p0 + 7}, nullptr, AttentionForm::Absorbed);
-    out.captures = cuda::graph_captures() - before;
-    return out;
+    return cache_life(m, row, sampled, V);
   };
+  using Life = CacheLife;
   {
     const Life e1 = life(*early, rows[1], false), l1 = life(*late, rows[1], false);
     EXPECT_EQ(e1.tokens, l1.tokens);
