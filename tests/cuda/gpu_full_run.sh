@@ -30,6 +30,8 @@
 # PROFILE_CACHE=none keeps the caches warm between the profile step's launches (as in a graph). GTEST_ONLY=<filter> runs that filter of
 # atlas_cuda_tests instead of the full tests (MODEL_TESTS_ONCE=1: and the model tests once), then
 # the steps asked for (with BUILD_TARGETS=atlas_cuda_tests and no steps: a quick re-check).
+# MODEL_GTEST_ONLY=<filter> does the same with atlas_cuda_model_tests (alone or beside GTEST_ONLY).
+# A filter that matches no test fails the run (s63-2 filtered the kernel binary for model tests).
 # MODEL_TEST_ENVS='label:VAR=val,VAR2=val ...' runs the model tests once more under each.
 # TEST_TIMEOUT (default 600 s) bounds atlas_cuda_tests, MODEL_TEST_TIMEOUT (300 s) each run of the
 # model tests, BENCH_TIMEOUT (400 s) each bench: a hang (an unrun cross-stream dependency) then
@@ -140,16 +142,29 @@ fi
 
 
 rc=0
+# (A filtered run that ran no test: say so, and fail.)
+ran_none() {
+  if grep -q "^\[==========\] 0 tests from" "$1"; then echo "   the filter matched no test of $2"; rc=1; fi
+}
 if [[ -n "${GTEST_ONLY:-}" ]]; then  # one filter of atlas_cuda_tests instead of the full tests (a quick re-check)
   echo "== atlas_cuda_tests --gtest_filter=$GTEST_ONLY"
   timeout ${TEST_TIMEOUT:-600} $B/tests/cuda/atlas_cuda_tests --gtest_filter="$GTEST_ONLY" >"$out/cuda_tests.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Which is|Expected|seed" "$out/cuda_tests.log" | head -30
+  ran_none "$out/cuda_tests.log" atlas_cuda_tests
   if [[ ${MODEL_TESTS_ONCE:-0} == 1 ]]; then  # and the model tests, once
     echo "== atlas_cuda_model_tests (once)"
     timeout ${MODEL_TEST_TIMEOUT:-300} $B/tests/cuda/atlas_cuda_model_tests >"$out/model_tests.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$out/model_tests.log" | head -20
   fi
   mode="$mode,notests,"  # then the steps asked for, if any
+fi
+if [[ -n "${MODEL_GTEST_ONLY:-}" ]]; then  # one filter of atlas_cuda_model_tests instead of the full tests
+  echo "== atlas_cuda_model_tests --gtest_filter=$MODEL_GTEST_ONLY"
+  timeout ${MODEL_TEST_TIMEOUT:-300} $B/tests/cuda/atlas_cuda_model_tests --gtest_filter="$MODEL_GTEST_ONLY" \
+    >"$out/model_tests.log" 2>&1 || { e=$?; rc=1; echo "   exit $e (124: timed out)"; }
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$out/model_tests.log" | head -20
+  ran_none "$out/model_tests.log" atlas_cuda_model_tests
+  mode="$mode,notests,"
 fi
 # MODEL_TEST_ENVS='label:VAR=val,VAR2=val ...': the model tests once more under each environment
 # (switches that keep the bits: each run's tests compare against the CPU and against eager runs).
@@ -161,7 +176,7 @@ for spec in ${MODEL_TEST_ENVS:-}; do
 done
 # (Say so where the test binaries were asked to run once and did not: session 36's final run
 # passed MODEL_TESTS_ONCE=1 with notests and no GTEST_ONLY and ran no test.)
-if has notests && [[ -z "${GTEST_ONLY:-}" && ${MODEL_TESTS_ONCE:-0} == 1 ]]; then
+if has notests && [[ -z "${GTEST_ONLY:-}" && -z "${MODEL_GTEST_ONLY:-}" && ${MODEL_TESTS_ONCE:-0} == 1 ]]; then
   echo "== no test binary ran: notests without GTEST_ONLY skips them all (MODEL_TESTS_ONCE needs GTEST_ONLY)"
 fi
 if ! has notests; then
