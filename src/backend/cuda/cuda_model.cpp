@@ -15,9 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <set>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
