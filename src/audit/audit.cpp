@@ -76,10 +76,6 @@ std::string dir_of(const std::string& path) {
   return p.empty() ? "." : p;
 }
 
-// A recorded path as the recording file meant it: relative to `base` (the recorder's directory).
-// One rule for every reader (core/file.h's path_from): an empty path stays empty, never `base`.
-std::string resolve(const std::string& recorded, const std::string& base) { return path_from(base, recorded); }
-
 std::string num(int64_t v) { return std::to_string(v); }
 
 // Collects checks; a check body that throws (a field missing, a wrong type) is a FAIL naming
@@ -173,7 +169,7 @@ void check_link(Checks& ck, const Doc& from, const Doc& to, const std::string& r
   std::optional<size_t> by_role, by_file;
   for (size_t i = 0; i < recs.size(); ++i) {
     if (!by_role && arr[i].value("role", "") == role) by_role = i;
-    if (!by_file && same_file(resolve(recs[i].path, base), to.path)) by_file = i;
+    if (!by_file && same_file(path_from(base, recs[i].path), to.path)) by_file = i;
   }
   const std::optional<size_t> i = by_file ? by_file : by_role;
   if (!i) {
@@ -184,7 +180,7 @@ void check_link(Checks& ck, const Doc& from, const Doc& to, const std::string& r
   const std::string field = "inputs[" + num(int64_t(*i)) + "]";
   ojson n = {{"recorded_sha256", r.sha256}, {"actual_sha256", to.sha256}, {"recorded_path", r.path}};
   if (!by_file) {
-    ck.fail(name, from.path + ": " + field + " names " + resolve(r.path, base) + ", not the audited " + to.role + " " + to.path, n);
+    ck.fail(name, from.path + ": " + field + " names " + path_from(base, r.path) + ", not the audited " + to.role + " " + to.path, n);
     return;
   }
   if (r.sha256 != to.sha256) {
@@ -216,7 +212,7 @@ void check_other_inputs(Checks& ck, const Doc& d, const std::vector<const Doc*>&
   }
   std::vector<InputRecord> others;
   for (const auto& r : recs) {
-    const std::string p = resolve(r.path, dir_of(d.path));
+    const std::string p = path_from(dir_of(d.path), r.path);
     if (std::none_of(known.begin(), known.end(), [&](const Doc* k) { return k && same_file(p, k->path); })) others.push_back(r);
   }
   if (others.empty()) return;
@@ -875,7 +871,7 @@ AuditReport audit_run_dir(const AuditOptions& o) {
   } else if (run.usable() && run.j.contains("inputs") && run.j["inputs"].is_array()) {
     for (const auto& r : run.j["inputs"])
       if (r.is_object() && r.value("role", "") == "manifest" && r.contains("path") && r["path"].is_string()) {
-        mpath = resolve(r["path"].get<std::string>(), o.dir), mhow = "run.json inputs (role manifest)";
+        mpath = path_from(o.dir, r["path"].get<std::string>()), mhow = "run.json inputs (role manifest)";
         break;
       }
   }
@@ -928,7 +924,7 @@ AuditReport audit_run_dir(const AuditOptions& o) {
         for (const auto& r : an->j["inputs"])
           if (r.is_object() && (r.value("role", "") == "evaluation" ||
                                 (r.contains("path") && r["path"].is_string() &&
-                                 same_file(resolve(r["path"].get<std::string>(), dir_of(an->path)), ev->path))))
+                                 same_file(path_from(dir_of(an->path), r["path"].get<std::string>()), ev->path))))
             names_eval = true;
       if (names_eval) check_link(ck, *an, *ev, "evaluation");
       else ck.skip("chain analysis -> evaluation", "the analysis reads no evaluation (it names the run directly)");

@@ -689,18 +689,15 @@ class CudaModelT final : public Model {
   // captures it after its own launches, so that the host records it while the GPU runs the
   // prefill instead of with the GPU idle after the run's eager first step. A capture needs the
   // launchers' one-time setup (cuBLASLt plans, kernel attributes) done, which is the model's, not
-  // the store's: stepped_shapes_ holds the step shapes (rows, sampled or not) that have run
+  // the store's: greedy_step_rows_ holds the batch sizes whose greedy decode step has run
   // eagerly.
   mutable bool early_graphs_ = false;  // (mutable: turned off where a capture behind a prefill fails)
-  mutable std::set<std::pair<int64_t, bool>> stepped_shapes_;
-  bool step_set_up(int64_t B, bool sampled) const {
-    return early_graphs_ && stepped_shapes_.count({B, sampled}) > 0;
-  }
+  mutable std::set<int64_t> greedy_step_rows_;
   // A decode run's step graph for `c` (sampled: with the sampling kernel), captured against the
   // current scratch layout (Run::push; the prefill's early capture). With `room_only`, nothing
   // is captured where the step's buffers would need a larger scratch block (a prefill's
-  // buffers are still in use): false then.
-  bool capture_run_graph(CudaCache& c, bool sampled, bool room_only = false) const;
+  // buffers are still in use; the run captures at its second step then).
+  void capture_run_graph(CudaCache& c, bool sampled, bool room_only = false) const;
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
   Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
@@ -1365,16 +1362,17 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
   };
   size_t total = 0;
   for (const auto& q : reqs) total += align_up(std::max<size_t>(q.bytes, 1));
-  if (no_room) {
-    const bool counters = argmax_split_ && argmax_counters_.bytes() < size_t(B) * 4;
-    const bool ready = M == 1 && side_on_ && gemm_combine_mode() == 2 &&
-                       shared_ready_.bytes() < size_t(std::max<int64_t>(1, c.num_hidden_layers)) * 4;
-    if (scratch_.bytes() < total || counters || ready) {
-      *no_room = true;
-      return Buffers{};
-    }
+  // What must grow (each growth waits for the stream and moves what graphs hold).
+  const bool with_ready = M == 1 && side_on_ && gemm_combine_mode() == 2;  // (ATLAS_COMBINE_QKV=flag only)
+  const size_t ready_bytes = size_t(std::max<int64_t>(1, c.num_hidden_layers)) * 4;
+  const bool grow_scratch = scratch_.bytes() < total;
+  const bool grow_counters = argmax_split_ && argmax_counters_.bytes() < size_t(B) * 4;
+  const bool grow_ready = with_ready && shared_ready_.bytes() < ready_bytes;
+  if (no_room && (grow_scratch || grow_counters || grow_ready)) {
+    *no_room = true;
+    return Buffers{};
   }
-  if (scratch_.bytes() < total) {
+  if (grow_scratch) {
     stream_synchronize(s_);    // nothing in flight may still use the old block
     scratch_ = DeviceBlock();  // free the old block first
     if (pool_) pool_->clear();  // (its graphs hold the old block: recaptured anyway)
@@ -1396,7 +1394,7 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
   }
   b.argmax_counters = nullptr;
   if (argmax_split_) {
-    if (argmax_counters_.bytes() < size_t(B) * 4) {
+    if (grow_counters) {
       stream_synchronize(s_);  // nothing in flight may still use the old counters
       argmax_counters_ = DeviceBlock();
       argmax_counters_ = DeviceBlock(size_t(B) * 4);
@@ -1409,12 +1407,11 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
     b.argmax_parts = nullptr;
   }
   b.shared_ready = nullptr;
-  if (M == 1 && side_on_ && gemm_combine_mode() == 2) {  // (ATLAS_COMBINE_QKV=flag only)
-    const size_t bytes = size_t(std::max<int64_t>(1, c.num_hidden_layers)) * 4;
-    if (shared_ready_.bytes() < bytes) {
+  if (with_ready) {
+    if (grow_ready) {
       stream_synchronize(s_);
-      shared_ready_ = DeviceBlock(bytes);
-      device_memset(shared_ready_.get(), 0, bytes);
+      shared_ready_ = DeviceBlock(ready_bytes);
+      device_memset(shared_ready_.get(), 0, ready_bytes);
       synchronize();  // (cudaMemset is not ordered with a non-blocking stream)
       ++scratch_epoch_;  // captured graphs hold the old pointer
     }
@@ -2127,11 +2124,11 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
     // (room for both is left). Its buffers may not move this prefill's.
     if (T > 1 && early_graphs_ && graphs_ && has_head_ && in.logits_last_only && (!hooks || hooks->empty()) &&
         !cache->run_active && !store.run_graph[0].ready() && cache->length_ + T + 1 < cache->capacity() &&
-        step_set_up(B, false)) {
+        greedy_step_rows_.count(B) > 0) {
       const int64_t rows = rows_, flat = flat_rows_;
       const int32_t* expand = expand_;
       try {
-        (void)capture_run_graph(*cache, false, true);
+        capture_run_graph(*cache, false, true);
       } catch (const std::exception& e) {  // (the run captures at its second step instead)
         early_graphs_ = false;
         std::fprintf(stderr, "atlas: cuda: early graphs off: the capture behind a prefill failed (%s)\n", e.what());
@@ -2195,12 +2192,12 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
     for (int64_t t = 0; t < T; ++t) cache->key_slot_[size_t(bb)].push_back(slot_of(bb, t));
   cache->real_ = std::move(real);
   cache->length_ += T;
-  if (decode_step && !use_graph) stepped_shapes_.insert({B, sampling});  // its setup is done (early graphs)
+  if (decode_step && !use_graph && !sampling) greedy_step_rows_.insert(B);  // its setup is done (early graphs)
   return out;
 }
 
 template <class Elem>
-bool CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_only) const {
+void CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_only) const {
   const int64_t B = c.batch(), cap = c.capacity();
   CacheStore& store = c.store();
   const int g = sampled ? 1 : 0;
@@ -2210,7 +2207,7 @@ bool CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_o
   expand_ = nullptr;
   bool no_room = false;
   const Buffers b = carve(B, B, B, B, cap, sampled, room_only ? &no_room : nullptr);  // forward()'s decode-graph buffers
-  if (no_room) return false;
+  if (no_room) return;
   int32_t* host = c.run_host();  // (allocated before the capture: no allocation inside one)
   int32_t* state = c.run_state();
   if (graph.ready()) {
@@ -2263,7 +2260,6 @@ bool CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_o
     throw;
   }
   store.run_epoch[g] = scratch_epoch_;
-  return true;
 }
 
 // A decode run on the CUDA backend: each pushed step replays the cache's step graph, whose first
@@ -2316,7 +2312,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     const int g = sampled ? 1 : 0;
     Graph& graph = store.run_graph[g];
     m_.drop_late();
-    if (!graph.ready() || store.run_epoch[g] != m_.scratch_epoch_) (void)m_.capture_run_graph(c_, sampled);
+    if (!graph.ready() || store.run_epoch[g] != m_.scratch_epoch_) m_.capture_run_graph(c_, sampled);
     m_.rows_ = m_.flat_rows_ = B;
     m_.expand_ = nullptr;
     int32_t* host = c_.run_host();
