@@ -1970,7 +1970,37 @@ TEST_F(Gemm, CapturedInACudaGraphGivesTheEagerResults) {
   check_device_errors();
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  stream_destroy(stream);  // (with the stream's GEMM scratch: a later stream may get its handle)
+}
+
+// A sliced launch larger than its stream's scratch block frees the block and makes a larger one,
+// so a graph captured before holds a freed address: gemm_scratch_moves() counts each such move
+// (the model recaptures its graphs when it changes); launches the block holds move nothing.
+TEST_F(Gemm, ALargerSlicedLaunchCountsAScratchMove) {
+  const int M = 128, N = 2048, K_small = 1024, K_large = 4096;  // 4 MB, then 16 MB of slice sums
+  DevBuf<uint16_t> dx(size_t(M) * K_large), dw(size_t(N) * K_large), out(size_t(M) * N);
+  const GemmArgs small{.x = dx.get(), .w = dw.get(), .out = out.get(), .M = M, .N = N, .K = K_small};
+  GemmArgs large = small;
+  large.K = K_large;
+  for (const GemmArgs& a : {small, large})
+    if (gemm_config_name(gemm_chosen_config(a)).find("+slices") == std::string::npos)
+      GTEST_SKIP() << "M = 128, N = 2048 takes " << gemm_config_name(gemm_chosen_config(a))
+                   << " here, not a sliced launch";
+  const Stream s = stream_create();
+  const auto run = [&](GemmArgs a) {
+    a.stream = s;
+    gemm(a);
+    stream_synchronize(s);
+  };
+  run(small);  // the stream's block (made, or moved if a destroyed stream's handle left one)
+  const uint64_t before = gemm_scratch_moves();
+  run(large);
+  EXPECT_EQ(gemm_scratch_moves(), before + 1) << "the larger launch moved the block";
+  run(small);
+  run(large);
+  EXPECT_EQ(gemm_scratch_moves(), before + 1) << "launches the block holds";
+  check_device_errors();
+  stream_destroy(s);
 }
 
 // ---- cuBLASLt ---------------------------------------------------------------------------------------

@@ -723,6 +723,19 @@ class CudaModelT final : public Model {
   template <class V>
   const V* expanded(const V* dev, int64_t width) const;
   mutable uint64_t scratch_epoch_ = 0;  // bumped when scratch_ is reallocated (graphs hold its pointers)
+  mutable uint64_t gemm_moves_seen_ = 0;  // gemm_scratch_moves() when current_epoch() last looked
+  // What a captured graph must have been captured against to replay: its pointers into scratch_
+  // and into the GEMM launchers' per-stream scratch (sliced launches, the TMA kernel's gathered
+  // rows: decode steps of 17 to 512 rows), which an eager launch larger than any before (a
+  // prefill) frees and makes again. Either move makes every graph stale.
+  uint64_t current_epoch() const {
+    const uint64_t moves = gemm_scratch_moves();
+    if (moves != gemm_moves_seen_) {
+      gemm_moves_seen_ = moves;
+      ++scratch_epoch_;
+    }
+    return scratch_epoch_;
+  }
   // The last ended cache's store (CudaModelOptions::cache_pool; null: off). Shared with the
   // caches, which hand their stores to it while it lives.
   std::shared_ptr<CachePool> pool_;
@@ -2080,7 +2093,7 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
     // Sized for the cache's capacity, so one capture serves every step of this cache.
     const int64_t bound = cache->capacity();
     b = carve(M, B, rows_out, M, bound, sampling);
-    if (!store.decode_graph.ready() || store.graph_epoch != scratch_epoch_ || store.graph_samples != sampling) {
+    if (!store.decode_graph.ready() || store.graph_epoch != current_epoch() || store.graph_samples != sampling) {
       store.decode_graph.reset();  // (re)capture: first use, or the scratch block moved
       stream_synchronize(s_);
       store.decode_graph.begin(s_);
@@ -2095,7 +2108,7 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
         store.decode_graph.abort(s_);
         throw;
       }
-      store.graph_epoch = scratch_epoch_;
+      store.graph_epoch = current_epoch();
       store.graph_samples = sampling;
     }
     store.decode_graph.launch(s_);
@@ -2259,7 +2272,7 @@ void CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_o
     graph.abort(s_);
     throw;
   }
-  store.run_epoch[g] = scratch_epoch_;
+  store.run_epoch[g] = current_epoch();
 }
 
 // A decode run on the CUDA backend: each pushed step replays the cache's step graph, whose first
@@ -2312,7 +2325,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     const int g = sampled ? 1 : 0;
     Graph& graph = store.run_graph[g];
     m_.drop_late();
-    if (!graph.ready() || store.run_epoch[g] != m_.scratch_epoch_) m_.capture_run_graph(c_, sampled);
+    if (!graph.ready() || store.run_epoch[g] != m_.current_epoch()) m_.capture_run_graph(c_, sampled);
     m_.rows_ = m_.flat_rows_ = B;
     m_.expand_ = nullptr;
     int32_t* host = c_.run_host();

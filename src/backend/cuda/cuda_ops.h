@@ -1108,6 +1108,11 @@ void gemm_block_stamps_stop();
 // The config a batch_invariant gemm() / grouped_gemm() with these arguments would run (for
 // benchmark labels and tuning; -1 for an empty grouped problem).
 int gemm_chosen_config(const GemmArgs& a);
+// How many times a stream's GEMM scratch block (a sliced launch's slice sums, the TMA kernel's
+// gathered rows) was freed to make a larger one, in this process. A launch captured into a graph
+// holds the block's address, so a graph captured before a move is stale: the model recaptures
+// its graphs when this changes (CudaModelT::graph_epoch).
+uint64_t gemm_scratch_moves();
 // Whether the TMA config ("tma192x128x64/5", kernels/gemm_tma.cuh) can run here: sm_90a device
 // code, the driver's tensor-map encoder, ATLAS_GEMM_TMA not "0" (read once, at the first GEMM).
 // Where it cannot, or a call does not suit it (a grouped call without w_base, a

@@ -1443,6 +1443,8 @@ struct ScratchBlock {
 };
 std::mutex scratch_mu;
 std::map<std::pair<int, cudaStream_t>, ScratchBlock> scratch_blocks;  // (device, stream); <= 1 GiB each
+// Blocks freed to make larger ones (gemm_scratch_moves: graphs captured before hold the old address).
+std::atomic<uint64_t> scratch_moves{0};
 
 // Whether a capture is recording the stream (scratch cannot be made then: the caller falls back).
 bool capturing(cudaStream_t stream) {
@@ -1459,7 +1461,10 @@ float* stream_scratch(size_t bytes, cudaStream_t stream) {
   if (b.bytes >= bytes) return static_cast<float*>(b.p);
   if (capturing(stream)) return nullptr;
   check_cuda(cudaStreamSynchronize(stream), "gemm", "cudaStreamSynchronize (slice scratch)");
-  if (b.p) check_cuda(cudaFree(b.p), "gemm", "cudaFree (slice scratch)");
+  if (b.p) {
+    check_cuda(cudaFree(b.p), "gemm", "cudaFree (slice scratch)");
+    scratch_moves.fetch_add(1);
+  }
   b.p = nullptr;
   b.bytes = 0;
   check_cuda(cudaMalloc(&b.p, bytes), "gemm", "cudaMalloc (slice scratch)");
@@ -1633,6 +1638,8 @@ void gemm_prepare_stream(Stream stream) {
   check_cuda(cudaMalloc(&p, bytes), "gemm", "cudaMalloc (stream workspace)");
   lt_stream_workspaces[{dev, s}] = p;
 }
+
+uint64_t gemm_scratch_moves() { return scratch_moves.load(); }
 
 void detail::gemm_release_stream(cudaStream_t s) noexcept {
   try {
