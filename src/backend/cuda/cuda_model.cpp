@@ -726,8 +726,8 @@ class CudaModelT final : public Model {
   mutable uint64_t gemm_moves_seen_ = 0;  // gemm_scratch_moves() when current_epoch() last looked
   // What a captured graph must have been captured against to replay: its pointers into scratch_
   // and into the GEMM launchers' per-stream scratch (sliced launches, the TMA kernel's gathered
-  // rows: decode steps of 17 to 512 rows), which an eager launch larger than any before (a
-  // prefill) frees and makes again. Either move makes every graph stale.
+  // rows: graphs of decode steps of more than 16 rows hold them), which an eager launch larger
+  // than any before (a prefill) frees and makes again. Either move makes every graph stale.
   uint64_t current_epoch() const {
     const uint64_t moves = gemm_scratch_moves();
     if (moves != gemm_moves_seen_) {
