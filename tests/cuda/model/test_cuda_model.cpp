@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -41,10 +42,12 @@
 #include "decode/generate.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "io/synthetic.h"
 #include "model/digest.h"
 #include "model/hooks.h"
 #include "model/intervene.h"
 #include "model/loader.h"
+#include "model/presets.h"
 #include "model/trace.h"
 #include "../../support/reference_capture.h"
 
@@ -1295,6 +1298,69 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
   auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
   (void)life(*on, rows[1], false);
   EXPECT_EQ(life(*on, rows[4], false).prefill_captures, 1) << "ATLAS_EARLY_GRAPHS=1 captured nothing behind the prefill";
+}
+
+// A decode graph holds the address of its GEMM launches' per-stream scratch (a sliced launch's
+// slice sums: here the steps of 32 rows over K = 512, two 256-wide slices), which a later prefill
+// of more rows on the same model frees to make a larger block (gemm_scratch_moves). The first
+// cache's next decode run must then capture its graph again, not replay the one holding the
+// freed address (session 64; before, it did): the captures are counted, and the tokens are those
+// of a model on which nothing ran between the two runs. The tiny preset with 512-wide hidden
+// states (its own 64 never makes two slices).
+TEST_F(CudaModelTest, ADecodeGraphIsCapturedAgainAfterAGemmScratchMove) {
+  ScopedEnv unset{{"ATLAS_CUDA_GRAPHS", nullptr}, {"ATLAS_EARLY_GRAPHS", nullptr}, {"ATLAS_CACHE_POOL", nullptr}};
+  Preset wide = make_preset("tiny");
+  wide.config["hidden_size"] = 512;
+  const std::string dir = (fs::temp_directory_path() / ("atlas_cuda_wide_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_model_files(dir, wide, {.seed = 5});
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() { fs::remove_all(d); }
+  } cleanup{dir};
+  const Checkpoint ck = Checkpoint::open(dir);
+  const int64_t B = 32, V = ck.config().vocab_size;
+  const auto rows_of = [&](int len, int salt) {
+    std::vector<std::vector<int32_t>> rows(static_cast<size_t>(B));
+    for (int64_t r = 0; r < B; ++r)
+      for (int t = 0; t < len; ++t) rows[size_t(r)].push_back(int32_t((r * 7919 + t * 104729 + salt) % V));
+    return rows;
+  };
+  const auto short_rows = rows_of(4, 13), long_rows = rows_of(16, 29);  // 128, then 512 rows
+  // Two decode runs of 3 steps on one cache (the first steps once eagerly, captures at its
+  // second step, replays at its third); `between` runs in between.
+  const auto two_runs = [&](const Model& m, const std::function<void()>& between) {
+    auto c = m.make_cache(B, 64);
+    const std::vector<float> lg = prefill(m, *c, short_rows);
+    std::vector<int32_t> first(static_cast<size_t>(B));
+    for (int64_t r = 0; r < B; ++r) first[size_t(r)] = argmax(lg.data() + r * V, V);
+    std::vector<int32_t> tokens, positions;
+    for (int j = 0; j < 6; ++j)
+      for (int64_t r = 0; r < B; ++r) positions.push_back(4 + j);
+    const std::span<const int32_t> pos(positions);
+    std::vector<int32_t> a = m.decode_chain({.batch = B, .steps = 3, .first_ids = first, .positions = pos.first(3 * B)}, *c);
+    between();
+    const std::vector<int32_t> next(a.end() - B, a.end());
+    const std::vector<int32_t> b = m.decode_chain({.batch = B, .steps = 3, .first_ids = next, .positions = pos.subspan(3 * B)}, *c);
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  auto plain = cuda::make_cuda_model(ck, {.compute = Compute::BF16, .early_graphs = false});
+  const std::vector<int32_t> want = two_runs(*plain, [] {});
+  auto m = cuda::make_cuda_model(ck, {.compute = Compute::BF16, .early_graphs = false});
+  int64_t captures = 0;
+  const std::vector<int32_t> got = two_runs(*m, [&] {
+    const uint64_t moves = cuda::gemm_scratch_moves();
+    auto other = m->make_cache(B, 64);
+    (void)prefill(*m, *other, long_rows);
+    ASSERT_GT(cuda::gemm_scratch_moves(), moves)
+        << "the test's premise: a prefill of 512 rows moves the scratch a decode graph of 32 rows holds";
+    captures = cuda::graph_captures();
+  });
+  EXPECT_EQ(cuda::graph_captures(), captures + 1) << "the second run replayed the graph captured before the move";
+  EXPECT_EQ(got, want);
+  cuda::check_device_errors();
 }
 
 // A decode run's step ends fused (ATLAS_RUN_FUSED, read when the model is made; sessions 47 and
