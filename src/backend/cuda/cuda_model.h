@@ -56,10 +56,9 @@ struct CudaModelOptions {
   // shape before: the launchers' one-time setup is done), so that the run's second step replays
   // it instead of capturing it with the GPU idle: batch-1 decode 419.0 / 419.2 against 417.8 /
   // 417.7 tok/s (s63-2, an H100; first token 3.2-3.7 against 4.6-5.8 ms), 495.0 against 493.9
-  // on an H200 (s64-1). The run's first step
-  // still runs eagerly (s63-1: skipping it, with the graph replayed from the first step, made
-  // every later step ~2% slower). The same bits. The env variable ATLAS_EARLY_GRAPHS (0 or 1)
-  // overrides this.
+  // on an H200 (s64-1). The run's first step still runs eagerly (s63-1: skipping it, with the
+  // graph replayed from the first step, made every later step ~2% slower; ~1.2% on s64-1's
+  // H200). The same bits. The env variable ATLAS_EARLY_GRAPHS (0 or 1) overrides this.
   bool early_graphs = true;
   // A prefill of more tokens (B x T) than this runs in chunks of whole time steps (same bits,
   // bounded working memory); hooked calls are never chunked.

@@ -1111,7 +1111,7 @@ int gemm_chosen_config(const GemmArgs& a);
 // How many times a stream's GEMM scratch block (a sliced launch's slice sums, the TMA kernel's
 // gathered rows) was freed to make a larger one, in this process. A launch captured into a graph
 // holds the block's address, so a graph captured before a move is stale: the model recaptures
-// its graphs when this changes (CudaModelT::graph_epoch).
+// its graphs when this changes (CudaModelT::current_epoch).
 uint64_t gemm_scratch_moves();
 // Whether the TMA config ("tma192x128x64/5", kernels/gemm_tma.cuh) can run here: sm_90a device
 // code, the driver's tensor-map encoder, ATLAS_GEMM_TMA not "0" (read once, at the first GEMM).
