@@ -1162,7 +1162,8 @@ struct CacheLife {
   std::vector<float> logits;
   int64_t prefill_captures = 0, captures = 0;
 };
-CacheLife cache_life(const Model& m, const std::vector<int32_t>& row, bool sampled, int64_t V) {
+CacheLife cache_life(const Model& m, const std::vector<int32_t>& row, bool sampled) {
+  const int64_t V = m.config().vocab_size;
   auto c = m.make_cache(1, 100);
   const int64_t before = cuda::graph_captures();
   const std::vector<float> lg = prefill(m, *c, {row});
@@ -1199,19 +1200,15 @@ TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   // WithTheSameBits counts.)
   auto pooled = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true, .early_graphs = false});
   auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});  // (no pool)
-  const auto life = [&](const Model& m, const std::vector<int32_t>& row, bool sampled) {
-    return cache_life(m, row, sampled, V);
-  };
-  using Life = CacheLife;
   for (const bool sampled : {false, true}) {
     SCOPED_TRACE(sampled ? "sampled on the device" : "greedy");
-    const Life a1 = life(*pooled, rows[1], sampled), b1 = life(*plain, rows[1], sampled);
+    const CacheLife a1 = cache_life(*pooled, rows[1], sampled), b1 = cache_life(*plain, rows[1], sampled);
     EXPECT_EQ(a1.tokens, b1.tokens);
     EXPECT_EQ(a1.logits, b1.logits);
     EXPECT_EQ(b1.captures, 2) << "a new store captures the run's graph and forward()'s";
     EXPECT_EQ(a1.captures, sampled ? 1 : 2) << "(sampled: forward()'s graph came from the greedy pass's store)";
     // The second cache: another prompt (rows[4]: 12 tokens against 37), the same shape.
-    const Life a2 = life(*pooled, rows[4], sampled), b2 = life(*plain, rows[4], sampled);
+    const CacheLife a2 = cache_life(*pooled, rows[4], sampled), b2 = cache_life(*plain, rows[4], sampled);
     EXPECT_EQ(a2.tokens, b2.tokens);
     EXPECT_EQ(a2.logits, b2.logits);
     EXPECT_EQ(b2.captures, 2) << "without the pool every cache captures";
@@ -1228,12 +1225,12 @@ TEST_F(CudaTiny, CachePoolReplaysTheLastCachesGraphsWithTheSameBits) {
   // ATLAS_CACHE_POOL (read when the model is made) overrides the option: 1 on, 0 off.
   setenv("ATLAS_CACHE_POOL", "1", 1);
   auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
-  (void)life(*on, rows[1], false);
-  EXPECT_EQ(life(*on, rows[4], false).captures, 0) << "ATLAS_CACHE_POOL=1 kept no store";
+  (void)cache_life(*on, rows[1], false);
+  EXPECT_EQ(cache_life(*on, rows[4], false).captures, 0) << "ATLAS_CACHE_POOL=1 kept no store";
   setenv("ATLAS_CACHE_POOL", "0", 1);
   auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .cache_pool = true, .early_graphs = false});
-  (void)life(*off, rows[1], false);
-  EXPECT_EQ(life(*off, rows[4], false).captures, 2) << "ATLAS_CACHE_POOL=0 kept the store";
+  (void)cache_life(*off, rows[1], false);
+  EXPECT_EQ(cache_life(*off, rows[4], false).captures, 2) << "ATLAS_CACHE_POOL=0 kept the store";
 }
 
 // Early graphs (CudaModelOptions::early_graphs, session 63, on by default): once the model has
@@ -1249,19 +1246,15 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
   ScopedEnv unset{{"ATLAS_EARLY_GRAPHS", nullptr}, {"ATLAS_CACHE_POOL", nullptr}};
   auto early = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});  // (the default: on)
   auto late = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
-  const auto life = [&](const Model& m, const std::vector<int32_t>& row, bool sampled) {
-    return cache_life(m, row, sampled, V);
-  };
-  using Life = CacheLife;
   {
-    const Life e1 = life(*early, rows[1], false), l1 = life(*late, rows[1], false);
+    const CacheLife e1 = cache_life(*early, rows[1], false), l1 = cache_life(*late, rows[1], false);
     EXPECT_EQ(e1.tokens, l1.tokens);
     EXPECT_EQ(e1.logits, l1.logits);
     EXPECT_EQ(e1.prefill_captures, 0) << "no step of this shape had run: nothing to capture behind the prefill";
     EXPECT_EQ(l1.captures, 2) << "a store captures the run's graph and forward()'s";
     EXPECT_EQ(e1.captures, 2);
     // The second cache: another prompt (rows[4]: 12 tokens against 37), the same shape.
-    const Life e2 = life(*early, rows[4], false), l2 = life(*late, rows[4], false);
+    const CacheLife e2 = cache_life(*early, rows[4], false), l2 = cache_life(*late, rows[4], false);
     EXPECT_EQ(e2.tokens, l2.tokens);
     EXPECT_EQ(e2.logits, l2.logits);
     EXPECT_EQ(e2.prefill_captures, 1) << "the run's greedy graph was not captured behind the prefill";
@@ -1274,12 +1267,12 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
     // A sampled run: its prefill captures the greedy graph (that shape ran; unused here), its
     // run steps once eagerly and captures the sampled graph at its second step.
     // (rows[6]: 33 tokens; a one-token prompt's "prefill" would be a decode step of its own)
-    const Life e1 = life(*early, rows[6], true), l1 = life(*late, rows[6], true);
+    const CacheLife e1 = cache_life(*early, rows[6], true), l1 = cache_life(*late, rows[6], true);
     EXPECT_EQ(e1.tokens, l1.tokens);
     EXPECT_EQ(e1.logits, l1.logits);
     EXPECT_EQ(e1.prefill_captures, 1);
     EXPECT_EQ(e1.captures, 3);
-    const Life e2 = life(*early, rows[4], true), l2 = life(*late, rows[4], true);
+    const CacheLife e2 = cache_life(*early, rows[4], true), l2 = cache_life(*late, rows[4], true);
     EXPECT_EQ(e2.tokens, l2.tokens);
     EXPECT_EQ(e2.logits, l2.logits);
     EXPECT_EQ(l2.captures, 2);
@@ -1292,12 +1285,12 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
   // ATLAS_EARLY_GRAPHS (read when the model is made) overrides the option: 0 off, 1 on.
   setenv("ATLAS_EARLY_GRAPHS", "0", 1);
   auto off = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = true});
-  (void)life(*off, rows[1], false);
-  EXPECT_EQ(life(*off, rows[4], false).prefill_captures, 0) << "ATLAS_EARLY_GRAPHS=0 captured behind the prefill";
+  (void)cache_life(*off, rows[1], false);
+  EXPECT_EQ(cache_life(*off, rows[4], false).prefill_captures, 0) << "ATLAS_EARLY_GRAPHS=0 captured behind the prefill";
   setenv("ATLAS_EARLY_GRAPHS", "1", 1);
   auto on = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .early_graphs = false});
-  (void)life(*on, rows[1], false);
-  EXPECT_EQ(life(*on, rows[4], false).prefill_captures, 1) << "ATLAS_EARLY_GRAPHS=1 captured nothing behind the prefill";
+  (void)cache_life(*on, rows[1], false);
+  EXPECT_EQ(cache_life(*on, rows[4], false).prefill_captures, 1) << "ATLAS_EARLY_GRAPHS=1 captured nothing behind the prefill";
 }
 
 // A decode graph holds the address of its GEMM launches' per-stream scratch (a sliced launch's
@@ -1335,7 +1328,7 @@ TEST_F(CudaModelTest, ADecodeGraphIsCapturedAgainAfterAGemmScratchMove) {
     const std::vector<float> lg = prefill(m, *c, short_rows);
     std::vector<int32_t> first(static_cast<size_t>(B));
     for (int64_t r = 0; r < B; ++r) first[size_t(r)] = argmax(lg.data() + r * V, V);
-    std::vector<int32_t> tokens, positions;
+    std::vector<int32_t> positions;
     for (int j = 0; j < 6; ++j)
       for (int64_t r = 0; r < B; ++r) positions.push_back(4 + j);
     const std::span<const int32_t> pos(positions);
