@@ -552,8 +552,11 @@ ojson atlas_environment() {
   for (char** e = environ; e && *e; ++e) {
     const std::string kv = *e;
     const size_t eq = kv.find('=');
-    if (eq == std::string::npos || kv.rfind("ATLAS_", 0) != 0) continue;
+    if (eq == std::string::npos) continue;
     const std::string name = kv.substr(0, eq);
+    // (CUDA_DEVICE_MAX_CONNECTIONS: the caller's value, or what a CUDA build sets before the
+    // driver starts, src/backend/cuda/runtime.cu; a measurement's condition like the switches.)
+    if (name.rfind("ATLAS_", 0) != 0 && name != "CUDA_DEVICE_MAX_CONNECTIONS") continue;
     if (name != "ATLAS_GIT_COMMIT") vars[name] = kv.substr(eq + 1);
   }
   ojson j = ojson::object();

@@ -68,11 +68,13 @@ struct Record {
   std::optional<double> bound;      // bandwidth bound where one applies (same unit)
   ojson detail;                     // workload facts (tokens, shapes, timings of parts)
   // Every ATLAS_* variable set in the bench's environment (name -> value; ATLAS_GIT_COMMIT is in
-  // `commit`): the A/B switches of docs/cuda.md a record was measured under.
+  // `commit`): the A/B switches of docs/cuda.md a record was measured under; and
+  // CUDA_DEVICE_MAX_CONNECTIONS where set (a CUDA build sets 32 where the caller did not).
   ojson environment = ojson::object();
   ojson interventions;  // what --intervene ran (Interventions::to_json); null: none
 };
-// The ATLAS_* variables of this process's environment but ATLAS_GIT_COMMIT, by name.
+// The ATLAS_* variables of this process's environment but ATLAS_GIT_COMMIT, and
+// CUDA_DEVICE_MAX_CONNECTIONS, by name.
 ojson atlas_environment();
 
 // The grid's prompts: n rows of lengths in [min, max], ids in [16, vocab) (deterministic).

@@ -145,18 +145,24 @@ expect_error "intervene on logits in decode" "cannot edit logits" "$bin" bench -
   --workload decode-b1 --intervene 'logits=zero' --json "$work/x.json"
 no_file "intervene on logits in decode" "$work/x.json"
 # The records name the ATLAS_* switches they were measured under (every one set, but
-# ATLAS_GIT_COMMIT, which is the commit field's), sorted by name.
-ATLAS_WIDE_NORM=1 ATLAS_PDL=0 "$bin" bench --model "$model" --backend cpu "${small[@]}" --workload load \
+# ATLAS_GIT_COMMIT, which is the commit field's), sorted by name, and CUDA_DEVICE_MAX_CONNECTIONS:
+# the caller's value, else (a CUDA build sets it before the driver starts) 32 or, without CUDA, none.
+ATLAS_WIDE_NORM=1 ATLAS_PDL=0 CUDA_DEVICE_MAX_CONNECTIONS=8 "$bin" bench --model "$model" --backend cpu "${small[@]}" --workload load \
   --json "$work/env.json" >/dev/null 2>"$work/err" && ok "bench under switches ran" || bad "bench under switches: $(cat "$work/err")"
 check_env='
 import json, os, sys
 want = {k: v for k, v in sorted(os.environ.items()) if k.startswith("ATLAS_") and k != "ATLAS_GIT_COMMIT"}
+conn = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
 for x in json.load(open(sys.argv[1])):
-    assert x["environment"] == want, (x["environment"], want)
+    env = dict(x["environment"])
+    got = env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    assert env == want, (x["environment"], want)
+    assert got == conn or (conn is None and got in (None, "32")), (got, conn)
     assert list(x["environment"]) == sorted(x["environment"]), x["environment"]
-print(want.get("ATLAS_PDL"), want.get("ATLAS_WIDE_NORM"))
+print(want.get("ATLAS_PDL"), want.get("ATLAS_WIDE_NORM"), got)
 '
-[[ "$(ATLAS_WIDE_NORM=1 ATLAS_PDL=0 $py -c "$check_env" "$work/env.json")" == "0 1" ]] && $py -c "$check_env" "$work/b.json" >/dev/null \
+[[ "$(ATLAS_WIDE_NORM=1 ATLAS_PDL=0 CUDA_DEVICE_MAX_CONNECTIONS=8 $py -c "$check_env" "$work/env.json")" == "0 1 8" ]] \
+  && $py -c "$check_env" "$work/b.json" >/dev/null \
   && ok "records name the ATLAS_* switches" || bad "records' environment"
 # decode-b1's loop with 0 (one forward call per step) and 3 steps pushed ahead: the same tokens as
 # the default (1), and the record says which it ran.

@@ -93,6 +93,10 @@ else
       env "$bad_config" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
     no_file "bad ${bad_config%%=*} config" "$work/env.json"
   done
+  # CUDA_DEVICE_MAX_CONNECTIONS (session 65: atlas sets 32 where it is unset): 1 to 32.
+  expect_error "bad CUDA_DEVICE_MAX_CONNECTIONS" "CUDA_DEVICE_MAX_CONNECTIONS: expected a whole number of work queues from 1 to 32, got '64'" \
+    env CUDA_DEVICE_MAX_CONNECTIONS=64 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad CUDA_DEVICE_MAX_CONNECTIONS" "$work/env.json"
   # Stream-K's problems (session 52).
   expect_error "bad ATLAS_GEMM_STREAMK" "ATLAS_GEMM_STREAMK: expected 0 [(]off[)], wide .* got 'both'" \
     env ATLAS_GEMM_STREAMK=both "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"

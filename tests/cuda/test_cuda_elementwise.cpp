@@ -326,6 +326,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MLA_EXCHANGE", {"pull", "push", "async", "2"}},
       {"ATLAS_PHASE_CLOCKS", {"attention", "cluster_gemm", "merge"}},
       {"ATLAS_BLOCK_STAMPS", {"", "stamps.csv", "/tmp/stamps.csv", "/nonexistent-atlas-dir/stamps.csv"}},
+      {"CUDA_DEVICE_MAX_CONNECTIONS", {"", "1", "8", "32", "33"}},
   };
   std::vector<Saved> saved;
   for (const auto& c : cases) {
@@ -353,6 +354,26 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
   EXPECT_TRUE(env_switch("ATLAS_WIDE_NORM", true));
   for (const Saved& s : saved)
     if (s.set) setenv(s.name.c_str(), s.value.c_str(), 1);
+}
+
+// CUDA_DEVICE_MAX_CONNECTIONS (no GPU needed): set to 32 before main where the test process was
+// not given it (the driver reads it once, at its start), the caller's value kept otherwise; the
+// setting's parse takes 1 to 32 and names the variable on anything else.
+TEST(EnvSettings, DeviceConnectionsDefaultIsSetBeforeTheDriverStarts) {
+  const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  ASSERT_NE(v, nullptr) << "nothing set CUDA_DEVICE_MAX_CONNECTIONS before main";
+  if (!device_connections_given()) EXPECT_STREQ(v, "32");
+  EXPECT_EQ(kDeviceConnections, 32);
+  EXPECT_EQ(detail::device_connections_setting(nullptr), kDeviceConnections);
+  EXPECT_EQ(detail::device_connections_setting("8"), 8);
+  for (const char* bad : {"0", "-1", "x", "8 ", "100"}) {
+    try {
+      detail::device_connections_setting(bad);
+      ADD_FAILURE() << "'" << bad << "' passed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CUDA_DEVICE_MAX_CONNECTIONS: "), std::string::npos) << e.what();
+    }
+  }
 }
 
 // The wide-norm switch (no GPU needed): on by default, "0" off, a clear error otherwise.

@@ -239,6 +239,9 @@ bool release_first(ReleaseFirstSite site);
 // its blocks, kern::kMlaXPull (1, "pull", the default before session 36), kMlaXPush (2, "push")
 // or kMlaXAsync (3, "async", the default); anything else throws an Error naming the variable.
 int mla_exchange_setting(const char* value);
+// CUDA_DEVICE_MAX_CONNECTIONS's value (null or empty: kDeviceConnections, what atlas sets where
+// the caller did not): a whole number from 1 to 32; anything else throws an Error naming it.
+int device_connections_setting(const char* value);
 // ATLAS_PHASE_CLOCKS's value (null or empty: unset, ""): "attention" (the MLA cluster kernel's
 // clocked instantiation, kernels/phase_clock.cuh) or "cluster_gemm" (the cluster GEMM kernel's,
 // c16x64/4w with bf16 out: q|kv_a at a batch-1 decode step; session 41); anything else throws an
