@@ -308,7 +308,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_DEVICE_EDITS", {"0", "1", "device"}},
       {"ATLAS_CACHE_POOL", {"0", "1", "pool"}},
       {"ATLAS_EARLY_GRAPHS", {"0", "1", "early"}},
-      {"ATLAS_NODE_PRIORITY", {"0", "1", "stream"}},
       {"ATLAS_COMBINE_QKV", {"0", "1", "flag", "event", "fused"}},
       {"ATLAS_ROUTER_NORM", {"0", "1", "joined", "norm"}},
       {"ATLAS_CAPTURE_EDGES", {"add", "explicit", "plain", "all"}},

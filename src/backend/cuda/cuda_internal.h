@@ -203,12 +203,6 @@ bool pdl_enabled();
 // e.g. -5) for the launch, counted in urgent_launches(); else 0 (the stream's own). One call per
 // launch.
 int urgent_launch_priority();
-// ATLAS_NODE_PRIORITY=1 (a diagnostic, session 65; off): a launch outside an UrgentLaunchScope
-// names its stream's priority as its own (cudaLaunchAttributePriority), so that a captured
-// kernel node carries the priority of the stream it was captured on whatever capture does with
-// stream priorities (graphs are instantiated with cudaGraphInstantiateFlagUseNodePriority); else 0
-// (no attribute). One call per launch.
-int stream_launch_priority(cudaStream_t stream);
 // Inside a ProgrammaticEventScope: its event (a cudaEvent_t) for the launch to record
 // programmatically; else null.
 void* programmatic_event();
@@ -298,9 +292,7 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
-  int prio = urgent_launch_priority();
-  if (prio == 0) prio = stream_launch_priority(stream);
-  if (prio != 0) {
+  if (const int prio = urgent_launch_priority(); prio != 0) {
     attr[n].id = cudaLaunchAttributePriority;
     attr[n].val.priority = prio;
     ++n;

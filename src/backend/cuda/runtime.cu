@@ -423,7 +423,7 @@ void check_environment() {
                            "ATLAS_SHARED_DOWN_FIRST", "ATLAS_SHARED_DOWN_WAIT", "ATLAS_MOE_SELF_ROUTE", "ATLAS_MOE_DOWN_EARLY",
                            "ATLAS_GEMM_TIGHT_TILES", "ATLAS_ROUTE_CLUSTER", "ATLAS_GEMM_WIDE_SPLITK4",
                            "ATLAS_COMBINE_DIRECT", "ATLAS_RUN_FUSED", "ATLAS_RUN_ROOT", "ATLAS_DEVICE_EDITS",
-                           "ATLAS_CACHE_POOL", "ATLAS_EARLY_GRAPHS", "ATLAS_NODE_PRIORITY"})
+                           "ATLAS_CACHE_POOL", "ATLAS_EARLY_GRAPHS"})
     (void)env_switch(name, true);
 }
 
@@ -571,13 +571,6 @@ int urgent_launch_priority() {
   g_urgent_launches.fetch_add(1);  // called once per launch (launch_clustered)
   static const int greatest = priority_value(StreamPriority::high, "UrgentLaunchScope");
   return greatest;
-}
-int stream_launch_priority(cudaStream_t stream) {
-  static const bool on = switch_setting("ATLAS_NODE_PRIORITY", std::getenv("ATLAS_NODE_PRIORITY"), false);
-  if (!on) return 0;
-  int p = 0;
-  check_cuda(cudaStreamGetPriority(stream, &p), "ATLAS_NODE_PRIORITY", "cudaStreamGetPriority");
-  return p;
 }
 }  // namespace detail
 
