@@ -47,7 +47,7 @@ namespace {
 // call), so atlas sets its default during static initialization, ahead of main and of any call,
 // and only where the caller did not set the variable (a given value, e.g. 8, CUDA's own default,
 // is kept). Session 65: 32 hardware work queues ran batch-1 decode ~0.2% faster than CUDA's 8 on
-// two H100s, alternated in one process order (docs/cuda.md, the switch table).
+// each of four H100s, alternated with 8 within each call (docs/cuda.md, the switch table).
 const bool g_device_connections_given = [] {
   const bool given = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr;
   if (!given) setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(kDeviceConnections).c_str(), 0);
