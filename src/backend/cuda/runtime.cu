@@ -36,10 +36,11 @@ int device_connections_setting(const char* value) {
   const std::string v = value == nullptr ? "" : value;
   if (v.empty()) return kDeviceConnections;
   const bool digits = v.size() <= 2 && v.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits || std::stoi(v) < 1 || std::stoi(v) > 32)
+  const int n = digits ? std::stoi(v) : 0;
+  if (n < 1 || n > 32)
     throw Error("cuda: CUDA_DEVICE_MAX_CONNECTIONS: expected a whole number of work queues from 1 to 32, got '" +
                 v + "'");
-  return std::stoi(v);
+  return n;
 }
 
 namespace {
