@@ -447,14 +447,21 @@ class CudaModelT final : public Model {
   void layers_forward(int64_t B, int64_t T, Cache& cache, const Buffers& b, int64_t chunk, const int32_t* qlen_host,
                       int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false,
                       const std::vector<int32_t>* key_slot = nullptr, const StepEnds* ends = nullptr) const;
-  // out = down(silu(gate x) * up x) on `stream`; gu / act: its scratch and activation buffers.
-  // prefetch_down: the gate|up launch pulls the down's weights into L2 (ATLAS_MOE_PREFETCH);
-  // urgent_down: the down's launches at the device's greatest priority (UrgentLaunchScope);
-  // plain_down: without launch overlap (PlainLaunchScope).
-  // down_event: the down's launch records it programmatically (ProgrammaticEventScope).
-  void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act, Stream stream,
-           bool prefetch_down = false, bool urgent_down = false, bool plain_down = false,
-           Event down_event = nullptr) const;
+  // How mlp() launches: on `stream`; prefetch_down: the gate|up launch pulls the down's weights
+  // into L2 (ATLAS_MOE_PREFETCH); urgent_gate_up / urgent_down: that GEMM's launches at the
+  // device's greatest priority (UrgentLaunchScope); plain_down: the down without launch overlap
+  // (PlainLaunchScope); down_event: the down's launch records it programmatically
+  // (ProgrammaticEventScope).
+  struct MlpLaunch {
+    Stream stream = nullptr;
+    bool prefetch_down = false;
+    bool urgent_gate_up = false;
+    bool urgent_down = false;
+    bool plain_down = false;
+    Event down_event = nullptr;
+  };
+  // out = down(silu(gate x) * up x); gu / act: its scratch and activation buffers.
+  void mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act, const MlpLaunch& how) const;
   void upload(void* dst, const void* src, size_t bytes) const;    // async on s_, then waits
   void download(void* dst, const void* src, size_t bytes) const;  // waits for s_, copies
   // next_norm: the next layer's input norm (or the final norm); where no hook reads the layer's
@@ -648,6 +655,12 @@ class CudaModelT final : public Model {
   // block against 54.3 in the other 66 layers (rare in the unstamped default, but a race). The
   // same bits either way.
   bool shared_down_wait_ = false;
+  // The shared experts' gate|up (side_) launched at the greatest priority where the routed
+  // experts have few rows, as the shared down is by default (ATLAS_SHARED_GATE_UP_FIRST=1,
+  // session 66, off until measured): session 65 found the side branch's share of the SMs under
+  // the stream priorities moves batch-1 decode by ~2% (the shared gate|up's end most of all).
+  // The same bits either way.
+  bool shared_gate_up_first_ = false;
   // One token's routed gate|up routes the token again in its own blocks (GroupedSelfRoute;
   // ATLAS_MOE_SELF_ROUTE=1, session 39; off: slower, s39-3) instead of waiting for the routing
   // kernel: only where nothing runs between the two launches (no route tail, no observer of the
@@ -876,6 +889,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   mla_merge_value_ = env_switch("ATLAS_MLA_MERGE_VALUE", false);
   shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
   shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
+  shared_gate_up_first_ = side_on_ && env_switch("ATLAS_SHARED_GATE_UP_FIRST", false);
   self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
   moe_down_early_ = env_switch("ATLAS_MOE_DOWN_EARLY", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
@@ -1439,10 +1453,11 @@ typename CudaModelT<Elem>::Buffers CudaModelT<Elem>::carve(int64_t M, int64_t B,
 
 template <class Elem>
 void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, Elem* gu, Elem* act,
-                           Stream stream, bool prefetch_down, bool urgent_down, bool plain_down,
-                           Event down_event) const {
+                           const MlpLaunch& how) const {
   const int64_t H = cfg_.hidden_size, I = m.inter;
+  const Stream stream = how.stream;
   if (M == 0) return;
+  const UrgentLaunchScope urgent_gate_up(how.urgent_gate_up);
   // act [M, I] = silu(gate) * up from the [M, 2I] gate | up product (fused into the GEMM's
   // epilogue where the chosen config can: the same bits; gu is the unfused path's scratch)
   if constexpr (kF32) {
@@ -1451,13 +1466,13 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
                .stream = stream});
   } else {
     const L2NextWeights next =
-        prefetch_down ? L2NextWeights{.w = m.down, .bytes = int64_t(H * I * kEs), .at = moe_prefetch_at_} : L2NextWeights{};
+        how.prefetch_down ? L2NextWeights{.w = m.down, .bytes = int64_t(H * I * kEs), .at = moe_prefetch_at_} : L2NextWeights{};
     gemm({.x = x, .w = m.gate_up, .out = act, .M = int(M), .N = int(2 * I), .K = int(H), .mode = mode_for(M),
           .gated = int(I), .gated_scratch = gu, .stream = stream, .next = next});
   }
-  const UrgentLaunchScope urgent(urgent_down);
-  const PlainLaunchScope plain(plain_down);
-  const ProgrammaticEventScope done(down_event);
+  const UrgentLaunchScope urgent_down(how.urgent_down);
+  const PlainLaunchScope plain(how.plain_down);
+  const ProgrammaticEventScope done(how.down_event);
   linear(act, m.down, out, M, H, I, 0, 0, stream);
 }
 
@@ -1482,14 +1497,18 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
   // their own scratch): they overlap the routing and the routed experts on s_ and are joined
   // back before the combine reads b.shared.
   const bool router_done = router_launch != RouterLaunched::no;
-  if (L.has_shared)
+  if (L.has_shared) {
+    const bool few = M * k <= kGroupedFewMaxRows;
     mlp(L.shared, M, shared_in ? shared_in : b.h, b.shared, b.sgu, b.sact,
-        shared_in                                       ? side_
-        : router_launch == RouterLaunched::programmatic ? fork_side_programmatic(router_done_)
-                                                        : fork_side(),
-        (moe_prefetch_ & 2) != 0,
-        shared_down_first_ && M * k <= kGroupedFewMaxRows, shared_down_wait_ && M * k <= kGroupedFewMaxRows,
-        evented ? shared_done_ : nullptr);
+        {.stream = shared_in                                       ? side_
+                   : router_launch == RouterLaunched::programmatic ? fork_side_programmatic(router_done_)
+                                                                   : fork_side(),
+         .prefetch_down = (moe_prefetch_ & 2) != 0,
+         .urgent_gate_up = shared_gate_up_first_ && few,
+         .urgent_down = shared_down_first_ && few,
+         .plain_down = shared_down_wait_ && few,
+         .down_event = evented ? shared_done_ : nullptr});
+  }
   const RouterArgs route{
       .logits = b.router_logits, .topk_ids = b.topk_ids, .topk_weights = b.topk_w, .tokens = int(M),
       .experts = int(E), .k = int(k),
@@ -1891,7 +1910,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
       side_unjoined = side_unjoined || (pending && pending->unjoined());
       continue;  // combined, added and normed (or left in pending)
     }
-    if (!L.moe) mlp(L.dense, M, b.h, b.y, b.gu, b.act, s_);
+    if (!L.moe) mlp(L.dense, M, b.h, b.y, b.gu, b.act, {.stream = s_});
     hook_act(hooks, names.mlp_out, l, {B, T, H}, b.y);
     add_then_norm(names.resid_post, next_norm, l);
   }
