@@ -97,9 +97,6 @@ else
   expect_error "bad CUDA_DEVICE_MAX_CONNECTIONS" "CUDA_DEVICE_MAX_CONNECTIONS: expected a whole number of work queues from 1 to 32, got '64'" \
     env CUDA_DEVICE_MAX_CONNECTIONS=64 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad CUDA_DEVICE_MAX_CONNECTIONS" "$work/env.json"
-  expect_error "bad ATLAS_LOW_PRIORITY" "ATLAS_LOW_PRIORITY: expected a number of levels above the least stream priority from 0 to 9, got 'low'" \
-    env ATLAS_LOW_PRIORITY=low "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
-  no_file "bad ATLAS_LOW_PRIORITY" "$work/env.json"
   # Stream-K's problems (session 52).
   expect_error "bad ATLAS_GEMM_STREAMK" "ATLAS_GEMM_STREAMK: expected 0 [(]off[)], wide .* got 'both'" \
     env ATLAS_GEMM_STREAMK=both "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"

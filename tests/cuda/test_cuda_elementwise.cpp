@@ -328,7 +328,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_PHASE_CLOCKS", {"attention", "cluster_gemm", "merge"}},
       {"ATLAS_BLOCK_STAMPS", {"", "stamps.csv", "/tmp/stamps.csv", "/nonexistent-atlas-dir/stamps.csv"}},
       {"CUDA_DEVICE_MAX_CONNECTIONS", {"", "1", "8", "32", "33"}},
-      {"ATLAS_LOW_PRIORITY", {"", "0", "3", "9", "10"}},
   };
   std::vector<Saved> saved;
   for (const auto& c : cases) {

@@ -242,10 +242,6 @@ int mla_exchange_setting(const char* value);
 // CUDA_DEVICE_MAX_CONNECTIONS's value (null or empty: kDeviceConnections, what atlas sets where
 // the caller did not): a whole number from 1 to 32; anything else throws an Error naming it.
 int device_connections_setting(const char* value);
-// ATLAS_LOW_PRIORITY's value (null or empty: 0): how many levels above the device's least stream
-// priority StreamPriority::low (the side stream's) lies, 0-9 (a diagnostic, session 66; a value
-// beyond the device's range is refused when a stream is made); anything else throws naming it.
-int low_priority_setting(const char* value);
 // ATLAS_PHASE_CLOCKS's value (null or empty: unset, ""): "attention" (the MLA cluster kernel's
 // clocked instantiation, kernels/phase_clock.cuh) or "cluster_gemm" (the cluster GEMM kernel's,
 // c16x64/4w with bf16 out: q|kv_a at a batch-1 decode step; session 41); anything else throws an

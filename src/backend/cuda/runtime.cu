@@ -43,15 +43,6 @@ int device_connections_setting(const char* value) {
   return n;
 }
 
-int low_priority_setting(const char* value) {
-  const std::string v = value == nullptr ? "" : value;
-  if (v.empty()) return 0;
-  if (v.size() != 1 || v[0] < '0' || v[0] > '9')
-    throw Error("cuda: ATLAS_LOW_PRIORITY: expected a number of levels above the least stream priority from 0 to 9, "
-                "got '" + v + "'");
-  return v[0] - '0';
-}
-
 namespace {
 // CUDA_DEVICE_MAX_CONNECTIONS: the driver reads it once, when it starts (the process's first CUDA
 // call), so atlas sets its default during static initialization, ahead of main and of any call,
@@ -424,7 +415,6 @@ void check_environment() {
   (void)detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS"));
   (void)detail::mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
   (void)detail::device_connections_setting(std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"));
-  (void)detail::low_priority_setting(std::getenv("ATLAS_LOW_PRIORITY"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",
                            "ATLAS_GEMM_STAGE_EARLY", "ATLAS_FAST_SMALL_M", "ATLAS_GEMM_CLUSTER_EARLY", "ATLAS_GEMM_CLUSTER16", "ATLAS_GEMM_CLUSTER_PUSH",
@@ -546,18 +536,11 @@ int64_t urgent_launches() { return g_urgent_launches.load(); }
 namespace {
 // The device's value for `priority` (0 for normal; else from its range, e.g. 0 and -5:
 // numerically lower is more urgent).
-// StreamPriority::low is `ATLAS_LOW_PRIORITY` levels above the least (a diagnostic, session 66).
 int priority_value(StreamPriority priority, const char* op) {
   if (priority == StreamPriority::normal) return 0;
   int least = 0, greatest = 0;
   check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), op, "cudaDeviceGetStreamPriorityRange");
-  if (priority == StreamPriority::high) return greatest;
-  const int above = detail::low_priority_setting(std::getenv("ATLAS_LOW_PRIORITY"));
-  if (above > least - greatest)
-    throw Error("cuda: ATLAS_LOW_PRIORITY: " + std::to_string(above) + " levels above the least stream priority; this " +
-                "device has " + std::to_string(least - greatest) + " (priorities " + std::to_string(least) + " to " +
-                std::to_string(greatest) + ")");
-  return least - above;
+  return priority == StreamPriority::high ? greatest : least;
 }
 }  // namespace
 namespace detail {

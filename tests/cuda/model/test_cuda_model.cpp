@@ -713,32 +713,6 @@ TEST_F(CudaTiny, SharedGateUpFirstGivesTheSameBits) {
   model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_GATE_UP_FIRST", cuda::urgent_launches);
 }
 
-// The side stream one level above the device's least priority (ATLAS_LOW_PRIORITY, read when the
-// model is made; session 66, a diagnostic): the same bits as at the least in a prefill and in
-// eager and graph-replayed decode steps. Nine levels lie beyond every device's range (0 to -5
-// since Volta): making the model fails naming the variable.
-TEST_F(CudaTiny, LowPriorityGivesTheSameBitsAndNamesALevelOutOfRange) {
-  const int64_t V = ck_->config().vocab_size;
-  const auto rows = prompts(V);
-  std::vector<std::vector<float>> runs;
-  for (const char* level : {"0", "1"}) {
-    ScopedEnv env{{"ATLAS_LOW_PRIORITY", level}};
-    auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-    std::vector<float> r = prefill_and_greedy_steps(*m, rows, V);
-    const std::vector<float> one = one_row_greedy_steps(*m, rows[0], V);
-    r.insert(r.end(), one.begin(), one.end());
-    runs.push_back(std::move(r));
-  }
-  EXPECT_EQ(runs[0], runs[1]);
-  ScopedEnv env{{"ATLAS_LOW_PRIORITY", "9"}};
-  try {
-    (void)cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-    ADD_FAILURE() << "ATLAS_LOW_PRIORITY=9 made a model";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ATLAS_LOW_PRIORITY: 9 levels above the least"), std::string::npos) << e.what();
-  }
-}
-
 // The routed gate|up waiting first and the routed down staging its first weight steps before its
 // wait (ATLAS_MOE_DOWN_EARLY, read when the model is made; session 44, off by default, where
 // M * top_k <= 16 and the gate|up does not route itself): the same bits off and on in a prefill
