@@ -297,7 +297,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_ROUTE_TAIL", {"0", "1", "tail"}},
       {"ATLAS_SHARED_DOWN_FIRST", {"0", "1", "first"}},
       {"ATLAS_SHARED_DOWN_WAIT", {"0", "1", "wait"}},
-      {"ATLAS_SHARED_GATE_UP_FIRST", {"0", "1", "first"}},
       {"ATLAS_MOE_SELF_ROUTE", {"0", "1", "self"}},
       {"ATLAS_MOE_DOWN_EARLY", {"0", "1", "early"}},
       {"ATLAS_GEMM_TIGHT_TILES", {"0", "1", "tight"}},

@@ -448,14 +448,13 @@ class CudaModelT final : public Model {
                       int64_t mla_bound, bool last_only, const Hooks* hooks, bool sample = false,
                       const std::vector<int32_t>* key_slot = nullptr, const StepEnds* ends = nullptr) const;
   // How mlp() launches: on `stream`; prefetch_down: the gate|up launch pulls the down's weights
-  // into L2 (ATLAS_MOE_PREFETCH); urgent_gate_up / urgent_down: that GEMM's launches at the
-  // device's greatest priority (UrgentLaunchScope); plain_down: the down without launch overlap
-  // (PlainLaunchScope); down_event: the down's launch records it programmatically
-  // (ProgrammaticEventScope).
+  // into L2 (ATLAS_MOE_PREFETCH); urgent_down: the down's launches at the device's greatest
+  // priority (UrgentLaunchScope; the gate|up there too lost 0.45%, s66-1); plain_down: the down
+  // without launch overlap (PlainLaunchScope); down_event: the down's launch records it
+  // programmatically (ProgrammaticEventScope).
   struct MlpLaunch {
     Stream stream = nullptr;
     bool prefetch_down = false;
-    bool urgent_gate_up = false;
     bool urgent_down = false;
     bool plain_down = false;
     Event down_event = nullptr;
@@ -655,12 +654,6 @@ class CudaModelT final : public Model {
   // block against 54.3 in the other 66 layers (rare in the unstamped default, but a race). The
   // same bits either way.
   bool shared_down_wait_ = false;
-  // The shared experts' gate|up (side_) launched at the greatest priority where the routed
-  // experts have few rows, as the shared down is by default (ATLAS_SHARED_GATE_UP_FIRST=1,
-  // session 66, off until measured): session 65 found the side branch's share of the SMs under
-  // the stream priorities moves batch-1 decode by ~2% (the shared gate|up's end most of all).
-  // The same bits either way.
-  bool shared_gate_up_first_ = false;
   // One token's routed gate|up routes the token again in its own blocks (GroupedSelfRoute;
   // ATLAS_MOE_SELF_ROUTE=1, session 39; off: slower, s39-3) instead of waiting for the routing
   // kernel: only where nothing runs between the two launches (no route tail, no observer of the
@@ -889,7 +882,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   mla_merge_value_ = env_switch("ATLAS_MLA_MERGE_VALUE", false);
   shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
   shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
-  shared_gate_up_first_ = side_on_ && env_switch("ATLAS_SHARED_GATE_UP_FIRST", false);
   self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
   moe_down_early_ = env_switch("ATLAS_MOE_DOWN_EARLY", false);
   argmax_split_ = env_switch("ATLAS_ARGMAX_SPLIT", true);
@@ -1457,7 +1449,6 @@ void CudaModelT<Elem>::mlp(const Mlp& m, int64_t M, const Elem* x, Elem* out, El
   const int64_t H = cfg_.hidden_size, I = m.inter;
   const Stream stream = how.stream;
   if (M == 0) return;
-  const UrgentLaunchScope urgent_gate_up(how.urgent_gate_up);
   // act [M, I] = silu(gate) * up from the [M, 2I] gate | up product (fused into the GEMM's
   // epilogue where the chosen config can: the same bits; gu is the unfused path's scratch)
   if constexpr (kF32) {
@@ -1504,7 +1495,6 @@ bool CudaModelT<Elem>::moe(const Layer& L, const LayerHookNames& names, int64_t 
                    : router_launch == RouterLaunched::programmatic ? fork_side_programmatic(router_done_)
                                                                    : fork_side(),
          .prefetch_down = (moe_prefetch_ & 2) != 0,
-         .urgent_gate_up = shared_gate_up_first_ && few,
          .urgent_down = shared_down_first_ && few,
          .plain_down = shared_down_wait_ && few,
          .down_event = evented ? shared_done_ : nullptr});

@@ -704,15 +704,6 @@ TEST_F(CudaTiny, SharedDownWaitGivesTheSameBits) {
   model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_DOWN_WAIT", cuda::plain_launches);
 }
 
-// The shared experts' gate|up launched at the greatest priority (ATLAS_SHARED_GATE_UP_FIRST, read
-// when the model is made; session 66, off by default, where M * top_k <= 16): the same bits off
-// and on in a prefill and in eager and graph-replayed decode steps (8 rows and one), and urgent
-// launches ran only with it on (the one-row steps).
-TEST_F(CudaTiny, SharedGateUpFirstGivesTheSameBits) {
-  ScopedEnv pin{{"ATLAS_SHARED_DOWN_FIRST", "0"}};  // (its urgent launches would count here)
-  model_switch_gives_the_same_bits(*ck_, "ATLAS_SHARED_GATE_UP_FIRST", cuda::urgent_launches);
-}
-
 // The routed gate|up waiting first and the routed down staging its first weight steps before its
 // wait (ATLAS_MOE_DOWN_EARLY, read when the model is made; session 44, off by default, where
 // M * top_k <= 16 and the gate|up does not route itself): the same bits off and on in a prefill
