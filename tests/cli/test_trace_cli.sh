@@ -97,9 +97,6 @@ else
   expect_error "bad CUDA_DEVICE_MAX_CONNECTIONS" "CUDA_DEVICE_MAX_CONNECTIONS: expected a whole number of work queues from 1 to 32, got '64'" \
     env CUDA_DEVICE_MAX_CONNECTIONS=64 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad CUDA_DEVICE_MAX_CONNECTIONS" "$work/env.json"
-  expect_error "bad ATLAS_EAGER_STEPS" "ATLAS_EAGER_STEPS: expected a number of steps from 1 to 9, got '0'" \
-    env ATLAS_EAGER_STEPS=0 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
-  no_file "bad ATLAS_EAGER_STEPS" "$work/env.json"
   # Stream-K's problems (session 52).
   expect_error "bad ATLAS_GEMM_STREAMK" "ATLAS_GEMM_STREAMK: expected 0 [(]off[)], wide .* got 'both'" \
     env ATLAS_GEMM_STREAMK=both "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"

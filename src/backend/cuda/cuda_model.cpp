@@ -698,9 +698,6 @@ class CudaModelT final : public Model {
   // the store's: greedy_step_rows_ holds the batch sizes whose greedy decode step has run
   // eagerly.
   mutable bool early_graphs_ = false;  // (mutable: turned off where a capture behind a prefill fails)
-  // How many of a cache store's first decode steps run eagerly before its graphs replay (1;
-  // ModelEnv::eager_steps, ATLAS_EAGER_STEPS; forward() says why there is one).
-  int64_t eager_steps_ = 1;
   mutable std::set<int64_t> greedy_step_rows_;
   // A decode run's step graph for `c` (sampled: with the sampling kernel), captured against the
   // current scratch layout (Run::push; the prefill's early capture). With `room_only`, nothing
@@ -857,7 +854,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     // ATLAS_PREFILL_CHUNK_TOKENS=<n> overrides CudaModelOptions::max_tokens_per_call, for
     // measurements (chunking never changes the bits; it bounds working memory).
     chunk_tokens_env_ = env.prefill_chunk_tokens;
-    eager_steps_ = env.eager_steps;
     absorb_ = env.absorb;
     moe_prefetch_ = env.moe_prefetch;
     shared_fork_o_proj_ = env.shared_fork_o_proj;
@@ -2008,7 +2004,7 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
   // it in the MoE phase's GEMMs, and only with the side stream and launch overlap both on.)
   const bool decode_step = T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());
   CacheStore& store = cache->store();
-  const bool use_graph = graphs_ && decode_step && store.decode_steps >= eager_steps_;
+  const bool use_graph = graphs_ && decode_step && store.decode_steps > 0;
   if (decode_step) ++store.decode_steps;
 
   // Host-side bookkeeping: each token's packed cache slot and each query's causal length.
@@ -2326,7 +2322,7 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     CacheStore& store = c_.store();
     bool sampled = false;  // any row drawn on the device
     for (const auto& sp : sampling) sampled = sampled || sp.mode == sample_core::kSample;
-    if (!m_.graphs_ || store.decode_steps < m_.eager_steps_) {
+    if (!m_.graphs_ || store.decode_steps == 0) {
       const std::vector<uint8_t> mask(size_t(B), 1), no_rows(size_t(B), 0);
       const ForwardOutput r = m_.forward_step({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
                                           .mask = mask, .logits_last_only = true, .logits_rows = no_rows,

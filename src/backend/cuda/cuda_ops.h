@@ -213,11 +213,6 @@ void check_environment();
 // 999999999 tokens per prefill chunk). A bad value throws an Error naming the variable.
 struct ModelEnv {
   int mla_prefill_qpb = 0;
-  // ATLAS_EAGER_STEPS (1-9; a diagnostic, session 66): how many of a cache store's first decode
-  // steps run eagerly (forward()'s and a decode run's) before its graphs replay. One is needed
-  // (one-time setup must not happen inside a capture) and keeps the replays ~2% faster (cause
-  // unknown, docs/cuda.md's Open work); the question: whether more leave them faster still.
-  int eager_steps = 1;
   bool mla_tile_parallel_off = false;
   int64_t prefill_chunk_tokens = 0;
   // ATLAS_ABSORB: where a decode step's absorbed-query GEMM runs: 0 "side" (the side stream,

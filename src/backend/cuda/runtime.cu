@@ -382,10 +382,6 @@ ModelEnv model_env() {
       bad("ATLAS_L2_PREFETCH_BLOCKS", "expected a whole number of blocks from 1 to 1024", v);
     e.l2_prefetch_blocks = std::stoi(v);
   }
-  if (const std::string v = value("ATLAS_EAGER_STEPS"); !v.empty()) {
-    if (v.size() != 1 || v[0] < '1' || v[0] > '9') bad("ATLAS_EAGER_STEPS", "expected a number of steps from 1 to 9", v);
-    e.eager_steps = v[0] - '0';
-  }
   if (const std::string v = value("ATLAS_PREFILL_CHUNK_TOKENS"); !v.empty()) {
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || std::stoll(v) < 1)

@@ -1293,34 +1293,6 @@ TEST_F(CudaTiny, EarlyGraphsCaptureBehindThePrefillWithTheSameBits) {
   EXPECT_EQ(cache_life(*on, rows[4], false).prefill_captures, 1) << "ATLAS_EARLY_GRAPHS=1 captured nothing behind the prefill";
 }
 
-// More eager decode steps before a store's graphs replay (ATLAS_EAGER_STEPS, read when the model
-// is made; session 66, a diagnostic; 1 by default): the same tokens and logits in a cache's
-// life (6 decode-run steps, then 2 forward() steps), greedy and sampled on the device; with 3
-// the run's and forward()'s graphs are still captured (the run's fourth step, forward()'s first),
-// with 9 (more than the 8 steps) nothing is.
-TEST_F(CudaTiny, EagerStepsGiveTheSameBits) {
-  const int64_t V = ck_->config().vocab_size;
-  const auto rows = prompts(V);
-  ScopedEnv env{{"ATLAS_EAGER_STEPS", nullptr}, {"ATLAS_CACHE_POOL", nullptr}, {"ATLAS_EARLY_GRAPHS", "0"}};
-  auto one = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-  setenv("ATLAS_EAGER_STEPS", "3", 1);
-  auto three = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-  setenv("ATLAS_EAGER_STEPS", "9", 1);
-  auto nine = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
-  for (const bool sampled : {false, true}) {
-    SCOPED_TRACE(sampled ? "sampled on the device" : "greedy");
-    const CacheLife a = cache_life(*one, rows[1], sampled), b = cache_life(*three, rows[1], sampled),
-                    c = cache_life(*nine, rows[1], sampled);
-    EXPECT_EQ(a.tokens, b.tokens);
-    EXPECT_EQ(a.logits, b.logits);
-    EXPECT_EQ(a.tokens, c.tokens);
-    EXPECT_EQ(a.logits, c.logits);
-    EXPECT_EQ(a.captures, 2);
-    EXPECT_EQ(b.captures, 2) << "3 eager steps: the run's fourth step and forward()'s first capture";
-    EXPECT_EQ(c.captures, 0) << "9 eager steps: all 8 steps eager";
-  }
-}
-
 // A decode graph holds the address of its GEMM launches' per-stream scratch (a sliced launch's
 // slice sums: here the steps of 32 rows over K = 512, two 256-wide slices), which a later prefill
 // of more rows on the same model frees to make a larger block (gemm_scratch_moves). The first
