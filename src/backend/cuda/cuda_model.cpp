@@ -2001,7 +2001,8 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
   // ~2% slower per step for the whole run, 405.5 against 414.5 tok/s, as the cache pool's
   // taken-back stores in s62-1; s64-1, an H200, 489.9 against 495.9. The cause is not known: not
   // the scratch's contents or layout, nor the host's wait for the step, nor idle time; s65 found
-  // it in the MoE phase's GEMMs, and only with the side stream and launch overlap both on.)
+  // it in the MoE phase's GEMMs, and only with the side stream and launch overlap both on; s66-3:
+  // two, four or nine eager steps leave the replays no faster than one.)
   const bool decode_step = T == 1 && in.logits_last_only && has_head_ && (!hooks || hooks->empty());
   CacheStore& store = cache->store();
   const bool use_graph = graphs_ && decode_step && store.decode_steps > 0;
