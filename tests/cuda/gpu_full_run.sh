@@ -16,7 +16,7 @@
 # decode-step MLA launch), ncustall (PC-sampled stall reasons of GEMM benchmark launches, env
 # NCU_CASES/NCU_KERNEL), profprefill (ncu kernel durations of the traced prefill, env
 # PROFPREFILL_MODES), envcmp (the bench under ENV_CMP, e.g. ATLAS_MLA_BULK=0, several split by '|', env ENVCMP_ARGS,
-# compared with the bench step's figures), ncukernel (Nsight Compute sections of single launches
+# compared with the bench step's figures; all of them gathered in bench_records.json), ncukernel (Nsight Compute sections of single launches
 # of a batch-1 generation, env NCU_KERNELS="regex:skip ..."), ktrace (CUPTI kernel timeline of batch-1
 # decode steps under CUDA graphs, env KTRACE_ENVS/KTRACE_ARGS; KTRACE_SUMMARY_ARGS for
 # tools/profile/kernel_trace_summary.py, default --origin rmsnorm_wide), probes (bench/cuda's launch-floor,
@@ -365,6 +365,12 @@ if has envcmp; then
       ${ENVCMP_ARGS:---workload decode-b1} 2>&1 | tail -${ENVCMP_TAIL:-6}
     compare_bench "default" "$ec" "$out/bench.json" "$f"
   done
+  # The bench step's and these records in one file (bench/results/'s layout; kept beside
+  # logs.tgz): tools/profile/bench_records.py pairs each setting with its file.
+  if [[ -f $out/bench.json ]]; then
+    echo "== bench records (bench_records.json)"
+    python3 tools/profile/bench_records.py "$out" "$ENV_CMP" "$out/bench_records.json" || rc=1
+  fi
 fi
 if has aba; then
   # Same machine, same build directory: A (the tree), B (ABA_SWAP's files in place), A again, each
@@ -619,5 +625,5 @@ if has compare; then
 fi
 # One archive of every log (the device tool brings back a limited number of files).
 ( cd "$out" && tar czf /tmp/gpu-logs.tgz --exclude=logs.tgz . && mv /tmp/gpu-logs.tgz logs.tgz &&
-  find . -maxdepth 1 -type f ! -name logs.tgz ! -name bench.json ! -name reference.json ! -name fullsize.json -delete )
+  find . -maxdepth 1 -type f ! -name logs.tgz ! -name bench.json ! -name bench_records.json ! -name reference.json ! -name fullsize.json -delete )
 exit $rc
