@@ -23,7 +23,7 @@ def envcmp_file(logs, i):
 
 
 def gather(logs, env_cmp):
-    settings = [s for s in env_cmp.split("|")] if env_cmp else []
+    settings = env_cmp.split("|") if env_cmp else []
     paths = [("default", os.path.join(logs, "bench.json"))] + [(s, envcmp_file(logs, i)) for i, s in enumerate(settings)]
     runs = []
     for setting, path in paths:
