@@ -1,7 +1,7 @@
 """tools/profile/bench_records.py on synthetic gpu_full_run.sh outputs: the default and each
 ENV_CMP setting paired with its file in order, the records kept as written, one printed line per
-record; a missing file, a file no setting names, or a file that is not JSON is one error naming
-the file, exit 1, and no output file.
+record; a missing file, a file no setting names, a file that is not JSON, or a record without
+its figure is one error naming the file, exit 1, and no output file.
 """
 import json
 import os
@@ -68,6 +68,12 @@ def main():
         check(p.returncode == 1 and "bench_envcmp1.json: not JSON" in p.stderr,
               "truncated file: exit %d, %s" % (p.returncode, p.stderr))
         check(not os.path.exists(out) and not os.path.exists(out + ".tmp"), "truncated file: an output was written")
+        # A record without its figure.
+        write(os.path.join(d, "bench_envcmp1.json"), [{"workload": "decode-b1", "unit": "tok/s"}])
+        p = run(d, "X=1|Y=2", out)
+        check(p.returncode == 1 and "bench_envcmp1.json: record 0: field 'atlas' missing" in p.stderr,
+              "record without atlas: exit %d, %s" % (p.returncode, p.stderr))
+        check(not os.path.exists(out), "record without atlas: an output was written")
 
     for f in failures:
         print("FAIL: " + f)

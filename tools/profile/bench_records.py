@@ -8,7 +8,8 @@ and for decode-b1 each run's first token (ms) and rate after it.
     tools/profile/bench_records.py LOGS_DIR 'SETTING|SETTING|...' OUT.json
 
 A setting without its file, or a file no setting names, is an error (exit 1, nothing written):
-the labels would otherwise shift onto the wrong records.
+the labels would otherwise shift onto the wrong records. So is a file that is not a JSON list of
+records with workload, atlas and unit.
 """
 import json
 import os
@@ -36,6 +37,10 @@ def gather(logs, env_cmp):
             raise ValueError("%s: not JSON (%s)" % (path, e))
         if not isinstance(records, list):
             raise ValueError("%s: expected a list of bench records" % path)
+        for i, r in enumerate(records):
+            for field, kind in (("workload", str), ("atlas", (int, float)), ("unit", str)):
+                if not isinstance(r, dict) or not isinstance(r.get(field), kind) or isinstance(r.get(field), bool):
+                    raise ValueError("%s: record %d: field '%s' missing or of the wrong type" % (path, i, field))
         runs.append({"setting": setting, "records": records})
     extra = envcmp_file(logs, len(settings))
     if os.path.exists(extra):
