@@ -59,7 +59,7 @@ else
   expect_error "bad stream config" "ATLAS_GEMM_STREAM: expected 0 .* or wg .*, got 'WG'" \
     env ATLAS_GEMM_STREAM=WG "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad stream config" "$work/env.json"
-  expect_error "bad grouped stream config" "ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate, wg-split, split-gate or split-gate3, got 'wg-down'" \
+  expect_error "bad grouped stream config" "ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate, wg-gate3, wg-split, split-gate or split-gate3, got 'wg-down'" \
     env ATLAS_GEMM_STREAM_GROUPED=wg-down "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad grouped stream config" "$work/env.json"
   expect_error "bad L2 prefetch setting" "ATLAS_L2_PREFETCH: expected none, gate_up, down or both, got 'all'" \

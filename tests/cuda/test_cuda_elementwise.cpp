@@ -261,7 +261,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       // name, {good values..., then one bad value}
       {"ATLAS_GEMM_STREAM", {"0", "3", "6", "wg", "5"}},
-      {"ATLAS_GEMM_STREAM_GROUPED", {"0", "1", "wg", "wg-gate", "wg-split", "split-gate", "split-gate3", "yes"}},
+      {"ATLAS_GEMM_STREAM_GROUPED", {"0", "1", "wg", "wg-gate", "wg-gate3", "wg-split", "split-gate", "split-gate3", "yes"}},
       {"ATLAS_GEMM_STREAM_LEAN", {"0", "4", "6", "8", "4/3", "5"}},
       {"ATLAS_GEMM_STREAMK", {"0", "wide", "long", "all", "both"}},
       {"ATLAS_GEMM_STREAM_FEW", {"stream8x8/3w", "splitk16x8/8w+staged", "c16x64/4w", "16x32x128/4+slices"}},

@@ -572,9 +572,10 @@ TEST(GemmSettings, StreamGroupedSwitchNamesItselfOnBadValues) {
   EXPECT_EQ(detail::gemm_stream_grouped_setting("wg-split"), 4);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("split-gate"), 5);
   EXPECT_EQ(detail::gemm_stream_grouped_setting("split-gate3"), 6);
+  EXPECT_EQ(detail::gemm_stream_grouped_setting("wg-gate3"), 7);
   expect_each_rejected([](const char* v) { detail::gemm_stream_grouped_setting(v); },
                        {"yes", "2", "true", "WG", "wg-down", "split-gate2"}, [](const char* v) {
-                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate, wg-split, "
+                         return std::vector<std::string>{"ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate, wg-gate3, wg-split, "
                                                          "split-gate or split-gate3, got '" +
                                                          std::string(v) + "'"};
                        });

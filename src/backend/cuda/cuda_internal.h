@@ -78,7 +78,9 @@ bool switch_setting(const char* name, const char* value, bool dflt);
 // K ("streamwg64x8/4l2"), 5 / 6 ("split-gate" / "split-gate3", session 37) the gate|up on the
 // lean loop split over K in two / three parts ("/4l2", "/4l3") and the down on the tiled config
 // (the same bits; slower: 429.9 / 431.3 against 476.6 tok/s, s37-4: 396 blocks wait for the
-// shared gate|up's slots and crowd out the shared down),
+// shared gate|up's slots and crowd out the shared down), 7 ("wg-gate3", session 67) the gate|up
+// on the lean loop in a 3-slot ring ("streamwg64x8/3l/2": 55 KB, room beside three blocks for one
+// routed-down block) and the down on the tiled config,
 // 1 ("1") the dense problems' stream config, 0 ("0": the tiled configs,
 // the default before); anything else throws an Error naming the variable.
 int gemm_stream_grouped_setting(const char* value);

@@ -147,6 +147,13 @@ using CfgWs128S6 = kern::WgStreamTile<128, 6>;  // 128    6     109 KB   2
 // Session 31: the lean loop with 64-wide steps, 8 slots in the 4-slot ring's 73 KB (six steps,
 // 48 KB, in flight instead of two of 32 KB, three blocks per SM still; ATLAS_GEMM_STREAM_LEAN=8).
 using CfgWs64S8 = kern::WgStreamTile<64, 8>;  //   64    8      73 KB   3
+// Session 67: the lean loop in a 3-slot ring, copies two steps ahead (the 4-slot ring's 32 KB in
+// flight, each step waiting for its wgmma group as /4l/3 does), 55 KB: three blocks per SM still,
+// but with ~54 KB left beside them, where one routed-down block (16x32x128/4u at 48 KB,
+// ATLAS_GEMM_DOWN_BLOCKS_PER_SM=4) fits while the routed gate|up streams
+// (ATLAS_GEMM_STREAM_GROUPED=wg-gate3; with the 4-slot ring the down's blocks find room only as
+// the gate|up's leave).
+using CfgWs128S3 = kern::WgStreamTile<128, 3>;  // 128    3      55 KB   3
 
 using KernelFn = void (*)(kern::MmaGemmParams);
 
@@ -379,7 +386,8 @@ constexpr std::array<TileConfig, 46> kConfigs = {
     // The lean loop in stream-K shares (session 52, ATLAS_GEMM_STREAMK): 128-wide steps (the LM
     // head, layer 0's gate|up at one row) and 64-wide ones (layer 0's down: K = 10,944 is no
     // multiple of 128).
-    make_wglean_split_config<CfgWs128, 0>("streamwg64x8/4lk"), make_wglean_split_config<CfgWs64S8, 0>("streamwg64x8/8l64k")};
+    make_wglean_split_config<CfgWs128, 0>("streamwg64x8/4lk"), make_wglean_split_config<CfgWs64S8, 0>("streamwg64x8/8l64k"),
+    make_wglean_config<CfgWs128S3, 2>("streamwg64x8/3l/2")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -414,6 +422,8 @@ constexpr int kStreamWgLean = config_index("streamwg64x8/4l"), kStreamWgLean6 = 
 constexpr int kStreamWgLean2 = config_index("streamwg64x8/4l2"), kStreamWgLean8 = config_index("streamwg64x8/8l64");
 constexpr int kStreamWgLeanLead3 = config_index("streamwg64x8/4l/3");
 constexpr int kStreamWgLean3 = config_index("streamwg64x8/4l3");
+constexpr int kStreamWgLeanS3 = config_index("streamwg64x8/3l/2");
+static_assert(kStreamWgLeanS3 >= 0, "the 3-slot lean config");
 constexpr int kStreamWgLeanK = config_index("streamwg64x8/4lk"), kStreamWgLean64K = config_index("streamwg64x8/8l64k");
 static_assert(kStreamWgLeanK >= 0 && kStreamWgLean64K >= 0, "the stream-K configs");
 static_assert(kStreamWgLean3 >= 0, "the three-part lean config");
@@ -435,6 +445,7 @@ std::atomic<int> forced_config{-1};
 // their shared-memory limits raised in setup()): the lean stream loop waiting first, the few-row
 // down (16x32x128/4u) staging its first weight steps before its wait (bf16, f32 out).
 const KernelFn kLeanWaitFirst = kern::gemm_wgstream_lean_kernel<CfgWs128, false, 1, false, 0, false, true>;
+const KernelFn kLeanS3WaitFirst = kern::gemm_wgstream_lean_kernel<CfgWs128S3, false, 1, false, 2, false, true>;
 const KernelFn kEarlyDown[2] = {kern::gemm_mma_kernel<CfgD32, false, true, 2, false, true>,
                                 kern::gemm_mma_kernel<CfgD32, true, true, 2, false, true>};
 
@@ -713,6 +724,7 @@ const GemmSetup& setup() {
     raise_smem(reinterpret_cast<const void*>(kern::gemm_mma_merge_kernel<CfgD32>), CfgD32::SMEM_BYTES);
     raise_smem(reinterpret_cast<const void*>(kern::gemm_cluster_route_kernel<CfgC16>), CfgC16::SMEM_BYTES);
     raise_smem(reinterpret_cast<const void*>(kLeanWaitFirst), kConfigs[size_t(kStreamWgLean)].smem);
+    raise_smem(reinterpret_cast<const void*>(kLeanS3WaitFirst), kConfigs[size_t(kStreamWgLeanS3)].smem);
     for (KernelFn f : kEarlyDown) raise_smem(reinterpret_cast<const void*>(f), kConfigs[size_t(kGroupedFewDown)].smem);
     raise_smem(reinterpret_cast<const void*>(kern::gemm_cluster_kernel<CfgC16, false, false, true>),
                CfgC16::SMEM_BYTES);
@@ -762,6 +774,7 @@ const GemmSetup& setup() {
     g.stream_grouped_gate = grouped == 1   ? g.stream_choice
                             : grouped == 5 ? kStreamWgLean2
                             : grouped == 6 ? kStreamWgLean3
+                            : grouped == 7 ? kStreamWgLeanS3
                             : grouped >= 2 ? wg
                                            : -1;
     g.stream_grouped_down = grouped == 3 || grouped >= 5 ? -1 : grouped == 4 ? kStreamWgLean2 : g.stream_grouped_gate;
@@ -1352,9 +1365,10 @@ void launch_mma(const TileConfig& c, const kern::MmaGemmParams& p, int64_t tiles
   // predecessor's end: the promise kept the plain way). Ahead of the stamps and the self route,
   // which the caller does not combine with these.
   const KernelFn plain_f = f;
-  if (order.wait_first && async && !f32 && p.offsets != nullptr && &c == &kConfigs[size_t(kStreamWgLean)] &&
-      f == c.fn[0][1][rows8 ? 1 : 0])
-    f = kLeanWaitFirst;
+  if (order.wait_first && async && !f32 && p.offsets != nullptr && f == c.fn[0][1][rows8 ? 1 : 0]) {
+    if (&c == &kConfigs[size_t(kStreamWgLean)]) f = kLeanWaitFirst;
+    else if (&c == &kConfigs[size_t(kStreamWgLeanS3)]) f = kLeanS3WaitFirst;
+  }
   if (order.tables_before_wait && async && p.offsets != nullptr && p.slice_stride == 0 &&
       &c == &kConfigs[size_t(kGroupedFewDown)] && f == c.fn[f32 ? 1 : 0][1][rows8 ? 1 : 0])
     f = kEarlyDown[f32 ? 1 : 0];
@@ -2291,7 +2305,8 @@ int gemm_stream_grouped_setting(const char* value) {
   if (v == "wg-split") return 4;
   if (v == "split-gate") return 5;
   if (v == "split-gate3") return 6;
-  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate, wg-split, split-gate or split-gate3, got '" +
+  if (v == "wg-gate3") return 7;
+  throw Error("cuda: gemm: ATLAS_GEMM_STREAM_GROUPED: expected 0, 1, wg, wg-gate, wg-gate3, wg-split, split-gate or split-gate3, got '" +
               v + "'");
 }
 
