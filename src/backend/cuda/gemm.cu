@@ -151,8 +151,10 @@ using CfgWs64S8 = kern::WgStreamTile<64, 8>;  //   64    8      73 KB   3
 // flight, each step waiting for its wgmma group as /4l/3 does), 55 KB: three blocks per SM still,
 // but with ~54 KB left beside them, where one routed-down block (16x32x128/4u at 48 KB,
 // ATLAS_GEMM_DOWN_BLOCKS_PER_SM=4) fits while the routed gate|up streams
-// (ATLAS_GEMM_STREAM_GROUPED=wg-gate3; with the 4-slot ring the down's blocks find room only as
-// the gate|up's leave).
+// (ATLAS_GEMM_STREAM_GROUPED=wg-gate3, an A/B setting). Two H100s: 0.4% slower alone, equal to
+// the default with the down's room (s67-1, s67-4); block stamps (s67-5) found 132 down blocks
+// resident early by default too (beside the gate|up's tile-less blocks' and the shared experts'
+// leavings), and every working down block starting at the gate|up's end either way.
 using CfgWs128S3 = kern::WgStreamTile<128, 3>;  // 128    3      55 KB   3
 
 using KernelFn = void (*)(kern::MmaGemmParams);
