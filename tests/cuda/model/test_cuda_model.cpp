@@ -1428,6 +1428,77 @@ TEST_F(CudaTiny, FusedRunStepEndsGiveTheSameTokens) {
   }
 }
 
+// Decode steps held and launched n at a time as one graph of n step bodies (ATLAS_RUN_STEPS,
+// session 68): at 1 and 3 rows, greedy and with row 0 drawn on the device for steps 10-19 (so a
+// held group of greedy steps meets a sampled one and launches early), pushed as generate() pushes
+// them (decode_ahead_for: 2n - 1 ahead) with the last three steps pushed and never popped, the
+// tokens, the cache's length and the next step's logits are those of n = 1; a pop of a held step
+// launches the group's steps one by one. The n-step graph is captured only where n > 1.
+TEST_F(CudaTiny, HeldRunStepsGiveTheSameTokens) {
+  const int64_t V = ck_->config().vocab_size;
+  const auto rows = prompts(V);
+  ScopedEnv restore{{"ATLAS_RUN_STEPS", std::getenv("ATLAS_RUN_STEPS")}};
+  constexpr int64_t kSteps = 40, kPopped = 37;
+  for (const int64_t B : {int64_t(1), int64_t(3)}) {
+    const std::vector<std::vector<int32_t>> batch(rows.begin(), rows.begin() + B);
+    for (const bool sampled : {false, true}) {
+      SCOPED_TRACE(std::to_string(B) + (sampled ? " rows, row 0 sampled in steps 10-19" : " rows, greedy"));
+      std::vector<int32_t> positions;
+      std::vector<sample_core::RowParams> params;
+      for (int64_t j = 0; j < kSteps; ++j)
+        for (int64_t r = 0; r < B; ++r) {
+          positions.push_back(int32_t(batch[size_t(r)].size() + size_t(j)));
+          params.push_back(sampled && r == 0 && j >= 10 && j < 20
+                               ? sample_core::make_row_params(0.8, 0.9, 7, double((j * 37) % 100) / 100.0)
+                               : sample_core::RowParams{});
+        }
+      std::vector<std::vector<int32_t>> tokens;
+      std::vector<std::vector<float>> next;
+      for (const int n : {1, 2, 3, 8}) {
+        setenv("ATLAS_RUN_STEPS", std::to_string(n).c_str(), 1);
+        auto m = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+        auto c = m->make_cache(B, 400);
+        const std::vector<float> lg = prefill(*m, *c, batch);
+        std::vector<int32_t> first;
+        for (int64_t r = 0; r < B; ++r) first.push_back(argmax(lg.data() + r * V, V));
+        const int64_t length0 = c->length(), captures0 = cuda::graph_captures();
+        auto run = m->start_decode(*c, first);
+        EXPECT_EQ(run->steps_per_launch(), n);
+        const int64_t ahead = decode_ahead_for(*run, 1);
+        EXPECT_EQ(ahead, std::max<int64_t>(1, 2 * n - 1));
+        std::vector<int32_t> got;
+        int64_t pushed = 0;
+        const auto push = [&](int64_t j) {
+          const bool any = sampled && j >= 10 && j < 20;
+          run->push(std::span(positions).subspan(size_t(j * B), size_t(B)),
+                    any ? std::span<const sample_core::RowParams>(params).subspan(size_t(j * B), size_t(B))
+                        : std::span<const sample_core::RowParams>());
+        };
+        for (int64_t st = 0; st < kPopped; ++st) {
+          for (; pushed <= std::min(st + ahead, kPopped - 1); ++pushed) push(pushed);
+          const std::vector<int32_t> t = run->pop();
+          got.insert(got.end(), t.begin(), t.end());
+        }
+        for (; pushed < kSteps; ++pushed) push(pushed);  // never popped: they run all the same
+        EXPECT_EQ(run->pending(), kSteps - kPopped);
+        run.reset();
+        EXPECT_EQ(c->length(), length0 + kSteps);
+        // (one-step graphs: greedy, and sampled where a step samples; n-step ones only for n > 1)
+        const int64_t captures = cuda::graph_captures() - captures0;
+        EXPECT_EQ(captures, (n > 1 ? 2 : 1) * (sampled ? 2 : 1)) << "ATLAS_RUN_STEPS=" << n;
+        tokens.push_back(got);
+        std::vector<int32_t> ids(size_t(B), 5), pos;
+        for (int64_t r = 0; r < B; ++r) pos.push_back(int32_t(batch[size_t(r)].size()) + int32_t(kSteps));
+        next.push_back(step(*m, *c, ids, pos, nullptr, AttentionForm::Absorbed));
+      }
+      for (size_t k = 1; k < tokens.size(); ++k) {
+        EXPECT_EQ(tokens[k], tokens[0]) << "case " << k;
+        EXPECT_EQ(next[k], next[0]) << "case " << k;
+      }
+    }
+  }
+}
+
 // The fast mode (cuBLASLt dense GEMMs) stays close to the invariant mode: same greedy tokens on
 // the tiny preset's prefill for most rows, logits within the bf16 tolerance of the fixtures.
 TEST_F(CudaTiny, FastModeIsCloseToInvariantMode) {
