@@ -317,39 +317,6 @@ TEST(Generate, DecodeRunsGiveTheTokensOfOneCallPerStep) {
 // A decode run's contract on the CPU backend (Model's implementation, through decode_chain): the
 // tokens of forward() calls fed back, the cache advanced by the steps; bad input refused with
 // one error naming the field, before any step.
-// How far ahead generate() and the bench push on a run whose backend launches steps in groups
-// (DecodeRun::steps_per_launch, the CUDA backend's ATLAS_RUN_STEPS): the caller's figure, at
-// least 2n - 1 so that a whole group is queued while another runs; 0 stays 0 (no run). The CPU
-// backend's runs launch one step at a time.
-TEST(Generate, DecodeAheadCoversHeldGroups) {
-  struct Grouped final : DecodeRun {
-    int64_t n = 1;
-    void push(std::span<const int32_t>, std::span<const sample_core::RowParams>) override {}
-    std::vector<int32_t> pop() override { return {}; }
-    int64_t pending() const override { return 0; }
-    int64_t steps_per_launch() const override { return n; }
-  };
-  Grouped g;
-  EXPECT_EQ(decode_ahead_for(g, 1), 1);
-  EXPECT_EQ(decode_ahead_for(g, 0), 0);
-  g.n = 4;
-  EXPECT_EQ(decode_ahead_for(g, 1), 7);
-  EXPECT_EQ(decode_ahead_for(g, 9), 9);
-  EXPECT_EQ(decode_ahead_for(g, 0), 0);
-  const std::string dir = fixtures_with_generate().front();
-  Loaded m(dir, Compute::F32);
-  auto c = m.model.make_cache(1, 8);
-  const std::vector<int32_t> ids{3, 4}, pos{0, 1};
-  const std::vector<uint8_t> mask(2, 1);
-  const auto first = m.model.forward({.batch = 1, .tokens = 2, .ids = ids, .positions = pos, .mask = mask,
-                                      .logits_last_only = true},
-                                     *c)
-                         .greedy;
-  auto run = m.model.start_decode(*c, first);
-  EXPECT_EQ(run->steps_per_launch(), 1);
-  EXPECT_EQ(decode_ahead_for(*run, 1), 1);
-}
-
 TEST(Generate, DecodeChainIsForwardFedBack) {
   const std::string dir = fixtures_with_generate().front();
   Loaded m(dir, Compute::F32);
