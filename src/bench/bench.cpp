@@ -468,7 +468,6 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         const AttentionForm form = decode::GenerateOptions{}.decode_attention;
         const auto t0 = Clock::now();
         double first = 0;
-        int64_t per_launch = 1;
         if (ahead == 0) {
           for (int64_t s = 0; s < o.decode_steps; ++s) {
             const int32_t id = tok, ps = int32_t(P + s);
@@ -482,8 +481,6 @@ std::vector<Record> run_bench(const BenchOptions& o) {
           }
         } else {
           auto run = model->start_decode(*cache, std::span(&tok, 1), form);
-          per_launch = run->steps_per_launch();
-          const int64_t pushed_ahead = decode_ahead_for(*run, ahead);  // (ahead, or more for held groups)
           int64_t pushed = 0;
           const auto push_through = [&](int64_t last) {
             for (; pushed <= std::min(last, o.decode_steps - 1); ++pushed) {
@@ -492,7 +489,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
             }
           };
           for (int64_t s = 0; s < o.decode_steps; ++s) {
-            push_through(s + pushed_ahead);
+            push_through(s + ahead);
             toks.push_back(run->pop().at(0));
             if (s == 0) first = since(t0);
           }
@@ -502,7 +499,7 @@ std::vector<Record> run_bench(const BenchOptions& o) {
         after_first_tok_s.push_back(o.decode_steps > 1 ? double(o.decode_steps - 1) / (s - first) : 0.0);
         return std::pair{double(o.decode_steps) / s,
                          ojson{{"prompt_tokens", P}, {"steps", o.decode_steps}, {"seconds", s},
-                               {"bytes_per_token_bound", wb.per_token_b1}, {"decode_ahead", ahead}, {"steps_per_launch", per_launch},
+                               {"bytes_per_token_bound", wb.per_token_b1}, {"decode_ahead", ahead},
                                {"tokens_sha256", ids_sha256(toks)}}};
       };
       repeated("decode-b1", mode, "tok/s", bound, "tokens_sha256", [&] { return decode_once(edit); });

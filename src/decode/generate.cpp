@@ -245,7 +245,7 @@ std::vector<GeneratedRow> generate(const Model& model, std::span<const PromptRow
         // Steps step + 1 .. step + 1 + decode_ahead, as far as any row may need them (all live
         // rows have step + 1 tokens). Step q's positions continue from step_pos (step + 1's);
         // its draws are the uniforms after the ones consumed so far.
-        const int64_t last = std::min(step + 1 + decode_ahead_for(*run, opts.decode_ahead), opts.max_new_tokens - 1);
+        const int64_t last = std::min(step + 1 + opts.decode_ahead, opts.max_new_tokens - 1);
         for (int64_t q = pushed_through + 1; q <= last; ++q) {
           const int32_t d = int32_t(q - (step + 1));
           std::vector<int32_t> q_pos(nb, 0);  // finished rows: position 0, greedy (as the pad id's steps)

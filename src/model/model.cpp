@@ -116,10 +116,6 @@ std::unique_ptr<DecodeRun> Model::start_decode(Cache& cache, std::span<const int
   return std::make_unique<ForwardRun>(*this, cache, first_ids, attention);
 }
 
-int64_t decode_ahead_for(const DecodeRun& run, int64_t ahead) {
-  return ahead > 0 ? std::max(ahead, 2 * run.steps_per_launch() - 1) : 0;
-}
-
 std::vector<int32_t> Model::decode_chain(const DecodeChainInput& in, Cache& cache) const {
   const int64_t B = in.batch, S = in.steps;
   if (B != cache.batch()) fail("decode_chain: kv cache batch size differs from the input's");

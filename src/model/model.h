@@ -80,16 +80,7 @@ class DecodeRun {
   // is an error (negative, ForwardOutput::greedy's convention) is an error here.
   virtual std::vector<int32_t> pop() = 0;
   virtual int64_t pending() const = 0;
-  // Steps the backend may hold and launch together (the CUDA backend's ATLAS_RUN_STEPS): a
-  // caller that keeps the device busy pushes at least 2 * steps_per_launch() - 1 steps beyond
-  // the one it pops (decode_ahead_for), so that a whole group is queued while another runs. A
-  // held step still runs when it is popped or the run ends, so nothing else changes.
-  virtual int64_t steps_per_launch() const { return 1; }
 };
-
-// The steps a caller asking for `ahead` steps pushed beyond the one it pops (0: none, one
-// forward() per step) pushes on `run`: ahead, at least 2 * steps_per_launch() - 1 where ahead > 0.
-int64_t decode_ahead_for(const DecodeRun& run, int64_t ahead);
 
 // S steps of one run (Model::decode_chain): push them all, pop them all.
 struct DecodeChainInput {

@@ -68,9 +68,6 @@ else
   expect_error "bad down blocks setting" "ATLAS_GEMM_DOWN_BLOCKS_PER_SM: expected 1, 2, 3 or 4 .blocks per SM., got '0'" \
     env ATLAS_GEMM_DOWN_BLOCKS_PER_SM=0 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad down blocks setting" "$work/env.json"
-  expect_error "bad run steps setting" "ATLAS_RUN_STEPS: expected 1 to 8 .decode steps per graph., got '0'" \
-    env ATLAS_RUN_STEPS=0 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
-  no_file "bad run steps setting" "$work/env.json"
   expect_error "bad stream-K grid" "ATLAS_GEMM_STREAMK_GRID: expected a whole number of blocks from 1 to 4096 .unset: every resident slot., got '0'" \
     env ATLAS_GEMM_STREAMK_GRID=0 "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad stream-K grid" "$work/env.json"

@@ -323,7 +323,6 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MLA_PREFILL_QPB", {"1", "2", "4", "3"}},
       {"ATLAS_MLA_TILE_PARALLEL", {"0", "1", "auto"}},
       {"ATLAS_PREFILL_CHUNK_TOKENS", {"1", "8192", "999999999", "0"}},
-      {"ATLAS_RUN_STEPS", {"1", "2", "8", "9"}},
       {"ATLAS_MLA_EXCHANGE", {"pull", "push", "async", "2"}},
       {"ATLAS_PHASE_CLOCKS", {"attention", "cluster_gemm", "merge"}},
       {"ATLAS_BLOCK_STAMPS", {"", "stamps.csv", "/tmp/stamps.csv", "/nonexistent-atlas-dir/stamps.csv"}},

@@ -118,9 +118,6 @@ struct CacheStore {
   // ahead, s24-4.)
   Graph run_graph[2];
   uint64_t run_epoch[2] = {0, 0};  // the scratch layout each was captured against
-  // The same with run_steps step bodies in one graph (ATLAS_RUN_STEPS > 1, ModelEnv::run_steps).
-  Graph run_multi[2];
-  uint64_t multi_epoch[2] = {0, 0};
   Graph decode_graph;              // forward()'s T = 1 step, captured on first use (CudaModel::forward)
   uint64_t graph_epoch = 0;        // the scratch layout it was captured against
   bool graph_samples = false;      // whether it was captured with the sampling kernel
@@ -693,9 +690,6 @@ class CudaModelT final : public Model {
   // ATLAS_RUN_ROOT=1 (session 49, a diagnostic; off): a decode run's step graph begins with an
   // empty launch (graph_root), so that its step-start launch is not the graph's root node.
   bool run_root_ = false;
-  // ATLAS_RUN_STEPS (session 68, ModelEnv::run_steps; 1 by default): decode steps per graph
-  // launch in a decode run (Run::push).
-  int run_steps_ = 1;
   // Early graphs (CudaModelOptions::early_graphs, ATLAS_EARLY_GRAPHS; session 63, on by
   // default since s63-2): a prefill on a store without a decode run's greedy step graph
   // captures it after its own launches, so that the host records it while the GPU runs the
@@ -708,10 +702,8 @@ class CudaModelT final : public Model {
   // A decode run's step graph for `c` (sampled: with the sampling kernel), captured against the
   // current scratch layout (Run::push; the prefill's early capture). With `room_only`, nothing
   // is captured where the step's buffers would need a larger scratch block (a prefill's
-  // buffers are still in use; the run captures at its second step then). steps > 1: the graph
-  // of that many step bodies one after another (ATLAS_RUN_STEPS), kept apart from the one-step
-  // graph.
-  void capture_run_graph(CudaCache& c, bool sampled, bool room_only = false, int steps = 1) const;
+  // buffers are still in use; the run captures at its second step then).
+  void capture_run_graph(CudaCache& c, bool sampled, bool room_only = false) const;
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
   Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
@@ -869,7 +861,6 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
     l2_prefetch_ = env.l2_prefetch;
     l2_prefetch_how_ = env.l2_prefetch_how;
     l2_prefetch_blocks_ = env.l2_prefetch_blocks;
-    run_steps_ = env.run_steps;
   }
   set_device(opts.device);
   const bool prio = opts.stream_priority && env_switch("ATLAS_STREAM_PRIORITY", true);
@@ -2163,7 +2154,6 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
       const int32_t* expand = expand_;
       try {
         capture_run_graph(*cache, false, true);
-        if (run_steps_ > 1 && store.run_graph[0].ready()) capture_run_graph(*cache, false, true, run_steps_);
       } catch (const std::exception& e) {  // (the run captures at its second step instead)
         early_graphs_ = false;
         std::fprintf(stderr, "atlas: cuda: early graphs off: the capture behind a prefill failed (%s)\n", e.what());
@@ -2232,11 +2222,11 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
 }
 
 template <class Elem>
-void CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_only, int steps) const {
+void CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_only) const {
   const int64_t B = c.batch(), cap = c.capacity();
   CacheStore& store = c.store();
   const int g = sampled ? 1 : 0;
-  Graph& graph = steps > 1 ? store.run_multi[g] : store.run_graph[g];
+  Graph& graph = store.run_graph[g];
   const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
   rows_ = flat_rows_ = B;
   expand_ = nullptr;
@@ -2276,30 +2266,25 @@ void CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_o
     const StepEnds ends{.embedded_and_normed = fuse && !blocks_.empty() && wide_row_norm(1, int(H)),
                         .outputs = fuse && !sampled ? &out : nullptr};
     if (run_root_) graph_root(s_);
-    // Each step body is the whole step, its inputs' launch first: the state's step index and the
-    // ring slot advance on the device, so n bodies in one graph are n replays of the one-step
-    // graph, whose step boundaries are then launch-overlap edges (run_inputs_kernel waits first).
-    for (int k = 0; k < steps; ++k) {
-      run_inputs(in);
-      if (ends.embedded_and_normed)
-        embed_norm({.ids = b.ids,
-                    .embed = embed_,
-                    .vocab = cfg_.vocab_size,
-                    .weight = blocks_[0].ln1,
-                    .x = b.x,
-                    .h = b.h,
-                    .dim = int(H),
-                    .eps = float(cfg_.rms_norm_eps),
-                    .stream = s_});
-      layers_forward(B, 1, c, b, B, nullptr, cap, true, nullptr, sampled, nullptr, &ends);
-      if (!ends.outputs) run_outputs(out);
-    }
+    run_inputs(in);
+    if (ends.embedded_and_normed)
+      embed_norm({.ids = b.ids,
+                  .embed = embed_,
+                  .vocab = cfg_.vocab_size,
+                  .weight = blocks_[0].ln1,
+                  .x = b.x,
+                  .h = b.h,
+                  .dim = int(H),
+                  .eps = float(cfg_.rms_norm_eps),
+                  .stream = s_});
+    layers_forward(B, 1, c, b, B, nullptr, cap, true, nullptr, sampled, nullptr, &ends);
+    if (!ends.outputs) run_outputs(out);
     graph.end(s_);
   } catch (...) {
     graph.abort(s_);
     throw;
   }
-  (steps > 1 ? store.multi_epoch : store.run_epoch)[g] = current_epoch();
+  store.run_epoch[g] = current_epoch();
 }
 
 // A decode run on the CUDA backend: each pushed step replays the cache's step graph, whose first
@@ -2321,7 +2306,6 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
   }
   ~Run() override {
     try {
-      launch_held();              // every pushed step runs (DecodeRun's contract)
       stream_synchronize(m_.s_);  // the pushed steps (their tokens are dropped)
       for (const Step& st : q_)  // a flag only dropped steps raised is theirs: cleared, not reported
         if (!st.ready && c_.run_host()[c_.run_err_at() + st.slot] != 0) check_device_errors();
@@ -2340,7 +2324,6 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     bool sampled = false;  // any row drawn on the device
     for (const auto& sp : sampling) sampled = sampled || sp.mode == sample_core::kSample;
     if (!m_.graphs_ || store.decode_steps == 0) {
-      launch_held();  // (none are held before a cache's first step; kept in order regardless)
       const std::vector<uint8_t> mask(size_t(B), 1), no_rows(size_t(B), 0);
       const ForwardOutput r = m_.forward_step({.batch = B, .tokens = 1, .ids = host_ids_, .positions = positions,
                                           .mask = mask, .logits_last_only = true, .logits_rows = no_rows,
@@ -2352,12 +2335,9 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
       return;
     }
     const int g = sampled ? 1 : 0;
-    if (held_ > 0 && g != held_g_) launch_held();  // a group's steps share one graph
+    Graph& graph = store.run_graph[g];
     m_.drop_late();
-    if (held_ == 0) {  // (both captured before anything of the group is enqueued)
-      ready_graph(g, 1);
-      if (m_.run_steps_ > 1) ready_graph(g, m_.run_steps_);
-    }
+    if (!graph.ready() || store.run_epoch[g] != m_.current_epoch()) m_.capture_run_graph(c_, sampled);
     m_.rows_ = m_.flat_rows_ = B;
     m_.expand_ = nullptr;
     int32_t* host = c_.run_host();
@@ -2386,23 +2366,26 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     host[c_.run_err_at() + slot] = 0;
     ++c_.length_;
     ++store.decode_steps;
-    q_.push_back({.ready = false, .slot = slot, .index = pushed_ - 1});
+    graph.launch(m_.s_);
+    if (free_.empty()) {
+      events_.push_back(event_create());
+      free_.push_back(events_.back());
+    }
+    const Event done = free_.back();
+    free_.pop_back();
+    event_record(done, m_.s_);
+    q_.push_back({.ready = false, .slot = slot, .done = done, .index = pushed_ - 1});
     ++j_;
     feed_host_ = false;
-    // ATLAS_RUN_STEPS = n > 1: the step waits in the host's ring until n are there, then the n
-    // run as one graph (a pop or a step of the other graph kind launches fewer one by one).
-    held_g_ = g;
-    if (++held_ >= m_.run_steps_) launch_held();
   }
 
   std::vector<int32_t> pop() override {
     if (q_.empty()) fail("decode run", "pop", "no pushed step left to pop");
-    if (!q_.front().ready && !q_.front().done) launch_held();
     Step st = std::move(q_.front());
     q_.pop_front();
     if (st.ready) return st.tokens;
     event_synchronize(st.done);
-    if (st.owns_event) free_.push_back(st.done);
+    free_.push_back(st.done);
     const int32_t* host = c_.run_host();
     const int64_t B = c_.batch();
     if (host[c_.run_err_at() + st.slot] != 0) {
@@ -2420,56 +2403,21 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
   }
 
   int64_t pending() const override { return int64_t(q_.size()); }
-  int64_t steps_per_launch() const override { return m_.graphs_ ? m_.run_steps_ : 1; }
 
  private:
   struct Step {
     bool ready = false;           // a forward() step: its tokens are here
     std::vector<int32_t> tokens;
-    int slot = 0;                 // a graph step: its ring slot and event (null while held)
+    int slot = 0;                 // a graph step: its ring slot and event
     Event done = nullptr;
-    bool owns_event = false;      // the last step of its launch: pop() frees the event
     int64_t index = 0;            // pushed as the run's step `index`
   };
-
-  // The graph of `steps` step bodies of kind g, captured against the current scratch layout.
-  Graph& ready_graph(int g, int steps) {
-    CacheStore& store = c_.store();
-    Graph& graph = steps > 1 ? store.run_multi[g] : store.run_graph[g];
-    const uint64_t epoch = (steps > 1 ? store.multi_epoch : store.run_epoch)[g];
-    if (!graph.ready() || epoch != m_.current_epoch()) m_.capture_run_graph(c_, g == 1, false, steps);
-    return graph;
-  }
-
-  // Launches the held steps (the last held_ of q_): as one graph of run_steps_ bodies where
-  // there are that many, else one by one; one event after them, owned by the last.
-  void launch_held() {
-    if (held_ == 0) return;
-    const int n = held_;
-    held_ = 0;  // (a failed launch leaves nothing held: the run's steps are lost either way)
-    if (n == m_.run_steps_ && n > 1) {
-      ready_graph(held_g_, n).launch(m_.s_);
-    } else {
-      Graph& one = ready_graph(held_g_, 1);
-      for (int k = 0; k < n; ++k) one.launch(m_.s_);
-    }
-    if (free_.empty()) {
-      events_.push_back(event_create());
-      free_.push_back(events_.back());
-    }
-    const Event done = free_.back();
-    free_.pop_back();
-    event_record(done, m_.s_);
-    for (int64_t k = int64_t(q_.size()) - n; k < int64_t(q_.size()); ++k) q_[size_t(k)].done = done;
-    q_.back().owns_event = true;
-  }
   const CudaModelT& m_;
   CudaCache& c_;
   std::vector<int32_t> host_ids_;  // the ids of the next step where feed_host_
   AttentionForm attention_;
   bool feed_host_ = true;
   int64_t j_ = 0, pushed_ = 0;     // the device step index of the next graph step; steps pushed
-  int held_ = 0, held_g_ = 0;      // graph steps pushed and not yet launched (ATLAS_RUN_STEPS), their kind
   std::deque<Step> q_;
   std::vector<Event> events_, free_;
 };

@@ -210,8 +210,7 @@ void check_environment();
 // The model's measurement settings from the environment (each unset -> 0 / false):
 // ATLAS_MLA_PREFILL_QPB (1, 2 or 4 queries per MLA prefill block), ATLAS_MLA_TILE_PARALLEL ("0":
 // decode attention without the cluster kernel, "1": automatic), ATLAS_PREFILL_CHUNK_TOKENS (1 to
-// 999999999 tokens per prefill chunk), ATLAS_RUN_STEPS (1 to 8 decode steps per graph launch). A
-// bad value throws an Error naming the variable.
+// 999999999 tokens per prefill chunk). A bad value throws an Error naming the variable.
 struct ModelEnv {
   int mla_prefill_qpb = 0;
   bool mla_tile_parallel_off = false;
@@ -243,13 +242,6 @@ struct ModelEnv {
   // true "o_proj" (after o_proj: the side stream adds and norms the same x and y itself into a
   // row of its own, while the model's stream writes the sum out of place; the same bits).
   bool shared_fork_o_proj = false;
-  // ATLAS_RUN_STEPS (session 68; 1 by default): decode steps per graph launch in a decode run
-  // (1-8). With n > 1 a run holds pushed steps until n are there and launches them as one graph
-  // of n step bodies, so that n - 1 of every n step boundaries are launch-overlap edges inside a
-  // graph instead of graph-to-graph boundaries (s49-1: a graph's root launch does not release
-  // its dependents early); a step popped before its group is full runs in the one-step graph.
-  // The same kernels on the same buffers: the same bits.
-  int run_steps = 1;
 };
 ModelEnv model_env();
 bool launch_overlap();  // whether a launch issued here and now would carry the attribute

@@ -388,10 +388,6 @@ ModelEnv model_env() {
       bad("ATLAS_PREFILL_CHUNK_TOKENS", "expected a whole number of tokens from 1 to 999999999", v);
     e.prefill_chunk_tokens = std::stoll(v);
   }
-  if (const std::string v = value("ATLAS_RUN_STEPS"); !v.empty()) {
-    if (v.size() != 1 || v[0] < '1' || v[0] > '8') bad("ATLAS_RUN_STEPS", "expected 1 to 8 (decode steps per graph)", v);
-    e.run_steps = v[0] - '0';
-  }
   return e;
 }
 
