@@ -1,7 +1,8 @@
 """tools/reference/exact_party.py: the exact-third-party verdict of fullsize_compare.py, on the
 committed H200 record of session 4 (atlas bf16 closer to exact math than transformers bf16 at
-every stage), on edited copies where it must turn false, and on session 49's rerun (the verdict
-the script wrote equals the recomputed one; the distances equal session 4's).
+every stage), on edited copies where it must turn false, on session 49's rerun (the verdict
+the script wrote equals the recomputed one; the distances equal session 4's), and on session 69's
+rerun on an H100 (atlas's own distances to exact math equal session 4's and 49's).
 """
 import copy
 import json
@@ -49,6 +50,22 @@ if not same(verdict_vs_exact(rec49), rec49["verdict"]["vs_exact"]):
     fails.append("s49 record: written verdict %s, recomputed %s" % (rec49["verdict"]["vs_exact"], verdict_vs_exact(rec49)))
 if rec49["stages"] != rec["stages"]:
     fails.append("s49 record: stage distances differ from session 4's")
+
+# Session 69's rerun (c3a017d, on an H100, twenty sessions of kernel changes later): atlas bf16's
+# distances and route agreements against atlas f32 (the exact third party) are session 4's and 49's
+# to the last bit, whatever the GPU model. Transformers' own figures differ there (its cuBLAS picks
+# other kernels on an H100), so only the atlas-only parts and the verdict's consistency are checked.
+rec69 = json.load(open(os.path.join(SRC, "bench", "results", "h100-2026-12-07-s69-fullsize-compare.json")))
+if not same(verdict_vs_exact(rec69), rec69["verdict"]["vs_exact"]):
+    fails.append("s69 record: written verdict %s, recomputed %s" % (rec69["verdict"]["vs_exact"], verdict_vs_exact(rec69)))
+if not rec69["verdict"]["vs_exact"]["atlas_at_least_as_exact"]:
+    fails.append("s69 record: atlas bf16 farther from exact math than transformers bf16")
+for key in ("stages_vs_atlas_f32", "route_set_agreement_vs_atlas_f32"):
+    for older, name in ((rec, "session 4"), (rec49, "session 49")):
+        if rec69[key]["atlas_bf16"] != older[key]["atlas_bf16"]:
+            fails.append("s69 record: %s of atlas bf16 differ from %s's" % (key, name))
+if rec69["prompts"] != rec49["prompts"] or rec69["steps"] != rec49["steps"]:
+    fails.append("s69 record: not the same prompts and steps as session 49's")
 
 for f in fails:
     print("FAIL", f)
