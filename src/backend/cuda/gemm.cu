@@ -123,7 +123,6 @@ using CfgS16 = kern::SplitKTile<2, 8>;  // 16 columns, 256 threads
 using CfgS8 = kern::SplitKTile<1, 8>;   // 8 columns, 256 threads (narrow N: more blocks)
 using CfgS8W2 = kern::SplitKTile<1, 2>;  // 8 columns, 64 threads: K <= 512 (two slices, two warps)
 using CfgS8W4 = kern::SplitKTile<1, 4>;  // 8 columns, 128 threads (ATLAS_GEMM_WIDE_SPLITK4)
-using CfgS8B2 = kern::SplitKTile<1, 8, 2>;  // 8 columns, 256 threads, two staging buffers a warp (64 KB)
 // Weight streaming (at most 8 rows per tile, kernels/gemm_stream.cuh): one 8 x 8 tile per warp
 // at a time, per-warp rings of 4 KB K slices, persistent blocks with even shares.
 //                                     warps stages   smem    blocks per SM
@@ -346,7 +345,7 @@ constexpr TileConfig make_splitk_config(const char* name) {
 // 128x64: two blocks per SM, the per-SM tile area the old 128x128 had). Retune from the bench.
 // constexpr: constant-initialised, so other translation units may ask for names during their
 // own static initialisation (the benchmark registers its cases by config name).
-constexpr std::array<TileConfig, 48> kConfigs = {
+constexpr std::array<TileConfig, 47> kConfigs = {
     make_tma_config("tma192x128x64/5"),           make_wgmma_config<CfgWg192>("wg192x128x64/4"),
     make_wgmma_config<CfgWg128>("wg128x128x64/4"),          make_config<CfgL128N64, false>("128x64x32/4"), make_config<CfgL128, false>("128x128x32/4"),
     make_config<CfgM64, true>("64x64x64/4"),      make_config<CfgM64N32, false>("64x32x64/4"),
@@ -390,10 +389,7 @@ constexpr std::array<TileConfig, 48> kConfigs = {
     // head, layer 0's gate|up at one row) and 64-wide ones (layer 0's down: K = 10,944 is no
     // multiple of 128).
     make_wglean_split_config<CfgWs128, 0>("streamwg64x8/4lk"), make_wglean_split_config<CfgWs64S8, 0>("streamwg64x8/8l64k"),
-    make_wglean_config<CfgWs128S3, 2>("streamwg64x8/3l/2"),
-    // The staged split-K with the next round's slices in flight (session 69, A/B runs through
-    // ATLAS_GEMM_LONG_K: layer 0's down at one row, six rounds of copies per block).
-    make_splitk_config<CfgS8B2, true>("splitk16x8/8w+staged2")};
+    make_wglean_config<CfgWs128S3, 2>("streamwg64x8/3l/2")};
 
 constexpr int config_index(std::string_view name) {
   for (size_t i = 0; i < kConfigs.size(); ++i)
@@ -2357,7 +2353,7 @@ int gemm_grouped_few_down_setting(const char* value) {
 int gemm_splitk_setting(const char* value) {
   return config_override_setting("ATLAS_GEMM_SPLITK", value, [](const TileConfig& c) { return c.splitk; },
                                  "a split-K config name (splitk16x8/8w, splitk16x16/8w, splitk16x8/8w+staged, "
-                                 "splitk16x8/2w+staged, splitk16x8/4w+staged, splitk16x8/8w+staged2)");
+                                 "splitk16x8/2w+staged, splitk16x8/4w+staged)");
 }
 
 bool probe_device_code(void (*probe)(int*), const char* what) {

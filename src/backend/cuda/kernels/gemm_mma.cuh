@@ -77,16 +77,11 @@ struct MmaTile {
 };
 
 // Split-K small-M tile: 16 rows x 8*NI columns, KW warps on different K slices.
-// BUFS 2 (session 69, config "splitk16x8/8w+staged2", the staged kernel only): each warp stages
-// its slice of the next round while it computes this one, in two buffers of dynamic shared
-// memory (64 KB at 8 warps and 8 columns); BUFS 1: one buffer, static.
-template <int NI_, int KW_, int BUFS_ = 1>
+template <int NI_, int KW_>
 struct SplitKTile {
-  static constexpr int BM = 16, NI = NI_, BN = 8 * NI_, KW = KW_, BUFS = BUFS_;
+  static constexpr int BM = 16, NI = NI_, BN = 8 * NI_, KW = KW_;
   static constexpr int THREADS = 32 * KW;
-  static_assert(BUFS == 1 || BUFS == 2, "one staging buffer per warp, or two");
-  // BUFS 1: static shared memory only; 2: the warps' buffers, [KW][BUFS][BN * kSliceK] bf16
-  static constexpr int SMEM_BYTES = BUFS > 1 ? KW * BUFS * BN * kSliceK * 2 : 0;
+  static constexpr int SMEM_BYTES = 0;  // static shared memory only
   static constexpr int ELEMS = (BM * BN + THREADS - 1) / THREADS;  // reduced outputs per thread
 };
 
@@ -1049,12 +1044,6 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int k, int K,
 // columns past N zero-filled as load_pair reads zeros). The same fragments, the same mma order
 // and the same reduce: the same bits (Gemm.EveryConfig*). Config "splitk16x8/8w+staged", the
 // dense split-K default since session 21 (gemm.cu, dense_splitk_config; ATLAS_GEMM_SPLITK).
-// T::BUFS 2 (config "splitk16x8/8w+staged2", session 69): a warp's slice of round r + 1 is in
-// flight while round r computes (two buffers; round r's reads done, the buffer takes round
-// r + 2's), so a block of many rounds waits for one copy's latency, not one per round. Why: at
-// one row, layer 0's down (43 slices: six rounds of eight warps) took ~16 us for 44.8 MB on 256
-// blocks (s69-6's timeline), ~2.8 TB/s against the LM head's 4.3: a chain of six dependent
-// rounds of copies per block. The same copies, fragments and order: the same bits.
 // The body of gemm_splitk_kernel, with a tail: NoSplitKTail (the kernel), or a kernels/
 // gemm_tail.cuh functor that the launch's last block runs on the whole output once every block's
 // stores are done (gemm_splitk_tail_kernel; dense problems only, where every block has a tile).
@@ -1084,19 +1073,11 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
   __shared__ int64_t a_off[T::BM];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // kStaged: this warp's slice of the tile's BN weight rows, [row][chunk ^ (row & 7)][8] (the
-  // XOR spreads ldmatrix's eight rows of one chunk over distinct banks); T::BUFS 2: two of them
-  // (the round's and the next one's).
-  static_assert(T::BUFS == 1 || kStaged, "two buffers: the staged kernel");
-  constexpr int kBufElems = T::BN * kSliceK;
+  // XOR spreads ldmatrix's eight rows of one chunk over distinct banks).
   uint16_t* sb = nullptr;
   if constexpr (kStaged) {
-    if constexpr (T::BUFS > 1) {
-      extern __shared__ __align__(128) unsigned char gemm_smem[];
-      sb = reinterpret_cast<uint16_t*>(gemm_smem) + warp * (T::BUFS * kBufElems);
-    } else {
-      __shared__ __align__(128) uint16_t staged[T::KW][kBufElems];
-      sb = staged[warp];
-    }
+    __shared__ __align__(128) uint16_t staged[T::KW][T::BN * kSliceK];
+    sb = staged[warp];
   }
 
   const int K = p.K;
@@ -1104,31 +1085,18 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
   const int S = (K + kSliceK - 1) / kSliceK;
   const L2Hint w_hint = l2_evict_first_hint(kVec && p.l2_evict_first > 0);
   TileSpot t;
-  // kStaged: copy slice s of the tile's BN weight rows into this warp's buffer `buf`, row j's
-  // 16-byte chunk `lane` (K % 8 == 0: a chunk is wholly inside K or not), one commit group (an
-  // empty one for a slice past the last: T::BUFS 2 counts one group per round).
-  const auto stage_slice = [&](int s, int buf) {
+  // kStaged: copy slice s of the tile's BN weight rows into this warp's buffer, row j's 16-byte
+  // chunk `lane` (K % 8 == 0: a chunk is wholly inside K or not), one commit group.
+  const auto stage_slice = [&](int s) {
     if constexpr (kStaged) {
-      if (s < S) {
-        const int n0 = t.n_tile * T::BN, k = s * kSliceK + lane * 8;
-        uint16_t* b = sb + buf * kBufElems;
+      const int n0 = t.n_tile * T::BN, k = s * kSliceK + lane * 8;
 #pragma unroll
-        for (int j = 0; j < T::BN; ++j) {
-          const bool in = n0 + j < p.N && k < K;
-          cp_async16_at(smem_u32(b + j * kSliceK + (lane ^ (j & 7)) * 8),
-                        in ? t.w + int64_t(n0 + j) * p.ws + k : t.w, in ? 16 : 0, w_hint);
-        }
+      for (int j = 0; j < T::BN; ++j) {
+        const bool in = n0 + j < p.N && k < K;
+        cp_async16_at(smem_u32(sb + j * kSliceK + (lane ^ (j & 7)) * 8), in ? t.w + int64_t(n0 + j) * p.ws + k : t.w,
+                      in ? 16 : 0, w_hint);
       }
       cp_async_commit();
-    }
-  };
-  // T::BUFS 2: the first two rounds' slices (this warp's of rounds 0 and 1, always two groups
-  // where the warp has a slice at all); each round then stages the one two rounds on into the
-  // buffer it has just read.
-  const auto stage_two = [&]() {
-    if (warp < S) {
-      stage_slice(warp, 0);
-      stage_slice(warp + T::KW, 1);
     }
   };
   // kStaged, dense, under launch overlap with p.prefetch > 1 (ATLAS_GEMM_STAGE_EARLY): the first
@@ -1141,11 +1109,8 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
     if (p.offsets == nullptr && p.prefetch > 1) {
       const bool found = find_tile<T::BM, kVec>(p, int(blockIdx.x), tid, lane, t);
       if (found) {
-        if constexpr (T::BUFS > 1)
-          stage_two();
-        else if (warp < S)
-          stage_slice(warp, 0);
-        prefetch_weights_l2<T::BN>(p, t.w, t.n_tile * T::BN, T::BUFS * T::KW * kSliceK, K);
+        if (warp < S) stage_slice(warp);
+        prefetch_weights_l2<T::BN>(p, t.w, t.n_tile * T::BN, T::KW * kSliceK, K);
       }
       pdl_begin_gemm();
       if (!found) return;
@@ -1157,8 +1122,6 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
   stamp.go();
   const int n0 = t.n_tile * T::BN;
   if (tid < T::BM) a_off[tid] = a_row_offset(p, t.row_begin + tid, t.row_end);
-  if constexpr (kStaged && T::BUFS > 1)
-    if (!staged_early) stage_two();
   __syncthreads();
 
   // Fragment coordinates (m16n8k16): A rows gid and gid + 8, B column (n) gid, k pairs at
@@ -1186,14 +1149,13 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
 #pragma unroll
   for (int e = 0; e < T::ELEMS; ++e) tot[e] = 0.0f;
 
-  for (int s0 = 0, round = 0; s0 < S; s0 += T::KW, ++round) {
+  for (int s0 = 0; s0 < S; s0 += T::KW) {
     const int s = s0 + warp;
     if (s < S) {
       const int c0 = s * kSliceChunks;
-      const int buf = T::BUFS > 1 ? (round & 1) : 0;
       // kStaged: every row's copy in flight before the A loads below (the first round's
-      // already are where they were copied early; T::BUFS 2: every round's, two rounds ahead).
-      if (kStaged && T::BUFS == 1 && !(staged_early && s0 == 0)) stage_slice(s, 0);
+      // already are where they were copied early).
+      if (kStaged && !(staged_early && s0 == 0)) stage_slice(s);
       // The whole slice's fragments first (independent loads, all in flight), then the mma.
       uint32_t af[kSliceChunks][4];
       uint32_t bf[kSliceChunks][T::NI][2];
@@ -1217,23 +1179,17 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
         }
       }
       if constexpr (kStaged) {
-        // (T::BUFS 2: the next round's group may stay in flight)
-        cp_async_wait<T::BUFS - 1>();
+        cp_async_wait<0>();
         __syncwarp();  // every lane's copies of this warp's slice landed
         // ldmatrix.x2: lanes 0-7 address rows ni*8 + 0-7 at the chunk's k 0-7 (-> b0), lanes 8-15
         // the same rows at k 8-15 (-> b1); thread (gid, tig) gets row gid's pairs 2*tig.
-        const uint16_t* b = sb + buf * kBufElems;
 #pragma unroll
         for (int c = 0; c < kSliceChunks; ++c)
 #pragma unroll
           for (int ni = 0; ni < T::NI; ++ni) {
             const int r = ni * 8 + (lane & 7), q = 2 * c + ((lane >> 3) & 1);
-            ldmatrix_x2(bf[c][ni][0], bf[c][ni][1], b + r * kSliceK + (q ^ (r & 7)) * 8);
+            ldmatrix_x2(bf[c][ni][0], bf[c][ni][1], sb + r * kSliceK + (q ^ (r & 7)) * 8);
           }
-        if constexpr (T::BUFS > 1) {
-          __syncwarp();  // every lane's reads of this buffer done before its refill
-          stage_slice(s + 2 * T::KW, buf);
-        }
       }
       float acc[T::NI][4];
 #pragma unroll
@@ -1271,9 +1227,6 @@ __device__ __forceinline__ void splitk_body(const MmaGemmParams& p, const Tail& 
     }
     __syncthreads();  // part is overwritten by the next round
   }
-  // (T::BUFS 2: only empty groups can be left, slices past the last; nothing in flight when the
-  // block's shared memory is released, all the same)
-  if constexpr (kStaged && T::BUFS > 1) cp_async_wait<0>();
 
 #pragma unroll
   for (int e = 0; e < T::ELEMS; ++e) {
