@@ -940,8 +940,8 @@ TEST_F(Gemm, GatedEqualsTheGemmThenSiluGateInEveryConfig) {
 // Launch overlap on: every config's blocks prefetch their weights into L2 before they wait for
 // the kernel before them (kern::start_tile); the products are the bits of overlap off, also when
 // the GEMM follows another GEMM on the stream (so the wait really has something to wait for).
-// (1 x 36 x 4360: 18 K slices, three rounds of the staged split-K's eight warps after its early
-// first round, with a short last slice and a part column tile; session 69.)
+// (1 x 36 x 4360: 18 K slices, three rounds of the staged split-K's eight warps, the first staged
+// early, with a short last slice and a part column tile; session 69.)
 TEST_F(Gemm, LaunchOverlapWithWeightPrefetchGivesTheSameBits) {
   std::mt19937 rng(test_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
