@@ -46,8 +46,12 @@ def same(a, b):  # (a mean's last bit may differ: the device summed the agreemen
     return a == b
 
 
-if not same(verdict_vs_exact(rec49), rec49["verdict"]["vs_exact"]):
-    fails.append("s49 record: written verdict %s, recomputed %s" % (rec49["verdict"]["vs_exact"], verdict_vs_exact(rec49)))
+def written_verdict_is_recomputed(r, label):
+    if not same(verdict_vs_exact(r), r["verdict"]["vs_exact"]):
+        fails.append("%s record: written verdict %s, recomputed %s" % (label, r["verdict"]["vs_exact"], verdict_vs_exact(r)))
+
+
+written_verdict_is_recomputed(rec49, "s49")
 if rec49["stages"] != rec["stages"]:
     fails.append("s49 record: stage distances differ from session 4's")
 
@@ -56,8 +60,7 @@ if rec49["stages"] != rec["stages"]:
 # to the last bit, whatever the GPU model. Transformers' own figures differ there (its cuBLAS picks
 # other kernels on an H100), so only the atlas-only parts and the verdict's consistency are checked.
 rec69 = json.load(open(os.path.join(SRC, "bench", "results", "h100-2026-12-07-s69-fullsize-compare.json")))
-if not same(verdict_vs_exact(rec69), rec69["verdict"]["vs_exact"]):
-    fails.append("s69 record: written verdict %s, recomputed %s" % (rec69["verdict"]["vs_exact"], verdict_vs_exact(rec69)))
+written_verdict_is_recomputed(rec69, "s69")
 if not rec69["verdict"]["vs_exact"]["atlas_at_least_as_exact"]:
     fails.append("s69 record: atlas bf16 farther from exact math than transformers bf16")
 for key in ("stages_vs_atlas_f32", "route_set_agreement_vs_atlas_f32"):
