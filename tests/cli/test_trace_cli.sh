@@ -104,7 +104,7 @@ else
   # On/off switches of sessions 21-23 (env_switch): one error naming the variable, no file.
   for bad_switch in ATLAS_GEMM_STAGE_EARLY=yes ATLAS_GEMM_CLUSTER_EARLY=on ATLAS_MLA_EARLY_CACHE=true \
     ATLAS_GEMM_STREAM_BALANCE=even ATLAS_GEMM_TAILS=yes ATLAS_MOE_SELF_ROUTE=self ATLAS_GEMM_TIGHT_TILES=tight ATLAS_ROUTE_CLUSTER=on ATLAS_GEMM_WIDE_SPLITK4=4w \
-    ATLAS_MOE_DOWN_EARLY=early ATLAS_COMBINE_DIRECT=rows ATLAS_RUN_FUSED=fused ATLAS_RUN_ROOT=root ATLAS_DEVICE_EDITS=host ATLAS_CACHE_POOL=keep ATLAS_EARLY_GRAPHS=early; do
+    ATLAS_MOE_DOWN_EARLY=early ATLAS_COMBINE_DIRECT=rows ATLAS_RUN_FUSED=fused ATLAS_RUN_ROOT=root ATLAS_DEVICE_EDITS=host ATLAS_CACHE_POOL=keep ATLAS_EARLY_GRAPHS=early ATLAS_MLA_PAIR_MERGE=pair; do
     expect_error "bad ${bad_switch%%=*} switch" "${bad_switch%%=*}: expected 0 or 1, got '${bad_switch#*=}'" \
       env "$bad_switch" "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
     no_file "bad ${bad_switch%%=*} switch" "$work/env.json"

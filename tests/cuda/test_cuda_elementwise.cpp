@@ -294,6 +294,7 @@ TEST(EnvSettings, CheckEnvironmentNamesTheBadSwitch) {
       {"ATLAS_MLA_MERGE_EARLY", {"0", "1", "early"}},
       {"ATLAS_MOE_COMBINE_PAIRS", {"0", "1", "pairs"}},
       {"ATLAS_MLA_MERGE_VALUE", {"0", "1", "merge"}},
+      {"ATLAS_MLA_PAIR_MERGE", {"0", "1", "pair"}},
       {"ATLAS_ROUTE_TAIL", {"0", "1", "tail"}},
       {"ATLAS_SHARED_DOWN_FIRST", {"0", "1", "first"}},
       {"ATLAS_SHARED_DOWN_WAIT", {"0", "1", "wait"}},

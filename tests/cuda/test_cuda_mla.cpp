@@ -64,6 +64,7 @@ struct Call {
   bool misalign = false;  // q and cache one element off 16-byte alignment: the element-load path
   bool stable_prefix = false;  // the cluster kernel's decode-step copy order (MlaDecodeArgs)
   int exchange = 0;            // MlaDecodeArgs::cluster_exchange
+  int cluster_merge = 0;       // MlaDecodeArgs::cluster_merge
 };
 
 std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
@@ -81,7 +82,8 @@ std::vector<uint16_t> run_gpu(const Problem& p, const Call& c = {}) {
               .out = dout.get(), .latent = sh.latent, .rope = sh.rope, .rows = Q, .heads = sh.heads, .scale = kScale,
               .split_tokens = c.split, .workspace = ws.get(), .impl = c.impl,
               .queries_per_block = c.queries_per_block, .tile_buffers = c.tile_buffers,
-              .tile_parallel = c.tile_parallel, .cluster_exchange = c.exchange, .stable_prefix = c.stable_prefix});
+              .tile_parallel = c.tile_parallel, .cluster_exchange = c.exchange, .cluster_merge = c.cluster_merge,
+              .stable_prefix = c.stable_prefix});
   check_device_errors();
   return dout.download();
 }
@@ -329,6 +331,76 @@ TEST_F(Mla, TileParallelGivesTheBitsOfTheWalk) {
   for (const int x : {1, 2, 3})
     EXPECT_EQ(run_gpu(p, {.queries_per_block = 1, .tile_parallel = 2, .exchange = x}), walk)
         << "cache rows shared, exchange " << x;
+}
+
+// The pair merge (session 70, MlaDecodeArgs::cluster_merge): where max_length has at most two
+// splits, the cluster kernel runs a query's two splits in one cluster of 8 blocks and merges them
+// itself (no merge launch), length-0 queries' zeros included. Bit for bit against the walk with
+// the merge launch and against the cluster kernel with it: lengths at and around every tile and
+// split boundary up to 512, 0 (the poisoned output must be overwritten with zeros), the shapes of
+// the tile-parallel test, two splits (clusters of 8) and one (clusters of 4), the decode step's
+// early copies, a batch of 16 queries (16 clusters of 8), queries sharing cache rows, and the
+// refusal where it cannot run.
+TEST_F(Mla, PairMergeGivesTheBitsOfTheMergeLaunch) {
+  if (!mla_tile_parallel_available()) GTEST_SKIP() << "no cluster launch on this GPU / build";
+  std::mt19937 rng(test_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  constexpr int kAsync = 3;
+  const std::vector<int32_t> lengths = {1, 17, 63, 64, 65, 128, 200, 255, 256, 257, 300, 320, 384, 449, 511, 512, 0};
+  for (const Shape& sh : std::vector<Shape>{{}, {5, 512, 64}, {16, 100, 12}, {4, 32, 16}, {2, 16, 16}, {3, 384, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << sh.heads << " latent " << sh.latent << " rope " << sh.rope);
+    const Problem p = make_problem(rng, sh, lengths, {}, 520);
+    const auto walk = run_gpu(p, {.tile_parallel = 1});
+    {  // two splits: clusters of (4, 2)
+      const Call pair{.tile_parallel = 2, .max_length = 512, .exchange = kAsync, .cluster_merge = 2};
+      Call merge_launch = pair;
+      merge_launch.cluster_merge = 1;
+      EXPECT_EQ(run_gpu(p, merge_launch), walk) << "the cluster kernel, then the merge launch";
+      EXPECT_EQ(run_gpu(p, pair), walk);
+      EXPECT_EQ(run_gpu(p, pair), walk) << "second run";
+      Call early = pair;
+      early.stable_prefix = true;
+      EXPECT_EQ(run_gpu(p, early), walk) << "stable prefix";
+      Call automatic = pair;
+      automatic.cluster_merge = 0;
+      automatic.tile_parallel = 0;
+      EXPECT_EQ(run_gpu(p, automatic), walk) << "chosen automatically";
+    }
+    // One split (clusters of (4, 1)): the queries of up to 256 slots.
+    Problem one = p;
+    std::vector<size_t> keep;
+    for (size_t b = 0; b < p.lengths.size(); ++b)
+      if (p.lengths[b] <= 256) keep.push_back(b);
+    one.lengths.clear();
+    one.q.clear();
+    const size_t qn = size_t(sh.heads) * sh.width();
+    for (const size_t b : keep) {
+      one.lengths.push_back(p.lengths[b]);
+      one.q.insert(one.q.end(), p.q.begin() + ptrdiff_t(b * qn), p.q.begin() + ptrdiff_t((b + 1) * qn));
+    }
+    one.rows.clear();
+    for (const size_t b : keep) one.rows.push_back(p.rows.empty() ? int32_t(b) : p.rows[b]);
+    const auto one_walk = run_gpu(one, {.queries_per_block = 1, .tile_parallel = 1});
+    EXPECT_EQ(run_gpu(one, {.queries_per_block = 1, .tile_parallel = 2, .max_length = 256, .exchange = kAsync,
+                            .cluster_merge = 2}),
+              one_walk)
+        << "one split";
+    // Where it cannot run: three splits, or another exchange.
+    EXPECT_THROW(run_gpu(p, {.tile_parallel = 2, .max_length = 513, .exchange = kAsync, .cluster_merge = 2}), Error);
+    EXPECT_THROW(run_gpu(p, {.tile_parallel = 2, .max_length = 512, .exchange = 1, .cluster_merge = 2}), Error);
+  }
+  // Queries sharing cache rows, and 16 queries at once (16 clusters of 8 blocks).
+  const Problem shared = make_problem(rng, {}, {300, 64, 257, 1, 512, 0, 40, 256}, {0, 0, 1, 1, 2, 2, 3, 3}, 512);
+  EXPECT_EQ(run_gpu(shared, {.queries_per_block = 1, .tile_parallel = 2, .max_length = 512, .exchange = kAsync,
+                             .cluster_merge = 2}),
+            run_gpu(shared, {.queries_per_block = 1, .tile_parallel = 1}))
+      << "cache rows shared";
+  std::vector<int32_t> many(16);
+  for (int b = 0; b < 16; ++b) many[size_t(b)] = int32_t(1 + (b * 97) % 512);
+  const Problem wide = make_problem(rng, {}, many, {}, 512);
+  EXPECT_EQ(run_gpu(wide, {.tile_parallel = 2, .max_length = 512, .exchange = kAsync, .cluster_merge = 2}),
+            run_gpu(wide, {.tile_parallel = 1}))
+      << "16 queries";
 }
 
 // mla_decode_with_value (session 32, ATLAS_MLA_MERGE_VALUE; written before its first GPU run):

@@ -32,8 +32,10 @@ inline void require(bool ok, const char* op, const char* field, const std::strin
 // Whether the loaded device code has a feature (an sm_90 kernel in a build for older GPUs too):
 // the probe kernel writes 1 (has it) or 0. Synchronises: call once, outside any capture.
 bool probe_device_code(void (*probe)(int*), const char* what);
-// Whether the device can place at least one cluster of cluster_x blocks of `kernel` (threads per
-// block, dynamic shared memory bytes); cudaOccupancyMaxActiveClusters, a refusal being an answer.
+// How many clusters of (cluster_x, cluster_y, 1) blocks of `kernel` (threads per block, dynamic
+// shared memory bytes) the device can hold at once: cudaOccupancyMaxActiveClusters, a refusal
+// being 0. cluster_fits: at least one.
+int cluster_capacity(const void* kernel, int cluster_x, int cluster_y, int threads, int smem);
 bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem);
 
 // ATLAS_GEMM_STREAM's value (null: unset): the weight-streaming GEMM config the automatic choice
@@ -266,11 +268,12 @@ kern::LatentCacheParams<T> latent_cache_params(const LatentCacheArgsT<T>& a);
 bool mla_attention_only(const MlaDecodeArgs& a, kern::MlaMergeParams& merge);
 
 // Every atlas kernel launch: kernel<<<grid, block, smem, stream>>>(args...), with the
-// programmatic-serialization attribute when pdl_enabled(), and clusters of (cluster_x, 1, 1)
-// blocks when cluster_x > 0 (launch_clustered; the GEMM's cluster configs). Launch errors are
+// programmatic-serialization attribute when pdl_enabled(), and clusters of `cluster` blocks
+// when cluster.x > 0 (launch_clustered; the GEMM's cluster configs, (x, 1, 1), and the MLA
+// kernel's, (4, 1, 1) or (4, 2, 1)). Launch errors are
 // picked up by the caller's check_launch, as with <<<>>>.
 template <class... Params, class... Args>
-void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+void launch_clustered(dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -279,11 +282,11 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
   cfg.stream = stream;
   cudaLaunchAttribute attr[4];
   unsigned n = 0;
-  if (cluster_x > 0) {
+  if (cluster.x > 0) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
     ++n;
   }
   // (A launch after stream_wait_programmatic's explicit capture edges has them already.)
@@ -327,7 +330,7 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, 
 }
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  launch_clustered(0, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+  launch_clustered(dim3(0), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // moe_route's checks (router, permutation, and that the permutation is the router's) and its

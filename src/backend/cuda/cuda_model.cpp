@@ -34,6 +34,10 @@ namespace atlas::cuda {
 namespace {
 
 constexpr int kSplitTokens = 256;           // MLA split size: part of the numerics (docs/cuda.md)
+// Decode-step graphs whose rows are all at most this long are captured with it as the MLA bound
+// (two splits): the attention's split merge then runs inside its launch (the pair merge,
+// MlaDecodeArgs::cluster_merge) and the graph has no merge launch (session 70).
+constexpr int64_t kPairBound = 2 * kSplitTokens;
 constexpr size_t kAlign = 256;              // device sub-allocation alignment (bytes)
 constexpr size_t kMlaWorkspaceBudget = 512u << 20;  // bytes of MLA partials per launch
 
@@ -113,14 +117,16 @@ struct CacheStore {
   int32_t* pinned = nullptr;      // CudaCache::pinned()
   DeviceBlock run_state;          // CudaCache::run_state()
   int32_t* run_pinned = nullptr;  // CudaCache::run_host()
-  // A decode run's step graph, without / with the sampling kernel. (Session 24: pushes
+  // A decode run's step graph, without / with the sampling kernel [g], for steps of any length
+  // up to the capacity / of at most kPairBound slots where the capacity is larger [k] (the
+  // attention bound they were captured with: CudaModelT::graph_bound). (Session 24: pushes
   // alternating between two instances of it measured no faster: 421.8 vs 423.8 tok/s at one step
   // ahead, s24-4.)
-  Graph run_graph[2];
-  uint64_t run_epoch[2] = {0, 0};  // the scratch layout each was captured against
-  Graph decode_graph;              // forward()'s T = 1 step, captured on first use (CudaModel::forward)
-  uint64_t graph_epoch = 0;        // the scratch layout it was captured against
-  bool graph_samples = false;      // whether it was captured with the sampling kernel
+  Graph run_graph[2][2];
+  uint64_t run_epoch[2][2] = {{0, 0}, {0, 0}};  // the scratch layout each was captured against
+  Graph decode_graph[2];           // forward()'s T = 1 step [k], captured on first use (CudaModel::forward)
+  uint64_t graph_epoch[2] = {0, 0};    // the scratch layout each was captured against
+  bool graph_samples[2] = {false, false};  // whether each was captured with the sampling kernel
   // Decode steps this store has run: its first runs eagerly (one-time setup inside the
   // launchers, cuBLASLt plans and kernel attributes, must not happen during a capture), later
   // ones from the graphs.
@@ -635,6 +641,16 @@ class CudaModelT final : public Model {
   // A decode step's MLA split merge inside the value GEMM's launch (mla_decode_with_value;
   // ATLAS_MLA_MERGE_VALUE=1; off by default: written in session 32, slower in s33-1).
   bool mla_merge_value_ = false;
+  // The MLA split merge inside the attention launch where a step's bound has two splits, and the
+  // decode graphs' short bound (kPairBound) that gives it at lengths up to 512 (ATLAS_MLA_PAIR_MERGE=0:
+  // off, the merge launch and one graph per cache; session 70).
+  bool mla_pair_merge_ = true;
+  // The MLA bound a decode-step graph is captured with for steps whose longest row has max_len
+  // slots, on a cache of `capacity`; graph_kind's index into CacheStore's graph arrays (1: short).
+  int64_t graph_bound(int64_t capacity, int64_t max_len) const {
+    return mla_pair_merge_ && capacity > kPairBound && max_len <= kPairBound ? kPairBound : capacity;
+  }
+  static int graph_kind(int64_t capacity, int64_t bound) { return bound < capacity ? 1 : 0; }
   // The shared experts' down (side_, low priority) launched at the greatest priority where the
   // routed experts have few rows (M * top_k <= kGroupedFewMaxRows: the few-row configs), so that
   // its blocks get SMs early instead of after the routed down's. Session 34: with the routed down
@@ -703,7 +719,8 @@ class CudaModelT final : public Model {
   // current scratch layout (Run::push; the prefill's early capture). With `room_only`, nothing
   // is captured where the step's buffers would need a larger scratch block (a prefill's
   // buffers are still in use; the run captures at its second step then).
-  void capture_run_graph(CudaCache& c, bool sampled, bool room_only = false) const;
+  // bound: the MLA bound (graph_bound), which picks the graph (graph_kind).
+  void capture_run_graph(CudaCache& c, bool sampled, int64_t bound, bool room_only = false) const;
   mutable DeviceBlock argmax_counters_;
   mutable DeviceBlock shared_ready_;  // Buffers::shared_ready (zeroed once)
   Event shared_done_ = nullptr;       // DeferredCombine::event's (with the side stream)
@@ -880,6 +897,7 @@ CudaModelT<Elem>::CudaModelT(const Checkpoint& ck, const CudaModelOptions& opts)
   fast_small_m_invariant_ = env_switch("ATLAS_FAST_SMALL_M", true);
   mla_early_cache_ = env_switch("ATLAS_MLA_EARLY_CACHE", true);
   mla_merge_value_ = env_switch("ATLAS_MLA_MERGE_VALUE", false);
+  mla_pair_merge_ = env_switch("ATLAS_MLA_PAIR_MERGE", true);
   shared_down_first_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_FIRST", true);
   shared_down_wait_ = side_on_ && env_switch("ATLAS_SHARED_DOWN_WAIT", false);
   self_route_ = env_switch("ATLAS_MOE_SELF_ROUTE", false);
@@ -1789,6 +1807,7 @@ void CudaModelT<Elem>::layers_forward(int64_t B, int64_t T, Cache& cache_base, c
           // prefill: consecutive queries of one row share each cache tile; decode: one
           // row per block (the bits are the same either way)
           .queries_per_block = T > 1 ? mla_prefill_qpb_ : 1, .tile_parallel = mla_tile_parallel_,
+          .cluster_merge = mla_pair_merge_ ? 0 : 1,
           // one token per row: the latent cache kernel just above wrote each row's newest
           // slot only, so the older ones may be copied before the launch-overlap wait
           .stable_prefix = T == 1 && mla_early_cache_};
@@ -2102,28 +2121,32 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
   }
   Buffers b{};
   if (use_graph) {
-    // Sized for the cache's capacity, so one capture serves every step of this cache.
-    const int64_t bound = cache->capacity();
-    b = carve(M, B, rows_out, M, bound, sampling);
-    if (!store.decode_graph.ready() || store.graph_epoch != current_epoch() || store.graph_samples != sampling) {
-      store.decode_graph.reset();  // (re)capture: first use, or the scratch block moved
+    // Buffers sized for the cache's capacity, so that the graphs of one cache share them; the
+    // attention bound is the capacity, or kPairBound while every row is that short (graph_bound):
+    // at most two graphs serve every step of this cache.
+    const int64_t cap = cache->capacity(), bound = graph_bound(cap, max_len);
+    const int k = graph_kind(cap, bound);
+    Graph& graph = store.decode_graph[k];
+    b = carve(M, B, rows_out, M, cap, sampling);
+    if (!graph.ready() || store.graph_epoch[k] != current_epoch() || store.graph_samples[k] != sampling) {
+      graph.reset();  // (re)capture: first use, or the scratch block moved
       stream_synchronize(s_);
-      store.decode_graph.begin(s_);
+      graph.begin(s_);
       try {
         copy_to_device_async(b.ids, ints, size_t(5 * M) * 4, s_);
         if (sampling)
           copy_to_device_async(b.sample_params, sample_host, size_t(B) * sizeof(sample_core::RowParams), s_);
         layers_forward(B, T, *cache, b, M, nullptr, bound, true, nullptr, sampling);
         copy_to_host_async(ints + 5 * M, b.greedy, size_t(B) * 4, s_);
-        store.decode_graph.end(s_);
+        graph.end(s_);
       } catch (...) {
-        store.decode_graph.abort(s_);
+        graph.abort(s_);
         throw;
       }
-      store.graph_epoch = current_epoch();
-      store.graph_samples = sampling;
+      store.graph_epoch[k] = current_epoch();
+      store.graph_samples[k] = sampling;
     }
-    store.decode_graph.launch(s_);
+    graph.launch(s_);
   } else {
     const int64_t per_query = int64_t(mla_decode_workspace_floats(1, int(nh), int(max_len), kSplitTokens)) * 4;
     const int64_t chunk =
@@ -2146,14 +2169,16 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
                    want_pattern ? &key_slot : nullptr);
     // Early graphs: the decode run's greedy step graph, recorded while the GPU runs this prefill
     // (before the head's copies, which wait for it), for the run's steps after its eager first
-    // (room for both is left). Its buffers may not move this prefill's.
+    // (room for both is left). Its buffers may not move this prefill's. Its attention bound is
+    // that first graph step's (the rows' lengths after this prefill, plus two steps).
+    const int64_t early_bound = graph_bound(cache->capacity(), int64_t(*std::max_element(real.begin(), real.end())) + 2);
     if (T > 1 && early_graphs_ && graphs_ && has_head_ && in.logits_last_only && (!hooks || hooks->empty()) &&
-        !cache->run_active && !store.run_graph[0].ready() && cache->length_ + T + 1 < cache->capacity() &&
-        greedy_step_rows_.count(B) > 0) {
+        !cache->run_active && cache->length_ + T + 1 < cache->capacity() && greedy_step_rows_.count(B) > 0 &&
+        !store.run_graph[0][graph_kind(cache->capacity(), early_bound)].ready()) {
       const int64_t rows = rows_, flat = flat_rows_;
       const int32_t* expand = expand_;
       try {
-        capture_run_graph(*cache, false, true);
+        capture_run_graph(*cache, false, early_bound, true);
       } catch (const std::exception& e) {  // (the run captures at its second step instead)
         early_graphs_ = false;
         std::fprintf(stderr, "atlas: cuda: early graphs off: the capture behind a prefill failed (%s)\n", e.what());
@@ -2222,11 +2247,11 @@ ForwardOutput CudaModelT<Elem>::forward_step(const ForwardInput& in, Cache& cach
 }
 
 template <class Elem>
-void CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_only) const {
+void CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, int64_t bound, bool room_only) const {
   const int64_t B = c.batch(), cap = c.capacity();
   CacheStore& store = c.store();
-  const int g = sampled ? 1 : 0;
-  Graph& graph = store.run_graph[g];
+  const int g = sampled ? 1 : 0, k = graph_kind(cap, bound);
+  Graph& graph = store.run_graph[g][k];
   const DecodeLaunchScope overlap(true);  // as forward()'s decode steps
   rows_ = flat_rows_ = B;
   expand_ = nullptr;
@@ -2277,14 +2302,14 @@ void CudaModelT<Elem>::capture_run_graph(CudaCache& c, bool sampled, bool room_o
                   .dim = int(H),
                   .eps = float(cfg_.rms_norm_eps),
                   .stream = s_});
-    layers_forward(B, 1, c, b, B, nullptr, cap, true, nullptr, sampled, nullptr, &ends);
+    layers_forward(B, 1, c, b, B, nullptr, bound, true, nullptr, sampled, nullptr, &ends);
     if (!ends.outputs) run_outputs(out);
     graph.end(s_);
   } catch (...) {
     graph.abort(s_);
     throw;
   }
-  store.run_epoch[g] = current_epoch();
+  store.run_epoch[g][k] = current_epoch();
 }
 
 // A decode run on the CUDA backend: each pushed step replays the cache's step graph, whose first
@@ -2334,10 +2359,13 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
       q_.push_back({.ready = true, .tokens = r.greedy});
       return;
     }
-    const int g = sampled ? 1 : 0;
-    Graph& graph = store.run_graph[g];
+    // The step's attention bound: its longest row after it (graph_bound), which picks the graph.
+    std::vector<int32_t>& real = c_.real_;
+    const int64_t bound = m_.graph_bound(cap, int64_t(*std::max_element(real.begin(), real.end())) + 1);
+    const int g = sampled ? 1 : 0, k = graph_kind(cap, bound);
+    Graph& graph = store.run_graph[g][k];
     m_.drop_late();
-    if (!graph.ready() || store.run_epoch[g] != m_.current_epoch()) m_.capture_run_graph(c_, sampled);
+    if (!graph.ready() || store.run_epoch[g][k] != m_.current_epoch()) m_.capture_run_graph(c_, sampled, bound);
     m_.rows_ = m_.flat_rows_ = B;
     m_.expand_ = nullptr;
     int32_t* host = c_.run_host();
@@ -2350,7 +2378,6 @@ class CudaModelT<Elem>::Run final : public DecodeRun {
     // before was popped (its step had ended).
     const int slot = int(j_ % CudaCache::kRing);
     int32_t* st = host + int64_t(slot) * 5 * B;
-    std::vector<int32_t>& real = c_.real_;
     for (int64_t bb = 0; bb < B; ++bb) {
       st[bb] = feed_host_ ? host_ids_[size_t(bb)] : 0;
       st[B + bb] = positions[size_t(bb)];

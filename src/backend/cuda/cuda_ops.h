@@ -807,6 +807,12 @@ struct MlaDecodeArgsT {
   // 1 pull, 2 push, 3 async (st.async on mbarriers); 0 = ATLAS_MLA_EXCHANGE's (pull, push or
   // async; unset: async). Never changes results (tested).
   int cluster_exchange = 0;
+  // The cluster kernel under the async exchange only: where max_length has at most two splits,
+  // the split merge inside the kernel (the two splits of a query in one cluster of 8 blocks,
+  // length-0 queries' zeros written there too) and no merge launch (2), or the merge launch (1);
+  // 0 = 2 where the clusters of 8 fit the SMs at once (session 70). Never changes results
+  // (tested).
+  int cluster_merge = 0;
   // A decode step's launch right after the latent cache kernel (one query per cache row, which
   // wrote slot lengths[q] - 1 and nothing else): the cluster kernel copies the older slots before
   // its launch-overlap wait (kern::MlaTcParams::stable_prefix). Never changes results.

@@ -2399,23 +2399,28 @@ int gemm_down_blocks_setting(const char* value) {
   return v[0] - '0';
 }
 
-bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem) {
+int cluster_capacity(const void* kernel, int cluster_x, int cluster_y, int threads, int smem) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(cluster_x), 1, 1);
+  cfg.gridDim = dim3(unsigned(cluster_x), unsigned(cluster_y), 1);
   cfg.blockDim = dim3(unsigned(threads), 1, 1);
   cfg.dynamicSmemBytes = size_t(smem);
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = unsigned(cluster_x);
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  attr.val.clusterDim.y = unsigned(cluster_y);
+  attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();  // an unsupported size is an answer, not an error
-    return false;
+    return 0;
   }
-  return clusters > 0;
+  return clusters;
+}
+
+bool cluster_fits(const void* kernel, int cluster_x, int threads, int smem) {
+  return cluster_capacity(kernel, cluster_x, 1, threads, smem) > 0;
 }
 
 }  // namespace detail

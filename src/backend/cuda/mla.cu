@@ -112,37 +112,50 @@ ClusterKernel cluster_kernel(bool clocks, int exchange) {
 }
 
 // The tile-parallel kernel's one-time setup: device code for sm_90, cluster launch, the shared
-// memory limit raised to what the widest cache needs, and a cluster of 4 such blocks placeable.
-bool tile_parallel_setup() {
-  static const bool ok = [] {
+// memory limit raised to what the widest cache needs (with the pair merge's area), a cluster of
+// 4 such blocks placeable (ok), and how many clusters of (4, 2) the device holds at once (the
+// pair merge's; 0 where none fits).
+struct TileParallelSetup {
+  bool ok = false;
+  int pair_clusters = 0;
+};
+const TileParallelSetup& tile_parallel_facts() {
+  static const TileParallelSetup facts = [] {
     int dev = 0, cluster_launch = 0;
     check_cuda(cudaGetDevice(&dev), "mla_decode", "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev), "mla_decode",
                "cudaDeviceGetAttribute(clusterLaunch)");
-    if (!cluster_launch || !probe_device_code(kern::mla_tc_cluster_probe_kernel, "mla_decode")) return false;
-    const int smem = kern::mla_tc_cluster_smem_bytes(kMlaWidthMax);
+    if (!cluster_launch || !probe_device_code(kern::mla_tc_cluster_probe_kernel, "mla_decode"))
+      return TileParallelSetup{};
+    const int smem = kern::mla_tc_cluster_smem_bytes(kMlaWidthMax, true);
     for (const int x : {kern::kMlaXPull, kern::kMlaXPush, kern::kMlaXAsync})
       for (const bool clocks : {false, true})
         check_cuda(cudaFuncSetAttribute(cluster_kernel(clocks, x), cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                    "mla_decode", "cudaFuncSetAttribute");
     (void)cluster_clocks();  // (allocates outside any capture)
-    return cluster_fits(reinterpret_cast<const void*>(kern::mla_tc_cluster_kernel<false>), kern::kMlaClusterTiles,
-                        kern::kMlaTcThreads, smem);
+    const void* async = reinterpret_cast<const void*>(kern::mla_tc_cluster_kernel<false, kern::kMlaXAsync>);
+    return TileParallelSetup{
+        .ok = cluster_fits(reinterpret_cast<const void*>(kern::mla_tc_cluster_kernel<false>), kern::kMlaClusterTiles,
+                           kern::kMlaTcThreads, smem),
+        .pair_clusters = cluster_capacity(async, kern::kMlaClusterTiles, 2, kern::kMlaTcThreads, smem)};
   }();
-  return ok;
+  return facts;
 }
+bool tile_parallel_setup() { return tile_parallel_facts().ok; }
 
-// merge_out: null launches the split merge after the attention kernel (mla_decode); else its
-// arguments go there and nothing more is launched (mla_attention_only: the value GEMM's launch
-// merges, kernels/gemm_merge.cuh).
-void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s,
-               kern::MlaMergeParams* merge_out = nullptr) {
+// The tensor-core launch's form: queries per block, 16-byte loads, the cluster kernel (tp) and
+// its exchange, the pair merge (no merge launch); the argument checks before any of it.
+struct TcPlan {
+  int G = 1;
+  bool vec = false, tp = false, pair = false;
+  int exchange = 0;
+};
+TcPlan plan_tc(const MlaDecodeArgs& a, int width, int max_splits) {
   const char* op = "mla_decode";
   const int G = a.queries_per_block ? a.queries_per_block : (a.cache_rows ? 2 : 1);
   require(G == 1 || G == 2 || G == 4, op, "queries_per_block", "must be 0 (auto), 1, 2 or 4, got " + std::to_string(G));
   require(G != 4 || a.tile_buffers != 2, op, "tile_buffers", "4 queries per block fit one tile buffer only, got 2");
   require(max_splits <= 65535, op, "max_length", "too long for the split grid (max_length / split_tokens > 65535)");
-  const int wp = (width + 15) / 16 * 16;
   const bool vec = width % 8 == 0 && a.cache_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(a.latent_cache) % 16 == 0;
   // (Host checks before anything touches the device: the error flag below is a device buffer.)
@@ -151,10 +164,43 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
               std::to_string(a.cluster_exchange));
   require(a.tile_parallel >= 0 && a.tile_parallel <= 2, op, "tile_parallel",
           "must be 0 (auto), 1 (off) or 2 (on), got " + std::to_string(a.tile_parallel));
+  require(a.cluster_merge >= 0 && a.cluster_merge <= 2, op, "cluster_merge",
+          "must be 0 (auto), 1 (off) or 2 (on), got " + std::to_string(a.cluster_merge));
   const bool tp_fits = G == 1 && vec && a.split_tokens == kern::kMlaTile * kern::kMlaClusterTiles;
   require(a.tile_parallel != 2 || (tp_fits && tile_parallel_setup()), op, "tile_parallel",
           "2 needs one query per block, split_tokens 256, width % 8 == 0, 16-byte aligned q and cache rows "
           "and a GPU with cluster launch (mla_tile_parallel_available())");
+  // Tile-parallel: each block of the walk's grid ((rows / G) x splits) becomes a cluster of 4
+  // (one tile of the split each); automatic where the clusters fit the SMs in one wave (decode
+  // batches up to ~16 rows at two splits), where the walk leaves most SMs idle and each block
+  // runs its tiles one by one.
+  const int64_t blocks = int64_t((a.rows + G - 1) / G) * max_splits;
+  const bool tp = a.tile_parallel == 2 || (a.tile_parallel == 0 && tp_fits &&
+                                           blocks * kern::kMlaClusterTiles <= sm_count() && tile_parallel_setup());
+  static const int env_exchange = mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
+  const int exchange = a.cluster_exchange ? a.cluster_exchange : env_exchange;
+  // The pair merge (MlaTcParams::pair_merge): at most two splits, the async exchange, and at two
+  // splits every query's cluster of 8 resident at once (automatic) or at least one (forced).
+  const bool pair_can = tp && max_splits <= 2 && exchange == kern::kMlaXAsync &&
+                        (max_splits == 1 || tile_parallel_facts().pair_clusters > 0);
+  require(a.cluster_merge != 2 || pair_can, op, "cluster_merge",
+          "2 needs the cluster kernel (tile_parallel), the async exchange, max_length <= 2 * split_tokens and "
+          "room for a cluster of 8 blocks");
+  const bool pair = pair_can && (a.cluster_merge == 2 ||
+                                 (a.cluster_merge == 0 && (max_splits == 1 || a.rows <= tile_parallel_facts().pair_clusters)));
+  return {.G = G, .vec = vec, .tp = tp, .pair = pair, .exchange = exchange};
+}
+
+// merge_out: null launches the split merge after the attention kernel (mla_decode), unless the
+// pair merge wrote every output; else its arguments go there and nothing more is launched
+// (mla_attention_only: the value GEMM's launch merges, kernels/gemm_merge.cuh; never with the
+// pair merge).
+void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s,
+               kern::MlaMergeParams* merge_out = nullptr) {
+  const char* op = "mla_decode";
+  const TcPlan plan = plan_tc(a, width, max_splits);
+  const int G = plan.G;
+  const int wp = (width + 15) / 16 * 16;
   const int64_t acc_floats = int64_t(a.rows) * max_splits * a.heads * kern::kMlaAccStride;
   const kern::MlaTcParams p{.q = a.q,
                             .cache = a.latent_cache,
@@ -181,21 +227,16 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.
   const int64_t blocks = int64_t((a.rows + G - 1) / G) * max_splits;
-  // Tile-parallel: each of those blocks becomes a cluster of 4 (one tile of the split each);
-  // automatic where the clusters fit the SMs in one wave (decode batches up to ~16 rows at two
-  // splits), where the walk leaves most SMs idle and each block runs its tiles one by one.
-  const int sms = sm_count();
-  const bool tp = a.tile_parallel == 2 ||
-                  (a.tile_parallel == 0 && tp_fits && blocks * kern::kMlaClusterTiles <= sms && tile_parallel_setup());
-  const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sms) ? 1 : 2);
-  if (tp) {
+  const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sm_count()) ? 1 : 2);
+  const bool vec = plan.vec;
+  if (plan.tp) {
     kern::MlaTcParams pc = p;
     pc.phase_clocks = cluster_clocks();
-    static const int env_exchange = mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
-    launch_clustered(unsigned(kern::kMlaClusterTiles),
-                     cluster_kernel(pc.phase_clocks != nullptr, a.cluster_exchange ? a.cluster_exchange : env_exchange),
+    pc.pair_merge = plan.pair ? 1 : 0;
+    launch_clustered(dim3(unsigned(kern::kMlaClusterTiles), plan.pair ? unsigned(max_splits) : 1u),
+                     cluster_kernel(pc.phase_clocks != nullptr, plan.exchange),
                      dim3(unsigned(a.rows * kern::kMlaClusterTiles), unsigned(max_splits)), kern::kMlaTcThreads,
-                     size_t(kern::mla_tc_cluster_smem_bytes(wp)), s, pc);
+                     size_t(kern::mla_tc_cluster_smem_bytes(wp, plan.pair)), s, pc);
   } else if (G == 1)
     vec ? launch_tc_kernel<1, true>(p, nst, s) : launch_tc_kernel<1, false>(p, nst, s);
   else if (G == 2)
@@ -203,6 +244,7 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   else
     vec ? launch_tc_kernel<4, true>(p, nst, s) : launch_tc_kernel<4, false>(p, nst, s);
   check_launch(op);
+  if (plan.pair) return;  // every output written (MlaTcParams::pair_merge)
   if (merge_out != nullptr) {
     *merge_out = {.ws_acc = p.ws_acc, .ws_ml = p.ws_ml, .lengths = a.lengths, .rows = a.rows, .heads = a.heads,
                   .latent = a.latent, .max_length = a.max_length, .S = a.split_tokens, .max_splits = max_splits,
@@ -275,6 +317,7 @@ namespace detail {
 bool mla_attention_only(const MlaDecodeArgs& a, kern::MlaMergeParams& merge) {
   const int64_t max_splits = check_decode_args(a);
   if (a.rows == 0 || a.impl != MlaImpl::tensor_core) return false;
+  if (plan_tc(a, a.latent + a.rope, int(max_splits)).pair) return false;  // (no merge to move)
   launch_tc(a, a.latent + a.rope, int(max_splits), stream_of(a.stream), &merge);
   return true;
 }

@@ -1037,6 +1037,60 @@ TEST_F(CudaTiny, GraphDecodeEqualsEagerDecodeAndDeviceGreedyEqualsHost) {
   EXPECT_EQ(one.greedy, full.greedy);
 }
 
+// Decode graphs by attention bound (session 70): on a cache of more than two splits (600 slots),
+// steps whose rows are all at most 512 long replay a graph captured with the bound 512 (the MLA
+// split merge inside the attention launch, no merge launch), longer ones the capacity's graph. A
+// run crossing 512 (rows of 497 and 480 prompt tokens, 30 steps) gives the tokens of one eager
+// forward() per step, as do forward()'s own step graphs and the run with ATLAS_MLA_PAIR_MERGE=0's
+// model (one graph, the merge launch).
+TEST_F(CudaTiny, DecodeGraphsAcrossThePairBound) {
+  const int64_t V = ck_->config().vocab_size, B = 2, S = 30;
+  std::vector<std::vector<int32_t>> rows(2);
+  for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < (r == 0 ? 497 : 480); ++t) rows[size_t(r)].push_back(int32_t((r * 131 + t * 7919 + 5) % V));
+  auto eager_model = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16, .graphs = false});
+  auto ce = eager_model->make_cache(B, 600);
+  const std::vector<float> le = prefill(*eager_model, *ce, rows);
+  std::vector<int32_t> first(static_cast<size_t>(B)), fed, expected, positions;
+  for (int64_t r = 0; r < B; ++r) first[size_t(r)] = argmax(le.data() + r * V, V);
+  fed = first;
+  for (int64_t j = 0; j < S; ++j) {
+    std::vector<int32_t> pos(static_cast<size_t>(B));
+    for (int64_t r = 0; r < B; ++r) pos[size_t(r)] = int32_t(rows[size_t(r)].size() + size_t(j));
+    positions.insert(positions.end(), pos.begin(), pos.end());
+    const std::vector<uint8_t> mask(size_t(B), 1), none(size_t(B), 0);
+    fed = eager_model->forward({.batch = B, .tokens = 1, .ids = fed, .positions = pos, .mask = mask,
+                                .logits_last_only = true, .logits_rows = none, .attention = AttentionForm::Absorbed},
+                               *ce).greedy;
+    expected.insert(expected.end(), fed.begin(), fed.end());
+  }
+  ASSERT_EQ(ce->length(), 497 + S);
+  const auto run = [&](const Model& m) {
+    auto c = m.make_cache(B, 600);
+    EXPECT_EQ(prefill(m, *c, rows), le);
+    return m.decode_chain({.batch = B, .steps = S, .first_ids = first, .positions = positions}, *c);
+  };
+  EXPECT_EQ(run(*model_), expected) << "a decode run (graphs of both bounds)";
+  {
+    ScopedEnv off{{"ATLAS_MLA_PAIR_MERGE", "0"}};
+    auto plain = cuda::make_cuda_model(*ck_, {.compute = Compute::BF16});
+    EXPECT_EQ(run(*plain), expected) << "ATLAS_MLA_PAIR_MERGE=0";
+  }
+  // forward()'s step graph per call (T = 1), across the bound too.
+  auto cf = model_->make_cache(B, 600);
+  prefill(*model_, *cf, rows);
+  std::vector<int32_t> ids = first, got;
+  for (int64_t j = 0; j < S; ++j) {
+    const std::vector<int32_t> pos(positions.begin() + j * B, positions.begin() + (j + 1) * B);
+    const std::vector<uint8_t> mask(size_t(B), 1), none(size_t(B), 0);
+    ids = model_->forward({.batch = B, .tokens = 1, .ids = ids, .positions = pos, .mask = mask,
+                           .logits_last_only = true, .logits_rows = none, .attention = AttentionForm::Absorbed},
+                          *cf).greedy;
+    got.insert(got.end(), ids.begin(), ids.end());
+  }
+  EXPECT_EQ(got, expected) << "forward() per step";
+}
+
 // A decode run on the CUDA backend (one step graph replayed per push, each row fed its previous
 // token on the device, tokens back through the pinned ring) gives the tokens of one forward()
 // call per step on an eager model, with greedy and device-sampled rows; the cache it leaves gives

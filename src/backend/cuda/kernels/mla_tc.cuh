@@ -83,6 +83,12 @@ struct MlaTcParams {
   // waits first: kernels/pdl.cuh), so the cluster kernel reads them before its launch-overlap wait.
   int stable_prefix = 0;
   int release_first = 0;  // the cluster kernel: the next launch released first (kernels/pdl.cuh)
+  // The cluster kernel under the async exchange only (session 70): 1 where the grid has at most
+  // two splits, launched as clusters of (4, max_splits): the blocks of a query's two splits form
+  // one cluster, the second split's blocks push their partials, m and l into the first's, which
+  // merge them with the merge kernel's arithmetic (the same bits), and length-0 queries get
+  // their zeros here too: every output is written, and no merge launch follows.
+  int pair_merge = 0;
   // The cluster kernel's clocked instantiation only (ATLAS_PHASE_CLOCKS=attention,
   // kernels/phase_clock.cuh): the sums of its phases' clocks.
   unsigned long long* phase_clocks = nullptr;
@@ -507,7 +513,10 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
 //     tile's k steps through the same mma.sync as the walk; a column's chain depends only on P,
 //     alpha and that column of the cache, so every output has the walk's bits;
 //   * the epilogue is the walk's (direct output for one split, else the workspace for the merge
-//     kernel, m and l from rank 0).
+//     kernel, m and l from rank 0), or under MlaTcParams::pair_merge the merge itself: block r
+//     of the second split pushes its phase-2 accumulators (thread for thread: the same (head,
+//     column) pairs) into block r of the first, its rank 0 the split's m and l into all four,
+//     and the first split's blocks merge (mla_merge_item's formula for two splits) and store.
 // Per block: the query, its own full-width tile (phase 1) and a 128-column latent slice of every
 // tile of the split (phase 2), ~173 KB of shared memory. Decode only (one query per block row,
 // 16-byte loads), split_tokens = 256, latent <= 512; the launcher picks it where the walk would
@@ -515,10 +524,14 @@ __global__ void __launch_bounds__(kMlaTcThreads, NST == 1 && G <= 2 ? 2 : 1) mla
 constexpr int kMlaClusterTiles = 4;                                    // blocks per cluster = tiles per split
 constexpr int kMlaClusterCols = kMlaAccStride / kMlaClusterTiles;       // latent columns per block (phase 2)
 constexpr int kMlaSliceStride = kMlaClusterCols + 8;                   // 272-byte rows: conflict-free ldmatrix
-__host__ __device__ constexpr int mla_tc_cluster_smem_bytes(int wp) {
+// The pair merge's receiving area (MlaTcParams::pair_merge): the split's m [16], the other
+// split's (m, l) [16][2], its accumulators [threads][8] and one mbarrier.
+constexpr int kMlaPairBytes = 4 * 16 + 4 * 32 + 4 * kMlaTcThreads * 8 + 8;
+__host__ __device__ constexpr int mla_tc_cluster_smem_bytes(int wp, bool pair = false) {
   return 2 * 16 * (wp + 8) + 2 * kMlaTile * (wp + 8) + 2 * kMlaClusterTiles * kMlaTile * kMlaSliceStride +
          4 * 16 * kMlaSStride + 2 * kMlaClusterTiles * 16 * kMlaPStride + 4 * 3 * kMlaClusterTiles * 16 + 4 * 16 +
-         2 * 8;  // + the two mbarriers of the st.async exchange (8-byte aligned: every part is)
+         2 * 8 +  // + the two mbarriers of the st.async exchange (8-byte aligned: every part is)
+         (pair ? kMlaPairBytes : 0);
 }
 
 // 1 where this binary's device code has the cluster kernel (sm_90 or later), else 0.
@@ -530,7 +543,8 @@ __global__ void mla_tc_cluster_probe_kernel(int* out) {
 #endif
 }
 
-// Grid (rows * kMlaClusterTiles, max_splits), clusters of (kMlaClusterTiles, 1, 1).
+// Grid (rows * kMlaClusterTiles, max_splits), clusters of (kMlaClusterTiles, 1, 1), or of
+// (kMlaClusterTiles, max_splits, 1) under p.pair_merge (at most two splits, async exchange).
 // kClocks: the diagnostic instantiation (ATLAS_PHASE_CLOCKS=attention): the same work, with
 // thread 0's clock marks (mark(i) below; mla.cu names the phases between them) added to p.phase_clocks.
 constexpr int kMlaClusterMarks = 10;
@@ -576,9 +590,17 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   float* l_s = su_a + T * 16;                                                 // [16]
   uint64_t* mbars = reinterpret_cast<uint64_t*>(l_s + 16);                    // [2] (kMlaXAsync)
   const uint32_t mbar0 = smem_u32(mbars), mbar1 = smem_u32(mbars + 1);
+  // The pair merge's area (kMlaPairBytes; 16-byte aligned: every part before it is a multiple).
+  float* m_s = reinterpret_cast<float*>(mbars + 2);  // [16] this split's m
+  float* x_ml = m_s + 16;                            // [16][2] the second split's (m, l)
+  float* x_acc = x_ml + 32;                          // [threads][8] its accumulators
+  const uint32_t mbar2 = smem_u32(x_acc + kMlaTcThreads * 8);
 
   const cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank());
+  // Under the pair merge a cluster is (T, 2): the blocks of split 1 have ranks T .. 2T - 1, and
+  // rbase + t is the rank of tile t's block of this block's own split.
+  const bool pair = kX == kMlaXAsync && p.pair_merge != 0;
+  const int crank = int(cluster.block_rank()), rank = crank % T, rbase = crank - rank;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int qi = int(blockIdx.x) / T, split = blockIdx.y, j0 = split * p.S;
 
@@ -589,17 +611,32 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     if (split == 0 && rank == 0 && tid == 0) atomicOr(p.error_flag, 4);
     return;
   }
+  const int c0 = rank * kMlaClusterCols;                 // this block's latent columns (phase 2)
   if (len <= j0) {  // no slot of this split
     if (early) pdl_wait_after(rf);
+    if (pair) {
+      // A query that sees no key gets zeros (the merge kernel's rule), written here since no
+      // merge follows; and the blocks of a split past the query's length arrive on the cluster
+      // barrier the other split's blocks wait on before their first remote store.
+      if (len == 0 && split == 0)
+        for (int i = tid; i < p.heads * kMlaClusterCols; i += kMlaTcThreads) {
+          const int h = i / kMlaClusterCols, d = c0 + i % kMlaClusterCols;
+          if (d < p.latent) p.out[(int64_t(qi) * p.heads + h) * p.latent + d] = 0;
+        }
+      cluster_arrive_relaxed();
+      cluster_wait();
+    }
     return;
   }
   const int send = min(len, j0 + p.S);  // end slot of the split
   const int ntiles = (send - j0 + kMlaTile - 1) / kMlaTile;
   const int64_t crow = p.cache_rows ? p.cache_rows[qi] : qi;
   const uint16_t* cbase = p.cache + crow * p.cache_row_stride;
-  const int c0 = rank * kMlaClusterCols;                 // this block's latent columns (phase 2)
   const int dcols = (p.latent + 7) & ~7;                 // latent columns the MMAs cover (<= width)
   const int slice_cpr = max(0, min(kMlaClusterCols, dcols - c0)) / 8;
+  // The pair merge: this block receives the second split's partials (the first split of a
+  // query with two) or sends its own (the second split). Warps with d0 < dcols hold columns.
+  const bool pair_recv = pair && split == 0 && len > p.S, pair_send = pair && split == 1;
   if constexpr (kX == kMlaXAsync) {
     // The bytes this block receives: barrier 0 the row maxima (64 bytes from each other tile,
     // where this block runs a softmax), barrier 1 each other tile's P rows (64 threads x 32
@@ -611,6 +648,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
       mbar_init(mbar1, 1);
       mbar_arrive_expect_tx(mbar0, rank < ntiles ? others * 16 * 4 : 0);
       mbar_arrive_expect_tx(mbar1, others * (64 * 32 + 16 * 8));
+      if (pair_recv) {
+        // 32 bytes from each thread of the partner's warps that hold columns, and (m, l) of 16
+        // rows from the partner split's rank 0.
+        const uint32_t col_warps = uint32_t(min(kMlaTcThreads / 32, max(0, (dcols - c0 + 15) / 16)));
+        mbar_init(mbar2, 1);
+        mbar_arrive_expect_tx(mbar2, col_warps * 32 * 32 + 16 * 8);
+      }
       fence_mbarrier_init();
     }
   }
@@ -694,10 +738,10 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
       *mine = mx;
       if constexpr (kX == kMlaXPush) {
         for (int t = 0; t < T; ++t)
-          if (t != rank) *cluster.map_shared_rank(mine, t) = mx;
+          if (t != rank) *cluster.map_shared_rank(mine, rbase + t) = mx;
       } else if constexpr (kX == kMlaXAsync) {
         for (int t = 0; t < ntiles; ++t)
-          if (t != rank) st_async_f32(dsmem_addr(smem_u32(mine), t), mx, dsmem_addr(mbar0, t));
+          if (t != rank) st_async_f32(dsmem_addr(smem_u32(mine), rbase + t), mx, dsmem_addr(mbar0, rbase + t));
       }
     }
   }
@@ -712,7 +756,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   if (tid < 64 && rank < ntiles) {
     float m_run = -INFINITY;
     if constexpr (kX == kMlaXPull) {
-      for (int t = 0; t < rank; ++t) m_run = fmaxf(m_run, *cluster.map_shared_rank(mx_a + t * 16 + sm_row, t));
+      for (int t = 0; t < rank; ++t) m_run = fmaxf(m_run, *cluster.map_shared_rank(mx_a + t * 16 + sm_row, rbase + t));
     } else {
       for (int t = 0; t < rank; ++t) m_run = fmaxf(m_run, mx_a[t * 16 + sm_row]);
     }
@@ -734,20 +778,20 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
       for (int t = 0; t < T; ++t) {
         if (t == rank) continue;
         if constexpr (kX == kMlaXPush) {
-          uint4* rp = reinterpret_cast<uint4*>(cluster.map_shared_rank(prow, t));
+          uint4* rp = reinterpret_cast<uint4*>(cluster.map_shared_rank(prow, rbase + t));
           rp[0] = v0;
           rp[1] = v1;
           if (sm_q == 0) {
-            *cluster.map_shared_rank(al, t) = alpha;
-            *cluster.map_shared_rank(su, t) = sum;
+            *cluster.map_shared_rank(al, rbase + t) = alpha;
+            *cluster.map_shared_rank(su, rbase + t) = sum;
           }
         } else {
-          const uint32_t bar = dsmem_addr(mbar1, t), rp = dsmem_addr(smem_u32(prow), t);
+          const uint32_t bar = dsmem_addr(mbar1, rbase + t), rp = dsmem_addr(smem_u32(prow), rbase + t);
           st_async_v4(rp, v0, bar);
           st_async_v4(rp + 16, v1, bar);
           if (sm_q == 0) {
-            st_async_f32(dsmem_addr(smem_u32(al), t), alpha, bar);
-            st_async_f32(dsmem_addr(smem_u32(su), t), sum, bar);
+            st_async_f32(dsmem_addr(smem_u32(al), rbase + t), alpha, bar);
+            st_async_f32(dsmem_addr(smem_u32(su), rbase + t), sum, bar);
           }
         }
       }
@@ -762,13 +806,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
       const int t = i >> 7, r = (i >> 3) & 15, c = (i & 7) * 8;
       if (t == rank) continue;
       uint16_t* dst = Pa + (t * 16 + r) * kMlaPStride + c;
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(cluster.map_shared_rank(dst, t));
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(cluster.map_shared_rank(dst, rbase + t));
     }
     for (int i = tid; i < ntiles * 48; i += kMlaTcThreads) {
       const int t = i / 48, a = (i % 48) / 16, r = i % 16;
       if (t == rank) continue;
       float* dst = (a == 0 ? mx_a : a == 1 ? al_a : su_a) + t * 16 + r;
-      *dst = *cluster.map_shared_rank(dst, t);
+      *dst = *cluster.map_shared_rank(dst, rbase + t);
     }
     cp_async_wait<0>();
     cluster.sync();  // copies done (no block leaves while another reads it) and visible in the block
@@ -784,14 +828,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     mark(6);
   }
   mark(7);
-  float m_fin = -INFINITY;
+  float m_fin = -INFINITY, l_fin = 0.0f;
   if (tid < 16) {  // the walk's l and final m of row tid
-    float l = 0.0f;
     for (int t = 0; t < ntiles; ++t) {
-      l = __fmaf_rn(l, al_a[t * 16 + tid], su_a[t * 16 + tid]);
+      l_fin = __fmaf_rn(l_fin, al_a[t * 16 + tid], su_a[t * 16 + tid]);
       m_fin = fmaxf(m_fin, mx_a[t * 16 + tid]);
     }
-    l_s[tid] = l;
+    l_s[tid] = l_fin;
   }
 
   // ---- phase 2: columns c0 + 16 warp .. + 16 over all tiles, ascending ----
@@ -825,25 +868,69 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     }
   }
 
-  // ---- epilogue (the walk's) ----
+  // ---- epilogue (the walk's, or the pair merge's) ----
   mark(8);
-  const bool direct = len <= p.S;  // the query has exactly one split
-  if (!direct && rank == 0 && tid < p.heads) {
-    const int64_t base = ((int64_t(qi) * p.max_splits + split) * p.heads + tid) * 2;
-    p.ws_ml[base] = m_fin;
-    p.ws_ml[base + 1] = l_s[tid];
-  }
-  __syncthreads();  // l_s
-  if (d0 < dcols) {
+  if (pair_send) {
+    // Block r of the second split: its accumulators into block r of the first (thread for
+    // thread), and from rank 0 (which has every tile's maxima) the split's m and l into all four.
+    const int partner = rank;  // the first split's blocks have ranks 0 .. T - 1
+    const uint32_t bar = dsmem_addr(mbar2, partner);
+    if (d0 < dcols) {
+      const uint32_t dst = dsmem_addr(smem_u32(x_acc + tid * 8), partner);
+      st_async_v4(dst, make_uint4(__float_as_uint(o[0][0]), __float_as_uint(o[0][1]), __float_as_uint(o[0][2]),
+                                  __float_as_uint(o[0][3])), bar);
+      st_async_v4(dst + 16, make_uint4(__float_as_uint(o[1][0]), __float_as_uint(o[1][1]), __float_as_uint(o[1][2]),
+                                       __float_as_uint(o[1][3])), bar);
+    }
+    if (rank == 0 && tid < 16)
+      for (int t = 0; t < T; ++t)
+        st_async_v2(dsmem_addr(smem_u32(x_ml + 2 * tid), t), make_float2(m_fin, l_fin), dsmem_addr(mbar2, t));
+  } else if (pair_recv) {
+    // The merge of the two splits (mla_merge_item for n = 2, in its order: M from -inf over the
+    // splits ascending, then the fmaf chains of l and of each column from 0): the same bits.
+    if (tid < 16) m_s[tid] = m_fin;
+    mbar_wait_cluster(mbar2, 0);  // the partner's accumulators and (m, l) have landed here
+    __syncthreads();              // m_s, l_s
+    if (d0 < dcols) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int h = (lane >> 2) + half * 8;
-      if (h >= p.heads) continue;
-      const float l = l_s[h];
+      for (int half = 0; half < 2; ++half) {
+        const int h = (lane >> 2) + half * 8;
+        if (h >= p.heads) continue;
+        const float m0 = m_s[h], m1 = x_ml[2 * h];
+        const float M = fmaxf(fmaxf(-INFINITY, m0), m1);
+        const float f0 = expf(m0 - M), f1 = expf(m1 - M);
+        const float L = __fmaf_rn(x_ml[2 * h + 1], f1, __fmaf_rn(l_s[h], f0, 0.0f));
+        uint16_t* dst = p.out + (int64_t(qi) * p.heads + h) * p.latent;
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int d = d0 + nt * 8 + 2 * (lane & 3);
-        mla_store_pair(p, qi, split, h, d, o[nt][half * 2], o[nt][half * 2 + 1], l, direct);
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int d = d0 + nt * 8 + 2 * (lane & 3) + e;
+            const float a1 = x_acc[tid * 8 + nt * 4 + half * 2 + e];
+            const float v = __fmaf_rn(a1, f1, __fmaf_rn(o[nt][half * 2 + e], f0, 0.0f));
+            if (d < p.latent) dst[d] = f2bf_out(v / L);
+          }
+      }
+    }
+  } else {
+    const bool direct = len <= p.S;  // the query has exactly one split
+    if (!direct && rank == 0 && tid < p.heads) {
+      const int64_t base = ((int64_t(qi) * p.max_splits + split) * p.heads + tid) * 2;
+      p.ws_ml[base] = m_fin;
+      p.ws_ml[base + 1] = l_s[tid];
+    }
+    __syncthreads();  // l_s
+    if (d0 < dcols) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int h = (lane >> 2) + half * 8;
+        if (h >= p.heads) continue;
+        const float l = l_s[h];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int d = d0 + nt * 8 + 2 * (lane & 3);
+          mla_store_pair(p, qi, split, h, d, o[nt][half * 2], o[nt][half * 2 + 1], l, direct);
+        }
       }
     }
   }
