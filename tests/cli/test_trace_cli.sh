@@ -101,6 +101,10 @@ else
   expect_error "bad ATLAS_GEMM_STREAMK" "ATLAS_GEMM_STREAMK: expected 0 [(]off[)], wide .* got 'both'" \
     env ATLAS_GEMM_STREAMK=both "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
   no_file "bad ATLAS_GEMM_STREAMK" "$work/env.json"
+  # Where the MLA cluster kernel releases the next launch under the pair merge (session 70).
+  expect_error "bad ATLAS_MLA_PAIR_RELEASE" "ATLAS_MLA_PAIR_RELEASE: expected wait, phase2, epilogue or exit, got 'late'" \
+    env ATLAS_MLA_PAIR_RELEASE=late "$bin" trace --backend cuda --model "$model" --ids "$ids" --json "$work/env.json"
+  no_file "bad ATLAS_MLA_PAIR_RELEASE" "$work/env.json"
   # On/off switches of sessions 21-23 (env_switch): one error naming the variable, no file.
   for bad_switch in ATLAS_GEMM_STAGE_EARLY=yes ATLAS_GEMM_CLUSTER_EARLY=on ATLAS_MLA_EARLY_CACHE=true \
     ATLAS_GEMM_STREAM_BALANCE=even ATLAS_GEMM_TAILS=yes ATLAS_MOE_SELF_ROUTE=self ATLAS_GEMM_TIGHT_TILES=tight ATLAS_ROUTE_CLUSTER=on ATLAS_GEMM_WIDE_SPLITK4=4w \

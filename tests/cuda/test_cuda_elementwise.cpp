@@ -404,6 +404,21 @@ TEST(EnvSettings, MlaExchangeParses) {
                        });
 }
 
+TEST(EnvSettings, MlaPairReleaseParses) {
+  using namespace detail;
+  EXPECT_EQ(mla_pair_release_setting(nullptr), 1);  // before phase 2, the default since session 70
+  EXPECT_EQ(mla_pair_release_setting(""), 1);
+  EXPECT_EQ(mla_pair_release_setting("wait"), 0);
+  EXPECT_EQ(mla_pair_release_setting("phase2"), 1);
+  EXPECT_EQ(mla_pair_release_setting("epilogue"), 2);
+  EXPECT_EQ(mla_pair_release_setting("exit"), 3);
+  expect_each_rejected([](const char* v) { mla_pair_release_setting(v); }, {"0", "1", "Wait", "phase 2", "wait,exit"},
+                       [](const char* v) {
+                         return std::vector<std::string>{
+                             "ATLAS_MLA_PAIR_RELEASE: expected wait, phase2, epilogue or exit", "got '" + std::string(v) + "'"};
+                       });
+}
+
 TEST(EnvSettings, ReleaseFirstSitesParse) {
   using namespace detail;
   EXPECT_EQ(release_first_setting(nullptr), unsigned(kRfCombine | kRfLatent | kRfNorm));

@@ -243,6 +243,12 @@ bool release_first(ReleaseFirstSite site);
 // its blocks, kern::kMlaXPull (1, "pull", the default before session 36), kMlaXPush (2, "push")
 // or kMlaXAsync (3, "async", the default); anything else throws an Error naming the variable.
 int mla_exchange_setting(const char* value);
+// ATLAS_MLA_PAIR_RELEASE's value (null or empty: unset): where the MLA cluster kernel releases
+// the next launch under the pair merge (kern::MlaTcParams::pair_release): 0 "wait" (after its
+// launch-overlap wait, as every wait-first kernel), 1 "phase2" (before phase 2), 2 "epilogue"
+// (before the merge), 3 "exit" (when its blocks end); anything else throws an Error naming the
+// variable.
+int mla_pair_release_setting(const char* value);
 // CUDA_DEVICE_MAX_CONNECTIONS's value (null or empty: kDeviceConnections, what atlas sets where
 // the caller did not): a whole number from 1 to 32; anything else throws an Error naming it.
 int device_connections_setting(const char* value);

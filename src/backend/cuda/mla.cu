@@ -233,6 +233,8 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
     kern::MlaTcParams pc = p;
     pc.phase_clocks = cluster_clocks();
     pc.pair_merge = plan.pair ? 1 : 0;
+    static const int env_pair_release = mla_pair_release_setting(std::getenv("ATLAS_MLA_PAIR_RELEASE"));
+    pc.pair_release = env_pair_release;
     launch_clustered(dim3(unsigned(kern::kMlaClusterTiles), plan.pair ? unsigned(max_splits) : 1u),
                      cluster_kernel(pc.phase_clocks != nullptr, plan.exchange),
                      dim3(unsigned(a.rows * kern::kMlaClusterTiles), unsigned(max_splits)), kern::kMlaTcThreads,

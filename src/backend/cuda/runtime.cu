@@ -151,6 +151,15 @@ int mla_exchange_setting(const char* value) {
   throw Error("cuda: ATLAS_MLA_EXCHANGE: expected pull, push or async, got '" + v + "'");
 }
 
+int mla_pair_release_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v == "wait") return 0;
+  if (v.empty() || v == "phase2") return 1;
+  if (v == "epilogue") return 2;
+  if (v == "exit") return 3;
+  throw Error("cuda: ATLAS_MLA_PAIR_RELEASE: expected wait, phase2, epilogue or exit, got '" + v + "'");
+}
+
 std::string phase_clocks_setting(const char* value) {
   const std::string v = value ? value : "";
   if (v.empty() || v == "attention" || v == "cluster_gemm") return v;
@@ -414,6 +423,7 @@ void check_environment() {
   (void)detail::phase_clocks_setting(std::getenv("ATLAS_PHASE_CLOCKS"));
   (void)detail::block_stamps_setting(std::getenv("ATLAS_BLOCK_STAMPS"));
   (void)detail::mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
+  (void)detail::mla_pair_release_setting(std::getenv("ATLAS_MLA_PAIR_RELEASE"));
   (void)detail::device_connections_setting(std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"));
   for (const char* name : {"ATLAS_GEMM_TMA", "ATLAS_GEMM_TMA_PERSISTENT", "ATLAS_SIDE_STREAM",
                            "ATLAS_PAD_DEDUP", "ATLAS_CUDA_GRAPHS", "ATLAS_STREAM_PRIORITY", "ATLAS_L2_EVICT_FIRST",

@@ -89,6 +89,11 @@ struct MlaTcParams {
   // merge them with the merge kernel's arithmetic (the same bits), and length-0 queries get
   // their zeros here too: every output is written, and no merge launch follows.
   int pair_merge = 0;
+  // Under the pair merge, where the blocks release the next launch (the value GEMM, whose 256
+  // blocks stage their weights before their wait; the merge launch's 16 blocks were small):
+  // 0 after the launch-overlap wait (pdl_begin's place), 1 before phase 2, 2 before the
+  // epilogue, 3 at their end (ATLAS_MLA_PAIR_RELEASE; the bits cannot change: kernels/pdl.cuh).
+  int pair_release = 0;
   // The cluster kernel's clocked instantiation only (ATLAS_PHASE_CLOCKS=attention,
   // kernels/phase_clock.cuh): the sums of its phases' clocks.
   unsigned long long* phase_clocks = nullptr;
@@ -574,8 +579,11 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // those slots were written before the kernel this one follows: MlaTcParams), the newest slot
   // and the query after it. The same rows land in the same places: the same bits.
   const bool early = p.stable_prefix != 0, rf = p.release_first != 0;
+  // The release after the wait, or (the pair merge) later: `held` blocks release below.
+  const int rel = kX == kMlaXAsync && p.pair_merge != 0 && !rf ? p.pair_release : 0;
+  const bool held = rel != 0;
   pdl_release_if(rf);
-  if (!early) pdl_wait_after(rf);
+  if (!early) pdl_wait_after(rf || held);
   constexpr int T = kMlaClusterTiles;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ldq = p.wp + 8;
@@ -607,13 +615,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // Every block of the cluster reads the same length, so all of them leave here or none.
   const int len = p.lengths[qi];
   if (len < 0 || len > p.max_length) {
-    if (early) pdl_wait_after(rf);
+    if (early) pdl_wait_after(rf || held);  // (a block that ends has released)
     if (split == 0 && rank == 0 && tid == 0) atomicOr(p.error_flag, 4);
     return;
   }
   const int c0 = rank * kMlaClusterCols;                 // this block's latent columns (phase 2)
   if (len <= j0) {  // no slot of this split
-    if (early) pdl_wait_after(rf);
+    if (early) pdl_wait_after(rf || held);
     if (pair) {
       // A query that sees no key gets zeros (the merge kernel's rule), written here since no
       // merge follows; and the blocks of a split past the query's length arrive on the cluster
@@ -696,7 +704,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     cp_async_commit();
     mark(1);
     if (early) {
-      pdl_wait_after(rf);
+      pdl_wait_after(rf || held);
       mark(2);
       copy_query();
       const int ft = (fresh - j0) / kMlaTile;  // the newest slot's tile, if in this split
@@ -838,6 +846,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   }
 
   // ---- phase 2: columns c0 + 16 warp .. + 16 over all tiles, ascending ----
+  if (rel == 1) pdl_release_if(true);
   const int d0 = c0 + 16 * warp;
   float o[2][4];
 #pragma unroll
@@ -870,6 +879,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
 
   // ---- epilogue (the walk's, or the pair merge's) ----
   mark(8);
+  if (rel == 2) pdl_release_if(true);
   if (pair_send) {
     // Block r of the second split: its accumulators into block r of the first (thread for
     // thread), and from rank 0 (which has every tile's maxima) the split's m and l into all four.
