@@ -143,12 +143,15 @@ const TileParallelSetup& tile_parallel_facts() {
 }
 bool tile_parallel_setup() { return tile_parallel_facts().ok; }
 
-// The tensor-core launch's form: queries per block, 16-byte loads, the cluster kernel (tp) and
-// its exchange, the pair merge (no merge launch); the argument checks before any of it.
+// The tensor-core launch's form: queries per block, 16-byte loads, the walk's grid (blocks) and
+// the SMs it is weighed against, the cluster kernel (tp) and its exchange, the pair merge (no
+// merge launch); the argument checks before any of it.
 struct TcPlan {
   int G = 1;
   bool vec = false, tp = false, pair = false;
   int exchange = 0;
+  int64_t blocks = 0;
+  int sms = 0;
 };
 TcPlan plan_tc(const MlaDecodeArgs& a, int width, int max_splits) {
   const char* op = "mla_decode";
@@ -175,8 +178,9 @@ TcPlan plan_tc(const MlaDecodeArgs& a, int width, int max_splits) {
   // batches up to ~16 rows at two splits), where the walk leaves most SMs idle and each block
   // runs its tiles one by one.
   const int64_t blocks = int64_t((a.rows + G - 1) / G) * max_splits;
+  const int sms = sm_count();
   const bool tp = a.tile_parallel == 2 || (a.tile_parallel == 0 && tp_fits &&
-                                           blocks * kern::kMlaClusterTiles <= sm_count() && tile_parallel_setup());
+                                           blocks * kern::kMlaClusterTiles <= sms && tile_parallel_setup());
   static const int env_exchange = mla_exchange_setting(std::getenv("ATLAS_MLA_EXCHANGE"));
   const int exchange = a.cluster_exchange ? a.cluster_exchange : env_exchange;
   // The pair merge (MlaTcParams::pair_merge): at most two splits, the async exchange, and at two
@@ -188,17 +192,16 @@ TcPlan plan_tc(const MlaDecodeArgs& a, int width, int max_splits) {
           "room for a cluster of 8 blocks");
   const bool pair = pair_can && (a.cluster_merge == 2 ||
                                  (a.cluster_merge == 0 && (max_splits == 1 || a.rows <= tile_parallel_facts().pair_clusters)));
-  return {.G = G, .vec = vec, .tp = tp, .pair = pair, .exchange = exchange};
+  return {.G = G, .vec = vec, .tp = tp, .pair = pair, .exchange = exchange, .blocks = blocks, .sms = sms};
 }
 
-// merge_out: null launches the split merge after the attention kernel (mla_decode), unless the
-// pair merge wrote every output; else its arguments go there and nothing more is launched
-// (mla_attention_only: the value GEMM's launch merges, kernels/gemm_merge.cuh; never with the
-// pair merge).
-void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s,
+// plan: plan_tc(a, width, max_splits). merge_out: null launches the split merge after the
+// attention kernel (mla_decode), unless the pair merge wrote every output; else its arguments go
+// there and nothing more is launched (mla_attention_only: the value GEMM's launch merges,
+// kernels/gemm_merge.cuh; never with the pair merge).
+void launch_tc(const MlaDecodeArgs& a, const TcPlan& plan, int width, int max_splits, cudaStream_t s,
                kern::MlaMergeParams* merge_out = nullptr) {
   const char* op = "mla_decode";
-  const TcPlan plan = plan_tc(a, width, max_splits);
   const int G = plan.G;
   const int wp = (width + 15) / 16 * 16;
   const int64_t acc_floats = int64_t(a.rows) * max_splits * a.heads * kern::kMlaAccStride;
@@ -226,8 +229,7 @@ void launch_tc(const MlaDecodeArgs& a, int width, int max_splits, cudaStream_t s
   // One tile buffer (two blocks per SM) where the blocks outnumber the SMs (a batch-128 decode
   // step), else double-buffered tiles (batch 1: one block per split). H200, session 6, 128 rows:
   // 512 slots (256 blocks) 58.4 vs 69.0 us, 1024 slots (512 blocks) 93.5 vs 118 us.
-  const int64_t blocks = int64_t((a.rows + G - 1) / G) * max_splits;
-  const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && blocks > int64_t(sm_count()) ? 1 : 2);
+  const int nst = a.tile_buffers ? a.tile_buffers : (G == 1 && plan.blocks > int64_t(plan.sms) ? 1 : 2);
   const bool vec = plan.vec;
   if (plan.tp) {
     kern::MlaTcParams pc = p;
@@ -308,7 +310,7 @@ void mla_decode_impl(const MlaDecodeArgsT<T>& a) {
     if (a.impl == MlaImpl::scalar)
       launch_scalar(a, width, int(max_splits), s);
     else
-      launch_tc(a, width, int(max_splits), s);
+      launch_tc(a, plan_tc(a, width, int(max_splits)), width, int(max_splits), s);
   }
 }
 
@@ -319,8 +321,10 @@ namespace detail {
 bool mla_attention_only(const MlaDecodeArgs& a, kern::MlaMergeParams& merge) {
   const int64_t max_splits = check_decode_args(a);
   if (a.rows == 0 || a.impl != MlaImpl::tensor_core) return false;
-  if (plan_tc(a, a.latent + a.rope, int(max_splits)).pair) return false;  // (no merge to move)
-  launch_tc(a, a.latent + a.rope, int(max_splits), stream_of(a.stream), &merge);
+  const int width = a.latent + a.rope;
+  const TcPlan plan = plan_tc(a, width, int(max_splits));
+  if (plan.pair) return false;  // (no merge to move)
+  launch_tc(a, plan, width, int(max_splits), stream_of(a.stream), &merge);
   return true;
 }
 

@@ -579,11 +579,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // those slots were written before the kernel this one follows: MlaTcParams), the newest slot
   // and the query after it. The same rows land in the same places: the same bits.
   const bool early = p.stable_prefix != 0, rf = p.release_first != 0;
-  // The release after the wait, or (the pair merge) later: `held` blocks release below.
-  const int rel = kX == kMlaXAsync && p.pair_merge != 0 && !rf ? p.pair_release : 0;
-  const bool held = rel != 0;
+  const bool pair = kX == kMlaXAsync && p.pair_merge != 0;
+  // The release: first (rf), after the wait, or (the pair merge) later, at rel below; `no_release`
+  // where the wait does not release.
+  const int rel = pair && !rf ? p.pair_release : 0;
+  const bool no_release = rf || rel != 0;
   pdl_release_if(rf);
-  if (!early) pdl_wait_after(rf || held);
+  if (!early) pdl_wait_after(no_release);
   constexpr int T = kMlaClusterTiles;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ldq = p.wp + 8;
@@ -607,7 +609,6 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   const cg::cluster_group cluster = cg::this_cluster();
   // Under the pair merge a cluster is (T, 2): the blocks of split 1 have ranks T .. 2T - 1, and
   // rbase + t is the rank of tile t's block of this block's own split.
-  const bool pair = kX == kMlaXAsync && p.pair_merge != 0;
   const int crank = int(cluster.block_rank()), rank = crank % T, rbase = crank - rank;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int qi = int(blockIdx.x) / T, split = blockIdx.y, j0 = split * p.S;
@@ -615,13 +616,13 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
   // Every block of the cluster reads the same length, so all of them leave here or none.
   const int len = p.lengths[qi];
   if (len < 0 || len > p.max_length) {
-    if (early) pdl_wait_after(rf || held);  // (a block that ends has released)
+    if (early) pdl_wait_after(no_release);  // (a block that ends has released)
     if (split == 0 && rank == 0 && tid == 0) atomicOr(p.error_flag, 4);
     return;
   }
   const int c0 = rank * kMlaClusterCols;                 // this block's latent columns (phase 2)
   if (len <= j0) {  // no slot of this split
-    if (early) pdl_wait_after(rf || held);
+    if (early) pdl_wait_after(no_release);
     if (pair) {
       // A query that sees no key gets zeros (the merge kernel's rule), written here since no
       // merge follows; and the blocks of a split past the query's length arrive on the cluster
@@ -704,7 +705,7 @@ __global__ void __launch_bounds__(kMlaTcThreads, 1) mla_tc_cluster_kernel(const 
     cp_async_commit();
     mark(1);
     if (early) {
-      pdl_wait_after(rf || held);
+      pdl_wait_after(no_release);
       mark(2);
       copy_query();
       const int ft = (fresh - j0) / kMlaTile;  // the newest slot's tile, if in this split
